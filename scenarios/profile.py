@@ -1,0 +1,79 @@
+"""A hardware profile: what `meshsim calibrate` measured, in a form the cost models consume.
+
+A scenario names it with `hardware: {profile: PATH}`. Every section is optional; what is present
+overrides the preset-derived defaults:
+- `gpu`: peak figures of the device actually measured (peak_tflops, mem_bw_gbps, mem_gb).
+- `compute`: the ComputeTuning knobs fitted from the measurements.
+- `gemm_table`: measured GEMM throughput per shape; the compute model uses the nearest measured shape
+  (log-distance in m, n, k) and scales by FLOPs (sim/compute.py).
+- `elementwise_bw_gbps`: measured bandwidth of memory-bound kernels.
+- `collective_table`: measured collective times per (op, ranks, nbytes); for a group of that size the
+  collective model interpolates in log(bytes) instead of using the analytic model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field
+
+from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
+
+
+class GpuFigures(Frozen):
+    peak_tflops: float | None = Field(default=None, gt=0)
+    mem_bw_gbps: float | None = Field(default=None, gt=0)
+    mem_gb: float | None = Field(default=None, gt=0)
+
+
+class GemmPoint(Frozen):
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    batch: int = Field(default=1, gt=0)
+    tflops: float = Field(gt=0)
+
+
+class CollectivePoint(Frozen):
+    op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+    ranks: int = Field(gt=0)
+    nbytes: int = Field(gt=0)
+    time_us: float = Field(gt=0)
+    algbw_gbps: float = Field(ge=0)
+    busbw_gbps: float = Field(ge=0)
+
+
+class KernelPoint(Frozen):
+    """A measured non-GEMM kernel (attention, elementwise) keyed by its schedule name."""
+
+    kernel: str
+    bytes: int = Field(default=0, ge=0)
+    flops: float = Field(default=0.0, ge=0)
+    time_us: float = Field(gt=0)
+
+
+class HardwareProfile(Frozen):
+    name: str
+    measured_on: dict[str, str] = {}  # device, backend, torch version, date, host
+    gpu: GpuFigures = GpuFigures()
+    compute: ComputeTuning = ComputeTuning()
+    network: NetworkTuning = NetworkTuning()
+    gemm_table: list[GemmPoint] = []
+    elementwise_bw_gbps: float | None = Field(default=None, gt=0)
+    kernel_table: list[KernelPoint] = []
+    collective_table: list[CollectivePoint] = []
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    """Read a profile YAML. Validation errors propagate (scenarios/load.py turns them into UserError)."""
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    return HardwareProfile.model_validate(data)
+
+
+def save_profile(profile: HardwareProfile, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        yaml.safe_dump(profile.model_dump(mode="json", exclude_defaults=True), fh, sort_keys=False)

@@ -1,0 +1,48 @@
+"""A scenario with every default and reference resolved: the object the simulator consumes.
+
+Produced by `meshsim.scenarios.load.resolve()` (scenarios/load.py) after all checks have passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.scenarios.profile import HardwareProfile
+from meshsim.scenarios.schema import Scenario
+from meshsim.topologies.gpus import GpuSpec
+from meshsim.topologies.model import Topology
+
+
+@dataclass(frozen=True)
+class ResolvedScenario:
+    scenario: Scenario
+    source: str  # file path or "builtin:NAME"; used in messages
+    gpu: GpuSpec  # preset with hardware overrides and profile figures applied
+    topology: Topology  # the whole machine (all nodes)
+    gpus: int  # GPUs used: the first `gpus` ranks of the topology, TP innermost
+    tp: int
+    dp: int
+    micro_batches: int  # gradient-accumulation steps per DP rank = global_batch / (micro_batch * dp)
+    profile: HardwareProfile | None = None
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    def tp_group(self, index: int = 0) -> tuple[int, ...]:
+        """Global ranks of TP group `index` (TP innermost: ranks index*tp ... index*tp+tp-1)."""
+        return tuple(range(index * self.tp, (index + 1) * self.tp))
+
+    def dp_group(self, tp_rank: int = 0) -> tuple[int, ...]:
+        """Global ranks of the DP group holding TP rank `tp_rank`: tp_rank, tp_rank+tp, ..."""
+        return tuple(tp_rank + d * self.tp for d in range(self.dp))
+
+    def all_tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.tp_group(i) for i in range(self.dp))
+
+    def all_dp_groups(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.dp_group(t) for t in range(self.tp))
+
+    def crosses_nodes(self) -> bool:
+        """True when a TP group spans more than one node (TP leaves the NVLink domain)."""
+        return self.tp > self.topology.gpus_per_node

@@ -1,0 +1,128 @@
+"""The scenario schema: a frozen, validated description of model, hardware, topology and parallelism.
+
+Field-by-field documentation (units, defaults) lives in docs/scenarios.md; keep the two in step.
+Cross-field checks (tp divides heads, ...) live in scenarios/checks.py; loading in scenarios/load.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelConfig(Frozen):
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int | None = Field(default=None, gt=0)  # default: = heads (multi-head attention)
+    ffn_hidden: int | None = Field(default=None, gt=0)  # default: 4*hidden (gelu), 8/3*hidden rounded (swiglu)
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    seq_len: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    attention: Literal["flash", "unfused"] = "flash"
+    dropout: bool = True  # Megatron-style hidden/attention dropout kernels present
+    tied_embeddings: bool = False
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        return 4 * self.hidden if self.mlp == "gelu" else 256 * ((8 * self.hidden // 3 + 255) // 256)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 2
+
+
+class ComputeTuning(Frozen):
+    """Compute cost-model knobs; defaults and their sources are in sim/compute.py and docs/cost-models.md."""
+
+    gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # large-GEMM fraction of peak
+    mem_bw_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of HBM bandwidth
+    attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # flash-attention fraction of peak
+    launch_overhead_us: float | None = Field(default=None, ge=0)
+    tile_m: int | None = Field(default=None, gt=0)
+    tile_n: int | None = Field(default=None, gt=0)
+
+
+class NetworkTuning(Frozen):
+    """Collective cost-model knobs; defaults and sources in sim/collectives/protocols.py."""
+
+    link_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of link peak
+    algo: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
+    protocol: Literal["auto", "ll", "ll128", "simple"] = "auto"
+
+
+class HardwareConfig(Frozen):
+    gpu: str | None = None  # GPU preset; default: the topology preset's GPU
+    profile: str | None = None  # path to a calibration profile YAML (meshsim calibrate); relative to the scenario
+    peak_tflops: float | None = Field(default=None, gt=0)
+    mem_bw_gbps: float | None = Field(default=None, gt=0)
+    mem_gb: float | None = Field(default=None, gt=0)
+    compute: ComputeTuning = ComputeTuning()
+    network: NetworkTuning = NetworkTuning()
+
+
+class FabricConfig(Frozen):
+    """InfiniBand fabric joining nodes: one NIC per GPU, rail-optimized two-level fat tree."""
+
+    nic_gbitps: float | None = Field(default=None, gt=0)  # NIC line rate Gb/s; default from the preset
+    switch_latency_us: float = Field(default=0.5, ge=0)
+    oversubscription: float = Field(default=1.0, ge=1.0)  # leaf uplink : downlink capacity ratio 1:x
+
+
+class TopologyConfig(Frozen):
+    preset: str | None = None  # a preset name (meshsim topologies) ...
+    file: str | None = None  # ... or a custom topology YAML (relative to the scenario)
+    nodes: int = Field(default=1, gt=0)
+    fabric: FabricConfig = FabricConfig()
+    nvlink_gbps: float | None = Field(default=None, gt=0)  # override NVLink bandwidth per GPU (what-ifs)
+
+
+class ParallelConfig(Frozen):
+    tp: int = Field(default=1, gt=0)
+    sp: bool = False
+    pp: int = Field(default=1, gt=0)
+    dp: int | Literal["auto"] = "auto"
+    gpus: int | None = Field(default=None, gt=0)  # default: every GPU of the topology
+    micro_batch: int = Field(default=1, gt=0)
+    global_batch: int = Field(gt=0)
+    recompute: Literal["none", "selective", "full"] = "none"
+    tp_comm_overlap: bool = False
+    dp_overlap: bool = True
+    distributed_optimizer: bool = False
+    dp_bucket_mb: float = Field(default=40.0, gt=0)  # gradient bucket size (MB) for DP reduction
+
+
+class SweepConfig(Frozen):
+    """Sweep axes (meshsim sweep); command-line flags override these."""
+
+    tp: list[int] | None = None
+    sp: list[bool] | None = None
+    micro_batch: list[int] | None = None
+    tp_comm_overlap: list[bool] | None = None
+    recompute: list[Literal["none", "selective", "full"]] | None = None
+
+
+class Scenario(Frozen):
+    name: str
+    description: str = ""
+    model: ModelConfig
+    hardware: HardwareConfig = HardwareConfig()
+    topology: TopologyConfig
+    parallel: ParallelConfig
+    sweep: SweepConfig | None = None

@@ -1,0 +1,56 @@
+"""The `meshsim` command line. Each command lives in its own module exposing `register(app)`;
+this file only assembles them and turns user errors into one clear message and exit status 2."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from meshsim.sim.errors import EXIT_USER_ERROR, UserError
+
+COMMAND_MODULES = (
+    "meshsim.topologies.cli",  # meshsim topologies
+    "meshsim.sim.collectives.cli",  # meshsim collective
+    "meshsim.sim.cli_run",  # meshsim run, meshsim scenarios
+    "meshsim.sim.cli_sweep",  # meshsim sweep, meshsim compare
+    "meshsim.validate.cli",  # meshsim validate, meshsim calibrate (torch imported lazily)
+)
+
+app = typer.Typer(
+    name="meshsim",
+    help="Simulate tensor/sequence-parallel training steps and collectives on a device mesh.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI; UserError -> message on stderr, exit 2, no traceback."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except UserError as err:
+        typer.echo(f"error: {err}", err=True)
+        return EXIT_USER_ERROR
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        return 130
+    except Exception as exc:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return EXIT_USER_ERROR
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

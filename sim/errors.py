@@ -1,0 +1,44 @@
+"""User-facing errors: one clear message naming where, what, the value and the fix; exit status 2."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """Bad input from the user. The CLI prints `str(err)` without a traceback and exits 2."""
+
+    def __init__(self, field: str, value: object, fix: str, *, source: str | None = None, problem: str = ""):
+        self.source = source
+        self.field = field
+        self.value = value
+        self.fix = fix
+        self.problem = problem
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        where = f"{self.source}: " if self.source else ""
+        problem = f" {self.problem}." if self.problem else ""
+        return f"{where}{self.field} = {self.value!r} is invalid.{problem} Fix: {self.fix}"
+
+    def with_source(self, source: str) -> UserError:
+        """The same error, attributed to a file."""
+        return UserError(self.field, self.value, self.fix, source=source, problem=self.problem)
+
+
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The closest valid name to a misspelt one, or None."""
+    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return found[0] if found else None
+
+
+def unknown_name_error(field: str, value: str, choices: Iterable[str], *, source: str | None = None) -> UserError:
+    """'unknown X' with the closest valid name and the full list."""
+    choices = sorted(choices)
+    guess = closest(value, choices)
+    hint = f"did you mean {guess!r}? " if guess else ""
+    return UserError(field, value, f"{hint}valid values: {', '.join(choices)}", source=source,
+                     problem="Unknown name")

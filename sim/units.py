@@ -1,0 +1,55 @@
+"""Units and their one-time conversion.
+
+Conventions used everywhere in meshsim:
+- bytes are plain ints named `*_bytes`; sizes on the command line accept K/M/G/T suffixes (powers of 1024,
+  as nccl-tests prints them).
+- time is float seconds (`*_s`), microseconds (`*_us`) or milliseconds (`*_ms`) as the name says.
+- bandwidth `*_gbps` is GB/s = 1e9 bytes per second (nccl-tests' unit); network line rates are given in
+  Gb/s as `*_gbitps` and converted once with `gbit_to_gbps`.
+- FLOP rates `*_tflops` are 1e12 FLOP per second.
+"""
+
+from __future__ import annotations
+
+import re
+
+GB = 1e9
+US = 1e-6
+MS = 1e-3
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse '256', '1K', '8G', '1.5MB' into bytes (K = 1024). Raises ValueError on anything else."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"cannot parse size {text!r}: use a number with an optional K/M/G/T suffix, e.g. 64M")
+    number, unit, _ = match.groups()
+    value = float(number) * 1024 ** _POWERS[unit.lower()]
+    if value != int(value):
+        raise ValueError(f"size {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_size(nbytes: int) -> str:
+    """Inverse of parse_size for display: 1048576 -> '1M'."""
+    for unit, power in (("T", 4), ("G", 3), ("M", 2), ("K", 1)):
+        if nbytes >= 1024**power and nbytes % 1024**power == 0:
+            return f"{nbytes // 1024**power}{unit}"
+    return str(nbytes)
+
+
+def gbit_to_gbps(gbitps: float) -> float:
+    """Line rate in Gb/s -> GB/s (divide by 8)."""
+    return gbitps / 8.0
+
+
+def seconds_for(nbytes: float, bw_gbps: float) -> float:
+    """Time to move nbytes at bw_gbps (GB/s)."""
+    return nbytes / (bw_gbps * GB)
