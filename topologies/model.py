@@ -4,12 +4,19 @@ Units: link bandwidth `bw_gbps` is GB/s per direction (1e9 B/s); latency `latenc
 per-hop latency of the link in microseconds. Every physical cable is two directed `Link`s.
 
 GPUs are addressed by their global rank: node-major, `rank = node * gpus_per_node + local_index`.
+
+Routing: a topology built with a `router` (the IB fabric of `fabric.py`) answers `route()` in closed form
+from node/rail indices; every other topology falls back to a breadth-first search, run once per source GPU
+and cached for all destinations. GPUs are endpoints and never transit traffic, except that a topology with
+`nvlink_gpu_transit=True` (a switchless NVLink mesh such as DGX-1) may forward NVLink-to-NVLink through an
+intermediate GPU, as NCCL's PATH_NVB paths do (docs/topologies.md, "Routing").
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Literal
 
@@ -48,7 +55,22 @@ class Topology:
     # the per-GPU figures a user reads in `meshsim topologies`; informational only
     nvlink_gbps_per_gpu: float = 0.0
     nic_gbps_per_gpu: float = 0.0
+    nic_gbitps: float = 0.0  # line rate of each NIC (Gb/s); 0 = the node has no NIC
+    nvlink_gpu_transit: bool = False  # routes may forward NVLink->NVLink through a GPU (DGX-1 mesh)
+    router: Callable[[int, int], tuple[int, ...]] | None = field(default=None, compare=False, repr=False)
     _route_cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    # ----- identity: cheap hash/eq, so a Topology can key memo caches (it may hold ~10^4 links) -----
+    def __hash__(self) -> int:
+        return hash((self.name, self.nodes, self.gpus_per_node, len(self.devices), len(self.links)))
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Topology):
+            return NotImplemented
+        names = [f.name for f in fields(self) if f.compare]
+        return all(getattr(self, n) == getattr(other, n) for n in names)
 
     # ----- lookups -------------------------------------------------------------------------------
     @property
@@ -82,39 +104,79 @@ class Topology:
     def route(self, src_rank: int, dst_rank: int) -> tuple[int, ...]:
         """Link indices on the path src -> dst (empty for src == dst). Cached.
 
-        Default policy: fewest hops, ties broken by lowest total latency then by link index
-        (deterministic). Topology builders may pre-seed `_route_cache` with explicit routes
-        (e.g. rail-optimized fabrics).
+        With a structural `router` (fabrics) the route is computed in O(hops). Otherwise: fewest hops,
+        ties broken by lowest total latency, widest bottleneck, then link index; one search per source
+        fills the cache for every destination.
         """
         key = (src_rank, dst_rank)
         cached = self._route_cache.get(key)
-        if cached is None:
-            cached = self._shortest_path(self.gpu_names[src_rank], self.gpu_names[dst_rank])
-            self._route_cache[key] = cached
+        if cached is not None:
+            return cached
+        n = self.num_gpus
+        if not (0 <= src_rank < n and 0 <= dst_rank < n):
+            raise ValueError(f"topology {self.name}: ranks ({src_rank}, {dst_rank}) outside 0..{n - 1}")
+        if self.router is not None:
+            cached = self.router(src_rank, dst_rank)
+        else:
+            cached = self.bfs_route(src_rank, dst_rank)
+        self._route_cache[key] = cached
         return cached
 
-    def _shortest_path(self, src: str, dst: str) -> tuple[int, ...]:
-        if src == dst:
-            return ()
-        best: dict[str, tuple[int, float]] = {src: (0, 0.0)}
+    def bfs_route(self, src_rank: int, dst_rank: int) -> tuple[int, ...]:
+        """The search-based route (ignores `router`). Without a router it also caches all routes from src."""
+        src = self.gpu_names[src_rank]
+        parent = self._bfs_parents(src)
+        if self.router is None:
+            for rank, name in enumerate(self.gpu_names):
+                if name in parent or rank == src_rank:
+                    self._route_cache.setdefault((src_rank, rank), self._unwind(parent, src, name))
+        dst = self.gpu_names[dst_rank]
+        if dst != src and dst not in parent:
+            raise ValueError(f"topology {self.name}: no route from {src} to {dst}")
+        return self._unwind(parent, src, dst)
+
+    def paths_from(self, src: str) -> dict[str, tuple[int, ...]]:
+        """Best path (link indices) from device `src` to every reachable device, by the search policy."""
+        parent = self._bfs_parents(src)
+        return {dev: self._unwind(parent, src, dev) for dev in parent}
+
+    def device_path(self, src: str, dst: str) -> tuple[int, ...]:
+        """Fewest-hop link path between two devices by name (same policy as `bfs_route`)."""
+        parent = self._bfs_parents(src)
+        if src != dst and dst not in parent:
+            raise ValueError(f"topology {self.name}: no route from {src} to {dst}")
+        return self._unwind(parent, src, dst)
+
+    def _bfs_parents(self, src: str) -> dict[str, int]:
+        """Device -> link index that reaches it on the best path from src: fewest hops, then lowest latency,
+        then widest bottleneck, then first link index (lexicographic labels; each criterion is monotone).
+
+        Level-order search: a device's parent is final when it is popped, so the transit rule (a GPU
+        forwards only NVLink->NVLink, and only with `nvlink_gpu_transit`) is checked there.
+        """
+        best: dict[str, tuple[int, float, float]] = {src: (0, 0.0, -float("inf"))}
         parent: dict[str, int] = {}
         queue = deque([src])
         while queue:
             dev = queue.popleft()
-            hops, lat = best[dev]
+            is_transit_gpu = dev != src and self.device_by_name[dev].kind == "gpu"
+            if is_transit_gpu and not (self.nvlink_gpu_transit and self.links[parent[dev]].kind == "nvlink"):
+                continue
+            hops, lat, neg_bw = best[dev]
             for li in self.out_links[dev]:
                 link = self.links[li]
+                if is_transit_gpu and link.kind != "nvlink":
+                    continue
+                cand = (hops + 1, lat + link.latency_us, max(neg_bw, -link.bw_gbps))
                 nxt = link.dst
-                # GPUs are endpoints, never transit devices, except over direct NVLink meshes
-                cand = (hops + 1, lat + link.latency_us)
+                if nxt not in best:
+                    queue.append(nxt)
                 if nxt not in best or cand < best[nxt]:
-                    first_visit = nxt not in best
                     best[nxt] = cand
                     parent[nxt] = li
-                    if first_visit and (self.device_by_name[nxt].kind != "gpu" or nxt == dst):
-                        queue.append(nxt)
-        if dst not in parent:
-            raise ValueError(f"topology {self.name}: no route from {src} to {dst}")
+        return parent
+
+    def _unwind(self, parent: dict[str, int], src: str, dst: str) -> tuple[int, ...]:
         path = []
         dev = dst
         while dev != src:

@@ -1,0 +1,288 @@
+"""Cross-field scenario checks: one small function per rule, each raising a UserError with a concrete fix.
+
+`check_scenario(scenario, source, topology_gpus)` runs them in the order of `RULES` and raises the first
+violation, so the message is deterministic. Schema errors (types, ranges, unknown keys) are reported
+before any of these: `schema_error` (end of this file) turns pydantic's first error into a UserError.
+
+The divisibility rules are Megatron-LM's (Shoeybi et al. 2019; Korthikanti et al. 2022): attention is
+split by head and the MLP by ffn column, so tp must divide heads, hidden and ffn_hidden; sequence
+parallelism splits the sequence over the tp ranks; with grouped-query attention each rank holds whole
+KV heads, replicated t/n_kv times when there are fewer KV heads than ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import get_args
+
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.errors import UserError, closest, unknown_name_error
+from meshsim.topologies.gpus import GPUS
+from pydantic import BaseModel, ValidationError
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    source: str  # scenario file or "builtin:NAME", for messages
+    topology_gpus: int  # GPUs in the whole topology (all nodes)
+    gpus_per_node: int | None = None  # default: topology_gpus / topology.nodes
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def gpus_used(scenario: Scenario, topology_gpus: int) -> int:
+    """parallel.gpus, or every GPU of the topology."""
+    return scenario.parallel.gpus or topology_gpus
+
+
+def data_parallel(scenario: Scenario, gpus: int) -> int:
+    """dp as given, or gpus / tp when 'auto' (pp is always 1)."""
+    dp = scenario.parallel.dp
+    return gpus // scenario.parallel.tp if dp == "auto" else dp
+
+
+def _kv_ok(kv_heads: int, tp: int) -> bool:
+    """KV heads split evenly over the tp ranks, or are replicated evenly (tp a multiple of kv_heads)."""
+    return kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0
+
+
+def valid_tp(scenario: Scenario, gpus: int) -> list[int]:
+    """tp degrees the model admits on `gpus` GPUs: common divisors of heads, hidden and ffn_hidden that
+    respect the KV-head rule and divide gpus."""
+    m = scenario.model
+    common = math.gcd(m.heads, m.hidden, m.ffn)
+    return [t for t in divisors(common) if _kv_ok(m.num_kv_heads, t) and gpus % t == 0]
+
+
+def _fmt(values: list[int]) -> str:
+    return "{" + ", ".join(str(v) for v in values) + "}"
+
+
+def _err(ctx: CheckContext, field: str, value: object, problem: str, fix: str) -> UserError:
+    return UserError(field, value, fix, source=ctx.source, problem=problem)
+
+
+# ----- rules, in reporting order -------------------------------------------------------------------
+def check_topology_source(s: Scenario, ctx: CheckContext) -> None:
+    t = s.topology
+    if (t.preset is None) == (t.file is None):
+        given = "both" if t.preset else "neither"
+        raise _err(ctx, "topology", {"preset": t.preset, "file": t.file},
+                   f"Exactly one of topology.preset and topology.file is required, {given} given",
+                   "set exactly one: topology.preset (a name from `meshsim topologies`) or topology.file "
+                   "(a topology YAML, relative to the scenario file)")
+
+
+def check_gpu_preset(s: Scenario, ctx: CheckContext) -> None:
+    gpu = s.hardware.gpu
+    if gpu is not None and gpu not in GPUS:
+        raise unknown_name_error("hardware.gpu", gpu, GPUS, source=ctx.source)
+
+
+def check_pipeline(s: Scenario, ctx: CheckContext) -> None:
+    if s.parallel.pp > 1:
+        raise _err(ctx, "parallel.pp", s.parallel.pp, "Pipeline parallelism is not supported yet",
+                   "set parallel.pp: 1 (meshsim models tensor, sequence and data parallelism)")
+
+
+def check_head_dim(s: Scenario, ctx: CheckContext) -> None:
+    m = s.model
+    if m.hidden % m.heads:
+        near = [m.heads * (m.hidden // m.heads), m.heads * (m.hidden // m.heads + 1)]
+        raise _err(ctx, "model.hidden", m.hidden, f"Attention splits hidden into model.heads = {m.heads} "
+                   "heads of equal dimension, so heads must divide hidden",
+                   f"use hidden a multiple of {m.heads} (e.g. {' or '.join(str(v) for v in near if v)})")
+
+
+def check_kv_heads(s: Scenario, ctx: CheckContext) -> None:
+    m = s.model
+    if m.heads % m.num_kv_heads:
+        raise _err(ctx, "model.kv_heads", m.kv_heads,
+                   f"Each KV head serves heads/kv_heads query heads, but model.heads = {m.heads} is not "
+                   "a multiple of it", f"use kv_heads in {_fmt(divisors(m.heads))}")
+
+
+def check_gpus_fit(s: Scenario, ctx: CheckContext) -> None:
+    gpus = s.parallel.gpus
+    if gpus is not None and gpus > ctx.topology_gpus:
+        per_node = ctx.gpus_per_node or ctx.topology_gpus // s.topology.nodes
+        nodes, need = ctx.topology_gpus // per_node, math.ceil(gpus / per_node)
+        raise _err(ctx, "parallel.gpus", gpus,
+                   f"The topology has {ctx.topology_gpus} GPUs ({nodes} node(s) x {per_node})",
+                   f"use parallel.gpus <= {ctx.topology_gpus}, or topology.nodes: {need}")
+
+
+def check_tp_fits(s: Scenario, ctx: CheckContext) -> None:
+    tp, gpus = s.parallel.tp, gpus_used(s, ctx.topology_gpus)
+    if tp > gpus:
+        raise _err(ctx, "parallel.tp", tp, f"tp exceeds the {gpus} GPUs used",
+                   f"use tp in {_fmt(valid_tp(s, gpus))}, or use more GPUs (parallel.gpus / topology.nodes)")
+
+
+def check_tp_divides_model(s: Scenario, ctx: CheckContext) -> None:
+    m, tp = s.model, s.parallel.tp
+    for name, size in (("heads", m.heads), ("hidden", m.hidden), ("ffn_hidden", m.ffn)):
+        if size % tp:
+            raise _err(ctx, "parallel.tp", tp,
+                       f"Tensor parallelism splits model.{name} = {size} over tp ranks, and {tp} does not "
+                       "divide it", f"use tp in {_fmt(valid_tp(s, gpus_used(s, ctx.topology_gpus)))}")
+
+
+def check_tp_kv_heads(s: Scenario, ctx: CheckContext) -> None:
+    kv, tp = s.model.num_kv_heads, s.parallel.tp
+    if not _kv_ok(kv, tp):
+        how = ("KV heads are replicated when kv_heads < tp, so tp must be a multiple of kv_heads"
+               if kv < tp else "each tp rank holds kv_heads/tp whole KV heads, so tp must divide kv_heads")
+        raise _err(ctx, "parallel.tp", tp, f"model.kv_heads = {kv}: {how}",
+                   f"use tp in {_fmt(valid_tp(s, gpus_used(s, ctx.topology_gpus)))}")
+
+
+def check_dp_matches_gpus(s: Scenario, ctx: CheckContext) -> None:
+    p, gpus = s.parallel, gpus_used(s, ctx.topology_gpus)
+    if p.dp == "auto":
+        if gpus % p.tp:
+            raise _err(ctx, "parallel.tp", p.tp, f"dp = auto needs tp to divide the {gpus} GPUs used",
+                       f"use tp in {_fmt(valid_tp(s, gpus))}, or parallel.gpus a multiple of {p.tp}")
+    elif p.tp * p.dp != gpus:
+        raise _err(ctx, "parallel.dp", p.dp, f"tp x dp = {p.tp} x {p.dp} = {p.tp * p.dp} but {gpus} GPUs "
+                   "are used (pp = 1)", f"set parallel.dp: auto, or parallel.dp: {gpus // p.tp}, or "
+                   f"parallel.gpus: {p.tp * p.dp}")
+
+
+def check_global_batch(s: Scenario, ctx: CheckContext) -> None:
+    p = s.parallel
+    dp = data_parallel(s, gpus_used(s, ctx.topology_gpus))
+    step = p.micro_batch * dp
+    if p.global_batch % step:
+        lower, upper = p.global_batch // step * step, (p.global_batch // step + 1) * step
+        options = f"{lower} or {upper}" if lower else f"{upper}"
+        raise _err(ctx, "parallel.global_batch", p.global_batch,
+                   f"It must be a multiple of micro_batch x dp = {p.micro_batch} x {dp} = {step}",
+                   f"use global_batch {options}, or change parallel.micro_batch")
+
+
+def check_sequence_parallel(s: Scenario, ctx: CheckContext) -> None:
+    p, seq = s.parallel, s.model.seq_len
+    if p.sp and p.tp == 1:
+        raise _err(ctx, "parallel.sp", p.sp, "Sequence parallelism shards activations over the tp group "
+                   "and needs tp > 1", "set parallel.sp: false, or parallel.tp > 1")
+    if p.sp and seq % p.tp:
+        lower = seq // p.tp * p.tp
+        raise _err(ctx, "model.seq_len", seq, f"Sequence parallelism splits the sequence over tp = {p.tp} "
+                   "ranks", f"use seq_len a multiple of {p.tp} (e.g. {lower or p.tp}), or parallel.sp: false")
+
+
+Rule = Callable[[Scenario, CheckContext], None]
+
+RULES: tuple[Rule, ...] = (
+    check_topology_source,
+    check_gpu_preset,
+    check_pipeline,
+    check_head_dim,
+    check_kv_heads,
+    check_gpus_fit,
+    check_tp_fits,
+    check_tp_divides_model,
+    check_tp_kv_heads,
+    check_dp_matches_gpus,
+    check_global_batch,
+    check_sequence_parallel,
+)
+
+
+def check_scenario(scenario: Scenario, source: str, topology_gpus: int, gpus_per_node: int | None = None) -> None:
+    """Run every cross-field rule in order; raise the first violation as a UserError."""
+    ctx = CheckContext(source, topology_gpus, gpus_per_node)
+    for rule in RULES:
+        rule(scenario, ctx)
+
+
+# ----- schema errors (pydantic) -> UserError -------------------------------------------------------
+class _Absent:
+    def __repr__(self) -> str:
+        return "(missing)"
+
+
+MISSING = _Absent()
+
+
+def _submodel(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation (X, X | None, list[X]), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _walk(root: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel] | None]:
+    """Dotted path of an error location (pydantic's union-member tags dropped) and the model it ends in."""
+    path, model = "", root
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif model is not None and part in model.model_fields:
+            path = f"{path}.{part}" if path else part
+            model = _submodel(model.model_fields[part].annotation)
+    return path, model
+
+
+def _phrase(err: dict) -> str:
+    """The constraint an input failed, in words ('a whole number', 'a value greater than 0')."""
+    kind, ctx = err["type"], err.get("ctx", {})
+    bounds = {"greater_than": ("greater than", "gt"), "greater_than_equal": ("of at least", "ge"),
+              "less_than": ("less than", "lt"), "less_than_equal": ("of at most", "le")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"a value {words} {ctx[key]}"
+    if kind == "literal_error":
+        expected = ctx["expected"]
+        return f"one of {expected}" if "," in expected or " or " in expected else expected
+    for prefix, words in (("int_", "a whole number"), ("float_", "a number"), ("bool_", "true or false"),
+                          ("string_", "text"), ("list_", "a list, e.g. [1, 2]"), ("dict_", "a section of keys"),
+                          ("model_", "a section of keys")):
+        if kind.startswith(prefix):
+            return words
+    return f"valid input ({err['msg']})"
+
+
+def _unknown_key(root: type[BaseModel], err: dict, source: str) -> UserError:
+    parent, model = _walk(root, err["loc"][:-1])
+    key = str(err["loc"][-1])
+    names = sorted(model.model_fields) if model else []
+    guess = closest(key, names)
+    hint = f"did you mean {guess!r}? " if guess else ""
+    where = f"section {parent}" if parent else "the top level"
+    return UserError(f"{parent}.{key}" if parent else key, err["input"],
+                     f"{hint}valid keys in {where}: {', '.join(names)}", source=source,
+                     problem=f"Unknown key {key!r} in {where}")
+
+
+def _missing(path: str, source: str) -> UserError:
+    parent, _, key = path.rpartition(".")
+    where = f"under {parent}:" if parent else "at the top level"
+    return UserError(path, MISSING, f"add `{key}: ...` {where} (fields: docs/scenarios.md)", source=source,
+                     problem="Required field is missing")
+
+
+def schema_error(exc: ValidationError, root: type[BaseModel], source: str) -> UserError:
+    """Translate pydantic's first error (unknown keys first: they usually explain missing ones) into a
+    UserError; errors of the same field from the members of a union are merged ('a whole number or
+    'auto'')."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = errors[0]
+    if first["type"] == "extra_forbidden":
+        return _unknown_key(root, first, source)
+    path, _ = _walk(root, first["loc"])
+    if first["type"] == "missing":
+        return _missing(path, source)
+    same = [e for e in errors if _walk(root, e["loc"])[0] == path and e["type"] != "missing"]
+    phrases = " or ".join(dict.fromkeys(_phrase(e) for e in same))
+    return UserError(path or "(top level)", first["input"], f"set {path or 'the file'} to {phrases}",
+                     source=source, problem=f"Expected {phrases}")

@@ -1,0 +1,178 @@
+"""Custom topology YAML: the model's fields, validated, then optionally multiplied with the IB fabric.
+
+Format (docs/topologies.md, example docs/examples/custom-topology.yaml):
+  name, gpu (GPU preset), gpus_per_node, description?, nodes? (default 1), nic_gbitps? (NIC line rate,
+  needed when nodes > 1), nvlink_gpu_transit? (default false),
+  devices: [{name, kind, in_network_reduction?}]   -- GPUs' local ranks follow their order here
+  links:   [{src, dst, bw_gbps, latency_us, kind, bidirectional? (default true)}]
+Every mistake raises UserError naming the file, the field (e.g. `links[3].bw_gbps`), the value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Literal
+
+import yaml
+from meshsim.sim.errors import UserError, closest, unknown_name_error
+from meshsim.sim.units import gbit_to_gbps
+from meshsim.topologies.gpus import GPUS
+from meshsim.topologies.model import Device, Link, Topology
+from meshsim.topologies.registry import check_fabric_args, with_fabric
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DeviceSpec(_Frozen):
+    name: str = Field(min_length=1)
+    kind: Literal["gpu", "nvswitch", "pcie_switch", "nic", "ib_switch", "cpu"]
+    in_network_reduction: bool = False
+
+
+class LinkSpec(_Frozen):
+    src: str
+    dst: str
+    bw_gbps: float = Field(gt=0)  # GB/s per direction
+    latency_us: float = Field(ge=0)
+    kind: Literal["nvlink", "pcie", "ib", "internal"]
+    bidirectional: bool = True
+
+
+class CustomTopology(_Frozen):
+    name: str = Field(min_length=1)
+    gpu: str
+    gpus_per_node: int = Field(gt=0)
+    description: str = ""
+    nodes: int = Field(default=1, gt=0)
+    nic_gbitps: float | None = Field(default=None, gt=0)
+    nvlink_gpu_transit: bool = False
+    devices: list[DeviceSpec] = Field(min_length=1)
+    links: list[LinkSpec] = Field(min_length=1)
+
+
+_MODELS = {"devices": DeviceSpec, "links": LinkSpec}
+
+
+def _field(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _user_error(err: ValidationError, source: str) -> UserError:
+    """The first pydantic error as a UserError (unknown keys get the closest valid key)."""
+    errors = err.errors()
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])  # a misspelt key explains most
+    loc, field = tuple(e["loc"]), _field(tuple(e["loc"]))
+    if e["type"] == "extra_forbidden":
+        model = _MODELS.get(str(loc[0]), CustomTopology) if len(loc) > 2 else CustomTopology
+        valid = sorted(model.model_fields)
+        return unknown_name_error(field, str(loc[-1]), valid, source=source)
+    value = e.get("input") if e["type"] != "missing" else None
+    return UserError(field, value, f"{e['msg']} (see docs/topologies.md, custom topology YAML)",
+                     source=source, problem="Missing" if e["type"] == "missing" else "")
+
+
+def _check_names(spec: CustomTopology, source: str) -> None:
+    names = [d.name for d in spec.devices]
+    for i, dev in enumerate(spec.devices):
+        if dev.name in names[:i]:
+            raise UserError(f"devices[{i}].name", dev.name, "give every device a unique name", source=source,
+                            problem="Duplicate device name")
+        if dev.in_network_reduction and dev.kind not in ("nvswitch", "ib_switch"):
+            raise UserError(f"devices[{i}].in_network_reduction", True, "only nvswitch / ib_switch devices "
+                            "reduce in the network; set it false", source=source)
+    for i, link in enumerate(spec.links):
+        for end in ("src", "dst"):
+            name = getattr(link, end)
+            if name not in names:
+                guess = closest(name, names)
+                raise UserError(f"links[{i}].{end}", name, (f"did you mean {guess!r}? " if guess else "")
+                                + "name a device listed under devices", source=source, problem="Unknown device")
+
+
+def _check_counts(spec: CustomTopology, source: str) -> None:
+    if spec.gpu not in GPUS:
+        raise unknown_name_error("gpu", spec.gpu, GPUS, source=source)
+    n_gpus = sum(d.kind == "gpu" for d in spec.devices)
+    if n_gpus != spec.gpus_per_node:
+        raise UserError("gpus_per_node", spec.gpus_per_node, f"set gpus_per_node: {n_gpus} (the devices list "
+                        f"has {n_gpus} of kind gpu), or add/remove GPU devices", source=source)
+    if spec.nodes > 1 and spec.nic_gbitps is None:
+        raise UserError("nic_gbitps", None, "give the NIC line rate in Gb/s (e.g. nic_gbitps: 200) to join "
+                        f"{spec.nodes} nodes", source=source, problem="Missing")
+
+
+def _to_topology(spec: CustomTopology) -> Topology:
+    devices = tuple(Device(d.name, d.kind, 0, d.in_network_reduction) for d in spec.devices)
+    links: list[Link] = []
+    for lk in spec.links:
+        links.append(Link(lk.src, lk.dst, lk.bw_gbps, lk.latency_us, lk.kind))
+        if lk.bidirectional:
+            links.append(Link(lk.dst, lk.src, lk.bw_gbps, lk.latency_us, lk.kind))
+    gpus = [d.name for d in devices if d.kind == "gpu"]
+    nvlink = max(sum(lk.bw_gbps for lk in links if lk.src == g and lk.kind == "nvlink") for g in gpus)
+    nics = sum(d.kind == "nic" for d in devices)
+    rate = spec.nic_gbitps or 0.0
+    return Topology(name=spec.name, gpu=spec.gpu, nodes=1, gpus_per_node=spec.gpus_per_node, devices=devices,
+                    links=tuple(links), description=spec.description or f"custom topology {spec.name}",
+                    nvlink_gbps_per_gpu=nvlink, nic_gbps_per_gpu=nics * gbit_to_gbps(rate) / len(gpus),
+                    nic_gbitps=rate, nvlink_gpu_transit=spec.nvlink_gpu_transit)
+
+
+def _check_connected(topo: Topology, source: str) -> None:
+    """Every GPU must reach every other GPU (under the transit rules of model.py)."""
+    for rank, gpu in enumerate(topo.gpu_names):
+        reached = topo.paths_from(gpu)
+        for other in topo.gpu_names:
+            if other != gpu and other not in reached:
+                index = next(i for i, d in enumerate(topo.devices) if d.name == other)
+                raise UserError(f"devices[{index}]", other, f"add links so that {gpu} (rank {rank}) reaches "
+                                f"{other}; routes never pass through a GPU unless nvlink_gpu_transit is true",
+                                source=source, problem="GPU not connected")
+
+
+def parse_topology(data: object, source: str) -> tuple[Topology, int]:
+    """A validated one-node Topology and the file's `nodes`, from parsed YAML."""
+    if not isinstance(data, dict):
+        raise UserError("file", type(data).__name__, "the file must be a YAML mapping (name:, gpu:, ...)",
+                        source=source)
+    try:
+        spec = CustomTopology.model_validate(data)
+    except ValidationError as err:
+        raise _user_error(err, source) from None
+    _check_names(spec, source)
+    _check_counts(spec, source)
+    topo = _to_topology(spec)
+    _check_connected(topo, source)
+    return topo, spec.nodes
+
+
+@lru_cache(maxsize=64)
+def _load(path: str, mtime: float, nodes: int | None, fabric: tuple) -> Topology:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as err:
+        raise UserError("file", os.path.basename(path), f"fix the YAML syntax ({err})".replace("\n", " "),
+                        source=path) from None
+    node, file_nodes = parse_topology(data, path)
+    return with_fabric(node, file_nodes if nodes is None else nodes, *fabric, source=path)
+
+
+def load_topology_file(path: str, nodes: int | None = None, *, nic_gbitps: float | None = None,
+                       switch_latency_us: float = 0.5, oversubscription: float = 1.0,
+                       nvlink_gbps: float | None = None) -> Topology:
+    """Load and validate a custom topology YAML; `nodes` (default: the file's, else 1) > 1 adds the fabric.
+    Memoized on (path, modification time, arguments)."""
+    if not os.path.isfile(path):
+        raise UserError("topology.file", path, "give the path of an existing topology YAML "
+                        "(relative paths are relative to the scenario file)", problem="No such file")
+    check_fabric_args(1 if nodes is None else nodes, nic_gbitps, switch_latency_us, oversubscription, nvlink_gbps, path)
+    fabric = (nic_gbitps, switch_latency_us, oversubscription, nvlink_gbps)
+    return _load(os.path.abspath(path), os.path.getmtime(path), nodes, fabric)

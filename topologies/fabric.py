@@ -1,0 +1,127 @@
+"""Multiply a one-node topology into N nodes joined by a rail-optimized two-level InfiniBand fat tree.
+
+- Rails: NIC r of every node is on rail r (one NIC per GPU, or per GPU group where the node has fewer NICs:
+  a GPU's rail is the NIC nearest to it inside the node).
+- Leaves: each rail has ceil(N / nodes_per_leaf) leaf switches; a leaf serves NODES_PER_LEAF = 32 nodes,
+  i.e. a 64-port switch (e.g. a 64 x 400G NDR switch) at 1:1, 32 ports down and 32 up.
+- Spine: one aggregated non-blocking spine device joins all leaves. Each leaf's uplink capacity is its
+  downlink capacity / oversubscription (downlinks = the nodes it serves x the NIC rate). ECMP imbalance
+  across physical spine switches is not modelled (ideal hashing).
+- Routes (structural, O(hops)): same node -> the node's own route; same rail and leaf -> GPU..NIC, leaf,
+  NIC..GPU; otherwise up through the spine. Cross-rail traffic goes through the spine from the sender's
+  own NIC (no PXN: NCCL rings and trees pair same-rail NICs, so cross-rail flows are rare).
+- Latency of an IB link = the traversal of the device it enters (switch_latency_us for a switch) plus
+  IB_WIRE_US of cable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshsim.sim.units import gbit_to_gbps
+from meshsim.topologies.model import Device, Link, Topology
+
+NODES_PER_LEAF = 32  # 64-port leaf at 1:1: 32 ports down, 32 up
+IB_WIRE_US = 0.025  # ~5 m of cable at ~5 ns/m (signal speed ~0.7 c)
+
+
+@dataclass(frozen=True)
+class FabricRouter:
+    """Closed-form routes on a fabric built by `multiply` (link indices follow its layout)."""
+
+    node: Topology  # the one-node template; its own (cached) route gives intra-node paths
+    node_links: int  # links per node block; node n's link k has index n * node_links + k
+    rail_of: tuple[int, ...]  # local GPU -> rail (NIC index)
+    up: tuple[tuple[int, ...], ...]  # local GPU -> template links GPU..NIC
+    down: tuple[tuple[int, ...], ...]  # local GPU -> template links NIC..GPU
+    rails: int
+    nodes_per_leaf: int
+    leaves_per_rail: int
+    ib_base: int  # link 2*(n*rails + r) is NIC(n, r) -> leaf, +1 leaf -> NIC
+    uplink_base: int  # link 2*leaf is leaf -> spine, +1 spine -> leaf
+
+    def __call__(self, src: int, dst: int) -> tuple[int, ...]:
+        g = self.node.gpus_per_node
+        na, i = divmod(src, g)
+        nb, j = divmod(dst, g)
+        if na == nb:
+            off = na * self.node_links
+            return tuple(off + k for k in self.node.route(i, j))
+        ra, rb = self.rail_of[i], self.rail_of[j]
+        leaf_a = ra * self.leaves_per_rail + na // self.nodes_per_leaf
+        leaf_b = rb * self.leaves_per_rail + nb // self.nodes_per_leaf
+        nic_up = self.ib_base + 2 * (na * self.rails + ra)
+        nic_down = self.ib_base + 2 * (nb * self.rails + rb) + 1
+        if leaf_a == leaf_b:
+            mid: tuple[int, ...] = (nic_up, nic_down)
+        else:
+            mid = (nic_up, self.uplink_base + 2 * leaf_a, self.uplink_base + 2 * leaf_b + 1, nic_down)
+        off_a, off_b = na * self.node_links, nb * self.node_links
+        return tuple(off_a + k for k in self.up[i]) + mid + tuple(off_b + k for k in self.down[j])
+
+
+def _rails(node: Topology) -> tuple[list[str], list[int], list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """NIC names, and per local GPU: its rail (nearest NIC: fewest hops, then latency, then index),
+    its path GPU..NIC and NIC..GPU inside the node."""
+    nics = [d.name for d in node.devices if d.kind == "nic"]
+    rail_of, up, down = [], [], []
+    for gpu in node.gpu_names:
+        paths = node.paths_from(gpu)
+        reach = [(len(paths[n]), sum(node.links[k].latency_us for k in paths[n]), r)
+                 for r, n in enumerate(nics) if n in paths]
+        if not reach:
+            raise ValueError(f"topology {node.name}: {gpu} reaches no NIC")
+        rail = min(reach)[2]
+        rail_of.append(rail)
+        up.append(paths[nics[rail]])
+        down.append(node.device_path(nics[rail], gpu))
+    return nics, rail_of, up, down
+
+
+def _node_name(name: str, n: int) -> str:
+    return f"n{n}.{name[3:] if name.startswith('n0.') else name}"
+
+
+def _copy_nodes(node: Topology, nodes: int) -> tuple[list[Device], list[Link]]:
+    devices: list[Device] = []
+    links: list[Link] = []
+    for n in range(nodes):
+        devices += [Device(_node_name(d.name, n), d.kind, n, d.in_network_reduction) for d in node.devices]
+        links += [Link(_node_name(lk.src, n), _node_name(lk.dst, n), lk.bw_gbps, lk.latency_us, lk.kind)
+                  for lk in node.links]
+    return devices, links
+
+
+def multiply(node: Topology, nodes: int, *, nic_gbitps: float, switch_latency_us: float = 0.5,
+             oversubscription: float = 1.0, nodes_per_leaf: int = NODES_PER_LEAF) -> Topology:
+    """`nodes` copies of the one-node topology `node` on a rail-optimized fat tree (see module doc)."""
+    nics, rail_of, up, down = _rails(node)
+    rails, nic_gbps = len(nics), gbit_to_gbps(nic_gbitps)
+    leaves_per_rail = math.ceil(nodes / nodes_per_leaf)
+    devices, links = _copy_nodes(node, nodes)
+    ib_base = len(links)
+    to_switch_us = switch_latency_us + IB_WIRE_US
+    for n in range(nodes):
+        for r, nic in enumerate(nics):
+            leaf = f"leaf.r{r}.{n // nodes_per_leaf}"
+            nic_name = _node_name(nic, n)
+            links += [Link(nic_name, leaf, nic_gbps, to_switch_us, "ib"), Link(leaf, nic_name, nic_gbps, IB_WIRE_US, "ib")]
+    uplink_base = len(links)
+    for r in range(rails):
+        for k in range(leaves_per_rail):
+            leaf = f"leaf.r{r}.{k}"
+            served = min(nodes_per_leaf, nodes - k * nodes_per_leaf)
+            devices.append(Device(leaf, "ib_switch"))
+            bw = served * nic_gbps / oversubscription
+            links += [Link(leaf, "spine", bw, to_switch_us, "ib"), Link("spine", leaf, bw, to_switch_us, "ib")]
+    devices.append(Device("spine", "ib_switch"))
+    router = FabricRouter(node, len(node.links), tuple(rail_of), tuple(up), tuple(down), rails,
+                          nodes_per_leaf, leaves_per_rail, ib_base, uplink_base)
+    return Topology(
+        name=f"{node.name}x{nodes}", gpu=node.gpu, nodes=nodes, gpus_per_node=node.gpus_per_node,
+        devices=tuple(devices), links=tuple(links), router=router, nic_gbitps=nic_gbitps,
+        description=f"{nodes} x [{node.description}], rail-optimized IB fat tree 1:{oversubscription:g}",
+        nvlink_gbps_per_gpu=node.nvlink_gbps_per_gpu, nic_gbps_per_gpu=rails * nic_gbps / node.gpus_per_node,
+        nvlink_gpu_transit=node.nvlink_gpu_transit,
+    )
