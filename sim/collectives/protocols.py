@@ -1,0 +1,129 @@
+"""NCCL's protocol and link constants: base latency, per-step latency, bandwidth factors, link efficiency.
+
+Source of every figure: /work/shared/reference/modeling-facts.md, which summarises NCCL's own cost model
+(NVIDIA/nccl src/graph/tuning.cc and topo.h, v2.30). docs/collectives.md explains how they are used.
+
+- A collective call costs `base_us[family][protocol]` once per NCCL launch, plus per algorithm step the
+  per-step hardware latency `hw_us[family][link_class][protocol]` of the link class the step crosses.
+- Payload bandwidth is the max-min fair flow rate x `bw_factor[protocol]` (LL moves 4 payload bytes
+  per 8-byte word: 0.5; LL128 120 of 128 bytes, NCCL uses 0.92; Simple 1.0) x an algorithm factor (tree
+  all-reduce 0.92, NVLS 0.85 on Hopper; tuning.cc).
+- Link capacity = peak x link efficiency: NCCL's effective NVLink bandwidth per 25 GB/s NVLink link
+  (20.0 on A100/SM80, 20.6 on H100/SM90, 40.1 per 50 GB/s link on B200/SM100), PCIe 12 GB/s of a Gen3
+  x16's 16, a NIC 12 GB/s of a 100 Gb/s line rate (12.5 GB/s).
+
+The "ideal" protocol has no base latency, no per-step overhead and factor 1 (and no algorithm factor):
+with link efficiency 1 it turns the model into the textbook closed forms (tests use it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+PROTOCOLS = ("ll", "ll128", "simple")  # NCCL protocols, in auto-choice tie-break order
+IDEAL = "ideal"
+LINK_CLASSES = ("nvlink", "pcie", "network")
+
+
+def _ro(d: dict) -> MappingProxyType:
+    return MappingProxyType(d)
+
+
+# Base latency per launch (us), tuning.cc: Ring 6.6/14.0/8.4, Tree 6.8/14.0/8.4, NVLS 0 (Simple only).
+BASE_US = {
+    "ring": {"ll": 6.6, "ll128": 14.0, "simple": 8.4},
+    "tree": {"ll": 6.8, "ll128": 14.0, "simple": 8.4},
+    "nvls": {"simple": 0.0},
+}
+# Per-step hardware latency (us), tuning.cc. Tree over PCIe is not in the reference: the ring figures are
+# used. NVLS: NCCL's 25 us NVLink hardware latency is charged once per call (one "step": into the switch
+# and back out).
+HW_US = {
+    "ring": {"nvlink": {"ll": 0.6, "ll128": 1.9, "simple": 3.4},
+             "pcie": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
+             "network": {"ll": 2.7, "ll128": 4.0, "simple": 14.0}},
+    "tree": {"nvlink": {"ll": 0.6, "ll128": 1.25, "simple": 4.0},
+             "pcie": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
+             "network": {"ll": 5.0, "ll128": 8.5, "simple": 14.0}},
+    "nvls": {"nvlink": {"simple": 25.0}},
+}
+BW_FACTOR = {"ll": 0.5, "ll128": 0.92, "simple": 1.0, IDEAL: 1.0}  # tuning.cc protocol factors
+ALGO_BW_FACTOR = {"tree": 0.92, "nvls": 0.85}  # tree all-reduce; NVLS on Hopper (tuning.cc)
+# Multi-node ring all-reduce with Simple: NCCL multiplies the latency by 1.4 on SM80+ (tuning.cc).
+RING_SIMPLE_INTERNODE_LAT_FACTOR = 1.4
+
+# Link efficiency = NCCL's effective bandwidth / peak (topo.h). NVLink per GPU generation, by GPU preset
+# prefix; V100 (SM70) is not in the reference and takes the A100 figure (assumption).
+NVLINK_EFFICIENCY = {"h100": 20.6 / 25.0, "h200": 20.6 / 25.0, "a100": 20.0 / 25.0, "b200": 40.1 / 50.0}
+NVLINK_EFFICIENCY_DEFAULT = 20.0 / 25.0
+PCIE_EFFICIENCY = 12.0 / 16.0  # NCCL's 12 GB/s for PCIe Gen3 x16 (16 GB/s per direction)
+NETWORK_EFFICIENCY = 12.0 / 12.5  # NCCL's 12 GB/s for a 100 Gb/s NIC (line rate 12.5 GB/s)
+INTERNAL_EFFICIENCY = 1.0  # CPU-socket links: no NCCL figure, taken at peak
+
+
+def family(algo: str) -> str:
+    """Which NCCL latency table an algorithm uses: hierarchical and direct are made of ring-like steps."""
+    return algo if algo in ("tree", "nvls") else "ring"
+
+
+def protocols_for(algo: str) -> tuple[str, ...]:
+    """NCCL protocols an algorithm supports: NVLS only Simple, the others LL, LL128 and Simple."""
+    return ("simple",) if algo == "nvls" else PROTOCOLS
+
+
+@dataclass(frozen=True)
+class NcclConstants:
+    """All protocol/link constants in one overridable object (defaults: NCCL v2.30 tuning.cc/topo.h).
+
+    `link_efficiency`, when set, replaces the per-kind efficiencies for every link kind.
+    """
+
+    base_us: Any = field(default_factory=lambda: _ro(BASE_US))
+    hw_us: Any = field(default_factory=lambda: _ro(HW_US))
+    bw_factor: Any = field(default_factory=lambda: _ro(BW_FACTOR))
+    algo_bw_factor: Any = field(default_factory=lambda: _ro(ALGO_BW_FACTOR))
+    ring_simple_internode_lat_factor: float = RING_SIMPLE_INTERNODE_LAT_FACTOR
+    nvlink_efficiency: float | None = None  # None: by GPU generation (NVLINK_EFFICIENCY)
+    pcie_efficiency: float = PCIE_EFFICIENCY
+    network_efficiency: float = NETWORK_EFFICIENCY
+    internal_efficiency: float = INTERNAL_EFFICIENCY
+    link_efficiency: float | None = None
+
+    def with_tuning(self, tuning: Any) -> NcclConstants:
+        """Apply a scenarios.schema.NetworkTuning (only link_efficiency is a constant there)."""
+        if tuning is None or getattr(tuning, "link_efficiency", None) is None:
+            return self
+        return replace(self, link_efficiency=tuning.link_efficiency)
+
+    def efficiencies(self, gpu: str) -> dict[str, float]:
+        """Link kind -> achievable fraction of peak, for a topology whose GPU preset is `gpu`."""
+        if self.link_efficiency is not None:
+            return dict.fromkeys(("nvlink", "pcie", "ib", "internal"), self.link_efficiency)
+        nvlink = self.nvlink_efficiency
+        if nvlink is None:
+            nvlink = next((v for k, v in NVLINK_EFFICIENCY.items() if gpu.startswith(k)), NVLINK_EFFICIENCY_DEFAULT)
+        return {"nvlink": nvlink, "pcie": self.pcie_efficiency, "ib": self.network_efficiency,
+                "internal": self.internal_efficiency}
+
+    def base_s(self, algo: str, protocol: str) -> float:
+        """Per-launch base latency (s); 0 for the ideal protocol."""
+        return 0.0 if protocol == IDEAL else self.base_us[family(algo)][protocol] * 1e-6
+
+    def hw_s(self, algo: str, link_class: str, protocol: str) -> float:
+        """NCCL's per-step latency (s) for a step over `link_class`; 0 for the ideal protocol."""
+        if protocol == IDEAL:
+            return 0.0
+        table = self.hw_us[family(algo)]
+        return table.get(link_class, table["nvlink"])[protocol] * 1e-6
+
+    def bw_scale(self, algo: str, op: str, protocol: str) -> float:
+        """Protocol factor x algorithm factor (tree applies to all-reduce only; ideal: 1)."""
+        if protocol == IDEAL:
+            return 1.0
+        algo_factor = self.algo_bw_factor.get(algo, 1.0) if (algo != "tree" or op == "all_reduce") else 1.0
+        return self.bw_factor[protocol] * algo_factor
+
+
+DEFAULT_CONSTANTS = NcclConstants()

@@ -1,0 +1,124 @@
+"""Applicable algorithms, overrides, the auto choice at the crossing of predicted times, busbw factors,
+and NCCL's latency formulas on the DGX presets."""
+
+from __future__ import annotations
+
+import pytest
+from meshsim.scenarios.schema import NetworkTuning
+from meshsim.sim.collectives import algorithms_for, busbw_factor, collective_cost
+from meshsim.sim.collectives.choose import candidates
+from meshsim.sim.errors import UserError
+from meshsim.topologies.registry import build_topology
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return build_topology("dgx-h100", 1)
+
+
+@pytest.fixture(scope="module")
+def h100x2():
+    return build_topology("dgx-h100", 2)
+
+
+def test_busbw_factor_follows_nccl_tests():
+    for n in (2, 3, 8, 1024):
+        assert busbw_factor("all_reduce", n) == 2 * (n - 1) / n
+        for op in ("all_gather", "reduce_scatter", "all_to_all"):
+            assert busbw_factor(op, n) == (n - 1) / n
+        assert busbw_factor("broadcast", n) == 1.0
+
+
+def test_applicable_algorithms(h100, h100x2):
+    assert algorithms_for(h100, "all_reduce", range(8)) == ["ring", "tree", "nvls"]
+    assert algorithms_for(h100x2, "all_reduce", range(16)) == ["ring", "tree", "hierarchical"]
+    assert algorithms_for(h100x2, "all_gather", range(8, 16)) == ["ring", "nvls"]
+    assert algorithms_for(h100, "broadcast", range(8)) == ["ring"]
+    assert algorithms_for(h100, "all_to_all", range(8)) == ["direct"]
+    assert "nvls" not in algorithms_for(build_topology("dgx-a100", 1), "all_reduce", range(8))
+
+
+@pytest.mark.parametrize("case", [
+    ("dgx-a100", 1, "all_reduce", 8, "nvls", "auto"),  # switch without in-network reduction
+    ("dgx-h100", 2, "all_reduce", 16, "nvls", "auto"),  # NVLS across nodes
+    ("dgx-h100", 1, "all_gather", 8, "tree", "auto"),  # tree is all-reduce only
+    ("dgx-h100", 1, "all_reduce", 8, "hierarchical", "auto"),  # one node
+    ("dgx-h100", 1, "all_reduce", 8, "nvls", "ll"),  # NVLS is Simple only
+    ("dgx-h100", 1, "all_reduce", 8, "rings", "auto"),  # unknown algorithm
+    ("dgx-h100", 1, "all_reduce", 8, "auto", "ll256"),  # unknown protocol
+    ("dgx-h100", 1, "allreduce", 8, "auto", "auto"),  # unknown op
+])
+def test_unsupported_overrides_are_user_errors(case):
+    preset, nodes, op, n, algo, protocol = case
+    with pytest.raises(UserError):
+        collective_cost(build_topology(preset, nodes), op, range(n), 1 << 20, algo=algo, protocol=protocol)
+
+
+def test_bad_ranks_and_sizes_are_user_errors(h100):
+    for ranks, nbytes in (([0, 8], 1), ([0, 0], 1), ([], 1), ([0, 1], -5)):
+        with pytest.raises(UserError):
+            collective_cost(h100, "all_reduce", ranks, nbytes)
+
+
+def test_scenario_preference_falls_back_where_it_does_not_apply(h100):
+    tree = NetworkTuning(algo="tree")
+    assert collective_cost(h100, "all_reduce", range(8), 1 << 20, tuning=tree).algo == "tree"
+    assert collective_cost(h100, "all_gather", range(8), 1 << 20, tuning=tree).algo in ("ring", "nvls")
+    with pytest.raises(UserError):
+        collective_cost(build_topology("dgx-a100", 1), "all_reduce", range(8), 1 << 20,
+                        tuning=NetworkTuning(algo="nvls"))
+    simple = NetworkTuning(protocol="simple")
+    assert collective_cost(h100, "all_reduce", range(8), 1024, tuning=simple).protocol == "simple"
+
+
+def _times(topo, op, ranks, nbytes):
+    return {pair: collective_cost(topo, op, ranks, nbytes, algo=pair[0], protocol=pair[1]).time_s
+            for pair in candidates(topo, op, ranks)}
+
+
+def _auto(topo, op, ranks, nbytes):
+    c = collective_cost(topo, op, ranks, nbytes)
+    return (c.algo, c.protocol), c.time_s
+
+
+@pytest.mark.parametrize("preset,nodes,ranks", [("dgx-h100", 1, 8), ("dgx-h100", 2, 16), ("dgx-a100", 4, 32)])
+def test_auto_switches_exactly_where_predicted_times_cross(preset, nodes, ranks):
+    topo, op, group = build_topology(preset, nodes), "all_reduce", list(range(ranks))
+    grid = [1 << e for e in range(0, 35)]
+    choice = [_auto(topo, op, group, s)[0] for s in grid]
+    switches = [(lo, hi) for lo, hi, a, b in zip(grid, grid[1:], choice, choice[1:], strict=False) if a != b]
+    assert switches, "expected the choice to change somewhere between 1 B and 16 GB"
+    for lo, hi in switches:
+        first = _auto(topo, op, group, lo)[0]
+        while hi - lo > 1:  # bisection on the byte count
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _auto(topo, op, group, mid)[0] == first else (lo, mid)
+        second = _auto(topo, op, group, hi)[0]
+        below, above = _times(topo, op, group, lo), _times(topo, op, group, hi)
+        # the two lines cross between lo and hi (an exact tie goes to the earlier candidate in NCCL's order)
+        assert below[first] <= below[second] and above[second] <= above[first]
+        assert below[first] < below[second] or above[second] < above[first]
+        assert below[first] == min(below.values()) and above[second] == min(above.values())
+
+
+def test_nccl_latency_formulas_on_dgx_h100(h100, h100x2):
+    """Tree all-reduce latency = base + 2((ppn-1) intraLat + log2(nNodes) interLat) when the physical path
+    is shorter than NCCL's per-step figure (modeling-facts.md)."""
+    c = collective_cost(h100x2, "all_reduce", range(16), 1, algo="tree", protocol="ll")
+    assert c.latency_s == pytest.approx((6.8 + 2 * (7 * 0.6 + 1 * 5.0)) * 1e-6, rel=1e-9)
+    ring = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple")
+    assert ring.latency_s == pytest.approx((8.4 + 14 * 3.4) * 1e-6, rel=1e-9)
+    nvls = collective_cost(h100, "all_reduce", range(8), 1, algo="nvls")
+    assert nvls.latency_s == pytest.approx(25e-6, rel=1e-9)
+
+
+def test_nccl_bandwidth_on_dgx_h100(h100):
+    """Ring busbw at large sizes = NCCL's effective NVLink bandwidth 18 links x 20.6 GB/s; NVLS x 0.85 of
+    2(n-1)/n of it; LL half of Simple's."""
+    big = 1 << 36
+    ring = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple")
+    assert ring.busbw_gbps == pytest.approx(18 * 20.6, rel=2e-3)
+    nvls = collective_cost(h100, "all_reduce", range(8), big, algo="nvls")
+    assert nvls.busbw_gbps == pytest.approx(0.85 * 2 * 7 / 8 * 18 * 20.6, rel=2e-3)
+    ll = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="ll")
+    assert ll.bandwidth_s == pytest.approx(2 * ring.bandwidth_s, rel=1e-9)
