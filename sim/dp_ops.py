@@ -1,0 +1,103 @@
+"""The end of a step: SP gradient all-reduce, DP gradient buckets, optimizer step, parameter all-gather.
+
+Gradients (Megatron DDP): fp32 main grads (bf16 training forces fp32 gradient accumulation and reduction,
+Megatron-LM arguments.py), 4 bytes per parameter, grouped in buckets of `parallel.dp_bucket_mb` MiB in
+the order backward produces them (a parameter is never split; a bucket closes once it reaches the
+size). Only the last micro-batch's backward triggers reductions (earlier ones accumulate locally).
+
+- dp_overlap: a bucket is reduced as soon as its last gradient of the LAST micro-batch is produced;
+  otherwise every bucket waits for the end of backward. Stream "dp_comm", group "dp".
+- distributed_optimizer: reduce-scatter per bucket, the optimizer updates this rank's 1/dp shard, then
+  an all-gather of the updated bf16 parameters per bucket (2 bytes per parameter). Megatron overlaps
+  that gather with the next step's forward; within one simulated step it trails the optimizer.
+  Otherwise: all-reduce per bucket, every rank updates all its parameters.
+
+SP: replicated parameters updated from sequence shards (norms, row-parallel biases) hold partial
+gradients on each TP rank; Megatron sums them over tp once per step, after the last micro-batch, in one
+coalesced all-reduce (finalize_model_grads / _allreduce_layernorm_grads). Modeled as one "opt.ln_grad"
+all-reduce of (all such params) x 4 bytes, issued when backward ends; the optimizer waits for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.sim.schedule import Collective, Op, OptimizerStep, Work
+
+GRAD_BYTES = 4  # fp32 main gradient per parameter
+PARAM_BYTES = 2  # bf16 parameter (all-gathered after a distributed-optimizer step)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DpConfig:
+    dp: int
+    distributed_optimizer: bool
+    overlap: bool
+    bucket_bytes: int
+    sp_grad_params: int  # params whose grads need the SP all-reduce over tp (0 without SP)
+    params: int  # parameters this rank holds (all TP shards' share, before DP sharding)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    producers: tuple[int, ...]  # op ids producing the bucket's gradients (last micro-batch)
+    params: int
+
+
+def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int) -> list[Bucket]:
+    """Group (op id, params) gradient producers, in backward order, into buckets of >= bucket_bytes."""
+    buckets, ids, params = [], [], 0
+    for op_id, n in producers:
+        if n <= 0:
+            continue
+        ids.append(op_id)
+        params += n
+        if params * GRAD_BYTES >= bucket_bytes:
+            buckets.append(Bucket(tuple(dict.fromkeys(ids)), params))
+            ids, params = [], 0
+    if params:
+        buckets.append(Bucket(tuple(dict.fromkeys(ids)), params))
+    return buckets
+
+
+class _Emitter:
+    """Appends ops with consecutive ids starting at `start`."""
+
+    def __init__(self, start: int):
+        self.ops: list[Op] = []
+        self.next_id = start
+
+    def add(self, name: str, phase: str, work: Work, deps: tuple[int, ...]) -> int:
+        stream = "compute"
+        if isinstance(work, Collective):
+            stream = "tp_comm" if work.group == "tp" else "dp_comm"
+        op = Op(self.next_id, name, stream, stream, phase, work, tuple(sorted(set(deps))))
+        self.ops.append(op)
+        self.next_id += 1
+        return op.id
+
+
+def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, cfg: DpConfig) -> list[Op]:
+    """Ops after the last micro-batch's backward: SP grad all-reduce, DP buckets, optimizer, param gather.
+
+    `producers`: (op id, params) of the last micro-batch's gradient-producing ops, in backward order;
+    `end_of_bwd`: the last backward op."""
+    em = _Emitter(start)
+    before_opt: list[int] = [end_of_bwd]
+    if cfg.sp_grad_params:
+        ln = Collective("all_reduce", "tp", cfg.sp_grad_params * GRAD_BYTES, "ln_grad")
+        before_opt.append(em.add("opt.ln_grad", "bwd", ln, (end_of_bwd,)))
+    buckets = make_buckets(producers, cfg.bucket_bytes) if cfg.dp > 1 else []
+    reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
+    for i, b in enumerate(buckets):
+        deps = b.producers if cfg.overlap else (end_of_bwd,)
+        work = Collective(reduce_op, "dp", b.params * GRAD_BYTES, "dp_grad")
+        before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
+    shard = cfg.dp if cfg.distributed_optimizer else 1
+    step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
+    if cfg.distributed_optimizer:
+        for i, b in enumerate(buckets):
+            gather = Collective("all_gather", "dp", b.params * PARAM_BYTES, "dp_param")
+            em.add(f"dp.bucket{i}.all_gather", "opt", gather, (step,))
+    return em.ops

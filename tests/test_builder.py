@@ -1,0 +1,248 @@
+"""Schedule builder: op structure per layer, collective counts and volumes, FLOPs conservation, deps, DP."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+
+import pytest
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.builder import build_schedule
+from meshsim.sim.memory import params_per_rank
+from meshsim.sim.schedule import Attention, Collective, Gemm, Schedule
+from meshsim.topologies.gpus import GPUS
+from meshsim.topologies.model import Topology
+
+GPT = dict(layers=2, hidden=256, heads=8, seq_len=128, vocab=1000, mlp="gelu", dropout=True)
+LLAMA70B = dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, mlp="swiglu", seq_len=4096,
+                vocab=32000, dropout=False)
+
+
+def make_rs(model: dict, parallel: dict, *, dp: int = 1, gpu: str = "h100-sxm") -> ResolvedScenario:
+    par = {"global_batch": parallel.get("micro_batch", 1) * dp, **parallel}
+    s = Scenario.model_validate({"name": "t", "model": model, "topology": {"preset": "dgx-h100"},
+                                 "parallel": par})
+    tp = s.parallel.tp
+    topo = Topology("trivial", gpu, 1, tp * dp, (), ())
+    mbs = s.parallel.global_batch // (s.parallel.micro_batch * dp)
+    return ResolvedScenario(s, "test", GPUS[gpu], topo, tp * dp, tp, dp, mbs)
+
+
+def layer_ops(sched: Schedule, layer: int = 1, mb: int = 0, phases=("fwd", "bwd", "recompute")):
+    return [op for op in sched.ops if op.layer == layer and op.micro_batch == mb and op.phase in phases]
+
+
+def colls(ops, phase=None):
+    return [op.work for op in ops if isinstance(op.work, Collective) and (phase is None or op.phase == phase)]
+
+
+def key(op) -> str:
+    return op.name.rsplit(".", 1)[1]
+
+
+# ----- structure ------------------------------------------------------------------------------------
+def test_tp_layer_forward_is_the_megatron_sequence():
+    """Golden op list of one TP layer's forward, written from the Megatron layer description."""
+    sched = build_schedule(make_rs(dict(GPT, attention="unfused"), dict(tp=2, micro_batch=2)))
+    names = [op.name for op in layer_ops(sched, 0, 0, ("fwd",))]
+    assert names == [f"L0.mb0.fwd.{k}" for k in (
+        "ln1", "qkv", "qk", "scale_mask", "softmax", "attn_dropout", "pv", "proj", "attn_out", "attn_res",
+        "ln2", "fc1", "act", "fc2", "mlp_out", "mlp_res")]
+
+
+def test_tp_collectives_per_layer():
+    sched = build_schedule(make_rs(GPT, dict(tp=4, micro_batch=2)))
+    ops = layer_ops(sched)
+    assert [(c.op, c.boundary) for c in colls(ops, "fwd")] == [("all_reduce", "g")] * 2
+    assert [(c.op, c.boundary) for c in colls(ops, "bwd")] == [("all_reduce", "f")] * 2
+    assert all(c.nbytes == 128 * 2 * 256 * 2 for c in colls(ops))  # s b h x 2 bytes
+
+
+def test_sp_collectives_per_layer_and_layernorm_allreduce():
+    rs = make_rs(GPT, dict(tp=4, sp=True, micro_batch=2))
+    sched = build_schedule(rs)
+    ops = layer_ops(sched)
+    fwd = Counter(c.op for c in colls(ops, "fwd"))
+    bwd = Counter((c.op, c.boundary) for c in colls(ops, "bwd"))
+    assert fwd == {"all_gather": 2, "reduce_scatter": 2}
+    assert bwd == {("all_gather", "sp_scatter"): 2, ("reduce_scatter", "sp_gather"): 2,
+                   ("all_gather", "sp_regather"): 2}
+    # one coalesced all-reduce per step of the SP-partial grads: per layer 2 LayerNorms (weight + bias,
+    # 2h each) + 2 row-parallel biases (h each), plus the final LayerNorm (2h); fp32
+    h, layers = 256, 2
+    ln = [op for op in sched.ops if op.name == "opt.ln_grad"]
+    assert len(ln) == 1 and ln[0].work.op == "all_reduce"
+    assert ln[0].work.nbytes == (layers * (2 * 2 * h + 2 * h) + 2 * h) * 4
+
+
+def test_tp_and_sp_move_the_same_forward_bytes():
+    """Ring convention: all-reduce of S moves 2(t-1)/t S per rank; all-gather / reduce-scatter of total S
+    move (t-1)/t S. SP replaces each all-reduce by a reduce-scatter + all-gather: equal volume."""
+    t = 4
+
+    def moved(c: Collective) -> float:
+        return (2 if c.op == "all_reduce" else 1) * (t - 1) / t * c.nbytes
+
+    tp = colls(layer_ops(build_schedule(make_rs(GPT, dict(tp=t, micro_batch=2)))), "fwd")
+    sp = colls(layer_ops(build_schedule(make_rs(GPT, dict(tp=t, sp=True, micro_batch=2)))), "fwd")
+    assert sum(map(moved, tp)) == pytest.approx(sum(map(moved, sp)))
+    assert sum(map(moved, tp)) == pytest.approx(2 * 2 * (t - 1) / t * 128 * 2 * 256 * 2)
+
+
+def test_sp_wgrad_waits_for_the_regather_not_the_dgrad():
+    sched = build_schedule(make_rs(GPT, dict(tp=2, sp=True)))
+    by_name = {op.name: op for op in sched.ops}
+    for col, entry, grad_out in (("qkv", "attn_in", "attn"), ("fc1", "mlp_in", "act")):
+        w = by_name[f"L0.mb0.bwd.{col}_wgrad"]
+        # wgrad = X^T dY: the re-gathered input X and the output gradient dY; not dgrad nor its collective
+        assert set(w.deps) == {by_name[f"L0.mb0.bwd.{entry}_regather"].id, by_name[f"L0.mb0.bwd.{grad_out}"].id}
+        assert by_name[f"L0.mb0.bwd.{entry}"].deps == (by_name[f"L0.mb0.bwd.{col}_dgrad"].id,)
+
+
+def test_ids_are_positions_and_deps_point_backwards():
+    sched = build_schedule(make_rs(GPT, dict(tp=2, sp=True, micro_batch=1, global_batch=4,
+                                             recompute="full", tp_comm_overlap=True, distributed_optimizer=True),
+                                   dp=2))
+    for i, op in enumerate(sched.ops):
+        assert op.id == i
+        assert all(0 <= d < i for d in op.deps), op.name
+        want = "compute" if not isinstance(op.work, Collective) else f"{op.work.group}_comm"
+        assert op.stream == op.category == want
+        assert re.fullmatch(r"(L\d+|embed|head)\.mb\d+\.(fwd|bwd|recompute)\.\w+|dp\.bucket\d+\.\w+|opt\.\w+",
+                            op.name), op.name
+    assert len({op.name for op in sched.ops}) == len(sched.ops)
+
+
+def test_cross_entropy_all_reduces():
+    sched = build_schedule(make_rs(GPT, dict(tp=2, micro_batch=2)))
+    xent = [op.work for op in sched.ops if op.name.startswith("head.mb0.fwd.xent") and
+            isinstance(op.work, Collective)]
+    assert sorted(c.boundary for c in xent) == ["xent_max", "xent_pred", "xent_sum"]
+    assert all(c.op == "all_reduce" and c.nbytes == 2 * 128 * 4 for c in xent)
+    logits = next(op.work for op in sched.ops if op.name == "head.mb0.fwd.logits")
+    assert logits == Gemm(2 * 128, 1024 // 2, 256)  # vocab 1000 padded to 128 x tp = 1024
+
+
+# ----- recompute ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("attention, keys", [("flash", {"attn"}),
+                                             ("unfused", {"qk", "scale_mask", "softmax", "attn_dropout", "pv"})])
+def test_selective_recompute_reruns_the_attention_core(attention, keys):
+    sched = build_schedule(make_rs(dict(GPT, attention=attention), dict(tp=2, recompute="selective")))
+    rec = [op for op in layer_ops(sched) if op.phase == "recompute"]
+    assert {key(op) for op in rec} == keys and len(rec) == len(keys)
+
+
+def test_full_recompute_reruns_the_whole_forward():
+    sched = build_schedule(make_rs(GPT, dict(tp=2, sp=True, recompute="full")))
+    ops = layer_ops(sched)
+    fwd = [(key(op), op.work) for op in ops if op.phase == "fwd"]
+    rec = [(key(op), op.work) for op in ops if op.phase == "recompute"]
+    assert rec == fwd
+    first_bwd = min(op.id for op in ops if op.phase == "bwd")
+    assert all(op.id < first_bwd for op in ops if op.phase == "recompute")
+
+
+# ----- FLOPs conservation ---------------------------------------------------------------------------------
+def _layer_flops(sched: Schedule, kind) -> float:
+    return sum(op.flops for op in layer_ops(sched, 0) if isinstance(op.work, kind))
+
+
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_shards_sum_to_the_unsharded_layer(attention):
+    model = dict(GPT, attention=attention)
+    full = build_schedule(make_rs(model, dict(tp=1)))
+    for t in (2, 4, 8):
+        shard = build_schedule(make_rs(model, dict(tp=t)))
+        assert t * _layer_flops(shard, Gemm) == pytest.approx(_layer_flops(full, Gemm), rel=1e-12)
+        assert t * _layer_flops(shard, Attention) == pytest.approx(_layer_flops(full, Attention), rel=1e-12)
+
+
+def test_gqa_replicated_kv_is_the_only_extra_work():
+    """kv_heads = 2 < t = 8: each rank computes one KV head, so t ranks compute 8 where the model has 2.
+    Extra GEMM FLOPs = (t - kv) extra heads x K and V x (fwd + dgrad + wgrad) x 2 T h d."""
+    model = dict(GPT, heads=8, kv_heads=2, mlp="swiglu")
+    full = build_schedule(make_rs(model, dict(tp=1, micro_batch=2)))
+    t, tokens, h, d = 8, 128 * 2, 256, 256 // 8
+    shard = build_schedule(make_rs(model, dict(tp=t, micro_batch=2)))
+    extra = (t * 1 - 2) * 2 * 3 * 2 * tokens * h * d
+    assert t * _layer_flops(shard, Gemm) - _layer_flops(full, Gemm) == pytest.approx(extra, rel=1e-12)
+
+
+# ----- DP, optimizer, gradients -------------------------------------------------------------------------
+@pytest.mark.parametrize("tied", [False, True])
+def test_gradient_producers_cover_every_parameter(tied):
+    rs = make_rs(dict(GPT, tied_embeddings=tied), dict(tp=2, sp=True), dp=2)
+    assert build_schedule(rs).meta["params_per_rank"] == params_per_rank(rs)
+
+
+@pytest.mark.parametrize("distopt", [False, True])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_dp_buckets(distopt, overlap):
+    rs = make_rs(GPT, dict(tp=2, micro_batch=1, global_batch=4, distributed_optimizer=distopt,
+                           dp_overlap=overlap, dp_bucket_mb=0.25), dp=2)
+    sched = build_schedule(rs)
+    params = params_per_rank(rs)
+    reduce_op = "reduce_scatter" if distopt else "all_reduce"
+    red = [op for op in sched.ops if op.name.startswith("dp.") and op.work.op == reduce_op]
+    assert len(red) > 1 and all(op.stream == "dp_comm" and op.work.group == "dp" for op in red)
+    assert sum(op.work.nbytes for op in red) == params * 4
+    assert all(op.work.nbytes >= 0.25 * 2**20 for op in red[:-1])
+    last_mb = [op for op in sched.ops if op.micro_batch == 1 and op.phase == "bwd"]
+    end = max(op.id for op in last_mb)
+    for op in red:
+        if overlap:
+            assert all(sched.ops[d].micro_batch == 1 and sched.ops[d].phase == "bwd" for d in op.deps)
+        else:
+            assert op.deps == (end,)
+    if overlap:
+        assert red[0].deps[-1] < end  # the first bucket is issued during backward
+    step = next(op for op in sched.ops if op.name == "opt.step")
+    assert step.work.params == (-(-params // 2) if distopt else params)
+    assert {op.id for op in red} <= set(step.deps)
+    gathers = [op for op in sched.ops if op.name.startswith("dp.") and op.work.op == "all_gather"]
+    assert len(gathers) == (len(red) if distopt else 0)
+    assert sum(op.work.nbytes for op in gathers) == (params * 2 if distopt else 0)
+
+
+def test_no_dp_ops_without_dp():
+    sched = build_schedule(make_rs(GPT, dict(tp=2)))
+    assert not [op for op in sched.ops if op.name.startswith("dp.")]
+    assert sched.ops[-1].name == "opt.step"
+
+
+# ----- tp_comm_overlap -------------------------------------------------------------------------------------
+def test_overlap_chunks_gather_and_gemm():
+    t = 4
+    sched = build_schedule(make_rs(GPT, dict(tp=t, sp=True, micro_batch=2, tp_comm_overlap=True)))
+    ops = {key(op): op for op in layer_ops(sched, 0, 0, ("fwd",))}
+    k = sched.meta["chunks"]
+    assert k == t
+    gathers = [ops[f"attn_in_c{i}"] for i in range(k)]
+    gemms = [ops[f"qkv_c{i}"] for i in range(k)]
+    assert sum(g.work.nbytes for g in gathers) == 128 * 2 * 256 * 2
+    assert sum(g.work.m for g in gemms) == 128 * 2
+    for c, g in zip(gathers, gemms, strict=True):
+        assert g.deps == (c.id,)
+    rs_chunks = [ops[f"attn_out_c{i}"] for i in range(k)]
+    assert all(r.deps == (ops[f"proj_c{i}"].id,) for i, r in enumerate(rs_chunks))
+    assert set(ops["attn_res"].deps) >= {r.id for r in rs_chunks}
+
+
+# ----- speed ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overlap", [False, True])
+def test_builder_speed_llama70b(overlap):
+    """Measured and printed, not asserted (shared CI machines)."""
+    rs = make_rs(LLAMA70B, dict(tp=8, sp=True, micro_batch=1, global_batch=32, recompute="selective",
+                                tp_comm_overlap=overlap, distributed_optimizer=True), dp=8)
+    build_schedule(rs)
+    best = min(_timed(rs) for _ in range(3))
+    print(f"\nbuild_schedule llama2-70b 80 layers x 4 micro-batches, overlap={overlap}: "
+          f"{best[1]} ops in {best[0] * 1e3:.1f} ms")
+
+
+def _timed(rs):
+    start = time.perf_counter()
+    sched = build_schedule(rs)
+    return time.perf_counter() - start, len(sched.ops)

@@ -1,0 +1,176 @@
+"""Compute cost model: GEMM roofline and efficiency, wave quantization, memory-bound kernels, profiles,
+and the calibrated collective table."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from meshsim.scenarios.profile import CollectivePoint, GemmPoint, HardwareProfile, KernelPoint
+from meshsim.scenarios.schema import ComputeTuning
+from meshsim.sim.calibrated import table_collective_time_s
+from meshsim.sim.compute import ComputeModel
+from meshsim.sim.schedule import Attention, Collective, Elementwise, Gemm, OptimizerStep
+from meshsim.topologies.gpus import GPUS
+
+H100 = GPUS["h100-sxm"]
+LAUNCH_S = 3e-6
+
+
+def tflops(model: ComputeModel, g: Gemm) -> float:
+    return g.flops / model.time_s(g) / 1e12
+
+
+def test_reference_gemm_reaches_the_ceiling():
+    """8192^3 is the measured reference: 0.80 of peak by construction, on every GPU."""
+    for gpu in (H100, GPUS["a100-80gb"], GPUS["h200-sxm"]):
+        g = Gemm(8192, 8192, 8192)
+        assert ComputeModel(gpu).time_s(g) == pytest.approx(g.flops / (gpu.peak_tflops * 1e12 * 0.80) + LAUNCH_S)
+
+
+def test_ceiling_override():
+    g = Gemm(8192, 8192, 8192)
+    model = ComputeModel(H100, ComputeTuning(gemm_efficiency=0.5, launch_overhead_us=0.0))
+    assert model.time_s(g) == pytest.approx(g.flops / (989e12 * 0.5))
+
+
+@pytest.mark.parametrize("shape", ["column", "row"])
+def test_efficiency_falls_as_the_sharded_dimension_shrinks(shape):
+    """Llama-2 70B qkv (column-parallel: n = 10240/t) and fc2 (row-parallel: k = 28672/t), s*b = 4096."""
+    model = ComputeModel(H100)
+    rates = []
+    for t in (1, 2, 4, 8, 16):
+        g = Gemm(4096, 10240 // t, 8192) if shape == "column" else Gemm(4096, 8192, 28672 // t)
+        rates.append(tflops(model, g))
+    pairs = list(zip(rates, rates[1:], strict=False))
+    if shape == "row":  # k / (k + k_fill) falls strictly with k
+        assert all(a > b for a, b in pairs), rates
+    else:  # tiles fall; wave quantization may leave a step flat, never better
+        assert all(a >= b for a, b in pairs) and rates[-1] < 0.9 * rates[0], rates
+
+
+def test_wave_quantization():
+    """One fixed 128x256 tile: 12 x 11 = 132 tiles fill the 132 SMs once; 7 x 19 = 133 tiles need a
+    second wave. Both compute-bound (k = 8192), so time per FLOP scales by (264 / 133) / (132 / 132)."""
+    model = ComputeModel(H100, ComputeTuning(tile_m=128, tile_n=256, launch_overhead_us=0.0))
+    full = Gemm(128 * 12, 256 * 11, 8192)
+    over = Gemm(128 * 7, 256 * 19, 8192)
+    per_flop = [model.time_s(g) / g.flops for g in (full, over)]
+    assert per_flop[1] > 1.9 * per_flop[0]  # 133/264 vs 132/132 of the SM-waves do useful work
+    assert per_flop[1] / per_flop[0] == pytest.approx(264 / 133, rel=1e-9)
+
+
+def test_wave_quantization_with_the_tile_heuristic():
+    model = ComputeModel(H100)
+    full, over = Gemm(128 * 12, 256 * 11, 8192), Gemm(128 * 7, 256 * 19, 8192)
+    assert model.time_s(over) / over.flops > model.time_s(full) / full.flops
+
+
+def test_skinny_k_loses_efficiency():
+    """k / (k + k_fill), k_fill = peak / bw = 989e12 / 3350e9 on an H100, relative to k = 8192."""
+    model = ComputeModel(H100, ComputeTuning(launch_overhead_us=0.0))
+    k_fill = 989e12 / 3350e9
+    big, small = Gemm(8192, 8192, 8192), Gemm(8192, 8192, 512)
+    ratio = tflops(model, small) / tflops(model, big)
+    assert ratio == pytest.approx((512 / (512 + k_fill)) / (8192 / (8192 + k_fill)), rel=1e-9)
+
+
+def test_memory_bound_gemm_uses_the_bandwidth_roof():
+    slow_mem = dataclasses.replace(H100, mem_bw_gbps=1.0)
+    g = Gemm(4096, 4096, 4096)
+    nbytes = 2 * (3 * 4096 * 4096)
+    assert ComputeModel(slow_mem).time_s(g) == pytest.approx(nbytes / (1e9 * 0.9) + LAUNCH_S)
+
+
+def test_elementwise_and_optimizer_are_bandwidth_bound():
+    model = ComputeModel(H100)
+    e = Elementwise("layernorm", 3_000_000, 1_000_000)
+    assert model.time_s(e) == pytest.approx(4e6 / (3350e9 * 0.9) + LAUNCH_S)
+    opt = OptimizerStep(1_000_000)
+    assert model.time_s(opt) == pytest.approx(32e6 / (3350e9 * 0.9) + LAUNCH_S)
+
+
+def test_flash_attention_fraction_of_peak():
+    """b 2 x 8 heads x 32 query blocks = 512 CTAs -> 4 waves of 132: wave efficiency 512/528."""
+    a = Attention(batch=2, heads=8, kv_heads=1, seq=4096, head_dim=128)
+    expected = a.flops / (989e12 * 0.5 * 512 / 528) + LAUNCH_S
+    assert ComputeModel(H100).time_s(a) == pytest.approx(expected)
+    bwd = dataclasses.replace(a, backward=True)
+    assert ComputeModel(H100).time_s(bwd) - LAUNCH_S == pytest.approx(2.5 * (expected - LAUNCH_S))
+
+
+def test_collectives_are_not_compute():
+    with pytest.raises(TypeError):
+        ComputeModel(H100).time_s(Collective("all_reduce", "tp", 1024))
+
+
+# ----- tuning precedence and profiles ---------------------------------------------------------------------
+def test_scenario_tuning_beats_profile_beats_default():
+    prof = HardwareProfile(name="p", compute=ComputeTuning(mem_bw_efficiency=0.5, launch_overhead_us=10.0))
+    model = ComputeModel(H100, ComputeTuning(launch_overhead_us=1.0), prof)
+    assert model.knobs.launch_overhead_us == 1.0
+    assert model.knobs.mem_bw_efficiency == 0.5
+    assert model.knobs.attention_efficiency == 0.5  # default
+    e = Elementwise("x", 1_000_000, 0)
+    assert model.time_s(e) == pytest.approx(1e6 / (3350e9 * 0.5) + 1e-6)
+
+
+def test_profile_gemm_table_uses_the_nearest_shape():
+    prof = HardwareProfile(name="p", gemm_table=[GemmPoint(m=4096, n=4096, k=4096, tflops=500.0),
+                                                  GemmPoint(m=4096, n=512, k=4096, tflops=200.0)])
+    model = ComputeModel(H100, profile=prof)
+    exact = Gemm(4096, 4096, 4096)
+    assert model.time_s(exact) == pytest.approx(exact.flops / 500e12)
+    near_small = Gemm(4096, 640, 4096)  # log-distance to n=512: 0.22; to n=4096: 1.86
+    assert model.time_s(near_small) == pytest.approx(near_small.flops / 200e12)
+
+
+def test_profile_elementwise_bandwidth_and_kernel_table():
+    prof = HardwareProfile(name="p", elementwise_bw_gbps=2000.0,
+                           kernel_table=[KernelPoint(kernel="softmax", bytes=1_000_000, time_us=5.0),
+                                         KernelPoint(kernel="flash_attention_fwd", flops=1e12, time_us=2000.0)])
+    model = ComputeModel(H100, profile=prof)
+    assert model.time_s(Elementwise("gelu", 2_000_000, 0)) == pytest.approx(2e6 / 2000e9 + LAUNCH_S)
+    assert model.time_s(Elementwise("softmax", 1_000_000, 1_000_000)) == pytest.approx(10e-6)
+    a = Attention(batch=1, heads=8, kv_heads=8, seq=4096, head_dim=128)
+    assert model.time_s(a) == pytest.approx(2000e-6 * a.flops / 1e12)
+
+
+# ----- calibrated collectives -------------------------------------------------------------------------------
+def _prof(points):
+    return HardwareProfile(name="p", collective_table=[
+        CollectivePoint(op=op, ranks=r, nbytes=b, time_us=t, algbw_gbps=0.0, busbw_gbps=0.0)
+        for op, r, b, t in points])
+
+
+def test_table_interpolates_in_log_bytes():
+    prof = _prof([("all_reduce", 8, 1 << 20, 20.0), ("all_reduce", 8, 1 << 24, 100.0),
+                  ("all_reduce", 4, 1 << 22, 999.0), ("all_gather", 8, 1 << 22, 999.0)])
+    mid = table_collective_time_s(prof, "all_reduce", 8, 1 << 22)  # log-midpoint of 1M and 16M
+    assert mid == pytest.approx(60e-6)
+    quarter = table_collective_time_s(prof, "all_reduce", 8, 1 << 21)
+    assert quarter == pytest.approx(40e-6)
+
+
+def test_table_extrapolates_linearly_in_bytes():
+    prof = _prof([("all_gather", 8, 1000, 10.0), ("all_gather", 8, 2000, 12.0), ("all_gather", 8, 4000, 16.0)])
+    slope_us = (16.0 - 12.0) / 2000
+    assert table_collective_time_s(prof, "all_gather", 8, 10000) == pytest.approx((16.0 + slope_us * 6000) * 1e-6)
+    low_slope = (12.0 - 10.0) / 1000
+    assert table_collective_time_s(prof, "all_gather", 8, 500) == pytest.approx((10.0 - low_slope * 500) * 1e-6)
+
+
+def test_table_single_point_and_no_match():
+    prof = _prof([("reduce_scatter", 2, 4096, 8.0)])
+    assert table_collective_time_s(prof, "reduce_scatter", 2, 1024) == pytest.approx(8e-6)
+    assert table_collective_time_s(prof, "reduce_scatter", 2, 8192) == pytest.approx(16e-6)
+    assert table_collective_time_s(prof, "reduce_scatter", 4, 8192) is None
+    assert table_collective_time_s(prof, "all_reduce", 2, 8192) is None
+    assert table_collective_time_s(None, "all_reduce", 2, 8192) is None
+
+
+def test_repeated_sizes_are_averaged():
+    prof = _prof([("all_reduce", 2, 1024, 10.0), ("all_reduce", 2, 1024, 20.0), ("all_reduce", 2, 4096, 30.0)])
+    assert table_collective_time_s(prof, "all_reduce", 2, 1024) == pytest.approx(15e-6)
+    assert math.isclose(table_collective_time_s(prof, "all_reduce", 2, 2048), 22.5e-6, rel_tol=1e-9)
