@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field
-
 from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
+from pydantic import Field
 
 
 class GpuFigures(Frozen):

@@ -13,8 +13,9 @@ from __future__ import annotations
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.dp_ops import MIB, DpConfig, step_end_ops
 from meshsim.sim.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
-from meshsim.sim.layer_ops import LayerDims, Template, backward_template, forward_template, layer_dims
+from meshsim.sim.layer_ops import Template, backward_template, forward_template
 from meshsim.sim.schedule import Op, Schedule
+from meshsim.sim.shapes import LayerDims, layer_dims
 
 
 def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer: int | None,

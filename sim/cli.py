@@ -7,7 +7,6 @@ import importlib
 import sys
 
 import typer
-
 from meshsim.sim.errors import EXIT_USER_ERROR, UserError
 
 COMMAND_MODULES = (

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from meshsim.sim.duality import region_boundaries
 from meshsim.sim.layer_ops import (
-    LayerDims,
     Template,
     boundary_collective,
     comm_then_gemm,
@@ -31,6 +30,7 @@ from meshsim.sim.layer_ops import (
     wgrad,
 )
 from meshsim.sim.schedule import Collective, Elementwise, Gemm
+from meshsim.sim.shapes import LayerDims
 
 FP32 = 4
 TOKEN_ID_BYTES = 8  # int64 token ids

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.sim.layer_ops import LayerDims, layer_dims
+from meshsim.sim.shapes import LayerDims, layer_dims
 from meshsim.sim.units import GB
 
 WEIGHT_BYTES = 2

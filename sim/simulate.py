@@ -66,9 +66,9 @@ class CollectiveCoster:
                                     "busbw_gbps": 0.0, "algbw_gbps": 0.0, "source": "trivial"}
         from meshsim.sim.collectives import collective_cost
 
-        c = collective_cost(self.rs.topology, work.op, group, work.nbytes, algo=self.tuning.algo,
-                            protocol=self.tuning.protocol, concurrent_groups=self._concurrent(work.group, group),
-                            tuning=self.tuning)
+        # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
+        c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
+                            concurrent_groups=self._concurrent(work.group, group), tuning=self.tuning)
         latency_s, bandwidth_s, source = c.latency_s, c.time_s - c.latency_s, "model"
         measured_s = self._measured_s(work, len(group))
         if measured_s is not None:
