@@ -1,0 +1,112 @@
+"""meshsim compare: side-by-side rows with deltas, merged Perfetto trace (from files or re-simulated)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from meshsim.sim.compare import category_rows, compare_files, headline_rows, load_results, merge_traces
+from meshsim.sim.errors import UserError
+
+
+def result(name, step, compute, exposed, idle, *, mem=50.0, tp_share=0.2):
+    return {"scenario": name, "step_time_s": step, "tokens_per_s": 1e6 / step, "tflops_per_gpu": 300.0 / step,
+            "mfu": 0.3 / step, "memory_gb": {"total": mem, "capacity": 80.0, "fits": mem <= 80.0},
+            "breakdown_s": {"compute": compute, "tp_comm": 0.3, "dp_comm": 0.1, "exposed_comm": exposed,
+                            "idle": idle},
+            "critical_path_share": {"compute": 1 - tp_share, "tp_comm": tp_share, "dp_comm": 0.0, "waiting": 0.0}}
+
+
+def trace(pids, flow_ids, prefix="sim"):
+    events = []
+    for pid in pids:
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{prefix} rank {pid}"}})
+        events.append({"name": "gemm", "ph": "X", "ts": 0.0, "dur": 5.0, "pid": pid, "tid": 1})
+    for fid in flow_ids:
+        events.append({"name": "critical path", "ph": "s", "id": fid, "ts": 0.0, "pid": pids[0], "tid": 1})
+        events.append({"name": "critical path", "ph": "f", "bp": "e", "id": fid, "ts": 5.0, "pid": pids[-1], "tid": 1})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def test_rows_and_deltas():
+    a, b = result("x", 2.0, 1.5, 0.4, 0.1), result("y", 2.5, 1.6, 0.8, 0.1, mem=90.0)
+    cats = {r["name"]: r for r in category_rows(a, b)}
+    assert cats["exposed_comm"]["delta"] == pytest.approx(0.8 - 0.4)
+    assert cats["step"]["delta_pct"] == pytest.approx(100 * (2.5 - 2.0) / 2.0)
+    assert cats["critical path: tp_comm (s)"]["a"] == pytest.approx(0.2 * 2.0)
+    head = {r["name"]: r for r in headline_rows(a, b)}
+    assert head["tokens/s"]["delta_pct"] == pytest.approx(100 * (1e6 / 2.5 - 1e6 / 2.0) / (1e6 / 2.0))
+    assert head["memory per GPU (GB)"]["delta"] == pytest.approx(40.0)
+
+
+def test_merge_keeps_runs_apart():
+    doc = merge_traces(trace([0, 1], [1, 2])["traceEvents"], trace([0, 1], [1])["traceEvents"], "A: x", "B: y")
+    events = doc["traceEvents"]
+    assert len(events) == (2 * 2 + 2 * 2) + (2 * 2 + 1 * 2)
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {0: "A: x sim rank 0", 1: "A: x sim rank 1", 2: "B: y sim rank 0", 3: "B: y sim rank 1"}
+    flow_ids = [e["id"] for e in events if e["ph"] == "s"]
+    assert len(set(flow_ids)) == 3
+    b_gemms = [e for e in events if e.get("name") == "gemm" and e["pid"] >= 2]
+    assert len(b_gemms) == 2
+
+
+def test_compare_files_merges_traces_beside_results(tmp_path):
+    for side, res, pids in (("a", result("x", 2.0, 1.5, 0.4, 0.1), [0]), ("b", result("x", 3.0, 2.0, 0.9, 0.1), [0, 1])):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "results.json").write_text(json.dumps(res))
+        (tmp_path / side / "trace.json").write_text(json.dumps(trace(pids, [1])))
+    out = tmp_path / "cmp"
+    cmp = compare_files(tmp_path / "a" / "results.json", tmp_path / "b" / "results.json", out_dir=out)
+    assert cmp["labels"] == ["A: x (a)", "B: x (b)"]
+    merged = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert sorted({e["pid"] for e in merged}) == [0, 1, 2]
+    assert json.loads((out / "compare.json").read_text())["categories"][0]["name"] == "compute"
+
+
+def test_bad_results_file_is_a_user_error(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text("{not json")
+    with pytest.raises(UserError, match="Not JSON"):
+        load_results(path)
+    path.write_text(json.dumps({"step_time_s": 1.0}))
+    with pytest.raises(UserError, match="Missing keys breakdown_s, memory_gb"):
+        load_results(path)
+
+
+def _run(tmp_path, name, overrides, *, with_trace):
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+    from meshsim.sim.simulate import simulate_with_events
+    from meshsim.sim.trace import write_trace
+
+    scenario, source = load_scenario("tiny-2gpu")
+    res, log, _ = simulate_with_events(resolve(with_overrides(scenario, overrides, source), source))
+    out = tmp_path / name
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(res.to_dict()))
+    if with_trace:
+        write_trace(out / "trace.json", log.events, res.critical_path)
+    return out / "results.json", res
+
+
+def test_compare_real_runs_resimulated_equals_written_traces(tmp_path):
+    """A results.json without trace.json is re-simulated; the merged trace equals the one from files."""
+    a, res_a = _run(tmp_path, "tp2", {}, with_trace=True)
+    b, res_b = _run(tmp_path, "tp2sp", {"parallel.sp": True}, with_trace=True)
+    from_files = compare_files(a, b, out_dir=tmp_path / "f")
+    (a.parent / "trace.json").unlink()
+    (b.parent / "trace.json").unlink()
+    replayed = compare_files(a, b, out_dir=tmp_path / "r")
+    assert from_files["note"] == replayed["note"] == ""
+    assert json.loads((tmp_path / "f" / "trace.json").read_text()) == json.loads((tmp_path / "r" / "trace.json").read_text())
+    step = {r["name"]: r for r in replayed["categories"]}["step"]
+    assert step["delta"] == pytest.approx(res_b.step_time_s - res_a.step_time_s, rel=1e-12)
+
+
+def test_compare_cli(tmp_path):
+    from meshsim.sim.cli import main
+
+    a, _ = _run(tmp_path, "one", {}, with_trace=True)
+    assert main(["compare", str(a), str(a), "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c" / "trace.json").is_file()
+    assert main(["compare", str(a), str(tmp_path / "missing.json")]) == 2
