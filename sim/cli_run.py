@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from meshsim.sim.console import make_console
 from meshsim.sim.errors import UserError
-from rich.console import Console
 from rich.table import Table
 
 DEFAULT_OUT_ROOT = Path("meshsim-out")
@@ -39,7 +39,7 @@ def run_command(
     rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
     out_dir = _out_dir(out, rs.name)
     result = simulate(rs, explicit_ranks=explicit_ranks)
-    console = Console()
+    console = make_console()
     print_report(result, console)
     paths = write_outputs(result, result.events, out_dir, html=not no_html)
     if json_path is not None:
@@ -63,7 +63,7 @@ def scenarios_command() -> None:
         shown = f"{name} (default)" if name == DEFAULT_SCENARIO else name
         table.add_row(shown, model, t.preset or t.file or "", str(t.nodes), str(p.tp), "on" if p.sp else "off",
                       str(path))
-    Console().print(table)
+    make_console().print(table)
 
 
 def register(app: typer.Typer) -> None:

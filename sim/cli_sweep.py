@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import typer
+from meshsim.sim.console import make_console
 from meshsim.sim.errors import UserError
 from meshsim.sim.explain import TABLE_COLUMNS, explain, ok, sweet_spot, table_row
 from rich.console import Console
@@ -67,7 +68,7 @@ def write_sweep_json(path: Path, records: list[dict], reasons: list[str]) -> Non
 
 
 def print_results(records: list[dict], reasons: list[str], *, title: str, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     best = sweet_spot(records)
     table = Table(title=title, header_style="bold")
     for col in TABLE_COLUMNS:
@@ -93,7 +94,7 @@ def compare_command(
     from meshsim.sim.compare import compare_files, print_comparison
 
     comparison = compare_files(a, b, out_dir=out)
-    print_comparison(comparison, Console())
+    print_comparison(comparison, make_console())
 
 
 def register(app: typer.Typer) -> None:

@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from meshsim.sim.console import make_console
 from meshsim.sim.critical_path import top_op_types
 from meshsim.sim.engine import Event
 from meshsim.sim.results import StepResult
@@ -113,7 +114,7 @@ def collectives_table(r: StepResult) -> Table:
 
 
 def print_report(r: StepResult, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     console.print(headline(r))
     for table in (memory_table(r), time_table(r), top_ops_table(r), collectives_table(r)):
         console.print(table)

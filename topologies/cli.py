@@ -7,11 +7,11 @@ from collections import Counter
 from pathlib import Path
 
 import typer
+from meshsim.sim.console import make_console
 from meshsim.sim.units import gbit_to_gbps
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file
-from rich.console import Console
 from rich.table import Table
 
 
@@ -77,7 +77,7 @@ def topologies(
     json_path: Path = typer.Option(None, "--json", help="also write the preset table as JSON to this path"),
 ) -> None:
     """List topology presets with their key figures, or summarize one topology (--show)."""
-    console = Console()
+    console = make_console()
     if show:
         is_file = show.endswith((".yaml", ".yml"))
         topo = load_topology_file(show, nodes) if is_file else build_topology(show, nodes or 1)

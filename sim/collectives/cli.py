@@ -16,6 +16,7 @@ import typer
 from meshsim.sim.collectives.choose import ALGOS, OPS
 from meshsim.sim.collectives.nccl_table import Row, curves, sweep, sweep_sizes
 from meshsim.sim.collectives.plot import write_busbw_html
+from meshsim.sim.console import make_console
 from meshsim.sim.errors import EXIT_USER_ERROR, UserError, unknown_name_error
 from meshsim.sim.units import format_size, parse_size
 
@@ -47,7 +48,6 @@ def _ranks(requested: int | None, num_gpus: int, name: str) -> list[int]:
 
 
 def print_table(rows: Sequence[Row], title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -56,7 +56,7 @@ def print_table(rows: Sequence[Row], title: str) -> None:
     for r in rows:
         table.add_row(format_size(r.bytes), str(r.bytes), f"{r.time_us:.2f}", f"{r.algbw_gbps:.2f}",
                       f"{r.busbw_gbps:.2f}", r.algorithm)
-    Console().print(table)
+    make_console().print(table)
 
 
 def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_bytes: str, max_bytes: str,
