@@ -45,12 +45,12 @@ def headline(r: StepResult) -> str:
 def memory_table(r: StepResult) -> Table:
     m = r.memory_gb
     t = Table(title="memory per GPU (GB)", title_justify="left")
-    for key in ("weights", "grads", "optimizer", "activations", "total", "capacity"):
+    keys = ("weights", "grads", "optimizer", "activations", "workspace", "total", "capacity")
+    for key in keys:
         t.add_column(key, justify="right")
     t.add_column("fits")
     fits = "[green]yes[/green]" if m.get("fits") else "[red]NO[/red]"
-    t.add_row(*(_gb(m.get(k, 0.0)) for k in ("weights", "grads", "optimizer", "activations", "total",
-                                                 "capacity")), fits)
+    t.add_row(*(_gb(m.get(k, 0.0)) for k in keys), fits)
     return t
 
 

@@ -21,7 +21,7 @@ from meshsim.sim.schedule import Schedule
 CONFIG_KEYS = ("tp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
                "recompute", "tp_comm_overlap", "topology", "nodes", "gpu", "gpus_per_node", "crosses_nodes")
 HEADLINE_KEYS = ("scenario", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu", "mfu")
-MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "total", "capacity", "fits")
+MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "workspace", "total", "capacity", "fits")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ def memory_echo(mem: Any) -> dict[str, Any]:
     """MemoryBreakdown (sim/memory.py) -> the results-JSON memory_gb block."""
     return {
         "weights": mem.weights_gb, "grads": mem.grads_gb, "optimizer": mem.optimizer_gb,
-        "activations": mem.activations_gb, "total": mem.total_gb, "capacity": mem.capacity_gb,
+        "activations": mem.activations_gb, "workspace": mem.workspace_gb, "total": mem.total_gb,
+        "capacity": mem.capacity_gb,
         "fits": bool(mem.fits),
     }
 

@@ -109,7 +109,7 @@ def memory_figure(records: list[dict]) -> go.Figure:
 
 def _memory_hover(rec: dict, axes: list[str]) -> str:
     m = rec["result"]["memory_gb"]
-    parts = ", ".join(f"{k} {m[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations") if k in m)
+    parts = ", ".join(f"{k} {m[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations", "workspace") if k in m)
     return f"{label(rec, axes)}<br>total {m['total']:.1f} of {m['capacity']:g} GB<br>{parts}"
 
 

@@ -46,7 +46,7 @@ def fake_rs():
                            topology=SimpleNamespace(name="x", nodes=1, gpus_per_node=8), crosses_nodes=lambda: False)
 
 
-MEMORY = SimpleNamespace(weights_gb=1.0, grads_gb=2.0, optimizer_gb=3.0, activations_gb=4.0, total_gb=10.0,
+MEMORY = SimpleNamespace(weights_gb=1.0, grads_gb=2.0, optimizer_gb=3.0, activations_gb=4.0, workspace_gb=0.5, total_gb=10.5,
                          capacity_gb=80.0, fits=True)
 
 

@@ -1,0 +1,34 @@
+"""Every built-in scenario simulates end to end, and its headline numbers are consistent with each other."""
+
+from __future__ import annotations
+
+import pytest
+from meshsim.scenarios.library import builtin_scenarios
+from meshsim.scenarios.load import load_and_resolve
+from meshsim.sim.flops import model_flops_per_step
+from meshsim.sim.simulate import simulate
+
+
+@pytest.mark.parametrize("name", sorted(builtin_scenarios()))
+def test_library_scenario_runs_and_is_consistent(name):
+    rs = load_and_resolve(name)
+    d = simulate(rs).to_dict()
+    step = d["step_time_s"]
+    assert step > 0
+    model = rs.scenario.model
+    # tokens/s, TFLOP/s and MFU all follow from the step time
+    assert d["tokens_per_s"] == pytest.approx(rs.scenario.parallel.global_batch * model.seq_len / step, rel=1e-9)
+    tflops = model_flops_per_step(rs) / step / rs.gpus / 1e12
+    assert d["tflops_per_gpu"] == pytest.approx(tflops, rel=1e-9)
+    assert d["mfu"] == pytest.approx(tflops / rs.gpu.peak_tflops, rel=1e-9)
+    assert 0 < d["mfu"] < 0.85  # above the large-GEMM ceiling would mean FLOPs are miscounted
+    # the busy time of the compute stream cannot exceed the step; critical-path shares are a partition
+    b = d["breakdown_s"]
+    assert b["compute"] <= step * (1 + 1e-9)
+    assert b["exposed_comm"] <= b["tp_comm"] + b["dp_comm"] + 1e-9
+    assert sum(d["critical_path_share"].values()) == pytest.approx(1.0)
+    assert sum(c["dur_us"] for c in d["critical_path"]) == pytest.approx(step * 1e6, rel=1e-6)
+    mem = d["memory_gb"]
+    parts = ("weights", "grads", "optimizer", "activations", "workspace")
+    assert mem["total"] == pytest.approx(sum(mem[k] for k in parts), rel=1e-9)
+    assert mem["fits"] == (mem["total"] <= mem["capacity"])
