@@ -37,6 +37,32 @@ class ResolvedScenario:
         """Global ranks of the DP group holding TP rank `tp_rank`: tp_rank, tp_rank+tp, ..."""
         return tuple(tp_rank + d * self.tp for d in range(self.dp))
 
+    @property
+    def kv_replicas(self) -> int:
+        """Ranks of a TP group holding the same KV head: tp / kv_heads when kv_heads < tp, else 1."""
+        kv = self.scenario.model.num_kv_heads
+        return self.tp // kv if kv < self.tp else 1
+
+    def kv_group(self, rank: int = 0) -> tuple[int, ...]:
+        """The ranks replicating `rank`'s KV head: a block of kv_replicas consecutive ranks of its TP group."""
+        first = rank // self.kv_replicas * self.kv_replicas
+        return tuple(range(first, first + self.kv_replicas))
+
+    def all_kv_groups(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.kv_group(r) for r in range(0, self.gpus, self.kv_replicas))
+
+    def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
+        """`rank`'s group of a schedule's symbolic kind: "tp", "dp" or "kv"."""
+        if kind == "tp":
+            return self.tp_group(rank // self.tp)
+        if kind == "kv":
+            return self.kv_group(rank)
+        return self.dp_group(rank % self.tp)
+
+    def all_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
+        """Every group of that kind: the symmetric copies that run a collective at the same time."""
+        return {"tp": self.all_tp_groups, "dp": self.all_dp_groups, "kv": self.all_kv_groups}[kind]()
+
     def all_tp_groups(self) -> tuple[tuple[int, ...], ...]:
         return tuple(self.tp_group(i) for i in range(self.dp))
 

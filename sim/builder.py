@@ -62,8 +62,11 @@ def _micro_batch(ops: list[Op], t: _Templates, layers: int, mb: int,
 def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:
     p, layers = rs.scenario.parallel, rs.scenario.model.layers
     sp_params = layers * d.sp_params_per_layer + d.norm_params if d.sp else 0
+    # replicated KV head (kv_heads < tp): this rank's K and V projections, [h, head_dim] each, + biases
+    kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
     return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
-                    bucket_bytes=int(p.dp_bucket_mb * MIB), sp_grad_params=sp_params, params=params)
+                    bucket_bytes=int(p.dp_bucket_mb * MIB), sp_grad_params=sp_params, params=params,
+                    kv_grad_params=kv_params)
 
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:
@@ -79,4 +82,4 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     ops += step_end_ops(len(ops), grads, len(ops) - 1, dp_config(rs, d, params))
     meta = {"chunks": d.chunks, "params_per_rank": params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads)}
-    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta)
+    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas)

@@ -32,7 +32,7 @@ for _module in COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI; UserError -> message on stderr, exit 2, no traceback."""
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except UserError as err:
         typer.echo(f"error: {err}", err=True)
         return EXIT_USER_ERROR
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return EXIT_USER_ERROR
         raise
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

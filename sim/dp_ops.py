@@ -12,6 +12,10 @@ size). Only the last micro-batch's backward triggers reductions (earlier ones ac
   that gather with the next step's forward; within one simulated step it trails the optimizer.
   Otherwise: all-reduce per bucket, every rank updates all its parameters.
 
+GQA with kv_heads < tp: each KV head (its K and V weights, and biases) is replicated on tp/kv_heads ranks,
+each of which back-propagates only its own query heads' share; the replicas' gradients are summed once
+per step in one coalesced "opt.kv_grad" all-reduce over that KV group (group "kv"), like "opt.ln_grad".
+
 SP: replicated parameters updated from sequence shards (norms, row-parallel biases) hold partial
 gradients on each TP rank; Megatron sums them over tp once per step, after the last micro-batch, in one
 coalesced all-reduce (finalize_model_grads / _allreduce_layernorm_grads). Modeled as one "opt.ln_grad"
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshsim.sim.schedule import Collective, Op, OptimizerStep, Work
+from meshsim.sim.schedule import Collective, Op, OptimizerStep, Work, comm_stream
 
 GRAD_BYTES = 4  # fp32 main gradient per parameter
 PARAM_BYTES = 2  # bf16 parameter (all-gathered after a distributed-optimizer step)
@@ -37,6 +41,7 @@ class DpConfig:
     bucket_bytes: int
     sp_grad_params: int  # params whose grads need the SP all-reduce over tp (0 without SP)
     params: int  # parameters this rank holds (all TP shards' share, before DP sharding)
+    kv_grad_params: int = 0  # replicated K/V params (kv_heads < tp) whose grads sum over the KV group
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class _Emitter:
     def add(self, name: str, phase: str, work: Work, deps: tuple[int, ...]) -> int:
         stream = "compute"
         if isinstance(work, Collective):
-            stream = "tp_comm" if work.group == "tp" else "dp_comm"
+            stream = comm_stream(work.group)
         op = Op(self.next_id, name, stream, stream, phase, work, tuple(sorted(set(deps))))
         self.ops.append(op)
         self.next_id += 1
@@ -88,6 +93,9 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
     if cfg.sp_grad_params:
         ln = Collective("all_reduce", "tp", cfg.sp_grad_params * GRAD_BYTES, "ln_grad")
         before_opt.append(em.add("opt.ln_grad", "bwd", ln, (end_of_bwd,)))
+    if cfg.kv_grad_params:
+        kv = Collective("all_reduce", "kv", cfg.kv_grad_params * GRAD_BYTES, "kv_grad")
+        before_opt.append(em.add("opt.kv_grad", "bwd", kv, (end_of_bwd,)))
     buckets = make_buckets(producers, cfg.bucket_bytes) if cfg.dp > 1 else []
     reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
     for i, b in enumerate(buckets):

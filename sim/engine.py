@@ -84,14 +84,17 @@ class EventLog:
         return [e for e in self.events if e.rank == rank]
 
 
-def symmetric_groups(tp: int, dp: int) -> GroupFn:
+def symmetric_groups(tp: int, dp: int, kv_replicas: int = 1) -> GroupFn:
     """TP innermost (scenarios/resolved.py): the TP group of rank r is number r // tp; its DP group holds
-    the ranks congruent to r mod tp."""
+    the ranks congruent to r mod tp; its KV group the block of kv_replicas consecutive ranks around it."""
 
     def group_of(kind: str, rank: int) -> tuple[int, ...]:
         if kind == "tp":
             first = rank // tp * tp
             return tuple(range(first, first + tp))
+        if kind == "kv":
+            first = rank // kv_replicas * kv_replicas
+            return tuple(range(first, first + kv_replicas))
         return tuple(rank % tp + d * tp for d in range(dp))
 
     return group_of
@@ -225,7 +228,7 @@ def run(schedule: Schedule, ranks: Sequence[int], compute_s: ComputeFn, collecti
         group_of: GroupFn | None = None) -> EventLog:
     """Simulate `schedule` on every rank in `ranks` (each runs the same schedule); return the event log."""
     ranks = tuple(sorted(ranks))
-    group_of = group_of or symmetric_groups(schedule.tp, schedule.dp)
+    group_of = group_of or symmetric_groups(schedule.tp, schedule.dp, schedule.kv_replicas)
     _check(schedule, ranks, group_of)
     sim = _Sim(ranks, compute_s, collective, group_of)
     per_stream = {s: schedule.by_stream(s) for s in STREAMS}

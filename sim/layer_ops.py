@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from meshsim.sim.duality import Boundary, CommOp, region_boundaries
-from meshsim.sim.schedule import Collective, Elementwise, Gemm, Work
+from meshsim.sim.schedule import Collective, Elementwise, Gemm, Work, comm_stream
 from meshsim.sim.shapes import LayerDims
 
 Deps = tuple[int | str, ...]
@@ -54,7 +54,7 @@ class Template:
     def add(self, phase: str, key: str, work: Work, deps: Deps = ()) -> int:
         stream = "compute"
         if isinstance(work, Collective):
-            stream = "tp_comm" if work.group == "tp" else "dp_comm"
+            stream = comm_stream(work.group)
         local = tuple(d for d in deps if isinstance(d, int))
         ext = tuple(d for d in deps if isinstance(d, str))
         self.ops.append(TemplateOp(f"{phase}.{key}", stream, stream, phase, work, local, ext))

@@ -1,8 +1,9 @@
 """A schedule is data: the ordered ops one rank runs in a training step, with their dependencies.
 
 The simulator (sim/engine.py) and the real executor (validate/) both consume this structure.
-Every rank of a symmetric TP/DP mesh runs the same schedule; collectives name their group ("tp" or "dp")
-symbolically and are resolved to ranks by the caller.
+Every rank of a symmetric TP/DP mesh runs the same schedule; collectives name their group symbolically
+("tp", "dp", or "kv": the tp/kv_heads ranks of a TP group that replicate one KV head when kv_heads < tp)
+and are resolved to ranks by the caller.
 
 Stream order is list order: ops on one stream run FIFO in the order they appear in `Schedule.ops`,
 each starting once its stream is free and all its `deps` have finished.
@@ -78,7 +79,7 @@ class Collective:
     """
 
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
-    group: Literal["tp", "dp"]
+    group: Literal["tp", "dp", "kv"]
     nbytes: int
     boundary: str = ""
 
@@ -93,6 +94,11 @@ class OptimizerStep:
     @property
     def flops(self) -> float:
         return 12.0 * self.params
+
+
+def comm_stream(group: str) -> Stream:
+    """The stream (and category) of a collective on `group`: DP traffic on dp_comm, TP and KV on tp_comm."""
+    return "dp_comm" if group == "dp" else "tp_comm"
 
 
 Work = Gemm | Attention | Elementwise | Collective | OptimizerStep
@@ -122,6 +128,7 @@ class Schedule:
     dp: int
     micro_batches: int  # per DP rank per step (gradient accumulation steps)
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    kv_replicas: int = 1  # ranks of a TP group sharing one KV head (tp / kv_heads when kv_heads < tp)
 
     def by_stream(self, stream: Stream) -> list[Op]:
         return [op for op in self.ops if op.stream == stream]

@@ -56,8 +56,7 @@ class CollectiveCoster:
         return hit
 
     def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        groups = self.rs.all_tp_groups() if kind == "tp" else self.rs.all_dp_groups()
-        return tuple(g for g in groups if g != group)
+        return tuple(g for g in self.rs.all_groups(kind) if g != group)
 
     def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
         info: dict[str, Any] = {"op": work.op, "group": work.group, "ranks": len(group), "nbytes": work.nbytes}
@@ -119,7 +118,7 @@ def scenario_groups(rs: ResolvedScenario) -> engine.GroupFn:
     """Rank -> its real TP group (rs.tp_group) or DP group (rs.dp_group), as the scenario defines them."""
 
     def group_of(kind: str, rank: int) -> tuple[int, ...]:
-        return rs.tp_group(rank // rs.tp) if kind == "tp" else rs.dp_group(rank % rs.tp)
+        return rs.group(kind, rank)
 
     return group_of
 

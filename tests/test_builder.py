@@ -246,3 +246,25 @@ def _timed(rs):
     start = time.perf_counter()
     sched = build_schedule(rs)
     return time.perf_counter() - start, len(sched.ops)
+
+
+@pytest.mark.parametrize("kv_heads, tp, bias", [(2, 8, True), (4, 8, False), (8, 8, False), (8, 4, True)])
+def test_replicated_kv_heads_sum_their_gradients_over_the_kv_group(kv_heads, tp, bias):
+    """kv_heads < tp: each KV head lives on tp/kv_heads ranks that each back-propagate only their own query
+    heads, so one coalesced all-reduce over that KV group sums the K and V gradients
+    (layers x 2 x head_dim x (hidden + bias) fp32 values); kv_heads >= tp needs none."""
+    model = dict(GPT, heads=8, kv_heads=kv_heads, mlp="gelu" if bias else "swiglu")
+    rs = make_rs(model, dict(tp=tp))
+    sched = build_schedule(rs)
+    kv = [op for op in sched.ops if isinstance(op.work, Collective) and op.work.group == "kv"]
+    if kv_heads >= tp:
+        assert kv == [] and sched.kv_replicas == 1
+        return
+    head_dim = GPT["hidden"] // 8
+    assert sched.kv_replicas == tp // kv_heads
+    assert [(op.name, op.work.op, op.stream) for op in kv] == [("opt.kv_grad", "all_reduce", "tp_comm")]
+    assert kv[0].work.nbytes == GPT["layers"] * 2 * head_dim * (GPT["hidden"] + int(bias)) * 4
+    assert rs.kv_group(5) == tuple(range(5 // (tp // kv_heads) * (tp // kv_heads),
+                                         5 // (tp // kv_heads) * (tp // kv_heads) + tp // kv_heads))
+    opt = next(op for op in sched.ops if op.name == "opt.step")
+    assert kv[0].id in opt.deps

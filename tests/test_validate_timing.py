@@ -1,0 +1,94 @@
+"""Calibrate -> profile -> simulate -> run for real, at world size 2 on CPU (two spawns in this file)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+
+from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
+from meshsim.scenarios.profile import load_profile  # noqa: E402
+from meshsim.sim.schedule import Collective, Gemm  # noqa: E402
+from meshsim.sim.simulate import simulate  # noqa: E402
+from meshsim.validate.calibrate import calibrate  # noqa: E402
+from meshsim.validate.crosscheck import run_crosscheck  # noqa: E402
+from meshsim.validate.measured import schedule_of  # noqa: E402
+from meshsim.validate.shrink import TIMING, shrink, with_profile  # noqa: E402
+from meshsim.validate.trace_merge import MEASURED_PID_OFFSET  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    sc, src = load_scenario("tiny-2gpu")
+    shrunk = shrink(sc, 2, TIMING, src)
+    path = tmp_path_factory.mktemp("cal") / "profile.yaml"
+    calibrate(shrunk, src, 2, out=path)
+    return sc, src, shrunk, path
+
+
+def test_profile_covers_the_schedule(calibrated):
+    _, src, shrunk, path = calibrated
+    prof = load_profile(path)
+    schedule = schedule_of(shrunk, src)
+    gemms = {(op.work.m, op.work.n, op.work.k) for op in schedule.ops if isinstance(op.work, Gemm)}
+    assert gemms == {(g.m, g.n, g.k) for g in prof.gemm_table}
+    kernels = {p.kernel for p in prof.kernel_table}
+    assert {"flash_attention_fwd", "flash_attention_bwd", "layernorm", "gelu"} <= kernels
+    sizes = {op.work.nbytes for op in schedule.ops if isinstance(op.work, Collective)}
+    table = {(p.op, p.ranks, p.nbytes): p for p in prof.collective_table}
+    assert all(("all_reduce", 2, b) in table for b in sizes)
+    p = table[("all_reduce", 2, 1 << 20)]
+    assert p.algbw_gbps == pytest.approx((1 << 20) / (p.time_us * 1e-6) / 1e9)
+    assert p.busbw_gbps == pytest.approx(p.algbw_gbps * 2 * (2 - 1) / 2)
+    assert prof.elementwise_bw_gbps > 0 and prof.measured_on["backend"] == "gloo"
+
+
+def test_simulation_uses_the_profile(calibrated):
+    _, src, shrunk, path = calibrated
+    prof = load_profile(path)
+    result = simulate(resolve(with_profile(shrunk, str(path)), src))
+    ops = {op.id: op for op in schedule_of(shrunk, src).ops}
+    tflops = {(g.m, g.n, g.k): g.tflops for g in prof.gemm_table}
+    table = {(p.op, p.ranks, p.nbytes): p.time_us for p in prof.collective_table}
+    rep = [ev for ev in result.events if ev.rank == 0]
+    gemm = next(ev for ev in rep if isinstance(ops[ev.op_id].work, Gemm))
+    g = ops[gemm.op_id].work
+    assert gemm.end_s - gemm.start_s == pytest.approx(g.flops / (tflops[(g.m, g.n, g.k)] * 1e12))
+    coll = next(ev for ev in rep if isinstance(ops[ev.op_id].work, Collective))
+    c = ops[coll.op_id].work
+    assert (coll.end_s - coll.start_s - coll.wait_s) * 1e6 == pytest.approx(table[(c.op, 2, c.nbytes)])
+
+
+def test_meshsim_run_accepts_the_profile(calibrated, tmp_path):
+    from meshsim.sim.cli import main
+
+    _, _, shrunk, path = calibrated
+    data = shrunk.model_dump(mode="json", exclude_none=True)
+    data["hardware"]["profile"] = str(path)
+    scenario = tmp_path / "calibrated.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    assert main(["run", str(scenario), "--out", str(tmp_path / "out"), "--no-html",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["step_time_s"] > 0
+
+
+def test_crosscheck_reports_error(calibrated, tmp_path):
+    sc, src, _, path = calibrated
+    check = run_crosscheck(sc, src, 2, profile=str(path), out_dir=tmp_path, repeats=3)
+    r = check.report
+    print(f"\ncross-check tiny-2gpu (world 2, CPU): simulated {r['simulated_step_s'] * 1e3:.2f} ms, measured "
+          f"{r['measured_step_s'] * 1e3:.2f} ms, error {r['error_pct']:+.1f}%")
+    assert r["numerics_ok"] is True
+    assert r["simulated_step_s"] > 0 and r["measured_step_s"] > 0
+    assert abs(r["error_pct"]) < 100  # a factor of 2 on a shared CPU; benchmarks/validate_cpu.py reports it
+    assert set(r["categories"]) == {"compute", "tp_comm"}
+    agree = r["critical_path_agreement"]
+    assert 0 <= agree["jaccard"] <= 1 and set(agree["share"]) >= {"compute", "tp_comm"}
+    doc = json.loads((tmp_path / "trace_merged.json").read_text())
+    pids = {e["pid"] for e in doc["traceEvents"] if e.get("ph") == "X"}
+    assert 0 in pids and {MEASURED_PID_OFFSET, MEASURED_PID_OFFSET + 1} <= pids
