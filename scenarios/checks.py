@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import get_args
 
+from pydantic import BaseModel, ValidationError
+
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.errors import UserError, closest, unknown_name_error
 from meshsim.topologies.gpus import GPUS
-from pydantic import BaseModel, ValidationError
 
 
 @dataclass(frozen=True)

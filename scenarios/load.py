@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
+
 from meshsim.scenarios.checks import (
     CheckContext,
     check_gpu_preset,
@@ -28,7 +30,6 @@ from meshsim.scenarios.schema import Scenario
 from meshsim.sim.errors import UserError, closest, unknown_name_error
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
-from pydantic import ValidationError
 
 GPU_FIGURES = ("peak_tflops", "mem_bw_gbps", "mem_gb")
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
 from pydantic import Field
+
+from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
 
 
 class GpuFigures(Frozen):

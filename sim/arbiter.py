@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import simpy
+
 from meshsim.sim.collectives.maxmin import maxmin_rates
 
 LinkLoad = Mapping[int, float]

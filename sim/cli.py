@@ -7,6 +7,7 @@ import importlib
 import sys
 
 import typer
+
 from meshsim.sim.errors import EXIT_USER_ERROR, UserError
 
 COMMAND_MODULES = (

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.table import Table
+
 from meshsim.sim.console import make_console
 from meshsim.sim.errors import UserError
-from rich.table import Table
 
 DEFAULT_OUT_ROOT = Path("meshsim-out")
 

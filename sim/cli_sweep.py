@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
 from meshsim.sim.console import make_console
 from meshsim.sim.errors import UserError
 from meshsim.sim.explain import TABLE_COLUMNS, explain, ok, sweet_spot, table_row
-from rich.console import Console
-from rich.table import Table
 
 AXIS_HELP = "comma-separated; overrides the scenario's sweep: block; unset axes keep the scenario's value"
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import simpy
+
 from meshsim.sim.arbiter import Arbiter
 from meshsim.sim.schedule import Collective, Elementwise, Op, OptimizerStep, Schedule
 

@@ -10,6 +10,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from meshsim.sim.console import make_console
 from meshsim.sim.critical_path import top_op_types
 from meshsim.sim.engine import Event
@@ -17,8 +20,6 @@ from meshsim.sim.results import StepResult
 from meshsim.sim.timeline import write_timeline
 from meshsim.sim.trace import write_trace
 from meshsim.sim.units import format_size
-from rich.console import Console
-from rich.table import Table
 
 OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "timeline.html"}
 

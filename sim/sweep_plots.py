@@ -15,8 +15,9 @@ import html
 from pathlib import Path
 
 import plotly.graph_objects as go
-from meshsim.sim.explain import TABLE_COLUMNS, fits, label, ok, sweet_spot, table_row, varying_axes
 from plotly.subplots import make_subplots
+
+from meshsim.sim.explain import TABLE_COLUMNS, fits, label, ok, sweet_spot, table_row, varying_axes
 
 CATEGORY_COLORS = {"compute": "#4C78A8", "tp_comm": "#F58518", "dp_comm": "#54A24B", "waiting": "#BAB0AC"}
 CATEGORY_NAMES = {"compute": "compute", "tp_comm": "TP communication", "dp_comm": "DP communication",

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from meshsim.sim.errors import UserError
-from meshsim.sim.sweep import SweepPoint, run_point, scenario_digest
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from meshsim.sim.errors import UserError
+from meshsim.sim.sweep import SweepPoint, run_point, scenario_digest
 
 JSONL_NAME = "sweep.jsonl"
 Runner = Callable[..., dict]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
+
 from meshsim.sim.engine import STREAMS, Event
 
 COLOURS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac"}

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 import pytest
+
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.builder import build_schedule

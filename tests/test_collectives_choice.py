@@ -4,6 +4,7 @@ and NCCL's latency formulas on the DGX presets."""
 from __future__ import annotations
 
 import pytest
+
 from meshsim.scenarios.schema import NetworkTuning
 from meshsim.sim.collectives import algorithms_for, busbw_factor, collective_cost
 from meshsim.sim.collectives.choose import candidates

@@ -6,10 +6,11 @@ import json
 
 import pytest
 import typer
+from typer.testing import CliRunner
+
 from meshsim.sim.collectives.cli import register
 from meshsim.sim.collectives.nccl_table import ROW_KEYS, sweep_sizes
 from meshsim.sim.errors import EXIT_USER_ERROR
-from typer.testing import CliRunner
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+
 from meshsim.sim.collectives import maxmin_rates
 
 

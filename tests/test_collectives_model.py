@@ -4,6 +4,7 @@ concurrent groups, link loads, and the byte-independence of the evaluation."""
 from __future__ import annotations
 
 import pytest
+
 from meshsim.scenarios.schema import NetworkTuning
 from meshsim.sim.collectives import cache, collective_cost
 from meshsim.sim.collectives.cost import STATS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from meshsim.sim.compare import category_rows, compare_files, headline_rows, load_results, merge_traces
 from meshsim.sim.errors import UserError
 

@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import pytest
+
 from meshsim.scenarios.profile import CollectivePoint, GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.calibrated import table_collective_time_s

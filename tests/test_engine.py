@@ -5,6 +5,7 @@ Every expected time is derived in the test from the stated durations (arithmetic
 from __future__ import annotations
 
 import pytest
+
 from meshsim.sim.breakdown import breakdown, union_s
 from meshsim.sim.critical_path import critical_path, shares
 from meshsim.sim.engine import run, symmetric_groups

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from meshsim.scenarios.library import builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve
 from meshsim.sim.flops import model_flops_per_step

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.flops import hardware_flops_per_step, model_flops_per_step

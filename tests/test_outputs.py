@@ -6,6 +6,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
+
 from meshsim.sim.critical_path import critical_ops
 from meshsim.sim.engine import run
 from meshsim.sim.report import print_report, write_outputs
@@ -13,7 +15,6 @@ from meshsim.sim.results import CONFIG_KEYS, MEMORY_KEYS, StepResult, build_resu
 from meshsim.sim.schedule import Collective, Gemm, Op, Schedule
 from meshsim.sim.timeline import timeline_figure
 from meshsim.sim.trace import trace_document, trace_events
-from rich.console import Console
 
 REQUIRED_KEYS = {"scenario", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu",
                  "mfu", "memory_gb", "breakdown_s", "critical_path", "critical_path_share", "collectives"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.cli import main
 from meshsim.sim.results import StepResult

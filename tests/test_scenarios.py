@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from meshsim.scenarios.checks import check_scenario
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, with_overrides

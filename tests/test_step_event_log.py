@@ -15,6 +15,7 @@ plus hand-counted anchors (the forward of the layer is a chain of its ops).
 from __future__ import annotations
 
 import pytest
+
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.builder import build_schedule
 from meshsim.sim.engine import run, symmetric_groups

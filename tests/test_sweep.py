@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict
 
 import pytest
+
 from meshsim.sim import explain as ex
 from meshsim.sim.errors import UserError
 from meshsim.sim.sweep import (

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
 from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
 from meshsim.sim.duality import DUALITY  # noqa: E402
 from meshsim.sim.errors import UserError  # noqa: E402

@@ -7,12 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import typer
+from rich.table import Table
+
 from meshsim.sim.console import make_console
 from meshsim.sim.units import gbit_to_gbps
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file
-from rich.table import Table
 
 
 def preset_rows() -> list[dict]:

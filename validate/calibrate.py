@@ -27,6 +27,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from meshsim.sim.schedule import Attention, Collective, Elementwise, Gemm, Schedule, Work
 from meshsim.validate.executor import Device, Runners, memory_kernel
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import typer
+
 from meshsim.sim.errors import UserError
 
 DEFAULT_CALIBRATION_SCENARIO = "tiny-2gpu"

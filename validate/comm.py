@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from meshsim.sim.duality import DUALITY, Boundary, CommOp
 
 # torch >= 2.12 renamed the tensor-in/tensor-out collectives; older releases only have the old names.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from meshsim.sim.schedule import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
 from meshsim.validate.comm import ALL_GATHER, REDUCE_SCATTER
 

@@ -9,6 +9,7 @@ groups are created here, in a fixed order, and a rank keeps the ones it belongs 
 from __future__ import annotations
 
 import torch.distributed as dist
+
 from meshsim.validate.layers import Mesh
 
 

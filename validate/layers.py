@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
 from meshsim.sim.duality import CONJUGATE, region_boundaries
 from meshsim.validate.comm import apply_boundary, column_linear, comm_tag, current_phase
 from meshsim.validate.shard import ModelDims
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 LN_EPS = 1e-5
 FAULTS = ("swap_fg", "no_ln_allreduce")  # negative controls (validate/numerics.py)

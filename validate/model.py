@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from meshsim.validate.comm import all_reduce_grads, apply_boundary, column_linear
 from meshsim.validate.layers import Mesh, Plan, norm, transformer_layer
 from meshsim.validate.shard import ModelDims, full_shapes, kv_replica_groups, sequence_parallel_params, shard

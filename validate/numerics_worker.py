@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from meshsim.scenarios.schema import Scenario
 from meshsim.validate.comm import comm_tag
 from meshsim.validate.groups import build_mesh

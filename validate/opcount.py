@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
+
 from meshsim.sim.duality import DUALITY
 from meshsim.sim.schedule import Collective, Schedule
 from meshsim.validate.comm import current_tag

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from meshsim.validate.layers import attention_core, norm
 from meshsim.validate.shard import ModelDims
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.table import Table
+
 from meshsim.sim.console import make_console
 from meshsim.validate.opcount import per_block_counts
-from rich.table import Table
 
 MAX_LINES = 8  # findings printed per variant (worst first)
 

@@ -17,6 +17,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from meshsim.sim.schedule import Collective, Schedule
 from meshsim.validate.executor import Device, Runners
 from meshsim.validate.groups import build_mesh

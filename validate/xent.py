@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from meshsim.validate.comm import comm_tag
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
+
 from meshsim.sim.collectives.choose import ALGOS, OPS
 from meshsim.sim.collectives.nccl_table import Row, curves, sweep, sweep_sizes
 from meshsim.sim.collectives.plot import write_busbw_html
