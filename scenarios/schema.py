@@ -57,6 +57,8 @@ class ComputeTuning(Frozen):
     launch_overhead_us: float | None = Field(default=None, ge=0)
     tile_m: int | None = Field(default=None, gt=0)
     tile_n: int | None = Field(default=None, gt=0)
+    # load kappa a collective's bandwidth part puts on its rank's compute resource (0 = none; sim/engine.py)
+    comm_interference: float | None = Field(default=None, ge=0, le=1)
 
 
 class NetworkTuning(Frozen):

@@ -14,7 +14,18 @@ route information) always runs at rate 1. Rates are recomputed whenever a collec
 
 Symmetric copies of one op (the same schedule op on different TP/DP groups, in the engine's
 explicit-ranks mode) share one `key`: the cost model already priced their mutual contention through
-`concurrent_groups`, so the arbiter counts them once (they drain at the rate of their key).
+`concurrent_groups`, so the arbiter counts them once (they drain at the rate of their key). A job may
+also name `own` resources, loads on resources private to its copy (the compute resource of each of its
+group's ranks, below): a key's demand is its first job's link load plus the union of its jobs' `own`
+loads, so every copy's ranks are loaded, not only the first copy's.
+
+Compute/communication interference (used only when the engine's kappa > 0; docs/cost-models.md): each
+simulated rank r has a compute resource ("cpu", r) of capacity 1 (SMs and HBM on a GPU, cores on a CPU).
+A compute op is a job with load {("cpu", r): 1}; a collective's bandwidth part adds {("cpu", m): kappa}
+for each simulated member m of its group. The same filling then gives a compute op overlapping one
+collective the rate 1 / (1 + kappa) on both (1 when alone): for a compute op of g seconds and a bandwidth
+part of c <= g seconds starting together, both run at 1/(1+kappa) until the collective ends at
+c (1 + kappa); the op's remaining g - c then runs alone, so it ends at g + kappa c.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import simpy
 
 from meshsim.sim.collectives.maxmin import maxmin_rates
 
-LinkLoad = Mapping[int, float]
+LinkLoad = Mapping[Hashable, float]  # link index -> load; ("cpu", rank) -> load on a compute resource
 RatesFn = Callable[[Sequence[LinkLoad]], list[float]]
 _EPS_S = 1e-15  # remaining standalone seconds treated as done (float round-off of rate * dt)
 
@@ -74,6 +85,7 @@ class _Job:
     remaining_s: float
     load: LinkLoad
     done: simpy.Event
+    own: LinkLoad | None = None  # loads private to this copy (merged over the jobs of its key)
     rate: float = 1.0
 
 
@@ -86,11 +98,13 @@ class Arbiter:
         self._jobs: list[_Job] = []
         self._last_s = 0.0
         self._token = 0
+        self._merged: dict[tuple[int, ...], tuple[list[LinkLoad], LinkLoad]] = {}
 
-    def drain(self, key: Hashable, work_s: float, load: LinkLoad) -> simpy.Event:
-        """Start draining `work_s` standalone seconds; the returned event fires when it is done."""
+    def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None) -> simpy.Event:
+        """Start draining `work_s` standalone seconds; the returned event fires when it is done.
+        `own`: resource loads private to this copy of `key` (module docstring)."""
         self._advance()
-        job = _Job(key, work_s, load, self._env.event())
+        job = _Job(key, work_s, load, self._env.event(), own)
         self._jobs.append(job)
         self._reschedule()
         return job.done
@@ -106,9 +120,7 @@ class Arbiter:
         if len(self._jobs) == 1:
             self._jobs[0].rate = 1.0  # alone: standalone speed
         else:
-            keys: dict[Hashable, LinkLoad] = {}
-            for job in self._jobs:
-                keys.setdefault(job.key, job.load)
+            keys = self._key_loads()
             rate_of = dict(zip(keys, self._rates(list(keys.values())), strict=True))
             for job in self._jobs:
                 job.rate = rate_of[job.key]
@@ -117,6 +129,29 @@ class Arbiter:
         wait_s = max(0.0, min(job.remaining_s / job.rate for job in self._jobs))
         timer = self._env.timeout(wait_s)
         timer.callbacks.append(lambda _ev: self._tick(token))
+
+    def _key_loads(self) -> dict[Hashable, LinkLoad]:
+        """Each key's demand: its first job's load, plus the union of its jobs' `own` loads."""
+        keys: dict[Hashable, LinkLoad] = {}
+        owns: dict[Hashable, list[LinkLoad]] = {}
+        for job in self._jobs:
+            keys.setdefault(job.key, job.load)
+            if job.own:
+                owns.setdefault(job.key, []).append(job.own)
+        for key, parts in owns.items():
+            keys[key] = self._merge(keys[key], parts)
+        return keys
+
+    def _merge(self, load: LinkLoad, owns: list[LinkLoad]) -> LinkLoad:
+        """load | owns[0] | owns[1] ..., memoized on the parts' identities (so MemoRates still hits)."""
+        memo_key = (id(load), *map(id, owns))
+        hit = self._merged.get(memo_key)
+        if hit is None:
+            merged = dict(load)
+            for own in owns:
+                merged.update(own)
+            hit = self._merged[memo_key] = ([load, *owns], merged)  # parts kept alive: ids stay unique
+        return hit[1]
 
     def _tick(self, token: int) -> None:
         if token != self._token:  # superseded by a later start or finish

@@ -14,9 +14,16 @@ What overlap slows:
 - comm vs comm: concurrent collectives whose link loads overlap share those links max-min fairly
   (sim/arbiter.py); collectives on disjoint links do not slow each other. Contention between symmetric
   copies of one collective on other groups is in the cost itself (`concurrent_groups`).
-- comm vs compute: nothing. Communication kernels do steal SMs and HBM bandwidth from overlapping
-  compute in reality; the engine models no interference (no factor to calibrate), so overlapped
-  communication is free apart from its stream and link occupancy.
+- comm vs compute: each simulated rank has a compute resource ("cpu", rank) of capacity 1 (SMs and HBM
+  on a GPU, cores on a CPU; the name is only a key). A running compute op loads its rank's with 1, a
+  collective's bandwidth part loads each simulated member's with kappa = `comm_interference`
+  (hardware.compute.comm_interference, measured by `meshsim calibrate`; default 0). The arbiter shares
+  it max-min fairly like a link, so a compute op and a collective overlapping on one rank both progress
+  at 1/(1+kappa), each alone at full speed: one compute op of g seconds overlapping one bandwidth part
+  of c seconds, started together, ends at max(g, c) + kappa min(g, c) (sim/arbiter.py derives it).
+  The latency part and a rendezvous wait load nothing. kappa = 0 (the default, the GPU assumption:
+  NCCL kernels take a few SMs and we have no measurement) keeps compute ops plain timeouts that never
+  touch the arbiter, so results are bit-identical to the model without interference.
 
 Deterministic: processes are created in (rank, stream) order and simpy runs simultaneous events in
 creation order, so ties are broken by rank, then by schedule order (op id).
@@ -126,11 +133,14 @@ class _Sim:
     """Mutable state of one run: finish times, dependency waiters, open rendezvous, the arbiter."""
 
     def __init__(self, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
-                 group_of: GroupFn):
+                 group_of: GroupFn, comm_interference: float = 0.0):
         self.env = simpy.Environment(initial_time=0.0)
         self.ranks = frozenset(ranks)
         self.compute_s, self.collective, self.group_of = compute_s, collective, group_of
         self.arbiter = Arbiter(self.env)
+        self.kappa = comm_interference
+        self.cpu_load = {r: {("cpu", r): 1.0} for r in ranks}  # a compute op's load on its rank
+        self.comm_cpu: dict[tuple[int, ...], dict] = {}  # group -> kappa on each simulated member
         self.finished: dict[int, dict[int, float]] = {r: {} for r in ranks}
         self.waiters: dict[tuple[int, int], simpy.Event] = {}
         self.open: dict[tuple[int, tuple[int, ...]], _Rendezvous] = {}
@@ -171,7 +181,10 @@ class _Sim:
             else:
                 dur_s = self.compute_s(op, rank)
                 if dur_s > 0:
-                    yield env.timeout(dur_s)
+                    if self.kappa > 0:  # shares the rank's compute resource with overlapping collectives
+                        yield self.arbiter.drain(("compute", rank), dur_s, self.cpu_load[rank])
+                    else:
+                        yield env.timeout(dur_s)
                 self.finish(rank, op, start_s)
 
     def group(self, kind: str, rank: int) -> tuple[tuple[int, ...], int]:
@@ -189,7 +202,16 @@ class _Sim:
         if latency_s > 0:
             yield self.env.timeout(latency_s)
         if bandwidth_s > 0:
-            yield self.arbiter.drain(op.id, bandwidth_s, link_load)
+            yield self.arbiter.drain(op.id, bandwidth_s, link_load, self.comm_load(group))
+
+    def comm_load(self, group: tuple[int, ...]) -> dict | None:
+        """kappa on the compute resource of each simulated member of `group` (None when kappa = 0)."""
+        if self.kappa <= 0:
+            return None
+        load = self.comm_cpu.get(group)
+        if load is None:
+            load = self.comm_cpu[group] = {("cpu", r): self.kappa for r in group if r in self.ranks}
+        return load
 
     def rendezvous(self, rank: int, op: Op, group: tuple[int, ...], members: int) -> Iterator[simpy.Event]:
         """Wait until every simulated member has issued the collective; the last one runs it."""
@@ -226,12 +248,15 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
 
 
 def run(schedule: Schedule, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
-        group_of: GroupFn | None = None) -> EventLog:
-    """Simulate `schedule` on every rank in `ranks` (each runs the same schedule); return the event log."""
+        group_of: GroupFn | None = None, comm_interference: float = 0.0) -> EventLog:
+    """Simulate `schedule` on every rank in `ranks` (each runs the same schedule); return the event log.
+    comm_interference: kappa in [0, 1], the compute-resource load of a collective's bandwidth part."""
+    if not 0.0 <= comm_interference <= 1.0:
+        raise ValueError(f"comm_interference must be in [0, 1], got {comm_interference}")
     ranks = tuple(sorted(ranks))
     group_of = group_of or symmetric_groups(schedule.tp, schedule.dp, schedule.kv_replicas)
     _check(schedule, ranks, group_of)
-    sim = _Sim(ranks, compute_s, collective, group_of)
+    sim = _Sim(ranks, compute_s, collective, group_of, comm_interference)
     per_stream = {s: schedule.by_stream(s) for s in STREAMS}
     for rank in ranks:
         for stream in STREAMS:

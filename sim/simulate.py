@@ -10,6 +10,10 @@ with the number of GPUs.
 explicit_ranks=True simulates one whole TP group times min(dp, 2) replicas with real rendezvous; on a
 symmetric mesh it must give the same step time (tests/test_engine.py and tests/test_run_cli.py check it).
 
+Compute/communication interference: kappa = comm_interference(rs) (hardware.compute, else the profile's
+compute section, else 0) is handed to the engine, which shares each rank's compute resource between
+compute ops and overlapping collectives (sim/engine.py); 0 leaves the engine's fast path untouched.
+
 Collective times: the hardware profile's measured table first (sim/calibrated.py; its time is split
 into the analytic latency part, capped at the measured time, and a bandwidth part that contends for
 links), else the analytic model (sim/collectives) with hardware.network's algo / protocol / tuning.
@@ -114,8 +118,16 @@ def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
     return compute_s
 
 
+def comm_interference(rs: ResolvedScenario) -> float:
+    """kappa (sim/engine.py): hardware.compute.comm_interference, else the profile's compute section's
+    (what `meshsim calibrate` measured), else 0.0 (no interference)."""
+    from meshsim.sim.compute import resolve_tuning
+
+    return resolve_tuning(rs.scenario.hardware.compute, rs.profile).comm_interference or 0.0
+
+
 def scenario_groups(rs: ResolvedScenario) -> engine.GroupFn:
-    """Rank -> its real TP group (rs.tp_group) or DP group (rs.dp_group), as the scenario defines them."""
+    """Rank -> its real TP, DP or KV group (rs.group), as the scenario defines them."""
 
     def group_of(kind: str, rank: int) -> tuple[int, ...]:
         return rs.group(kind, rank)
@@ -136,7 +148,8 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
 
     schedule = build_schedule(rs)
     coster = CollectiveCoster(rs)
-    log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, scenario_groups(rs))
+    log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, scenario_groups(rs),
+                     comm_interference=comm_interference(rs))
     result = build_result(rs, schedule, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=coster.chosen(schedule), explicit_ranks=explicit_ranks)
     return result, log, schedule

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
 from meshsim.scenarios.profile import load_profile  # noqa: E402
 from meshsim.sim.schedule import Collective, Gemm  # noqa: E402
-from meshsim.sim.simulate import simulate  # noqa: E402
+from meshsim.sim.simulate import comm_interference, simulate  # noqa: E402
 from meshsim.validate.calibrate import calibrate  # noqa: E402
 from meshsim.validate.crosscheck import run_crosscheck  # noqa: E402
 from meshsim.validate.measured import schedule_of  # noqa: E402
@@ -46,6 +46,10 @@ def test_profile_covers_the_schedule(calibrated):
     assert p.algbw_gbps == pytest.approx((1 << 20) / (p.time_us * 1e-6) / 1e9)
     assert p.busbw_gbps == pytest.approx(p.algbw_gbps * 2 * (2 - 1) / 2)
     assert prof.elementwise_bw_gbps > 0 and prof.measured_on["backend"] == "gloo"
+    # interference: kappa measured (validate/interference.py), its raw figures recorded with it
+    kappa = prof.compute.comm_interference
+    assert kappa is not None and 0.0 <= kappa <= 1.0
+    assert f"kappa {kappa:.3f}" in prof.measured_on["comm_interference"]
 
 
 def test_simulation_uses_the_profile(calibrated):
@@ -62,6 +66,7 @@ def test_simulation_uses_the_profile(calibrated):
     coll = next(ev for ev in rep if isinstance(ops[ev.op_id].work, Collective))
     c = ops[coll.op_id].work
     assert (coll.end_s - coll.start_s - coll.wait_s) * 1e6 == pytest.approx(table[(c.op, 2, c.nbytes)])
+    assert comm_interference(resolve(with_profile(shrunk, str(path)), src)) == prof.compute.comm_interference
 
 
 def test_meshsim_run_accepts_the_profile(calibrated, tmp_path):

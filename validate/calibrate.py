@@ -12,7 +12,11 @@ Measured (workers on nproc processes at once, so compute sees the same contentio
   every size g >= 2 dividing nproc (consecutive blocks of g ranks, all groups at once), at the schedule's
   sizes plus a sweep, each after a barrier on its group.
   algbw = nbytes / t; busbw = algbw x 2(g-1)/g (all-reduce), x (g-1)/g (all-gather, reduce-scatter,
-  all-to-all), x 1 (broadcast) -- nccl-tests' conventions (shared/reference/hardware-facts.md).
+  all-to-all), x 1 (broadcast) -- nccl-tests' conventions (shared/reference/hardware-facts.md);
+- compute/communication interference: a representative GEMM alone (g), a representative collective
+  alone (c ~ g), both overlapped as the executor overlaps them (t_both); kappa = clamp((t_both -
+  max(g, c)) / min(g, c), 0, 1) -> compute.comm_interference, the raw figures in
+  measured_on["comm_interference"] (validate/interference.py derives and details it).
 Each measurement: the mean of REPEATS runs after WARMUP untimed ones, in rounds over all items
 (round_robin_samples_s says why rounds; reduce_samples why the mean, and why a collective's time is
 the minimum over ranks of each round).
@@ -30,6 +34,7 @@ import torch.distributed as dist
 
 from meshsim.sim.schedule import Attention, Collective, Elementwise, Gemm, Schedule, Work
 from meshsim.validate.executor import Device, Runners, memory_kernel
+from meshsim.validate.interference import interference_samples, reduce_interference
 
 WARMUP, REPEATS = 3, 30
 MEM_SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes touched (read + write): 256 KiB .. 16 MiB
@@ -57,13 +62,13 @@ def collective_points(schedule: Schedule, world: int, gpu: bool) -> list[tuple[s
     return sorted(points)
 
 
-def round_robin_samples_s(items: list[tuple[object, object]], sync) -> list[list[float]]:
-    """REPEATS timed samples (seconds) of each (run, barrier-or-None) item, after WARMUP rounds.
+def round_robin_samples_s(items: list[tuple[object, object]], sync, repeats: int = REPEATS) -> list[list[float]]:
+    """`repeats` timed samples (seconds) of each (run, barrier-or-None) item, after WARMUP rounds.
 
     Rounds cycle through all items, as a step does, so an item does not find its operands hot in cache
     from its own previous run."""
     samples: list[list[float]] = [[] for _ in items]
-    for round_ in range(WARMUP + REPEATS):
+    for round_ in range(WARMUP + repeats):
         for i, (run, barrier) in enumerate(items):
             if barrier is not None:
                 barrier()
@@ -115,6 +120,7 @@ def calibrate_task(payload: dict) -> dict:
     colls = round_robin_samples_s([(by_size[g](Collective(op, "tp", nbytes)),
                                  lambda grp=groups[g]: dist.barrier(group=grp)) for op, g, nbytes in points], sync)
     return {"rank": dist.get_rank(), "compute": compute, "memory": memory, "collectives": colls,
+            "interference": interference_samples(schedule, dev, groups, sync),
             "device": torch.cuda.get_device_name() if backend == "nccl" else cpu_name()}
 
 
@@ -174,10 +180,15 @@ def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: 
         algbw = nbytes / t / 1e9
         colls.append(CollectivePoint(op=op, ranks=g, nbytes=nbytes, time_us=t * 1e6, algbw_gbps=algbw,
                                      busbw_gbps=algbw * BUSBW_FACTOR[op](g)))
+    on = measured_on(backend, len(per_rank), per_rank[0]["device"], scenario)
+    interference = reduce_interference([r.get("interference") for r in per_rank])
+    kappa = None
+    if interference is not None:
+        kappa, _, on["comm_interference"] = interference
     return HardwareProfile(
-        name=name, measured_on=measured_on(backend, len(per_rank), per_rank[0]["device"], scenario),
+        name=name, measured_on=on,
         gpu=GpuFigures(peak_tflops=max((p.tflops for p in gemms), default=None), mem_bw_gbps=bw_gbps),
-        compute=ComputeTuning(launch_overhead_us=max(0.0, launch_s * 1e6)),
+        compute=ComputeTuning(launch_overhead_us=max(0.0, launch_s * 1e6), comm_interference=kappa),
         gemm_table=gemms, elementwise_bw_gbps=bw_gbps,
         kernel_table=[p for p in points if not isinstance(p, GemmPoint)], collective_table=colls)
 

@@ -90,5 +90,6 @@ def print_profile(profile, path: Path, console=None) -> None:
     console.print(f"profile {profile.name}: {len(profile.gemm_table)} GEMM shapes (best "
                   f"{profile.gpu.peak_tflops or 0:.3g} TFLOP/s), memory {profile.elementwise_bw_gbps or 0:.3g} GB/s, "
                   f"launch {profile.compute.launch_overhead_us or 0:.3g} us, {len(profile.kernel_table)} kernels, "
-                  f"{len(profile.collective_table)} collective points")
+                  f"{len(profile.collective_table)} collective points, comm/compute interference "
+                  f"kappa {profile.compute.comm_interference or 0:.2f}")
     console.print(f"written: {path}  (use it with hardware: {{profile: {path}}})")
