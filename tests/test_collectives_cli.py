@@ -52,7 +52,7 @@ def test_forced_algorithm_and_plot(app, tmp_path):
     assert res.output.count("ring/simple") == 4
     html = plot.read_text()
     assert "plotly" in html and len(html) > 1_000_000  # plotly.js embedded: self-contained
-    for name in ('"ring"', '"chosen"'):
+    for name in ('"ring"', '"tree"', '"auto"'):  # every applicable algorithm, and auto's choice
         assert name in html
 
 

@@ -193,3 +193,16 @@ def test_a_size_sweep_evaluates_the_plan_once():
     assert STATS["structures"] - before["structures"] == 1
     # one ring step: 8 ranks x 4 channels flows, independent of the 30 sizes
     assert STATS["flows"] - before["flows"] == 8 * 4
+
+
+def test_direct_all_to_all_latency_is_the_slowest_pair():
+    """Ideal protocol: one step whose latency is the slowest pair's path, over every ordered pair (not only
+    pairs with the first rank): on two DGX H100 nodes, 1 -> 8 crosses rails and is slower than 0 -> 8."""
+    from meshsim.topologies.registry import build_topology
+
+    topo = build_topology("dgx-h100", 2)
+    group = [0, 1, 8]
+    slowest_us = max(topo.path_latency_us(a, b) for a in group for b in group if a != b)
+    assert slowest_us > max(topo.path_latency_us(0, b) for b in group[1:])  # the case the test is about
+    cost = collective_cost(topo, "all_to_all", group, 3 << 20, protocol="ideal")
+    assert cost.latency_s == pytest.approx(slowest_us * 1e-6)

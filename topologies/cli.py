@@ -84,10 +84,11 @@ def topologies(
         topo = load_topology_file(show, nodes) if is_file else build_topology(show, nodes or 1)
         for line in summary_lines(topo):
             console.print(line, highlight=False)
-    else:
-        console.print(_table(preset_rows()))
+    rows = preset_rows()
+    if not show:
+        console.print(_table(rows))
     if json_path:
-        json_path.write_text(json.dumps(preset_rows(), indent=2) + "\n")
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
         console.print(f"wrote {json_path}")
 
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import typer
 
-from meshsim.sim.collectives.choose import ALGOS, OPS
+from meshsim.sim.collectives.choose import ALGOS, OPS, PROTOCOL_NAMES
 from meshsim.sim.collectives.nccl_table import Row, curves, sweep, sweep_sizes
 from meshsim.sim.collectives.plot import write_busbw_html
 from meshsim.sim.console import make_console
 from meshsim.sim.errors import EXIT_USER_ERROR, UserError, unknown_name_error
 from meshsim.sim.units import format_size, parse_size
 
-PROTOCOL_CHOICES = ("auto", "ll", "ll128", "simple", "ideal")
+PROTOCOL_CHOICES = ("auto", *PROTOCOL_NAMES)
 
 
 def _size(flag: str, text: str) -> int:
@@ -77,9 +77,8 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
     if plot_path is not None:
-        lines = curves(topo, op, group, sizes, protocol=protocol)
-        if algo != "auto":
-            lines = {algo: lines[algo], "chosen": rows} if algo in lines else lines
+        # every applicable algorithm, one line each; the table's rows are the forced algorithm's (or auto's)
+        lines = curves(topo, op, group, sizes, protocol=protocol, known={algo: rows})
         write_busbw_html(lines, title, plot_path)
     return rows
 

@@ -19,7 +19,7 @@ def direct_plan(topo: Topology, ranks: Sequence[int]) -> Plan:
     group = sorted(set(ranks))
     n = len(group)
     flows = tuple(Flow(topo.route(a, b), 1.0 / n) for a in group for b in group if a != b)
-    pairs = [(group[0], b) for b in group[1:]]
+    pairs = [(a, b) for a in group for b in group if a != b]
     worst = max((hop_between(topo, a, b) for a, b in pairs),
                 key=lambda h: (_CLASS_ORDER[h.link_class], h.path_s))
     multi = topo.node_of(group[0]) != topo.node_of(group[-1])

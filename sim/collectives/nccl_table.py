@@ -57,11 +57,14 @@ def sweep(topo: Topology, op: str, ranks: Sequence[int], sizes: Sequence[int], *
 
 
 def curves(topo: Topology, op: str, ranks: Sequence[int], sizes: Sequence[int], *, protocol: str = "auto",
-           tuning=None) -> dict[str, list[Row]]:
+           tuning=None, known: dict[str, list[Row]] | None = None) -> dict[str, list[Row]]:
     """Rows per applicable algorithm (best protocol for it, or `protocol` where the algorithm supports it)
-    plus the auto choice under key "auto"."""
+    plus the auto choice under key "auto"; curves already swept are passed in `known` and reused."""
     usable = [a for a in algorithms_for(topo, op, ranks)
               if protocol in ("auto", IDEAL) or protocol in protocols_for(a)]
-    out = {a: sweep(topo, op, ranks, sizes, algo=a, protocol=protocol, tuning=tuning) for a in usable}
-    out["auto"] = sweep(topo, op, ranks, sizes, protocol=protocol, tuning=tuning)
+    out = dict(known or {})
+    for key in (*usable, "auto"):
+        if key not in out:
+            algo = "auto" if key == "auto" else key
+            out[key] = sweep(topo, op, ranks, sizes, algo=algo, protocol=protocol, tuning=tuning)
     return out

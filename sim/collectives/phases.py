@@ -89,8 +89,7 @@ def link_class(topo: Topology, links: Sequence[int]) -> str:
 
 
 def hop_between(topo: Topology, src: int, dst: int) -> Hop:
-    links = topo.route(src, dst)
-    return Hop(sum(topo.links[i].latency_us for i in links) * US, link_class(topo, links))
+    return path_hop(topo, topo.route(src, dst))
 
 
 def path_hop(topo: Topology, links: Sequence[int]) -> Hop:
