@@ -38,6 +38,16 @@ class ResolvedScenario:
         return tuple(tp_rank + d * self.tp for d in range(self.dp))
 
     @property
+    def datasheet_peak_tflops(self) -> float:
+        """The peak MFU is quoted against: the GPU preset's datasheet figure, or hardware.peak_tflops when
+        the scenario states one. Never a profile's measured best GEMM (that feeds the cost models only)."""
+        from meshsim.topologies.gpus import GPUS
+
+        stated = self.scenario.hardware.peak_tflops
+        preset = GPUS.get(self.gpu.name)
+        return stated or (preset.peak_tflops if preset is not None else self.gpu.peak_tflops)
+
+    @property
     def kv_replicas(self) -> int:
         """Ranks of a TP group holding the same KV head: tp / kv_heads when kv_heads < tp, else 1."""
         kv = self.scenario.model.num_kv_heads

@@ -162,10 +162,18 @@ def slower_sentence(rec: dict, best: dict, axes: list[str]) -> str:
     if deltas[cause] <= 0:
         return text + "."
     what = {"compute": "compute", "exposed_comm": "exposed communication", "idle": "idle time"}[cause]
-    share_key = {"compute": "compute", "exposed_comm": "tp_comm", "idle": "waiting"}[cause]
-    share_name = {"compute": "compute", "tp_comm": "TP communication", "waiting": "waiting"}[share_key]
-    return (text + f"; its {what} is {fmt_s(deltas[cause])} longer per step "
-            f"({share_name} share of the critical path {fmt_pct(res['critical_path_share'][share_key])}).")
+    share_key = {"compute": "compute", "idle": "waiting"}.get(cause) or _grown_comm(res, bres)
+    return (text + f"; its {what} is {fmt_s(deltas[cause])} longer per step ({SHARE_NAMES[share_key]} "
+            f"share of the critical path {fmt_pct(res['critical_path_share'][share_key])}).")
+
+
+def _grown_comm(res: dict, bres: dict) -> str:
+    """"tp_comm" or "dp_comm": whichever holds more extra critical-path seconds than in `bres`."""
+    def extra_s(key: str) -> float:
+        return (res["critical_path_share"][key] * res["step_time_s"]
+                - bres["critical_path_share"][key] * bres["step_time_s"])
+
+    return max(("tp_comm", "dp_comm"), key=extra_s)
 
 
 def contrast_sentence(rec: dict, best: dict, axes: list[str]) -> str:

@@ -107,7 +107,7 @@ def build_result(rs: Any, schedule: Schedule, log: EventLog, *, memory: Any, mod
         layer_fwd_ms=bd.layer_span_ms(rep, layer, ("fwd",)),
         layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
-        tflops_per_gpu=tflops, mfu=tflops / rs.gpu.peak_tflops,
+        tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops,
         memory_gb=memory_echo(memory), breakdown_s=bd.breakdown(rep, step_s),
         critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=shares(path, step_s),
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,

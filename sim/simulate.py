@@ -106,14 +106,10 @@ def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
     """compute_s(op, rank) from the compute model (sim/compute.py), memoized per work item."""
     from meshsim.sim.compute import ComputeModel
 
-    model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile)
-    memo: dict[Any, float] = {}
+    model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile)  # memoizes per work itself
 
     def compute_s(op: Op, rank: int) -> float:
-        t = memo.get(op.work)
-        if t is None:
-            t = memo[op.work] = model.time_s(op.work)
-        return t
+        return model.time_s(op.work)
 
     return compute_s
 

@@ -140,7 +140,11 @@ def skip_reason(err: UserError) -> str:
 
 
 def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> dict:
-    """Resolve and simulate one configuration -> a JSON-ready record (never raises a UserError)."""
+    """Resolve and simulate one configuration -> a JSON-ready record (never raises a UserError).
+
+    The record keeps every results-JSON key except the op-by-op `critical_path` (tens of thousands of
+    segments, ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and
+    `meshsim run` on the configuration writes the full path."""
     from meshsim.scenarios.load import resolve, with_overrides
     from meshsim.sim.simulate import simulate
 
@@ -148,6 +152,7 @@ def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> dic
     try:
         rs = resolve(with_overrides(scenario, point.overrides(), source), source)
         result = simulate(rs).to_dict()
+        del result["critical_path"]
     except UserError as err:
         return {**record, "status": "skipped", "reason": skip_reason(err)}
     return {**record, "status": "ok", "result": result}

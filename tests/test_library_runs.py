@@ -8,6 +8,7 @@ from meshsim.scenarios.library import builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve
 from meshsim.sim.flops import model_flops_per_step
 from meshsim.sim.simulate import simulate
+from meshsim.topologies.gpus import GPUS
 
 
 @pytest.mark.parametrize("name", sorted(builtin_scenarios()))
@@ -21,7 +22,8 @@ def test_library_scenario_runs_and_is_consistent(name):
     assert d["tokens_per_s"] == pytest.approx(rs.scenario.parallel.global_batch * model.seq_len / step, rel=1e-9)
     tflops = model_flops_per_step(rs) / step / rs.gpus / 1e12
     assert d["tflops_per_gpu"] == pytest.approx(tflops, rel=1e-9)
-    assert d["mfu"] == pytest.approx(tflops / rs.gpu.peak_tflops, rel=1e-9)
+    assert d["mfu"] == pytest.approx(tflops / rs.datasheet_peak_tflops, rel=1e-9)
+    assert rs.datasheet_peak_tflops == (rs.scenario.hardware.peak_tflops or GPUS[rs.gpu.name].peak_tflops)
     assert 0 < d["mfu"] < 0.85  # above the large-GEMM ceiling would mean FLOPs are miscounted
     # the busy time of the compute stream cannot exceed the step; critical-path shares are a partition
     b = d["breakdown_s"]
@@ -33,3 +35,18 @@ def test_library_scenario_runs_and_is_consistent(name):
     parts = ("weights", "grads", "optimizer", "activations", "workspace")
     assert mem["total"] == pytest.approx(sum(mem[k] for k in parts), rel=1e-9)
     assert mem["fits"] == (mem["total"] <= mem["capacity"])
+
+
+def test_mfu_is_quoted_against_the_datasheet_peak_not_a_profiles_measured_gemm(tmp_path):
+    """A calibration profile's gpu.peak_tflops (the best GEMM it measured) feeds the cost models only."""
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+
+    (tmp_path / "profile.yaml").write_text("name: measured\ngpu: {peak_tflops: 500.0}\n")
+    scenario, source = load_scenario("tiny-2gpu")
+    profiled = with_overrides(scenario, {"hardware.profile": str(tmp_path / "profile.yaml")}, source)
+    rs = resolve(profiled, source)
+    assert rs.gpu.peak_tflops == 500.0 and rs.datasheet_peak_tflops == GPUS["h100-sxm"].peak_tflops
+    d = simulate(rs).to_dict()
+    assert d["mfu"] == pytest.approx(d["tflops_per_gpu"] / GPUS["h100-sxm"].peak_tflops, rel=1e-9)
+    stated = resolve(with_overrides(profiled, {"hardware.peak_tflops": 700.0}, source), source)
+    assert stated.datasheet_peak_tflops == 700.0
