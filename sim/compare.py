@@ -103,7 +103,9 @@ def merge_traces(a: list[dict], b: list[dict], label_a: str, label_b: str) -> di
     flows = [e["id"] for e in a if e.get("ph") in ("s", "t", "f") and isinstance(e.get("id"), int)]
     merged = relabel(a, pid_offset=0, prefix=label_a, flow_offset=0) + relabel(
         b, pid_offset=max(pids, default=-1) + 1, prefix=label_b, flow_offset=max(flows, default=0) + 1)
-    return {"traceEvents": merged, "displayTimeUnit": "ms"}
+    from meshsim.sim.trace import trace_document
+
+    return trace_document(merged)
 
 
 def resimulate_events(result: dict) -> list[dict]:
@@ -119,7 +121,9 @@ def resimulate_events(result: dict) -> list[dict]:
     if not source:
         raise UserError("results", result.get("scenario", "?"), "run `meshsim run --out DIR` to write trace.json",
                         problem="No trace.json beside it and no scenario source to re-simulate")
-    name = source.removeprefix("builtin:")
+    from meshsim.scenarios.library import BUILTIN_PREFIX
+
+    name = source.removeprefix(BUILTIN_PREFIX)
     scenario, src = load_scenario(name)
     overrides = {f"parallel.{k}": result[k] for k in REPLAY_KEYS if k in result}
     overrides.update({"parallel.dp": "auto", "parallel.gpus": result["gpus"]} if "gpus" in result else {})
@@ -133,7 +137,9 @@ def resimulate_events(result: dict) -> list[dict]:
 
 def timeline_events(result: dict, results_path: Path) -> list[dict]:
     """trace.json beside the results if present, else a re-simulation."""
-    trace = Path(results_path).parent / "trace.json"
+    from meshsim.sim.report import OUTPUT_FILES
+
+    trace = Path(results_path).parent / OUTPUT_FILES["trace"]
     if trace.is_file():
         return _trace_events(json.loads(trace.read_text()))
     return resimulate_events(result)
@@ -154,7 +160,7 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
     out.mkdir(parents=True, exist_ok=True)
     try:
         doc = merge_traces(timeline_events(a, Path(path_a)), timeline_events(b, Path(path_b)), label_a, label_b)
-        trace = out / "trace.json"
+        trace = out / "trace.json"  # the merged trace of both runs
         trace.write_text(json.dumps(doc, separators=(",", ":")))
         comparison["trace"] = str(trace)
     except UserError as err:

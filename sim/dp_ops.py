@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshsim.sim.schedule import Collective, Op, OptimizerStep, Work, comm_stream
+from meshsim.sim.schedule import Collective, Op, OptimizerStep, Work, stream_of
 
 GRAD_BYTES = 4  # fp32 main gradient per parameter
 PARAM_BYTES = 2  # bf16 parameter (all-gathered after a distributed-optimizer step)
@@ -74,9 +74,7 @@ class _Emitter:
         self.next_id = start
 
     def add(self, name: str, phase: str, work: Work, deps: tuple[int, ...]) -> int:
-        stream = "compute"
-        if isinstance(work, Collective):
-            stream = comm_stream(work.group)
+        stream = stream_of(work)
         op = Op(self.next_id, name, stream, stream, phase, work, tuple(sorted(set(deps))))
         self.ops.append(op)
         self.next_id += 1

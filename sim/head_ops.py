@@ -27,6 +27,7 @@ from meshsim.sim.layer_ops import (
     gemm_then_comm,
     norm_bwd,
     norm_fwd,
+    regather_collective,
     wgrad,
 )
 from meshsim.sim.schedule import Collective, Elementwise, Gemm
@@ -114,8 +115,7 @@ def head_backward(d: LayerDims, tied: bool) -> Template:
     g = tpl.add("bwd", "xent_grad", _xent_kernels(d)["xent_grad"], ("loss",))
     regather: tuple[int, ...] = ()
     if d.sp:  # SP implies tp > 1
-        again = Collective(entry.op("fwd").value, "tp", d.act_bytes, "sp_regather")
-        regather = (tpl.add("bwd", "head_in_regather", again, (g,)),)
+        regather = (tpl.add("bwd", "head_in_regather", regather_collective(d), (g,)),)
     ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), "head_in",
                            boundary_collective(d, entry, "bwd"), 1)
     w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d)), (g,) + regather)

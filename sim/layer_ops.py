@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from meshsim.sim.duality import Boundary, CommOp, region_boundaries
-from meshsim.sim.schedule import Collective, Elementwise, Gemm, Work, comm_stream
+from meshsim.sim.schedule import Collective, Elementwise, Gemm, Work, stream_of
 from meshsim.sim.shapes import LayerDims
 
 Deps = tuple[int | str, ...]
@@ -52,9 +52,7 @@ class Template:
     grads: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, phase: str, key: str, work: Work, deps: Deps = ()) -> int:
-        stream = "compute"
-        if isinstance(work, Collective):
-            stream = comm_stream(work.group)
+        stream = stream_of(work)
         local = tuple(d for d in deps if isinstance(d, int))
         ext = tuple(d for d in deps if isinstance(d, str))
         self.ops.append(TemplateOp(f"{phase}.{key}", stream, stream, phase, work, local, ext))
@@ -68,6 +66,12 @@ def boundary_collective(d: LayerDims, boundary: Boundary, phase: str) -> Collect
     if op is CommOp.IDENTITY or d.tp == 1:
         return None
     return Collective(op.value, "tp", d.act_bytes, boundary.name)
+
+
+def regather_collective(d: LayerDims) -> Collective:
+    """SP backward: the column-parallel layer's input was stored sequence-sharded, so it is gathered again
+    (the entry boundary's forward collective) for the weight-gradient GEMM."""
+    return Collective(region_boundaries(True)[0].op("fwd").value, "tp", d.act_bytes, "sp_regather")
 
 
 def split(total: int, chunks: int) -> list[int]:
@@ -227,8 +231,7 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     mid = blk.middle_bwd(tpl, d, dg)
     regather: tuple[int, ...] = ()
     if d.sp:
-        again = Collective(entry.op("fwd").value, "tp", d.act_bytes, "sp_regather")
-        regather = (tpl.add("bwd", f"{blk.entry}_regather", again, mid),)
+        regather = (tpl.add("bwd", f"{blk.entry}_regather", regather_collective(d), mid),)
     ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry,
                            boundary_collective(d, entry, "bwd"), 1)  # bulk-overlapped with wgrad
     col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm), mid + regather)

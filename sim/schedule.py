@@ -101,6 +101,11 @@ def comm_stream(group: str) -> Stream:
     return "dp_comm" if group == "dp" else "tp_comm"
 
 
+def stream_of(work: object) -> Stream:
+    """The stream an op of this work runs on: collectives on their group's comm stream, the rest compute."""
+    return comm_stream(work.group) if isinstance(work, Collective) else "compute"
+
+
 Work = Gemm | Attention | Elementwise | Collective | OptimizerStep
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
+from meshsim.sim.critical_path import critical_ops
 from meshsim.sim.engine import STREAMS, Event
 
 COLOURS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac"}
@@ -71,7 +72,7 @@ def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = 
         sel = [e for e in events if e.category == category]
         if sel:
             fig.add_traces(_category_traces(category, sel, lanes))
-    crit = {(s["rank"], s["op_id"]) for s in critical_path if s.get("op_id") is not None}
+    crit = critical_ops(critical_path)
     on_path = [e for e in events if (e.rank, e.op_id) in crit]
     if on_path:
         x, y = _segments(on_path, lanes)

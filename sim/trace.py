@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from meshsim.sim.critical_path import critical_ops
 from meshsim.sim.engine import STREAMS, Event
 
 TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}
@@ -41,7 +42,7 @@ def _metadata(pid: int, rank: int, process_prefix: str, streams: Iterable[str]) 
 
 
 def _slices(ev: Event, pid: int, critical: bool) -> list[dict]:
-    start_ns, end_ns = int(ev.start_s * 1e9 + 0.5), int(ev.end_s * 1e9 + 0.5)
+    start_ns, end_ns = _ns(ev.start_s), _ns(ev.end_s)
     tid = TID[ev.stream]
     op = {"name": ev.name, "cat": ev.category, "ph": "X", "ts": start_ns / 1e3, "dur": (end_ns - start_ns) / 1e3,
           "pid": pid, "tid": tid,
@@ -75,7 +76,7 @@ def trace_events(events: Iterable[Event], critical_path: Sequence[Mapping] = (),
                  process_prefix: str = "sim", flow_id_base: int = 0) -> list[dict]:
     """Trace events of one run: pids are pid_offset + rank, processes named '<prefix> rank N'."""
     events = list(events)
-    crit = {(s["rank"], s["op_id"]) for s in critical_path if s.get("op_id") is not None}
+    crit = critical_ops(critical_path)
     out: list[dict] = []
     streams: dict[int, set[str]] = {}
     for ev in events:
