@@ -151,8 +151,8 @@ def test_reductions_follow_their_documented_statistics():
     assert calibrate.reduce_samples(per_rank, collective=False) == [pytest.approx((2 + 1.5 + 4) / 3)]
     a, b = calibrate.fit_line([1.0, 2.0, 3.0], [5.0, 7.0, 9.0])
     assert (a, b) == (pytest.approx(3.0), pytest.approx(2.0))
-    assert calibrate.BUSBW_FACTOR["all_reduce"](4) == pytest.approx(1.5)
-    assert calibrate.BUSBW_FACTOR["all_gather"](4) == pytest.approx(0.75)
+    assert calibrate.busbw_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert calibrate.busbw_factor("all_gather", 4) == pytest.approx(0.75)
 
 
 def test_measured_op_times_min_over_ranks_for_collectives():

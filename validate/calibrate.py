@@ -32,8 +32,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from meshsim.sim.collectives import busbw_factor
 from meshsim.sim.schedule import Attention, Collective, Elementwise, Gemm, Schedule, Work
 from meshsim.validate.executor import Device, Runners, memory_kernel
+from meshsim.validate.groups import new_groups
 from meshsim.validate.interference import interference_samples, reduce_interference
 
 WARMUP, REPEATS = 3, 30
@@ -41,9 +43,6 @@ MEM_SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes touched (read + write)
 COLL_SWEEP_CPU = tuple(1 << p for p in range(10, 22, 2))  # 1 KiB .. 1 MiB
 COLL_SWEEP_GPU = tuple(1 << p for p in range(10, 31, 2))  # 1 KiB .. 1 GiB
 COLL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
-BUSBW_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
-                "reduce_scatter": lambda g: (g - 1) / g, "all_to_all": lambda g: (g - 1) / g,
-                "broadcast": lambda g: 1.0}
 
 
 def compute_works(schedule: Schedule) -> list[Work]:
@@ -94,17 +93,15 @@ def reduce_samples(per_rank: list[list[list[float]]], collective: bool) -> list[
 
 
 def _groups_of(size: int) -> object:
-    """Create the consecutive-block groups of `size` (every rank calls this in the same order)."""
-    world, rank, mine = dist.get_world_size(), dist.get_rank(), None
-    for first in range(0, world, size):
-        group = dist.new_group(list(range(first, first + size)))
-        if first <= rank < first + size:
-            mine = group
-    return mine
+    """Create the consecutive-block groups of `size` (every rank calls this in the same order); they run
+    the calibrated backend's own tensors, so they keep the default backend."""
+    world = dist.get_world_size()
+    return new_groups([list(range(first, first + size)) for first in range(0, world, size)], dist.get_rank())
 
 
 def calibrate_task(payload: dict) -> dict:
-    """Task "calibrate": this rank's median times for compute works, memory sizes and collectives."""
+    """Task "calibrate": this rank's samples for compute works, memory sizes and collectives, and the
+    backend they were taken on (the parent rebuilds the schedule with it)."""
     from meshsim.validate.timing import schedule_from_payload
 
     schedule = schedule_from_payload(payload)
@@ -119,7 +116,7 @@ def calibrate_task(payload: dict) -> dict:
     by_size = {g: Runners(dev, {"tp": group}) for g, group in groups.items()}
     colls = round_robin_samples_s([(by_size[g](Collective(op, "tp", nbytes)),
                                  lambda grp=groups[g]: dist.barrier(group=grp)) for op, g, nbytes in points], sync)
-    return {"rank": dist.get_rank(), "compute": compute, "memory": memory, "collectives": colls,
+    return {"rank": dist.get_rank(), "backend": backend, "compute": compute, "memory": memory, "collectives": colls,
             "interference": interference_samples(schedule, dev, groups, sync),
             "device": torch.cuda.get_device_name() if backend == "nccl" else cpu_name()}
 
@@ -179,7 +176,7 @@ def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: 
     for (op, g, nbytes), t in zip(collective_points(schedule, len(per_rank), backend == "nccl"), coll_s, strict=True):
         algbw = nbytes / t / 1e9
         colls.append(CollectivePoint(op=op, ranks=g, nbytes=nbytes, time_us=t * 1e6, algbw_gbps=algbw,
-                                     busbw_gbps=algbw * BUSBW_FACTOR[op](g)))
+                                     busbw_gbps=algbw * busbw_factor(op, g)))
     on = measured_on(backend, len(per_rank), per_rank[0]["device"], scenario)
     interference = reduce_interference([r.get("interference") for r in per_rank])
     kappa = None

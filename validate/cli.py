@@ -42,6 +42,31 @@ def _nproc(nproc: int, backend: str, local: bool = True) -> int:
     return nproc
 
 
+def _check_backend(backend: str | None) -> None:
+    """--check runs the numerics model on CPU tensors with gloo, on any machine and any nproc; an explicit
+    --backend nccl is refused rather than silently ignored."""
+    if backend is None or backend == "gloo":
+        return
+    _backend(backend, local=False)  # an unknown name gets the usual message
+    raise UserError("--backend", backend, "drop --backend (or give gloo): --check always runs on CPU with gloo",
+                    problem="--check does not use NCCL")
+
+
+def _results_backend(per_rank: list, backend: str | None, nproc: int) -> str:
+    """The backend the workers measured on (timing and calibrate results carry it; older results fall back
+    to --backend or the default), so the parent rebuilds the shrunk schedule the workers ran.
+    A different --backend, or an --nproc other than the results' rank count, is refused."""
+    if len(per_rank) != nproc:
+        raise UserError("--nproc", nproc, f"use --nproc {len(per_rank)}, the number of ranks in the results")
+    measured = per_rank[0].get("backend") if per_rank and isinstance(per_rank[0], dict) else None
+    if measured is None:
+        return _backend(backend, local=False)
+    if backend is not None and backend != measured:
+        raise UserError("--backend", backend, f"drop --backend: the results were measured with {measured}",
+                        problem="The results were measured with another backend")
+    return measured
+
+
 def _specs(variants: str | None) -> list[str] | None:
     return [v.strip() for v in variants.split(",") if v.strip()] if variants else None
 
@@ -60,12 +85,15 @@ def _results(path: Path) -> list:
     return json.loads(path.read_text())
 
 
-def _dump(path: Path, task: str, payload: dict, nproc: int) -> None:
+def _dump(path: Path, task: str, payload: dict, nproc: int, backend: str) -> None:
+    """Write the payload with the backend it was shrunk for; the torchrun worker runs on that backend
+    (validate/launch.py payload_backend), so the results match the schedule rebuilt from them."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload))
-    typer.echo(f"payload: {path}\nrun it on {nproc} processes, e.g.\n  torchrun --nproc-per-node {nproc} -m "
-               f"meshsim.validate.launch {task} {path} --out RESULTS_DIR\nthen repeat this command with "
-               "--from-results RESULTS_DIR/results.json (docs/validate.md: multi-node, SLURM)")
+    path.write_text(json.dumps({**payload, "backend": backend}))
+    typer.echo(f"payload: {path} (backend {backend})\nrun it on {nproc} processes, e.g.\n  torchrun "
+               f"--nproc-per-node {nproc} -m meshsim.validate.launch {task} {path} --out RESULTS_DIR\nthen "
+               "repeat this command with --from-results RESULTS_DIR/results.json (docs/validate.md: "
+               "multi-node, SLURM)")
 
 
 def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: bool, dump: Path | None,
@@ -78,7 +106,7 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
     sc, source = load_scenario(scenario)
     variants_, payload = numerics_payload(sc, source, nproc, _specs(variants), dtype=dtype)
     if dump is not None:
-        _dump(dump, "numerics", payload, nproc)
+        _dump(dump, "numerics", payload, nproc, "gloo")
         return 0
     per_rank = _results(results_path) if results_path else launch("numerics", payload, nproc, timeout_s=120.0)
     return print_numerics(merge(variants_, per_rank, source), nproc, dtype, compare_ops=ops)
@@ -102,7 +130,9 @@ def validate_command(
                                    "measured_step_s, error_pct, categories, critical_path_agreement}"),
     out: Path = typer.Option(None, "--out", help="output directory (default meshsim-out/<scenario>-validate): "
                              "profile.yaml, trace_measured.json, trace_merged.json"),
-    backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl when CUDA is available)"),
+    backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl when CUDA is available; "
+                                "with --from-results, the results' own); --check always runs on CPU with gloo "
+                                "and refuses nccl"),
     repeats: int = typer.Option(5, "--repeats", help="timed steps (after 2 warm-up steps)"),
     dump_payload: Path = typer.Option(None, "--dump-payload", help="write the workers' payload for torchrun / "
                                       "SLURM and exit (docs/validate.md)"),
@@ -110,18 +140,20 @@ def validate_command(
                                       "run of the dumped payload instead of spawning processes"),
 ) -> None:
     """Run the scenario's TP/SP step for real: numerics (--check), or simulated vs measured step time."""
-    local = dump_payload is None and from_results is None
-    be = _backend(backend, local)
-    n = _nproc(nproc, be, local)
     if check:
-        _exit(_check(scenario, n, variants, dtype, ops, dump_payload, from_results))
+        _check_backend(backend)
+        _exit(_check(scenario, _nproc(nproc, "gloo"), variants, dtype, ops, dump_payload, from_results))
         return
-    _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, from_results))
+    local = dump_payload is None and from_results is None
+    per_rank = _results(from_results) if from_results is not None else None
+    be = _results_backend(per_rank, backend, nproc) if per_rank is not None else _backend(backend, local)
+    n = _nproc(nproc, be, local)
+    _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, per_rank))
 
 
 def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance: float | None,
                 json_path: Path | None, out: Path | None, repeats: int, dump: Path | None,
-                results_path: Path | None) -> int:
+                per_rank: list | None) -> int:
     from meshsim.scenarios.load import load_scenario
     from meshsim.validate.crosscheck import finish, run_crosscheck, timing_payload
     from meshsim.validate.measured import reduce_run, schedule_of
@@ -133,14 +165,14 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
                         problem="No such file")
     out_dir = out or Path("meshsim-out") / f"{sc.name}-validate"
     if dump is not None:
-        _dump(dump, "timing", timing_payload(sc, source, n, be, repeats=repeats)[2], n)
+        _dump(dump, "timing", timing_payload(sc, source, n, be, repeats=repeats)[2], n, be)
         return 0
-    if results_path is not None:
+    if per_rank is not None:
         if profile is None:
             raise UserError("--profile", None, "with --from-results give the profile to simulate with "
                             "(meshsim calibrate ... --from-results writes one)")
         shrunk, variants_, _ = timing_payload(sc, source, n, be, repeats=repeats)
-        measured = reduce_run(schedule_of(shrunk, source), _results(results_path))
+        measured = reduce_run(schedule_of(shrunk, source), per_rank)
         result = finish(shrunk, source, str(profile), variants_, measured, out_dir)
     else:
         result = run_crosscheck(sc, source, n, profile=str(profile) if profile else None, out_dir=out_dir,
@@ -155,7 +187,8 @@ def calibrate_command(
     scenario: str = typer.Argument(None, help=f"scenario whose schedule's works are measured (default "
                                    f"{DEFAULT_CALIBRATION_SCENARIO}); shrunk to nproc processes"),
     nproc: int = typer.Option(2, "--nproc", help="local processes (world size)"),
-    backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl when CUDA is available)"),
+    backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl when CUDA is available; "
+                                "with --from-results, the results' own)"),
     out: Path = typer.Option(None, "--out", help="profile YAML to write (default meshsim-out/<scenario>/"
                              "profile.yaml); name it in a scenario with hardware: {profile: PATH}"),
     dump_payload: Path = typer.Option(None, "--dump-payload", help="write the workers' payload for torchrun / "
@@ -171,16 +204,16 @@ def calibrate_command(
     from meshsim.validate.report import print_profile
 
     local = dump_payload is None and from_results is None
-    be = _backend(backend, local)
+    per_rank = _results(from_results) if from_results is not None else None
+    be = _results_backend(per_rank, backend, nproc) if per_rank is not None else _backend(backend, local)
     n = _nproc(nproc, be, local)
     sc, source = load_scenario(scenario or DEFAULT_CALIBRATION_SCENARIO)
     shrunk, payload = calibration_payload(sc, source, n, be)
     path = out or Path("meshsim-out") / sc.name / "profile.yaml"
     if dump_payload is not None:
-        _dump(dump_payload, "calibrate", payload, n)
+        _dump(dump_payload, "calibrate", payload, n, be)
         return
-    if from_results is not None:
-        per_rank = _results(from_results)
+    if per_rank is not None:
         profile = build_profile(schedule_of(shrunk, source), per_rank, f"{shrunk.name}-{be}-{n}proc", be, sc.name)
         save_profile(profile, path)
     else:

@@ -61,8 +61,9 @@ class CrossCheck:
 def compare(result, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
     """result: the StepResult of simulating the same shrunk scenario with the calibrated profile."""
     replay = measured.replay()
-    m_path = [seg.to_dict() for seg in critical_path(measured.schedule, replay)]
-    m_share = shares(critical_path(measured.schedule, replay), replay.step_time_s)
+    m_crit = critical_path(measured.schedule, replay)
+    m_path = [seg.to_dict() for seg in m_crit]
+    m_share = shares(m_crit, replay.step_time_s)
     s_path = [dict(seg) for seg in result.critical_path]
     a, b = path_names(s_path), path_names(m_path)
     share = {c: {"simulated": result.critical_path_share.get(c, 0.0), "measured": m_share.get(c, 0.0)}

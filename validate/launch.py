@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from meshsim.validate.groups import set_timeout as set_group_timeout
+
 TASKS = {
     "numerics": "meshsim.validate.numerics:numerics_task",
     "timing": "meshsim.validate.timing:timing_task",
@@ -59,17 +61,18 @@ def pin_to_core(local_rank: int) -> None:
 
 
 def init_process_group(backend: str, timeout_s: float) -> tuple[int, int]:
-    """env:// initialisation with a timeout; one CPU thread per process; CUDA device = LOCAL_RANK.
-    Returns (rank, world_size)."""
+    """env:// initialisation with a timeout (also recorded for every subgroup validate/ creates); one CPU
+    thread per process; CUDA device = LOCAL_RANK. Returns (rank, world_size)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     else:
         torch.set_num_threads(1)
         pin_to_core(int(os.environ.get("LOCAL_RANK", rank)))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    set_group_timeout(timeout)  # the same timeout on every subgroup (validate/groups.py)
     try:
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
     except Exception as exc:
         raise LaunchError(f"rank {rank}: the process group ({world} ranks, {backend}) did not form within "
                           f"{timeout_s:.0f} s: some rank never joined ({exc})") from exc
@@ -186,12 +189,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("task", choices=sorted(TASKS))
     parser.add_argument("payload", help="JSON file with the task's payload (meshsim validate --dump-payload)")
     parser.add_argument("--out", required=True, help="directory for results.json (rank 0)")
-    parser.add_argument("--backend", default="nccl" if torch.cuda.is_available() else "gloo")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                        help="default: the payload's backend (meshsim ... --dump-payload writes it), else nccl "
+                        "when CUDA is available")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     payload = json.loads(Path(args.payload).read_text())
-    worker_main(args.task, payload, args.out, args.backend, args.timeout_s)
+    try:
+        backend = payload_backend(payload, args.backend)
+    except ValueError as exc:
+        parser.error(str(exc))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    worker_main(args.task, payload, args.out, backend, args.timeout_s)
+
+
+def payload_backend(payload: dict, requested: str | None) -> str:
+    """The backend to run a dumped payload on: the one it was shrunk for (payload["backend"]), so the
+    workers measure the schedule the parent will rebuild; a different --backend is refused (ValueError).
+    Payloads without one (hand-written) take `requested`, else nccl when CUDA is available."""
+    dumped = payload.get("backend")
+    if dumped is not None and requested is not None and requested != dumped:
+        raise ValueError(f"--backend {requested} but the payload was made for {dumped}; drop --backend, or "
+                         f"dump the payload again with --backend {requested}")
+    return dumped or requested or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
 if __name__ == "__main__":

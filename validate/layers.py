@@ -23,7 +23,6 @@ from meshsim.validate.comm import apply_boundary, column_linear, comm_tag, curre
 from meshsim.validate.shard import ModelDims
 
 LN_EPS = 1e-5
-FAULTS = ("swap_fg", "no_ln_allreduce")  # negative controls (validate/numerics.py)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.engine import Event, EventLog, run, symmetric_groups, work_bytes
+from meshsim.sim.engine import Event, EventLog, run, work_bytes
 from meshsim.sim.schedule import Collective, Schedule
 
 
@@ -42,7 +42,7 @@ class Measured:
         def collective(op, group):
             return self.op_mean_s[op.id], 0.0, {}
 
-        return run(self.schedule, (0,), compute_s, collective, symmetric_groups(self.schedule.tp, self.schedule.dp, self.schedule.kv_replicas))
+        return run(self.schedule, (0,), compute_s, collective)  # groups: engine.run's symmetric default
 
 
 def reduce_op_times(schedule: Schedule, per_rank: list[dict], stat) -> dict[int, float]:

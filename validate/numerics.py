@@ -44,7 +44,7 @@ class VariantResult:
     errors: list[str]  # exceptions, "rank N: ..."
     checked: int  # tensors compared over all ranks
     calls: list[dict]  # rank 0's counted collectives (opcount.CallRecord as dicts)
-    op_diffs: list[str] | None  # differences from the schedule; None when it could not be built
+    op_diffs: list[str] | None  # differences from the schedule; None when not compared (error / compare_ops off)
 
 
 def default_specs(nproc: int) -> list[str]:
@@ -86,13 +86,10 @@ def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Var
     return Variant(spec, with_changes(s, **changes), faults)
 
 
-def _op_diffs(variant: Variant, source: str, calls: list[dict]) -> list[str] | None:
-    """Counted collectives vs the schedule of the same shrunk scenario (None if it can't be built)."""
-    try:
-        from meshsim.scenarios.load import resolve
-        from meshsim.sim.builder import build_schedule
-    except ImportError:
-        return None
+def _op_diffs(variant: Variant, source: str, calls: list[dict]) -> list[str]:
+    """Counted collectives vs the schedule of the same shrunk scenario."""
+    from meshsim.scenarios.load import resolve
+    from meshsim.sim.builder import build_schedule
     from meshsim.validate.opcount import compare_records, schedule_records
 
     schedule = build_schedule(resolve(variant.scenario, source or f"builtin:{variant.scenario.name}"))

@@ -1,7 +1,8 @@
 """Worker side of the numerics check: one variant's step on this rank and its comparisons.
 
 Process groups (validate/groups.py) are created lazily per (tp, dp, kv) in variant order, which is the
-same on every rank, as torch.distributed.new_group requires.
+same on every rank, as torch.distributed.new_group requires. The model's tensors are on the CPU, so its
+groups are gloo groups even when the default backend is NCCL (build_mesh(cpu=True)).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Meshes:
         kv_blocks = kv_replica_groups(d)
         key = (d.tp, d.dp, tuple(map(tuple, kv_blocks)))
         if key not in self.cache:
-            self.cache[key] = build_mesh(d.tp, d.dp, kv_blocks)
+            self.cache[key] = build_mesh(d.tp, d.dp, kv_blocks, cpu=True)
         return self.cache[key]
 
 

@@ -58,7 +58,8 @@ def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True,
 
 
 def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None, console=None) -> int:
-    """Step time, categories, critical-path agreement; 1 when |error| exceeds `tolerance` percent."""
+    """Step time, categories, critical-path agreement; 1 when the numerics check failed
+    (numerics_ok False; None = not run) or |error| exceeds `tolerance` percent, else 0."""
     console = console or make_console()
     err = report["error_pct"]
     console.print(f"{report['scenario']}: simulated {report['simulated_step_s'] * 1e3:.2f} ms, measured "
@@ -79,10 +80,14 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
     console.print(f"critical path: {agree['on_both']} ops on both, Jaccard {agree['jaccard']:.2f}")
     if out_dir is not None:
         console.print(f"traces: {Path(out_dir) / 'trace_merged.json'} (open in https://ui.perfetto.dev)")
+    failed = report["numerics_ok"] is False
+    if failed:
+        console.print("[red]numerics check failed: the real step does not match the single-process reference "
+                      "(meshsim validate SCENARIO --check shows which tensors)[/]")
     if tolerance is not None and (err is None or abs(err) > tolerance):
         console.print(f"[red]step-time error {_fmt_err(err)} exceeds the tolerance of {tolerance}%[/]")
-        return 1
-    return 0
+        failed = True
+    return 1 if failed else 0
 
 
 def print_profile(profile, path: Path, console=None) -> None:

@@ -117,8 +117,9 @@ def schedule_from_payload(payload: dict) -> Schedule:
 
 
 def timing_task(payload: dict) -> dict:
-    """Task "timing": optional numerics variants first (payload["numerics"]), then warm-up and
-    `repeats` pairs of (timed, as-scheduled) steps. Returns this rank's raw measurements."""
+    """Task "timing": optional numerics variants first (payload["numerics"], on gloo groups: CPU tensors),
+    then warm-up and `repeats` pairs of (timed, as-scheduled) steps on groups of the default backend.
+    Returns this rank's raw measurements and the backend they were taken on."""
     numerics = None
     if payload.get("numerics"):
         from meshsim.validate.numerics_worker import run_variants
@@ -138,4 +139,5 @@ def timing_task(payload: dict) -> dict:
     for _ in range(payload.get("repeats", 5)):
         timed.append(timed_step(schedule, runners, clock, groups))
         steps.append(scheduled(schedule, runners))
-    return {"rank": dist.get_rank(), "timed": timed, "step_s": steps, "numerics": numerics}
+    return {"rank": dist.get_rank(), "backend": dist.get_backend(), "timed": timed, "step_s": steps,
+            "numerics": numerics}
