@@ -194,3 +194,14 @@ def test_bad_backend_is_a_user_error():
 
     assert main(["validate", "tiny-2gpu", "--backend", "mpi"]) == 2
     assert main(["validate", "tiny-2gpu", "--check", "--variants", "sp+nope"]) == 2
+
+
+def test_gpu_profiles_keep_the_datasheet_peaks_cpu_profiles_replace_them():
+    """nccl: measured throughput lives in the tables (MFU and efficiency defaults are per datasheet peak);
+    gloo: the CPU is not the scenario's GPU preset, so its measured figures replace the preset's."""
+    from meshsim.validate.calibrate import _device_figures
+
+    gpu = _device_figures("nccl", 790.0, 4300.0)
+    assert gpu.peak_tflops is None and gpu.mem_bw_gbps is None
+    cpu = _device_figures("gloo", 0.08, 40.0)
+    assert (cpu.peak_tflops, cpu.mem_bw_gbps) == (0.08, 40.0)

@@ -159,9 +159,21 @@ def _kernel_point(work: Work, time_s: float):
     return None  # OptimizerStep: costed from elementwise_bw_gbps + launch overhead (sim/compute.py)
 
 
+def _device_figures(backend: str, best_tflops: float | None, bw_gbps: float):
+    """The profile's `gpu` section. On a GPU (nccl) the datasheet peaks stay: measured throughput is in the
+    GEMM and kernel tables, and the model's efficiency defaults (attention 0.50 of peak, ...) and MFU are
+    defined against the datasheet peak, so writing the best measured GEMM there would derate twice. On a
+    CPU (gloo) the device is not the scenario's GPU preset at all, so the measured figures replace it."""
+    from meshsim.scenarios.profile import GpuFigures
+
+    if backend == "nccl":
+        return GpuFigures()
+    return GpuFigures(peak_tflops=best_tflops, mem_bw_gbps=bw_gbps)
+
+
 def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: str, scenario: str):
     """Reduce the workers' samples (reduce_samples) into a HardwareProfile."""
-    from meshsim.scenarios.profile import CollectivePoint, GemmPoint, GpuFigures, HardwareProfile
+    from meshsim.scenarios.profile import CollectivePoint, GemmPoint, HardwareProfile
     from meshsim.scenarios.schema import ComputeTuning
 
     works = compute_works(schedule)
@@ -182,9 +194,11 @@ def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: 
     kappa = None
     if interference is not None:
         kappa, _, on["comm_interference"] = interference
+    best_tflops = max((p.tflops for p in gemms), default=None)
+    if best_tflops is not None:
+        on["best_gemm_tflops"] = f"{best_tflops:.4g}"
     return HardwareProfile(
-        name=name, measured_on=on,
-        gpu=GpuFigures(peak_tflops=max((p.tflops for p in gemms), default=None), mem_bw_gbps=bw_gbps),
+        name=name, measured_on=on, gpu=_device_figures(backend, best_tflops, bw_gbps),
         compute=ComputeTuning(launch_overhead_us=max(0.0, launch_s * 1e6), comm_interference=kappa),
         gemm_table=gemms, elementwise_bw_gbps=bw_gbps,
         kernel_table=[p for p in points if not isinstance(p, GemmPoint)], collective_table=colls)

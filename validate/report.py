@@ -92,8 +92,9 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
 
 def print_profile(profile, path: Path, console=None) -> None:
     console = console or make_console()
+    best = max((p.tflops for p in profile.gemm_table), default=0.0)
     console.print(f"profile {profile.name}: {len(profile.gemm_table)} GEMM shapes (best "
-                  f"{profile.gpu.peak_tflops or 0:.3g} TFLOP/s), memory {profile.elementwise_bw_gbps or 0:.3g} GB/s, "
+                  f"{best:.3g} TFLOP/s), memory {profile.elementwise_bw_gbps or 0:.3g} GB/s, "
                   f"launch {profile.compute.launch_overhead_us or 0:.3g} us, {len(profile.kernel_table)} kernels, "
                   f"{len(profile.collective_table)} collective points, comm/compute interference "
                   f"kappa {profile.compute.comm_interference or 0:.2f}")
