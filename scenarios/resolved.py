@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import Scenario
+from meshsim.sim.schedule import mesh_group
 from meshsim.topologies.gpus import GpuSpec
 from meshsim.topologies.model import Topology
 
@@ -31,11 +32,11 @@ class ResolvedScenario:
 
     def tp_group(self, index: int = 0) -> tuple[int, ...]:
         """Global ranks of TP group `index` (TP innermost: ranks index*tp ... index*tp+tp-1)."""
-        return tuple(range(index * self.tp, (index + 1) * self.tp))
+        return mesh_group("tp", index * self.tp, self.tp, self.dp)
 
     def dp_group(self, tp_rank: int = 0) -> tuple[int, ...]:
         """Global ranks of the DP group holding TP rank `tp_rank`: tp_rank, tp_rank+tp, ..."""
-        return tuple(tp_rank + d * self.tp for d in range(self.dp))
+        return mesh_group("dp", tp_rank, self.tp, self.dp)
 
     @property
     def datasheet_peak_tflops(self) -> float:
@@ -55,19 +56,14 @@ class ResolvedScenario:
 
     def kv_group(self, rank: int = 0) -> tuple[int, ...]:
         """The ranks replicating `rank`'s KV head: a block of kv_replicas consecutive ranks of its TP group."""
-        first = rank // self.kv_replicas * self.kv_replicas
-        return tuple(range(first, first + self.kv_replicas))
+        return mesh_group("kv", rank, self.tp, self.dp, self.kv_replicas)
 
     def all_kv_groups(self) -> tuple[tuple[int, ...], ...]:
         return tuple(self.kv_group(r) for r in range(0, self.gpus, self.kv_replicas))
 
     def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
         """`rank`'s group of a schedule's symbolic kind: "tp", "dp" or "kv"."""
-        if kind == "tp":
-            return self.tp_group(rank // self.tp)
-        if kind == "kv":
-            return self.kv_group(rank)
-        return self.dp_group(rank % self.tp)
+        return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas)
 
     def all_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
         """Every group of that kind: the symmetric copies that run a collective at the same time."""

@@ -38,7 +38,7 @@ from typing import NamedTuple
 import simpy
 
 from meshsim.sim.arbiter import Arbiter
-from meshsim.sim.schedule import Collective, Elementwise, Op, OptimizerStep, Schedule
+from meshsim.sim.schedule import Collective, Elementwise, Op, OptimizerStep, Schedule, mesh_group
 
 STREAMS = ("compute", "tp_comm", "dp_comm")
 CommTiming = tuple[float, float, Mapping[int, float]]
@@ -97,13 +97,7 @@ def symmetric_groups(tp: int, dp: int, kv_replicas: int = 1) -> GroupFn:
     the ranks congruent to r mod tp; its KV group the block of kv_replicas consecutive ranks around it."""
 
     def group_of(kind: str, rank: int) -> tuple[int, ...]:
-        if kind == "tp":
-            first = rank // tp * tp
-            return tuple(range(first, first + tp))
-        if kind == "kv":
-            first = rank // kv_replicas * kv_replicas
-            return tuple(range(first, first + kv_replicas))
-        return tuple(rank % tp + d * tp for d in range(dp))
+        return mesh_group(kind, rank, tp, dp, kv_replicas)
 
     return group_of
 
