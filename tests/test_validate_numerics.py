@@ -73,3 +73,16 @@ def test_missing_ln_allreduce_fails_only_on_sp_region_params(results):
     names = {m["tensor"] for m in r.mismatches}
     assert names and all(n.split(".")[-3] in ("ln1", "ln2", "final_ln") for n in names), names
     assert any(d.startswith("opt.ln_grad") for d in r.op_diffs)
+
+
+def test_bf16_against_a_float64_reference_passes_and_can_fail():
+    """bf16: the parallel step in bf16 against a float64 reference from the same rounded weights, within
+    5% of each tensor's largest value: real variants pass, the negative controls fail."""
+    sc, src = load_scenario("tiny-2gpu")
+    specs = ["sp+swiglu+gqa+full", "tp+gelu+mha+selective", "sp+gelu+mha+none+no_ln_allreduce",
+             "tp+gelu+mha+none+swap_fg"]
+    out = {r.name: r for r in check_numerics(sc, src, 2, specs, dtype="bfloat16")}
+    assert out["sp+swiglu+gqa+full"].ok and out["tp+gelu+mha+selective"].ok
+    assert not out["sp+gelu+mha+none+no_ln_allreduce"].ok and not out["tp+gelu+mha+none+swap_fg"].ok
+    worst = out["sp+gelu+mha+none+no_ln_allreduce"].mismatches[0]
+    assert worst["max_abs_err"] > 0.05 * worst["max_abs_ref"]
