@@ -18,6 +18,7 @@ import datetime
 
 import torch.distributed as dist
 
+from meshsim.sim.schedule import mesh_group
 from meshsim.validate.layers import Mesh
 
 _timeout: datetime.timedelta | None = None  # the default group's timeout; None: torch's default
@@ -53,8 +54,8 @@ def build_mesh(tp: int, dp: int, kv_blocks: list[list[int]] = (), *,
     rank = dist.get_rank()
     if tp * dp != dist.get_world_size():
         raise ValueError(f"tp x dp = {tp} x {dp} but the world has {dist.get_world_size()} ranks")
-    tp_blocks = [list(range(i * tp, (i + 1) * tp)) for i in range(dp)]
-    dp_blocks = [[t + i * tp for i in range(dp)] for t in range(tp)]
+    tp_blocks = [list(mesh_group("tp", i * tp, tp, dp)) for i in range(dp)]
+    dp_blocks = [list(mesh_group("dp", t, tp, dp)) for t in range(tp)]
     tp_group = new_groups(tp_blocks, rank, cpu=cpu) if tp > 1 else None
     dp_group = new_groups(dp_blocks, rank, cpu=cpu) if dp > 1 else None
     kv_group = None

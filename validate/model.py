@@ -17,13 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from meshsim.sim.dp_ops import MIB, make_buckets
 from meshsim.validate.comm import all_reduce_grads, apply_boundary, column_linear
 from meshsim.validate.layers import Mesh, Plan, norm, transformer_layer
 from meshsim.validate.shard import ModelDims, full_shapes, kv_replica_groups, sequence_parallel_params, shard
 from meshsim.validate.xent import VocabParallelCrossEntropy
-
-GRAD_BYTES = 4  # fp32 main gradients (sim/dp_ops.py GRAD_BYTES): the unit DP buckets are sized in
-MIB = 1024 * 1024
 
 
 def init_full_weights(d: ModelDims, seed: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
@@ -78,15 +76,11 @@ def forward(w: dict, tokens, labels, plan: Plan, mesh: Mesh) -> tuple[torch.Tens
 
 
 def dp_buckets(names: list[str], w: dict, bucket_mb: float) -> list[list[str]]:
-    """Buckets in reverse parameter order; one closes once it holds >= bucket_mb MiB of fp32 gradients."""
-    buckets, current, size = [], [], 0
-    for name in reversed(names):
-        current.append(name)
-        size += w[name].numel() * GRAD_BYTES
-        if size >= bucket_mb * MIB:
-            buckets.append(current)
-            current, size = [], 0
-    return buckets + ([current] if current else [])
+    """The schedule's bucketing rule (sim/dp_ops.make_buckets) over the parameters in reverse order: a
+    bucket closes once it holds >= bucket_mb MiB of fp32 gradients."""
+    order = list(reversed(names))
+    buckets = make_buckets([(i, w[n].numel()) for i, n in enumerate(order)], int(bucket_mb * MIB))
+    return [[order[i] for i in b.producers] for b in buckets]
 
 
 def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mb: float = 40.0) -> None:
