@@ -27,9 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.sim.schedule import Collective, Op, OptimizerStep, Work, stream_of
+from meshsim.sim.units import BF16_BYTES, FP32_BYTES
 
-GRAD_BYTES = 4  # fp32 main gradient per parameter
-PARAM_BYTES = 2  # bf16 parameter (all-gathered after a distributed-optimizer step)
+GRAD_BYTES = FP32_BYTES  # fp32 main gradient per parameter
+PARAM_BYTES = BF16_BYTES  # bf16 parameter (all-gathered after a distributed-optimizer step)
 MIB = 1024 * 1024
 
 

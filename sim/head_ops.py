@@ -32,8 +32,9 @@ from meshsim.sim.layer_ops import (
 )
 from meshsim.sim.schedule import Collective, Elementwise, Gemm
 from meshsim.sim.shapes import LayerDims
+from meshsim.sim.units import FP32_BYTES
 
-FP32 = 4
+FP32 = FP32_BYTES
 TOKEN_ID_BYTES = 8  # int64 token ids
 
 

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.shapes import LayerDims, layer_dims
-from meshsim.sim.units import GB
+from meshsim.sim.units import BF16_BYTES, FP32_BYTES, GB
 
-WEIGHT_BYTES = 2
-GRAD_BYTES = 4
+WEIGHT_BYTES = BF16_BYTES
+GRAD_BYTES = FP32_BYTES
 ADAM_BYTES = 12
 WORKSPACE_GB = 1.0
 

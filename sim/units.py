@@ -14,6 +14,11 @@ from __future__ import annotations
 import re
 
 GB = 1e9
+
+# Mixed-precision training's storage conventions (Megatron-LM, bf16 training): one definition for the
+# schedule (collective sizes), the memory model and validate.
+FP32_BYTES = 4  # fp32: main gradients (accumulated and reduced in fp32), optimizer states, loss terms
+BF16_BYTES = 2  # bf16: weights and activations
 US = 1e-6
 MS = 1e-3
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from meshsim.sim.duality import DUALITY
 from meshsim.sim.schedule import Collective, Schedule
+from meshsim.sim.units import FP32_BYTES
 from meshsim.validate.comm import current_tag
 
 # torch.distributed function -> schedule op name; numel is the total (gathered) size, as nccl-tests counts
@@ -26,7 +27,6 @@ PATCHED = {
     "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
     "broadcast": "broadcast", "all_to_all_single": "all_to_all",
 }
-FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
