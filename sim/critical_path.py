@@ -19,6 +19,10 @@ from meshsim.sim.engine import Event, EventLog
 from meshsim.sim.schedule import Collective, Op, Schedule
 
 CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
+# how every report, plot and sentence names and colours them
+CATEGORY_NAMES = {"compute": "compute", "tp_comm": "TP communication", "dp_comm": "DP communication",
+                  "waiting": "waiting"}
+CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac"}
 _INDEX = re.compile(r"^(L|mb)\d+$")  # builder naming: "L3.mb0.fwd.qkv", "dp.bucket7.reduce_scatter", "_c2" chunks
 _BUCKET = re.compile(r"^bucket\d+$")
 _CHUNK = re.compile(r"_c\d+$")

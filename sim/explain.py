@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 
+from meshsim.sim.critical_path import CATEGORY_NAMES
 from meshsim.sim.sweep import AXES
 
 MAX_SENTENCES = 9
-SHARE_NAMES = {"compute": "compute", "tp_comm": "TP communication", "dp_comm": "DP communication",
-               "waiting": "waiting"}
+SHARE_NAMES = CATEGORY_NAMES
 AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute"}
 
 

@@ -17,11 +17,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from meshsim.sim.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
 from meshsim.sim.explain import TABLE_COLUMNS, fits, label, ok, sweet_spot, table_row, varying_axes
-
-CATEGORY_COLORS = {"compute": "#4C78A8", "tp_comm": "#F58518", "dp_comm": "#54A24B", "waiting": "#BAB0AC"}
-CATEGORY_NAMES = {"compute": "compute", "tp_comm": "TP communication", "dp_comm": "DP communication",
-                  "waiting": "waiting"}
 
 
 def _series(records: list[dict]) -> dict[str, list[dict]]:

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from meshsim.sim.critical_path import critical_ops
+from meshsim.sim.critical_path import CATEGORY_COLORS, critical_ops
 from meshsim.sim.engine import STREAMS, Event
 
-COLOURS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac"}
+COLOURS = CATEGORY_COLORS
 BAR_PX = 16
 
 
