@@ -20,7 +20,6 @@ GB = 1e9
 FP32_BYTES = 4  # fp32: main gradients (accumulated and reduced in fp32), optimizer states, loss terms
 BF16_BYTES = 2  # bf16: weights and activations
 US = 1e-6
-MS = 1e-3
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
@@ -53,8 +52,3 @@ def format_size(nbytes: int) -> str:
 def gbit_to_gbps(gbitps: float) -> float:
     """Line rate in Gb/s -> GB/s (divide by 8)."""
     return gbitps / 8.0
-
-
-def seconds_for(nbytes: float, bw_gbps: float) -> float:
-    """Time to move nbytes at bw_gbps (GB/s)."""
-    return nbytes / (bw_gbps * GB)
