@@ -11,9 +11,10 @@ stamped per (layer, micro-batch) with ids offset and names prefixed "L{layer}.mb
 from __future__ import annotations
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.sim.dp_ops import MIB, DpConfig, step_end_ops
+from meshsim.sim.dp_ops import MIB, DpConfig, make_buckets, step_end_ops
 from meshsim.sim.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
 from meshsim.sim.layer_ops import Template, backward_template, forward_template
+from meshsim.sim.param_gather import prepend_param_gathers
 from meshsim.sim.schedule import Op, Schedule
 from meshsim.sim.shapes import LayerDims, layer_dims
 
@@ -79,7 +80,10 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     for mb in range(rs.micro_batches):
         _micro_batch(ops, t, model.layers, mb, grads if mb == rs.micro_batches - 1 else None)
     params = sum(n for _, n in grads)
-    ops += step_end_ops(len(ops), grads, len(ops) - 1, dp_config(rs, d, params))
+    cfg = dp_config(rs, d, params)
+    ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg)
+    if cfg.dp > 1 and cfg.distributed_optimizer and cfg.overlap:
+        ops = prepend_param_gathers(ops, make_buckets(grads, cfg.bucket_bytes))
     meta = {"chunks": d.chunks, "params_per_rank": params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads)}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas)

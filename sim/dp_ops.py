@@ -8,8 +8,9 @@ size). Only the last micro-batch's backward triggers reductions (earlier ones ac
 - dp_overlap: a bucket is reduced as soon as its last gradient of the LAST micro-batch is produced;
   otherwise every bucket waits for the end of backward. Stream "dp_comm", group "dp".
 - distributed_optimizer: reduce-scatter per bucket, the optimizer updates this rank's 1/dp shard, then
-  an all-gather of the updated bf16 parameters per bucket (2 bytes per parameter). Megatron overlaps
-  that gather with the next step's forward; within one simulated step it trails the optimizer.
+  an all-gather of the updated bf16 parameters per bucket (2 bytes per parameter). With dp_overlap that
+  gather overlaps the next step's forward (Megatron's --overlap-param-gather), so the steady-state step
+  starts with it (sim/param_gather.py); without dp_overlap it trails the optimizer here.
   Otherwise: all-reduce per bucket, every rank updates all its parameters.
 
 GQA with kv_heads < tp: each KV head (its K and V weights, and biases) is replicated on tp/kv_heads ranks,
@@ -103,7 +104,7 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
         before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
     shard = cfg.dp if cfg.distributed_optimizer else 1
     step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
-    if cfg.distributed_optimizer:
+    if cfg.distributed_optimizer and not cfg.overlap:  # overlapped: sim/param_gather.py, next step's fwd
         for i, b in enumerate(buckets):
             gather = Collective("all_gather", "dp", b.params * PARAM_BYTES, "dp_param")
             em.add(f"dp.bucket{i}.all_gather", "opt", gather, (step,))
