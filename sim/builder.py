@@ -14,7 +14,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.dp_ops import MIB, DpConfig, make_buckets, step_end_ops
 from meshsim.sim.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
 from meshsim.sim.layer_ops import Template, backward_template, forward_template
-from meshsim.sim.param_gather import prepend_param_gathers
+from meshsim.sim.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule import Op, Schedule
 from meshsim.sim.shapes import LayerDims, layer_dims
 
@@ -60,6 +60,13 @@ def _micro_batch(ops: list[Op], t: _Templates, layers: int, mb: int,
             grads += [(base + i, n) for i, n in tpl.grads]
 
 
+def _grad_params(t: _Templates, layers: int) -> list[int]:
+    """Parameter counts of one micro-batch's gradient producers in backward order (as _micro_batch
+    records them): the head, the layers last to first, the embedding."""
+    per_layer = [n for _, n in t.bwd.grads]
+    return [n for _, n in t.head_bwd.grads] + per_layer * layers + [n for _, n in t.embed_bwd.grads]
+
+
 def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:
     p, layers = rs.scenario.parallel, rs.scenario.model.layers
     sp_params = layers * d.sp_params_per_layer + d.norm_params if d.sp else 0
@@ -75,15 +82,18 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     d = layer_dims(rs)
     model = rs.scenario.model
     t = _Templates(d, model.tied_embeddings)
-    ops: list[Op] = []
+    p = rs.scenario.parallel
+    overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.dp_overlap  # sim/param_gather.py
+    bucket_bytes = int(p.dp_bucket_mb * MIB)
+    reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes) if overlap_gather else 0
+    ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
     grads: list[tuple[int, int]] = []
     for mb in range(rs.micro_batches):
         _micro_batch(ops, t, model.layers, mb, grads if mb == rs.micro_batches - 1 else None)
     params = sum(n for _, n in grads)
-    cfg = dp_config(rs, d, params)
-    ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg)
-    if cfg.dp > 1 and cfg.distributed_optimizer and cfg.overlap:
-        ops = prepend_param_gathers(ops, make_buckets(grads, cfg.bucket_bytes))
+    ops += step_end_ops(len(ops), grads, len(ops) - 1, dp_config(rs, d, params))
+    if overlap_gather:
+        ops = fill_param_gathers(ops, make_buckets(grads, bucket_bytes))
     meta = {"chunks": d.chunks, "params_per_rank": params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads)}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshsim.sim.dp_ops import PARAM_BYTES, Bucket
+from meshsim.sim.dp_ops import PARAM_BYTES, Bucket, make_buckets
 from meshsim.sim.schedule import Collective, Op
 
 
@@ -38,19 +38,25 @@ def _first_forward_use(ops: list[Op]) -> dict[tuple, int]:
     return first
 
 
-def prepend_param_gathers(ops: list[Op], buckets: list[Bucket]) -> list[Op]:
-    """`ops` (ids = list positions) with the buckets' all-gathers first and every op renumbered after
-    them; each bucket's first forward consumers depend on its gather (module docstring)."""
-    assert all(op.id == i for i, op in enumerate(ops)), "op ids must be list positions"
-    first = _first_forward_use(ops)
+def reserved_gathers(grad_params: list[int], bucket_bytes: int) -> int:
+    """How many all-gathers open the step: the number of buckets the gradient producers' parameter counts
+    (in backward order) make. The builder reserves that many list slots before stamping the step."""
+    return len(make_buckets(list(enumerate(grad_params)), bucket_bytes))
+
+
+def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket]) -> list[Op]:
+    """Fill the reserved slots ops[0:len(buckets)] (None) with the buckets' all-gathers in forward order,
+    and make each bucket's first forward consumers depend on its gather (module docstring). Only the
+    gated ops are rebuilt: ids stay list positions."""
     n = len(buckets)
-    gathers: list[Op] = []
+    assert all(op is None for op in ops[:n]) and all(op.id == i for i, op in enumerate(ops[n:], n))
+    first = _first_forward_use(ops[n:])
     gates: dict[int, list[int]] = {}
     for new_id, (i, bucket) in enumerate(reversed(list(enumerate(buckets)))):
         work = Collective("all_gather", "dp", bucket.params * PARAM_BYTES, "dp_param")
-        gathers.append(Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", work))
+        ops[new_id] = Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", work)
         for consumer in sorted({first[_owner(ops[p])] for p in bucket.producers}):
             gates.setdefault(consumer, []).append(new_id)
-    shifted = [replace(op, id=op.id + n, deps=tuple(d + n for d in op.deps) + tuple(gates.get(op.id, ())))
-               for op in ops]
-    return gathers + shifted
+    for consumer, gathers in gates.items():
+        ops[consumer] = replace(ops[consumer], deps=ops[consumer].deps + tuple(gathers))
+    return ops
