@@ -67,13 +67,18 @@ def _grad_params(t: _Templates, layers: int) -> list[int]:
     return [n for _, n in t.head_bwd.grads] + per_layer * layers + [n for _, n in t.embed_bwd.grads]
 
 
+def _bucket_bytes(rs: ResolvedScenario) -> int:
+    """DP gradient bucket size: parallel.dp_bucket_mb MiB."""
+    return int(rs.scenario.parallel.dp_bucket_mb * MIB)
+
+
 def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:
     p, layers = rs.scenario.parallel, rs.scenario.model.layers
     sp_params = layers * d.sp_params_per_layer + d.norm_params if d.sp else 0
     # replicated KV head (kv_heads < tp): this rank's K and V projections, [h, head_dim] each, + biases
     kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
     return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
-                    bucket_bytes=int(p.dp_bucket_mb * MIB), sp_grad_params=sp_params, params=params,
+                    bucket_bytes=_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
                     kv_grad_params=kv_params)
 
 
@@ -84,7 +89,7 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     t = _Templates(d, model.tied_embeddings)
     p = rs.scenario.parallel
     overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.dp_overlap  # sim/param_gather.py
-    bucket_bytes = int(p.dp_bucket_mb * MIB)
+    bucket_bytes = _bucket_bytes(rs)
     reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes) if overlap_gather else 0
     ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
     grads: list[tuple[int, int]] = []

@@ -68,6 +68,11 @@ def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int) -> list[Bu
     return buckets
 
 
+def param_gather(bucket: Bucket) -> Collective:
+    """The distributed optimizer's all-gather of one bucket's updated bf16 parameters over DP."""
+    return Collective("all_gather", "dp", bucket.params * PARAM_BYTES, "dp_param")
+
+
 class _Emitter:
     """Appends ops with consecutive ids starting at `start`."""
 
@@ -106,6 +111,5 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
     step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
     if cfg.distributed_optimizer and not cfg.overlap:  # overlapped: sim/param_gather.py, next step's fwd
         for i, b in enumerate(buckets):
-            gather = Collective("all_gather", "dp", b.params * PARAM_BYTES, "dp_param")
-            em.add(f"dp.bucket{i}.all_gather", "opt", gather, (step,))
+            em.add(f"dp.bucket{i}.all_gather", "opt", param_gather(b), (step,))
     return em.ops

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshsim.sim.dp_ops import PARAM_BYTES, Bucket, make_buckets
-from meshsim.sim.schedule import Collective, Op
+from meshsim.sim.dp_ops import Bucket, make_buckets, param_gather
+from meshsim.sim.schedule import Op
 
 
 def _owner(op: Op) -> tuple:
@@ -53,8 +53,7 @@ def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket]) -> list[Op]:
     first = _first_forward_use(ops[n:])
     gates: dict[int, list[int]] = {}
     for new_id, (i, bucket) in enumerate(reversed(list(enumerate(buckets)))):
-        work = Collective("all_gather", "dp", bucket.params * PARAM_BYTES, "dp_param")
-        ops[new_id] = Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", work)
+        ops[new_id] = Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", param_gather(bucket))
         for consumer in sorted({first[_owner(ops[p])] for p in bucket.producers}):
             gates.setdefault(consumer, []).append(new_id)
     for consumer, gathers in gates.items():
