@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from meshsim.sim.collectives import cache, collective_cost
-from meshsim.sim.collectives.cost import STATS
-from meshsim.sim.collectives.protocols import DEFAULT_CONSTANTS
+from meshsim.sim.cost.collectives import cache, collective_cost
+from meshsim.sim.cost.collectives.cost import STATS
+from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS
 from meshsim.topologies.registry import build_topology
 
 GB = 1 << 30

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from meshsim.scenarios.library import DEFAULT_SCENARIO
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-from meshsim.sim import engine
-from meshsim.sim.report import write_results_json
-from meshsim.sim.results import build_result
-from meshsim.sim.simulate import CollectiveCoster, compute_fn, scenario_groups, simulated_ranks
-from meshsim.sim.timeline import write_timeline
-from meshsim.sim.trace import write_trace
+from meshsim.sim.engine import events as engine
+from meshsim.sim.outputs.step_report import write_results_json
+from meshsim.sim.outputs.timeline import write_timeline
+from meshsim.sim.outputs.trace import write_trace
+from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, scenario_groups, simulated_ranks
+from meshsim.sim.results.step_result import build_result
 
 MICRO_BATCHES = 8
 
@@ -58,9 +58,9 @@ class Timed:
 
 def one_step(nodes: int, layers: int | None = None, out_dir: Path | None = None, html: bool = False) -> dict:
     """Time every stage of one simulated step; returns seconds per stage and sizes."""
-    from meshsim.sim.builder import build_schedule
-    from meshsim.sim.flops import model_flops_per_step
-    from meshsim.sim.memory import memory_per_gpu
+    from meshsim.sim.cost.flops import model_flops_per_step
+    from meshsim.sim.cost.memory import memory_per_gpu
+    from meshsim.sim.schedule.builder import build_schedule
 
     cpu0 = time.process_time()
     t = {"start": time.perf_counter()}

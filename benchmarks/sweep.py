@@ -18,9 +18,9 @@ import os
 import time
 
 from meshsim.scenarios.load import load_scenario, with_overrides
-from meshsim.sim.explain import explain, sweet_spot
-from meshsim.sim.sweep import configurations, run_point, sweep_axes
-from meshsim.sim.sweep_runner import run_sweep
+from meshsim.sim.sweep.axes import configurations, run_point, sweep_axes
+from meshsim.sim.sweep.explain import explain, sweet_spot
+from meshsim.sim.sweep.runner import run_sweep
 
 TARGET_S = 10.0
 

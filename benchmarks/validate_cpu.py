@@ -1,14 +1,14 @@
 """Simulated vs measured step time on this CPU (gloo), for a few scenarios shrunk to 2 processes.
 
 Each trial is a whole `meshsim validate` cross-check: calibrate this machine on the shrunk schedule's
-works (validate/calibrate.py) -> simulate the shrunk scenario with that profile -> run it for real as
-scheduled (validate/timing.py) -> error = (simulated - measured) / measured. The target is |error| <= 10%;
+works (validate/calibrate/calibration.py) -> simulate the shrunk scenario with that profile -> run it for real as
+scheduled (validate/timing/worker.py) -> error = (simulated - measured) / measured. The target is |error| <= 10%;
 a shared, loaded CPU adds run-to-run noise (gloo latencies are heavy-tailed), so every case runs
 `--trials` times and the median error is reported with the spread. "serial" is the simulated rank's busy
 time without any overlap; "kappa=0" the same trial simulated without interference. On a CPU, gloo's
 work shares the cores with the compute, so overlapped communication is not free: the calibration
-measures how much (kappa = compute.comm_interference, validate/interference.py) and the simulation
-charges it (sim/engine.py); kappa is printed per trial.
+measures how much (kappa = compute.comm_interference, validate/calibrate/interference.py) and the simulation
+charges it (sim/engine/events.py); kappa is printed per trial.
 
     python benchmarks/validate_cpu.py [--trials 3] [--nproc 2] [--repeats 5]
 """
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.scenarios.profile import load_profile
-from meshsim.sim.simulate import simulate
-from meshsim.validate.crosscheck import error_pct, run_crosscheck, timing_payload
-from meshsim.validate.shrink import with_profile
+from meshsim.sim.results.simulate import simulate
+from meshsim.validate.crosscheck.crosscheck import error_pct, run_crosscheck, timing_payload
+from meshsim.validate.launch.shrink import with_profile
 
 CASES = [  # (label, built-in scenario, overrides applied before shrinking)
     ("tiny tp2", "tiny-2gpu", {}),

@@ -20,7 +20,7 @@ from typing import get_args
 from pydantic import BaseModel, ValidationError
 
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.errors import UserError, closest, unknown_name_error
+from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.topologies.gpus import GPUS
 
 

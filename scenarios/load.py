@@ -27,7 +27,7 @@ from meshsim.scenarios.library import builtin_scenarios, builtin_source, source_
 from meshsim.scenarios.profile import HardwareProfile, load_profile
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.errors import UserError, closest, unknown_name_error
+from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 

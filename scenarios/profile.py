@@ -5,7 +5,7 @@ overrides the preset-derived defaults:
 - `gpu`: peak figures of the device actually measured (peak_tflops, mem_bw_gbps, mem_gb).
 - `compute`: the ComputeTuning knobs fitted from the measurements.
 - `gemm_table`: measured GEMM throughput per shape; the compute model uses the nearest measured shape
-  (log-distance in m, n, k) and scales by FLOPs (sim/compute.py).
+  (log-distance in m, n, k) and scales by FLOPs (sim/cost/compute.py).
 - `elementwise_bw_gbps`: measured bandwidth of memory-bound kernels.
 - `collective_table`: measured collective times per (op, ranks, nbytes); for a group of that size the
   collective model interpolates in log(bytes) instead of using the analytic model.

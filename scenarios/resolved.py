@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.schedule import mesh_group
+from meshsim.sim.schedule.ops import mesh_group
 from meshsim.topologies.gpus import GpuSpec
 from meshsim.topologies.model import Topology
 

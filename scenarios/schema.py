@@ -49,7 +49,7 @@ class ModelConfig(Frozen):
 
 
 class ComputeTuning(Frozen):
-    """Compute cost-model knobs; defaults and their sources are in sim/compute.py and docs/cost-models.md."""
+    """Compute cost-model knobs; defaults and their sources are in sim/cost/compute.py and docs/cost-models.md."""
 
     gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # large-GEMM fraction of peak
     mem_bw_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of HBM bandwidth
@@ -57,12 +57,12 @@ class ComputeTuning(Frozen):
     launch_overhead_us: float | None = Field(default=None, ge=0)
     tile_m: int | None = Field(default=None, gt=0)
     tile_n: int | None = Field(default=None, gt=0)
-    # load kappa a collective's bandwidth part puts on its rank's compute resource (0 = none; sim/engine.py)
+    # load kappa a collective's bandwidth part puts on its rank's compute resource (0 = none; sim/engine/events.py)
     comm_interference: float | None = Field(default=None, ge=0, le=1)
 
 
 class NetworkTuning(Frozen):
-    """Collective cost-model knobs; defaults and sources in sim/collectives/protocols.py."""
+    """Collective cost-model knobs; defaults and sources in sim/cost/collectives/protocols.py."""
 
     link_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of link peak
     algo: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"

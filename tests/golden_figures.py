@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshsim.scenarios.load import load_and_resolve
-from meshsim.sim.simulate import simulate
+from meshsim.sim.results.simulate import simulate
 
 
 def sig(x: float, digits: int = 6) -> float:

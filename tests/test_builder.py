@@ -10,9 +10,9 @@ import pytest
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.builder import build_schedule
-from meshsim.sim.memory import params_per_rank
-from meshsim.sim.schedule import Attention, Collective, Gemm, Schedule
+from meshsim.sim.cost.memory import params_per_rank
+from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.ops import Attention, Collective, Gemm, Schedule
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 
@@ -302,7 +302,7 @@ def test_overlapped_param_gathers_start_the_step_and_gate_their_layers_first_for
 
 def test_overlapping_the_param_gather_hides_dp_time_in_the_default_scenario():
     from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-    from meshsim.sim.simulate import simulate
+    from meshsim.sim.results.simulate import simulate
 
     scenario, source = load_scenario("llama2-70b-h100-tp8")
     short = with_overrides(scenario, {"model.layers": 8, "parallel.global_batch": 16}, source)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshsim.sim.cli import main
+from meshsim.sim.cli.main import main
 
 
 @pytest.mark.parametrize("argv, needle", [

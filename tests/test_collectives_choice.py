@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from meshsim.scenarios.schema import NetworkTuning
-from meshsim.sim.collectives import algorithms_for, busbw_factor, collective_cost
-from meshsim.sim.collectives.choose import candidates
-from meshsim.sim.errors import UserError
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.cost.collectives import algorithms_for, busbw_factor, collective_cost
+from meshsim.sim.cost.collectives.choose import candidates
 from meshsim.topologies.registry import build_topology
 
 

@@ -8,9 +8,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from meshsim.sim.collectives.cli import register
-from meshsim.sim.collectives.nccl_table import ROW_KEYS, sweep_sizes
-from meshsim.sim.errors import EXIT_USER_ERROR
+from meshsim.sim.cli.collective import register
+from meshsim.sim.core.errors import EXIT_USER_ERROR
+from meshsim.sim.cost.collectives.nccl_table import ROW_KEYS, sweep_sizes
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from meshsim.sim.collectives import maxmin_rates
+from meshsim.sim.cost.collectives import maxmin_rates
 
 
 def test_two_flows_on_one_link_share_it_equally():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from meshsim.scenarios.schema import NetworkTuning
-from meshsim.sim.collectives import cache, collective_cost
-from meshsim.sim.collectives.cost import STATS
-from meshsim.sim.collectives.ring import ring_orders
+from meshsim.sim.cost.collectives import cache, collective_cost
+from meshsim.sim.cost.collectives.cost import STATS
+from meshsim.sim.cost.collectives.ring import ring_orders
 from meshsim.topologies.model import Device, Link, Topology
 
 EXACT = NetworkTuning(link_efficiency=1.0)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from meshsim.sim.compare import category_rows, compare_files, headline_rows, load_results, merge_traces
-from meshsim.sim.errors import UserError
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.sweep.compare import category_rows, compare_files, headline_rows, load_results, merge_traces
 
 
 def result(name, step, compute, exposed, idle, *, mem=50.0, tp_share=0.2):
@@ -77,8 +77,8 @@ def test_bad_results_file_is_a_user_error(tmp_path):
 
 def _run(tmp_path, name, overrides, *, with_trace):
     from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-    from meshsim.sim.simulate import simulate_with_events
-    from meshsim.sim.trace import write_trace
+    from meshsim.sim.outputs.trace import write_trace
+    from meshsim.sim.results.simulate import simulate_with_events
 
     scenario, source = load_scenario("tiny-2gpu")
     res, log, _ = simulate_with_events(resolve(with_overrides(scenario, overrides, source), source))
@@ -105,7 +105,7 @@ def test_compare_real_runs_resimulated_equals_written_traces(tmp_path):
 
 
 def test_compare_cli(tmp_path):
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     a, _ = _run(tmp_path, "one", {}, with_trace=True)
     assert main(["compare", str(a), str(a), "--out", str(tmp_path / "c")]) == 0

@@ -10,9 +10,9 @@ import pytest
 
 from meshsim.scenarios.profile import CollectivePoint, GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
-from meshsim.sim.calibrated import table_collective_time_s
-from meshsim.sim.compute import ComputeModel
-from meshsim.sim.schedule import Attention, Collective, Elementwise, Gemm, OptimizerStep
+from meshsim.sim.cost.calibrated import table_collective_time_s
+from meshsim.sim.cost.compute import ComputeModel
+from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep
 from meshsim.topologies.gpus import GPUS
 
 H100 = GPUS["h100-sxm"]

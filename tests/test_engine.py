@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from meshsim.sim.breakdown import breakdown, union_s
-from meshsim.sim.critical_path import critical_path, shares
-from meshsim.sim.engine import run, symmetric_groups
-from meshsim.sim.schedule import Collective, Elementwise, Op, Schedule
+from meshsim.sim.engine.events import run, symmetric_groups
+from meshsim.sim.results.breakdown import breakdown, union_s
+from meshsim.sim.results.critical_path import critical_path, shares
+from meshsim.sim.schedule.ops import Collective, Elementwise, Op, Schedule
 
 
 def comp(i, name, deps=(), layer=None, mb=None, phase="fwd"):

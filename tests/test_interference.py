@@ -1,6 +1,6 @@
 """Compute/communication interference: the engine's shared compute resource and its calibration.
 
-Model (sim/engine.py, sim/arbiter.py): while a compute op and a collective's bandwidth part overlap on a
+Model (sim/engine/events.py, sim/engine/arbiter.py): while a compute op and a collective's bandwidth part overlap on a
 rank, both progress at 1/(1+kappa). A compute op of g and a bandwidth part of c started together:
 the shorter ends at min(g, c)(1 + kappa), the longer at max(g, c) + kappa min(g, c)."""
 
@@ -13,10 +13,10 @@ import pytest
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import ComputeTuning, Scenario
-from meshsim.sim import arbiter
-from meshsim.sim.engine import run, symmetric_groups
-from meshsim.sim.schedule import Collective, Elementwise, Op, Schedule
-from meshsim.sim.simulate import comm_interference, simulate, simulate_with_events
+from meshsim.sim.engine import arbiter
+from meshsim.sim.engine.events import run, symmetric_groups
+from meshsim.sim.results.simulate import comm_interference, simulate, simulate_with_events
+from meshsim.sim.schedule.ops import Collective, Elementwise, Op, Schedule
 
 
 def comp(i, name, deps=()):
@@ -140,7 +140,7 @@ def test_kappa_is_bounded():
 @pytest.mark.parametrize("kappa", [0.0, 0.3, 1.0])
 def test_calibration_formula_recovers_kappa(g, c, kappa):
     pytest.importorskip("torch")
-    from meshsim.validate.interference import kappa_from_times
+    from meshsim.validate.calibrate.interference import kappa_from_times
 
     both = max(g, c) + kappa * min(g, c)  # the engine's closed form
     assert kappa_from_times(g, c, both) == pytest.approx(kappa)
@@ -150,7 +150,7 @@ def test_calibration_formula_recovers_kappa(g, c, kappa):
 
 def test_reduction_over_ranks_and_rounds():
     pytest.importorskip("torch")
-    from meshsim.validate.interference import reduce_interference
+    from meshsim.validate.calibrate.interference import reduce_interference
 
     # per rank: samples [g, c, both] over 3 rounds; g: mean over ranks, c and both: min; then medians
     r0 = {"gemm": [512, 384, 256, 1], "gemms": 2, "op": "all_reduce", "ranks": 2, "nbytes": 1024,

@@ -6,8 +6,8 @@ import pytest
 
 from meshsim.scenarios.library import builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve
-from meshsim.sim.flops import model_flops_per_step
-from meshsim.sim.simulate import simulate
+from meshsim.sim.cost.flops import model_flops_per_step
+from meshsim.sim.results.simulate import simulate
 from meshsim.topologies.gpus import GPUS
 
 

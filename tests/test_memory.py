@@ -8,8 +8,8 @@ import pytest
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.flops import hardware_flops_per_step, model_flops_per_step
-from meshsim.sim.memory import WORKSPACE_GB, activation_bytes, memory_per_gpu, params_per_rank
+from meshsim.sim.cost.flops import hardware_flops_per_step, model_flops_per_step
+from meshsim.sim.cost.memory import WORKSPACE_GB, activation_bytes, memory_per_gpu, params_per_rank
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 

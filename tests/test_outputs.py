@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from meshsim.sim.critical_path import critical_ops
-from meshsim.sim.engine import run
-from meshsim.sim.report import print_report, write_outputs
-from meshsim.sim.results import CONFIG_KEYS, MEMORY_KEYS, StepResult, build_result
-from meshsim.sim.schedule import Collective, Gemm, Op, Schedule
-from meshsim.sim.timeline import timeline_figure
-from meshsim.sim.trace import trace_document, trace_events
+from meshsim.sim.engine.events import run
+from meshsim.sim.outputs.step_report import print_report, write_outputs
+from meshsim.sim.outputs.timeline import timeline_figure
+from meshsim.sim.outputs.trace import trace_document, trace_events
+from meshsim.sim.results.critical_path import critical_ops
+from meshsim.sim.results.step_result import CONFIG_KEYS, MEMORY_KEYS, StepResult, build_result
+from meshsim.sim.schedule.ops import Collective, Gemm, Op, Schedule
 
 REQUIRED_KEYS = {"scenario", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu",
                  "mfu", "memory_gb", "breakdown_s", "critical_path", "critical_path_share", "collectives"}
@@ -157,7 +157,7 @@ def test_write_outputs_writes_only_its_files(tmp_path):
 
 
 def test_op_type_strips_indices_only():
-    from meshsim.sim.critical_path import op_type
+    from meshsim.sim.results.critical_path import op_type
 
     assert op_type("L3.mb0.fwd.fc1_c2") == "fwd.fc1"
     assert op_type("dp.bucket12.reduce_scatter") == "dp.bucket.reduce_scatter"
@@ -165,7 +165,7 @@ def test_op_type_strips_indices_only():
 
 
 def test_results_json_text_is_the_dict():
-    from meshsim.sim.report import results_json_text
+    from meshsim.sim.outputs.step_report import results_json_text
 
     result, _ = simulated()
     assert json.loads(results_json_text(result)) == json.loads(json.dumps(result.to_dict()))

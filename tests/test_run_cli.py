@@ -7,9 +7,9 @@ import json
 import pytest
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-from meshsim.sim.cli import main
-from meshsim.sim.results import StepResult
-from meshsim.sim.simulate import simulate, simulate_with_events
+from meshsim.sim.cli.main import main
+from meshsim.sim.results.simulate import simulate, simulate_with_events
+from meshsim.sim.results.step_result import StepResult
 
 TINY = "tiny-2gpu"
 

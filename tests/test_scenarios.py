@@ -15,7 +15,7 @@ import yaml
 from meshsim.scenarios.checks import check_scenario
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, with_overrides
-from meshsim.sim.errors import UserError
+from meshsim.sim.core.errors import UserError
 from meshsim.topologies.gpus import GPUS
 
 LIBRARY = builtin_scenarios()

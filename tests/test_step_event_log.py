@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-from meshsim.sim.builder import build_schedule
-from meshsim.sim.engine import run, symmetric_groups
-from meshsim.sim.schedule import Collective
+from meshsim.sim.engine.events import run, symmetric_groups
+from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.ops import Collective
 
 US = 1e-6
 COMPUTE_US = {0: 10.0, 1: 12.0}

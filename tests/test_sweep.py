@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 import pytest
 
-from meshsim.sim import explain as ex
-from meshsim.sim.errors import UserError
-from meshsim.sim.sweep import (
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.sweep import explain as ex
+from meshsim.sim.sweep.axes import (
     SweepAxes,
     SweepPoint,
     configurations,
@@ -22,7 +22,7 @@ from meshsim.sim.sweep import (
     parse_recompute,
     parse_switch,
 )
-from meshsim.sim.sweep_runner import JSONL_NAME, read_records, run_sweep
+from meshsim.sim.sweep.runner import JSONL_NAME, read_records, run_sweep
 
 SHARES = {"compute": 0.8, "tp_comm": 0.1, "dp_comm": 0.06, "waiting": 0.04}
 
@@ -152,7 +152,7 @@ def test_winner_sentence():
 
 # ----- plots and report ---------------------------------------------------------------------------
 def test_report_page_is_self_contained_with_all_figures(tmp_path):
-    from meshsim.sim.sweep_plots import figures, write_report
+    from meshsim.sim.sweep.report_page import figures, write_report
 
     records = [rec(2, tokens=2000.0, mem=96.0), rec(4, tokens=1500.0, mem=70.0), rec(8, True, tokens=1400.0, mem=50.0)]
     path = write_report(records, ex.explain(records), "test sweep", tmp_path)
@@ -229,14 +229,14 @@ def small():
 
 def _one_by_one(scenario, source, point):
     from meshsim.scenarios.load import resolve, with_overrides
-    from meshsim.sim.simulate import simulate
+    from meshsim.sim.results.simulate import simulate
 
     return simulate(resolve(with_overrides(scenario, point.overrides(), source), source)).to_dict()
 
 
 @pytest.fixture(scope="module")
 def small_sweep(small):
-    from meshsim.sim.sweep import sweep_axes
+    from meshsim.sim.sweep.axes import sweep_axes
 
     scenario, source = small
     points = configurations(sweep_axes(scenario, {"tp": "1,2,4,8", "sp": "both", "micro_batch": "1,2"}))
@@ -286,7 +286,7 @@ def test_fastest_that_does_not_fit_is_never_the_sweet_spot(small, small_sweep):
 
 def test_tp_beyond_one_node_is_reported_as_crossing_nvlink_domain():
     from meshsim.scenarios.load import load_scenario, with_overrides
-    from meshsim.sim.sweep import sweep_axes
+    from meshsim.sim.sweep.axes import sweep_axes
 
     scenario, source = load_scenario("llama3-8b-h200")
     scenario = with_overrides(scenario, {"model.layers": 2, "topology.nodes": 2, "parallel.global_batch": 16,
@@ -323,7 +323,7 @@ def test_ray_backend_equals_local(small, small_sweep):
 
 
 def test_cli_sweep_writes_json_report_and_resumes(tmp_path, capsys):
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     args = ["sweep", "tiny-2gpu", "--sp", "both", "--jobs", "1", "--no-progress", "--out", str(tmp_path)]
     assert main([*args, "--json", str(tmp_path / "s.json")]) == 0
@@ -340,7 +340,7 @@ def test_cli_sweep_writes_json_report_and_resumes(tmp_path, capsys):
 @pytest.mark.parametrize("flag,value", [("--tp", "3x"), ("--sp", "maybe"), ("--recompute", "most"),
                                         ("--micro-batch", "0")])
 def test_cli_bad_axis_value_exits_2_with_one_line(flag, value, capsys):
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     assert main(["sweep", "tiny-2gpu", flag, value, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
@@ -361,7 +361,7 @@ def test_formatting_helpers():
 
 def interrupted_after_two(scenario, source, point, digest=""):
     """The real runner, but the third configuration 'kills' the sweep."""
-    from meshsim.sim.sweep import run_point
+    from meshsim.sim.sweep.axes import run_point
 
     calls_seen.append(point.key)
     if len(calls_seen) == 3:
@@ -370,7 +370,7 @@ def interrupted_after_two(scenario, source, point, digest=""):
 
 
 def counting_runner(scenario, source, point, digest=""):
-    from meshsim.sim.sweep import run_point
+    from meshsim.sim.sweep.axes import run_point
 
     calls_seen.append(point.key)
     return run_point(scenario, source, point, digest)
@@ -392,7 +392,7 @@ def test_interrupted_real_sweep_resumes_to_the_same_table(tmp_path, small, small
 
 def test_digest_ignores_swept_fields_but_not_the_model(tiny):
     from meshsim.scenarios.load import with_overrides
-    from meshsim.sim.sweep import scenario_digest
+    from meshsim.sim.sweep.axes import scenario_digest
 
     scenario, source = tiny
     same = with_overrides(scenario, {"parallel.tp": 1, "parallel.sp": True, "parallel.dp": 2}, source)

@@ -13,9 +13,9 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from meshsim.sim.errors import UserError
+from meshsim.sim.cli.topologies import register
+from meshsim.sim.core.errors import UserError
 from meshsim.topologies import fabric, presets
-from meshsim.topologies.cli import register
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "custom-topology.yaml"

@@ -13,10 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from meshsim.sim.errors import UserError  # noqa: E402
-from meshsim.validate import calibrate, cli, groups, launch, timing  # noqa: E402
-from meshsim.validate.report import print_crosscheck  # noqa: E402
-from meshsim.validate.shrink import GPU_TIMING, NUMERICS, TIMING, shrink  # noqa: E402
+from meshsim.sim.cli import validate as cli  # noqa: E402
+from meshsim.sim.core.errors import UserError  # noqa: E402
+from meshsim.validate.calibrate import calibration as calibrate  # noqa: E402
+from meshsim.validate.launch import launch  # noqa: E402
+from meshsim.validate.launch.shrink import GPU_TIMING, NUMERICS, TIMING, shrink  # noqa: E402
+from meshsim.validate.printing import print_crosscheck  # noqa: E402
+from meshsim.validate.stack import groups  # noqa: E402
+from meshsim.validate.timing import worker as timing  # noqa: E402
 
 
 @pytest.fixture
@@ -101,7 +105,7 @@ def test_worker_entry_refuses_a_backend_mismatch(tmp_path, capsys):
 
 def test_dumped_payload_carries_the_backend_it_was_shrunk_for(tmp_path):
     from meshsim.scenarios.load import load_scenario
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     path = tmp_path / "cal.json"
     argv = ["calibrate", "tiny-2gpu", "--nproc", "2", "--backend", "nccl", "--dump-payload", str(path)]
@@ -114,7 +118,7 @@ def test_dumped_payload_carries_the_backend_it_was_shrunk_for(tmp_path):
 
 
 def test_check_runs_on_gloo_whatever_the_gpus(tmp_path, monkeypatch):
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a 1-GPU node
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from meshsim.validate.launch import LaunchError, launch  # noqa: E402
+from meshsim.validate.launch.launch import LaunchError, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_worker_entry_under_torchrun(tmp_path):
     payload = tmp_path / "p.json"
     payload.write_text("{}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "meshsim.validate.launch", "selftest", str(payload), "--out", str(tmp_path / "res")]
+           "-m", "meshsim.validate.launch.launch", "selftest", str(payload), "--out", str(tmp_path / "res")]
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     assert json.loads((tmp_path / "res" / "results.json").read_text()) == [{"rank": 0, "sum": 3.0},
                                                                             {"rank": 1, "sum": 3.0}]

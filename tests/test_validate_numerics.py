@@ -9,12 +9,12 @@ import pytest
 pytest.importorskip("torch")
 
 from meshsim.scenarios.load import load_scenario  # noqa: E402
-from meshsim.validate.numerics import check_numerics, default_specs, make_variant  # noqa: E402
-from meshsim.validate.shard import ModelDims, full_shapes  # noqa: E402
+from meshsim.validate.numerics.check import check_numerics, default_specs, make_variant  # noqa: E402
+from meshsim.validate.stack.shard import ModelDims, full_shapes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEGATIVE = ["tp+gelu+swap_fg", "sp+swiglu+no_ln_allreduce"]
-# The schedule (sim/builder.py) has no all-reduce of replicated KV-head gradients yet; validate issues one
+# The schedule (sim/schedule/builder.py) has no all-reduce of replicated KV-head gradients yet; validate issues one
 # (without it the replicas' gradients are wrong). Until the builder adds it, this is the only difference.
 
 

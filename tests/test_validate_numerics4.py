@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 
 from meshsim.scenarios.load import load_scenario  # noqa: E402
-from meshsim.validate.numerics import check_numerics  # noqa: E402
+from meshsim.validate.numerics.check import check_numerics  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SPECS = ["dp1+sp+swiglu+gqa+full", "dp1+tp+gelu+mha+selective", "dp1+sp+gelu+gqa+none",
@@ -42,7 +42,7 @@ def test_world4_negative_control(results):
 
 
 def test_cli_check_exit_status_and_message(capsys):
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     with pytest.raises(SystemExit) as exc:
         main(["validate", "tiny-2gpu", "--check", "--nproc", "2", "--variants", "tp+gelu,tp+gelu+swap_fg"])

@@ -11,13 +11,13 @@ pytest.importorskip("torch")
 
 from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
 from meshsim.scenarios.profile import load_profile  # noqa: E402
-from meshsim.sim.schedule import Collective, Gemm  # noqa: E402
-from meshsim.sim.simulate import comm_interference, simulate  # noqa: E402
-from meshsim.validate.calibrate import calibrate  # noqa: E402
-from meshsim.validate.crosscheck import run_crosscheck  # noqa: E402
-from meshsim.validate.measured import schedule_of  # noqa: E402
-from meshsim.validate.shrink import TIMING, shrink, with_profile  # noqa: E402
-from meshsim.validate.trace_merge import MEASURED_PID_OFFSET  # noqa: E402
+from meshsim.sim.results.simulate import comm_interference, simulate  # noqa: E402
+from meshsim.sim.schedule.ops import Collective, Gemm  # noqa: E402
+from meshsim.validate.calibrate.calibration import calibrate  # noqa: E402
+from meshsim.validate.crosscheck.crosscheck import run_crosscheck  # noqa: E402
+from meshsim.validate.launch.shrink import TIMING, shrink, with_profile  # noqa: E402
+from meshsim.validate.timing.measured import schedule_of  # noqa: E402
+from meshsim.validate.timing.trace_merge import MEASURED_PID_OFFSET  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_profile_covers_the_schedule(calibrated):
     assert p.algbw_gbps == pytest.approx((1 << 20) / (p.time_us * 1e-6) / 1e9)
     assert p.busbw_gbps == pytest.approx(p.algbw_gbps * 2 * (2 - 1) / 2)
     assert prof.elementwise_bw_gbps > 0 and prof.measured_on["backend"] == "gloo"
-    # interference: kappa measured (validate/interference.py), its raw figures recorded with it
+    # interference: kappa measured (validate/calibrate/interference.py), its raw figures recorded with it
     kappa = prof.compute.comm_interference
     assert kappa is not None and 0.0 <= kappa <= 1.0
     assert f"kappa {kappa:.3f}" in prof.measured_on["comm_interference"]
@@ -70,7 +70,7 @@ def test_simulation_uses_the_profile(calibrated):
 
 
 def test_meshsim_run_accepts_the_profile(calibrated, tmp_path):
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     _, _, shrunk, path = calibrated
     data = shrunk.model_dump(mode="json", exclude_none=True)

@@ -16,19 +16,22 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
-from meshsim.sim.duality import DUALITY  # noqa: E402
-from meshsim.sim.errors import UserError  # noqa: E402
-from meshsim.sim.schedule import Attention, Collective, Gemm  # noqa: E402
-from meshsim.validate import calibrate, crosscheck, measured, opcount  # noqa: E402
-from meshsim.validate.comm import BOUNDARY_FUNCTIONS, comm_tag  # noqa: E402
-from meshsim.validate.executor import Device, make_runner  # noqa: E402
-from meshsim.validate.layers import Mesh, Plan  # noqa: E402
-from meshsim.validate.model import dp_buckets, forward, init_full_weights, local_weights, make_batch  # noqa: E402
-from meshsim.validate.numerics import make_variant  # noqa: E402
-from meshsim.validate.reference import reference  # noqa: E402
-from meshsim.validate.shard import ModelDims, kv_heads, kv_replica_groups, q_heads, shard  # noqa: E402
-from meshsim.validate.shrink import NUMERICS, shrink, shrink_heads, shrink_layout  # noqa: E402
-from meshsim.validate.xent import VocabParallelCrossEntropy  # noqa: E402
+from meshsim.sim.core.errors import UserError  # noqa: E402
+from meshsim.sim.schedule.duality import DUALITY  # noqa: E402
+from meshsim.sim.schedule.ops import Attention, Collective, Gemm  # noqa: E402
+from meshsim.validate.calibrate import calibration as calibrate  # noqa: E402
+from meshsim.validate.crosscheck import crosscheck  # noqa: E402
+from meshsim.validate.launch.shrink import NUMERICS, shrink, shrink_heads, shrink_layout  # noqa: E402
+from meshsim.validate.numerics import opcount  # noqa: E402
+from meshsim.validate.numerics.check import make_variant  # noqa: E402
+from meshsim.validate.stack.comm import BOUNDARY_FUNCTIONS, comm_tag  # noqa: E402
+from meshsim.validate.stack.layers import Mesh, Plan  # noqa: E402
+from meshsim.validate.stack.model import dp_buckets, forward, init_full_weights, local_weights, make_batch  # noqa: E402
+from meshsim.validate.stack.reference import reference  # noqa: E402
+from meshsim.validate.stack.shard import ModelDims, kv_heads, kv_replica_groups, q_heads, shard  # noqa: E402
+from meshsim.validate.stack.xent import VocabParallelCrossEntropy  # noqa: E402
+from meshsim.validate.timing import measured  # noqa: E402
+from meshsim.validate.timing.executor import Device, make_runner  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -184,13 +187,13 @@ def test_executor_kernels_have_the_work_shapes():
 
 
 def test_importing_the_cli_does_not_import_torch():
-    code = "import sys, meshsim.sim.cli; print('torch' in sys.modules)"
+    code = "import sys, meshsim.sim.cli.main; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_bad_backend_is_a_user_error():
-    from meshsim.sim.cli import main
+    from meshsim.sim.cli.main import main
 
     assert main(["validate", "tiny-2gpu", "--backend", "mpi"]) == 2
     assert main(["validate", "tiny-2gpu", "--check", "--variants", "sp+nope"]) == 2
@@ -199,7 +202,7 @@ def test_bad_backend_is_a_user_error():
 def test_gpu_profiles_keep_the_datasheet_peaks_cpu_profiles_replace_them():
     """nccl: measured throughput lives in the tables (MFU and efficiency defaults are per datasheet peak);
     gloo: the CPU is not the scenario's GPU preset, so its measured figures replace the preset's."""
-    from meshsim.validate.calibrate import _device_figures
+    from meshsim.validate.calibrate.calibration import _device_figures
 
     gpu = _device_figures("nccl", 790.0, 4300.0)
     assert gpu.peak_tflops is None and gpu.mem_bw_gbps is None

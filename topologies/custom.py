@@ -17,8 +17,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from meshsim.sim.errors import UserError, closest, unknown_name_error
-from meshsim.sim.units import gbit_to_gbps
+from meshsim.sim.core.errors import UserError, closest, unknown_name_error
+from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Device, Link, Topology
 from meshsim.topologies.registry import check_fabric_args, with_fabric

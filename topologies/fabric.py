@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from meshsim.sim.units import gbit_to_gbps
+from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.topologies.model import Device, Link, Topology
 
 NODES_PER_LEAF = 32  # 64-port leaf at 1:1: 32 ports down, 32 up

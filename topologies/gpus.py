@@ -2,7 +2,7 @@
 (NVIDIA V100 / A100 / H100 / H200 / B200 datasheets). SM counts from the same vendor material.
 
 These are peaks. Achieved fractions (GEMM efficiency, HBM efficiency) live in the cost models
-(`sim/compute.py`), documented there and overridable per scenario or by a calibration profile.
+(`sim/cost/compute.py`), documented there and overridable per scenario or by a calibration profile.
 """
 
 from __future__ import annotations

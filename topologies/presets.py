@@ -10,7 +10,7 @@ gives the reasoning for every constant below.
 
 from __future__ import annotations
 
-from meshsim.sim.units import gbit_to_gbps
+from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Device, Link, LinkKind, Topology
 

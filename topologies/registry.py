@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshsim.sim.errors import UserError, unknown_name_error
-from meshsim.sim.units import gbit_to_gbps
+from meshsim.sim.core.errors import UserError, unknown_name_error
+from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.topologies import presets
 from meshsim.topologies.fabric import multiply
 from meshsim.topologies.model import Topology

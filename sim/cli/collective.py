@@ -1,0 +1,107 @@
+"""`meshsim collective`: nccl-tests, simulated, on a topology preset.
+
+Prints one row per size (bytes, time_us, algbw_gbps, busbw_gbps, algorithm), optionally writes the
+rows as JSON (a list of objects with exactly those keys) and a self-contained plotly HTML of busbw
+against size with one line per applicable algorithm plus the auto choice.
+Bad input raises UserError: printed on one line, exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+
+from meshsim.sim.core.console import make_console
+from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
+from meshsim.sim.core.units import format_size, parse_size
+from meshsim.sim.cost.collectives.choose import ALGOS, OPS, PROTOCOL_NAMES
+from meshsim.sim.cost.collectives.nccl_table import Row, curves, sweep, sweep_sizes
+from meshsim.sim.outputs.busbw_plot import write_busbw_html
+
+PROTOCOL_CHOICES = ("auto", *PROTOCOL_NAMES)
+
+
+def _size(flag: str, text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise UserError(flag, text, "use a whole number of bytes with an optional K/M/G/T suffix, e.g. 64M",
+                        problem=str(err)) from None
+
+
+def _check_names(op: str, algo: str, protocol: str) -> None:
+    if op not in OPS:
+        raise unknown_name_error("--op", op, OPS)
+    if algo not in ("auto", *ALGOS):
+        raise unknown_name_error("--algo", algo, ("auto", *ALGOS))
+    if protocol not in PROTOCOL_CHOICES:
+        raise unknown_name_error("--protocol", protocol, PROTOCOL_CHOICES)
+
+
+def _ranks(requested: int | None, num_gpus: int, name: str) -> list[int]:
+    n = num_gpus if requested is None else requested
+    if not 2 <= n <= num_gpus:
+        raise UserError("--ranks", n, f"use 2..{num_gpus} (the GPUs of {name}; add --nodes for more)")
+    return list(range(n))
+
+
+def print_table(rows: Sequence[Row], title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("size", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm"):
+        table.add_column(col, justify="left" if col == "algorithm" else "right")
+    for r in rows:
+        table.add_row(format_size(r.bytes), str(r.bytes), f"{r.time_us:.2f}", f"{r.algbw_gbps:.2f}",
+                      f"{r.busbw_gbps:.2f}", r.algorithm)
+    make_console().print(table)
+
+
+def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_bytes: str, max_bytes: str,
+                   step_factor: float, algo: str, protocol: str, json_path: Path | None,
+                   plot_path: Path | None) -> list[Row]:
+    """The command's work, raising UserError on bad input."""
+    from meshsim.topologies.registry import build_topology
+
+    _check_names(op, algo, protocol)
+    sizes = sweep_sizes(_size("--min-bytes", min_bytes), _size("--max-bytes", max_bytes), step_factor)
+    topo = build_topology(topology, nodes)
+    group = _ranks(ranks, topo.num_gpus, topo.name)
+    rows = sweep(topo, op, group, sizes, algo=algo, protocol=protocol)
+    title = f"{op} on {len(group)} ranks of {topo.name} (simulated nccl-tests)"
+    print_table(rows, title)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+    if plot_path is not None:
+        # every applicable algorithm, one line each; the table's rows are the forced algorithm's (or auto's)
+        lines = curves(topo, op, group, sizes, protocol=protocol, known={algo: rows})
+        write_busbw_html(lines, title, plot_path)
+    return rows
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("collective")
+    def collective(
+        topology: str = typer.Option("dgx-h100", help="topology preset (meshsim topologies)"),
+        nodes: int = typer.Option(1, help="nodes joined by the preset's IB fabric"),
+        op: str = typer.Option("all_reduce", help="all_reduce | all_gather | reduce_scatter | broadcast | all_to_all"),
+        ranks: int | None = typer.Option(None, help="ranks 0..N-1 take part (default: every GPU)"),
+        min_bytes: str = typer.Option("1K", "--min-bytes", help="smallest size (K/M/G/T = powers of 1024)"),
+        max_bytes: str = typer.Option("8G", "--max-bytes", help="largest size"),
+        step_factor: float = typer.Option(2.0, "--step-factor", help="size multiplier between rows (> 1)"),
+        algo: str = typer.Option("auto", help="auto | ring | tree | nvls | hierarchical | direct"),
+        protocol: str = typer.Option("auto", help="auto | ll | ll128 | simple | ideal"),
+        json_path: Path | None = typer.Option(None, "--json", help="write the rows as JSON here"),
+        plot: Path | None = typer.Option(None, "--plot", help="write a busbw-vs-size plotly HTML here"),
+    ) -> None:
+        """Simulated nccl-tests: time, algbw and busbw of one collective over a size sweep."""
+        try:
+            run_collective(topology, nodes, op, ranks, min_bytes, max_bytes, step_factor, algo, protocol,
+                           json_path, plot)
+        except UserError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(EXIT_USER_ERROR) from None

@@ -1,0 +1,103 @@
+"""`meshsim sweep` (find the TP sweet spot) and `meshsim compare` (two results side by side)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshsim.sim.core.console import make_console
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.sweep.explain import TABLE_COLUMNS, explain, ok, sweet_spot, table_row
+
+AXIS_HELP = "comma-separated; overrides the scenario's sweep: block; unset axes keep the scenario's value"
+
+
+def sweep_command(
+    scenario: str = typer.Argument(..., help="scenario YAML path or built-in name (meshsim scenarios)"),
+    tp: str = typer.Option(None, "--tp", help=f"tensor-parallel degrees, e.g. 1,2,4,8 ({AXIS_HELP})"),
+    sp: str = typer.Option(None, "--sp", help="sequence parallelism: on, off or both"),
+    micro_batch: str = typer.Option(None, "--micro-batch", help=f"micro-batch sizes, e.g. 1,2,4 ({AXIS_HELP})"),
+    tp_comm_overlap: str = typer.Option(None, "--tp-comm-overlap", help="TP comm/GEMM overlap: on, off or both"),
+    recompute: str = typer.Option(None, "--recompute", help="activation recompute modes: none,selective,full"),
+    jobs: int = typer.Option(None, "--jobs", "-j", help="local worker processes (default: all cores; 1 = in-process)"),
+    out: Path = typer.Option(None, "--out", help="directory for sweep.jsonl (resumable) and report.html"),
+    json_path: Path = typer.Option(None, "--json", help="write configurations, skipped, sweet_spot, explanation"),
+    ray: str = typer.Option(None, "--ray", help="run as Ray tasks: a cluster address, 'auto' or 'local'"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+) -> None:
+    """Sweep tp x sp x micro-batch x overlap x recompute at the scenario's GPU count; name the sweet spot."""
+    from meshsim.scenarios.load import load_scenario
+    from meshsim.sim.sweep.axes import configurations, sweep_axes
+    from meshsim.sim.sweep.runner import run_sweep
+
+    if jobs is not None and jobs < 1:
+        raise UserError("--jobs", jobs, "use --jobs 1 or more")
+    flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute)
+    model, source = load_scenario(scenario)
+    axes = sweep_axes(model, flags)  # bad axis values fail here, before any work
+    points = configurations(axes)
+    workers = min(jobs or os.cpu_count() or 1, len(points))
+    records = run_sweep(model, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
+    reasons = explain(records)
+    print_results(records, reasons, title=f"{model.name}: {len(points)} configurations")
+    if out is not None:
+        from meshsim.sim.sweep.report_page import write_report
+
+        path = write_report(records, reasons, f"TP sweep of {model.name}", out)
+        typer.echo(f"report: {path}\nresults: {Path(out) / 'sweep.jsonl'}")
+    if json_path is not None:
+        write_sweep_json(json_path, records, reasons)
+        typer.echo(f"json: {json_path}")
+
+
+def sweep_document(records: list[dict], reasons: list[str]) -> dict:
+    """The --json document."""
+    return {"configurations": [r for r in records if ok(r)],
+            "skipped": [{k: r[k] for k in ("key", "config", "reason")} for r in records if not ok(r)],
+            "sweet_spot": sweet_spot(records), "explanation": reasons}
+
+
+def write_sweep_json(path: Path, records: list[dict], reasons: list[str]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sweep_document(records, reasons), indent=1))
+
+
+def print_results(records: list[dict], reasons: list[str], *, title: str, console: Console | None = None) -> None:
+    console = console or make_console()
+    best = sweet_spot(records)
+    table = Table(title=title, header_style="bold")
+    for col in TABLE_COLUMNS:
+        table.add_column(col, justify="right", no_wrap=col != "fits")
+    for rec in records:
+        if ok(rec):
+            table.add_row(*table_row(rec), style="bold green" if rec is best else None)
+    console.print(table)
+    for rec in records:
+        if not ok(rec):
+            console.print(f"[yellow]skipped[/yellow] {rec['key']}: {rec['reason']}", highlight=False)
+    console.print()
+    for sentence in reasons:
+        console.print(f"- {sentence}", highlight=False)
+
+
+def compare_command(
+    a: Path = typer.Argument(..., help="first results.json (meshsim run --out DIR writes DIR/results.json)"),
+    b: Path = typer.Argument(..., help="second results.json"),
+    out: Path = typer.Option(None, "--out", help="write compare.json and a merged Perfetto trace.json here"),
+) -> None:
+    """Two results side by side: headline numbers, step time by category with deltas, merged timeline."""
+    from meshsim.sim.sweep.compare import compare_files, print_comparison
+
+    comparison = compare_files(a, b, out_dir=out)
+    print_comparison(comparison, make_console())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep_command)
+    app.command("compare")(compare_command)

@@ -1,0 +1,226 @@
+"""`meshsim validate` (numerics check, or simulated-vs-measured cross-check) and `meshsim calibrate`.
+
+sim/cli/main.py imports this module at start-up to call `register(app)`, so torch (and everything that
+imports it) is imported only inside the command functions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from meshsim.sim.core.errors import UserError
+
+DEFAULT_CALIBRATION_SCENARIO = "tiny-2gpu"
+
+
+def _backend(backend: str | None, local: bool = True) -> str:
+    """The backend; `local` (processes spawned here) also checks that CUDA devices exist for nccl."""
+    import torch
+
+    if backend is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise UserError("--backend", backend, "use gloo (CPU) or nccl (CUDA GPUs)")
+    if local and backend == "nccl" and torch.cuda.device_count() == 0:
+        raise UserError("--backend", backend, "use --backend gloo on a machine without CUDA GPUs",
+                        problem="No CUDA device is visible")
+    return backend
+
+
+def _nproc(nproc: int, backend: str, local: bool = True) -> int:
+    if nproc < 1:
+        raise UserError("--nproc", nproc, "use 1 or more processes")
+    if local and backend == "nccl":
+        import torch
+
+        if nproc > torch.cuda.device_count():
+            raise UserError("--nproc", nproc, f"use at most {torch.cuda.device_count()} (one process per GPU); "
+                            "for more GPUs launch with torchrun (docs/validate.md)")
+    return nproc
+
+
+def _check_backend(backend: str | None) -> None:
+    """--check runs the numerics model on CPU tensors with gloo, on any machine and any nproc; an explicit
+    --backend nccl is refused rather than silently ignored."""
+    if backend is None or backend == "gloo":
+        return
+    _backend(backend, local=False)  # an unknown name gets the usual message
+    raise UserError("--backend", backend, "drop --backend (or give gloo): --check always runs on CPU with gloo",
+                    problem="--check does not use NCCL")
+
+
+def _results_backend(per_rank: list, backend: str | None, nproc: int) -> str:
+    """The backend the workers measured on (timing and calibrate results carry it; older results fall back
+    to --backend or the default), so the parent rebuilds the shrunk schedule the workers ran.
+    A different --backend, or an --nproc other than the results' rank count, is refused."""
+    if len(per_rank) != nproc:
+        raise UserError("--nproc", nproc, f"use --nproc {len(per_rank)}, the number of ranks in the results")
+    measured = per_rank[0].get("backend") if per_rank and isinstance(per_rank[0], dict) else None
+    if measured is None:
+        return _backend(backend, local=False)
+    if backend is not None and backend != measured:
+        raise UserError("--backend", backend, f"drop --backend: the results were measured with {measured}",
+                        problem="The results were measured with another backend")
+    return measured
+
+
+def _specs(variants: str | None) -> list[str] | None:
+    return [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+
+
+def _exit(code: int) -> None:
+    """Exit with `code` when non-zero. SystemExit, not typer.Exit: sim/cli/main.py's main() runs the app with
+    standalone_mode=False, where click returns typer.Exit's code and main() drops it."""
+    if code:
+        raise SystemExit(code)
+
+
+def _results(path: Path) -> list:
+    if not path.is_file():
+        raise UserError("--from-results", str(path), "give the results.json that rank 0 of `python -m "
+                        "meshsim.validate.launch.launch ... --out DIR` wrote into DIR", problem="No such file")
+    return json.loads(path.read_text())
+
+
+def _dump(path: Path, task: str, payload: dict, nproc: int, backend: str) -> None:
+    """Write the payload with the backend it was shrunk for; the torchrun worker runs on that backend
+    (validate/launch/launch.py payload_backend), so the results match the schedule rebuilt from them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**payload, "backend": backend}))
+    typer.echo(f"payload: {path} (backend {backend})\nrun it on {nproc} processes, e.g.\n  torchrun "
+               f"--nproc-per-node {nproc} -m meshsim.validate.launch.launch {task} {path} --out RESULTS_DIR\nthen "
+               "repeat this command with --from-results RESULTS_DIR/results.json (docs/validate.md: "
+               "multi-node, SLURM)")
+
+
+def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: bool, dump: Path | None,
+           results_path: Path | None) -> int:
+    from meshsim.scenarios.load import load_scenario
+    from meshsim.validate.launch.launch import launch
+    from meshsim.validate.numerics.check import merge, numerics_payload
+    from meshsim.validate.printing import print_numerics
+
+    sc, source = load_scenario(scenario)
+    variants_, payload = numerics_payload(sc, source, nproc, _specs(variants), dtype=dtype)
+    if dump is not None:
+        _dump(dump, "numerics", payload, nproc, "gloo")
+        return 0
+    per_rank = _results(results_path) if results_path else launch("numerics", payload, nproc, timeout_s=120.0)
+    return print_numerics(merge(variants_, per_rank, source), nproc, dtype, compare_ops=ops)
+
+
+def validate_command(
+    scenario: str = typer.Argument(..., help="scenario YAML path or built-in name"),
+    check: bool = typer.Option(False, "--check", help="numerics only: every variant's outputs and gradients "
+                               "against a single process, and its collectives against the schedule"),
+    nproc: int = typer.Option(2, "--nproc", help="local processes (world size)"),
+    variants: str = typer.Option(None, "--variants", help="with --check: comma-separated variants, each "
+                                 "modifiers joined by '+', e.g. 'sp+swiglu+gqa+full,tp+gelu' (default: the "
+                                 "matrix tp|sp x gelu|swiglu x mha|gqa x none|selective|full)"),
+    dtype: str = typer.Option("float32", "--dtype", help="with --check: float32, float64 or bfloat16"),
+    ops: bool = typer.Option(True, "--ops/--no-ops", help="with --check: fail when counted collectives differ "
+                             "from the schedule's"),
+    profile: Path = typer.Option(None, "--profile", help="hardware profile to simulate with (default: "
+                                 "calibrate first, into OUT/profile.yaml)"),
+    tolerance: float = typer.Option(None, "--tolerance", help="exit 1 when |step-time error| exceeds PCT"),
+    json_path: Path = typer.Option(None, "--json", help="write {numerics_ok, simulated_step_s, "
+                                   "measured_step_s, error_pct, categories, critical_path_agreement}"),
+    out: Path = typer.Option(None, "--out", help="output directory (default meshsim-out/<scenario>-validate): "
+                             "profile.yaml, trace_measured.json, trace_merged.json"),
+    backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl when CUDA is available; "
+                                "with --from-results, the results' own); --check always runs on CPU with gloo "
+                                "and refuses nccl"),
+    repeats: int = typer.Option(5, "--repeats", help="timed steps (after 2 warm-up steps)"),
+    dump_payload: Path = typer.Option(None, "--dump-payload", help="write the workers' payload for torchrun / "
+                                      "SLURM and exit (docs/validate.md)"),
+    from_results: Path = typer.Option(None, "--from-results", help="report from the results.json of a torchrun "
+                                      "run of the dumped payload instead of spawning processes"),
+) -> None:
+    """Run the scenario's TP/SP step for real: numerics (--check), or simulated vs measured step time."""
+    if check:
+        _check_backend(backend)
+        _exit(_check(scenario, _nproc(nproc, "gloo"), variants, dtype, ops, dump_payload, from_results))
+        return
+    local = dump_payload is None and from_results is None
+    per_rank = _results(from_results) if from_results is not None else None
+    be = _results_backend(per_rank, backend, nproc) if per_rank is not None else _backend(backend, local)
+    n = _nproc(nproc, be, local)
+    _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, per_rank))
+
+
+def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance: float | None,
+                json_path: Path | None, out: Path | None, repeats: int, dump: Path | None,
+                per_rank: list | None) -> int:
+    from meshsim.scenarios.load import load_scenario
+    from meshsim.validate.crosscheck.crosscheck import finish, run_crosscheck, timing_payload
+    from meshsim.validate.printing import print_crosscheck
+    from meshsim.validate.timing.measured import reduce_run, schedule_of
+
+    sc, source = load_scenario(scenario)
+    if profile is not None and not profile.is_file():
+        raise UserError("--profile", str(profile), "give a profile YAML written by meshsim calibrate",
+                        problem="No such file")
+    out_dir = out or Path("meshsim-out") / f"{sc.name}-validate"
+    if dump is not None:
+        _dump(dump, "timing", timing_payload(sc, source, n, be, repeats=repeats)[2], n, be)
+        return 0
+    if per_rank is not None:
+        if profile is None:
+            raise UserError("--profile", None, "with --from-results give the profile to simulate with "
+                            "(meshsim calibrate ... --from-results writes one)")
+        shrunk, variants_, _ = timing_payload(sc, source, n, be, repeats=repeats)
+        measured = reduce_run(schedule_of(shrunk, source), per_rank)
+        result = finish(shrunk, source, str(profile), variants_, measured, out_dir)
+    else:
+        result = run_crosscheck(sc, source, n, profile=str(profile) if profile else None, out_dir=out_dir,
+                                backend=be, repeats=repeats)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.report, indent=2))
+    return print_crosscheck(result.report, out_dir, tolerance)
+
+
+def calibrate_command(
+    scenario: str = typer.Argument(None, help=f"scenario whose schedule's works are measured (default "
+                                   f"{DEFAULT_CALIBRATION_SCENARIO}); shrunk to nproc processes"),
+    nproc: int = typer.Option(2, "--nproc", help="local processes (world size)"),
+    backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl when CUDA is available; "
+                                "with --from-results, the results' own)"),
+    out: Path = typer.Option(None, "--out", help="profile YAML to write (default meshsim-out/<scenario>/"
+                             "profile.yaml); name it in a scenario with hardware: {profile: PATH}"),
+    dump_payload: Path = typer.Option(None, "--dump-payload", help="write the workers' payload for torchrun / "
+                                      "SLURM and exit (docs/validate.md)"),
+    from_results: Path = typer.Option(None, "--from-results", help="build the profile from the results.json of "
+                                      "a torchrun run of the dumped payload"),
+) -> None:
+    """Measure GEMMs, attention, memory-bound kernels and collectives; write a hardware profile."""
+    from meshsim.scenarios.load import load_scenario
+    from meshsim.scenarios.profile import save_profile
+    from meshsim.validate.calibrate.calibration import build_profile, calibrate, calibration_payload
+    from meshsim.validate.printing import print_profile
+    from meshsim.validate.timing.measured import schedule_of
+
+    local = dump_payload is None and from_results is None
+    per_rank = _results(from_results) if from_results is not None else None
+    be = _results_backend(per_rank, backend, nproc) if per_rank is not None else _backend(backend, local)
+    n = _nproc(nproc, be, local)
+    sc, source = load_scenario(scenario or DEFAULT_CALIBRATION_SCENARIO)
+    shrunk, payload = calibration_payload(sc, source, n, be)
+    path = out or Path("meshsim-out") / sc.name / "profile.yaml"
+    if dump_payload is not None:
+        _dump(dump_payload, "calibrate", payload, n, be)
+        return
+    if per_rank is not None:
+        profile = build_profile(schedule_of(shrunk, source), per_rank, f"{shrunk.name}-{be}-{n}proc", be, sc.name)
+        save_profile(profile, path)
+    else:
+        profile = calibrate(shrunk, source, n, backend=be, out=path)
+    print_profile(profile, path)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate_command)
+    app.command("calibrate")(calibrate_command)

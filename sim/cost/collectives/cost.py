@@ -1,0 +1,182 @@
+"""collective_cost: the time of one collective call, split into latency and bandwidth parts.
+
+For a plan evaluated once per (topology, algorithm, op, group, concurrent groups, link efficiencies)
+(phases.py), a protocol p and nbytes S:
+
+    latency_s   = launches x base(p) + sum_phases repeat x sum_hops weight x max(path_s, hw(class, p))
+    bandwidth_s = S x sum_phases repeat x s_per_byte / (bw_factor(p) x algo_factor)
+
+NCCL's per-step latency hw(class, p) is an end-to-end figure that already contains the wire and switch
+latency, so a step costs the larger of the physical path latency and NCCL's figure, never their sum: the
+protocol overhead added on top of the physical path is max(0, hw - path_s). Multi-node ring all-reduce
+with Simple has its latency x 1.4 (tuning.cc). All constants: protocols.py.
+
+link_load[l] = (bytes the collective and its concurrent copies put on l / (capacity x protocol factor))
+/ bandwidth_s: the fraction of link l it keeps busy while its bandwidth part drains alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from meshsim.sim.core.errors import UserError, unknown_name_error
+from meshsim.sim.core.units import GB
+from meshsim.sim.cost.collectives import cache
+from meshsim.sim.cost.collectives.choose import OPS, candidates
+from meshsim.sim.cost.collectives.direct import direct_plan
+from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
+from meshsim.sim.cost.collectives.nvls import nvls_plan
+from meshsim.sim.cost.collectives.phases import Plan, PlanCost, evaluate
+from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, NcclConstants
+from meshsim.sim.cost.collectives.ring import ring_plan
+from meshsim.sim.cost.collectives.tree import tree_plan
+from meshsim.topologies.model import Topology
+
+STATS = {"structures": 0, "flows": 0}  # plans evaluated and flows fed to max-min since import
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    op: str
+    algo: str
+    protocol: str
+    nbytes: int
+    ranks: int
+    time_s: float
+    latency_s: float
+    bandwidth_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+    link_load: Mapping[int, float] = field(default_factory=dict, hash=False, compare=False)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests: busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all),
+    1 (broadcast, reduce). hardware-facts.md."""
+    if n < 1:
+        raise ValueError(f"group size must be >= 1, got {n}")
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown op {op!r}")
+
+
+def build_plan(topo: Topology, algo: str, op: str, ranks: Sequence[int]) -> Plan:
+    if algo == "ring":
+        return ring_plan(topo, op, ranks)
+    if algo == "tree":
+        return tree_plan(topo, ranks)
+    if algo == "nvls":
+        return nvls_plan(topo, op, ranks)
+    if algo == "hierarchical":
+        return hierarchical_plan(topo, ranks)
+    if algo == "direct":
+        return direct_plan(topo, ranks)
+    raise ValueError(f"unknown algorithm {algo!r}")
+
+
+def _capacity_bps(topo: Topology, eff: tuple[tuple[str, float], ...]) -> list[float]:
+    tab = cache.table(topo, "capacity")
+    hit = tab.get(eff)
+    if hit is None:
+        by_kind = dict(eff)
+        hit = cache.remember(tab, eff, [lk.bw_gbps * GB * by_kind[lk.kind] for lk in topo.links])
+    return hit
+
+
+def structure(topo: Topology, algo: str, op: str, ranks: Sequence[int],
+              concurrent: Sequence[Sequence[int]] = (), constants: NcclConstants = DEFAULT_CONSTANTS) -> PlanCost:
+    """The evaluated plan, memoized per (algo, op, group, concurrent groups, link efficiencies)."""
+    eff = tuple(sorted(constants.efficiencies(topo.gpu).items()))
+    key = (algo, op, tuple(ranks), tuple(tuple(g) for g in concurrent), eff)
+    tab = cache.table(topo, "structure")
+    hit = tab.get(key)
+    if hit is None:
+        own = build_plan(topo, algo, op, ranks)
+        others = [build_plan(topo, algo, op, g) for g in concurrent]
+        hit = cache.remember(tab, key, evaluate(topo, own, others, _capacity_bps(topo, eff)))
+        STATS["structures"] += 1
+        STATS["flows"] += hit.flows
+    return hit
+
+
+def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants) -> float:
+    steps = 0.0
+    for phase in pc.phases:
+        step = sum(w * max(hop.path_s, constants.hw_s(pc.algo, hop.link_class, protocol)) for hop, w in phase.latency)
+        steps += phase.repeat * step
+    total = pc.launches * constants.base_s(pc.algo, protocol) + steps
+    if pc.algo == "ring" and op == "all_reduce" and protocol == "simple" and pc.multi_node:
+        total *= constants.ring_simple_internode_lat_factor
+    return total
+
+
+def link_load(topo: Topology, pc: PlanCost, scale: float) -> Mapping[int, float]:
+    """Busy fraction per link during the bandwidth part (see module doc); memoized per plan and factor."""
+    tab = cache.table(topo, "load")
+    key = (id(pc), scale)
+    hit = tab.get(key)
+    if hit is None or hit[0] is not pc:
+        total = pc.s_per_byte
+        load = {li: min(1.0, busy * scale / total) for li, busy in pc.link_s_per_byte.items()} if total > 0 else {}
+        hit = cache.remember(tab, key, (pc, MappingProxyType(load)))
+    return hit[1]
+
+
+def _normalise_groups(ranks: Sequence[int], groups: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    mine = set(ranks)
+    return tuple(tuple(g) for g in groups if len(g) >= 2 and set(g) != mine)
+
+
+def _check(topo: Topology, op: str, ranks: Sequence[int], nbytes: int) -> None:
+    if op not in OPS:
+        raise unknown_name_error("op", op, OPS)
+    if not ranks:
+        raise UserError("ranks", list(ranks), "give at least one rank")
+    bad = [r for r in ranks if not 0 <= r < topo.num_gpus]
+    if bad:
+        raise UserError("ranks", bad[0], f"use ranks 0..{topo.num_gpus - 1} of {topo.name}")
+    if len(set(ranks)) != len(ranks):
+        raise UserError("ranks", list(ranks), "list each rank once")
+    if nbytes < 0:
+        raise UserError("nbytes", nbytes, "use a size >= 0 bytes")
+
+
+def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str, protocol: str,
+           concurrent: Sequence[Sequence[int]], constants: NcclConstants) -> CollectiveCost:
+    """The cost of one (algorithm, protocol) pair."""
+    pc = structure(topo, algo, op, ranks, concurrent, constants)
+    scale = constants.bw_scale(algo, op, protocol)
+    lat = latency_s(pc, op, protocol, constants)
+    bw = nbytes * pc.s_per_byte / scale
+    time = lat + bw
+    algbw = nbytes / time / GB if time > 0 else 0.0
+    return CollectiveCost(op, algo, protocol, nbytes, len(ranks), time, lat, bw, algbw,
+                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, scale / constants.bw_factor[protocol]))
+
+
+def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, *, algo: str = "auto",
+                    protocol: str = "auto", concurrent_groups: Sequence[Sequence[int]] = (), tuning=None,
+                    constants: NcclConstants | None = None) -> CollectiveCost:
+    """Predicted time of `op` over `ranks` moving `nbytes` (nccl-tests convention), with the (algorithm,
+    protocol) NCCL would pick - the fastest predicted - unless forced. `concurrent_groups` run the same
+    collective at the same time and share links with it. A group of one rank or 0 bytes costs 0."""
+    ranks = tuple(int(r) for r in ranks)
+    _check(topo, op, ranks, nbytes)
+    if len(ranks) < 2 or nbytes == 0:
+        return CollectiveCost(op, "none", "none", nbytes, len(ranks), 0.0, 0.0, 0.0, 0.0, 0.0, {})
+    pairs = candidates(topo, op, ranks, algo, protocol, tuning)
+    consts = (constants or DEFAULT_CONSTANTS).with_tuning(tuning)
+    concurrent = _normalise_groups(ranks, concurrent_groups)
+    best: CollectiveCost | None = None
+    for a, p in pairs:
+        cost = priced(topo, op, ranks, nbytes, a, p, concurrent, consts)
+        if best is None or cost.time_s < best.time_s:
+            best = cost
+    assert best is not None
+    return replace(best, link_load=dict(best.link_load))  # a plain dict the caller may keep or change

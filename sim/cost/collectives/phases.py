@@ -1,0 +1,145 @@
+"""Algorithms as phase plans, evaluated once into a byte-independent structure.
+
+A phase is a set of concurrent point-to-point flows, each carrying `frac x nbytes` bytes over a route
+(link indices), plus the hops whose per-step latencies add up in one repetition of the phase. A plan is
+a sequence of phases, each repeated `repeat` times back to back (ring steps are identical phases).
+
+Evaluation (the only place rates are computed): the flows of a phase - this group's and those of every
+concurrent symmetric copy - share link capacity max-min fairly (maxmin.py). Rates do not depend on the
+byte count, so a phase reduces to `s_per_byte = max over own flows of frac / rate`, and
+
+    time(S) = sum_phases repeat x (step latency + S x s_per_byte / bandwidth factor)
+
+is a closed form in S: evaluating a plan costs O(flows of one phase), never O(bytes) or O(chunks).
+Identical flows (same route and bytes) are merged into one flow of multiplicity m before max-min (exact:
+identical flows rise and freeze together). Flows of one phase with different byte counts are given the
+rates they would have if all ran for the whole phase (conservative for the shorter ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from meshsim.sim.core.units import US
+from meshsim.sim.cost.collectives.maxmin import maxmin_rates
+from meshsim.topologies.model import Topology
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Latency descriptor of one algorithm step: physical path latency (s) and NCCL link class."""
+
+    path_s: float
+    link_class: str  # "nvlink" | "pcie" | "network"
+
+
+@dataclass(frozen=True)
+class Flow:
+    links: tuple[int, ...]
+    frac: float  # bytes carried / nbytes of the collective
+
+
+@dataclass(frozen=True)
+class Phase:
+    flows: tuple[Flow, ...]
+    latency: tuple[tuple[Hop, float], ...]  # (hop, weight): step latency = sum weight x latency(hop)
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    algo: str
+    phases: tuple[Phase, ...]
+    launches: int = 1  # NCCL launches, each paying the base latency
+    multi_node: bool = False  # the group spans more than one node
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    repeat: int
+    s_per_byte: float  # max over own flows of frac / rate, rates at link efficiency, protocol factor 1
+    latency: tuple[tuple[Hop, float], ...]
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """A plan with rates evaluated: everything needed for time(S) under any protocol."""
+
+    algo: str
+    phases: tuple[PhaseCost, ...]
+    launches: int
+    multi_node: bool
+    link_s_per_byte: dict[int, float]  # busy time of each link per byte of nbytes (all copies), at capacity
+    flows: int  # point-to-point flows evaluated (own + concurrent, before merging)
+
+    @property
+    def s_per_byte(self) -> float:
+        return sum(p.repeat * p.s_per_byte for p in self.phases)
+
+
+def link_class(topo: Topology, links: Sequence[int]) -> str:
+    """NCCL link class of a route: network if it crosses IB, else NVLink if it uses any, else PCIe."""
+    kinds = {topo.links[i].kind for i in links}
+    if "ib" in kinds:
+        return "network"
+    if "nvlink" in kinds or not kinds - {"internal"}:
+        return "nvlink"
+    return "pcie"
+
+
+def hop_between(topo: Topology, src: int, dst: int) -> Hop:
+    return path_hop(topo, topo.route(src, dst))
+
+
+def path_hop(topo: Topology, links: Sequence[int]) -> Hop:
+    return Hop(sum(topo.links[i].latency_us for i in links) * US, link_class(topo, links))
+
+
+def merge_plans(own: Plan, others: Sequence[Plan]) -> tuple[tuple[Phase, tuple[Flow, ...]], ...]:
+    """Per phase of `own`: (own phase, flows of the concurrent copies' matching phases)."""
+    merged = []
+    for k, phase in enumerate(own.phases):
+        extra = tuple(f for p in others if k < len(p.phases) for f in p.phases[k].flows)
+        merged.append((phase, extra))
+    return tuple(merged)
+
+
+def evaluate(topo: Topology, own: Plan, others: Sequence[Plan], capacity_bps: Sequence[float]) -> PlanCost:
+    """Rates of every phase (own + concurrent flows, max-min fair), reduced to byte-independent numbers."""
+    phases, link_busy, nflows = [], {}, 0
+    for phase, extra in merge_plans(own, others):
+        s_per_byte, busy = _phase_rates(phase.flows, extra, capacity_bps)
+        phases.append(PhaseCost(phase.repeat, s_per_byte, phase.latency))
+        for li, sec in busy.items():
+            link_busy[li] = link_busy.get(li, 0.0) + phase.repeat * sec
+        nflows += len(phase.flows) + len(extra)
+    return PlanCost(own.algo, tuple(phases), own.launches, own.multi_node, link_busy, nflows)
+
+
+def _phase_rates(own: Sequence[Flow], extra: Sequence[Flow],
+                 capacity_bps: Sequence[float]) -> tuple[float, dict[int, float]]:
+    """(max over own flows of frac / rate, per-link busy seconds per byte) for one phase."""
+    keys: dict[tuple[tuple[int, ...], float], int] = {}
+    mult: list[int] = []
+    own_keys = set()
+    for is_own, flows in ((True, own), (False, extra)):
+        for f in flows:
+            if not f.links or f.frac <= 0:
+                continue
+            key = (f.links, f.frac)
+            idx = keys.setdefault(key, len(keys))
+            if idx == len(mult):
+                mult.append(0)
+            mult[idx] += 1
+            if is_own:
+                own_keys.add(idx)
+    items = list(keys)
+    demands = [dict.fromkeys(links, float(mult[i])) for i, (links, _) in enumerate(items)]
+    rates = maxmin_rates(demands, capacity_bps.__getitem__)
+    s_per_byte = max((items[i][1] / rates[i] for i in own_keys), default=0.0)
+    busy: dict[int, float] = {}
+    for i, (links, frac) in enumerate(items):
+        for li in links:
+            busy[li] = busy.get(li, 0.0) + mult[i] * frac / capacity_bps[li]
+    return s_per_byte, busy

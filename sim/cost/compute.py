@@ -1,0 +1,165 @@
+"""Compute cost model: how long a compute op (Gemm, Attention, Elementwise, OptimizerStep) takes on one GPU.
+
+    GEMM         max(flops / (peak x eff(m, n, k)), bytes / (bw x bw_eff)) + launch
+                 eff from sim/cost/gemm_efficiency.py; bytes = 2 (mk + kn + mn) batch (16-bit operands).
+    Attention    flops / (peak x attention_eff x wave) + launch   (flash; flops in the work: causal
+                 halving and the 2.5x backward are already there). wave = CTA wave quantization with
+                 one CTA per (batch, head, 128-query block).
+    Elementwise  (bytes_read + bytes_written) / (bw x bw_eff) + launch
+    OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch
+
+Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
+- gemm_efficiency 0.80: 8192^3 bf16 GEMM at ~790 of 989 TFLOP/s on an H200 (reference/modeling-facts.md).
+- mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200.
+- attention_efficiency 0.50: per score element flash attention does 4 x head_dim tensor-core FLOPs
+  (QK^T and PV; 512 at head_dim 128) and one exp plus ~5 FP32 ops on the SM's scalar units (exp on the
+  SFU at 16/clk/SM, CUDA programming guide throughput table). On an H100 the 512 MMA FLOPs take ~0.65 ps
+  at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not overlapped (FlashAttention-2) that is
+  512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the backward too (more GEMMs per exp, but
+  atomic dQ accumulation).
+- launch_overhead_us 3.0: a dependent kernel's launch and ramp gap on the GPU when the host runs ahead
+  (assumption, a few microseconds; `meshsim calibrate` measures it).
+- tiles: best of 128x256, 256x128, 128x128 per shape unless tile_m / tile_n are set (sim/cost/gemm_efficiency.py).
+
+A profile also supplies: gemm_table (nearest measured shape by log-distance in m, n, k, batch: its
+TFLOP/s is used for this GEMM's FLOPs), elementwise_bw_gbps (replaces bw x bw_eff for memory-bound
+kernels), kernel_table (measured kernels by name, scaled by bytes, or by FLOPs for attention). Profile
+GPU figures (peak, bandwidth) are already applied to `gpu` by scenarios/load.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
+from meshsim.scenarios.schema import ComputeTuning
+from meshsim.sim.core.units import GB, US
+from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_efficiency
+from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
+from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
+from meshsim.topologies.gpus import GpuSpec
+
+# tile_m / tile_n unset: best of DEFAULT_TILES per shape (sim/cost/gemm_efficiency.py); set: that tile only
+DEFAULTS = ComputeTuning(gemm_efficiency=DEFAULT_CEILING, mem_bw_efficiency=0.90, attention_efficiency=0.50,
+                         launch_overhead_us=3.0)
+FLASH_BLOCK_Q = 128  # query rows per flash-attention CTA
+TFLOPS = 1e12
+
+
+def resolve_tuning(tuning: ComputeTuning | None, profile: HardwareProfile | None) -> ComputeTuning:
+    """Each knob: the scenario's value, else the profile's, else DEFAULTS."""
+    layers = [tuning, profile.compute if profile else None]
+    values = {}
+    for name in ComputeTuning.model_fields:
+        found = (getattr(t, name) for t in layers if t is not None and getattr(t, name) is not None)
+        values[name] = next(found, getattr(DEFAULTS, name))
+    return ComputeTuning(**values)
+
+
+def nearest_gemm(table: list[GemmPoint], g: Gemm) -> GemmPoint | None:
+    """The measured shape nearest to g in log(m), log(n), log(k), log(batch)."""
+    def dist(p: GemmPoint) -> float:
+        return sum(math.log(a / b) ** 2 for a, b in ((p.m, g.m), (p.n, g.n), (p.k, g.k), (p.batch, g.batch)))
+    return min(table, key=dist, default=None)
+
+
+def nearest_kernel(table: list[KernelPoint], kernel: str, size: float, by: str) -> KernelPoint | None:
+    """Measured points of `kernel`, nearest in log(bytes) or log(flops) (`by`)."""
+    points = [p for p in table if p.kernel == kernel]
+
+    def dist(p: KernelPoint) -> float:
+        ref = getattr(p, by)
+        return abs(math.log(ref / size)) if ref > 0 and size > 0 else math.inf
+    return min(points, key=dist, default=None)
+
+
+def _scaled_us(p: KernelPoint, size: float, by: str) -> float:
+    ref = getattr(p, by)
+    return p.time_us * size / ref if ref > 0 and size > 0 else p.time_us
+
+
+@dataclass
+class ComputeModel:
+    """time_s(work) for compute works on `gpu`; pure and memoized per work."""
+
+    gpu: GpuSpec
+    tuning: ComputeTuning | None = None
+    profile: HardwareProfile | None = None
+    knobs: ComputeTuning = field(init=False)
+    _memo: dict = field(init=False, default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.knobs = resolve_tuning(self.tuning, self.profile)
+
+    @property
+    def peak_flops(self) -> float:
+        return self.gpu.peak_tflops * TFLOPS
+
+    @property
+    def mem_bw_bytes_s(self) -> float:
+        """Achievable bytes/s for memory-bound kernels: the profile's measured figure, else bw x eff."""
+        if self.profile is not None and self.profile.elementwise_bw_gbps:
+            return self.profile.elementwise_bw_gbps * GB
+        return self.gpu.mem_bw_gbps * GB * self.knobs.mem_bw_efficiency
+
+    @property
+    def launch_s(self) -> float:
+        return self.knobs.launch_overhead_us * US
+
+    def time_s(self, work: Work) -> float:
+        hit = self._memo.get(work)
+        if hit is None:
+            hit = self._memo[work] = self._time_s(work)
+        return hit
+
+    def _time_s(self, work: Work) -> float:
+        if isinstance(work, Gemm):
+            return self.gemm_s(work)
+        if isinstance(work, Attention):
+            return self.attention_s(work)
+        if isinstance(work, Elementwise):
+            return self.elementwise_s(work)
+        if isinstance(work, OptimizerStep):
+            return work.params * work.bytes_per_param / self.mem_bw_bytes_s + self.launch_s
+        if isinstance(work, Collective):
+            raise TypeError("collectives are costed by sim/collectives, not the compute model")
+        raise TypeError(f"unknown work {work!r}")
+
+    def gemm_efficiency(self, g: Gemm) -> float:
+        k = self.knobs
+        tiles = DEFAULT_TILES
+        if k.tile_m or k.tile_n:
+            tiles = ((k.tile_m or DEFAULT_TILES[0][0], k.tile_n or DEFAULT_TILES[0][1]),)
+        return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=k.gemm_efficiency, tiles=tiles,
+                               sm_count=self.gpu.sm_count,
+                               k_fill=self.gpu.peak_tflops * 1e3 / self.gpu.mem_bw_gbps)
+
+    def gemm_s(self, g: Gemm) -> float:
+        if g.flops == 0:
+            return 0.0
+        if self.profile is not None and self.profile.gemm_table:
+            point = nearest_gemm(self.profile.gemm_table, g)
+            return g.flops / (point.tflops * TFLOPS)
+        nbytes = 2.0 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch
+        compute = g.flops / (self.peak_flops * self.gemm_efficiency(g))
+        memory = nbytes / (self.gpu.mem_bw_gbps * GB * self.knobs.mem_bw_efficiency)
+        return max(compute, memory) + self.launch_s
+
+    def attention_s(self, a: Attention) -> float:
+        kernel = "flash_attention_bwd" if a.backward else "flash_attention_fwd"
+        if self.profile is not None:
+            point = nearest_kernel(self.profile.kernel_table, kernel, a.flops, "flops")
+            if point is not None:
+                return _scaled_us(point, a.flops, "flops") * US
+        ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
+        rate = self.peak_flops * self.knobs.attention_efficiency * _wave(ctas, self.gpu.sm_count)
+        return a.flops / rate + self.launch_s
+
+    def elementwise_s(self, e: Elementwise) -> float:
+        nbytes = e.bytes_read + e.bytes_written
+        if self.profile is not None:
+            point = nearest_kernel(self.profile.kernel_table, e.kernel, nbytes, "bytes")
+            if point is not None:
+                return _scaled_us(point, nbytes, "bytes") * US
+        return nbytes / self.mem_bw_bytes_s + self.launch_s

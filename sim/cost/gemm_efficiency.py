@@ -1,0 +1,77 @@
+"""GEMM efficiency: the fraction of peak a cuBLAS-style tiled GEMM reaches, from its shape.
+
+A GEMM C[m, n] (+= over k) runs as output tiles of tile_m x tile_n, each owned by one SM (thread block)
+for the whole k loop; the tiles run in waves over the SMs. Three shape effects, each in (0, 1]:
+
+- tile padding: a partial edge tile computes a whole tile: m n / (ceil(m/tm) tm ceil(n/tn) tn).
+- wave quantization: tiles = ceil(m/tm) ceil(n/tn) batch run in waves = ceil(tiles / SMs); the last wave
+  leaves SMs idle: tiles / (waves x SMs). 133 tiles on 132 SMs take two full waves (50%).
+- skinny k (low arithmetic intensity): after its k loop a tile writes its tm x tn 16-bit output at its
+  SM's share of HBM bandwidth (bw / SMs); its k loop runs at the SM's share of peak (peak / SMs). The
+  epilogue therefore costs as much as k_fill = peak / bw k-steps (the ridge point in FLOP/byte: 295 on
+  H100, 206 on H200, 153 on A100-80GB), and the tile's efficiency is k / (k + k_fill). A skinny n
+  lowers intensity through tile padding (n < tile_n wastes the tile) and through the roofline bytes
+  term applied in sim/cost/compute.py.
+
+The three factors are normalized to the reference GEMM m = n = k = 8192, which reaches `ceiling`
+(default 0.80: an 8192^3 bf16 GEMM measured about 790 of 989 TFLOP/s on an H200 on this project's
+machine, reference/modeling-facts.md). So efficiency(8192^3) = ceiling exactly on every GPU, and other
+shapes scale by their shape factors relative to it (capped at 1).
+
+Tiles: cuBLAS's heuristic picks a kernel (tile shape) per problem, which softens wave cliffs. By
+default the model takes the best of 128 x 256 (the large bf16 tile of Hopper-class cuBLAS/CUTLASS
+kernels), 256 x 128 and 128 x 128, with the same mainloop efficiency (a 128 x 128 tile still does 64
+FLOP per byte of operand traffic). Setting hardware.compute.tile_m / tile_n (or a profile's) fixes one
+tile instead. Not modeled: split-K / stream-K kernels, which recover part of a partial last wave.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+DEFAULT_TILES = ((128, 256), (256, 128), (128, 128))
+DEFAULT_CEILING = 0.80  # 790 / 989 TFLOP/s, 8192^3 bf16 GEMM on an H200 (reference/modeling-facts.md)
+REFERENCE_MNK = 8192
+
+
+def tile_padding(m: int, n: int, tile_m: int, tile_n: int) -> float:
+    return (m * n) / (ceil(m / tile_m) * tile_m * ceil(n / tile_n) * tile_n)
+
+
+def wave_efficiency(tiles: int, sm_count: int) -> float:
+    """tiles / (waves x SMs): the useful fraction of the SM-waves a GEMM occupies."""
+    waves = ceil(tiles / sm_count)
+    return tiles / (waves * sm_count)
+
+
+def gemm_tiles(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> int:
+    return ceil(m / tile_m) * ceil(n / tile_n) * batch
+
+
+def k_efficiency(k: int, k_fill: float) -> float:
+    """k / (k + k_fill): the tile's k loop against its un-overlapped output write."""
+    return k / (k + k_fill)
+
+
+def shape_factor(m: int, n: int, k: int, batch: int, *, tile_m: int, tile_n: int, sm_count: int,
+                 k_fill: float) -> float:
+    """Product of the three shape effects (not normalized)."""
+    tiles = gemm_tiles(m, n, batch, tile_m, tile_n)
+    return (tile_padding(m, n, tile_m, tile_n) * wave_efficiency(tiles, sm_count)
+            * k_efficiency(k, k_fill))
+
+
+def best_shape_factor(m: int, n: int, k: int, batch: int, tiles: tuple[tuple[int, int], ...], *,
+                      sm_count: int, k_fill: float) -> float:
+    """The best shape factor over the candidate tiles (the kernel a heuristic would pick)."""
+    return max(shape_factor(m, n, k, batch, tile_m=tm, tile_n=tn, sm_count=sm_count, k_fill=k_fill)
+               for tm, tn in tiles)
+
+
+def gemm_efficiency(m: int, n: int, k: int, batch: int = 1, *, ceiling: float = DEFAULT_CEILING,
+                    tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES, sm_count: int,
+                    k_fill: float) -> float:
+    """Fraction of peak for this shape: ceiling x factor(shape) / factor(8192^3), capped at 1."""
+    kw = dict(sm_count=sm_count, k_fill=k_fill)
+    ref = best_shape_factor(REFERENCE_MNK, REFERENCE_MNK, REFERENCE_MNK, 1, tiles, **kw)
+    return min(1.0, ceiling * best_shape_factor(m, n, k, batch, tiles, **kw) / ref)

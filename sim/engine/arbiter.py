@@ -1,0 +1,167 @@
+"""Link arbiter: how concurrent collectives share the network while their bandwidth parts drain.
+
+Each collective's bandwidth part is an amount of work `work_s` (seconds it would take alone) and a link
+load `{link_index: load}` (the fraction of each link's capacity it uses when running alone; the cost
+model's `CollectiveCost.link_load`). While several collectives drain at once, each progresses at a rate
+r in (0, 1] (1 = its standalone speed). Rates come from max-min fair progressive filling
+(`meshsim.sim.cost.collectives.maxmin.maxmin_rates`, the project's one flow-sharing model) with capacity 1 per link:
+
+    maximise min_j r_j  subject to  sum_j r_j * load_j[l] <= 1 for every link l,  r_j <= 1.
+
+So two collectives that each saturate the same link run at 1/2 speed (take twice as long), and two on
+disjoint links do not interact. A collective with no link load (one rank, or a measured time with no
+route information) always runs at rate 1. Rates are recomputed whenever a collective starts or finishes.
+
+Symmetric copies of one op (the same schedule op on different TP/DP groups, in the engine's
+explicit-ranks mode) share one `key`: the cost model already priced their mutual contention through
+`concurrent_groups`, so the arbiter counts them once (they drain at the rate of their key). A job may
+also name `own` resources, loads on resources private to its copy (the compute resource of each of its
+group's ranks, below): a key's demand is its first job's link load plus the union of its jobs' `own`
+loads, so every copy's ranks are loaded, not only the first copy's.
+
+Compute/communication interference (used only when the engine's kappa > 0; docs/cost-models.md): each
+simulated rank r has a compute resource ("cpu", r) of capacity 1 (SMs and HBM on a GPU, cores on a CPU).
+A compute op is a job with load {("cpu", r): 1}; a collective's bandwidth part adds {("cpu", m): kappa}
+for each simulated member m of its group. The same filling then gives a compute op overlapping one
+collective the rate 1 / (1 + kappa) on both (1 when alone): for a compute op of g seconds and a bandwidth
+part of c <= g seconds starting together, both run at 1/(1+kappa) until the collective ends at
+c (1 + kappa); the op's remaining g - c then runs alone, so it ends at g + kappa c.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import simpy
+
+from meshsim.sim.cost.collectives.maxmin import maxmin_rates
+
+LinkLoad = Mapping[Hashable, float]  # link index -> load; ("cpu", rank) -> load on a compute resource
+RatesFn = Callable[[Sequence[LinkLoad]], list[float]]
+_EPS_S = 1e-15  # remaining standalone seconds treated as done (float round-off of rate * dt)
+
+
+def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
+    """Rates in (0, 1] of concurrent collectives with these link loads (capacity 1 per link).
+
+    Only links whose summed load exceeds 1 can bind (all rates are <= 1), so the others are dropped
+    before progressive filling; a private resource -(j+1) of capacity 1 caps job j at its standalone
+    speed, letting the surplus go to the others."""
+    if len(loads) == 1:
+        return [1.0]
+    total: dict[int, float] = {}
+    for load in loads:
+        for lk, w in load.items():
+            total[lk] = total.get(lk, 0.0) + w
+    hot = {lk for lk, w in total.items() if w > 1.0 + 1e-12}
+    if not hot:
+        return [1.0] * len(loads)
+    demands = [{**{lk: load[lk] for lk in hot if load.get(lk, 0.0) > 0}, -(j + 1): 1.0}
+               for j, load in enumerate(loads)]
+    capacity = {lk: 1.0 for d in demands for lk in d}
+    return [min(1.0, r) for r in maxmin_rates(demands, capacity)]
+
+
+class MemoRates:
+    """fair_rates memoized on the identity of the load mappings (the cost model memoizes them, so the
+    same few combinations of concurrent collectives recur all step long)."""
+
+    def __init__(self, rates: RatesFn = fair_rates):
+        self._rates = rates
+        self._memo: dict[tuple[int, ...], tuple[Sequence[LinkLoad], list[float]]] = {}
+
+    def __call__(self, loads: Sequence[LinkLoad]) -> list[float]:
+        key = tuple(id(load) for load in loads)
+        hit = self._memo.get(key)
+        if hit is None:  # keep the loads alive with the entry so their ids cannot be reused
+            hit = self._memo[key] = (list(loads), self._rates(loads))
+        return hit[1]
+
+
+@dataclass(eq=False)
+class _Job:
+    key: Hashable
+    remaining_s: float
+    load: LinkLoad
+    done: simpy.Event
+    own: LinkLoad | None = None  # loads private to this copy (merged over the jobs of its key)
+    rate: float = 1.0
+
+
+class Arbiter:
+    """Drains the bandwidth parts of concurrent collectives at max-min fair rates inside a simpy env."""
+
+    def __init__(self, env: simpy.Environment, rates: RatesFn | None = None):
+        self._env = env
+        self._rates = rates or MemoRates()
+        self._jobs: list[_Job] = []
+        self._last_s = 0.0
+        self._token = 0
+        self._merged: dict[tuple[int, ...], tuple[list[LinkLoad], LinkLoad]] = {}
+
+    def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None) -> simpy.Event:
+        """Start draining `work_s` standalone seconds; the returned event fires when it is done.
+        `own`: resource loads private to this copy of `key` (module docstring)."""
+        self._advance()
+        job = _Job(key, work_s, load, self._env.event(), own)
+        self._jobs.append(job)
+        self._reschedule()
+        return job.done
+
+    def _advance(self) -> None:
+        dt = self._env.now - self._last_s
+        if dt > 0:
+            for job in self._jobs:
+                job.remaining_s -= job.rate * dt
+        self._last_s = self._env.now
+
+    def _reschedule(self) -> None:
+        if len(self._jobs) == 1:
+            self._jobs[0].rate = 1.0  # alone: standalone speed
+        else:
+            keys = self._key_loads()
+            rate_of = dict(zip(keys, self._rates(list(keys.values())), strict=True))
+            for job in self._jobs:
+                job.rate = rate_of[job.key]
+        self._token += 1
+        token = self._token
+        wait_s = max(0.0, min(job.remaining_s / job.rate for job in self._jobs))
+        timer = self._env.timeout(wait_s)
+        timer.callbacks.append(lambda _ev: self._tick(token))
+
+    def _key_loads(self) -> dict[Hashable, LinkLoad]:
+        """Each key's demand: its first job's load, plus the union of its jobs' `own` loads."""
+        keys: dict[Hashable, LinkLoad] = {}
+        owns: dict[Hashable, list[LinkLoad]] = {}
+        for job in self._jobs:
+            keys.setdefault(job.key, job.load)
+            if job.own:
+                owns.setdefault(job.key, []).append(job.own)
+        for key, parts in owns.items():
+            keys[key] = self._merge(keys[key], parts)
+        return keys
+
+    def _merge(self, load: LinkLoad, owns: list[LinkLoad]) -> LinkLoad:
+        """load | owns[0] | owns[1] ..., memoized on the parts' identities (so MemoRates still hits)."""
+        memo_key = (id(load), *map(id, owns))
+        hit = self._merged.get(memo_key)
+        if hit is None:
+            merged = dict(load)
+            for own in owns:
+                merged.update(own)
+            hit = self._merged[memo_key] = ([load, *owns], merged)  # parts kept alive: ids stay unique
+        return hit[1]
+
+    def _tick(self, token: int) -> None:
+        if token != self._token:  # superseded by a later start or finish
+            return
+        self._advance()
+        finished = [job for job in self._jobs if job.remaining_s <= _EPS_S * max(1.0, job.rate)]
+        if not finished:  # round-off: the earliest job is a hair short; finish it now
+            finished = [min(self._jobs, key=lambda job: job.remaining_s / job.rate)]
+        self._jobs = [job for job in self._jobs if job not in finished]
+        for job in finished:
+            job.done.succeed()
+        if self._jobs:
+            self._reschedule()

@@ -1,0 +1,267 @@
+"""Discrete-event engine (simpy): orders a Schedule's ops in time on the simulated ranks.
+
+It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
+`collective(op, group) -> (latency_s, bandwidth_s, link_load)` for collectives (`group` = the global
+ranks of the op's real TP or DP group, from `group_of`).
+
+Rules (schedule.py): each simulated rank has three streams (compute, tp_comm, dp_comm); a stream runs its
+ops FIFO in schedule order, an op starting once its stream is free and all its deps have finished.
+A collective starts when every simulated member of its group has issued it: early ranks wait, as NCCL
+kernels spin on their stream (the wait is recorded as `wait_s` and the stream is busy meanwhile). Then
+its latency part elapses (fixed), then its bandwidth part drains at the rate the arbiter grants.
+
+What overlap slows:
+- comm vs comm: concurrent collectives whose link loads overlap share those links max-min fairly
+  (sim/engine/arbiter.py); collectives on disjoint links do not slow each other. Contention between symmetric
+  copies of one collective on other groups is in the cost itself (`concurrent_groups`).
+- comm vs compute: each simulated rank has a compute resource ("cpu", rank) of capacity 1 (SMs and HBM
+  on a GPU, cores on a CPU; the name is only a key). A running compute op loads its rank's with 1, a
+  collective's bandwidth part loads each simulated member's with kappa = `comm_interference`
+  (hardware.compute.comm_interference, measured by `meshsim calibrate`; default 0). The arbiter shares
+  it max-min fairly like a link, so a compute op and a collective overlapping on one rank both progress
+  at 1/(1+kappa), each alone at full speed: one compute op of g seconds overlapping one bandwidth part
+  of c seconds, started together, ends at max(g, c) + kappa min(g, c) (sim/engine/arbiter.py derives it).
+  The latency part and a rendezvous wait load nothing. kappa = 0 (the default, the GPU assumption:
+  NCCL kernels take a few SMs and we have no measurement) keeps compute ops plain timeouts that never
+  touch the arbiter, so results are bit-identical to the model without interference.
+
+Deterministic: processes are created in (rank, stream) order and simpy runs simultaneous events in
+creation order, so ties are broken by rank, then by schedule order (op id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import simpy
+
+from meshsim.sim.engine.arbiter import Arbiter
+from meshsim.sim.schedule.ops import Collective, Elementwise, Op, OptimizerStep, Schedule, mesh_group
+
+STREAMS = ("compute", "tp_comm", "dp_comm")
+CommTiming = tuple[float, float, Mapping[int, float]]
+ComputeFn = Callable[[Op, int], float]
+CollectiveFn = Callable[[Op, tuple[int, ...]], CommTiming]
+GroupFn = Callable[[str, int], tuple[int, ...]]
+
+
+class Event(NamedTuple):
+    """One op as run on one rank (immutable). Collectives: [start_s, start_s + wait_s) is the rendezvous
+    wait. A NamedTuple rather than a dataclass: the engine makes one per (rank, op), and tuples are
+    several times cheaper to build."""
+
+    rank: int
+    op_id: int
+    name: str
+    stream: str
+    category: str
+    phase: str
+    layer: int | None
+    micro_batch: int | None
+    start_s: float
+    end_s: float
+    wait_s: float = 0.0
+    bytes: int = 0
+    flops: float = 0.0
+    peer: int | None = None  # collectives: the simulated rank that issued last (ended the wait)
+
+    @property
+    def dur_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class EventLog:
+    events: tuple[Event, ...]  # in completion order
+    ranks: tuple[int, ...]
+    step_time_s: float
+    _index: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def get(self, rank: int, op_id: int) -> Event:
+        """The event of op `op_id` on `rank` (index built on first use)."""
+        if not self._index:
+            for rank_ in self.ranks:
+                self._index[rank_] = {}
+            for e in self.events:
+                self._index[e.rank][e.op_id] = e
+        return self._index[rank][op_id]
+
+    def of_rank(self, rank: int) -> list[Event]:
+        return [e for e in self.events if e.rank == rank]
+
+
+def symmetric_groups(tp: int, dp: int, kv_replicas: int = 1) -> GroupFn:
+    """TP innermost (scenarios/resolved.py): the TP group of rank r is number r // tp; its DP group holds
+    the ranks congruent to r mod tp; its KV group the block of kv_replicas consecutive ranks around it."""
+
+    def group_of(kind: str, rank: int) -> tuple[int, ...]:
+        return mesh_group(kind, rank, tp, dp, kv_replicas)
+
+    return group_of
+
+
+def work_bytes(op: Op) -> int:
+    """Bytes the op's work names explicitly (for hover text and traces)."""
+    work = op.work
+    if isinstance(work, Collective):
+        return work.nbytes
+    if isinstance(work, Elementwise):
+        return work.bytes_read + work.bytes_written
+    if isinstance(work, OptimizerStep):
+        return work.params * work.bytes_per_param
+    return 0
+
+
+@dataclass
+class _Rendezvous:
+    expected: int
+    done: simpy.Event
+    arrived: int = 0
+    last: int = -1
+    start_s: float = 0.0
+
+
+class _Sim:
+    """Mutable state of one run: finish times, dependency waiters, open rendezvous, the arbiter."""
+
+    def __init__(self, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
+                 group_of: GroupFn, comm_interference: float = 0.0):
+        self.env = simpy.Environment(initial_time=0.0)
+        self.ranks = frozenset(ranks)
+        self.compute_s, self.collective, self.group_of = compute_s, collective, group_of
+        self.arbiter = Arbiter(self.env)
+        self.kappa = comm_interference
+        self.cpu_load = {r: {("cpu", r): 1.0} for r in ranks}  # a compute op's load on its rank
+        self.comm_cpu: dict[tuple[int, ...], dict] = {}  # group -> kappa on each simulated member
+        self.finished: dict[int, dict[int, float]] = {r: {} for r in ranks}
+        self.waiters: dict[tuple[int, int], simpy.Event] = {}
+        self.open: dict[tuple[int, tuple[int, ...]], _Rendezvous] = {}
+        self.groups: dict[tuple[str, int], tuple[tuple[int, ...], int]] = {}
+        self.events: list[Event] = []
+
+    def wait_for(self, rank: int, op_id: int) -> simpy.Event:
+        key = (rank, op_id)
+        ev = self.waiters.get(key)
+        if ev is None:
+            ev = self.waiters[key] = self.env.event()
+        return ev
+
+    def finish(self, rank: int, op: Op, start_s: float, wait_s: float = 0.0, peer: int | None = None) -> None:
+        now = self.env.now
+        self.finished[rank][op.id] = now
+        ev = self.waiters.pop((rank, op.id), None)
+        if ev is not None:
+            ev.succeed()
+        self.events.append(Event(rank, op.id, op.name, op.stream, op.category, op.phase, op.layer,
+                                 op.micro_batch, start_s, now, wait_s, work_bytes(op), op.flops, peer))
+
+    def stream(self, rank: int, ops: Sequence[Op]) -> Iterator[simpy.Event]:
+        env, done = self.env, self.finished[rank]
+        for op in ops:
+            for dep in op.deps:
+                if dep not in done:
+                    yield self.wait_for(rank, dep)
+            start_s = env.now
+            if isinstance(op.work, Collective):
+                group, members = self.group(op.work.group, rank)
+                if members == 1:  # no simulated peer to wait for (the collapsed, symmetric case)
+                    yield from self.transfer(op, group)
+                    self.finish(rank, op, start_s, 0.0, rank)
+                else:
+                    rv = yield from self.rendezvous(rank, op, group, members)
+                    self.finish(rank, op, start_s, rv.start_s - start_s, rv.last)
+            else:
+                dur_s = self.compute_s(op, rank)
+                if dur_s > 0:
+                    if self.kappa > 0:  # shares the rank's compute resource with overlapping collectives
+                        yield self.arbiter.drain(("compute", rank), dur_s, self.cpu_load[rank])
+                    else:
+                        yield env.timeout(dur_s)
+                self.finish(rank, op, start_s)
+
+    def group(self, kind: str, rank: int) -> tuple[tuple[int, ...], int]:
+        """The real group of `rank` and how many of its members are simulated (memoized)."""
+        key = (kind, rank)
+        hit = self.groups.get(key)
+        if hit is None:
+            group = self.group_of(kind, rank)
+            hit = self.groups[key] = (group, sum(1 for r in group if r in self.ranks))
+        return hit
+
+    def transfer(self, op: Op, group: tuple[int, ...]) -> Iterator[simpy.Event]:
+        """Fixed latency part, then the bandwidth part drained through the arbiter."""
+        latency_s, bandwidth_s, link_load = self.collective(op, group)
+        if latency_s > 0:
+            yield self.env.timeout(latency_s)
+        if bandwidth_s > 0:
+            yield self.arbiter.drain(op.id, bandwidth_s, link_load, self.comm_load(group))
+
+    def comm_load(self, group: tuple[int, ...]) -> dict | None:
+        """kappa on the compute resource of each simulated member of `group` (None when kappa = 0)."""
+        if self.kappa <= 0:
+            return None
+        load = self.comm_cpu.get(group)
+        if load is None:
+            load = self.comm_cpu[group] = {("cpu", r): self.kappa for r in group if r in self.ranks}
+        return load
+
+    def rendezvous(self, rank: int, op: Op, group: tuple[int, ...], members: int) -> Iterator[simpy.Event]:
+        """Wait until every simulated member has issued the collective; the last one runs it."""
+        key = (op.id, group)
+        rv = self.open.get(key)
+        if rv is None:
+            rv = self.open[key] = _Rendezvous(members, self.env.event())
+        rv.arrived += 1
+        rv.last = rank
+        if rv.arrived < rv.expected:
+            yield rv.done
+            return rv
+        rv.start_s = self.env.now
+        yield from self.transfer(op, group)
+        del self.open[key]
+        rv.done.succeed()
+        return rv
+
+
+def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
+    ids = {op.id for op in schedule.ops}
+    if len(ids) != len(schedule.ops):
+        raise ValueError("schedule has duplicate op ids")
+    for op in schedule.ops:
+        missing = [d for d in op.deps if d not in ids]
+        if missing:
+            raise ValueError(f"op {op.id} ({op.name}) depends on unknown op ids {missing}")
+        if op.stream not in STREAMS:
+            raise ValueError(f"op {op.id} ({op.name}) has unknown stream {op.stream!r}")
+    for rank in ranks:
+        for kind in {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}:
+            if rank not in group_of(kind, rank):
+                raise ValueError(f"group_of({kind!r}, {rank}) does not contain rank {rank}")
+
+
+def run(schedule: Schedule, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
+        group_of: GroupFn | None = None, comm_interference: float = 0.0) -> EventLog:
+    """Simulate `schedule` on every rank in `ranks` (each runs the same schedule); return the event log.
+    comm_interference: kappa in [0, 1], the compute-resource load of a collective's bandwidth part."""
+    if not 0.0 <= comm_interference <= 1.0:
+        raise ValueError(f"comm_interference must be in [0, 1], got {comm_interference}")
+    ranks = tuple(sorted(ranks))
+    group_of = group_of or symmetric_groups(schedule.tp, schedule.dp, schedule.kv_replicas)
+    _check(schedule, ranks, group_of)
+    sim = _Sim(ranks, compute_s, collective, group_of, comm_interference)
+    per_stream = {s: schedule.by_stream(s) for s in STREAMS}
+    for rank in ranks:
+        for stream in STREAMS:
+            if per_stream[stream]:
+                sim.env.process(sim.stream(rank, per_stream[stream]))
+    sim.env.run()
+    expected = len(schedule.ops) * len(ranks)
+    if len(sim.events) != expected:
+        stuck = sorted({(r, op.id, op.name) for r in ranks for op in schedule.ops
+                        if op.id not in sim.finished[r]})[:3]
+        raise ValueError(f"deadlock: {expected - len(sim.events)} ops never ran, e.g. {stuck} "
+                         "(a dependency on a later op of the same stream, or a collective some peer never issues)")
+    step_s = max((e.end_s for e in sim.events), default=0.0)
+    return EventLog(tuple(sim.events), ranks, step_s)

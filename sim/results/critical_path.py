@@ -1,0 +1,125 @@
+"""The critical path of a simulated step: the chain of ops that set the step time.
+
+Walk back from the op that finishes last. Each op's predecessor is whichever finished last among
+(a) its deps, (b) the previous op on its stream, and (c) for a collective, the issuing op of the
+last-arriving peer: the walk moves to that peer's copy of the collective (it waited for nobody) and goes
+on along the peer's rank. Each op therefore starts exactly when its predecessor ends; any gap left
+(an op that started after its predecessor finished, or after time 0) is recorded as a segment of
+category "waiting", as is the rendezvous wait of a collective reached on a rank that waited. The
+segments tile [0, step_time], so their durations sum to the step time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from meshsim.sim.engine.events import Event, EventLog
+from meshsim.sim.schedule.ops import Collective, Op, Schedule
+
+CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
+# how every report, plot and sentence names and colours them
+CATEGORY_NAMES = {"compute": "compute", "tp_comm": "TP communication", "dp_comm": "DP communication",
+                  "waiting": "waiting"}
+CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac"}
+_INDEX = re.compile(r"^(L|mb)\d+$")  # builder naming: "L3.mb0.fwd.qkv", "dp.bucket7.reduce_scatter", "_c2" chunks
+_BUCKET = re.compile(r"^bucket\d+$")
+_CHUNK = re.compile(r"_c\d+$")
+_GAP_S = 1e-12  # gaps shorter than this are float round-off, not waits
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    category: str  # compute | tp_comm | dp_comm | waiting
+    rank: int
+    start_us: float
+    dur_us: float
+    op_id: int | None = None  # None for a waiting segment
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "category": self.category, "rank": self.rank, "start_us": self.start_us,
+                "dur_us": self.dur_us, "op_id": self.op_id}
+
+
+def _stream_prev(schedule: Schedule) -> dict[int, int]:
+    """op id -> id of the op before it on the same stream."""
+    prev: dict[int, int] = {}
+    last: dict[str, int] = {}
+    for op in schedule.ops:
+        if op.stream in last:
+            prev[op.id] = last[op.stream]
+        last[op.stream] = op.id
+    return prev
+
+
+def _predecessor(ev: Event, op: Op, log: EventLog, prev: dict[int, int]) -> Event | None:
+    ids = list(op.deps)
+    if op.id in prev:
+        ids.append(prev[op.id])
+    cands = [log.get(ev.rank, i) for i in ids]
+    return max(cands, key=lambda e: (e.end_s, e.op_id), default=None)
+
+
+def _waiting(rank: int, start_s: float, end_s: float) -> Segment:
+    return Segment("wait", "waiting", rank, start_s * 1e6, (end_s - start_s) * 1e6)
+
+
+def critical_path(schedule: Schedule, log: EventLog) -> list[Segment]:
+    """Segments in time order from 0 to the step time (see module docstring)."""
+    if not log.events:
+        return []
+    ops = {op.id: op for op in schedule.ops}
+    prev = _stream_prev(schedule)
+    ev: Event | None = max(log.events, key=lambda e: (e.end_s, -e.rank, e.op_id))
+    path: list[Segment] = []
+    while ev is not None:
+        op = ops[ev.op_id]
+        if isinstance(op.work, Collective) and ev.peer is not None and ev.peer != ev.rank:
+            ev = log.get(ev.peer, ev.op_id)
+        run_start_s = ev.start_s + ev.wait_s
+        path.append(Segment(ev.name, ev.category, ev.rank, run_start_s * 1e6, (ev.end_s - run_start_s) * 1e6,
+                            ev.op_id))
+        if ev.wait_s > _GAP_S:
+            path.append(_waiting(ev.rank, ev.start_s, run_start_s))
+        pred = _predecessor(ev, op, log, prev)
+        pred_end_s = pred.end_s if pred is not None else 0.0
+        if ev.start_s - pred_end_s > _GAP_S:
+            path.append(_waiting(ev.rank, pred_end_s, ev.start_s))
+        ev = pred
+    path.reverse()
+    return path
+
+
+def shares(path: list[Segment], step_time_s: float) -> dict[str, float]:
+    """Fraction of the step time each category holds on the critical path."""
+    total_us = {c: 0.0 for c in CATEGORIES}
+    for seg in path:
+        total_us[seg.category] = total_us.get(seg.category, 0.0) + seg.dur_us
+    if step_time_s <= 0:
+        return {c: 0.0 for c in total_us}
+    return {c: t / (step_time_s * 1e6) for c, t in total_us.items()}
+
+
+def critical_ops(path: Iterable[Mapping]) -> set[tuple[int, int]]:
+    """(rank, op id) of every op on the path (segment dicts; for trace / timeline highlighting)."""
+    return {(s["rank"], s["op_id"]) for s in path if s.get("op_id") is not None}
+
+
+def op_type(name: str) -> str:
+    """An op name without its layer, micro-batch, bucket and chunk indices:
+    "L3.mb0.fwd.fc1_c2" -> "fwd.fc1", "dp.bucket7.reduce_scatter" -> "dp.bucket.reduce_scatter"."""
+    parts = (_CHUNK.sub("", _BUCKET.sub("bucket", p)) for p in name.split(".") if not _INDEX.match(p))
+    return ".".join(parts)
+
+
+def top_op_types(path: Iterable[Mapping], n: int = 8) -> list[tuple[str, str, float, int]]:
+    """(op type, category, total us, count) of the op types holding the most critical-path time."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for seg in path:
+        slot = acc.setdefault((op_type(seg["name"]), seg["category"]), [0.0, 0])
+        slot[0] += seg["dur_us"]
+        slot[1] += 1
+    rows = [(k, c, t, int(cnt)) for (k, c), (t, cnt) in acc.items()]
+    return sorted(rows, key=lambda r: (-r[2], r[0]))[:n]

@@ -1,0 +1,167 @@
+"""Glue: ResolvedScenario -> schedule -> costs -> engine -> StepResult.
+
+Symmetry (default): every TP peer and DP replica runs the same schedule, so every collective's members
+issue it at the same time; one representative rank (global rank 0) is simulated. Each collective is
+costed on the scenario's real group (rs.tp_group(0) / rs.dp_group(0)) with `concurrent_groups` = every
+other TP (DP) group, which runs the same collective at the same moment, so symmetric contention is in
+the cost. Costs are memoized per (op kind, group, nbytes): simulation work grows with the schedule, not
+with the number of GPUs.
+
+explicit_ranks=True simulates one whole TP group times min(dp, 2) replicas with real rendezvous; on a
+symmetric mesh it must give the same step time (tests/test_engine.py and tests/test_run_cli.py check it).
+
+Compute/communication interference: kappa = comm_interference(rs) (hardware.compute, else the profile's
+compute section, else 0) is handed to the engine, which shares each rank's compute resource between
+compute ops and overlapping collectives (sim/engine/events.py); 0 leaves the engine's fast path untouched.
+
+Collective times: the hardware profile's measured table first (sim/cost/calibrated.py; its time is split
+into the analytic latency part, capped at the measured time, and a bandwidth part that contends for
+links), else the analytic model (sim/collectives) with hardware.network's algo / protocol / tuning.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.engine import events as engine
+from meshsim.sim.results.step_result import StepResult, build_result
+from meshsim.sim.schedule.ops import Collective, Op, Schedule
+
+
+def network_tuning(rs: ResolvedScenario):
+    """hardware.network, with fields the scenario leaves unset taken from the profile's network section."""
+    mine = rs.scenario.hardware.network
+    if rs.profile is None:
+        return mine
+    theirs = rs.profile.network.model_dump(exclude_unset=True)
+    return mine.model_copy(update={k: v for k, v in theirs.items() if k not in mine.model_fields_set})
+
+
+class CollectiveCoster:
+    """collective(op, group) -> (latency_s, bandwidth_s, link_load), memoized per (op, group, nbytes)."""
+
+    def __init__(self, rs: ResolvedScenario):
+        self.rs = rs
+        self.tuning = network_tuning(rs)
+        self.memo: dict[tuple[str, tuple[int, ...], int], tuple[engine.CommTiming, dict[str, Any]]] = {}
+
+    def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
+        return self.cost(op.work, group)[0]
+
+    def cost(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
+        key = (work.op, group, work.nbytes)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self._compute(work, group)
+        return hit
+
+    def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(g for g in self.rs.all_groups(kind) if g != group)
+
+    def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
+        info: dict[str, Any] = {"op": work.op, "group": work.group, "ranks": len(group), "nbytes": work.nbytes}
+        if len(group) < 2 or work.nbytes == 0:
+            return (0.0, 0.0, {}), {**info, "algo": "none", "protocol": "none", "time_us": 0.0,
+                                    "busbw_gbps": 0.0, "algbw_gbps": 0.0, "source": "trivial"}
+        from meshsim.sim.cost.collectives import collective_cost
+
+        # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
+        c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
+                            concurrent_groups=self._concurrent(work.group, group), tuning=self.tuning)
+        latency_s, bandwidth_s, source = c.latency_s, c.time_s - c.latency_s, "model"
+        measured_s = self._measured_s(work, len(group))
+        if measured_s is not None:
+            latency_s = min(c.latency_s, measured_s)
+            bandwidth_s, source = measured_s - latency_s, "calibrated"
+        total_s = latency_s + bandwidth_s
+        algbw = work.nbytes / total_s / 1e9 if total_s > 0 else 0.0
+        info.update(algo=c.algo, protocol=c.protocol, time_us=total_s * 1e6, algbw_gbps=algbw,
+                    busbw_gbps=c.busbw_gbps * (c.time_s / total_s) if total_s > 0 else 0.0, source=source)
+        return (latency_s, max(0.0, bandwidth_s), dict(c.link_load)), info
+
+    def _measured_s(self, work: Collective, ranks: int) -> float | None:
+        if self.rs.profile is None or not self.rs.profile.collective_table:
+            return None
+        from meshsim.sim.cost.calibrated import table_collective_time_s
+
+        return table_collective_time_s(self.rs.profile, work.op, ranks, work.nbytes)
+
+    def chosen(self, schedule: Schedule, rank: int = 0) -> list[dict[str, Any]]:
+        """One row per distinct collective of the representative rank, with its count per step."""
+        group_of = scenario_groups(self.rs)
+        counts = Counter((op.work.op, op.work.group, op.work.nbytes) for op in schedule.ops
+                         if isinstance(op.work, Collective))
+        rows = []
+        for (kind, gname, nbytes), n in sorted(counts.items()):
+            _, info = self.cost(Collective(kind, gname, nbytes), group_of(gname, rank))
+            rows.append({**info, "count": n})
+        return rows
+
+
+def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
+    """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item."""
+    from meshsim.sim.cost.compute import ComputeModel
+
+    model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile)  # memoizes per work itself
+
+    def compute_s(op: Op, rank: int) -> float:
+        return model.time_s(op.work)
+
+    return compute_s
+
+
+def comm_interference(rs: ResolvedScenario) -> float:
+    """kappa (sim/engine/events.py): hardware.compute.comm_interference, else the profile's compute section's
+    (what `meshsim calibrate` measured), else 0.0 (no interference)."""
+    from meshsim.sim.cost.compute import resolve_tuning
+
+    return resolve_tuning(rs.scenario.hardware.compute, rs.profile).comm_interference or 0.0
+
+
+def scenario_groups(rs: ResolvedScenario) -> engine.GroupFn:
+    """Rank -> its real TP, DP or KV group (rs.group), as the scenario defines them."""
+
+    def group_of(kind: str, rank: int) -> tuple[int, ...]:
+        return rs.group(kind, rank)
+
+    return group_of
+
+
+def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ...]:
+    """Rank 0 alone, or one TP group times min(dp, 2) replicas."""
+    return tuple(range(rs.tp * min(rs.dp, 2))) if explicit_ranks else (0,)
+
+
+def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
+                         ) -> tuple[StepResult, engine.EventLog, Schedule]:
+    from meshsim.sim.cost.flops import model_flops_per_step
+    from meshsim.sim.cost.memory import memory_per_gpu
+    from meshsim.sim.schedule.builder import build_schedule
+
+    schedule = build_schedule(rs)
+    coster = CollectiveCoster(rs)
+    log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, scenario_groups(rs),
+                     comm_interference=comm_interference(rs))
+    result = build_result(rs, schedule, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
+                          collectives=coster.chosen(schedule), explicit_ranks=explicit_ranks)
+    return result, log, schedule
+
+
+def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False) -> StepResult:
+    """Simulate one training step; the event log is kept in `result.events`."""
+    return simulate_with_events(rs, explicit_ranks=explicit_ranks)[0]
+
+
+def run_scenario(path_or_name: str | Path, overrides: Mapping[str, object] | None = None,
+                 **kw: Any) -> StepResult:
+    """Load (a YAML path or a built-in name), apply dotted overrides, resolve, simulate."""
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+
+    scenario, source = load_scenario(path_or_name)
+    if overrides:
+        scenario = with_overrides(scenario, overrides, source)
+    return simulate(resolve(scenario, source), **kw)

@@ -1,0 +1,116 @@
+"""StepResult: the headline numbers of one simulated training step, and the public results JSON.
+
+- tokens_per_s = global_batch * seq_len / step_time_s
+- tflops_per_gpu = model FLOPs per step / step_time_s / GPUs / 1e12 (model FLOPs: no recompute,
+  Narayanan et al. 2021 convention; sim/cost/flops.py)
+- mfu = tflops_per_gpu / GPU peak dense bf16 TFLOP/s (topologies/gpus.py)
+The breakdown and layer spans are those of the representative rank (the lowest simulated rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from meshsim.sim.engine.events import Event, EventLog
+from meshsim.sim.results import breakdown as bd
+from meshsim.sim.results.critical_path import critical_path, shares
+from meshsim.sim.schedule.ops import Schedule
+
+CONFIG_KEYS = ("tp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
+               "recompute", "tp_comm_overlap", "topology", "nodes", "gpu", "gpus_per_node", "crosses_nodes")
+HEADLINE_KEYS = ("scenario", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu", "mfu")
+MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "workspace", "total", "capacity", "fits")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    scenario: str
+    step_time_s: float
+    layer_fwd_ms: float
+    layer_bwd_ms: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    memory_gb: Mapping[str, Any]  # MEMORY_KEYS; "fits" is a bool
+    breakdown_s: Mapping[str, float]  # compute, tp_comm, dp_comm, exposed_comm, idle
+    critical_path: tuple[Mapping[str, Any], ...]  # {name, category, rank, start_us, dur_us, op_id}
+    critical_path_share: Mapping[str, float]  # compute, tp_comm, dp_comm, waiting
+    config: Mapping[str, Any]  # CONFIG_KEYS; flattened into the top level of to_dict()
+    collectives: tuple[Mapping[str, Any], ...] = ()  # one per distinct collective: algo, protocol, busbw
+    source: str = ""
+    explicit_ranks: bool = False
+    simulated_ranks: int = 1
+    ops_per_rank: int = 0
+    events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
+
+    def __getitem__(self, key: str) -> Any:
+        """result["tp"] reads a config echo, result["mfu"] a headline field."""
+        return self.config[key] if key in self.config else getattr(self, key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The public results JSON: headline numbers, the config echo (flat), then the detail blocks."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in HEADLINE_KEYS}
+        out.update(self.config)
+        out.update(memory_gb=dict(self.memory_gb), breakdown_s=dict(self.breakdown_s),
+                   critical_path_share=dict(self.critical_path_share), source=self.source,
+                   explicit_ranks=self.explicit_ranks, simulated_ranks=self.simulated_ranks,
+                   ops_per_rank=self.ops_per_rank, collectives=[dict(c) for c in self.collectives],
+                   critical_path=[dict(seg) for seg in self.critical_path])
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepResult:
+        """Inverse of to_dict (events are not saved)."""
+        names = {f.name for f in fields(cls)} - {"events", "config"}
+        kw = {k: data[k] for k in names if k in data}
+        kw["critical_path"] = tuple(dict(s) for s in data.get("critical_path", ()))
+        kw["collectives"] = tuple(dict(c) for c in data.get("collectives", ()))
+        kw["config"] = {k: data[k] for k in CONFIG_KEYS if k in data}
+        return cls(**kw)
+
+
+def config_echo(rs: Any) -> dict[str, Any]:
+    """The scenario settings a reader needs next to the numbers (rs: ResolvedScenario)."""
+    sc, par = rs.scenario, rs.scenario.parallel
+    return {
+        "tp": rs.tp, "sp": par.sp, "dp": rs.dp, "gpus": rs.gpus, "micro_batch": par.micro_batch,
+        "micro_batches": rs.micro_batches, "global_batch": par.global_batch, "seq_len": sc.model.seq_len,
+        "recompute": par.recompute, "tp_comm_overlap": par.tp_comm_overlap,
+        "topology": sc.topology.preset or rs.topology.name, "nodes": rs.topology.nodes, "gpu": rs.gpu.name,
+        "gpus_per_node": rs.topology.gpus_per_node, "crosses_nodes": rs.crosses_nodes(),
+    }
+
+
+def memory_echo(mem: Any) -> dict[str, Any]:
+    """MemoryBreakdown (sim/cost/memory.py) -> the results-JSON memory_gb block."""
+    return {
+        "weights": mem.weights_gb, "grads": mem.grads_gb, "optimizer": mem.optimizer_gb,
+        "activations": mem.activations_gb, "workspace": mem.workspace_gb, "total": mem.total_gb,
+        "capacity": mem.capacity_gb,
+        "fits": bool(mem.fits),
+    }
+
+
+def build_result(rs: Any, schedule: Schedule, log: EventLog, *, memory: Any, model_flops: float,
+                 collectives: Sequence[Mapping[str, Any]] = (), explicit_ranks: bool = False) -> StepResult:
+    """Assemble a StepResult from the event log and the cost-model side results."""
+    step_s = log.step_time_s
+    rep = log.of_rank(log.ranks[0])
+    path = critical_path(schedule, log)
+    layer = bd.middle_layer(rep)
+    tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
+    tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
+    return StepResult(
+        scenario=rs.name, step_time_s=step_s,
+        layer_fwd_ms=bd.layer_span_ms(rep, layer, ("fwd",)),
+        layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
+        tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
+        tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops,
+        memory_gb=memory_echo(memory), breakdown_s=bd.breakdown(rep, step_s),
+        critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=shares(path, step_s),
+        config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
+        explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks), ops_per_rank=len(schedule.ops),
+        events=log.events,
+    )

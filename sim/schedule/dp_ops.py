@@ -1,0 +1,115 @@
+"""The end of a step: SP gradient all-reduce, DP gradient buckets, optimizer step, parameter all-gather.
+
+Gradients (Megatron DDP): fp32 main grads (bf16 training forces fp32 gradient accumulation and reduction,
+Megatron-LM arguments.py), 4 bytes per parameter, grouped in buckets of `parallel.dp_bucket_mb` MiB in
+the order backward produces them (a parameter is never split; a bucket closes once it reaches the
+size). Only the last micro-batch's backward triggers reductions (earlier ones accumulate locally).
+
+- dp_overlap: a bucket is reduced as soon as its last gradient of the LAST micro-batch is produced;
+  otherwise every bucket waits for the end of backward. Stream "dp_comm", group "dp".
+- distributed_optimizer: reduce-scatter per bucket, the optimizer updates this rank's 1/dp shard, then
+  an all-gather of the updated bf16 parameters per bucket (2 bytes per parameter). With dp_overlap that
+  gather overlaps the next step's forward (Megatron's --overlap-param-gather), so the steady-state step
+  starts with it (sim/schedule/param_gather.py); without dp_overlap it trails the optimizer here.
+  Otherwise: all-reduce per bucket, every rank updates all its parameters.
+
+GQA with kv_heads < tp: each KV head (its K and V weights, and biases) is replicated on tp/kv_heads ranks,
+each of which back-propagates only its own query heads' share; the replicas' gradients are summed once
+per step in one coalesced "opt.kv_grad" all-reduce over that KV group (group "kv"), like "opt.ln_grad".
+
+SP: replicated parameters updated from sequence shards (norms, row-parallel biases) hold partial
+gradients on each TP rank; Megatron sums them over tp once per step, after the last micro-batch, in one
+coalesced all-reduce (finalize_model_grads / _allreduce_layernorm_grads). Modeled as one "opt.ln_grad"
+all-reduce of (all such params) x 4 bytes, issued when backward ends; the optimizer waits for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES
+from meshsim.sim.schedule.ops import Collective, Op, OptimizerStep, Work, stream_of
+
+GRAD_BYTES = FP32_BYTES  # fp32 main gradient per parameter
+PARAM_BYTES = BF16_BYTES  # bf16 parameter (all-gathered after a distributed-optimizer step)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DpConfig:
+    dp: int
+    distributed_optimizer: bool
+    overlap: bool
+    bucket_bytes: int
+    sp_grad_params: int  # params whose grads need the SP all-reduce over tp (0 without SP)
+    params: int  # parameters this rank holds (all TP shards' share, before DP sharding)
+    kv_grad_params: int = 0  # replicated K/V params (kv_heads < tp) whose grads sum over the KV group
+
+
+@dataclass(frozen=True)
+class Bucket:
+    producers: tuple[int, ...]  # op ids producing the bucket's gradients (last micro-batch)
+    params: int
+
+
+def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int) -> list[Bucket]:
+    """Group (op id, params) gradient producers, in backward order, into buckets of >= bucket_bytes."""
+    buckets, ids, params = [], [], 0
+    for op_id, n in producers:
+        if n <= 0:
+            continue
+        ids.append(op_id)
+        params += n
+        if params * GRAD_BYTES >= bucket_bytes:
+            buckets.append(Bucket(tuple(dict.fromkeys(ids)), params))
+            ids, params = [], 0
+    if params:
+        buckets.append(Bucket(tuple(dict.fromkeys(ids)), params))
+    return buckets
+
+
+def param_gather(bucket: Bucket) -> Collective:
+    """The distributed optimizer's all-gather of one bucket's updated bf16 parameters over DP."""
+    return Collective("all_gather", "dp", bucket.params * PARAM_BYTES, "dp_param")
+
+
+class _Emitter:
+    """Appends ops with consecutive ids starting at `start`."""
+
+    def __init__(self, start: int):
+        self.ops: list[Op] = []
+        self.next_id = start
+
+    def add(self, name: str, phase: str, work: Work, deps: tuple[int, ...]) -> int:
+        stream = stream_of(work)
+        op = Op(self.next_id, name, stream, stream, phase, work, tuple(sorted(set(deps))))
+        self.ops.append(op)
+        self.next_id += 1
+        return op.id
+
+
+def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, cfg: DpConfig) -> list[Op]:
+    """Ops after the last micro-batch's backward: SP grad all-reduce, DP buckets, optimizer, param gather.
+
+    `producers`: (op id, params) of the last micro-batch's gradient-producing ops, in backward order;
+    `end_of_bwd`: the last backward op."""
+    em = _Emitter(start)
+    before_opt: list[int] = [end_of_bwd]
+    if cfg.sp_grad_params:
+        ln = Collective("all_reduce", "tp", cfg.sp_grad_params * GRAD_BYTES, "ln_grad")
+        before_opt.append(em.add("opt.ln_grad", "bwd", ln, (end_of_bwd,)))
+    if cfg.kv_grad_params:
+        kv = Collective("all_reduce", "kv", cfg.kv_grad_params * GRAD_BYTES, "kv_grad")
+        before_opt.append(em.add("opt.kv_grad", "bwd", kv, (end_of_bwd,)))
+    buckets = make_buckets(producers, cfg.bucket_bytes) if cfg.dp > 1 else []
+    reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
+    for i, b in enumerate(buckets):
+        deps = b.producers if cfg.overlap else (end_of_bwd,)
+        work = Collective(reduce_op, "dp", b.params * GRAD_BYTES, "dp_grad")
+        before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
+    shard = cfg.dp if cfg.distributed_optimizer else 1
+    step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
+    if cfg.distributed_optimizer and not cfg.overlap:  # overlapped: sim/schedule/param_gather.py, next step's fwd
+        for i, b in enumerate(buckets):
+            em.add(f"dp.bucket{i}.all_gather", "opt", param_gather(b), (step,))
+    return em.ops

@@ -1,0 +1,280 @@
+"""One transformer layer's ops on one TP rank: forward, backward and recompute templates.
+
+A `Template` records ops with deps relative to its first op (ints) or named external inputs (strs:
+"in" = the layer input's producer, "gin" = the producer of the gradient of the layer output); the
+builder stamps it once per (layer, micro-batch), so building 80 layers x 4 micro-batches costs one
+template plus cheap copies.
+
+Shapes (Megatron [s, b, h]; t = tp): GEMM m = s*b tokens inside TP regions; LayerNorm, dropout and
+residual kernels see s*b/t tokens under SP (sequence-sharded), s*b otherwise. Column-parallel GEMMs
+(qkv, fc1) shard n, row-parallel GEMMs (proj, fc2) shard k. Every TP/SP boundary collective comes from
+the duality table (`region_boundaries(sp)`, `Boundary.op(phase)`); nothing here names f or g's op.
+
+Backward of a linear Y[T,N] = X[T,K] W[K,N]: dgrad dX = dY W^T -> Gemm(T, K, N); wgrad dW = X^T dY ->
+Gemm(K, N, T). Megatron computes dgrad first, launches the input-gradient collective asynchronously,
+then computes wgrad, so the collective overlaps wgrad. Under SP the column-parallel layer's input was
+stored sequence-sharded, so backward all-gathers it again ("{entry}_regather", issued before dgrad);
+wgrad depends on that gather, dgrad does not.
+
+Deps are data deps within a phase. A layer's backward needs its forward (or recompute) activations;
+that order is implied by the compute stream's FIFO order and not repeated as deps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
+from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Work, stream_of
+from meshsim.sim.schedule.shapes import LayerDims
+
+Deps = tuple[int | str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateOp:
+    suffix: str  # "fwd.qkv": the op name after the "L3.mb0." prefix
+    stream: str
+    category: str
+    phase: str
+    work: Work
+    local_deps: tuple[int, ...]
+    ext_deps: tuple[str, ...]
+
+
+@dataclass
+class Template:
+    """Ops of one block with relative deps; `marks` names outputs, `grads` lists (op, params) producers."""
+
+    ops: list[TemplateOp] = field(default_factory=list)
+    marks: dict[str, int] = field(default_factory=dict)
+    grads: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, phase: str, key: str, work: Work, deps: Deps = ()) -> int:
+        stream = stream_of(work)
+        local = tuple(d for d in deps if isinstance(d, int))
+        ext = tuple(d for d in deps if isinstance(d, str))
+        self.ops.append(TemplateOp(f"{phase}.{key}", stream, stream, phase, work, local, ext))
+        return len(self.ops) - 1
+
+
+def boundary_collective(d: LayerDims, boundary: Boundary, phase: str) -> Collective | None:
+    """The collective a duality-table boundary issues in `phase` on a full [s, b, h] activation over the
+    tp group; None for the identity or when tp = 1 (a group of one communicates nothing)."""
+    op = boundary.op(phase)
+    if op is CommOp.IDENTITY or d.tp == 1:
+        return None
+    return Collective(op.value, "tp", d.act_bytes, boundary.name)
+
+
+def regather_collective(d: LayerDims) -> Collective:
+    """SP backward: the column-parallel layer's input was stored sequence-sharded, so it is gathered again
+    (the entry boundary's forward collective) for the weight-gradient GEMM."""
+    return Collective(region_boundaries(True)[0].op("fwd").value, "tp", d.act_bytes, "sp_regather")
+
+
+def split(total: int, chunks: int) -> list[int]:
+    """`total` in `chunks` near-equal integer parts (the first ones one larger)."""
+    base, extra = divmod(total, chunks)
+    return [base + (1 if i < extra else 0) for i in range(chunks)]
+
+
+def comm_then_gemm(tpl: Template, phase: str, ckey: str, coll: Collective | None, gkey: str, gemm: Gemm,
+                   deps: Deps, chunks: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(collective -> GEMM); chunked along m so chunk i's gather overlaps chunk i-1's GEMM.
+
+    Returns (collective op indices, GEMM op indices)."""
+    if coll is None:
+        return (), (tpl.add(phase, gkey, gemm, deps),)
+    if chunks <= 1:
+        c = tpl.add(phase, ckey, coll, deps)
+        return (c,), (tpl.add(phase, gkey, gemm, (c,)),)
+    cs, gs = [], []
+    for i, (m, nbytes) in enumerate(zip(split(gemm.m, chunks), split(coll.nbytes, chunks), strict=True)):
+        cs.append(tpl.add(phase, f"{ckey}_c{i}", replace(coll, nbytes=nbytes), deps))
+        gs.append(tpl.add(phase, f"{gkey}_c{i}", replace(gemm, m=m), (cs[-1],)))
+    return tuple(cs), tuple(gs)
+
+
+def gemm_then_comm(tpl: Template, phase: str, gkey: str, gemm: Gemm, deps: Deps, ckey: str,
+                   coll: Collective | None, chunks: int) -> tuple[int, ...]:
+    """(GEMM -> collective), chunked along m; returns what consumers depend on (the collectives or GEMM)."""
+    if coll is None:
+        return (tpl.add(phase, gkey, gemm, deps),)
+    if chunks <= 1:
+        g = tpl.add(phase, gkey, gemm, deps)
+        return (tpl.add(phase, ckey, coll, (g,)),)
+    cs = []
+    for i, (m, nbytes) in enumerate(zip(split(gemm.m, chunks), split(coll.nbytes, chunks), strict=True)):
+        g = tpl.add(phase, f"{gkey}_c{i}", replace(gemm, m=m), deps)
+        cs.append(tpl.add(phase, f"{ckey}_c{i}", replace(coll, nbytes=nbytes), (g,)))
+    return tuple(cs)
+
+
+def dgrad(g: Gemm) -> Gemm:
+    return Gemm(g.m, g.k, g.n, g.batch)
+
+
+def wgrad(g: Gemm) -> Gemm:
+    return Gemm(g.k, g.n, g.m, g.batch)
+
+
+# ----- elementwise kernels (bytes read / written; 16-bit activations, 1-byte dropout masks) -----------
+def norm_fwd(d: LayerDims) -> Elementwise:
+    """LayerNorm: read x, write y and fp32 mean/rstd per token."""
+    n = d.tokens_out * d.hidden * d.dtype_bytes
+    return Elementwise("layernorm", n, n + 8 * d.tokens_out)
+
+
+def norm_bwd(d: LayerDims) -> Elementwise:
+    """LayerNorm backward fused with the residual-gradient add: read dy, x, the residual grad; write dx."""
+    n = d.tokens_out * d.hidden * d.dtype_bytes
+    return Elementwise("layernorm_bwd", 3 * n + 8 * d.tokens_out, n)
+
+
+def residual_fwd(d: LayerDims) -> Elementwise:
+    """(Bias-)dropout-add: read branch and residual, write sum (+ 1-byte mask with dropout)."""
+    n = d.tokens_out * d.hidden * d.dtype_bytes
+    mask = d.tokens_out * d.hidden if d.dropout else 0
+    return Elementwise("dropout_add" if d.dropout else "residual_add", 2 * n, n + mask)
+
+
+def dropout_bwd(d: LayerDims) -> Elementwise:
+    n = d.tokens_out * d.hidden * d.dtype_bytes
+    return Elementwise("dropout_bwd", n + d.tokens_out * d.hidden, n)
+
+
+def act_fwd(d: LayerDims) -> Elementwise:
+    """gelu: read/write T x ffn/t; swiglu: read gate+up (2 ffn/t), write ffn/t."""
+    out = d.tokens * d.ffn * d.dtype_bytes
+    return Elementwise(d.mlp, d.tokens * d.fc1_n * d.dtype_bytes, out)
+
+
+def act_bwd(d: LayerDims) -> Elementwise:
+    inp = d.tokens * d.fc1_n * d.dtype_bytes
+    return Elementwise(f"{d.mlp}_bwd", d.tokens * d.ffn * d.dtype_bytes + inp, inp)
+
+
+def scores(d: LayerDims, kernel: str, read_b: int, write_b: int) -> Elementwise:
+    """A kernel over the b x heads/t x s x s scores (unfused attention); bytes per score element:
+    scale_mask 2/2, softmax 2/2, dropout 2/3 (+1-byte mask); backward softmax 4/2, dropout 3/2."""
+    n = d.micro_batch * d.heads * d.seq * d.seq
+    return Elementwise(kernel, read_b * n, write_b * n)
+
+
+# ----- the attention core -----------------------------------------------------------------------------
+def core_forward(tpl: Template, phase: str, d: LayerDims, deps: Deps) -> tuple[int, ...]:
+    """Flash: one Attention. Unfused: QK^T, scale+mask, softmax, dropout, scores x V."""
+    if d.flash:
+        return (tpl.add(phase, "attn", d.attention(backward=False), deps),)
+    qk = tpl.add(phase, "qk", Gemm(d.seq, d.seq, d.head_dim, d.micro_batch * d.heads), deps)
+    x = tpl.add(phase, "scale_mask", scores(d, "scale_mask", 2, 2), (qk,))
+    x = tpl.add(phase, "softmax", scores(d, "softmax", 2, 2), (x,))
+    if d.dropout:
+        x = tpl.add(phase, "attn_dropout", scores(d, "attn_dropout", 2, 3), (x,))
+    return (tpl.add(phase, "pv", Gemm(d.seq, d.head_dim, d.seq, d.micro_batch * d.heads), (x,) + deps),)
+
+
+def core_backward(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
+    """Gradient of the core; selective recompute first re-runs the core forward (phase 'recompute')."""
+    if d.recompute == "selective":
+        core_forward(tpl, "recompute", d, ())
+    if d.flash:
+        return (tpl.add("bwd", "attn", d.attention(backward=True), deps),)
+    bh = d.micro_batch * d.heads
+    x = tpl.add("bwd", "pv_dgrad", Gemm(d.seq, d.seq, d.head_dim, bh), deps)
+    tpl.add("bwd", "pv_wgrad", Gemm(d.seq, d.head_dim, d.seq, bh), deps)
+    if d.dropout:
+        x = tpl.add("bwd", "attn_dropout", scores(d, "attn_dropout_bwd", 3, 2), (x,))
+    x = tpl.add("bwd", "softmax", scores(d, "softmax_bwd", 4, 2), (x,))
+    x = tpl.add("bwd", "scale_mask", scores(d, "scale_mask_bwd", 2, 2), (x,))
+    q = tpl.add("bwd", "qk_dgrad", Gemm(d.seq, d.head_dim, d.seq, bh), (x,))
+    k = tpl.add("bwd", "qk_wgrad", Gemm(d.seq, d.head_dim, d.seq, bh), (x,))
+    return (q, k)
+
+
+# ----- one block (attention or MLP): norm -> entry -> column GEMM -> middle -> row GEMM -> exit -> add --
+@dataclass(frozen=True)
+class Block:
+    norm: str
+    entry: str
+    col: str
+    row: str
+    exit: str
+    res: str
+    col_gemm: Gemm
+    row_gemm: Gemm
+    middle_fwd: Callable[[Template, str, LayerDims, Deps], tuple[int, ...]]
+    middle_bwd: Callable[[Template, LayerDims, Deps], tuple[int, ...]]
+
+
+def block_forward(tpl: Template, phase: str, d: LayerDims, blk: Block, inp: Deps) -> int:
+    """Forward of one block; returns the residual-add op (the block output)."""
+    entry, exit_ = region_boundaries(d.sp)
+    ln = tpl.add(phase, blk.norm, norm_fwd(d), inp)
+    coll = boundary_collective(d, entry, "fwd")
+    _, col = comm_then_gemm(tpl, phase, blk.entry, coll, blk.col, blk.col_gemm, (ln,), d.chunks)
+    mid = blk.middle_fwd(tpl, phase, d, col)
+    out = gemm_then_comm(tpl, phase, blk.row, blk.row_gemm, mid, blk.exit,
+                         boundary_collective(d, exit_, "fwd"), d.chunks)
+    return tpl.add(phase, blk.res, residual_fwd(d), out + inp)
+
+
+def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
+    """Backward of one block; returns the norm-backward op (gradient of the block input)."""
+    entry, exit_ = region_boundaries(d.sp)
+    g: Deps = (tpl.add("bwd", blk.res, dropout_bwd(d), gin),) if d.dropout else gin
+    coll = boundary_collective(d, exit_, "bwd")
+    cs, dg = comm_then_gemm(tpl, "bwd", blk.exit, coll, f"{blk.row}_dgrad", dgrad(blk.row_gemm), g, d.chunks)
+    row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm), cs or g)
+    mid = blk.middle_bwd(tpl, d, dg)
+    regather: tuple[int, ...] = ()
+    if d.sp:
+        regather = (tpl.add("bwd", f"{blk.entry}_regather", regather_collective(d), mid),)
+    ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry,
+                           boundary_collective(d, entry, "bwd"), 1)  # bulk-overlapped with wgrad
+    col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm), mid + regather)
+    tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]
+    return tpl.add("bwd", blk.norm, norm_bwd(d), ready + gin)
+
+
+def _act_fwd(tpl: Template, phase: str, d: LayerDims, deps: Deps) -> tuple[int, ...]:
+    return (tpl.add(phase, "act", act_fwd(d), deps),)
+
+
+def _act_bwd(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
+    return (tpl.add("bwd", "act", act_bwd(d), deps),)
+
+
+def blocks(d: LayerDims) -> tuple[Block, Block]:
+    attn = Block("ln1", "attn_in", "qkv", "proj", "attn_out", "attn_res", d.qkv_gemm(), d.proj_gemm(),
+                 core_forward, core_backward)
+    mlp = Block("ln2", "mlp_in", "fc1", "fc2", "mlp_out", "mlp_res", d.fc1_gemm(), d.fc2_gemm(),
+                _act_fwd, _act_bwd)
+    return attn, mlp
+
+
+def layer_forward(tpl: Template, phase: str, d: LayerDims, inp: Deps) -> int:
+    attn, mlp = blocks(d)
+    x = block_forward(tpl, phase, d, attn, inp)
+    return block_forward(tpl, phase, d, mlp, (x,))
+
+
+def forward_template(d: LayerDims) -> Template:
+    tpl = Template()
+    tpl.marks["out"] = layer_forward(tpl, "fwd", d, ("in",))
+    return tpl
+
+
+def backward_template(d: LayerDims) -> Template:
+    """Backward of one layer (full recompute: the layer's forward again first, phase 'recompute')."""
+    tpl = Template()
+    if d.recompute == "full":
+        layer_forward(tpl, "recompute", d, ())
+    attn, mlp = blocks(d)
+    g = block_backward(tpl, d, mlp, ("gin",))
+    out = block_backward(tpl, d, attn, (g,))
+    tpl.grads.append((out, d.norm_params_per_layer))
+    tpl.marks["out"] = out
+    return tpl

@@ -1,0 +1,152 @@
+"""A schedule is data: the ordered ops one rank runs in a training step, with their dependencies.
+
+The simulator (sim/engine/events.py) and the real executor (validate/) both consume this structure.
+Every rank of a symmetric TP/DP mesh runs the same schedule; collectives name their group symbolically
+("tp", "dp", or "kv": the tp/kv_heads ranks of a TP group that replicate one KV head when kv_heads < tp)
+and are resolved to ranks by the caller.
+
+Stream order is list order: ops on one stream run FIFO in the order they appear in `Schedule.ops`,
+each starting once its stream is free and all its `deps` have finished.
+
+Shapes use Megatron's activation layout [s, b, h]. Units: bytes, FLOPs (not rates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Stream = Literal["compute", "tp_comm", "dp_comm"]
+Category = Literal["compute", "tp_comm", "dp_comm"]
+Phase = Literal["fwd", "bwd", "recompute", "opt"]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """C[m, n] = A[m, k] @ B[k, n], `batch` independent copies. FLOPs = 2 m n k batch."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Flash-attention core for `heads` query heads on this rank (GQA: `kv_heads` KV heads).
+
+    Forward FLOPs = 4 b s_q s_kv heads head_dim (QK^T and PV), halved under a causal mask;
+    backward = 2.5x forward (recomputes the scores, then four GEMM-like products).
+    """
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    causal: bool = True
+    backward: bool = False
+
+    @property
+    def flops(self) -> float:
+        fwd = 4.0 * self.batch * self.seq * self.seq * self.heads * self.head_dim
+        if self.causal:
+            fwd /= 2.0
+        return fwd * (2.5 if self.backward else 1.0)
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """A memory-bound kernel (layernorm, gelu, swiglu, dropout, residual add, softmax, cross-entropy...)."""
+
+    kernel: str
+    bytes_read: int
+    bytes_written: int
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective on a symbolic group. `nbytes` follows nccl-tests: for all-gather / reduce-scatter it
+    is the total (gathered) size; for all-reduce the buffer size.
+
+    `boundary` names the duality-table operator that issued it (f, g, sp_gather, sp_scatter), or a
+    purpose such as "ln_grad", "dp_grad", "dp_param", "xent_max", "xent_sum".
+    """
+
+    op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+    group: Literal["tp", "dp", "kv"]
+    nbytes: int
+    boundary: str = ""
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """Mixed-precision Adam over `params` parameters owned by this rank: memory-bound."""
+
+    params: int
+    bytes_per_param: int = 32  # read+write: fp32 master, two moments, fp32 grad, bf16 weight
+
+    @property
+    def flops(self) -> float:
+        return 12.0 * self.params
+
+
+def mesh_group(kind: str, rank: int, tp: int, dp: int, kv_replicas: int = 1) -> tuple[int, ...]:
+    """`rank`'s group of a symbolic kind on the TP-innermost mesh (scenarios/resolved.py):
+    "tp" = the tp consecutive ranks r // tp * tp ...; "dp" = the ranks congruent to r mod tp;
+    "kv" = the kv_replicas consecutive ranks of r's TP group that replicate its KV head."""
+    if kind == "tp":
+        first = rank // tp * tp
+        return tuple(range(first, first + tp))
+    if kind == "kv":
+        first = rank // kv_replicas * kv_replicas
+        return tuple(range(first, first + kv_replicas))
+    return tuple(rank % tp + d * tp for d in range(dp))
+
+
+def comm_stream(group: str) -> Stream:
+    """The stream (and category) of a collective on `group`: DP traffic on dp_comm, TP and KV on tp_comm."""
+    return "dp_comm" if group == "dp" else "tp_comm"
+
+
+def stream_of(work: object) -> Stream:
+    """The stream an op of this work runs on: collectives on their group's comm stream, the rest compute."""
+    return comm_stream(work.group) if isinstance(work, Collective) else "compute"
+
+
+Work = Gemm | Attention | Elementwise | Collective | OptimizerStep
+
+
+@dataclass(frozen=True)
+class Op:
+    id: int
+    name: str  # e.g. "L3.mb0.fwd.qkv"
+    stream: Stream
+    category: Category
+    phase: Phase
+    work: Work
+    deps: tuple[int, ...] = ()
+    layer: int | None = None  # transformer layer index; None for embedding / head / optimizer
+    micro_batch: int | None = None
+
+    @property
+    def flops(self) -> float:
+        return getattr(self.work, "flops", 0.0) if not isinstance(self.work, Collective) else 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    ops: tuple[Op, ...]
+    tp: int
+    dp: int
+    micro_batches: int  # per DP rank per step (gradient accumulation steps)
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+    kv_replicas: int = 1  # ranks of a TP group sharing one KV head (tp / kv_heads when kv_heads < tp)
+
+    def by_stream(self, stream: Stream) -> list[Op]:
+        return [op for op in self.ops if op.stream == stream]

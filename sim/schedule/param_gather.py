@@ -1,0 +1,61 @@
+"""Overlapped parameter all-gather of the distributed optimizer, in steady state.
+
+With the distributed optimizer each DP rank updates 1/dp of the parameters, which are then all-gathered
+(bf16) over DP. Megatron-LM with --overlap-param-gather (with --overlap-grad-reduce, our
+`parallel.dp_overlap`) does not wait for those gathers after the optimizer: it issues them bucket by bucket
+as the NEXT step's forward pass reaches the bucket's parameters. A simulated step is one step of that
+steady state, so it starts with the gathers of the previous step's update:
+
+- one all-gather per gradient bucket (the same buckets as the reduce-scatter, sim/dp_ops.make_buckets),
+  issued at the start of the step on the dp_comm stream in forward order (the reverse of the buckets'
+  backward order: the bucket holding the embedding and the first layers comes first);
+- the first forward op of micro-batch 0 that uses a bucket's parameters (the first op of that layer, or
+  of the embedding / output head) waits for its all-gather.
+
+So only the first gather is necessarily exposed; the others hide behind the forward of earlier layers
+when the network keeps up. Without dp_overlap the gathers trail the optimizer (sim/schedule/dp_ops.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshsim.sim.schedule.dp_ops import Bucket, make_buckets, param_gather
+from meshsim.sim.schedule.ops import Op
+
+
+def _owner(op: Op) -> tuple:
+    """What an op's parameters belong to: its layer, or the embedding / head block ("embed", "head")."""
+    return ("layer", op.layer) if op.layer is not None else ("block", op.name.split(".", 1)[0])
+
+
+def _first_forward_use(ops: list[Op]) -> dict[tuple, int]:
+    """Owner -> id of the first forward op of micro-batch 0 that belongs to it."""
+    first: dict[tuple, int] = {}
+    for op in ops:
+        if op.phase == "fwd" and op.micro_batch == 0:
+            first.setdefault(_owner(op), op.id)
+    return first
+
+
+def reserved_gathers(grad_params: list[int], bucket_bytes: int) -> int:
+    """How many all-gathers open the step: the number of buckets the gradient producers' parameter counts
+    (in backward order) make. The builder reserves that many list slots before stamping the step."""
+    return len(make_buckets(list(enumerate(grad_params)), bucket_bytes))
+
+
+def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket]) -> list[Op]:
+    """Fill the reserved slots ops[0:len(buckets)] (None) with the buckets' all-gathers in forward order,
+    and make each bucket's first forward consumers depend on its gather (module docstring). Only the
+    gated ops are rebuilt: ids stay list positions."""
+    n = len(buckets)
+    assert all(op is None for op in ops[:n]) and all(op.id == i for i, op in enumerate(ops[n:], n))
+    first = _first_forward_use(ops[n:])
+    gates: dict[int, list[int]] = {}
+    for new_id, (i, bucket) in enumerate(reversed(list(enumerate(buckets)))):
+        ops[new_id] = Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", param_gather(bucket))
+        for consumer in sorted({first[_owner(ops[p])] for p in bucket.producers}):
+            gates.setdefault(consumer, []).append(new_id)
+    for consumer, gathers in gates.items():
+        ops[consumer] = replace(ops[consumer], deps=ops[consumer].deps + tuple(gathers))
+    return ops

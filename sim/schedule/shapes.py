@@ -1,0 +1,116 @@
+"""Per-rank shapes of one transformer layer: the dimensions every op template and the memory model use.
+
+t = tp. Heads, KV heads (replicated when kv_heads < t: each rank keeps max(1, kv_heads / t)), FFN width
+and the (padded) vocabulary are sharded by t; under SP the norm/dropout/residual kernels see s*b/t tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.schedule.ops import Attention, Gemm
+
+VOCAB_DIVISOR = 128  # Megatron --make-vocab-size-divisible-by default: vocab padded to 128 * tp
+# tp_comm_overlap chunks k = min(tp, 4): chunk i's collective overlaps chunk i-1's GEMM, leaving ~1/k of
+# the collective exposed; past 4 chunks the gain (1/4 -> 1/8 of one collective) is small while each
+# chunk pays the collective latency again and the schedule (and simulation) grows by 2 ops per chunk.
+MAX_OVERLAP_CHUNKS = 4
+
+
+@dataclass(frozen=True)
+class LayerDims:
+    """Per-rank shapes of one layer and the head. heads/kv_heads/ffn/vocab are this rank's share.
+
+    Model-family conventions (the schema has no field for them): gelu models are GPT/Megatron style
+    (LayerNorm with weight+bias, biases on every linear); swiglu models are Llama style (RMSNorm with a
+    weight only, no linear biases)."""
+
+    seq: int
+    micro_batch: int
+    hidden: int
+    tp: int
+    sp: bool
+    heads: int
+    kv_heads: int  # max(1, kv_heads / tp): KV heads are replicated when kv_heads < tp
+    head_dim: int
+    ffn: int  # ffn_hidden / tp
+    vocab: int  # padded vocab / tp
+    mlp: str
+    flash: bool
+    dropout: bool
+    recompute: str
+    chunks: int  # tp_comm_overlap: GEMM/collective chunks (1 = no overlap)
+    bias: bool
+    norm_params: int  # parameters of one norm (2h LayerNorm, h RMSNorm)
+    dtype_bytes: int = 2
+
+    @property
+    def tokens(self) -> int:
+        return self.seq * self.micro_batch
+
+    @property
+    def tokens_out(self) -> int:
+        """Tokens on this rank outside TP regions: s*b/t under SP, s*b otherwise."""
+        return self.tokens // self.tp if self.sp else self.tokens
+
+    @property
+    def act_bytes(self) -> int:
+        """A full [s, b, h] 16-bit activation: the payload of every boundary collective."""
+        return self.tokens * self.hidden * self.dtype_bytes
+
+    @property
+    def fc1_n(self) -> int:
+        return 2 * self.ffn if self.mlp == "swiglu" else self.ffn
+
+    def qkv_gemm(self) -> Gemm:
+        return Gemm(self.tokens, (self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden)
+
+    def proj_gemm(self) -> Gemm:
+        return Gemm(self.tokens, self.hidden, self.heads * self.head_dim)
+
+    def fc1_gemm(self) -> Gemm:
+        return Gemm(self.tokens, self.fc1_n, self.hidden)
+
+    def fc2_gemm(self) -> Gemm:
+        return Gemm(self.tokens, self.hidden, self.ffn)
+
+    def attention(self, backward: bool) -> Attention:
+        return Attention(self.micro_batch, self.heads, self.kv_heads, self.seq, self.head_dim, True, backward)
+
+    def params(self, g: Gemm) -> int:
+        """Weight [k, n] of a linear, plus its bias [n] (n = h for row-parallel: replicated)."""
+        return g.k * g.n + (g.n if self.bias else 0)
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        return 2 * self.norm_params
+
+    @property
+    def layer_params(self) -> int:
+        gemms = (self.qkv_gemm(), self.proj_gemm(), self.fc1_gemm(), self.fc2_gemm())
+        return sum(self.params(g) for g in gemms) + self.norm_params_per_layer
+
+    @property
+    def sp_params_per_layer(self) -> int:
+        """Replicated params whose grads are partial per sequence shard under SP: norms, row biases."""
+        return self.norm_params_per_layer + (2 * self.hidden if self.bias else 0)
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 * tp so every shard is whole and aligned."""
+    step = VOCAB_DIVISOR * tp
+    return -(-vocab // step) * step
+
+
+def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:
+    """Per-rank shapes for `rs` (or for the same model at another tp, e.g. tp=1 for unsharded FLOPs)."""
+    m, p = rs.scenario.model, rs.scenario.parallel
+    t = rs.tp if tp is None else tp
+    swiglu = m.mlp == "swiglu"
+    return LayerDims(
+        seq=m.seq_len, micro_batch=p.micro_batch, hidden=m.hidden, tp=t, sp=p.sp and t > 1,
+        heads=m.heads // t, kv_heads=max(1, m.num_kv_heads // t), head_dim=m.head_dim, ffn=m.ffn // t,
+        vocab=padded_vocab(m.vocab, t) // t, mlp=m.mlp, flash=m.attention == "flash", dropout=m.dropout,
+        recompute=p.recompute, chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
+        bias=not swiglu, norm_params=m.hidden if swiglu else 2 * m.hidden, dtype_bytes=m.dtype_bytes)

@@ -1,0 +1,158 @@
+"""Sweep axes, their product, and one configuration's run (meshsim sweep).
+
+A sweep varies five parallel-configuration axes of one scenario at its fixed GPU count:
+tp, sp, micro_batch, tp_comm_overlap and recompute. The data-parallel degree follows from tp
+(`parallel.dp = "auto"`: dp = gpus / tp). Axis values come, by priority, from command-line flags,
+the scenario's `sweep:` block, then the scenario's own single value.
+
+Every configuration is run by `run_point`, a module-level function so that process pools and Ray can
+ship it: it returns a plain dict record, either `status="ok"` with the StepResult dict, or
+`status="skipped"` with the reason the scenario checks gave (a UserError's problem and fix); it never
+raises for a configuration the model cannot take.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import asdict, dataclass
+
+from meshsim.sim.core.errors import UserError
+
+AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute")
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+SWITCH_VALUES = {"on": (True,), "off": (False,), "both": (False, True)}
+
+
+# ----- parsing --------------------------------------------------------------------------------------
+def parse_int_list(field: str, text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); positive integers, duplicates dropped, order kept."""
+    values: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) <= 0:
+            raise UserError(f"--{field.replace('_', '-')}", text, "give positive integers separated by commas, "
+                            "e.g. 1,2,4,8", problem=f"{part!r} is not a positive integer")
+        if int(part) not in values:
+            values.append(int(part))
+    return tuple(values)
+
+
+def parse_switch(field: str, text: str) -> tuple[bool, ...]:
+    """'on' -> (True,), 'off' -> (False,), 'both' -> (False, True)."""
+    value = str(text).strip().lower()
+    if value not in SWITCH_VALUES:
+        raise UserError(f"--{field.replace('_', '-')}", text, "use on, off or both")
+    return SWITCH_VALUES[value]
+
+
+def parse_recompute(text: str) -> tuple[str, ...]:
+    """'none,selective,full' -> ('none', 'selective', 'full')."""
+    values: list[str] = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if part not in RECOMPUTE_CHOICES:
+            raise UserError("--recompute", text, f"use a comma-separated subset of {', '.join(RECOMPUTE_CHOICES)}",
+                            problem=f"{part!r} is not a recompute mode")
+        if part not in values:
+            values.append(part)
+    return tuple(values)
+
+
+PARSERS = {
+    "tp": lambda t: parse_int_list("tp", t),
+    "sp": lambda t: parse_switch("sp", t),
+    "micro_batch": lambda t: parse_int_list("micro_batch", t),
+    "tp_comm_overlap": lambda t: parse_switch("tp_comm_overlap", t),
+    "recompute": parse_recompute,
+}
+
+
+# ----- axes and points ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepAxes:
+    tp: tuple[int, ...]
+    sp: tuple[bool, ...]
+    micro_batch: tuple[int, ...]
+    tp_comm_overlap: tuple[bool, ...]
+    recompute: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One configuration of the sweep."""
+
+    tp: int
+    sp: bool
+    micro_batch: int
+    tp_comm_overlap: bool
+    recompute: str
+
+    @property
+    def key(self) -> str:
+        """Stable identifier, used to resume: 'tp=8,sp=on,mb=1,overlap=off,recompute=none'."""
+        return (f"tp={self.tp},sp={_onoff(self.sp)},mb={self.micro_batch},"
+                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}")
+
+    def overrides(self) -> dict[str, object]:
+        """Dotted scenario overrides for scenarios.load.with_overrides; dp follows from tp."""
+        fields = {f"parallel.{name}": value for name, value in asdict(self).items()}
+        return {**fields, "parallel.dp": "auto"}
+
+
+def _onoff(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def sweep_axes(scenario, flags: dict[str, str | None] | None = None) -> SweepAxes:
+    """Axis values: a flag (text, parsed here) beats the scenario's `sweep:` block, which beats the
+    scenario's own single value."""
+    flags = flags or {}
+    block = scenario.sweep
+    values = {}
+    for axis in AXES:
+        if flags.get(axis) is not None:
+            values[axis] = PARSERS[axis](flags[axis])
+        elif block is not None and getattr(block, axis):
+            values[axis] = tuple(dict.fromkeys(getattr(block, axis)))
+        else:
+            values[axis] = (getattr(scenario.parallel, axis),)
+    return SweepAxes(**values)
+
+
+def configurations(axes: SweepAxes) -> list[SweepPoint]:
+    """The product of the axes, tp outermost (the table reads by tp)."""
+    return [SweepPoint(*combo) for combo in itertools.product(*(getattr(axes, a) for a in AXES))]
+
+
+def scenario_digest(scenario) -> str:
+    """Hash of everything a configuration's result depends on besides its point: the scenario without its
+    sweep block and without the fields every point overrides. Resumed records must match it."""
+    text = scenario.model_dump_json(exclude={"sweep": True, "parallel": {*AXES, "dp"}})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ----- running one configuration --------------------------------------------------------------------
+def skip_reason(err: UserError) -> str:
+    """The problem and fix of a UserError, without the file prefix: why a configuration was skipped."""
+    problem = f"{err.problem}. " if err.problem else ""
+    return f"{err.field} = {err.value!r}: {problem}{err.fix}"
+
+
+def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> dict:
+    """Resolve and simulate one configuration -> a JSON-ready record (never raises a UserError).
+
+    The record keeps every results-JSON key except the op-by-op `critical_path` (tens of thousands of
+    segments, ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and
+    `meshsim run` on the configuration writes the full path."""
+    from meshsim.scenarios.load import resolve, with_overrides
+    from meshsim.sim.results.simulate import simulate
+
+    record = {"key": point.key, "config": asdict(point), "scenario_digest": digest}
+    try:
+        rs = resolve(with_overrides(scenario, point.overrides(), source), source)
+        result = simulate(rs).to_dict()
+        del result["critical_path"]
+    except UserError as err:
+        return {**record, "status": "skipped", "reason": skip_reason(err)}
+    return {**record, "status": "ok", "result": result}

@@ -1,0 +1,199 @@
+"""`meshsim compare A.json B.json`: two simulated steps side by side.
+
+- headline: step time, tokens/s, TFLOP/s per GPU, MFU, memory per GPU (and whether it fits);
+- step time by category (the breakdown_s of sim/results/breakdown.py and the critical-path shares) with the
+  delta B - A and its percentage of A;
+- one Perfetto/Chrome trace holding both timelines.
+
+Timelines (decision): `meshsim run --out DIR` writes DIR/trace.json next to DIR/results.json, so compare
+merges the two trace.json files found next to the results, giving B's processes pids shifted past A's and
+prefixing every process name with "A: " / "B: ". A results file without a trace beside it is re-simulated
+from what it carries: its `source` (scenario file or builtin:NAME) with the config echo (tp, sp,
+micro_batch, recompute, tp_comm_overlap) applied as overrides. If neither is possible, the comparison
+is still printed and the merged trace is not written (the reason is reported).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from meshsim.sim.core.errors import UserError
+
+HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 1.0),
+            ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0))
+CATEGORIES = ("compute", "tp_comm", "dp_comm", "exposed_comm", "idle")
+SHARES = ("compute", "tp_comm", "dp_comm", "waiting")
+REPLAY_KEYS = ("tp", "sp", "micro_batch", "recompute", "tp_comm_overlap")
+
+
+def load_results(path: str | Path) -> dict:
+    """A results.json written by `meshsim run` (or one configuration of a sweep record)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError("results", str(path), "give a results.json written by `meshsim run --out DIR`",
+                        problem=f"Cannot read the file ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise UserError("results", str(path), "give a results.json written by `meshsim run --out DIR`",
+                        problem=f"Not JSON ({exc.msg} at line {exc.lineno})") from None
+    data = data.get("result", data) if isinstance(data, dict) else data
+    missing = [k for k in ("step_time_s", "breakdown_s", "memory_gb") if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise UserError("results", str(path), "give a results.json written by `meshsim run --out DIR`",
+                        problem=f"Missing keys {', '.join(missing)}")
+    return data
+
+
+def _row(name: str, a: float, b: float) -> dict:
+    return {"name": name, "a": a, "b": b, "delta": b - a, "delta_pct": 100 * (b - a) / a if a else None}
+
+
+def headline_rows(a: dict, b: dict) -> list[dict]:
+    rows = [_row(name, a[key] * scale, b[key] * scale) for name, key, scale in HEADLINE]
+    rows.append(_row("memory per GPU (GB)", a["memory_gb"]["total"], b["memory_gb"]["total"]))
+    return rows
+
+
+def category_rows(a: dict, b: dict) -> list[dict]:
+    """Step time by category in seconds; compute + exposed_comm + idle = step time."""
+    rows = [_row(cat, a["breakdown_s"].get(cat, 0.0), b["breakdown_s"].get(cat, 0.0)) for cat in CATEGORIES]
+    rows.append(_row("step", a["step_time_s"], b["step_time_s"]))
+    sa, sb = a.get("critical_path_share", {}), b.get("critical_path_share", {})
+    rows += [_row(f"critical path: {k} (s)", sa.get(k, 0.0) * a["step_time_s"], sb.get(k, 0.0) * b["step_time_s"])
+             for k in SHARES if k in sa or k in sb]
+    return rows
+
+
+def labels(a: dict, b: dict, path_a: Path, path_b: Path) -> tuple[str, str]:
+    """'A: name' / 'B: name'; the parent directory names are used when both results share a name."""
+    na, nb = a.get("scenario", "A"), b.get("scenario", "B")
+    if na == nb:
+        na, nb = f"{na} ({Path(path_a).parent.name or path_a})", f"{nb} ({Path(path_b).parent.name or path_b})"
+    return f"A: {na}", f"B: {nb}"
+
+
+# ----- timelines ------------------------------------------------------------------------------------
+def _trace_events(doc: object) -> list[dict]:
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+
+
+def relabel(events: list[dict], *, pid_offset: int, prefix: str, flow_offset: int) -> list[dict]:
+    """Shift pids and flow ids, and prefix process names ('A: ' ...) so two runs share one trace."""
+    out = []
+    for ev in events:
+        ev = dict(ev)
+        if isinstance(ev.get("pid"), int):
+            ev["pid"] += pid_offset
+        if ev.get("ph") in ("s", "t", "f") and isinstance(ev.get("id"), int):
+            ev["id"] += flow_offset
+        if ev.get("ph") == "M" and ev.get("name") == "process_name":
+            ev["args"] = {**ev.get("args", {}), "name": f"{prefix} {ev.get('args', {}).get('name', '')}".strip()}
+        if ev.get("ph") == "M" and ev.get("name") == "process_sort_index":
+            ev["args"] = {"sort_index": ev["pid"]}
+        out.append(ev)
+    return out
+
+
+def merge_traces(a: list[dict], b: list[dict], label_a: str, label_b: str) -> dict:
+    """One Chrome/Perfetto trace document: A's processes first, then B's with pids past A's."""
+    pids = [e["pid"] for e in a if isinstance(e.get("pid"), int)]
+    flows = [e["id"] for e in a if e.get("ph") in ("s", "t", "f") and isinstance(e.get("id"), int)]
+    merged = relabel(a, pid_offset=0, prefix=label_a, flow_offset=0) + relabel(
+        b, pid_offset=max(pids, default=-1) + 1, prefix=label_b, flow_offset=max(flows, default=0) + 1)
+    from meshsim.sim.outputs.trace import trace_document
+
+    return trace_document(merged)
+
+
+def resimulate_events(result: dict) -> list[dict]:
+    """Re-run the step a results dict describes (its source + config echo) -> its trace events.
+
+    Raises UserError if the results do not say where their scenario came from, or if the replay's step
+    time differs from the recorded one (the scenario file changed, or `run` had overrides not echoed)."""
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+    from meshsim.sim.outputs.trace import trace_events
+    from meshsim.sim.results.simulate import simulate_with_events
+
+    source = result.get("source", "")
+    if not source:
+        raise UserError("results", result.get("scenario", "?"), "run `meshsim run --out DIR` to write trace.json",
+                        problem="No trace.json beside it and no scenario source to re-simulate")
+    from meshsim.scenarios.library import BUILTIN_PREFIX
+
+    name = source.removeprefix(BUILTIN_PREFIX)
+    scenario, src = load_scenario(name)
+    overrides = {f"parallel.{k}": result[k] for k in REPLAY_KEYS if k in result}
+    overrides.update({"parallel.dp": "auto", "parallel.gpus": result["gpus"]} if "gpus" in result else {})
+    replay, log, _ = simulate_with_events(resolve(with_overrides(scenario, overrides, src), src))
+    if abs(replay.step_time_s - result["step_time_s"]) > 1e-9 * max(1.0, result["step_time_s"]):
+        raise UserError("results", source, "re-run `meshsim run --out DIR` so that trace.json is written",
+                        problem=f"Re-simulating gives step time {replay.step_time_s:.6f} s, not the recorded "
+                                f"{result['step_time_s']:.6f} s")
+    return trace_events(log.events, replay.critical_path)
+
+
+def timeline_events(result: dict, results_path: Path) -> list[dict]:
+    """trace.json beside the results if present, else a re-simulation."""
+    from meshsim.sim.outputs.step_report import OUTPUT_FILES
+
+    trace = Path(results_path).parent / OUTPUT_FILES["trace"]
+    if trace.is_file():
+        return _trace_events(json.loads(trace.read_text()))
+    return resimulate_events(result)
+
+
+# ----- the comparison -------------------------------------------------------------------------------
+def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path | None = None) -> dict:
+    """Headline and category rows for two results files; with out_dir, write compare.json and the merged
+    trace.json there. The returned dict has 'labels', 'headline', 'categories', 'fits', 'trace', 'note'."""
+    a, b = load_results(path_a), load_results(path_b)
+    label_a, label_b = labels(a, b, Path(path_a), Path(path_b))
+    comparison = {"labels": [label_a, label_b], "files": [str(path_a), str(path_b)],
+                  "headline": headline_rows(a, b), "categories": category_rows(a, b),
+                  "fits": [a["memory_gb"].get("fits"), b["memory_gb"].get("fits")], "trace": None, "note": ""}
+    if out_dir is None:
+        return comparison
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        doc = merge_traces(timeline_events(a, Path(path_a)), timeline_events(b, Path(path_b)), label_a, label_b)
+        trace = out / "trace.json"  # the merged trace of both runs
+        trace.write_text(json.dumps(doc, separators=(",", ":")))
+        comparison["trace"] = str(trace)
+    except UserError as err:
+        comparison["note"] = f"merged trace not written: {err}"
+    (out / "compare.json").write_text(json.dumps(comparison, indent=1))
+    return comparison
+
+
+def _fmt(value: float | None, name: str) -> str:
+    if value is None:
+        return "-"
+    if name == "tokens/s":
+        return f"{value:,.0f}"
+    return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def print_comparison(comparison: dict, console) -> None:
+    """Two rich tables (headline, step time by category) and where the merged trace went."""
+    from rich.table import Table
+
+    label_a, label_b = comparison["labels"]
+    for title, key in (("Headline", "headline"), ("Step time by category (s)", "categories")):
+        table = Table(title=title, header_style="bold")
+        for col in ("", label_a, label_b, "B - A", "B vs A"):
+            table.add_column(col, justify="right" if col else "left")
+        for row in comparison[key]:
+            pct = "-" if row["delta_pct"] is None else f"{row['delta_pct']:+.1f}%"
+            table.add_row(row["name"], _fmt(row["a"], row["name"]), _fmt(row["b"], row["name"]),
+                          _fmt(row["delta"], row["name"]), pct)
+        console.print(table)
+    fits = ["fits" if f else "does NOT fit" for f in comparison["fits"]]
+    console.print(f"memory: A {fits[0]}, B {fits[1]}", highlight=False)
+    if comparison["trace"]:
+        console.print(f"merged timeline: {comparison['trace']} (open in https://ui.perfetto.dev)", highlight=False)
+    if comparison["note"]:
+        console.print(comparison["note"], highlight=False)

@@ -1,0 +1,306 @@
+"""The sweet spot of a sweep and the reasons for it, written from the numbers of the results.
+
+Sweet spot = the configuration with the highest `tokens_per_s` among those that ran and fit in memory
+(`memory_gb.fits`); ties go to the first in sweep order (smallest tp). If none fits, there is no sweet
+spot and the explanation names the smallest overflow instead.
+
+Every number in a generated sentence is read from a record (StepResult dict, see sim/results/simulate.py) or
+computed from two of them (ratios, differences); nothing is a canned figure. The neighbours explained are
+the configurations that differ from the sweet spot in exactly one axis: the next smaller and larger tp, the
+first tp that leaves the NVLink domain, and every other value of the other axes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from meshsim.sim.results.critical_path import CATEGORY_NAMES
+from meshsim.sim.sweep.axes import AXES
+
+MAX_SENTENCES = 9
+SHARE_NAMES = CATEGORY_NAMES
+AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute"}
+
+
+# ----- selection ------------------------------------------------------------------------------------
+def ok(record: dict) -> bool:
+    return record.get("status") == "ok"
+
+
+def fits(record: dict) -> bool:
+    return ok(record) and bool(record["result"]["memory_gb"]["fits"])
+
+
+def sweet_spot(records: list[dict]) -> dict | None:
+    """The fitting configuration with the most tokens/s (first one on ties), or None."""
+    candidates = [r for r in records if fits(r)]
+    return max(candidates, key=lambda r: r["result"]["tokens_per_s"]) if candidates else None
+
+
+def smallest_overflow(records: list[dict]) -> dict | None:
+    """Among configurations that ran but do not fit, the one with the least memory per GPU."""
+    over = [r for r in records if ok(r) and not fits(r)]
+    return min(over, key=lambda r: r["result"]["memory_gb"]["total"]) if over else None
+
+
+# ----- formatting -----------------------------------------------------------------------------------
+def fmt_gb(value: float) -> str:
+    """96.04 -> '96', 12.35 -> '12.3', 1.024 -> '1.02' (one decimal from 10 GB, two below; trailing
+    zeros dropped)."""
+    text = f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def fmt_s(seconds: float) -> str:
+    """4.2628 -> '4.263 s', 0.0123 -> '12.3 ms', 0.000685 -> '685 us' (4 significant digits at most)."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-6:.3g} us"
+
+
+def fmt_pct(fraction: float) -> str:
+    return f"{100 * fraction:.0f}%"
+
+
+def fmt_tokens(per_s: float) -> str:
+    if per_s >= 1e6:
+        return f"{per_s / 1e6:.2f}M"
+    return f"{per_s / 1e3:.1f}k" if per_s >= 1e3 else f"{per_s:.0f}"
+
+
+def varying_axes(records: list[dict]) -> list[str]:
+    """Axes with more than one value in the sweep; tp always."""
+    return [a for a in AXES if a == "tp" or len({r["config"][a] for r in records}) > 1]
+
+
+def label(record: dict, axes: list[str]) -> str:
+    """'tp=8, sp=on' over the given axes."""
+    parts = []
+    for axis in axes:
+        value = record["config"][axis]
+        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        parts.append(f"{AXIS_LABELS[axis]}={text}")
+    return ", ".join(parts)
+
+
+def _memory(rec: dict) -> dict:
+    return rec["result"]["memory_gb"]
+
+
+def _nodes_spanned(rec: dict) -> int:
+    res = rec["result"]
+    return math.ceil(res["tp"] / res["gpus_per_node"])
+
+
+def _speed_delta(rec: dict, best: dict) -> str:
+    """'23% fewer tokens/s' relative to the sweet spot."""
+    ratio = rec["result"]["tokens_per_s"] / best["result"]["tokens_per_s"]
+    return f"{fmt_pct(1 - ratio)} fewer tokens/s" if ratio <= 1 else f"{fmt_pct(ratio - 1)} more tokens/s"
+
+
+# ----- sentences ------------------------------------------------------------------------------------
+def winner_sentence(best: dict, records: list[dict], axes: list[str]) -> str:
+    res, mem = best["result"], _memory(best)
+    n_fit = sum(fits(r) for r in records)
+    n_ran = sum(ok(r) for r in records)
+    return (f"The sweet spot is {label(best, axes)}: {fmt_tokens(res['tokens_per_s'])} tokens/s, "
+            f"MFU {fmt_pct(res['mfu'])}, step {fmt_s(res['step_time_s'])}, {fmt_gb(mem['total'])} of "
+            f"{fmt_gb(mem['capacity'])} GB per GPU; the fastest of the {n_fit} configurations that fit "
+            f"({n_ran} ran, {len(records) - n_ran} skipped).")
+
+
+def path_sentence(best: dict) -> str:
+    shares = best["result"]["critical_path_share"]
+    parts = [f"{fmt_pct(shares[k])} {SHARE_NAMES[k]}" for k in SHARE_NAMES if shares.get(k, 0) >= 0.005]
+    if best["result"]["tp"] == 1:
+        where = "It has no TP communication"
+    elif best["result"]["crosses_nodes"]:
+        where = f"Its TP groups span {_nodes_spanned(best)} nodes and talk over InfiniBand"
+    else:
+        where = f"Its TP groups of {best['result']['tp']} stay inside one NVLink domain"
+    return f"{where}; its critical path is " + ", ".join(parts) + "."
+
+
+def no_fit_sentence(records: list[dict], axes: list[str]) -> str:
+    over = smallest_overflow(records)
+    if over is None:
+        return f"No configuration could run: all {len(records)} were skipped (reasons in the table)."
+    mem = _memory(over)
+    return (f"No configuration fits in {fmt_gb(mem['capacity'])} GB per GPU; the smallest overflow is "
+            f"{label(over, axes)}: {fmt_gb(mem['total'])} GB ({fmt_gb(mem['total'] - mem['capacity'])} GB over). "
+            f"Try recompute=selective or full, sequence parallelism, a smaller micro-batch or more GPUs.")
+
+
+def does_not_fit_sentence(rec: dict, best: dict | None, axes: list[str]) -> str:
+    mem = _memory(rec)
+    text = (f"{label(rec, axes)} does not fit: {fmt_gb(mem['total'])} GB of {fmt_gb(mem['capacity'])} GB "
+            f"per GPU (activations {fmt_gb(mem['activations'])} GB)")
+    if best is not None and rec["result"]["tokens_per_s"] > best["result"]["tokens_per_s"]:
+        text += f"; it would otherwise give {_speed_delta(rec, best)}"
+    return text + "."
+
+
+def crossing_sentence(rec: dict, best: dict, axes: list[str]) -> str:
+    res = rec["result"]
+    share = res["critical_path_share"]["tp_comm"]
+    best_share = best["result"]["critical_path_share"]["tp_comm"]
+    return (f"{label(rec, axes)} spans {_nodes_spanned(rec)} nodes ({res['gpus_per_node']} GPUs per NVLink "
+            f"domain): its TP collectives run over InfiniBand and are {fmt_pct(share)} of the critical path "
+            f"(vs {fmt_pct(best_share)} at {label(best, axes)}); {_speed_delta(rec, best)}.")
+
+
+def slower_sentence(rec: dict, best: dict, axes: list[str]) -> str:
+    """A fitting, non-crossing neighbour: name the step-time component that grew the most."""
+    res, bres = rec["result"], best["result"]
+    deltas = {k: res["breakdown_s"][k] - bres["breakdown_s"][k] for k in ("compute", "exposed_comm", "idle")}
+    cause = max(deltas, key=deltas.get)
+    text = f"{label(rec, axes)}: {_speed_delta(rec, best)}"
+    if res["tp"] != bres["tp"]:
+        ratio = bres["tp"] / res["tp"]
+        text += f" with GEMM shards {ratio:g}x larger" if ratio > 1 else f" with GEMM shards {1 / ratio:g}x smaller"
+    if deltas[cause] <= 0:
+        return text + "."
+    what = {"compute": "compute", "exposed_comm": "exposed communication", "idle": "idle time"}[cause]
+    share_key = {"compute": "compute", "idle": "waiting"}.get(cause) or _grown_comm(res, bres)
+    return (text + f"; its {what} is {fmt_s(deltas[cause])} longer per step ({SHARE_NAMES[share_key]} "
+            f"share of the critical path {fmt_pct(res['critical_path_share'][share_key])}).")
+
+
+def _grown_comm(res: dict, bres: dict) -> str:
+    """"tp_comm" or "dp_comm": whichever holds more extra critical-path seconds than in `bres`."""
+    def extra_s(key: str) -> float:
+        return (res["critical_path_share"][key] * res["step_time_s"]
+                - bres["critical_path_share"][key] * bres["step_time_s"])
+
+    return max(("tp_comm", "dp_comm"), key=extra_s)
+
+
+def contrast_sentence(rec: dict, best: dict, axes: list[str]) -> str:
+    if not fits(rec):
+        return does_not_fit_sentence(rec, best, axes)
+    if rec["result"]["crosses_nodes"] and not best["result"]["crosses_nodes"]:
+        return crossing_sentence(rec, best, axes)
+    return slower_sentence(rec, best, axes)
+
+
+def tp_wire_gb(result: dict) -> float | None:
+    """GB each GPU sends in TP collectives per step, from the chosen collectives' sizes and counts.
+
+    Per-rank wire bytes follow nccl-tests' bus-bandwidth convention (PERFORMANCE.md): all-reduce
+    2(n-1)/n x size; all-gather, reduce-scatter and all-to-all (n-1)/n x the total size; broadcast 1 x.
+    """
+    rows = [c for c in result.get("collectives", ()) if c.get("group") == "tp"]
+    if not rows:
+        return None
+    total = 0.0
+    for c in rows:
+        n = c["ranks"]
+        factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(c["op"], (n - 1) / n)
+        total += factor * c["nbytes"] * c.get("count", 1)
+    return total / 1e9
+
+
+def sp_sentence(on: dict, off: dict) -> str | None:
+    """What sequence parallelism changes between two otherwise identical configurations."""
+    if not (ok(on) and ok(off)):
+        return None
+    act_on, act_off = _memory(on)["activations"], _memory(off)["activations"]
+    ron, roff = on["result"], off["result"]
+    text = (f"At tp={on['config']['tp']}, sp=on saves {fmt_gb(act_off - act_on)} GB of activations per GPU "
+            f"({fmt_gb(act_off)} -> {fmt_gb(act_on)} GB)")
+    wire_on, wire_off = tp_wire_gb(ron), tp_wire_gb(roff)
+    if wire_on is not None and wire_off is not None:
+        change = f"{100 * (wire_on / wire_off - 1):+.0f}%" if wire_off else "n/a"
+        text += (f"; each GPU sends {wire_on:.1f} GB in TP collectives per step vs {wire_off:.1f} GB with "
+                 f"sp=off ({change})")
+    return text + (f"; TP communication time {fmt_s(ron['breakdown_s']['tp_comm'])} vs "
+                   f"{fmt_s(roff['breakdown_s']['tp_comm'])}.")
+
+
+def overlap_sentence(on: dict, off: dict) -> str | None:
+    if not (ok(on) and ok(off)):
+        return None
+    exp_on, exp_off = on["result"]["breakdown_s"]["exposed_comm"], off["result"]["breakdown_s"]["exposed_comm"]
+    return (f"At tp={on['config']['tp']}, tp_comm_overlap=on hides {fmt_s(exp_off - exp_on)} of communication "
+            f"per step (exposed {fmt_s(exp_off)} -> {fmt_s(exp_on)}).")
+
+
+# ----- assembling the explanation -------------------------------------------------------------------
+def _differs(rec: dict, best: dict) -> list[str]:
+    return [a for a in AXES if rec["config"][a] != best["config"][a]]
+
+
+def _flipped(records: list[dict], best: dict, axis: str) -> dict | None:
+    """The record equal to `best` except for the boolean `axis`, flipped."""
+    for rec in records:
+        if _differs(rec, best) == [axis]:
+            return rec
+    return None
+
+
+def neighbours(records: list[dict], best: dict) -> list[dict]:
+    """One-axis neighbours of the sweet spot: next smaller / larger tp, the first tp beyond one node,
+    then every other value of the other axes (sweep order)."""
+    tp_best = best["config"]["tp"]
+    along_tp = [r for r in records if ok(r) and _differs(r, best) == ["tp"]]
+    lower = [r for r in along_tp if r["config"]["tp"] < tp_best]
+    higher = [r for r in along_tp if r["config"]["tp"] > tp_best]
+    chosen = [max(lower, key=lambda r: r["config"]["tp"])] if lower else []
+    chosen += [min(higher, key=lambda r: r["config"]["tp"])] if higher else []
+    per_node = best["result"]["gpus_per_node"]
+    crossing = [r for r in higher if r["config"]["tp"] > per_node]
+    if crossing and not best["result"]["crosses_nodes"]:
+        first = min(crossing, key=lambda r: r["config"]["tp"])
+        chosen += [first] if first not in chosen else []
+    chosen += [r for r in records if len(_differs(r, best)) == 1 and _differs(r, best) != ["tp"]]
+    return [r for r in chosen if ok(r)]  # skipped ones are listed once, by _skipped_summary
+
+
+def explain(records: list[dict]) -> list[str]:
+    """Short sentences on why the sweet spot wins and what limits its neighbours."""
+    if not records:
+        return ["The sweep has no configurations."]
+    axes = varying_axes(records)
+    best = sweet_spot(records)
+    skipped = [r for r in records if not ok(r)]
+    if best is None:
+        return [no_fit_sentence(records, axes)] + _skipped_summary(skipped, axes)
+    sentences = [winner_sentence(best, records, axes), path_sentence(best)]
+    sentences += [contrast_sentence(r, best, axes) for r in neighbours(records, best)]
+    for axis, describe in (("sp", sp_sentence), ("tp_comm_overlap", overlap_sentence)):
+        other = _flipped(records, best, axis)
+        if other is not None:
+            on, off = (best, other) if best["config"][axis] else (other, best)
+            sentences.append(describe(on, off))
+    sentences = [s for s in sentences if s][:MAX_SENTENCES]
+    return sentences + _skipped_summary(skipped, axes)
+
+
+def _skipped_summary(skipped: list[dict], axes: list[str]) -> list[str]:
+    if not skipped:
+        return []
+    first = skipped[0]
+    return [f"{len(skipped)} configuration(s) were skipped as invalid for this model, e.g. "
+            f"{label(first, axes)}: {first['reason']}"]
+
+
+# ----- the results table (shared by the terminal table and the report page) -------------------------
+TABLE_COLUMNS = ("tp", "sp", "mb", "overlap", "recompute", "dp", "step", "tokens/s", "TFLOP/s/GPU", "MFU",
+                 "GB/GPU", "fits", "exposed comm", "CP compute", "CP TP", "CP DP", "CP wait")
+
+
+def table_row(record: dict) -> list[str]:
+    """One row of TABLE_COLUMNS; a skipped configuration carries its reason in the 'fits' column."""
+    c = record["config"]
+    head = [str(c["tp"]), "on" if c["sp"] else "off", str(c["micro_batch"]),
+            "on" if c["tp_comm_overlap"] else "off", c["recompute"]]
+    if not ok(record):
+        return head + ["-"] * 5 + ["-", "skipped: " + record["reason"]] + ["-"] * 5
+    r = record["result"]
+    mem, share = r["memory_gb"], r["critical_path_share"]
+    return head + [str(r["dp"]), fmt_s(r["step_time_s"]), fmt_tokens(r["tokens_per_s"]),
+                   f"{r['tflops_per_gpu']:.0f}", fmt_pct(r["mfu"]),
+                   f"{fmt_gb(mem['total'])}/{fmt_gb(mem['capacity'])}", "yes" if mem["fits"] else "NO",
+                   fmt_s(r["breakdown_s"]["exposed_comm"])] + [
+        fmt_pct(share.get(k, 0.0)) for k in ("compute", "tp_comm", "dp_comm", "waiting")]

@@ -1,0 +1,147 @@
+"""Plotly figures of a sweep and one self-contained report page (report.html).
+
+- throughput_figure: tokens/s and MFU against tp, one line per setting of the other axes (sp, overlap,
+  micro-batch, recompute); configurations that do not fit drawn as open markers; the sweet spot starred.
+- breakdown_figure: step time per configuration split along the critical path
+  (critical_path_share x step_time_s: compute, TP communication, DP communication, waiting).
+- memory_figure: memory per GPU against tp with the GPU capacity as a dashed line.
+- report_html: the three figures, the results table and the explanation in one HTML file that embeds
+  plotly.js exactly once (no network needed to open it).
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from meshsim.sim.results.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
+from meshsim.sim.sweep.explain import TABLE_COLUMNS, fits, label, ok, sweet_spot, table_row, varying_axes
+
+
+def _series(records: list[dict]) -> dict[str, list[dict]]:
+    """Ran configurations grouped by every varying axis except tp -> {series label: records by tp}."""
+    axes = [a for a in varying_axes(records) if a != "tp"]
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        if ok(rec):
+            groups.setdefault(label(rec, axes) or "all", []).append(rec)
+    return {name: sorted(recs, key=lambda r: r["config"]["tp"]) for name, recs in groups.items()}
+
+
+def _tp_axis(records: list[dict]) -> dict:
+    tps = sorted({r["config"]["tp"] for r in records})
+    return dict(type="log", tickvals=tps, ticktext=[str(t) for t in tps], title="tensor-parallel degree (tp)")
+
+
+def _hover(rec: dict, axes: list[str]) -> str:
+    r = rec["result"]
+    state = "fits" if fits(rec) else "does NOT fit"
+    return (f"{label(rec, axes)}<br>{r['tokens_per_s']:.4g} tokens/s, MFU {100 * r['mfu']:.1f}%<br>"
+            f"step {r['step_time_s']:.3f} s<br>{r['memory_gb']['total']:.1f} GB/GPU ({state})")
+
+
+def throughput_figure(records: list[dict]) -> go.Figure:
+    """tokens/s (left) and MFU (right) against tp, per series; the sweet spot starred."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Throughput (tokens/s)", "MFU"))
+    axes, best = varying_axes(records), sweet_spot(records)
+    for i, (name, recs) in enumerate(_series(records).items()):
+        for col, metric in ((1, "tokens_per_s"), (2, "mfu")):
+            fig.add_trace(go.Scatter(
+                x=[r["config"]["tp"] for r in recs], y=[r["result"][metric] for r in recs], mode="lines+markers",
+                name=name, legendgroup=name, showlegend=col == 1, line=dict(color=_color(i)),
+                marker=dict(size=9, symbol=["circle" if fits(r) else "circle-open" for r in recs]),
+                hovertext=[_hover(r, axes) for r in recs], hoverinfo="text"), row=1, col=col)
+    if best is not None:
+        for col, metric in ((1, "tokens_per_s"), (2, "mfu")):
+            fig.add_trace(go.Scatter(
+                x=[best["config"]["tp"]], y=[best["result"][metric]], mode="markers", name="sweet spot",
+                legendgroup="best", showlegend=col == 1, hovertext=[_hover(best, axes)], hoverinfo="text",
+                marker=dict(symbol="star", size=18, color="gold", line=dict(color="black", width=1))),
+                row=1, col=col)
+    fig.update_xaxes(**_tp_axis(records))
+    fig.update_yaxes(tickformat=".0%", row=1, col=2)
+    fig.update_layout(title="Throughput and MFU against tp (open markers: does not fit in memory)", height=430)
+    return fig
+
+
+def breakdown_figure(records: list[dict]) -> go.Figure:
+    """Stacked step time per configuration, split by the critical path's categories."""
+    axes, best = varying_axes(records), sweet_spot(records)
+    ran = [r for r in records if ok(r)]
+    names = [label(r, axes) + (" *" if r is best else "") for r in ran]
+    fig = go.Figure()
+    for cat, color in CATEGORY_COLORS.items():
+        values = [r["result"]["step_time_s"] * r["result"]["critical_path_share"].get(cat, 0.0) for r in ran]
+        fig.add_trace(go.Bar(x=names, y=values, name=CATEGORY_NAMES[cat], marker_color=color))
+    fig.update_layout(barmode="stack", height=430, yaxis_title="step time (s)",
+                      title="Step time along the critical path per configuration (* = sweet spot)")
+    return fig
+
+
+def memory_figure(records: list[dict]) -> go.Figure:
+    """Memory per GPU against tp with the capacity line."""
+    fig = go.Figure()
+    axes, best = varying_axes(records), sweet_spot(records)
+    for i, (name, recs) in enumerate(_series(records).items()):
+        fig.add_trace(go.Scatter(
+            x=[r["config"]["tp"] for r in recs], y=[r["result"]["memory_gb"]["total"] for r in recs],
+            mode="lines+markers", name=name, line=dict(color=_color(i)),
+            hovertext=[_memory_hover(r, axes) for r in recs], hoverinfo="text"))
+    ran = [r for r in records if ok(r)]
+    if ran:
+        capacity = ran[0]["result"]["memory_gb"]["capacity"]
+        fig.add_hline(y=capacity, line_dash="dash", line_color="red",
+                      annotation_text=f"capacity {capacity:g} GB", annotation_position="top left")
+    if best is not None:
+        fig.add_trace(go.Scatter(x=[best["config"]["tp"]], y=[best["result"]["memory_gb"]["total"]],
+                                 mode="markers", name="sweet spot", hovertext=[_memory_hover(best, axes)],
+                                 hoverinfo="text", marker=dict(symbol="star", size=18, color="gold",
+                                                               line=dict(color="black", width=1))))
+    fig.update_xaxes(**_tp_axis(records))
+    fig.update_layout(title="Memory per GPU against tp", yaxis_title="GB per GPU", height=430)
+    return fig
+
+
+def _memory_hover(rec: dict, axes: list[str]) -> str:
+    m = rec["result"]["memory_gb"]
+    parts = ", ".join(f"{k} {m[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations", "workspace") if k in m)
+    return f"{label(rec, axes)}<br>total {m['total']:.1f} of {m['capacity']:g} GB<br>{parts}"
+
+
+def _color(i: int) -> str:
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+    return palette[i % len(palette)]
+
+
+def figures(records: list[dict]) -> list[go.Figure]:
+    return [throughput_figure(records), breakdown_figure(records), memory_figure(records)]
+
+
+def report_html(records: list[dict], explanation: list[str], title: str) -> str:
+    """One self-contained page: explanation, figures (plotly.js embedded once) and the table."""
+    best = sweet_spot(records)
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures(records))]
+    header = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
+    rows = "".join(
+        ("<tr class='best'>" if r is best else "<tr>") + "".join(f"<td>{html.escape(v)}</td>" for v in table_row(r))
+        + "</tr>" for r in records)
+    reasons = "".join(f"<li>{html.escape(s)}</li>" for s in explanation)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+            f"<h2>Why</h2><ul>{reasons}</ul>" + "".join(f"<div class='fig'>{p}</div>" for p in parts)
+            + f"<h2>All configurations</h2><table><tr>{header}</tr>{rows}</table></body></html>")
+
+
+def write_report(records: list[dict], explanation: list[str], title: str, out_dir: str | Path) -> Path:
+    path = Path(out_dir) / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report_html(records, explanation, title))
+    return path
+
+
+_CSS = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right} tr.best{background:#fff3b0}"
+        "li{margin:.3em 0}")

@@ -1,0 +1,160 @@
+"""Calibrating kappa, the compute/communication interference (sim/engine/events.py, docs/cost-models.md).
+
+The engine's model: while a compute op and a collective's bandwidth part overlap on a rank, the rank's
+compute resource (capacity 1) carries load 1 + kappa, so max-min sharing gives both the rate 1/(1+kappa);
+alone each runs at full speed. A compute op of g seconds and a collective of c seconds started together
+therefore take
+
+    t_both = max(g, c) + kappa min(g, c)        (the shorter ends at min (1 + kappa); the longer's
+                                                  remaining max - min then runs alone)
+so  kappa = clamp((t_both - max(g, c)) / min(g, c), 0, 1)                        (`kappa_from_times`).
+
+Measured on every rank at once, as a step runs (the task "calibrate", validate/calibrate/calibration.py):
+- g: a representative GEMM alone: the schedule's largest (most FLOPs), with the executor's kernel;
+- c: a representative collective alone, after a barrier on its group: the schedule's most frequent
+  collective kind on the TP group (the DP group when tp = 1);
+- t_both: both, overlapped the way the executor overlaps them (validate/timing/worker.py, scheduled_step_cpu):
+  the collective issued asynchronously, the GEMM run, then the wait; after a barrier on the group.
+Sizes: the collective keeps the schedule's own size (the overlaps a step really has); the compute side
+is the GEMM run n = round(COVER c / g) times back to back (1 <= n <= MAX_GEMMS), so that it covers the
+collective in most rounds. Why: with the compute side's time g steady (GEMM times are tight), t_both =
+f(c) = max(g, c) + kappa min(g, c) is increasing in c, so median(t_both) = f(median(c)) whatever c's
+distribution, and = g + kappa median(c) once g >= median(c). Sizing the compute side, not the collective,
+keeps the sizes from being random variables: on a loaded CPU gloo's times are bimodal (trying c = g by
+resizing the collective swung kappa between 0 and 0.9 from run to run). Only when c < g / SIZE_RANGE is
+the collective grown instead, by g / (COVER c), so that the signal kappa c stands out of g's noise and
+the collective's latency part, which the model does not load, is a small fraction of c. The g and c of
+these decisions are medians of SIZING_REPEATS runs averaged over all ranks by an all-reduce, so every
+rank decides alike.
+Reduction: per round, the mean over ranks for g and the min over ranks for c and t_both (the last rank
+out of the barrier waits for nobody; calibrate.reduce_samples' rule); then the median over ROUNDS rounds
+of each. Medians, not the means the tables use: kappa is a difference of two times, and gloo's
+heavy-tailed collectives (a 256 KiB all-reduce on this 2-core VM: median ~0.5 ms, a third of the calls
+2-5 ms) move the mean of c by more than the whole effect; the median measures the typical overlap.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+
+from meshsim.sim.schedule.ops import Collective, Gemm, Schedule
+from meshsim.validate.timing.executor import Device, Runners
+
+ROUNDS = 200  # timed rounds of (g, c, t_both): 200 x ~4 ms on a CPU; seconds at most
+SIZING_REPEATS = 15
+SIZE_RANGE = 4.0  # the collective is grown only when c < g / 4
+COVER = 2.0  # the compute side is made about 2 c long
+MAX_GEMMS = 64  # most GEMMs run back to back to cover a long collective
+MIN_BYTES, MAX_BYTES = 1 << 10, 1 << 28  # clamp of the rescaled collective: 1 KiB .. 256 MiB
+
+
+def kappa_from_times(g_s: float, c_s: float, both_s: float) -> float:
+    """kappa = clamp((t_both - max(g, c)) / min(g, c), 0, 1) (module docstring)."""
+    lo, hi = min(g_s, c_s), max(g_s, c_s)
+    if lo <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (both_s - hi) / lo))
+
+
+def representative(schedule: Schedule) -> tuple[Gemm, str, str, int] | None:
+    """(largest GEMM, collective kind, group name, starting nbytes) or None when nothing can overlap:
+    the most frequent collective kind of the TP group (else the DP group), at its largest size."""
+    gemms = [op.work for op in schedule.ops if isinstance(op.work, Gemm)]
+    group = "tp" if schedule.tp > 1 else "dp" if schedule.dp > 1 else None
+    colls = [op.work for op in schedule.ops if isinstance(op.work, Collective) and op.work.group == group]
+    if not gemms or not colls:
+        return None
+    kind = Counter(c.op for c in colls).most_common(1)[0][0]
+    nbytes = max(c.nbytes for c in colls if c.op == kind)
+    return max(gemms, key=lambda g: g.flops), kind, group, nbytes
+
+
+def _median_s(run, sync, barrier=None, repeats: int = SIZING_REPEATS) -> float:
+    samples = []
+    for _ in range(repeats):
+        if barrier is not None:
+            barrier()
+        start = time.perf_counter()
+        run(False)
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _sizes(gemm, make_coll, nbytes: int, dev: Device, sync, barrier) -> tuple[int, int]:
+    """(GEMMs back to back n, collective nbytes) so that n g ~ COVER c (module docstring); the figures
+    are averaged over all ranks, so every rank decides the same."""
+    g_s, c_s = _median_s(gemm, sync), _median_s(make_coll(nbytes), sync, barrier)
+    figures = torch.tensor([g_s, c_s], dtype=torch.float64, device=dev.device)
+    dist.all_reduce(figures)
+    g_s, c_s = figures.tolist()
+    if c_s < g_s / SIZE_RANGE:
+        return 1, int(min(MAX_BYTES, max(MIN_BYTES, round(nbytes * g_s / (COVER * c_s)))))
+    return max(1, min(MAX_GEMMS, round(COVER * c_s / g_s))), nbytes
+
+
+def repeated(gemm, n: int):
+    """n runs of the GEMM back to back: the compute side of the measurement."""
+    def run(async_op=False):
+        for _ in range(n):
+            gemm(False)
+    return run
+
+
+def overlapped(coll, gemm):
+    """The executor's overlap: the collective issued async, the GEMM run, then the wait."""
+    def run(async_op=False):
+        handle = coll(True)
+        gemm(False)
+        if handle is not None:
+            handle.wait()
+    return run
+
+
+def interference_samples(schedule: Schedule, dev: Device, groups: dict, sync) -> dict | None:
+    """This rank's samples of [g, c, t_both] per round (seconds) and what was measured; None when the
+    schedule has nothing to overlap. `groups`: group size -> this rank's process group of that size."""
+    from meshsim.validate.calibrate.calibration import round_robin_samples_s
+
+    rep = representative(schedule)
+    if rep is None:
+        return None
+    gemm_work, kind, group_name, nbytes = rep
+    size = schedule.tp if group_name == "tp" else schedule.dp
+    group = groups.get(size)
+    if group is None:  # no consecutive block of that size in this world
+        return None
+    runners = Runners(dev, {"tp": group})
+    gemm = runners(gemm_work)
+
+    def barrier():
+        dist.barrier(group=group)
+
+    gemms, nbytes = _sizes(gemm, lambda n: runners(Collective(kind, "tp", n)), nbytes, dev, sync, barrier)
+    compute, coll = repeated(gemm, gemms), runners(Collective(kind, "tp", nbytes))
+    items = [(compute, None), (coll, barrier), (overlapped(coll, compute), barrier)]
+    samples = round_robin_samples_s(items, sync, repeats=ROUNDS)
+    return {"gemm": [gemm_work.m, gemm_work.n, gemm_work.k, gemm_work.batch], "gemms": gemms, "op": kind,
+            "ranks": size, "nbytes": nbytes, "samples": samples}
+
+
+def reduce_interference(per_rank: list[dict | None]) -> tuple[float, dict[str, float], str] | None:
+    """(kappa, medians {g_s, c_s, both_s}, a one-line record) from every rank's interference_samples."""
+    if any(r is None for r in per_rank):
+        return None
+    rounds = {}
+    for i, (name, over_ranks) in enumerate((("g_s", statistics.fmean), ("c_s", min), ("both_s", min))):
+        per_round = zip(*(r["samples"][i] for r in per_rank), strict=True)
+        rounds[name] = statistics.median(over_ranks(vals) for vals in per_round)
+    kappa = kappa_from_times(rounds["g_s"], rounds["c_s"], rounds["both_s"])
+    r0 = per_rank[0]
+    m, n, k, batch = r0["gemm"]
+    record = (f"gemm {batch}x{m}x{n}x{k} x{r0['gemms']} {rounds['g_s'] * 1e3:.3f} ms, {r0['op']} on {r0['ranks']} ranks "
+              f"{r0['nbytes']} B {rounds['c_s'] * 1e3:.3f} ms, overlapped {rounds['both_s'] * 1e3:.3f} ms "
+              f"-> kappa {kappa:.3f} (medians of {len(r0['samples'][0])} rounds)")
+    return kappa, rounds, record

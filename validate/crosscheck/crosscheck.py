@@ -1,0 +1,139 @@
+"""Cross-check: simulate the shrunk scenario with a calibrated profile, run it for real, compare.
+
+Reported (and written with --json):
+- step time: simulated vs measured (as-scheduled step, validate/timing/measured.py), error_pct = 100 (sim -
+  measured) / measured; also simulated_serial_s, the simulated rank's busy time summed as if nothing
+  overlapped (compute + communication), and its error: on a CPU, gloo's copies and reductions run on the
+  same cores as the compute, so communication the simulator overlaps (GPU-style: NCCL on its own SMs /
+  copy engines) is not free there, and the measured step falls between the two figures;
+- per category (compute, tp_comm, dp_comm): busy time of the simulated representative rank (sum of op
+  durations, rendezvous waits excluded) vs the sum of the measured per-op means, and their error;
+- critical-path agreement: the share of the step each category holds on the simulated path
+  (sim/results/critical_path.py) and on the measured one (the same walk over the schedule replayed with measured
+  op times), side by side; and the ops on both paths: Jaccard |A & B| / |A | B| of the op-name sets.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.results.critical_path import critical_path, shares
+from meshsim.validate.timing.measured import Measured
+
+CATEGORIES = ("compute", "tp_comm", "dp_comm")
+
+
+def error_pct(simulated: float, measured: float) -> float | None:
+    return 100.0 * (simulated - measured) / measured if measured > 0 else None
+
+
+def jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def path_names(path) -> set[str]:
+    return {seg["name"] for seg in path if seg.get("op_id") is not None}
+
+
+def category_times(sim_events, measured: Measured) -> dict[str, dict]:
+    sim = defaultdict(float)
+    rep = min(ev.rank for ev in sim_events)
+    for ev in sim_events:
+        if ev.rank == rep:
+            sim[ev.category] += ev.end_s - ev.start_s - ev.wait_s
+    real = defaultdict(float)
+    for op in measured.schedule.ops:
+        real[op.category] += measured.op_mean_s[op.id]
+    return {c: {"simulated_s": sim[c], "measured_s": real[c], "error_pct": error_pct(sim[c], real[c])}
+            for c in CATEGORIES if sim[c] or real[c]}
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    report: dict  # the --json document
+    sim_path: list[dict]
+    measured_path: list[dict]
+
+
+def compare(result, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
+    """result: the StepResult of simulating the same shrunk scenario with the calibrated profile."""
+    replay = measured.replay()
+    m_crit = critical_path(measured.schedule, replay)
+    m_path = [seg.to_dict() for seg in m_crit]
+    m_share = shares(m_crit, replay.step_time_s)
+    s_path = [dict(seg) for seg in result.critical_path]
+    a, b = path_names(s_path), path_names(m_path)
+    share = {c: {"simulated": result.critical_path_share.get(c, 0.0), "measured": m_share.get(c, 0.0)}
+             for c in (*CATEGORIES, "waiting")}
+    categories = category_times(result.events, measured)
+    serial_s = sum(row["simulated_s"] for row in categories.values())
+    report = {
+        "scenario": result.scenario, "numerics_ok": numerics_ok,
+        "simulated_step_s": result.step_time_s, "measured_step_s": measured.step_s,
+        "error_pct": error_pct(result.step_time_s, measured.step_s),
+        "simulated_serial_s": serial_s, "error_serial_pct": error_pct(serial_s, measured.step_s),
+        "replayed_step_s": replay.step_time_s, "timed_step_s": measured.timed_step_s,
+        "categories": categories,
+        "critical_path_agreement": {"share": share, "jaccard": jaccard(a, b), "on_both": len(a & b),
+                                    "only_simulated": sorted(a - b), "only_measured": sorted(b - a)},
+    }
+    return CrossCheck(report, s_path, m_path)
+
+
+def timing_payload(scenario: Scenario, source: str, nproc: int, backend: str, *, repeats: int = 5,
+                   numerics: bool = True) -> tuple[Scenario, list, dict]:
+    """(shrunk scenario, numerics variants, worker payload of task "timing") for nproc processes."""
+    from meshsim.validate.launch.shrink import shrink, timing_rule, without_profile
+    from meshsim.validate.numerics.check import numerics_payload
+
+    shrunk = without_profile(shrink(scenario, nproc, timing_rule(backend), source))
+    variants, checks = numerics_payload(scenario, source, nproc, [""]) if numerics else ([], None)
+    payload = {"scenario": shrunk.model_dump(mode="json"), "source": source, "warmup": 2, "repeats": repeats,
+               "numerics": checks}
+    return shrunk, variants, payload
+
+
+def finish(shrunk: Scenario, source: str, profile: str, variants: list, measured: Measured,
+           out: Path | None) -> CrossCheck:
+    """Simulate the shrunk scenario with the profile, compare with the measured run, write the traces."""
+    from meshsim.scenarios.load import resolve
+    from meshsim.sim.results.simulate import simulate
+    from meshsim.validate.launch.shrink import with_profile
+    from meshsim.validate.numerics.check import merge
+    from meshsim.validate.timing.trace_merge import write_measured_trace, write_merged_trace
+
+    result = simulate(resolve(with_profile(shrunk, profile), source))
+    numerics_ok = None
+    if measured.numerics is not None:
+        numerics_ok = all(r.ok for r in merge(variants, measured.numerics, source, compare_ops=False))
+    check = compare(result, measured, numerics_ok)
+    if out is not None:
+        write_measured_trace(out / "trace_measured.json", measured.events, check.measured_path)
+        write_merged_trace(out / "trace_merged.json", result.events, check.sim_path, measured.events,
+                           check.measured_path)
+    return check
+
+
+def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str | None = None,
+                   out_dir: str | Path | None = None, backend: str = "gloo", repeats: int = 5,
+                   numerics: bool = True) -> CrossCheck:
+    """Shrink -> calibrate (unless `profile`) -> run for real (with the numerics check of the scenario's
+    own variant in the same processes) -> simulate with the profile -> compare. Writes profile.yaml (when
+    calibrated), trace_measured.json and trace_merged.json into out_dir."""
+    from meshsim.validate.calibrate.calibration import calibrate
+    from meshsim.validate.launch.launch import launch
+    from meshsim.validate.timing.measured import reduce_run, schedule_of
+
+    out = Path(out_dir) if out_dir is not None else None
+    shrunk, variants, payload = timing_payload(scenario, source, nproc, backend, repeats=repeats,
+                                               numerics=numerics)
+    if profile is None:
+        if out is None:
+            raise ValueError("run_crosscheck needs out_dir to write the calibrated profile into")
+        profile = str(out / "profile.yaml")
+        calibrate(shrunk, source, nproc, backend=backend, out=profile)
+    per_rank = launch("timing", payload, nproc, backend=backend, timeout_s=300.0)
+    return finish(shrunk, source, profile, variants, reduce_run(schedule_of(shrunk, source), per_rank), out)

@@ -1,0 +1,218 @@
+"""Start N worker processes for a validate task, locally (spawn) or under torchrun / SLURM.
+
+Local: `launch(task, payload, nproc)` picks a free localhost port, spawns nproc processes
+(torch.multiprocessing, start method "spawn"), and each one runs `worker_main`. Under torchrun the
+same `worker_main` runs from `python -m meshsim.validate.launch.launch TASK PAYLOAD.json --out DIR`, reading
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT from the environment (docs/validate.md).
+
+A worker initialises the process group with a timeout (datetime.timedelta), runs the task, and rank 0
+gathers every rank's result (gather_object) into DIR/results.json. Each rank writes DIR/joined.RANK once
+it is in the group, so a rank that never joins, crashes or hangs is named in the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from meshsim.validate.stack.groups import set_timeout as set_group_timeout
+
+TASKS = {
+    "numerics": "meshsim.validate.numerics.check:numerics_task",
+    "timing": "meshsim.validate.timing.worker:timing_task",
+    "calibrate": "meshsim.validate.calibrate.calibration:calibrate_task",
+    "selftest": "meshsim.validate.launch.launch:selftest_task",
+}
+
+
+FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to exit before being called hung
+
+
+class LaunchError(RuntimeError):
+    """A worker failed, never joined or hung; the message names the rank(s)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pin_to_core(local_rank: int) -> None:
+    """On CPU, pin local rank r to core r (when there are enough cores): a rank and its gloo threads then
+    always share one core, instead of the scheduler moving processes across cores between runs, which
+    made whole runs 10-30% slower or faster than others on a 2-core machine."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    world_local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if cores and world_local <= len(cores):
+        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+
+
+def init_process_group(backend: str, timeout_s: float) -> tuple[int, int]:
+    """env:// initialisation with a timeout (also recorded for every subgroup validate/ creates); one CPU
+    thread per process; CUDA device = LOCAL_RANK. Returns (rank, world_size)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        torch.set_num_threads(1)
+        pin_to_core(int(os.environ.get("LOCAL_RANK", rank)))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    set_group_timeout(timeout)  # the same timeout on every subgroup (validate/stack/groups.py)
+    try:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+    except Exception as exc:
+        raise LaunchError(f"rank {rank}: the process group ({world} ranks, {backend}) did not form within "
+                          f"{timeout_s:.0f} s: some rank never joined ({exc})") from exc
+    return rank, world
+
+
+def _task(name: str):
+    module, func = TASKS[name].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def worker_main(task: str, payload: dict, out_dir: str, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """Run one task on this rank; rank 0 writes every rank's result to out_dir/results.json.
+    A failure is also written to out_dir/error.RANK (its last line names the problem)."""
+    out = Path(out_dir)
+    rank = int(os.environ.get("RANK", -1))
+    try:
+        rank, world = init_process_group(backend, timeout_s)
+        (out / f"joined.{rank}").touch()
+        result = _task(task)(payload)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        if rank == 0:
+            (out / "results.json").write_text(json.dumps(gathered))
+    except Exception:
+        (out / f"error.{rank}").write_text(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _spawn_entry(local_rank: int, world: int, port: int, task: str, payload: dict, out_dir: str,
+                 backend: str, timeout_s: float) -> None:
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if payload.get("absent_rank") == local_rank:  # launcher tests: this rank never joins
+        return
+    worker_main(task, payload, out_dir, backend, timeout_s)
+
+
+def _failure(out: Path, nproc: int, what: str) -> LaunchError:
+    joined = {int(p.suffix[1:]) for p in out.glob("joined.*")}
+    errors = {int(p.suffix[1:]): p.read_text().strip().splitlines()[-1] for p in out.glob("error.*")}
+    missing = [r for r in range(nproc) if r not in joined and r not in errors]
+    parts = [what]
+    if missing:
+        parts.append(f"rank(s) {missing} never joined the process group")
+    parts += [f"rank {r}: {msg}" for r, msg in sorted(errors.items())]
+    return LaunchError("; ".join(parts))
+
+
+def _grace(processes, seconds: float) -> None:
+    """Give the other ranks a moment to fail on their own (a peer's crash closes their connections)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(p.is_alive() for p in processes):
+        time.sleep(0.05)
+
+
+def _wait(ctx, out: Path, nproc: int, deadline_s: float) -> None:
+    """Poll the workers: return when all exit 0; on a failure or past the deadline terminate the rest and
+    raise, naming failed, hung (still running) and never-joined ranks."""
+    start = time.monotonic()
+    while True:
+        codes = [p.exitcode for p in ctx.processes]
+        if all(c == 0 for c in codes):
+            return
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        late = time.monotonic() - start > deadline_s
+        if failed or late:
+            _grace(ctx.processes, FAILURE_GRACE_S if failed else 0.0)
+            codes = [p.exitcode for p in ctx.processes]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            alive = [r for r, c in enumerate(codes) if c is None]
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in ctx.processes:
+                p.join(timeout=5)
+            what = [f"rank(s) {failed} failed"] if failed else [f"no result after {deadline_s:.0f} s"]
+            if alive:
+                what.append(f"rank(s) {alive} still running (hung or blocked in a collective)")
+            raise _failure(out, nproc, "; ".join(what))
+        time.sleep(0.05)
+
+
+def launch(task: str, payload: dict, nproc: int, *, backend: str = "gloo", timeout_s: float = 60.0) -> list:
+    """Spawn nproc local workers for `task`; returns the per-rank results (index = rank).
+    Raises LaunchError naming the failing, missing or hung rank(s)."""
+    with tempfile.TemporaryDirectory(prefix="meshsim-validate-") as tmp:
+        out = Path(tmp)
+        ctx = mp.start_processes(_spawn_entry, args=(nproc, free_port(), task, payload, tmp, backend, timeout_s),
+                                 nprocs=nproc, join=False, start_method="spawn")
+        _wait(ctx, out, nproc, 2 * timeout_s + 30)
+        return json.loads((out / "results.json").read_text())
+
+
+def selftest_task(payload: dict) -> dict:
+    """For tests of the launcher: payload {"fail_rank": r} raises there, {"hang_rank": r} sleeps there,
+    {"absent_rank": r} makes rank r exit before joining (handled in _spawn_entry)."""
+    rank = dist.get_rank()
+    if payload.get("fail_rank") == rank:
+        raise RuntimeError(f"deliberate failure on rank {rank}")
+    if payload.get("hang_rank") == rank:
+        time.sleep(payload.get("hang_s", 3600))
+    value = torch.tensor([rank + 1.0])
+    dist.all_reduce(value)
+    return {"rank": rank, "sum": value.item()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun entry: python -m meshsim.validate.launch.launch TASK PAYLOAD.json --out DIR [--backend B]."""
+    parser = argparse.ArgumentParser(prog="python -m meshsim.validate.launch.launch")
+    parser.add_argument("task", choices=sorted(TASKS))
+    parser.add_argument("payload", help="JSON file with the task's payload (meshsim validate --dump-payload)")
+    parser.add_argument("--out", required=True, help="directory for results.json (rank 0)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                        help="default: the payload's backend (meshsim ... --dump-payload writes it), else nccl "
+                        "when CUDA is available")
+    parser.add_argument("--timeout-s", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    payload = json.loads(Path(args.payload).read_text())
+    try:
+        backend = payload_backend(payload, args.backend)
+    except ValueError as exc:
+        parser.error(str(exc))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    worker_main(args.task, payload, args.out, backend, args.timeout_s)
+
+
+def payload_backend(payload: dict, requested: str | None) -> str:
+    """The backend to run a dumped payload on: the one it was shrunk for (payload["backend"]), so the
+    workers measure the schedule the parent will rebuild; a different --backend is refused (ValueError).
+    Payloads without one (hand-written) take `requested`, else nccl when CUDA is available."""
+    dumped = payload.get("backend")
+    if dumped is not None and requested is not None and requested != dumped:
+        raise ValueError(f"--backend {requested} but the payload was made for {dumped}; drop --backend, or "
+                         f"dump the payload again with --backend {requested}")
+    return dumped or requested or ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Shrink a scenario so the real TP/SP step runs on a CPU in seconds, keeping its parallel structure.
+
+The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkRule` r:
+- layout: tp' = gcd(tp, nproc) (so tp' divides nproc), dp' = nproc / tp', pp = 1, gpus = nproc;
+- heads' = 2 tp' (two query heads per rank); KV heads keep the scenario's relation to tp:
+  multi-head -> kv' = heads'; kv_heads >= tp -> kv' = tp' (one KV head per rank);
+  kv_heads < tp -> kv' = max(1, tp' kv / tp) (each KV head replicated on the same fraction of ranks);
+- hidden' = heads' x r.head_dim, ffn' = 2 hidden', seq' = r.seq_per_rank x tp', vocab' = r.vocab_per_rank x tp',
+  layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp' (one micro-batch per step);
+- dropout off (numerics compare deterministic math), tp_comm_overlap off and distributed_optimizer off
+  (the real model issues neither); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
+  (topology.nodes grows when the topology has fewer than nproc GPUs).
+
+Every size is a multiple of tp', so the shrunk scenario passes scenarios/checks.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class ShrinkRule:
+    """Per-rank sizes of a shrunk model. NUMERICS is tiny (checks run in milliseconds); TIMING makes each
+    op take tens of microseconds to milliseconds on a CPU so timing is above Python's per-op overhead."""
+
+    head_dim: int
+    seq_per_rank: int
+    vocab_per_rank: int
+    layers: int = 2
+    micro_batch: int = 2
+
+
+# vocab_per_rank = 128: Megatron pads the vocabulary to a multiple of 128 tp (sim/schedule/layer_ops.py), so the
+# real model and the schedule then hold the same table.
+NUMERICS = ShrinkRule(head_dim=8, seq_per_rank=8, vocab_per_rank=128)
+TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128)
+# On GPUs (NCCL): sizes where kernels are past launch-bound (not exercised here: no GPU on this machine)
+GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096)
+
+
+def timing_rule(backend: str) -> ShrinkRule:
+    return GPU_TIMING if backend == "nccl" else TIMING
+
+
+def shrink_layout(tp: int, nproc: int) -> tuple[int, int]:
+    """(tp', dp') for nproc processes: tp' = gcd(tp, nproc), dp' = nproc / tp'."""
+    if nproc < 1:
+        raise UserError("--nproc", nproc, "use --nproc 1 or more")
+    tp_new = math.gcd(tp, nproc)
+    return tp_new, nproc // tp_new
+
+
+def shrink_heads(heads: int, kv_heads: int, tp: int, tp_new: int) -> tuple[int, int]:
+    """(heads', kv_heads') keeping multi-head / GQA with kv >= tp / GQA with kv < tp (see module doc)."""
+    heads_new = 2 * tp_new
+    if kv_heads == heads:
+        return heads_new, heads_new
+    if kv_heads >= tp:
+        return heads_new, tp_new
+    replicas = tp // kv_heads  # ranks sharing one KV head in the original layout
+    kv_new = max(1, tp_new // replicas) if tp_new % replicas == 0 else 1
+    return heads_new, kv_new
+
+
+def _nodes_for(scenario: Scenario, source: str, nproc: int) -> int:
+    """topology.nodes, raised when the topology holds fewer than nproc GPUs."""
+    try:
+        from meshsim.scenarios.load import build_scenario_topology
+
+        topo = build_scenario_topology(scenario, source)
+    except (ImportError, UserError):
+        return scenario.topology.nodes
+    if topo.num_gpus >= nproc:
+        return scenario.topology.nodes
+    return math.ceil(nproc / topo.gpus_per_node)
+
+
+def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: str = "") -> Scenario:
+    """The shrunk scenario for `nproc` processes (module docstring)."""
+    m, p = scenario.model, scenario.parallel
+    tp, dp = shrink_layout(p.tp, nproc)
+    heads, kv = shrink_heads(m.heads, m.num_kv_heads, p.tp, tp)
+    hidden = heads * rule.head_dim
+    model = m.model_copy(update=dict(
+        layers=rule.layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv,
+        ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False))
+    parallel = p.model_copy(update=dict(
+        tp=tp, dp=dp, pp=1, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch,
+        global_batch=rule.micro_batch * dp, tp_comm_overlap=False, distributed_optimizer=False))
+    topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
+    return scenario.model_copy(update=dict(
+        name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))
+
+
+def with_changes(scenario: Scenario, **changes: object) -> Scenario:
+    """A copy with dotted-free section updates, e.g. with_changes(s, sp=True, mlp="swiglu", kv_heads=1,
+    recompute="full", tp=2, dp=2). Keys are looked up in model, then parallel."""
+    model = {k: v for k, v in changes.items() if k in type(scenario.model).model_fields}
+    parallel = {k: v for k, v in changes.items() if k in type(scenario.parallel).model_fields}
+    unknown = set(changes) - set(model) - set(parallel)
+    if unknown:
+        raise UserError("variant", sorted(unknown), "use model or parallel field names")
+    return scenario.model_copy(update=dict(model=scenario.model.model_copy(update=model),
+                                           parallel=scenario.parallel.model_copy(update=parallel)))
+
+
+def without_profile(scenario: Scenario) -> Scenario:
+    """The scenario with hardware.profile cleared (calibration writes the profile; it need not exist)."""
+    return scenario.model_copy(update=dict(hardware=scenario.hardware.model_copy(update=dict(profile=None))))
+
+
+def with_profile(scenario: Scenario, path: str) -> Scenario:
+    """The scenario costed with the profile at `path` (absolute, so the scenario's source dir is moot)."""
+    from pathlib import Path
+
+    hardware = scenario.hardware.model_copy(update=dict(profile=str(Path(path).resolve())))
+    return scenario.model_copy(update=dict(hardware=hardware))

@@ -1,0 +1,154 @@
+"""Numerics: the real TP/SP step equals the single-process reference, and issues the schedule's collectives.
+
+For each variant of the shrunk scenario every rank builds the full model from one seed, runs the
+reference on the whole batch (all DP ranks' sequences), then its own shard of the parallel step, and
+asserts with torch.testing.assert_close (TOLERANCES by dtype) that the loss, its logits shard and EVERY
+parameter shard's gradient equal the reference's. A mismatch names the tensor, the rank and the max error.
+
+Variant specs join modifiers with "+": tp | sp, gelu | swiglu, mha | gqa (kv = tp/2, so KV heads are
+replicated when tp > 1), none | selective | full (recompute), tied, dp1 | dp2 (tp = nproc or nproc/2;
+default: the scenario's tp, shrunk), and the negative controls swap_fg (entry and exit boundaries
+replaced by their conjugates) and no_ln_allreduce (SP without the norm-gradient all-reduce).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.core.errors import UserError
+from meshsim.validate.launch.shrink import NUMERICS, shrink, with_changes
+
+FAULTS = ("swap_fg", "no_ln_allreduce")
+LAYOUTS = ("dp1", "dp2")
+# (rtol, atol) per dtype: fp32 sums in another order differ by a few ulps of each partial sum (~1e-7
+# relative) times the reduction depth; 1e-4 / 1e-5 leaves two orders of margin and still catches a
+# missing or doubled term (errors of order 1). bf16 keeps 8 mantissa bits (2^-8 = 0.4%).
+TOLERANCES = {"float64": (1e-9, 1e-11), "float32": (1e-4, 1e-5), "bfloat16": (2e-2, 1e-2)}
+# bf16: a bf16 reference would share the parallel run's rounding and a fixed atol of 1e-2 exceeds many
+# gradients (|grad| ~ 0.02-0.05 at the shrunk sizes: halving one still passed). Instead the reference runs
+# in float64 from the same bf16-rounded weights and each tensor must agree within this fraction of its
+# largest reference value: ~2^-8 per rounding times the depth of a few layers stays well inside 5%, a
+# missing or doubled term (an error of order the value itself) does not.
+SCALED_BOUND = {"bfloat16": 5e-2}
+MATRIX = (("tp", "sp"), ("gelu", "swiglu"), ("mha", "gqa"), ("none", "selective", "full"))
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    scenario: Scenario
+    faults: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    name: str
+    ok: bool
+    mismatches: list[dict]  # {tensor, rank, max_abs_err, max_abs_ref}, worst first
+    errors: list[str]  # exceptions, "rank N: ..."
+    checked: int  # tensors compared over all ranks
+    calls: list[dict]  # rank 0's counted collectives (opcount.CallRecord as dicts)
+    op_diffs: list[str] | None  # differences from the schedule; None when not compared (error / compare_ops off)
+
+
+def default_specs(nproc: int) -> list[str]:
+    """The whole matrix at the scenario's layout, plus a DP layout (nproc >= 2)."""
+    specs = ["+".join(combo) for combo in itertools.product(*MATRIX)]
+    if nproc >= 4:
+        specs += ["dp2+sp+swiglu+gqa+full", "dp2+tp+gelu+mha+none"]
+    elif nproc == 2:
+        specs += ["dp2+tp+gelu+mha+none"]
+    return specs
+
+
+def _token_changes(token: str, tp: int, heads: int) -> dict:
+    simple = {"tp": {"sp": False}, "sp": {"sp": True}, "gelu": {"mlp": "gelu"}, "swiglu": {"mlp": "swiglu"},
+              "none": {"recompute": "none"}, "selective": {"recompute": "selective"},
+              "full": {"recompute": "full"}, "tied": {"tied_embeddings": True}, "mha": {"kv_heads": None},
+              "gqa": {"kv_heads": max(1, tp // 2) if tp > 1 else max(1, heads // 2)}}
+    if token not in simple:
+        raise UserError("--variants", token, "use modifiers " + ", ".join([*simple, *LAYOUTS, *FAULTS])
+                        + " joined with '+', e.g. sp+swiglu+gqa+full", problem="Unknown variant modifier")
+    return simple[token]
+
+
+def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Variant:
+    """The shrunk scenario a spec describes (module docstring)."""
+    tokens = [t for t in spec.split("+") if t]
+    if "dp1" in tokens or "dp2" in tokens:
+        tp = nproc if "dp1" in tokens else max(1, nproc // 2)
+        base = with_changes(base, tp=tp, kv_heads=None)
+    s = shrink(base, nproc, NUMERICS, source)
+    changes: dict = {}
+    for token in tokens:
+        if token not in FAULTS and token not in LAYOUTS:
+            changes.update(_token_changes(token, s.parallel.tp, s.model.heads))
+    if changes.get("sp") and s.parallel.tp == 1:
+        raise UserError("--variants", spec, "drop 'sp' or use a layout with tp > 1",
+                        problem="Sequence parallelism needs tp > 1")
+    faults = tuple(t for t in tokens if t in FAULTS)
+    return Variant(spec, with_changes(s, **changes), faults)
+
+
+def _op_diffs(variant: Variant, source: str, calls: list[dict]) -> list[str]:
+    """Counted collectives vs the schedule of the same shrunk scenario."""
+    from meshsim.scenarios.load import resolve
+    from meshsim.sim.schedule.builder import build_schedule
+    from meshsim.validate.numerics.opcount import compare_records, schedule_records
+
+    schedule = build_schedule(resolve(variant.scenario, source or f"builtin:{variant.scenario.name}"))
+    planned = schedule_records(schedule, variant.scenario.model.dtype_bytes)
+    return compare_records(calls, planned)
+
+
+def merge(variants: list[Variant], per_rank: list[list[dict]], source: str, *,
+          compare_ops: bool = True) -> list[VariantResult]:
+    """Combine every rank's findings per variant, and compare counted collectives with the schedule."""
+    out = []
+    for i, v in enumerate(variants):
+        rows = [ranks[i] for ranks in per_rank]
+        mismatches = sorted((m for r in rows for m in r["mismatches"]), key=lambda m: -m["max_abs_err"])
+        errors = [f"rank {r['rank']}: {r['error']}" for r in rows if r.get("error")]
+        calls = rows[0]["calls"]
+        diffs = None if errors or not compare_ops else _op_diffs(v, source, calls)
+        for r in rows[1:]:
+            if diffs is not None and [c["name"] for c in r["calls"]] != [c["name"] for c in calls]:
+                diffs.append(f"rank {r['rank']} issued a different sequence of collectives than rank 0")
+        out.append(VariantResult(v.name, not mismatches and not errors, mismatches, errors,
+                                 sum(r["checked"] for r in rows), calls, diffs))
+    return out
+
+
+def check_numerics(scenario: Scenario, source: str, nproc: int, specs: list[str] | None = None, *,
+                   seed: int = 0, dtype: str = "float32", timeout_s: float = 120.0) -> list[VariantResult]:
+    """Run every variant in ONE spawn of nproc gloo processes; returns one result per variant."""
+    from meshsim.validate.launch.launch import launch
+
+    variants, payload = numerics_payload(scenario, source, nproc, specs, seed=seed, dtype=dtype)
+    return merge(variants, launch("numerics", payload, nproc, timeout_s=timeout_s), source)
+
+
+def numerics_payload(scenario: Scenario, source: str, nproc: int, specs: list[str] | None, *, seed: int = 0,
+                     dtype: str = "float32") -> tuple[list[Variant], dict]:
+    """The variants and the worker payload (JSON-serialisable, for spawn or torchrun). Spec "" is the
+    scenario's own configuration, shrunk."""
+    if dtype not in TOLERANCES:
+        raise UserError("--dtype", dtype, f"use one of {', '.join(TOLERANCES)}")
+    variants = [make_variant(scenario, spec, nproc, source) for spec in (specs or default_specs(nproc))]
+    for v in variants:
+        if "swap_fg" in v.faults and v.scenario.parallel.sp:
+            raise UserError("--variants", v.name, "use swap_fg with 'tp' (no SP); under SP use no_ln_allreduce",
+                            problem="swap_fg under SP changes tensor shapes instead of values")
+    payload = {"seed": seed, "dtype": dtype, "variants": [
+        {"name": v.name or "scenario", "scenario": v.scenario.model_dump(mode="json"), "faults": list(v.faults)}
+        for v in variants]}
+    return variants, payload
+
+
+def numerics_task(payload: dict) -> list[dict]:
+    """Worker side (validate/launch/launch.py task "numerics")."""
+    from meshsim.validate.numerics.worker import run_variants
+
+    return run_variants(payload)

@@ -1,0 +1,101 @@
+"""Console output of the validate commands (rich tables); each printer returns the exit status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from meshsim.sim.core.console import make_console
+from meshsim.validate.numerics.opcount import per_block_counts
+
+MAX_LINES = 8  # findings printed per variant (worst first)
+
+
+def _fmt_err(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def _op_column(r, compare_ops: bool) -> str:
+    if r.op_diffs is None:
+        return "not compared"
+    if not r.op_diffs:
+        return "= schedule"
+    return f"{len(r.op_diffs)} differ" + ("" if compare_ops else " (ignored)")
+
+
+def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True, console=None) -> int:
+    """Variant table, then every mismatch / error / op-count difference; 0 when all pass, else 1."""
+    console = console or make_console()
+    table = Table(title=f"numerics vs single process ({nproc} processes, {dtype})", title_justify="left")
+    for col in ("variant", "result", "tensors", "worst mismatch", "collectives/step", "vs schedule"):
+        table.add_column(col)
+    failed = 0
+    for r in results:
+        ops_bad = compare_ops and bool(r.op_diffs)
+        failed += (not r.ok) or ops_bad
+        worst = r.mismatches[0] if r.mismatches else None
+        worst_txt = f"{worst['tensor']} rank {worst['rank']} max|err| {worst['max_abs_err']:.3g}" if worst else "-"
+        status = "[green]ok[/]" if r.ok else "[red]FAIL[/]"
+        table.add_row(r.name or "scenario", status, str(r.checked), worst_txt, str(len(r.calls)),
+                      _op_column(r, compare_ops))
+    console.print(table)
+    if results and results[0].calls:
+        counts = per_block_counts(results[0].calls)
+        console.print(f"collectives per block.phase ({results[0].name or 'scenario'}, rank 0): "
+                      + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for r in results:
+        lines = [f"[red]{e}[/]" for e in r.errors]
+        lines += [f"{m['tensor']} differs on rank {m['rank']}: max|err| {m['max_abs_err']:.3g} (max|ref| "
+                  f"{m['max_abs_ref']:.3g})" for m in r.mismatches]
+        lines += [f"collectives: {line}" for line in r.op_diffs or []]
+        for line in lines[:MAX_LINES]:
+            console.print(f"{r.name}: {line}")
+        if len(lines) > MAX_LINES:
+            console.print(f"{r.name}: ... and {len(lines) - MAX_LINES} more")
+    console.print(f"{len(results) - failed} of {len(results)} variants pass")
+    return 1 if failed else 0
+
+
+def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None, console=None) -> int:
+    """Step time, categories, critical-path agreement; 1 when the numerics check failed
+    (numerics_ok False; None = not run) or |error| exceeds `tolerance` percent, else 0."""
+    console = console or make_console()
+    err = report["error_pct"]
+    console.print(f"{report['scenario']}: simulated {report['simulated_step_s'] * 1e3:.2f} ms, measured "
+                  f"{report['measured_step_s'] * 1e3:.2f} ms, error {_fmt_err(err)}  (numerics "
+                  f"{'ok' if report['numerics_ok'] else report['numerics_ok']})")
+    console.print(f"simulated without any overlap {report['simulated_serial_s'] * 1e3:.2f} ms (error "
+                  f"{_fmt_err(report['error_serial_pct'])}); measured ops replayed on the simulator's engine "
+                  f"{report['replayed_step_s'] * 1e3:.2f} ms")
+    table = Table(title="busy time per category", title_justify="left")
+    for col in ("category", "simulated ms", "measured ms", "error", "crit. share sim", "crit. share measured"):
+        table.add_column(col, justify="right")
+    share = report["critical_path_agreement"]["share"]
+    for cat, row in report["categories"].items():
+        table.add_row(cat, f"{row['simulated_s'] * 1e3:.2f}", f"{row['measured_s'] * 1e3:.2f}",
+                      _fmt_err(row["error_pct"]), f"{share[cat]['simulated']:.1%}", f"{share[cat]['measured']:.1%}")
+    console.print(table)
+    agree = report["critical_path_agreement"]
+    console.print(f"critical path: {agree['on_both']} ops on both, Jaccard {agree['jaccard']:.2f}")
+    if out_dir is not None:
+        console.print(f"traces: {Path(out_dir) / 'trace_merged.json'} (open in https://ui.perfetto.dev)")
+    failed = report["numerics_ok"] is False
+    if failed:
+        console.print("[red]numerics check failed: the real step does not match the single-process reference "
+                      "(meshsim validate SCENARIO --check shows which tensors)[/]")
+    if tolerance is not None and (err is None or abs(err) > tolerance):
+        console.print(f"[red]step-time error {_fmt_err(err)} exceeds the tolerance of {tolerance}%[/]")
+        failed = True
+    return 1 if failed else 0
+
+
+def print_profile(profile, path: Path, console=None) -> None:
+    console = console or make_console()
+    best = max((p.tflops for p in profile.gemm_table), default=0.0)
+    console.print(f"profile {profile.name}: {len(profile.gemm_table)} GEMM shapes (best "
+                  f"{best:.3g} TFLOP/s), memory {profile.elementwise_bw_gbps or 0:.3g} GB/s, "
+                  f"launch {profile.compute.launch_overhead_us or 0:.3g} us, {len(profile.kernel_table)} kernels, "
+                  f"{len(profile.collective_table)} collective points, comm/compute interference "
+                  f"kappa {profile.compute.comm_interference or 0:.2f}")
+    console.print(f"written: {path}  (use it with hardware: {{profile: {path}}})")

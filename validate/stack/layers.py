@@ -1,0 +1,135 @@
+"""One Megatron TP/SP transformer layer on real tensors: LayerNorm, attention by head (GQA), MLP.
+
+Each block is norm -> entry boundary fused with the column-parallel GEMM (qkv, or fc1 / gate+up) -> core
+-> row-parallel GEMM -> exit boundary -> replicated bias -> residual add (sim/schedule/layer_ops.py's op order). The boundaries are the duality table's (entry, exit) pair: (f, g) without SP,
+(sp_gather, sp_scatter) with SP (sim/schedule/duality.py region_boundaries). Under SP the LayerNorms and residual
+adds see s/t tokens of an [s, b, h] activation.
+
+Recompute (Korthikanti et al. 2022): "selective" checkpoints the attention core (QK^T, softmax, PV);
+"full" checkpoints the whole layer, so its forward collectives run again during backward.
+Dropout is absent (numerics compare deterministic math).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+from meshsim.sim.schedule.duality import CONJUGATE, region_boundaries
+from meshsim.validate.stack.comm import apply_boundary, column_linear, comm_tag, current_phase
+from meshsim.validate.stack.shard import ModelDims
+
+LN_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """This process's place in the TP-innermost layout and its process groups (None when of size 1)."""
+
+    tp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+    tp_group: object = None
+    dp_group: object = None
+    kv_group: object = None  # ranks sharing this rank's replicated KV head (GQA with kv < tp)
+
+
+@dataclass(frozen=True)
+class Plan:
+    dims: ModelDims
+    faults: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def boundaries(self) -> tuple[str, str]:
+        """(entry, exit) boundary names; the swap_fg fault uses each one's conjugate instead."""
+        entry, exit_ = (b.name for b in region_boundaries(self.dims.sp))
+        if "swap_fg" in self.faults:
+            return CONJUGATE[entry], CONJUGATE[exit_]
+        return entry, exit_
+
+
+def checkpointed(fn, *args):
+    """torch.utils.checkpoint (non-reentrant, without early stop so the whole block, trailing collectives
+    included, runs again as Megatron's recompute does); the rerun inside backward is tagged 'recompute'."""
+
+    def run(*inner):
+        with comm_tag(phase="recompute" if current_phase() == "bwd" else None):
+            return fn(*inner)
+
+    with set_checkpoint_early_stop(False):
+        return checkpoint(run, *args, use_reentrant=False)
+
+
+def norm(x: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
+    """LayerNorm when the norm has a bias (gelu / GPT models), RMSNorm x / rms(x) * weight otherwise."""
+    weight, bias = w[prefix + ".weight"], w.get(prefix + ".bias")
+    if bias is not None:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=LN_EPS)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LN_EPS) * weight
+
+
+def fused(w: dict, names: list[str], kind: str) -> torch.Tensor | None:
+    """Concatenate the rows of several column-parallel weights (or biases) into one GEMM operand."""
+    parts = [w[f"{n}.{kind}"] for n in names if f"{n}.{kind}" in w]
+    return torch.cat(parts) if parts else None
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Causal softmax(QK^T/sqrt(d))V per head. [s, b, n*hd] in, [s, b, nq*hd] out; each KV head serves
+    nq/nkv consecutive query heads (GQA)."""
+    s, b, _ = q.shape
+    q, k, v = (t.reshape(s, b, -1, head_dim).permute(1, 2, 0, 3) for t in (q, k, v))
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def _row_exit(y, w: dict, name: str, exit_: str, mesh: Mesh, block: str, key: str) -> torch.Tensor:
+    """Row-parallel linear: partial sums -> exit boundary -> replicated bias (after the sum)."""
+    out = apply_boundary(exit_, F.linear(y, w[name + ".weight"]), mesh.tp_group, block, key)
+    bias = w.get(name + ".bias")
+    return out if bias is None else out + bias
+
+
+def attention_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
+    pre, d, block = f"layers.{i}.", plan.dims, f"L{i}"
+    entry, exit_ = plan.boundaries
+    y = norm(x, w, pre + "ln1")
+    names = [pre + f"attn.{n}" for n in "qkv"]
+    qkv = column_linear(entry, y, fused(w, names, "weight"), fused(w, names, "bias"), mesh.tp_group,
+                        block, "attn_in")
+    q_width, kv_width = (w[n + ".weight"].shape[0] for n in names[:2])
+    q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
+    if d.recompute == "selective":
+        ctx = checkpointed(attention_core, q, k, v, d.head_dim)
+    else:
+        ctx = attention_core(q, k, v, d.head_dim)
+    return x + _row_exit(ctx, w, pre + "attn.o", exit_, mesh, block, "attn_out")
+
+
+def mlp_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
+    pre, block = f"layers.{i}.", f"L{i}"
+    entry, exit_ = plan.boundaries
+    y = norm(x, w, pre + "ln2")
+    names = [pre + n for n in (("mlp.gate", "mlp.up") if plan.dims.mlp == "swiglu" else ("mlp.fc1",))]
+    y = column_linear(entry, y, fused(w, names, "weight"), fused(w, names, "bias"), mesh.tp_group,
+                      block, "mlp_in")
+    if plan.dims.mlp == "swiglu":
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    else:
+        y = F.gelu(y)
+    return x + _row_exit(y, w, pre + "mlp.fc2", exit_, mesh, block, "mlp_out")
+
+
+def transformer_layer(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
+    def body(t):
+        return mlp_block(attention_block(t, w, i, plan, mesh), w, i, plan, mesh)
+
+    return checkpointed(body, x) if plan.dims.recompute == "full" else body(x)

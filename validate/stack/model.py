@@ -1,0 +1,104 @@
+"""The whole TP/SP model on one rank: weights sliced from one seeded full model, forward to a loss,
+and the gradient reductions that follow backward.
+
+Forward: vocab-parallel embedding -> exit boundary (g, or sp_scatter under SP) -> layers -> final norm ->
+entry boundary (f / sp_gather) fused with the vocab-parallel head GEMM -> vocab-parallel cross-entropy
+-> mean loss. After backward (Megatron's finalize-grads order; names as in sim/schedule/dp_ops.py):
+- "opt.ln_grad": under SP, one coalesced TP all-reduce of every SP-region parameter's gradient (norms
+  and row-parallel biases see only s/t tokens per rank);
+- "opt.kv_grad": GQA with kv < tp, one coalesced all-reduce of the K/V weight (and bias) gradients over
+  the ranks replicating each KV head (each holds only its own query heads' contribution);
+- "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_bucket_mb MiB of fp32 gradients, in
+  the order backward produces them (reverse parameter order); a bucket closes once it reaches the size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from meshsim.sim.schedule.dp_ops import MIB, make_buckets
+from meshsim.validate.stack.comm import all_reduce_grads, apply_boundary, column_linear
+from meshsim.validate.stack.layers import Mesh, Plan, norm, transformer_layer
+from meshsim.validate.stack.shard import (
+    ModelDims,
+    full_shapes,
+    kv_replica_groups,
+    sequence_parallel_params,
+    shard,
+)
+from meshsim.validate.stack.xent import VocabParallelCrossEntropy
+
+
+def init_full_weights(d: ModelDims, seed: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """The full model from `seed`: linear weights N(0, 1/fan_in), embeddings N(0, 1), norm weights
+    1 + N(0, 0.1^2), every bias N(0, 0.1^2) (non-trivial, so their gradients are checked meaningfully)."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in full_shapes(d).items():
+        t = torch.randn(shape, generator=gen, dtype=torch.float64)
+        if name.endswith(".bias"):
+            t = 0.1 * t
+        elif len(shape) == 1:
+            t = 1.0 + 0.1 * t
+        elif "embed" not in name:
+            t = t / shape[-1] ** 0.5
+        weights[name] = t.to(dtype)
+    return weights
+
+
+def make_batch(d: ModelDims, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, labels), each [s, micro_batch x dp] (all DP ranks' sequences), from `seed + 1`."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, d.vocab, (d.seq + 1, d.batch), generator=gen)
+    return ids[:-1], ids[1:]
+
+
+def local_weights(full: dict[str, torch.Tensor], d: ModelDims, tp_rank: int) -> dict[str, torch.Tensor]:
+    """This TP rank's shards as fresh leaf tensors that require grad."""
+    return {n: shard(n, t, d, tp_rank).clone().requires_grad_() for n, t in full.items()}
+
+
+def _embed(tokens, w: dict, d: ModelDims, mesh: Mesh, exit_: str) -> torch.Tensor:
+    rows = d.vocab // d.tp
+    local = tokens - mesh.tp_rank * rows
+    outside = (local < 0) | (local >= rows)
+    out = F.embedding(local.clamp(0, rows - 1), w["embed.weight"]) * (~outside).unsqueeze(-1)
+    return apply_boundary(exit_, out, mesh.tp_group, "embed", "embed_out")
+
+
+def forward(w: dict, tokens, labels, plan: Plan, mesh: Mesh) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean loss over this rank's tokens, logits [s, b, V/t]) for this rank's [s, b] slice of the batch."""
+    d = plan.dims
+    entry, exit_ = plan.boundaries
+    x = _embed(tokens, w, d, mesh, exit_)
+    for i in range(d.layers):
+        x = transformer_layer(x, w, i, plan, mesh)
+    x = norm(x, w, "final_ln")
+    table = w["embed.weight"] if d.tied else w["head.weight"]
+    logits = column_linear(entry, x, table, None, mesh.tp_group, "head", "head_in")
+    losses = VocabParallelCrossEntropy.apply(logits, labels, mesh.tp_rank * (d.vocab // d.tp), mesh.tp_group)
+    return losses.mean(), logits
+
+
+def dp_buckets(names: list[str], w: dict, bucket_mb: float) -> list[list[str]]:
+    """The schedule's bucketing rule (sim/dp_ops.make_buckets) over the parameters in reverse order: a
+    bucket closes once it holds >= bucket_mb MiB of fp32 gradients."""
+    order = list(reversed(names))
+    buckets = make_buckets([(i, w[n].numel()) for i, n in enumerate(order)], int(bucket_mb * MIB))
+    return [[order[i] for i in b.producers] for b in buckets]
+
+
+def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mb: float = 40.0) -> None:
+    """The post-backward reductions of the module docstring, in that order."""
+    d = plan.dims
+    if d.sp and "no_ln_allreduce" not in plan.faults:
+        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d)], mesh.tp_group, block="opt",
+                         key="ln_grad")
+    if kv_replica_groups(d):
+        kv = [n for n in w if ".attn.k." in n or ".attn.v." in n]
+        all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block="opt", key="kv_grad")
+    if mesh.dp > 1:
+        for i, bucket in enumerate(dp_buckets(list(w), w, bucket_mb)):
+            all_reduce_grads([w[n].grad for n in bucket], mesh.dp_group, block=f"dp.bucket{i}",
+                             key="all_reduce", average=True)

@@ -1,0 +1,52 @@
+"""The single-process reference: the full model, no parallelism, no collectives, torch's own cross-entropy.
+
+It shares no code with the parallel path except the attention core and the norm (which hold no
+parallel logic), so a wrong boundary, shard or reduction shows up as a difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from meshsim.validate.stack.layers import attention_core, norm
+from meshsim.validate.stack.shard import ModelDims
+
+
+@dataclass(frozen=True)
+class Reference:
+    token_losses: torch.Tensor  # [s, B] per-token loss, B = micro_batch x dp
+    logits: torch.Tensor  # [s, B, V]
+    grads: dict[str, torch.Tensor]  # d(loss)/d(weight), loss = mean over all s x B tokens
+
+
+def _linear(x, w: dict, name: str) -> torch.Tensor:
+    return F.linear(x, w[name + ".weight"], w.get(name + ".bias"))
+
+
+def _layer(x, w: dict, i: int, d: ModelDims) -> torch.Tensor:
+    p = f"layers.{i}."
+    y = norm(x, w, p + "ln1")
+    q, k, v = (_linear(y, w, p + f"attn.{n}") for n in "qkv")
+    x = x + _linear(attention_core(q, k, v, d.head_dim), w, p + "attn.o")
+    y = norm(x, w, p + "ln2")
+    if d.mlp == "swiglu":
+        y = F.silu(_linear(y, w, p + "mlp.gate")) * _linear(y, w, p + "mlp.up")
+    else:
+        y = F.gelu(_linear(y, w, p + "mlp.fc1"))
+    return x + _linear(y, w, p + "mlp.fc2")
+
+
+def reference(full: dict[str, torch.Tensor], tokens, labels, d: ModelDims) -> Reference:
+    """Forward and backward of the full model on the whole batch (every DP rank's sequences)."""
+    w = {n: t.clone().requires_grad_() for n, t in full.items()}
+    x = F.embedding(tokens, w["embed.weight"])
+    for i in range(d.layers):
+        x = _layer(x, w, i, d)
+    x = norm(x, w, "final_ln")
+    logits = F.linear(x, w["embed.weight"] if d.tied else w["head.weight"])
+    losses = F.cross_entropy(logits.reshape(-1, d.vocab), labels.reshape(-1), reduction="none")
+    losses.mean().backward()
+    return Reference(losses.detach().view_as(labels), logits.detach(), {n: t.grad for n, t in w.items()})

@@ -1,0 +1,145 @@
+"""Which slice of each full-model tensor a TP rank holds (Megatron's partitioning).
+
+Full tensors follow torch's Linear layout [out_features, in_features]:
+- embed.weight, head.weight [vocab, h]: rows by vocabulary (vocab-parallel), V/t rows per rank;
+- layers.i.attn.q.weight [heads*hd, h]: rows of this rank's query heads heads/t * r ... ;
+- layers.i.attn.k/v.weight [kv*hd, h]: rows of the KV heads this rank's query heads use: kv/t per rank
+  when kv >= t, else the single head r*kv//t, replicated on t/kv consecutive ranks (GQA with kv < t);
+- layers.i.attn.o.weight [h, heads*hd]: columns of this rank's query heads (row-parallel);
+- layers.i.mlp.fc1 / gate / up [ffn, h]: rows (column-parallel); layers.i.mlp.fc2 [h, ffn]: columns;
+- biases (gelu models only): column-parallel ones (q, k, v, fc1) sliced like their weight's rows;
+  row-parallel ones (o, fc2) and the norms' weights / biases replicated.
+
+Model-family conventions follow sim/schedule/layer_ops.py: gelu models are GPT style (LayerNorm with weight and
+bias, a bias on every linear); swiglu models are Llama style (RMSNorm with a weight only, no biases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.scenarios.schema import Scenario
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    mlp: str
+    seq: int
+    vocab: int
+    micro_batch: int
+    tied: bool
+    tp: int
+    dp: int
+    sp: bool
+    recompute: str
+
+    @classmethod
+    def from_scenario(cls, s: Scenario, dp: int | None = None) -> ModelDims:
+        m, p = s.model, s.parallel
+        dp = dp if dp is not None else (p.dp if isinstance(p.dp, int) else 1)
+        return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn, m.mlp, m.seq_len,
+                   m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute)
+
+    @property
+    def bias(self) -> bool:
+        """GPT-style gelu models carry linear biases and LayerNorm biases; Llama-style swiglu ones don't."""
+        return self.mlp == "gelu"
+
+    @property
+    def batch(self) -> int:
+        """Sequences in one step over all DP ranks (one micro-batch each)."""
+        return self.micro_batch * self.dp
+
+
+def _norm(prefix: str, d: ModelDims) -> dict[str, tuple[int, ...]]:
+    out = {prefix + ".weight": (d.hidden,)}
+    if d.bias:
+        out[prefix + ".bias"] = (d.hidden,)
+    return out
+
+
+def _linears(prefix: str, linears: dict[str, tuple[int, int]], d: ModelDims) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in linears.items():
+        out[f"{prefix}{name}.weight"] = shape
+        if d.bias:
+            out[f"{prefix}{name}.bias"] = (shape[0],)
+    return out
+
+
+def full_shapes(d: ModelDims) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of the full (unsharded) model."""
+    h, q, kv = d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (d.vocab, h)}
+    mlp_in = ("gate", "up") if d.mlp == "swiglu" else ("fc1",)
+    for i in range(d.layers):
+        pre = f"layers.{i}."
+        shapes.update(_norm(pre + "ln1", d))
+        shapes.update(_linears(pre, {"attn.q": (q, h), "attn.k": (kv, h), "attn.v": (kv, h), "attn.o": (h, q)}, d))
+        shapes.update(_norm(pre + "ln2", d))
+        mlp = {f"mlp.{n}": (d.ffn, h) for n in mlp_in}
+        shapes.update(_linears(pre, {**mlp, "mlp.fc2": (h, d.ffn)}, d))
+    shapes.update(_norm("final_ln", d))
+    if not d.tied:
+        shapes["head.weight"] = (d.vocab, h)
+    return shapes
+
+
+def q_heads(d: ModelDims, tp_rank: int) -> range:
+    per = d.heads // d.tp
+    return range(tp_rank * per, (tp_rank + 1) * per)
+
+
+def kv_heads(d: ModelDims, tp_rank: int) -> range:
+    if d.kv_heads >= d.tp:
+        per = d.kv_heads // d.tp
+        return range(tp_rank * per, (tp_rank + 1) * per)
+    head = tp_rank * d.kv_heads // d.tp
+    return range(head, head + 1)
+
+
+def kv_replica_groups(d: ModelDims) -> list[list[int]]:
+    """TP ranks sharing one KV head (kv < tp): consecutive blocks of tp/kv ranks; [] when kv >= tp."""
+    if d.kv_heads >= d.tp:
+        return []
+    per = d.tp // d.kv_heads
+    return [list(range(k * per, (k + 1) * per)) for k in range(d.kv_heads)]
+
+
+def sequence_parallel_params(d: ModelDims) -> list[str]:
+    """Replicated parameters living in the SP region (their gradients need a TP all-reduce under SP):
+    the norms and the row-parallel biases (added after the exit boundary, on s/t tokens)."""
+    return [n for n in full_shapes(d) if n.split(".")[-2] in ("ln1", "ln2", "final_ln")
+            or n.endswith(("attn.o.bias", "mlp.fc2.bias"))]
+
+
+def _rows(full, part: range, unit: int):
+    return full[part.start * unit: part.stop * unit]
+
+
+def shard(name: str, full, d: ModelDims, tp_rank: int):
+    """This TP rank's slice of the full tensor `name` (a view)."""
+    key = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else name.split(".")[0]
+    if name in ("embed.weight", "head.weight"):
+        return _rows(full, range(tp_rank, tp_rank + 1), d.vocab // d.tp)
+    if key == "q":
+        return _rows(full, q_heads(d, tp_rank), d.head_dim)
+    if key in ("k", "v"):
+        return _rows(full, kv_heads(d, tp_rank), d.head_dim)
+    if name.endswith(("o.bias", "fc2.bias")):
+        return full  # row-parallel bias: replicated
+    if key == "o":
+        heads = q_heads(d, tp_rank)
+        return full[:, heads.start * d.head_dim: heads.stop * d.head_dim]
+    if key in ("fc1", "gate", "up"):
+        return _rows(full, range(tp_rank, tp_rank + 1), d.ffn // d.tp)
+    if key == "fc2":
+        per = d.ffn // d.tp
+        return full[:, tp_rank * per: (tp_rank + 1) * per]
+    return full  # LayerNorm: replicated

@@ -1,0 +1,143 @@
+"""Worker side of timing: run the schedule's ops for real, step after step, and time them.
+
+Two kinds of step, interleaved after `warmup` untimed ones:
+- timed (per op): ops one after another in schedule order; before each collective a barrier on its
+  group, so the measured interval is the collective itself, not the wait for a late peer. Each op is
+  bracketed by clock marks: time.perf_counter on CPU (gloo calls are synchronous), CUDA events on GPU
+  (resolved after one synchronize per step).
+- as scheduled (step time): ops issued in schedule order, collectives asynchronously (async_op=True);
+  an op first waits for the collectives it depends on. On CUDA each schedule stream is a CUDA stream and
+  dependencies are CUDA events, so communication overlaps computation as the simulator assumes. The step
+  time is from a barrier to this rank's last completion.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from meshsim.sim.schedule.ops import Collective, Schedule
+from meshsim.validate.stack.groups import build_mesh
+from meshsim.validate.timing.executor import Device, Runners
+
+
+class CpuClock:
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        pass
+
+    def seconds(self, a: float, b: float) -> float:
+        return b - a
+
+
+class CudaClock:
+    def mark(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3
+
+
+def timed_step(schedule: Schedule, runners: Runners, clock, groups: dict) -> list[tuple[float, float]]:
+    """(start_s from the step start, duration_s) per op, in schedule order."""
+    clock.sync()
+    dist.barrier()
+    step = clock.mark()
+    marks = []
+    for op in schedule.ops:
+        run = runners(op.work)
+        group = groups.get(op.work.group) if isinstance(op.work, Collective) else None
+        if group is not None:
+            clock.sync()
+            dist.barrier(group=group)
+        begin = clock.mark()
+        run(False)
+        marks.append((begin, clock.mark()))
+    clock.sync()
+    return [(clock.seconds(step, a), clock.seconds(a, b)) for a, b in marks]
+
+
+def scheduled_step_cpu(schedule: Schedule, runners: Runners) -> float:
+    """Seconds for one step issued as scheduled (collectives async, waited by their dependants)."""
+    dist.barrier()
+    start = time.perf_counter()
+    pending: dict[int, object] = {}
+    for op in schedule.ops:
+        for dep in op.deps:
+            handle = pending.pop(dep, None)
+            if handle is not None:
+                handle.wait()
+        is_comm = isinstance(op.work, Collective)
+        handle = runners(op.work)(is_comm)
+        if is_comm and handle is not None:
+            pending[op.id] = handle
+    for handle in pending.values():
+        handle.wait()
+    return time.perf_counter() - start
+
+
+def scheduled_step_cuda(schedule: Schedule, runners: Runners) -> float:
+    """As scheduled on CUDA: one stream per schedule stream, dependencies as events, NCCL on its stream."""
+    streams = {"compute": torch.cuda.current_stream(), "tp_comm": torch.cuda.Stream(),
+               "dp_comm": torch.cuda.Stream()}
+    done: dict[int, torch.cuda.Event] = {}
+    torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for op in schedule.ops:
+        stream = streams[op.stream]
+        for dep in op.deps:
+            stream.wait_event(done[dep])
+        with torch.cuda.stream(stream):
+            is_comm = isinstance(op.work, Collective)
+            handle = runners(op.work)(is_comm)
+            if is_comm and handle is not None:
+                handle.wait()
+            done[op.id] = torch.cuda.Event()
+            done[op.id].record(stream)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def schedule_from_payload(payload: dict) -> Schedule:
+    from meshsim.scenarios.load import resolve
+    from meshsim.scenarios.schema import Scenario
+    from meshsim.sim.schedule.builder import build_schedule
+
+    return build_schedule(resolve(Scenario.model_validate(payload["scenario"]), payload["source"]))
+
+
+def timing_task(payload: dict) -> dict:
+    """Task "timing": optional numerics variants first (payload["numerics"], on gloo groups: CPU tensors),
+    then warm-up and `repeats` pairs of (timed, as-scheduled) steps on groups of the default backend.
+    Returns this rank's raw measurements and the backend they were taken on."""
+    numerics = None
+    if payload.get("numerics"):
+        from meshsim.validate.numerics.worker import run_variants
+
+        numerics = run_variants(payload["numerics"])
+    schedule = schedule_from_payload(payload)
+    cuda = dist.get_backend() == "nccl"
+    rep = schedule.kv_replicas
+    mesh, _ = build_mesh(schedule.tp, schedule.dp, [list(range(b, b + rep)) for b in range(0, schedule.tp, rep)])
+    groups = {"tp": mesh.tp_group, "dp": mesh.dp_group, "kv": mesh.kv_group}
+    runners = Runners(Device.for_backend(dist.get_backend()), groups)
+    clock = CudaClock() if cuda else CpuClock()
+    scheduled = scheduled_step_cuda if cuda else scheduled_step_cpu
+    for _ in range(payload.get("warmup", 2)):
+        scheduled(schedule, runners)
+    timed, steps = [], []
+    for _ in range(payload.get("repeats", 5)):
+        timed.append(timed_step(schedule, runners, clock, groups))
+        steps.append(scheduled(schedule, runners))
+    return {"rank": dist.get_rank(), "backend": dist.get_backend(), "timed": timed, "step_s": steps,
+            "numerics": numerics}
