@@ -28,6 +28,7 @@ from meshsim.scenarios.profile import HardwareProfile, load_profile
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
+from meshsim.topologies import registry
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 
@@ -123,8 +124,6 @@ def _attributed(err: UserError, source: str) -> UserError:
 def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
     """The whole machine: a registry preset, or a topology YAML relative to the scenario file (whose own
     `nodes` applies unless topology.nodes is given)."""
-    from meshsim.topologies import registry  # imported late: the registry pulls in every builder
-
     t = scenario.topology
     kwargs = dict(nic_gbitps=t.fabric.nic_gbitps, switch_latency_us=t.fabric.switch_latency_us,
                   oversubscription=t.fabric.oversubscription, nvlink_gbps=t.nvlink_gbps)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.schedule.ops import mesh_group
-from meshsim.topologies.gpus import GpuSpec
+from meshsim.sim.core.mesh import mesh_group
+from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 
 
@@ -42,8 +42,6 @@ class ResolvedScenario:
     def datasheet_peak_tflops(self) -> float:
         """The peak MFU is quoted against: the GPU preset's datasheet figure, or hardware.peak_tflops when
         the scenario states one. Never a profile's measured best GEMM (that feeds the cost models only)."""
-        from meshsim.topologies.gpus import GPUS
-
         stated = self.scenario.hardware.peak_tflops
         preset = GPUS.get(self.gpu.name)
         return stated or (preset.peak_tflops if preset is not None else self.gpu.peak_tflops)

@@ -16,6 +16,7 @@ import torch.distributed as dist  # noqa: E402
 from meshsim.sim.cli import validate as cli  # noqa: E402
 from meshsim.sim.core.errors import UserError  # noqa: E402
 from meshsim.validate.calibrate import calibration as calibrate  # noqa: E402
+from meshsim.validate.calibrate import sampling  # noqa: E402
 from meshsim.validate.launch import launch  # noqa: E402
 from meshsim.validate.launch.shrink import GPU_TIMING, NUMERICS, TIMING, shrink  # noqa: E402
 from meshsim.validate.printing import print_crosscheck  # noqa: E402
@@ -178,5 +179,5 @@ def test_worker_results_carry_the_backend(world1, monkeypatch):
     payload = {"scenario": shrink(sc, 1, NUMERICS, src).model_dump(mode="json"), "source": src,
                "warmup": 0, "repeats": 1, "numerics": None}
     assert timing.timing_task(payload)["backend"] == "gloo"
-    monkeypatch.setattr(calibrate, "WARMUP", 0)
+    monkeypatch.setattr(sampling, "WARMUP", 0)
     assert calibrate.calibrate_task(payload)["backend"] == "gloo"

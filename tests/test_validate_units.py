@@ -20,6 +20,7 @@ from meshsim.sim.core.errors import UserError  # noqa: E402
 from meshsim.sim.schedule.duality import DUALITY  # noqa: E402
 from meshsim.sim.schedule.ops import Attention, Collective, Gemm  # noqa: E402
 from meshsim.validate.calibrate import calibration as calibrate  # noqa: E402
+from meshsim.validate.calibrate import sampling  # noqa: E402
 from meshsim.validate.crosscheck import crosscheck  # noqa: E402
 from meshsim.validate.launch.shrink import NUMERICS, shrink, shrink_heads, shrink_layout  # noqa: E402
 from meshsim.validate.numerics import opcount  # noqa: E402
@@ -150,8 +151,8 @@ def test_variant_specs_and_bad_modifier():
 def test_reductions_follow_their_documented_statistics():
     # two ranks x three rounds: collectives take the min over ranks per round, compute the mean
     per_rank = [[[1.0, 2.0, 3.0]], [[3.0, 1.0, 5.0]]]
-    assert calibrate.reduce_samples(per_rank, collective=True) == [pytest.approx((1 + 1 + 3) / 3)]
-    assert calibrate.reduce_samples(per_rank, collective=False) == [pytest.approx((2 + 1.5 + 4) / 3)]
+    assert sampling.reduce_samples(per_rank, collective=True) == [pytest.approx((1 + 1 + 3) / 3)]
+    assert sampling.reduce_samples(per_rank, collective=False) == [pytest.approx((2 + 1.5 + 4) / 3)]
     a, b = calibrate.fit_line([1.0, 2.0, 3.0], [5.0, 7.0, 9.0])
     assert (a, b) == (pytest.approx(3.0), pytest.approx(2.0))
     assert calibrate.busbw_factor("all_reduce", 4) == pytest.approx(1.5)

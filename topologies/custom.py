@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.sim.core.units import gbit_to_gbps
+from meshsim.topologies.fabric import check_fabric_args, with_fabric
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Device, Link, Topology
-from meshsim.topologies.registry import check_fabric_args, with_fabric
 
 
 class _Frozen(BaseModel):

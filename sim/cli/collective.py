@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
@@ -20,6 +21,7 @@ from meshsim.sim.core.units import format_size, parse_size
 from meshsim.sim.cost.collectives.choose import ALGOS, OPS, PROTOCOL_NAMES
 from meshsim.sim.cost.collectives.nccl_table import Row, curves, sweep, sweep_sizes
 from meshsim.sim.outputs.busbw_plot import write_busbw_html
+from meshsim.topologies.registry import build_topology
 
 PROTOCOL_CHOICES = ("auto", *PROTOCOL_NAMES)
 
@@ -49,8 +51,6 @@ def _ranks(requested: int | None, num_gpus: int, name: str) -> list[int]:
 
 
 def print_table(rows: Sequence[Row], title: str) -> None:
-    from rich.table import Table
-
     table = Table(title=title)
     for col in ("size", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
@@ -64,8 +64,6 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
                    step_factor: float, algo: str, protocol: str, json_path: Path | None,
                    plot_path: Path | None) -> list[Row]:
     """The command's work, raising UserError on bad input."""
-    from meshsim.topologies.registry import build_topology
-
     _check_names(op, algo, protocol)
     sizes = sweep_sizes(_size("--min-bytes", min_bytes), _size("--max-bytes", max_bytes), step_factor)
     topo = build_topology(topology, nodes)

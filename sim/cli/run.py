@@ -7,8 +7,12 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
+from meshsim.scenarios.load import load_and_resolve, load_scenario
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.outputs.step_report import print_report, write_outputs, write_results_json
+from meshsim.sim.results.simulate import simulate
 
 DEFAULT_OUT_ROOT = Path("meshsim-out")
 
@@ -32,11 +36,6 @@ def run_command(
                                         "min(dp, 2) replicas with real rendezvous instead of one rank"),
 ) -> None:
     """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html."""
-    from meshsim.scenarios.library import DEFAULT_SCENARIO
-    from meshsim.scenarios.load import load_and_resolve
-    from meshsim.sim.outputs.step_report import print_report, write_outputs, write_results_json
-    from meshsim.sim.results.simulate import simulate
-
     rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
     out_dir = _out_dir(out, rs.name)
     result = simulate(rs, explicit_ranks=explicit_ranks)
@@ -51,9 +50,6 @@ def run_command(
 
 def scenarios_command() -> None:
     """List the built-in scenarios."""
-    from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
-    from meshsim.scenarios.load import load_scenario
-
     table = Table(title="built-in scenarios (meshsim run NAME)", title_justify="left")
     for col in ("name", "model", "topology", "nodes", "tp", "sp", "file"):
         table.add_column(col, justify="right" if col in ("nodes", "tp") else "left")

@@ -10,9 +10,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshsim.scenarios.load import load_scenario
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.sweep.axes import configurations, sweep_axes
+from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import TABLE_COLUMNS, explain, ok, sweet_spot, table_row
+from meshsim.sim.sweep.report_page import write_report
+from meshsim.sim.sweep.runner import run_sweep
 
 AXIS_HELP = "comma-separated; overrides the scenario's sweep: block; unset axes keep the scenario's value"
 
@@ -31,10 +36,6 @@ def sweep_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Sweep tp x sp x micro-batch x overlap x recompute at the scenario's GPU count; name the sweet spot."""
-    from meshsim.scenarios.load import load_scenario
-    from meshsim.sim.sweep.axes import configurations, sweep_axes
-    from meshsim.sim.sweep.runner import run_sweep
-
     if jobs is not None and jobs < 1:
         raise UserError("--jobs", jobs, "use --jobs 1 or more")
     flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute)
@@ -46,8 +47,6 @@ def sweep_command(
     reasons = explain(records)
     print_results(records, reasons, title=f"{model.name}: {len(points)} configurations")
     if out is not None:
-        from meshsim.sim.sweep.report_page import write_report
-
         path = write_report(records, reasons, f"TP sweep of {model.name}", out)
         typer.echo(f"report: {path}\nresults: {Path(out) / 'sweep.jsonl'}")
     if json_path is not None:
@@ -92,8 +91,6 @@ def compare_command(
     out: Path = typer.Option(None, "--out", help="write compare.json and a merged Perfetto trace.json here"),
 ) -> None:
     """Two results side by side: headline numbers, step time by category with deltas, merged timeline."""
-    from meshsim.sim.sweep.compare import compare_files, print_comparison
-
     comparison = compare_files(a, b, out_dir=out)
     print_comparison(comparison, make_console())
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import typer
 
+from meshsim.scenarios.load import load_scenario
+from meshsim.scenarios.profile import save_profile
 from meshsim.sim.core.errors import UserError
 
 DEFAULT_CALIBRATION_SCENARIO = "tiny-2gpu"
@@ -18,7 +20,7 @@ DEFAULT_CALIBRATION_SCENARIO = "tiny-2gpu"
 
 def _backend(backend: str | None, local: bool = True) -> str:
     """The backend; `local` (processes spawned here) also checks that CUDA devices exist for nccl."""
-    import torch
+    import torch  # meshsim[validate] extra: optional, heavy
 
     if backend is None:
         return "nccl" if torch.cuda.is_available() else "gloo"
@@ -34,7 +36,7 @@ def _nproc(nproc: int, backend: str, local: bool = True) -> int:
     if nproc < 1:
         raise UserError("--nproc", nproc, "use 1 or more processes")
     if local and backend == "nccl":
-        import torch
+        import torch  # meshsim[validate] extra: optional, heavy
 
         if nproc > torch.cuda.device_count():
             raise UserError("--nproc", nproc, f"use at most {torch.cuda.device_count()} (one process per GPU); "
@@ -98,7 +100,7 @@ def _dump(path: Path, task: str, payload: dict, nproc: int, backend: str) -> Non
 
 def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: bool, dump: Path | None,
            results_path: Path | None) -> int:
-    from meshsim.scenarios.load import load_scenario
+    # meshsim[validate] extra: these modules import torch
     from meshsim.validate.launch.launch import launch
     from meshsim.validate.numerics.check import merge, numerics_payload
     from meshsim.validate.printing import print_numerics
@@ -154,7 +156,7 @@ def validate_command(
 def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance: float | None,
                 json_path: Path | None, out: Path | None, repeats: int, dump: Path | None,
                 per_rank: list | None) -> int:
-    from meshsim.scenarios.load import load_scenario
+    # meshsim[validate] extra: these modules import torch
     from meshsim.validate.crosscheck.crosscheck import finish, run_crosscheck, timing_payload
     from meshsim.validate.printing import print_crosscheck
     from meshsim.validate.timing.measured import reduce_run, schedule_of
@@ -197,8 +199,7 @@ def calibrate_command(
                                       "a torchrun run of the dumped payload"),
 ) -> None:
     """Measure GEMMs, attention, memory-bound kernels and collectives; write a hardware profile."""
-    from meshsim.scenarios.load import load_scenario
-    from meshsim.scenarios.profile import save_profile
+    # meshsim[validate] extra: these modules import torch
     from meshsim.validate.calibrate.calibration import build_profile, calibrate, calibration_payload
     from meshsim.validate.printing import print_profile
     from meshsim.validate.timing.measured import schedule_of

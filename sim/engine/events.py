@@ -37,8 +37,9 @@ from typing import NamedTuple
 
 import simpy
 
+from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine.arbiter import Arbiter
-from meshsim.sim.schedule.ops import Collective, Elementwise, Op, OptimizerStep, Schedule, mesh_group
+from meshsim.sim.schedule.ops import Collective, Elementwise, Op, OptimizerStep, Schedule
 
 STREAMS = ("compute", "tp_comm", "dp_comm")
 CommTiming = tuple[float, float, Mapping[int, float]]

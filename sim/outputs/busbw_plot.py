@@ -9,7 +9,7 @@ from meshsim.sim.cost.collectives.nccl_table import Row
 
 
 def busbw_figure(curves: Mapping[str, Sequence[Row]], title: str):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: imported only when a plot is asked for
 
     fig = go.Figure()
     for label, rows in curves.items():

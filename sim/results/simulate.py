@@ -22,13 +22,17 @@ links), else the analytic model (sim/collectives) with hardware.network's algo /
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.cost.calibrated import table_collective_time_s
+from meshsim.sim.cost.collectives import collective_cost
+from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
+from meshsim.sim.cost.flops import model_flops_per_step
+from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results.step_result import StepResult, build_result
+from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
 
 
@@ -67,7 +71,6 @@ class CollectiveCoster:
         if len(group) < 2 or work.nbytes == 0:
             return (0.0, 0.0, {}), {**info, "algo": "none", "protocol": "none", "time_us": 0.0,
                                     "busbw_gbps": 0.0, "algbw_gbps": 0.0, "source": "trivial"}
-        from meshsim.sim.cost.collectives import collective_cost
 
         # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
         c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
@@ -86,7 +89,6 @@ class CollectiveCoster:
     def _measured_s(self, work: Collective, ranks: int) -> float | None:
         if self.rs.profile is None or not self.rs.profile.collective_table:
             return None
-        from meshsim.sim.cost.calibrated import table_collective_time_s
 
         return table_collective_time_s(self.rs.profile, work.op, ranks, work.nbytes)
 
@@ -104,8 +106,6 @@ class CollectiveCoster:
 
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
     """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item."""
-    from meshsim.sim.cost.compute import ComputeModel
-
     model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile)  # memoizes per work itself
 
     def compute_s(op: Op, rank: int) -> float:
@@ -117,8 +117,6 @@ def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
 def comm_interference(rs: ResolvedScenario) -> float:
     """kappa (sim/engine/events.py): hardware.compute.comm_interference, else the profile's compute section's
     (what `meshsim calibrate` measured), else 0.0 (no interference)."""
-    from meshsim.sim.cost.compute import resolve_tuning
-
     return resolve_tuning(rs.scenario.hardware.compute, rs.profile).comm_interference or 0.0
 
 
@@ -138,10 +136,6 @@ def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ..
 
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
                          ) -> tuple[StepResult, engine.EventLog, Schedule]:
-    from meshsim.sim.cost.flops import model_flops_per_step
-    from meshsim.sim.cost.memory import memory_per_gpu
-    from meshsim.sim.schedule.builder import build_schedule
-
     schedule = build_schedule(rs)
     coster = CollectiveCoster(rs)
     log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, scenario_groups(rs),
@@ -154,14 +148,3 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
 def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False) -> StepResult:
     """Simulate one training step; the event log is kept in `result.events`."""
     return simulate_with_events(rs, explicit_ranks=explicit_ranks)[0]
-
-
-def run_scenario(path_or_name: str | Path, overrides: Mapping[str, object] | None = None,
-                 **kw: Any) -> StepResult:
-    """Load (a YAML path or a built-in name), apply dotted overrides, resolve, simulate."""
-    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-
-    scenario, source = load_scenario(path_or_name)
-    if overrides:
-        scenario = with_overrides(scenario, overrides, source)
-    return simulate(resolve(scenario, source), **kw)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Stream = Literal["compute", "tp_comm", "dp_comm"]
-Category = Literal["compute", "tp_comm", "dp_comm"]
 Phase = Literal["fwd", "bwd", "recompute", "opt"]
 
 
@@ -96,19 +95,6 @@ class OptimizerStep:
         return 12.0 * self.params
 
 
-def mesh_group(kind: str, rank: int, tp: int, dp: int, kv_replicas: int = 1) -> tuple[int, ...]:
-    """`rank`'s group of a symbolic kind on the TP-innermost mesh (scenarios/resolved.py):
-    "tp" = the tp consecutive ranks r // tp * tp ...; "dp" = the ranks congruent to r mod tp;
-    "kv" = the kv_replicas consecutive ranks of r's TP group that replicate its KV head."""
-    if kind == "tp":
-        first = rank // tp * tp
-        return tuple(range(first, first + tp))
-    if kind == "kv":
-        first = rank // kv_replicas * kv_replicas
-        return tuple(range(first, first + kv_replicas))
-    return tuple(rank % tp + d * tp for d in range(dp))
-
-
 def comm_stream(group: str) -> Stream:
     """The stream (and category) of a collective on `group`: DP traffic on dp_comm, TP and KV on tp_comm."""
     return "dp_comm" if group == "dp" else "tp_comm"
@@ -127,7 +113,7 @@ class Op:
     id: int
     name: str  # e.g. "L3.mb0.fwd.qkv"
     stream: Stream
-    category: Category
+    category: Stream  # the op's result category is its stream
     phase: Phase
     work: Work
     deps: tuple[int, ...] = ()

@@ -17,7 +17,9 @@ import hashlib
 import itertools
 from dataclasses import asdict, dataclass
 
+from meshsim.scenarios.load import resolve, with_overrides
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.results.simulate import simulate
 
 AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -145,9 +147,6 @@ def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> dic
     The record keeps every results-JSON key except the op-by-op `critical_path` (tens of thousands of
     segments, ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and
     `meshsim run` on the configuration writes the full path."""
-    from meshsim.scenarios.load import resolve, with_overrides
-    from meshsim.sim.results.simulate import simulate
-
     record = {"key": point.key, "config": asdict(point), "scenario_digest": digest}
     try:
         rs = resolve(with_overrides(scenario, point.overrides(), source), source)

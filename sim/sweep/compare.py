@@ -18,7 +18,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.table import Table
+
+from meshsim.scenarios.library import BUILTIN_PREFIX
+from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.outputs.step_report import OUTPUT_FILES
+from meshsim.sim.outputs.trace import trace_document, trace_events
+from meshsim.sim.results.simulate import simulate_with_events
 
 HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 1.0),
             ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0))
@@ -103,7 +110,6 @@ def merge_traces(a: list[dict], b: list[dict], label_a: str, label_b: str) -> di
     flows = [e["id"] for e in a if e.get("ph") in ("s", "t", "f") and isinstance(e.get("id"), int)]
     merged = relabel(a, pid_offset=0, prefix=label_a, flow_offset=0) + relabel(
         b, pid_offset=max(pids, default=-1) + 1, prefix=label_b, flow_offset=max(flows, default=0) + 1)
-    from meshsim.sim.outputs.trace import trace_document
 
     return trace_document(merged)
 
@@ -113,15 +119,10 @@ def resimulate_events(result: dict) -> list[dict]:
 
     Raises UserError if the results do not say where their scenario came from, or if the replay's step
     time differs from the recorded one (the scenario file changed, or `run` had overrides not echoed)."""
-    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-    from meshsim.sim.outputs.trace import trace_events
-    from meshsim.sim.results.simulate import simulate_with_events
-
     source = result.get("source", "")
     if not source:
         raise UserError("results", result.get("scenario", "?"), "run `meshsim run --out DIR` to write trace.json",
                         problem="No trace.json beside it and no scenario source to re-simulate")
-    from meshsim.scenarios.library import BUILTIN_PREFIX
 
     name = source.removeprefix(BUILTIN_PREFIX)
     scenario, src = load_scenario(name)
@@ -137,8 +138,6 @@ def resimulate_events(result: dict) -> list[dict]:
 
 def timeline_events(result: dict, results_path: Path) -> list[dict]:
     """trace.json beside the results if present, else a re-simulation."""
-    from meshsim.sim.outputs.step_report import OUTPUT_FILES
-
     trace = Path(results_path).parent / OUTPUT_FILES["trace"]
     if trace.is_file():
         return _trace_events(json.loads(trace.read_text()))
@@ -179,8 +178,6 @@ def _fmt(value: float | None, name: str) -> str:
 
 def print_comparison(comparison: dict, console) -> None:
     """Two rich tables (headline, step time by category) and where the merged trace went."""
-    from rich.table import Table
-
     label_a, label_b = comparison["labels"]
     for title, key in (("Headline", "headline"), ("Step time by category (s)", "categories")):
         table = Table(title=title, header_style="bold")

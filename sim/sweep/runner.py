@@ -86,7 +86,7 @@ def _run_local(todo, args, jobs: int, runner: Runner, on_done) -> None:
 def ray_init(address: str):
     """Connect to (or start) Ray; returns the ray module. UserError if the extra is not installed."""
     try:
-        import ray
+        import ray  # meshsim[ray] extra: optional
     except ImportError as exc:
         raise UserError("--ray", address, "install the Ray extra: pip install 'meshsim[ray]'",
                         problem="ray is not installed") from exc

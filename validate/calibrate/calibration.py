@@ -27,18 +27,31 @@ from __future__ import annotations
 import datetime
 import platform
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
+from meshsim.scenarios.load import resolve
+from meshsim.scenarios.profile import (
+    CollectivePoint,
+    GemmPoint,
+    GpuFigures,
+    HardwareProfile,
+    KernelPoint,
+    save_profile,
+)
+from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.cost.collectives import busbw_factor
+from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, Schedule, Work
 from meshsim.validate.calibrate.interference import interference_samples, reduce_interference
+from meshsim.validate.calibrate.sampling import reduce_samples, round_robin_samples_s
+from meshsim.validate.launch.launch import launch
+from meshsim.validate.launch.shrink import shrink, timing_rule, without_profile
 from meshsim.validate.stack.groups import new_groups
 from meshsim.validate.timing.executor import Device, Runners, memory_kernel
+from meshsim.validate.timing.worker import schedule_from_payload
 
-WARMUP, REPEATS = 3, 30
 MEM_SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes touched (read + write): 256 KiB .. 16 MiB
 COLL_SWEEP_CPU = tuple(1 << p for p in range(10, 22, 2))  # 1 KiB .. 1 MiB
 COLL_SWEEP_GPU = tuple(1 << p for p in range(10, 31, 2))  # 1 KiB .. 1 GiB
@@ -61,37 +74,6 @@ def collective_points(schedule: Schedule, world: int, gpu: bool) -> list[tuple[s
     return sorted(points)
 
 
-def round_robin_samples_s(items: list[tuple[object, object]], sync, repeats: int = REPEATS) -> list[list[float]]:
-    """`repeats` timed samples (seconds) of each (run, barrier-or-None) item, after WARMUP rounds.
-
-    Rounds cycle through all items, as a step does, so an item does not find its operands hot in cache
-    from its own previous run."""
-    samples: list[list[float]] = [[] for _ in items]
-    for round_ in range(WARMUP + repeats):
-        for i, (run, barrier) in enumerate(items):
-            if barrier is not None:
-                barrier()
-            start = time.perf_counter()
-            run(False)
-            sync()
-            if round_ >= WARMUP:
-                samples[i].append(time.perf_counter() - start)
-    return samples
-
-
-def reduce_samples(per_rank: list[list[list[float]]], collective: bool) -> list[float]:
-    """Per item: each round's samples reduced over ranks (min for a collective: the last rank out of
-    the barrier waits for nobody, so its time is the collective's own; mean for compute), then the
-    mean over rounds. The mean, not the median: nccl-tests reports the mean, and a step is a sum of
-    many ops, so its time tracks the sum of their means even when single runs are heavy-tailed (as
-    gloo's are on a shared CPU)."""
-    out = []
-    for item in zip(*per_rank, strict=True):
-        rounds = [min(vals) if collective else statistics.fmean(vals) for vals in zip(*item, strict=True)]
-        out.append(statistics.fmean(rounds))
-    return out
-
-
 def _groups_of(size: int) -> object:
     """Create the consecutive-block groups of `size` (every rank calls this in the same order); they run
     the calibrated backend's own tensors, so they keep the default backend."""
@@ -102,8 +84,6 @@ def _groups_of(size: int) -> object:
 def calibrate_task(payload: dict) -> dict:
     """Task "calibrate": this rank's samples for compute works, memory sizes and collectives, and the
     backend they were taken on (the parent rebuilds the schedule with it)."""
-    from meshsim.validate.timing.worker import schedule_from_payload
-
     schedule = schedule_from_payload(payload)
     backend = dist.get_backend()
     dev = Device.for_backend(backend)
@@ -147,8 +127,6 @@ def measured_on(backend: str, nproc: int, device: str, scenario: str) -> dict[st
 
 
 def _kernel_point(work: Work, time_s: float):
-    from meshsim.scenarios.profile import GemmPoint, KernelPoint
-
     if isinstance(work, Gemm):
         return GemmPoint(m=work.m, n=work.n, k=work.k, batch=work.batch, tflops=work.flops / time_s / 1e12)
     if isinstance(work, Attention):
@@ -164,8 +142,6 @@ def _device_figures(backend: str, best_tflops: float | None, bw_gbps: float):
     GEMM and kernel tables, and the model's efficiency defaults (attention 0.50 of peak, ...) and MFU are
     defined against the datasheet peak, so writing the best measured GEMM there would derate twice. On a
     CPU (gloo) the device is not the scenario's GPU preset at all, so the measured figures replace it."""
-    from meshsim.scenarios.profile import GpuFigures
-
     if backend == "nccl":
         return GpuFigures()
     return GpuFigures(peak_tflops=best_tflops, mem_bw_gbps=bw_gbps)
@@ -173,9 +149,6 @@ def _device_figures(backend: str, best_tflops: float | None, bw_gbps: float):
 
 def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: str, scenario: str):
     """Reduce the workers' samples (reduce_samples) into a HardwareProfile."""
-    from meshsim.scenarios.profile import CollectivePoint, GemmPoint, HardwareProfile
-    from meshsim.scenarios.schema import ComputeTuning
-
     works = compute_works(schedule)
     compute_s = reduce_samples([r["compute"] for r in per_rank], collective=False)
     points = [p for p in (_kernel_point(w, t) for w, t in zip(works, compute_s, strict=True)) if p is not None]
@@ -206,8 +179,6 @@ def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: 
 
 def calibration_payload(scenario, source: str, nproc: int, backend: str):
     """(shrunk scenario, payload of task "calibrate"): the scenario shrunk by the backend's timing rule."""
-    from meshsim.validate.launch.shrink import shrink, timing_rule, without_profile
-
     shrunk = without_profile(shrink(scenario, nproc, timing_rule(backend), source))
     return shrunk, {"scenario": shrunk.model_dump(mode="json"), "source": source}
 
@@ -215,12 +186,6 @@ def calibration_payload(scenario, source: str, nproc: int, backend: str):
 def calibrate(scenario, source: str, nproc: int, *, backend: str = "gloo", out=None, timeout_s: float = 300.0):
     """Measure on nproc local processes the works of `scenario`'s schedule (pass it shrunk for CPU);
     returns the HardwareProfile and writes it to `out` when given (scenarios/profile.py save_profile)."""
-    from meshsim.scenarios.load import resolve
-    from meshsim.scenarios.profile import save_profile
-    from meshsim.sim.schedule.builder import build_schedule
-    from meshsim.validate.launch.launch import launch
-    from meshsim.validate.launch.shrink import without_profile
-
     scenario = without_profile(scenario)
     schedule = build_schedule(resolve(scenario, source))
     payload = {"scenario": scenario.model_dump(mode="json"), "source": source}

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from meshsim.sim.schedule.ops import Collective, Gemm, Schedule
+from meshsim.validate.calibrate.sampling import round_robin_samples_s
 from meshsim.validate.timing.executor import Device, Runners
 
 ROUNDS = 200  # timed rounds of (g, c, t_both): 200 x ~4 ms on a CPU; seconds at most
@@ -119,8 +120,6 @@ def overlapped(coll, gemm):
 def interference_samples(schedule: Schedule, dev: Device, groups: dict, sync) -> dict | None:
     """This rank's samples of [g, c, t_both] per round (seconds) and what was measured; None when the
     schedule has nothing to overlap. `groups`: group size -> this rank's process group of that size."""
-    from meshsim.validate.calibrate.calibration import round_robin_samples_s
-
     rep = representative(schedule)
     if rep is None:
         return None

@@ -19,9 +19,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.results.critical_path import critical_path, shares
-from meshsim.validate.timing.measured import Measured
+from meshsim.sim.results.simulate import simulate
+from meshsim.validate.calibrate.calibration import calibrate
+from meshsim.validate.launch.launch import launch
+from meshsim.validate.launch.shrink import shrink, timing_rule, with_profile, without_profile
+from meshsim.validate.numerics.check import merge, numerics_payload
+from meshsim.validate.timing.measured import Measured, reduce_run, schedule_of
+from meshsim.validate.timing.trace_merge import write_measured_trace, write_merged_trace
 
 CATEGORIES = ("compute", "tp_comm", "dp_comm")
 
@@ -86,9 +93,6 @@ def compare(result, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
 def timing_payload(scenario: Scenario, source: str, nproc: int, backend: str, *, repeats: int = 5,
                    numerics: bool = True) -> tuple[Scenario, list, dict]:
     """(shrunk scenario, numerics variants, worker payload of task "timing") for nproc processes."""
-    from meshsim.validate.launch.shrink import shrink, timing_rule, without_profile
-    from meshsim.validate.numerics.check import numerics_payload
-
     shrunk = without_profile(shrink(scenario, nproc, timing_rule(backend), source))
     variants, checks = numerics_payload(scenario, source, nproc, [""]) if numerics else ([], None)
     payload = {"scenario": shrunk.model_dump(mode="json"), "source": source, "warmup": 2, "repeats": repeats,
@@ -99,12 +103,6 @@ def timing_payload(scenario: Scenario, source: str, nproc: int, backend: str, *,
 def finish(shrunk: Scenario, source: str, profile: str, variants: list, measured: Measured,
            out: Path | None) -> CrossCheck:
     """Simulate the shrunk scenario with the profile, compare with the measured run, write the traces."""
-    from meshsim.scenarios.load import resolve
-    from meshsim.sim.results.simulate import simulate
-    from meshsim.validate.launch.shrink import with_profile
-    from meshsim.validate.numerics.check import merge
-    from meshsim.validate.timing.trace_merge import write_measured_trace, write_merged_trace
-
     result = simulate(resolve(with_profile(shrunk, profile), source))
     numerics_ok = None
     if measured.numerics is not None:
@@ -123,10 +121,6 @@ def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str 
     """Shrink -> calibrate (unless `profile`) -> run for real (with the numerics check of the scenario's
     own variant in the same processes) -> simulate with the profile -> compare. Writes profile.yaml (when
     calibrated), trace_measured.json and trace_merged.json into out_dir."""
-    from meshsim.validate.calibrate.calibration import calibrate
-    from meshsim.validate.launch.launch import launch
-    from meshsim.validate.timing.measured import reduce_run, schedule_of
-
     out = Path(out_dir) if out_dir is not None else None
     shrunk, variants, payload = timing_payload(scenario, source, nproc, backend, repeats=repeats,
                                                numerics=numerics)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
+from meshsim.scenarios.load import build_scenario_topology
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
 
@@ -70,8 +72,6 @@ def shrink_heads(heads: int, kv_heads: int, tp: int, tp_new: int) -> tuple[int, 
 def _nodes_for(scenario: Scenario, source: str, nproc: int) -> int:
     """topology.nodes, raised when the topology holds fewer than nproc GPUs."""
     try:
-        from meshsim.scenarios.load import build_scenario_topology
-
         topo = build_scenario_topology(scenario, source)
     except (ImportError, UserError):
         return scenario.topology.nodes
@@ -116,7 +116,5 @@ def without_profile(scenario: Scenario) -> Scenario:
 
 def with_profile(scenario: Scenario, path: str) -> Scenario:
     """The scenario costed with the profile at `path` (absolute, so the scenario's source dir is moot)."""
-    from pathlib import Path
-
     hardware = scenario.hardware.model_copy(update=dict(profile=str(Path(path).resolve())))
     return scenario.model_copy(update=dict(hardware=hardware))

@@ -16,22 +16,18 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.schedule.builder import build_schedule
+from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import NUMERICS, shrink, with_changes
+from meshsim.validate.numerics.opcount import compare_records, schedule_records
+from meshsim.validate.numerics.tolerances import TOLERANCES
+from meshsim.validate.numerics.worker import run_variants
 
 FAULTS = ("swap_fg", "no_ln_allreduce")
 LAYOUTS = ("dp1", "dp2")
-# (rtol, atol) per dtype: fp32 sums in another order differ by a few ulps of each partial sum (~1e-7
-# relative) times the reduction depth; 1e-4 / 1e-5 leaves two orders of margin and still catches a
-# missing or doubled term (errors of order 1). bf16 keeps 8 mantissa bits (2^-8 = 0.4%).
-TOLERANCES = {"float64": (1e-9, 1e-11), "float32": (1e-4, 1e-5), "bfloat16": (2e-2, 1e-2)}
-# bf16: a bf16 reference would share the parallel run's rounding and a fixed atol of 1e-2 exceeds many
-# gradients (|grad| ~ 0.02-0.05 at the shrunk sizes: halving one still passed). Instead the reference runs
-# in float64 from the same bf16-rounded weights and each tensor must agree within this fraction of its
-# largest reference value: ~2^-8 per rounding times the depth of a few layers stays well inside 5%, a
-# missing or doubled term (an error of order the value itself) does not.
-SCALED_BOUND = {"bfloat16": 5e-2}
 MATRIX = (("tp", "sp"), ("gelu", "swiglu"), ("mha", "gqa"), ("none", "selective", "full"))
 
 
@@ -94,10 +90,6 @@ def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Var
 
 def _op_diffs(variant: Variant, source: str, calls: list[dict]) -> list[str]:
     """Counted collectives vs the schedule of the same shrunk scenario."""
-    from meshsim.scenarios.load import resolve
-    from meshsim.sim.schedule.builder import build_schedule
-    from meshsim.validate.numerics.opcount import compare_records, schedule_records
-
     schedule = build_schedule(resolve(variant.scenario, source or f"builtin:{variant.scenario.name}"))
     planned = schedule_records(schedule, variant.scenario.model.dtype_bytes)
     return compare_records(calls, planned)
@@ -124,8 +116,6 @@ def merge(variants: list[Variant], per_rank: list[list[dict]], source: str, *,
 def check_numerics(scenario: Scenario, source: str, nproc: int, specs: list[str] | None = None, *,
                    seed: int = 0, dtype: str = "float32", timeout_s: float = 120.0) -> list[VariantResult]:
     """Run every variant in ONE spawn of nproc gloo processes; returns one result per variant."""
-    from meshsim.validate.launch.launch import launch
-
     variants, payload = numerics_payload(scenario, source, nproc, specs, seed=seed, dtype=dtype)
     return merge(variants, launch("numerics", payload, nproc, timeout_s=timeout_s), source)
 
@@ -149,6 +139,4 @@ def numerics_payload(scenario: Scenario, source: str, nproc: int, specs: list[st
 
 def numerics_task(payload: dict) -> list[dict]:
     """Worker side (validate/launch/launch.py task "numerics")."""
-    from meshsim.validate.numerics.worker import run_variants
-
     return run_variants(payload)

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from meshsim.scenarios.schema import Scenario
-from meshsim.validate.numerics.check import SCALED_BOUND, TOLERANCES
 from meshsim.validate.numerics.opcount import count_collectives
+from meshsim.validate.numerics.tolerances import SCALED_BOUND, TOLERANCES
 from meshsim.validate.stack.comm import comm_tag
 from meshsim.validate.stack.groups import build_mesh
 from meshsim.validate.stack.layers import Mesh, Plan

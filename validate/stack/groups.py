@@ -18,7 +18,7 @@ import datetime
 
 import torch.distributed as dist
 
-from meshsim.sim.schedule.ops import mesh_group
+from meshsim.sim.core.mesh import mesh_group
 from meshsim.validate.stack.layers import Mesh
 
 _timeout: datetime.timedelta | None = None  # the default group's timeout; None: torch's default

@@ -19,9 +19,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.engine.events import Event, EventLog, run, work_bytes
+from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, Schedule
+from meshsim.validate.launch.launch import launch
 
 
 @dataclass(frozen=True)
@@ -82,17 +85,12 @@ def reduce_run(schedule: Schedule, per_rank: list[dict]) -> Measured:
 
 
 def schedule_of(scenario: Scenario, source: str) -> Schedule:
-    from meshsim.scenarios.load import resolve
-    from meshsim.sim.schedule.builder import build_schedule
-
     return build_schedule(resolve(scenario, source))
 
 
 def measure(scenario: Scenario, source: str, nproc: int, *, backend: str = "gloo", warmup: int = 2,
             repeats: int = 5, numerics: dict | None = None, timeout_s: float = 300.0) -> Measured:
     """Run the scenario's schedule for real on nproc local processes (validate/launch/launch.py)."""
-    from meshsim.validate.launch.launch import launch
-
     payload = {"scenario": scenario.model_dump(mode="json"), "source": source, "warmup": warmup,
                "repeats": repeats, "numerics": numerics}
     per_rank = launch("timing", payload, nproc, backend=backend, timeout_s=timeout_s)

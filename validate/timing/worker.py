@@ -18,7 +18,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from meshsim.scenarios.load import resolve
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, Schedule
+from meshsim.validate.numerics.worker import run_variants
 from meshsim.validate.stack.groups import build_mesh
 from meshsim.validate.timing.executor import Device, Runners
 
@@ -109,10 +113,6 @@ def scheduled_step_cuda(schedule: Schedule, runners: Runners) -> float:
 
 
 def schedule_from_payload(payload: dict) -> Schedule:
-    from meshsim.scenarios.load import resolve
-    from meshsim.scenarios.schema import Scenario
-    from meshsim.sim.schedule.builder import build_schedule
-
     return build_schedule(resolve(Scenario.model_validate(payload["scenario"]), payload["source"]))
 
 
@@ -122,8 +122,6 @@ def timing_task(payload: dict) -> dict:
     Returns this rank's raw measurements and the backend they were taken on."""
     numerics = None
     if payload.get("numerics"):
-        from meshsim.validate.numerics.worker import run_variants
-
         numerics = run_variants(payload["numerics"])
     schedule = schedule_from_payload(payload)
     cuda = dist.get_backend() == "nccl"

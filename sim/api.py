@@ -1,0 +1,32 @@
+"""meshsim's front door: what notebooks and scripts import instead of the internal modules.
+
+    from meshsim.sim.api import load_scenario, resolve, simulate, sweep
+
+    scenario, source = load_scenario("llama2-70b-h100-tp8")        # a YAML path or a built-in name
+    result = simulate(resolve(scenario, source))                     # -> StepResult
+    records = sweep(scenario, source, {"tp": "2,4,8", "sp": "both"})  # -> list of SweepRecord
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from meshsim.scenarios.library import builtin_scenarios
+from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, with_overrides
+from meshsim.sim.results.simulate import simulate, simulate_with_events
+from meshsim.sim.results.step_result import StepResult
+from meshsim.sim.sweep.axes import configurations, sweep_axes
+from meshsim.sim.sweep.explain import explain, sweet_spot
+from meshsim.sim.sweep.runner import run_sweep
+
+__all__ = [
+    "StepResult", "builtin_scenarios", "explain", "load_and_resolve", "load_scenario", "resolve", "simulate",
+    "simulate_with_events", "sweep", "sweet_spot", "with_overrides",
+]
+
+
+def sweep(scenario, source: str, axes: Mapping[str, str] | None = None, *, jobs: int = 1,
+          progress: bool = False) -> list:
+    """Every configuration of `axes` (as `meshsim sweep` flags: {"tp": "2,4,8", "sp": "both"}) simulated."""
+    points = configurations(sweep_axes(scenario, dict(axes or {})))
+    return run_sweep(scenario, source, points, jobs=jobs, progress=progress)
