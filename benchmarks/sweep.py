@@ -18,8 +18,9 @@ import os
 import time
 
 from meshsim.scenarios.load import load_scenario, with_overrides
-from meshsim.sim.sweep.axes import configurations, run_point, sweep_axes
+from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.explain import explain, sweet_spot
+from meshsim.sim.sweep.record import run_point
 from meshsim.sim.sweep.runner import run_sweep
 
 TARGET_S = 10.0
@@ -43,10 +44,10 @@ def main() -> int:
     records = run_sweep(scenario, source, points, jobs=args.jobs, progress=False, runner=timed_point)
     total_s = time.perf_counter() - start
     for rec in records:
-        status = f"{rec['result']['step_time_s']:.3f} s/step" if rec["status"] == "ok" else "skipped"
-        print(f"{rec['key']:<52} {rec['elapsed_s']:6.2f} s   {status}")
+        status = f"{rec.result.step_time_s:.3f} s/step" if rec.ok else "skipped"
+        print(f"{rec.key:<52} {rec['elapsed_s']:6.2f} s   {status}")
     best = sweet_spot(records)
-    print(f"sweet spot: {best['key'] if best else 'none fits'}")
+    print(f"sweet spot: {best.key if best else 'none fits'}")
     print(explain(records)[0])
     verdict = "OK" if total_s < TARGET_S else "OVER TARGET"
     print(f"total: {total_s:.2f} s wall for {len(points)} configurations with --jobs {args.jobs} "

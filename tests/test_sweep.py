@@ -6,6 +6,7 @@ inputs); the second half runs real configurations through simulate() on small bu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import asdict
@@ -22,6 +23,7 @@ from meshsim.sim.sweep.axes import (
     parse_recompute,
     parse_switch,
 )
+from meshsim.sim.sweep.record import SweepRecord, run_point
 from meshsim.sim.sweep.runner import JSONL_NAME, read_records, run_sweep
 
 SHARES = {"compute": 0.8, "tp_comm": 0.1, "dp_comm": 0.06, "waiting": 0.04}
@@ -29,10 +31,10 @@ SHARES = {"compute": 0.8, "tp_comm": 0.1, "dp_comm": 0.06, "waiting": 0.04}
 
 def rec(tp, sp=False, *, tokens, mem, cap=80.0, per_node=8, shares=None, act=10.0, step=1.0, mb=1,
         overlap=False, recompute="none", compute_s=0.8, exposed_s=0.1, tp_comm_s=0.2, collectives=()):
-    """A sweep record with a hand-made StepResult dict."""
+    """A sweep record with a hand-made StepResult."""
     point = SweepPoint(tp, sp, mb, overlap, recompute)
     result = {
-        "tp": tp, "sp": sp, "dp": 64 // tp, "gpus_per_node": per_node, "crosses_nodes": tp > per_node,
+        "scenario": "hand-made", "layer_fwd_ms": 1.0, "layer_bwd_ms": 2.0, "tp": tp, "sp": sp, "dp": 64 // tp, "gpus_per_node": per_node, "crosses_nodes": tp > per_node,
         "tokens_per_s": tokens, "mfu": 0.4, "tflops_per_gpu": 400.0, "step_time_s": step,
         "memory_gb": {"weights": 1.0, "grads": 1.0, "optimizer": 1.0, "activations": act, "total": mem,
                       "capacity": cap, "fits": mem <= cap},
@@ -40,12 +42,13 @@ def rec(tp, sp=False, *, tokens, mem, cap=80.0, per_node=8, shares=None, act=10.
                         "idle": 0.0},
         "critical_path_share": dict(shares or SHARES), "collectives": list(collectives),
     }
-    return {"key": point.key, "config": asdict(point), "status": "ok", "result": result}
+    return SweepRecord.from_json({"key": point.key, "config": asdict(point), "scenario_digest": "",
+                                  "status": "ok", "result": result})
 
 
 def skipped(tp, sp=False, reason="parallel.tp = 3: does not divide heads"):
     point = SweepPoint(tp, sp, 1, False, "none")
-    return {"key": point.key, "config": asdict(point), "status": "skipped", "reason": reason}
+    return SweepRecord.skipped(point, "", reason)
 
 
 # ----- axes ---------------------------------------------------------------------------------------
@@ -128,12 +131,12 @@ def test_sp_sentence_reports_activation_saving():
 
 def test_tp_wire_volume_follows_bus_convention():
     mb = 2**20
-    result = {"collectives": [
+    collectives = [
         {"op": "all_reduce", "group": "tp", "ranks": 8, "nbytes": 64 * mb, "count": 4},
         {"op": "all_gather", "group": "tp", "ranks": 8, "nbytes": 64 * mb, "count": 2},
-        {"op": "all_reduce", "group": "dp", "ranks": 4, "nbytes": 512 * mb, "count": 1}]}
+        {"op": "all_reduce", "group": "dp", "ranks": 4, "nbytes": 512 * mb, "count": 1}]
     expected = (2 * 7 / 8 * 64 * mb * 4 + 7 / 8 * 64 * mb * 2) / 1e9
-    assert ex.tp_wire_gb(result) == pytest.approx(expected, rel=1e-12)
+    assert ex.tp_wire_gb(collectives) == pytest.approx(expected, rel=1e-12)
 
 
 def test_slower_neighbour_names_the_component_that_grew():
@@ -172,7 +175,7 @@ calls_seen: list[str] = []
 
 def fake_runner(scenario, source, point, digest=""):
     calls_seen.append(point.key)
-    return rec(point.tp, point.sp, tokens=1000.0 * point.tp, mem=10.0) | {"scenario_digest": digest}
+    return dataclasses.replace(rec(point.tp, point.sp, tokens=1000.0 * point.tp, mem=10.0), scenario_digest=digest)
 
 
 @pytest.fixture
@@ -246,18 +249,18 @@ def small_sweep(small):
 def test_sweep_best_is_argmax_of_individual_runs(small, small_sweep):
     scenario, source = small
     points, records = small_sweep
-    by_key = {r["key"]: r for r in records}
-    ran = {p.key: _one_by_one(scenario, source, p) for p in points if by_key[p.key]["status"] == "ok"}
+    by_key = {r.key: r for r in records}
+    ran = {p.key: _one_by_one(scenario, source, p) for p in points if by_key[p.key].ok}
     assert len(ran) >= 6
     for key, res in ran.items():
-        assert by_key[key]["result"]["tokens_per_s"] == pytest.approx(res["tokens_per_s"], rel=1e-12)
+        assert by_key[key].result.tokens_per_s == pytest.approx(res["tokens_per_s"], rel=1e-12)
     fitting = {k: r for k, r in ran.items() if r["memory_gb"]["fits"]}
-    assert ex.sweet_spot(records)["key"] == max(fitting, key=lambda k: fitting[k]["tokens_per_s"])
+    assert ex.sweet_spot(records).key == max(fitting, key=lambda k: fitting[k]["tokens_per_s"])
 
 
 def test_invalid_configurations_are_skipped_with_reason(small_sweep):
     _, records = small_sweep
-    reasons = {r["key"]: r["reason"] for r in records if r["status"] == "skipped"}
+    reasons = {r.key: r.reason for r in records if not r.ok}
     tp8 = [k for k in reasons if k.startswith("tp=8,")]
     assert len(tp8) == 4 and all("model.heads = 4" in reasons[k] for k in tp8)  # tp does not divide heads
     assert "needs tp > 1" in reasons["tp=1,sp=on,mb=1,overlap=off,recompute=none"]
@@ -268,20 +271,20 @@ def test_fastest_that_does_not_fit_is_never_the_sweet_spot(small, small_sweep):
 
     scenario, source = small
     points, records = small_sweep
-    ran = [r for r in records if r["status"] == "ok"]
-    fastest = max(ran, key=lambda r: r["result"]["tokens_per_s"])
-    need = fastest["result"]["memory_gb"]["total"]
-    smaller = [r for r in ran if r["result"]["memory_gb"]["total"] < need]
+    ran = [r for r in records if r.ok]
+    fastest = max(ran, key=lambda r: r.result.tokens_per_s)
+    need = fastest.result.memory_gb["total"]
+    smaller = [r for r in ran if r.result.memory_gb["total"] < need]
     assert smaller, "the fastest configuration also uses the least memory: no case to construct"
-    cap = (need + max(r["result"]["memory_gb"]["total"] for r in smaller)) / 2
+    cap = (need + max(r.result.memory_gb["total"] for r in smaller)) / 2
     tight = with_overrides(scenario, {"hardware.mem_gb": cap}, source)
     records2 = run_sweep(tight, source, points, progress=False)
     best = ex.sweet_spot(records2)
-    assert best["key"] != fastest["key"]
-    fitting = [r for r in records2 if r["status"] == "ok" and r["result"]["memory_gb"]["total"] <= cap]
-    assert best["key"] == max(fitting, key=lambda r: r["result"]["tokens_per_s"])["key"]
-    slow = {r["key"]: r for r in records2}[fastest["key"]]
-    assert not slow["result"]["memory_gb"]["fits"]
+    assert best.key != fastest.key
+    fitting = [r for r in records2 if r.ok and r.result.memory_gb["total"] <= cap]
+    assert best.key == max(fitting, key=lambda r: r.result.tokens_per_s).key
+    slow = {r.key: r for r in records2}[fastest.key]
+    assert not slow.result.memory_gb["fits"]
 
 
 def test_tp_beyond_one_node_is_reported_as_crossing_nvlink_domain():
@@ -293,8 +296,8 @@ def test_tp_beyond_one_node_is_reported_as_crossing_nvlink_domain():
                                          "model.seq_len": 2048}, source)
     points = configurations(sweep_axes(scenario, {"tp": "8,16", "sp": "on"}))
     records = run_sweep(scenario, source, points, progress=False)
-    tp16 = records[1]["result"]
-    assert tp16["crosses_nodes"] and not records[0]["result"]["crosses_nodes"]
+    tp16 = records[1].result
+    assert tp16["crosses_nodes"] and not records[0].result["crosses_nodes"]
     text = " ".join(ex.explain(records))
     share = ex.fmt_pct(tp16["critical_path_share"]["tp_comm"])
     if ex.sweet_spot(records) is records[0]:
@@ -328,7 +331,7 @@ def test_cli_sweep_writes_json_report_and_resumes(tmp_path, capsys):
     args = ["sweep", "tiny-2gpu", "--sp", "both", "--jobs", "1", "--no-progress", "--out", str(tmp_path)]
     assert main([*args, "--json", str(tmp_path / "s.json")]) == 0
     doc = json.loads((tmp_path / "s.json").read_text())
-    assert set(doc) == {"configurations", "skipped", "sweet_spot", "explanation"}
+    assert set(doc) == {"version", "configurations", "skipped", "sweet_spot", "explanation"}
     assert [s["key"] for s in doc["skipped"]] == ["tp=1,sp=on,mb=2,overlap=off,recompute=none"]
     assert doc["sweet_spot"]["key"] in {c["key"] for c in doc["configurations"]}
     assert (tmp_path / "report.html").is_file()
@@ -361,7 +364,6 @@ def test_formatting_helpers():
 
 def interrupted_after_two(scenario, source, point, digest=""):
     """The real runner, but the third configuration 'kills' the sweep."""
-    from meshsim.sim.sweep.axes import run_point
 
     calls_seen.append(point.key)
     if len(calls_seen) == 3:
@@ -370,7 +372,6 @@ def interrupted_after_two(scenario, source, point, digest=""):
 
 
 def counting_runner(scenario, source, point, digest=""):
-    from meshsim.sim.sweep.axes import run_point
 
     calls_seen.append(point.key)
     return run_point(scenario, source, point, digest)
@@ -398,3 +399,17 @@ def test_digest_ignores_swept_fields_but_not_the_model(tiny):
     same = with_overrides(scenario, {"parallel.tp": 1, "parallel.sp": True, "parallel.dp": 2}, source)
     assert scenario_digest(same) == scenario_digest(scenario)
     assert scenario_digest(with_overrides(scenario, {"parallel.global_batch": 8}, source)) != scenario_digest(scenario)
+
+
+def test_sweep_record_round_trips_through_json_with_its_version(tiny):
+    scenario, source = tiny
+    point = SweepPoint(2, True, 1, False, "none")
+    record = run_point(scenario, source, point, "d1")
+    line = json.loads(json.dumps(record.to_json()))
+    assert line["version"] == 1 and "critical_path" not in line["result"]
+    back = SweepRecord.from_json(line)
+    assert back == record and back.result.tokens_per_s == record.result.tokens_per_s
+    skipped_ = SweepRecord.from_json(SweepRecord.skipped(point, "d1", "why").to_json())
+    assert not skipped_.ok and skipped_.reason == "why"
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        SweepRecord.from_json({**line, "key": "tp=3,sp=on,mb=1,overlap=off,recompute=none"})

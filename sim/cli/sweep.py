@@ -16,6 +16,7 @@ from meshsim.sim.core.errors import UserError
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import TABLE_COLUMNS, explain, ok, sweet_spot, table_row
+from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
 from meshsim.sim.sweep.report_page import write_report
 from meshsim.sim.sweep.runner import run_sweep
 
@@ -54,20 +55,21 @@ def sweep_command(
         typer.echo(f"json: {json_path}")
 
 
-def sweep_document(records: list[dict], reasons: list[str]) -> dict:
+def sweep_document(records: list[SweepRecord], reasons: list[str]) -> dict:
     """The --json document."""
-    return {"configurations": [r for r in records if ok(r)],
-            "skipped": [{k: r[k] for k in ("key", "config", "reason")} for r in records if not ok(r)],
-            "sweet_spot": sweet_spot(records), "explanation": reasons}
+    best = sweet_spot(records)
+    return {"version": RECORD_VERSION, "configurations": [r.to_json() for r in records if ok(r)],
+            "skipped": [r.to_json() for r in records if not ok(r)],
+            "sweet_spot": best.to_json() if best is not None else None, "explanation": reasons}
 
 
-def write_sweep_json(path: Path, records: list[dict], reasons: list[str]) -> None:
+def write_sweep_json(path: Path, records: list[SweepRecord], reasons: list[str]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(sweep_document(records, reasons), indent=1))
 
 
-def print_results(records: list[dict], reasons: list[str], *, title: str, console: Console | None = None) -> None:
+def print_results(records: list[SweepRecord], reasons: list[str], *, title: str, console: Console | None = None) -> None:
     console = console or make_console()
     best = sweet_spot(records)
     table = Table(title=title, header_style="bold")
@@ -79,7 +81,7 @@ def print_results(records: list[dict], reasons: list[str], *, title: str, consol
     console.print(table)
     for rec in records:
         if not ok(rec):
-            console.print(f"[yellow]skipped[/yellow] {rec['key']}: {rec['reason']}", highlight=False)
+            console.print(f"[yellow]skipped[/yellow] {rec.key}: {rec.reason}", highlight=False)
     console.print()
     for sentence in reasons:
         console.print(f"- {sentence}", highlight=False)

@@ -39,9 +39,8 @@ import simpy
 
 from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine.arbiter import Arbiter
-from meshsim.sim.schedule.ops import Collective, Elementwise, Op, OptimizerStep, Schedule
+from meshsim.sim.schedule.ops import STREAMS, Collective, Elementwise, Op, OptimizerStep, Schedule
 
-STREAMS = ("compute", "tp_comm", "dp_comm")
 CommTiming = tuple[float, float, Mapping[int, float]]
 ComputeFn = Callable[[Op, int], float]
 CollectiveFn = Callable[[Op, tuple[int, ...]], CommTiming]

@@ -19,7 +19,7 @@ from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
 from meshsim.sim.results.critical_path import top_op_types
-from meshsim.sim.results.step_result import StepResult
+from meshsim.sim.results.step_result import MEMORY_KEYS, StepResult
 
 OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "timeline.html"}
 
@@ -46,7 +46,7 @@ def headline(r: StepResult) -> str:
 def memory_table(r: StepResult) -> Table:
     m = r.memory_gb
     t = Table(title="memory per GPU (GB)", title_justify="left")
-    keys = ("weights", "grads", "optimizer", "activations", "workspace", "total", "capacity")
+    keys = tuple(k for k in MEMORY_KEYS if k != "fits")
     for key in keys:
         t.add_column(key, justify="right")
     t.add_column("fits")

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from meshsim.sim.engine.events import Event
 
 Interval = tuple[float, float]
+# the keys of StepResult.breakdown_s: busy time per stream (they overlap), then exposed comm and idle
+BREAKDOWN_KEYS = ("compute", "tp_comm", "dp_comm", "exposed_comm", "idle")
 
 
 def union_s(intervals: Iterable[Interval]) -> float:

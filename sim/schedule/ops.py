@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Stream = Literal["compute", "tp_comm", "dp_comm"]
+STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm")  # every rank has these three
 Phase = Literal["fwd", "bwd", "recompute", "opt"]
 
 

@@ -17,9 +17,7 @@ import hashlib
 import itertools
 from dataclasses import asdict, dataclass
 
-from meshsim.scenarios.load import resolve, with_overrides
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.results.simulate import simulate
 
 AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -139,19 +137,3 @@ def skip_reason(err: UserError) -> str:
     """The problem and fix of a UserError, without the file prefix: why a configuration was skipped."""
     problem = f"{err.problem}. " if err.problem else ""
     return f"{err.field} = {err.value!r}: {problem}{err.fix}"
-
-
-def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> dict:
-    """Resolve and simulate one configuration -> a JSON-ready record (never raises a UserError).
-
-    The record keeps every results-JSON key except the op-by-op `critical_path` (tens of thousands of
-    segments, ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and
-    `meshsim run` on the configuration writes the full path."""
-    record = {"key": point.key, "config": asdict(point), "scenario_digest": digest}
-    try:
-        rs = resolve(with_overrides(scenario, point.overrides(), source), source)
-        result = simulate(rs).to_dict()
-        del result["critical_path"]
-    except UserError as err:
-        return {**record, "status": "skipped", "reason": skip_reason(err)}
-    return {**record, "status": "ok", "result": result}

@@ -25,11 +25,11 @@ from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.outputs.step_report import OUTPUT_FILES
 from meshsim.sim.outputs.trace import trace_document, trace_events
+from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
 from meshsim.sim.results.simulate import simulate_with_events
 
 HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 1.0),
             ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0))
-CATEGORIES = ("compute", "tp_comm", "dp_comm", "exposed_comm", "idle")
 SHARES = ("compute", "tp_comm", "dp_comm", "waiting")
 REPLAY_KEYS = ("tp", "sp", "micro_batch", "recompute", "tp_comm_overlap")
 
@@ -65,7 +65,7 @@ def headline_rows(a: dict, b: dict) -> list[dict]:
 
 def category_rows(a: dict, b: dict) -> list[dict]:
     """Step time by category in seconds; compute + exposed_comm + idle = step time."""
-    rows = [_row(cat, a["breakdown_s"].get(cat, 0.0), b["breakdown_s"].get(cat, 0.0)) for cat in CATEGORIES]
+    rows = [_row(cat, a["breakdown_s"].get(cat, 0.0), b["breakdown_s"].get(cat, 0.0)) for cat in BREAKDOWN_KEYS]
     rows.append(_row("step", a["step_time_s"], b["step_time_s"]))
     sa, sb = a.get("critical_path_share", {}), b.get("critical_path_share", {})
     rows += [_row(f"critical path: {k} (s)", sa.get(k, 0.0) * a["step_time_s"], sb.get(k, 0.0) * b["step_time_s"])

@@ -4,7 +4,7 @@ Sweet spot = the configuration with the highest `tokens_per_s` among those that 
 (`memory_gb.fits`); ties go to the first in sweep order (smallest tp). If none fits, there is no sweet
 spot and the explanation names the smallest overflow instead.
 
-Every number in a generated sentence is read from a record (StepResult dict, see sim/results/simulate.py) or
+Every number in a generated sentence is read from a record (a SweepRecord's StepResult, sim/sweep/record.py) or
 computed from two of them (ratios, differences); nothing is a canned figure. The neighbours explained are
 the configurations that differ from the sweet spot in exactly one axis: the next smaller and larger tp, the
 first tp that leaves the NVLink domain, and every other value of the other axes.
@@ -13,9 +13,13 @@ first tp that leaves the NVLink domain, and every other value of the other axes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
+from meshsim.sim.cost.collectives.cost import busbw_factor
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
+from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import AXES
+from meshsim.sim.sweep.record import SweepRecord
 
 MAX_SENTENCES = 9
 SHARE_NAMES = CATEGORY_NAMES
@@ -23,24 +27,24 @@ AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "
 
 
 # ----- selection ------------------------------------------------------------------------------------
-def ok(record: dict) -> bool:
-    return record.get("status") == "ok"
+def ok(record: SweepRecord) -> bool:
+    return record.ok
 
 
-def fits(record: dict) -> bool:
-    return ok(record) and bool(record["result"]["memory_gb"]["fits"])
+def fits(record: SweepRecord) -> bool:
+    return record.fits
 
 
-def sweet_spot(records: list[dict]) -> dict | None:
+def sweet_spot(records: list[SweepRecord]) -> SweepRecord | None:
     """The fitting configuration with the most tokens/s (first one on ties), or None."""
     candidates = [r for r in records if fits(r)]
-    return max(candidates, key=lambda r: r["result"]["tokens_per_s"]) if candidates else None
+    return max(candidates, key=lambda r: r.result.tokens_per_s) if candidates else None
 
 
-def smallest_overflow(records: list[dict]) -> dict | None:
+def smallest_overflow(records: list[SweepRecord]) -> SweepRecord | None:
     """Among configurations that ran but do not fit, the one with the least memory per GPU."""
     over = [r for r in records if ok(r) and not fits(r)]
-    return min(over, key=lambda r: r["result"]["memory_gb"]["total"]) if over else None
+    return min(over, key=lambda r: r.result.memory_gb["total"]) if over else None
 
 
 # ----- formatting -----------------------------------------------------------------------------------
@@ -69,60 +73,60 @@ def fmt_tokens(per_s: float) -> str:
     return f"{per_s / 1e3:.1f}k" if per_s >= 1e3 else f"{per_s:.0f}"
 
 
-def varying_axes(records: list[dict]) -> list[str]:
+def varying_axes(records: list[SweepRecord]) -> list[str]:
     """Axes with more than one value in the sweep; tp always."""
-    return [a for a in AXES if a == "tp" or len({r["config"][a] for r in records}) > 1]
+    return [a for a in AXES if a == "tp" or len({getattr(r.point, a) for r in records}) > 1]
 
 
-def label(record: dict, axes: list[str]) -> str:
+def label(record: SweepRecord, axes: list[str]) -> str:
     """'tp=8, sp=on' over the given axes."""
     parts = []
     for axis in axes:
-        value = record["config"][axis]
+        value = getattr(record.point, axis)
         text = ("on" if value else "off") if isinstance(value, bool) else str(value)
         parts.append(f"{AXIS_LABELS[axis]}={text}")
     return ", ".join(parts)
 
 
-def _memory(rec: dict) -> dict:
-    return rec["result"]["memory_gb"]
+def _memory(rec: SweepRecord) -> dict:
+    return rec.result.memory_gb
 
 
-def _nodes_spanned(rec: dict) -> int:
-    res = rec["result"]
+def _nodes_spanned(rec: SweepRecord) -> int:
+    res = rec.result
     return math.ceil(res["tp"] / res["gpus_per_node"])
 
 
-def _speed_delta(rec: dict, best: dict) -> str:
+def _speed_delta(rec: SweepRecord, best: SweepRecord) -> str:
     """'23% fewer tokens/s' relative to the sweet spot."""
-    ratio = rec["result"]["tokens_per_s"] / best["result"]["tokens_per_s"]
+    ratio = rec.result.tokens_per_s / best.result.tokens_per_s
     return f"{fmt_pct(1 - ratio)} fewer tokens/s" if ratio <= 1 else f"{fmt_pct(ratio - 1)} more tokens/s"
 
 
 # ----- sentences ------------------------------------------------------------------------------------
-def winner_sentence(best: dict, records: list[dict], axes: list[str]) -> str:
-    res, mem = best["result"], _memory(best)
+def winner_sentence(best: SweepRecord, records: list[SweepRecord], axes: list[str]) -> str:
+    res, mem = best.result, _memory(best)
     n_fit = sum(fits(r) for r in records)
     n_ran = sum(ok(r) for r in records)
-    return (f"The sweet spot is {label(best, axes)}: {fmt_tokens(res['tokens_per_s'])} tokens/s, "
-            f"MFU {fmt_pct(res['mfu'])}, step {fmt_s(res['step_time_s'])}, {fmt_gb(mem['total'])} of "
+    return (f"The sweet spot is {label(best, axes)}: {fmt_tokens(res.tokens_per_s)} tokens/s, "
+            f"MFU {fmt_pct(res.mfu)}, step {fmt_s(res.step_time_s)}, {fmt_gb(mem['total'])} of "
             f"{fmt_gb(mem['capacity'])} GB per GPU; the fastest of the {n_fit} configurations that fit "
             f"({n_ran} ran, {len(records) - n_ran} skipped).")
 
 
-def path_sentence(best: dict) -> str:
-    shares = best["result"]["critical_path_share"]
+def path_sentence(best: SweepRecord) -> str:
+    shares = best.result.critical_path_share
     parts = [f"{fmt_pct(shares[k])} {SHARE_NAMES[k]}" for k in SHARE_NAMES if shares.get(k, 0) >= 0.005]
-    if best["result"]["tp"] == 1:
+    if best.result["tp"] == 1:
         where = "It has no TP communication"
-    elif best["result"]["crosses_nodes"]:
+    elif best.result["crosses_nodes"]:
         where = f"Its TP groups span {_nodes_spanned(best)} nodes and talk over InfiniBand"
     else:
-        where = f"Its TP groups of {best['result']['tp']} stay inside one NVLink domain"
+        where = f"Its TP groups of {best.result['tp']} stay inside one NVLink domain"
     return f"{where}; its critical path is " + ", ".join(parts) + "."
 
 
-def no_fit_sentence(records: list[dict], axes: list[str]) -> str:
+def no_fit_sentence(records: list[SweepRecord], axes: list[str]) -> str:
     over = smallest_overflow(records)
     if over is None:
         return f"No configuration could run: all {len(records)} were skipped (reasons in the table)."
@@ -132,28 +136,28 @@ def no_fit_sentence(records: list[dict], axes: list[str]) -> str:
             f"Try recompute=selective or full, sequence parallelism, a smaller micro-batch or more GPUs.")
 
 
-def does_not_fit_sentence(rec: dict, best: dict | None, axes: list[str]) -> str:
+def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
     mem = _memory(rec)
     text = (f"{label(rec, axes)} does not fit: {fmt_gb(mem['total'])} GB of {fmt_gb(mem['capacity'])} GB "
             f"per GPU (activations {fmt_gb(mem['activations'])} GB)")
-    if best is not None and rec["result"]["tokens_per_s"] > best["result"]["tokens_per_s"]:
+    if best is not None and rec.result.tokens_per_s > best.result.tokens_per_s:
         text += f"; it would otherwise give {_speed_delta(rec, best)}"
     return text + "."
 
 
-def crossing_sentence(rec: dict, best: dict, axes: list[str]) -> str:
-    res = rec["result"]
-    share = res["critical_path_share"]["tp_comm"]
-    best_share = best["result"]["critical_path_share"]["tp_comm"]
+def crossing_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
+    res = rec.result
+    share = res.critical_path_share["tp_comm"]
+    best_share = best.result.critical_path_share["tp_comm"]
     return (f"{label(rec, axes)} spans {_nodes_spanned(rec)} nodes ({res['gpus_per_node']} GPUs per NVLink "
             f"domain): its TP collectives run over InfiniBand and are {fmt_pct(share)} of the critical path "
             f"(vs {fmt_pct(best_share)} at {label(best, axes)}); {_speed_delta(rec, best)}.")
 
 
-def slower_sentence(rec: dict, best: dict, axes: list[str]) -> str:
+def slower_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
     """A fitting, non-crossing neighbour: name the step-time component that grew the most."""
-    res, bres = rec["result"], best["result"]
-    deltas = {k: res["breakdown_s"][k] - bres["breakdown_s"][k] for k in ("compute", "exposed_comm", "idle")}
+    res, bres = rec.result, best.result
+    deltas = {k: res.breakdown_s[k] - bres.breakdown_s[k] for k in ("compute", "exposed_comm", "idle")}
     cause = max(deltas, key=deltas.get)
     text = f"{label(rec, axes)}: {_speed_delta(rec, best)}"
     if res["tp"] != bres["tp"]:
@@ -164,74 +168,69 @@ def slower_sentence(rec: dict, best: dict, axes: list[str]) -> str:
     what = {"compute": "compute", "exposed_comm": "exposed communication", "idle": "idle time"}[cause]
     share_key = {"compute": "compute", "idle": "waiting"}.get(cause) or _grown_comm(res, bres)
     return (text + f"; its {what} is {fmt_s(deltas[cause])} longer per step ({SHARE_NAMES[share_key]} "
-            f"share of the critical path {fmt_pct(res['critical_path_share'][share_key])}).")
+            f"share of the critical path {fmt_pct(res.critical_path_share[share_key])}).")
 
 
-def _grown_comm(res: dict, bres: dict) -> str:
+def _grown_comm(res: StepResult, bres: StepResult) -> str:
     """"tp_comm" or "dp_comm": whichever holds more extra critical-path seconds than in `bres`."""
     def extra_s(key: str) -> float:
-        return (res["critical_path_share"][key] * res["step_time_s"]
-                - bres["critical_path_share"][key] * bres["step_time_s"])
+        return (res.critical_path_share[key] * res.step_time_s
+                - bres.critical_path_share[key] * bres.step_time_s)
 
     return max(("tp_comm", "dp_comm"), key=extra_s)
 
 
-def contrast_sentence(rec: dict, best: dict, axes: list[str]) -> str:
+def contrast_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
     if not fits(rec):
         return does_not_fit_sentence(rec, best, axes)
-    if rec["result"]["crosses_nodes"] and not best["result"]["crosses_nodes"]:
+    if rec.result["crosses_nodes"] and not best.result["crosses_nodes"]:
         return crossing_sentence(rec, best, axes)
     return slower_sentence(rec, best, axes)
 
 
-def tp_wire_gb(result: dict) -> float | None:
+def tp_wire_gb(collectives: Sequence[Mapping]) -> float | None:
     """GB each GPU sends in TP collectives per step, from the chosen collectives' sizes and counts.
 
-    Per-rank wire bytes follow nccl-tests' bus-bandwidth convention (PERFORMANCE.md): all-reduce
+    Per-rank wire bytes follow nccl-tests' bus-bandwidth convention (busbw_factor): all-reduce
     2(n-1)/n x size; all-gather, reduce-scatter and all-to-all (n-1)/n x the total size; broadcast 1 x.
     """
-    rows = [c for c in result.get("collectives", ()) if c.get("group") == "tp"]
+    rows = [c for c in collectives if c.get("group") == "tp"]
     if not rows:
         return None
-    total = 0.0
-    for c in rows:
-        n = c["ranks"]
-        factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(c["op"], (n - 1) / n)
-        total += factor * c["nbytes"] * c.get("count", 1)
-    return total / 1e9
+    return sum(busbw_factor(c["op"], c["ranks"]) * c["nbytes"] * c.get("count", 1) for c in rows) / 1e9
 
 
-def sp_sentence(on: dict, off: dict) -> str | None:
+def sp_sentence(on: SweepRecord, off: SweepRecord) -> str | None:
     """What sequence parallelism changes between two otherwise identical configurations."""
     if not (ok(on) and ok(off)):
         return None
     act_on, act_off = _memory(on)["activations"], _memory(off)["activations"]
-    ron, roff = on["result"], off["result"]
-    text = (f"At tp={on['config']['tp']}, sp=on saves {fmt_gb(act_off - act_on)} GB of activations per GPU "
+    ron, roff = on.result, off.result
+    text = (f"At tp={on.point.tp}, sp=on saves {fmt_gb(act_off - act_on)} GB of activations per GPU "
             f"({fmt_gb(act_off)} -> {fmt_gb(act_on)} GB)")
-    wire_on, wire_off = tp_wire_gb(ron), tp_wire_gb(roff)
+    wire_on, wire_off = tp_wire_gb(ron.collectives), tp_wire_gb(roff.collectives)
     if wire_on is not None and wire_off is not None:
         change = f"{100 * (wire_on / wire_off - 1):+.0f}%" if wire_off else "n/a"
         text += (f"; each GPU sends {wire_on:.1f} GB in TP collectives per step vs {wire_off:.1f} GB with "
                  f"sp=off ({change})")
-    return text + (f"; TP communication time {fmt_s(ron['breakdown_s']['tp_comm'])} vs "
-                   f"{fmt_s(roff['breakdown_s']['tp_comm'])}.")
+    return text + (f"; TP communication time {fmt_s(ron.breakdown_s['tp_comm'])} vs "
+                   f"{fmt_s(roff.breakdown_s['tp_comm'])}.")
 
 
-def overlap_sentence(on: dict, off: dict) -> str | None:
+def overlap_sentence(on: SweepRecord, off: SweepRecord) -> str | None:
     if not (ok(on) and ok(off)):
         return None
-    exp_on, exp_off = on["result"]["breakdown_s"]["exposed_comm"], off["result"]["breakdown_s"]["exposed_comm"]
-    return (f"At tp={on['config']['tp']}, tp_comm_overlap=on hides {fmt_s(exp_off - exp_on)} of communication "
+    exp_on, exp_off = on.result.breakdown_s["exposed_comm"], off.result.breakdown_s["exposed_comm"]
+    return (f"At tp={on.point.tp}, tp_comm_overlap=on hides {fmt_s(exp_off - exp_on)} of communication "
             f"per step (exposed {fmt_s(exp_off)} -> {fmt_s(exp_on)}).")
 
 
 # ----- assembling the explanation -------------------------------------------------------------------
-def _differs(rec: dict, best: dict) -> list[str]:
-    return [a for a in AXES if rec["config"][a] != best["config"][a]]
+def _differs(rec: SweepRecord, best: SweepRecord) -> list[str]:
+    return [a for a in AXES if getattr(rec.point, a) != getattr(best.point, a)]
 
 
-def _flipped(records: list[dict], best: dict, axis: str) -> dict | None:
+def _flipped(records: list[SweepRecord], best: SweepRecord, axis: str) -> SweepRecord | None:
     """The record equal to `best` except for the boolean `axis`, flipped."""
     for rec in records:
         if _differs(rec, best) == [axis]:
@@ -239,25 +238,25 @@ def _flipped(records: list[dict], best: dict, axis: str) -> dict | None:
     return None
 
 
-def neighbours(records: list[dict], best: dict) -> list[dict]:
+def neighbours(records: list[SweepRecord], best: SweepRecord) -> list[SweepRecord]:
     """One-axis neighbours of the sweet spot: next smaller / larger tp, the first tp beyond one node,
     then every other value of the other axes (sweep order)."""
-    tp_best = best["config"]["tp"]
+    tp_best = best.point.tp
     along_tp = [r for r in records if ok(r) and _differs(r, best) == ["tp"]]
-    lower = [r for r in along_tp if r["config"]["tp"] < tp_best]
-    higher = [r for r in along_tp if r["config"]["tp"] > tp_best]
-    chosen = [max(lower, key=lambda r: r["config"]["tp"])] if lower else []
-    chosen += [min(higher, key=lambda r: r["config"]["tp"])] if higher else []
-    per_node = best["result"]["gpus_per_node"]
-    crossing = [r for r in higher if r["config"]["tp"] > per_node]
-    if crossing and not best["result"]["crosses_nodes"]:
-        first = min(crossing, key=lambda r: r["config"]["tp"])
+    lower = [r for r in along_tp if r.point.tp < tp_best]
+    higher = [r for r in along_tp if r.point.tp > tp_best]
+    chosen = [max(lower, key=lambda r: r.point.tp)] if lower else []
+    chosen += [min(higher, key=lambda r: r.point.tp)] if higher else []
+    per_node = best.result["gpus_per_node"]
+    crossing = [r for r in higher if r.point.tp > per_node]
+    if crossing and not best.result["crosses_nodes"]:
+        first = min(crossing, key=lambda r: r.point.tp)
         chosen += [first] if first not in chosen else []
     chosen += [r for r in records if len(_differs(r, best)) == 1 and _differs(r, best) != ["tp"]]
     return [r for r in chosen if ok(r)]  # skipped ones are listed once, by _skipped_summary
 
 
-def explain(records: list[dict]) -> list[str]:
+def explain(records: list[SweepRecord]) -> list[str]:
     """Short sentences on why the sweet spot wins and what limits its neighbours."""
     if not records:
         return ["The sweep has no configurations."]
@@ -271,18 +270,18 @@ def explain(records: list[dict]) -> list[str]:
     for axis, describe in (("sp", sp_sentence), ("tp_comm_overlap", overlap_sentence)):
         other = _flipped(records, best, axis)
         if other is not None:
-            on, off = (best, other) if best["config"][axis] else (other, best)
+            on, off = (best, other) if getattr(best.point, axis) else (other, best)
             sentences.append(describe(on, off))
     sentences = [s for s in sentences if s][:MAX_SENTENCES]
     return sentences + _skipped_summary(skipped, axes)
 
 
-def _skipped_summary(skipped: list[dict], axes: list[str]) -> list[str]:
+def _skipped_summary(skipped: list[SweepRecord], axes: list[str]) -> list[str]:
     if not skipped:
         return []
     first = skipped[0]
     return [f"{len(skipped)} configuration(s) were skipped as invalid for this model, e.g. "
-            f"{label(first, axes)}: {first['reason']}"]
+            f"{label(first, axes)}: {first.reason}"]
 
 
 # ----- the results table (shared by the terminal table and the report page) -------------------------
@@ -290,17 +289,17 @@ TABLE_COLUMNS = ("tp", "sp", "mb", "overlap", "recompute", "dp", "step", "tokens
                  "GB/GPU", "fits", "exposed comm", "CP compute", "CP TP", "CP DP", "CP wait")
 
 
-def table_row(record: dict) -> list[str]:
+def table_row(record: SweepRecord) -> list[str]:
     """One row of TABLE_COLUMNS; a skipped configuration carries its reason in the 'fits' column."""
-    c = record["config"]
-    head = [str(c["tp"]), "on" if c["sp"] else "off", str(c["micro_batch"]),
-            "on" if c["tp_comm_overlap"] else "off", c["recompute"]]
+    c = record.point
+    head = [str(c.tp), "on" if c.sp else "off", str(c.micro_batch), "on" if c.tp_comm_overlap else "off",
+            c.recompute]
     if not ok(record):
-        return head + ["-"] * 5 + ["-", "skipped: " + record["reason"]] + ["-"] * 5
-    r = record["result"]
-    mem, share = r["memory_gb"], r["critical_path_share"]
-    return head + [str(r["dp"]), fmt_s(r["step_time_s"]), fmt_tokens(r["tokens_per_s"]),
-                   f"{r['tflops_per_gpu']:.0f}", fmt_pct(r["mfu"]),
+        return head + ["-"] * 5 + ["-", "skipped: " + record.reason] + ["-"] * 5
+    r = record.result
+    mem, share = r.memory_gb, r.critical_path_share
+    return head + [str(r["dp"]), fmt_s(r.step_time_s), fmt_tokens(r.tokens_per_s),
+                   f"{r.tflops_per_gpu:.0f}", fmt_pct(r.mfu),
                    f"{fmt_gb(mem['total'])}/{fmt_gb(mem['capacity'])}", "yes" if mem["fits"] else "NO",
-                   fmt_s(r["breakdown_s"]["exposed_comm"])] + [
+                   fmt_s(r.breakdown_s["exposed_comm"])] + [
         fmt_pct(share.get(k, 0.0)) for k in ("compute", "tp_comm", "dp_comm", "waiting")]

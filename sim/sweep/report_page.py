@@ -19,45 +19,46 @@ from plotly.subplots import make_subplots
 
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
 from meshsim.sim.sweep.explain import TABLE_COLUMNS, fits, label, ok, sweet_spot, table_row, varying_axes
+from meshsim.sim.sweep.record import SweepRecord
 
 
-def _series(records: list[dict]) -> dict[str, list[dict]]:
+def _series(records: list[SweepRecord]) -> dict[str, list[SweepRecord]]:
     """Ran configurations grouped by every varying axis except tp -> {series label: records by tp}."""
     axes = [a for a in varying_axes(records) if a != "tp"]
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[SweepRecord]] = {}
     for rec in records:
         if ok(rec):
             groups.setdefault(label(rec, axes) or "all", []).append(rec)
-    return {name: sorted(recs, key=lambda r: r["config"]["tp"]) for name, recs in groups.items()}
+    return {name: sorted(recs, key=lambda r: r.point.tp) for name, recs in groups.items()}
 
 
-def _tp_axis(records: list[dict]) -> dict:
-    tps = sorted({r["config"]["tp"] for r in records})
+def _tp_axis(records: list[SweepRecord]) -> dict:
+    tps = sorted({r.point.tp for r in records})
     return dict(type="log", tickvals=tps, ticktext=[str(t) for t in tps], title="tensor-parallel degree (tp)")
 
 
-def _hover(rec: dict, axes: list[str]) -> str:
-    r = rec["result"]
+def _hover(rec: SweepRecord, axes: list[str]) -> str:
+    r = rec.result
     state = "fits" if fits(rec) else "does NOT fit"
     return (f"{label(rec, axes)}<br>{r['tokens_per_s']:.4g} tokens/s, MFU {100 * r['mfu']:.1f}%<br>"
             f"step {r['step_time_s']:.3f} s<br>{r['memory_gb']['total']:.1f} GB/GPU ({state})")
 
 
-def throughput_figure(records: list[dict]) -> go.Figure:
+def throughput_figure(records: list[SweepRecord]) -> go.Figure:
     """tokens/s (left) and MFU (right) against tp, per series; the sweet spot starred."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Throughput (tokens/s)", "MFU"))
     axes, best = varying_axes(records), sweet_spot(records)
     for i, (name, recs) in enumerate(_series(records).items()):
         for col, metric in ((1, "tokens_per_s"), (2, "mfu")):
             fig.add_trace(go.Scatter(
-                x=[r["config"]["tp"] for r in recs], y=[r["result"][metric] for r in recs], mode="lines+markers",
+                x=[r.point.tp for r in recs], y=[r.result[metric] for r in recs], mode="lines+markers",
                 name=name, legendgroup=name, showlegend=col == 1, line=dict(color=_color(i)),
                 marker=dict(size=9, symbol=["circle" if fits(r) else "circle-open" for r in recs]),
                 hovertext=[_hover(r, axes) for r in recs], hoverinfo="text"), row=1, col=col)
     if best is not None:
         for col, metric in ((1, "tokens_per_s"), (2, "mfu")):
             fig.add_trace(go.Scatter(
-                x=[best["config"]["tp"]], y=[best["result"][metric]], mode="markers", name="sweet spot",
+                x=[best.point.tp], y=[best.result[metric]], mode="markers", name="sweet spot",
                 legendgroup="best", showlegend=col == 1, hovertext=[_hover(best, axes)], hoverinfo="text",
                 marker=dict(symbol="star", size=18, color="gold", line=dict(color="black", width=1))),
                 row=1, col=col)
@@ -67,36 +68,36 @@ def throughput_figure(records: list[dict]) -> go.Figure:
     return fig
 
 
-def breakdown_figure(records: list[dict]) -> go.Figure:
+def breakdown_figure(records: list[SweepRecord]) -> go.Figure:
     """Stacked step time per configuration, split by the critical path's categories."""
     axes, best = varying_axes(records), sweet_spot(records)
     ran = [r for r in records if ok(r)]
     names = [label(r, axes) + (" *" if r is best else "") for r in ran]
     fig = go.Figure()
     for cat, color in CATEGORY_COLORS.items():
-        values = [r["result"]["step_time_s"] * r["result"]["critical_path_share"].get(cat, 0.0) for r in ran]
+        values = [r.result.step_time_s * r.result.critical_path_share.get(cat, 0.0) for r in ran]
         fig.add_trace(go.Bar(x=names, y=values, name=CATEGORY_NAMES[cat], marker_color=color))
     fig.update_layout(barmode="stack", height=430, yaxis_title="step time (s)",
                       title="Step time along the critical path per configuration (* = sweet spot)")
     return fig
 
 
-def memory_figure(records: list[dict]) -> go.Figure:
+def memory_figure(records: list[SweepRecord]) -> go.Figure:
     """Memory per GPU against tp with the capacity line."""
     fig = go.Figure()
     axes, best = varying_axes(records), sweet_spot(records)
     for i, (name, recs) in enumerate(_series(records).items()):
         fig.add_trace(go.Scatter(
-            x=[r["config"]["tp"] for r in recs], y=[r["result"]["memory_gb"]["total"] for r in recs],
+            x=[r.point.tp for r in recs], y=[r.result.memory_gb["total"] for r in recs],
             mode="lines+markers", name=name, line=dict(color=_color(i)),
             hovertext=[_memory_hover(r, axes) for r in recs], hoverinfo="text"))
     ran = [r for r in records if ok(r)]
     if ran:
-        capacity = ran[0]["result"]["memory_gb"]["capacity"]
+        capacity = ran[0].result.memory_gb["capacity"]
         fig.add_hline(y=capacity, line_dash="dash", line_color="red",
                       annotation_text=f"capacity {capacity:g} GB", annotation_position="top left")
     if best is not None:
-        fig.add_trace(go.Scatter(x=[best["config"]["tp"]], y=[best["result"]["memory_gb"]["total"]],
+        fig.add_trace(go.Scatter(x=[best.point.tp], y=[best.result.memory_gb["total"]],
                                  mode="markers", name="sweet spot", hovertext=[_memory_hover(best, axes)],
                                  hoverinfo="text", marker=dict(symbol="star", size=18, color="gold",
                                                                line=dict(color="black", width=1))))
@@ -105,8 +106,8 @@ def memory_figure(records: list[dict]) -> go.Figure:
     return fig
 
 
-def _memory_hover(rec: dict, axes: list[str]) -> str:
-    m = rec["result"]["memory_gb"]
+def _memory_hover(rec: SweepRecord, axes: list[str]) -> str:
+    m = rec.result.memory_gb
     parts = ", ".join(f"{k} {m[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations", "workspace") if k in m)
     return f"{label(rec, axes)}<br>total {m['total']:.1f} of {m['capacity']:g} GB<br>{parts}"
 
@@ -116,11 +117,11 @@ def _color(i: int) -> str:
     return palette[i % len(palette)]
 
 
-def figures(records: list[dict]) -> list[go.Figure]:
+def figures(records: list[SweepRecord]) -> list[go.Figure]:
     return [throughput_figure(records), breakdown_figure(records), memory_figure(records)]
 
 
-def report_html(records: list[dict], explanation: list[str], title: str) -> str:
+def report_html(records: list[SweepRecord], explanation: list[str], title: str) -> str:
     """One self-contained page: explanation, figures (plotly.js embedded once) and the table."""
     best = sweet_spot(records)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures(records))]
@@ -135,7 +136,7 @@ def report_html(records: list[dict], explanation: list[str], title: str) -> str:
             + f"<h2>All configurations</h2><table><tr>{header}</tr>{rows}</table></body></html>")
 
 
-def write_report(records: list[dict], explanation: list[str], title: str, out_dir: str | Path) -> Path:
+def write_report(records: list[SweepRecord], explanation: list[str], title: str, out_dir: str | Path) -> Path:
     path = Path(out_dir) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report_html(records, explanation, title))

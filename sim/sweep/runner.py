@@ -6,7 +6,7 @@ configurations whose key is present with the same digest are not run again; a tr
 killed run) and records of a different scenario (the scenario changed since) are dropped and the file
 is rewritten without them, so later appends start on a clean line.
 
-Backends give identical records: each runs the same pure `sweep.run_point` (a module-level function).
+Backends give identical records: each runs the same pure `record.run_point` (a module-level function).
 - jobs=1: in this process (and the only mode where a monkeypatched runner is seen by tests);
 - jobs>1: concurrent.futures.ProcessPoolExecutor with `jobs` workers;
 - ray_address: `ray.init(address)`; "local" starts a private local instance, "auto" joins a running
@@ -25,48 +25,51 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.sweep.axes import SweepPoint, run_point, scenario_digest
+from meshsim.sim.sweep.axes import SweepPoint, scenario_digest
+from meshsim.sim.sweep.record import SweepRecord, run_point
 
 JSONL_NAME = "sweep.jsonl"
-Runner = Callable[..., dict]
+Runner = Callable[..., SweepRecord]
 
 
 # ----- JSON-lines store ------------------------------------------------------------------------------
-def read_records(path: str | Path, digest: str | None = None) -> tuple[dict[str, dict], int]:
+def read_records(path: str | Path, digest: str | None = None) -> tuple[dict[str, SweepRecord], int]:
     """Records by key from a JSON-lines file -> (records, dropped lines). Tolerates a truncated or
     garbled line; with `digest`, drops records of another scenario. Rewrites the file if it dropped any."""
     path = Path(path)
     if not path.exists():
         return {}, 0
-    records: dict[str, dict] = {}
+    records: dict[str, SweepRecord] = {}
     dropped = 0
     text = path.read_text()
     for line in text.splitlines():
         try:
-            record = json.loads(line)
+            record = SweepRecord.from_json(json.loads(line))
         except json.JSONDecodeError:
             dropped += bool(line.strip())
             continue
-        if not isinstance(record, dict) or "key" not in record or (
-                digest is not None and record.get("scenario_digest") != digest):
+        except (ValueError, KeyError, TypeError, AttributeError):
+            dropped += 1  # valid JSON that is not a record
+            continue
+        if digest is not None and record.scenario_digest != digest:
             dropped += 1
             continue
-        records[record["key"]] = record
+        records[record.key] = record
     if dropped or (text and not text.endswith("\n")):
         _rewrite(path, records.values())
     return records, dropped
 
 
-def _rewrite(path: Path, records: Iterable[dict]) -> None:
+def _rewrite(path: Path, records: Iterable[SweepRecord]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
     os.replace(tmp, path)
 
 
-def append_record(path: str | Path, record: dict) -> None:
+def append_record(path: str | Path, record: SweepRecord) -> None:
     """Append one record as one line and make it durable before the next configuration finishes."""
     with open(path, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+        fh.write(json.dumps(record.to_json()) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -121,11 +124,11 @@ def _run_ray(todo, scenario, source, digest, address: str, runner: Runner, on_do
 
 # ----- the sweep ------------------------------------------------------------------------------------
 def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1, out_dir: str | Path | None = None,
-              ray_address: str | None = None, progress: bool = True, runner: Runner = run_point) -> list[dict]:
+              ray_address: str | None = None, progress: bool = True, runner: Runner = run_point) -> list[SweepRecord]:
     """Run every configuration not already in OUT/sweep.jsonl -> records in `points` order."""
     digest = scenario_digest(scenario)
     log = Path(out_dir) / JSONL_NAME if out_dir is not None else None
-    done: dict[str, dict] = {}
+    done: dict[str, SweepRecord] = {}
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         done, _ = read_records(log, digest)
@@ -135,11 +138,11 @@ def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1,
     with _progress(progress) as bar:
         task = bar.add_task("sweep", total=len(points), completed=len(done))
 
-        def on_done(record: dict) -> None:
-            done[record["key"]] = record
+        def on_done(record: SweepRecord) -> None:
+            done[record.key] = record
             if log is not None:
                 append_record(log, record)
-            bar.update(task, advance=1, description=record["key"], refresh=True)
+            bar.update(task, advance=1, description=record.key, refresh=True)
 
         if ray_address:
             _run_ray(todo, scenario, source, digest, ray_address, runner, on_done)

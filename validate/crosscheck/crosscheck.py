@@ -23,14 +23,13 @@ from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.results.critical_path import critical_path, shares
 from meshsim.sim.results.simulate import simulate
+from meshsim.sim.schedule.ops import STREAMS
 from meshsim.validate.calibrate.calibration import calibrate
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, with_profile, without_profile
 from meshsim.validate.numerics.check import merge, numerics_payload
 from meshsim.validate.timing.measured import Measured, reduce_run, schedule_of
 from meshsim.validate.timing.trace_merge import write_measured_trace, write_merged_trace
-
-CATEGORIES = ("compute", "tp_comm", "dp_comm")
 
 
 def error_pct(simulated: float, measured: float) -> float | None:
@@ -55,7 +54,7 @@ def category_times(sim_events, measured: Measured) -> dict[str, dict]:
     for op in measured.schedule.ops:
         real[op.category] += measured.op_mean_s[op.id]
     return {c: {"simulated_s": sim[c], "measured_s": real[c], "error_pct": error_pct(sim[c], real[c])}
-            for c in CATEGORIES if sim[c] or real[c]}
+            for c in STREAMS if sim[c] or real[c]}
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ def compare(result, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
     s_path = [dict(seg) for seg in result.critical_path]
     a, b = path_names(s_path), path_names(m_path)
     share = {c: {"simulated": result.critical_path_share.get(c, 0.0), "measured": m_share.get(c, 0.0)}
-             for c in (*CATEGORIES, "waiting")}
+             for c in (*STREAMS, "waiting")}
     categories = category_times(result.events, measured)
     serial_s = sum(row["simulated_s"] for row in categories.values())
     report = {
