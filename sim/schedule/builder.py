@@ -11,6 +11,7 @@ stamped per (layer, micro-batch) with ids offset and names prefixed "L{layer}.mb
 from __future__ import annotations
 
 from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.dp_ops import MIB, DpConfig, make_buckets, step_end_ops
 from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
 from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
@@ -43,14 +44,14 @@ class _Templates:
 def _micro_batch(ops: list[Op], t: _Templates, layers: int, mb: int,
                  grads: list[tuple[int, int]] | None) -> None:
     """Stamp one micro-batch's forward and backward; record gradient producers into `grads` if given."""
-    base = stamp(t.embed_fwd, ops, f"embed.mb{mb}.", {}, None, mb)
+    base = stamp(t.embed_fwd, ops, f"{K.EMBED_BLOCK}.mb{mb}.", {}, None, mb)
     x = base + t.embed_fwd.marks["out"]
     for layer in range(layers):
-        x = stamp(t.fwd, ops, f"L{layer}.mb{mb}.", {"in": x}, layer, mb) + t.fwd.marks["out"]
-    base = stamp(t.head_fwd, ops, f"head.mb{mb}.", {"in": x}, None, mb)
-    blocks = [(t.head_bwd, f"head.mb{mb}.", None)]
-    blocks += [(t.bwd, f"L{layer}.mb{mb}.", layer) for layer in reversed(range(layers))]
-    blocks.append((t.embed_bwd, f"embed.mb{mb}.", None))
+        x = stamp(t.fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + t.fwd.marks["out"]
+    base = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb)
+    blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)]
+    blocks += [(t.bwd, f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(range(layers))]
+    blocks.append((t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None))
     g = base + t.head_fwd.marks["out"]
     ext = "loss"
     for tpl, prefix, layer in blocks:

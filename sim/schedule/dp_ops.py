@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.ops import Collective, Op, OptimizerStep, Work, stream_of
 
 GRAD_BYTES = FP32_BYTES  # fp32 main gradient per parameter
@@ -70,7 +71,7 @@ def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int) -> list[Bu
 
 def param_gather(bucket: Bucket) -> Collective:
     """The distributed optimizer's all-gather of one bucket's updated bf16 parameters over DP."""
-    return Collective("all_gather", "dp", bucket.params * PARAM_BYTES, "dp_param")
+    return Collective("all_gather", "dp", bucket.params * PARAM_BYTES, K.DP_PARAM)
 
 
 class _Emitter:
@@ -96,16 +97,16 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
     em = _Emitter(start)
     before_opt: list[int] = [end_of_bwd]
     if cfg.sp_grad_params:
-        ln = Collective("all_reduce", "tp", cfg.sp_grad_params * GRAD_BYTES, "ln_grad")
+        ln = Collective("all_reduce", "tp", cfg.sp_grad_params * GRAD_BYTES, K.LN_GRAD)
         before_opt.append(em.add("opt.ln_grad", "bwd", ln, (end_of_bwd,)))
     if cfg.kv_grad_params:
-        kv = Collective("all_reduce", "kv", cfg.kv_grad_params * GRAD_BYTES, "kv_grad")
+        kv = Collective("all_reduce", "kv", cfg.kv_grad_params * GRAD_BYTES, K.KV_GRAD)
         before_opt.append(em.add("opt.kv_grad", "bwd", kv, (end_of_bwd,)))
     buckets = make_buckets(producers, cfg.bucket_bytes) if cfg.dp > 1 else []
     reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
     for i, b in enumerate(buckets):
         deps = b.producers if cfg.overlap else (end_of_bwd,)
-        work = Collective(reduce_op, "dp", b.params * GRAD_BYTES, "dp_grad")
+        work = Collective(reduce_op, "dp", b.params * GRAD_BYTES, K.DP_GRAD)
         before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
     shard = cfg.dp if cfg.distributed_optimizer else 1
     step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))

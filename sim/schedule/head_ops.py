@@ -18,6 +18,7 @@ main-grad, so it is counted once (at the embedding, the last gradient produced i
 from __future__ import annotations
 
 from meshsim.sim.core.units import FP32_BYTES
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
 from meshsim.sim.schedule.layer_ops import (
     Template,
@@ -49,7 +50,7 @@ def embedding_forward(d: LayerDims) -> Template:
     x = tpl.add("fwd", "lookup", lookup)
     coll = boundary_collective(d, region_boundaries(d.sp)[1], "fwd")
     if coll is not None:
-        x = tpl.add("fwd", "embed_out", coll, (x,))
+        x = tpl.add("fwd", K.EMBED_OUT, coll, (x,))
     if d.dropout:
         x = tpl.add("fwd", "dropout", _embed_dropout(d), (x,))
     tpl.marks["out"] = x
@@ -65,7 +66,7 @@ def embedding_backward(d: LayerDims) -> Template:
         g = (tpl.add("bwd", "dropout", dropout_bwd(d), g),)
     coll = boundary_collective(d, region_boundaries(d.sp)[1], "bwd")
     if coll is not None:
-        g = (tpl.add("bwd", "embed_out", coll, g),)
+        g = (tpl.add("bwd", K.EMBED_OUT, coll, g),)
     rows = d.tokens * d.hidden
     ids = d.tokens * TOKEN_ID_BYTES
     grad = Elementwise("embedding_bwd", rows * (d.dtype_bytes + FP32) + ids, rows * FP32)
@@ -94,7 +95,7 @@ def _xent_all_reduce(tpl: Template, d: LayerDims, purpose: str, deps: tuple[int,
     """All-reduce of one fp32 value per token over tp (none when tp = 1)."""
     if d.tp == 1:
         return deps
-    return (tpl.add("fwd", f"{purpose}_ar", Collective("all_reduce", "tp", d.tokens * FP32, purpose), deps),)
+    return (tpl.add("fwd", purpose + K.ALL_REDUCE, Collective("all_reduce", "tp", d.tokens * FP32, purpose), deps),)
 
 
 def head_forward(d: LayerDims) -> Template:
@@ -102,10 +103,10 @@ def head_forward(d: LayerDims) -> Template:
     tpl = Template()
     ln = tpl.add("fwd", "final_ln", norm_fwd(d), ("in",))
     coll = boundary_collective(d, region_boundaries(d.sp)[0], "fwd")
-    _, logits = comm_then_gemm(tpl, "fwd", "head_in", coll, "logits", logits_gemm(d), (ln,), d.chunks)
-    mx = _xent_all_reduce(tpl, d, "xent_max", (tpl.add("fwd", "xent_max", k["xent_max"], logits),))
+    _, logits = comm_then_gemm(tpl, "fwd", K.HEAD_IN, coll, "logits", logits_gemm(d), (ln,), d.chunks)
+    mx = _xent_all_reduce(tpl, d, K.XENT_MAX, (tpl.add("fwd", "xent_max", k["xent_max"], logits),))
     ex = (tpl.add("fwd", "xent_exp", k["xent_exp"], mx),)
-    red = _xent_all_reduce(tpl, d, "xent_pred", ex) + _xent_all_reduce(tpl, d, "xent_sum", ex)
+    red = _xent_all_reduce(tpl, d, K.XENT_PRED, ex) + _xent_all_reduce(tpl, d, K.XENT_SUM, ex)
     tpl.marks["out"] = tpl.add("fwd", "xent_loss", k["xent_loss"], tuple(dict.fromkeys(red)))
     return tpl
 
@@ -116,8 +117,8 @@ def head_backward(d: LayerDims, tied: bool) -> Template:
     g = tpl.add("bwd", "xent_grad", _xent_kernels(d)["xent_grad"], ("loss",))
     regather: tuple[int, ...] = ()
     if d.sp:  # SP implies tp > 1
-        regather = (tpl.add("bwd", "head_in_regather", regather_collective(d), (g,)),)
-    ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), "head_in",
+        regather = (tpl.add("bwd", K.HEAD_IN + K.REGATHER, regather_collective(d), (g,)),)
+    ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), K.HEAD_IN,
                            boundary_collective(d, entry, "bwd"), 1)
     w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d)), (g,) + regather)
     out = tpl.add("bwd", "final_ln", norm_bwd(d), ready)

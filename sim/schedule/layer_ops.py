@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
 from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Work, stream_of
 from meshsim.sim.schedule.shapes import LayerDims
@@ -71,7 +72,7 @@ def boundary_collective(d: LayerDims, boundary: Boundary, phase: str) -> Collect
 def regather_collective(d: LayerDims) -> Collective:
     """SP backward: the column-parallel layer's input was stored sequence-sharded, so it is gathered again
     (the entry boundary's forward collective) for the weight-gradient GEMM."""
-    return Collective(region_boundaries(True)[0].op("fwd").value, "tp", d.act_bytes, "sp_regather")
+    return Collective(region_boundaries(True)[0].op("fwd").value, "tp", d.act_bytes, K.SP_REGATHER)
 
 
 def split(total: int, chunks: int) -> list[int]:
@@ -231,7 +232,7 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     mid = blk.middle_bwd(tpl, d, dg)
     regather: tuple[int, ...] = ()
     if d.sp:
-        regather = (tpl.add("bwd", f"{blk.entry}_regather", regather_collective(d), mid),)
+        regather = (tpl.add("bwd", blk.entry + K.REGATHER, regather_collective(d), mid),)
     ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry,
                            boundary_collective(d, entry, "bwd"), 1)  # bulk-overlapped with wgrad
     col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm), mid + regather)
@@ -248,9 +249,9 @@ def _act_bwd(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
 
 
 def blocks(d: LayerDims) -> tuple[Block, Block]:
-    attn = Block("ln1", "attn_in", "qkv", "proj", "attn_out", "attn_res", d.qkv_gemm(), d.proj_gemm(),
+    attn = Block("ln1", K.ATTN_IN, "qkv", "proj", K.ATTN_OUT, "attn_res", d.qkv_gemm(), d.proj_gemm(),
                  core_forward, core_backward)
-    mlp = Block("ln2", "mlp_in", "fc1", "fc2", "mlp_out", "mlp_res", d.fc1_gemm(), d.fc2_gemm(),
+    mlp = Block("ln2", K.MLP_IN, "fc1", "fc2", K.MLP_OUT, "mlp_res", d.fc1_gemm(), d.fc2_gemm(),
                 _act_fwd, _act_bwd)
     return attn, mlp
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch.distributed as dist
 
 from meshsim.sim.core.units import FP32_BYTES
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import DUALITY
 from meshsim.sim.schedule.ops import Collective, Schedule
 from meshsim.validate.stack.comm import current_tag
@@ -86,7 +87,7 @@ def count_collectives(group_names: dict[int, str], micro_batch: int = 0):
 
 def element_bytes(work: Collective, dtype_bytes: int) -> int:
     """Bytes per element the schedule assumed: model dtype for boundary traffic, fp32 otherwise."""
-    return dtype_bytes if work.boundary in DUALITY or work.boundary == "sp_regather" else FP32_BYTES
+    return dtype_bytes if work.boundary in DUALITY or work.boundary == K.SP_REGATHER else FP32_BYTES
 
 
 def schedule_records(schedule: Schedule, dtype_bytes: int, micro_batch: int = 0) -> list[CallRecord]:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import DUALITY, Boundary, CommOp
 
 # torch >= 2.12 renamed the tensor-in/tensor-out collectives; older releases only have the old names.
@@ -140,7 +141,7 @@ def column_function(boundary: Boundary) -> type[torch.autograd.Function]:
         saved, weight = ctx.saved_tensors
         group, block, key, has_bias = ctx.meta
         if regather:
-            with comm_tag(block, key + "_regather"):
+            with comm_tag(block, key + K.REGATHER):
                 saved = run_comm(boundary.forward, saved, group)
         grad_in = grad @ weight
         grad2d = grad.reshape(-1, grad.shape[-1])

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import CONJUGATE, region_boundaries
 from meshsim.validate.stack.comm import apply_boundary, column_linear, comm_tag, current_phase
 from meshsim.validate.stack.shard import ModelDims
@@ -98,34 +99,34 @@ def _row_exit(y, w: dict, name: str, exit_: str, mesh: Mesh, block: str, key: st
 
 
 def attention_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
-    pre, d, block = f"layers.{i}.", plan.dims, f"L{i}"
+    pre, d, block = f"layers.{i}.", plan.dims, K.layer_block(i)
     entry, exit_ = plan.boundaries
     y = norm(x, w, pre + "ln1")
     names = [pre + f"attn.{n}" for n in "qkv"]
     qkv = column_linear(entry, y, fused(w, names, "weight"), fused(w, names, "bias"), mesh.tp_group,
-                        block, "attn_in")
+                        block, K.ATTN_IN)
     q_width, kv_width = (w[n + ".weight"].shape[0] for n in names[:2])
     q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
     if d.recompute == "selective":
         ctx = checkpointed(attention_core, q, k, v, d.head_dim)
     else:
         ctx = attention_core(q, k, v, d.head_dim)
-    return x + _row_exit(ctx, w, pre + "attn.o", exit_, mesh, block, "attn_out")
+    return x + _row_exit(ctx, w, pre + "attn.o", exit_, mesh, block, K.ATTN_OUT)
 
 
 def mlp_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
-    pre, block = f"layers.{i}.", f"L{i}"
+    pre, block = f"layers.{i}.", K.layer_block(i)
     entry, exit_ = plan.boundaries
     y = norm(x, w, pre + "ln2")
     names = [pre + n for n in (("mlp.gate", "mlp.up") if plan.dims.mlp == "swiglu" else ("mlp.fc1",))]
     y = column_linear(entry, y, fused(w, names, "weight"), fused(w, names, "bias"), mesh.tp_group,
-                      block, "mlp_in")
+                      block, K.MLP_IN)
     if plan.dims.mlp == "swiglu":
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
     else:
         y = F.gelu(y)
-    return x + _row_exit(y, w, pre + "mlp.fc2", exit_, mesh, block, "mlp_out")
+    return x + _row_exit(y, w, pre + "mlp.fc2", exit_, mesh, block, K.MLP_OUT)
 
 
 def transformer_layer(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.dp_ops import MIB, make_buckets
 from meshsim.validate.stack.comm import all_reduce_grads, apply_boundary, column_linear
 from meshsim.validate.stack.layers import Mesh, Plan, norm, transformer_layer
@@ -64,7 +65,7 @@ def _embed(tokens, w: dict, d: ModelDims, mesh: Mesh, exit_: str) -> torch.Tenso
     local = tokens - mesh.tp_rank * rows
     outside = (local < 0) | (local >= rows)
     out = F.embedding(local.clamp(0, rows - 1), w["embed.weight"]) * (~outside).unsqueeze(-1)
-    return apply_boundary(exit_, out, mesh.tp_group, "embed", "embed_out")
+    return apply_boundary(exit_, out, mesh.tp_group, K.EMBED_BLOCK, K.EMBED_OUT)
 
 
 def forward(w: dict, tokens, labels, plan: Plan, mesh: Mesh) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +77,7 @@ def forward(w: dict, tokens, labels, plan: Plan, mesh: Mesh) -> tuple[torch.Tens
         x = transformer_layer(x, w, i, plan, mesh)
     x = norm(x, w, "final_ln")
     table = w["embed.weight"] if d.tied else w["head.weight"]
-    logits = column_linear(entry, x, table, None, mesh.tp_group, "head", "head_in")
+    logits = column_linear(entry, x, table, None, mesh.tp_group, K.HEAD_BLOCK, K.HEAD_IN)
     losses = VocabParallelCrossEntropy.apply(logits, labels, mesh.tp_rank * (d.vocab // d.tp), mesh.tp_group)
     return losses.mean(), logits
 
@@ -93,11 +94,11 @@ def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mb: float = 40.0) -> None
     """The post-backward reductions of the module docstring, in that order."""
     d = plan.dims
     if d.sp and "no_ln_allreduce" not in plan.faults:
-        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d)], mesh.tp_group, block="opt",
-                         key="ln_grad")
+        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d)], mesh.tp_group, block=K.OPT_BLOCK,
+                         key=K.LN_GRAD)
     if kv_replica_groups(d):
         kv = [n for n in w if ".attn.k." in n or ".attn.v." in n]
-        all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block="opt", key="kv_grad")
+        all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block=K.OPT_BLOCK, key=K.KV_GRAD)
     if mesh.dp > 1:
         for i, bucket in enumerate(dp_buckets(list(w), w, bucket_mb)):
             all_reduce_grads([w[n].grad for n in bucket], mesh.dp_group, block=f"dp.bucket{i}",

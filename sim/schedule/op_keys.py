@@ -1,0 +1,29 @@
+"""The names of a step's blocks and collectives, defined once for the schedule (sim) and the real run
+(validate), which tags every torch.distributed call with them so the two can be compared op by op.
+
+An op's name is "<block>.mb<m>.<phase>.<key>" inside a micro-batch ("L0.mb0.fwd.attn_in") and
+"<block>.<key>" after the backward ("opt.ln_grad"). Keys of collectives:
+- region boundaries (the duality table's f/g or all-gather/reduce-scatter): ATTN_IN, ATTN_OUT, MLP_IN,
+  MLP_OUT in a layer, EMBED_OUT and HEAD_IN around the embedding and the output layer;
+- SP's weight-gradient re-gather of an entry boundary's input: "<entry key>" + REGATHER;
+- the vocab-parallel cross-entropy's all-reduces: XENT_MAX / XENT_PRED / XENT_SUM + ALL_REDUCE;
+- after the backward: LN_GRAD (SP-replicated gradients over TP), KV_GRAD (GQA KV replicas), DP_GRAD and
+  DP_PARAM (data-parallel gradient reduction and the distributed optimizer's parameter gather).
+"""
+
+from __future__ import annotations
+
+ATTN_IN, ATTN_OUT = "attn_in", "attn_out"
+MLP_IN, MLP_OUT = "mlp_in", "mlp_out"
+EMBED_OUT, HEAD_IN = "embed_out", "head_in"
+REGATHER = "_regather"
+SP_REGATHER = "sp_regather"  # the purpose a re-gather collective records
+XENT_MAX, XENT_PRED, XENT_SUM = "xent_max", "xent_pred", "xent_sum"
+ALL_REDUCE = "_ar"
+LN_GRAD, KV_GRAD, DP_GRAD, DP_PARAM = "ln_grad", "kv_grad", "dp_grad", "dp_param"
+EMBED_BLOCK, HEAD_BLOCK, OPT_BLOCK = "embed", "head", "opt"
+
+
+def layer_block(layer: int) -> str:
+    """The block name of transformer layer `layer`: "L3"."""
+    return f"L{layer}"
