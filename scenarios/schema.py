@@ -107,7 +107,7 @@ class ParallelConfig(Frozen):
     tp_comm_overlap: bool = False
     dp_overlap: bool = True
     distributed_optimizer: bool = False
-    dp_bucket_mb: float = Field(default=40.0, gt=0)  # gradient bucket size (MB) for DP reduction
+    dp_bucket_mib: float = Field(default=40.0, gt=0)  # gradient bucket size (MiB of fp32 gradients) for DP reduction
 
 
 class SweepConfig(Frozen):

@@ -182,7 +182,7 @@ def test_gradient_producers_cover_every_parameter(tied):
 @pytest.mark.parametrize("overlap", [False, True])
 def test_dp_buckets(distopt, overlap):
     rs = make_rs(GPT, dict(tp=2, micro_batch=1, global_batch=4, distributed_optimizer=distopt,
-                           dp_overlap=overlap, dp_bucket_mb=0.25), dp=2)
+                           dp_overlap=overlap, dp_bucket_mib=0.25), dp=2)
     sched = build_schedule(rs)
     params = params_per_rank(rs)
     reduce_op = "reduce_scatter" if distopt else "all_reduce"
@@ -276,7 +276,7 @@ def test_overlapped_param_gathers_start_the_step_and_gate_their_layers_first_for
     step's parameter all-gathers open the step in forward order, and the first forward op of micro-batch 0
     that uses a bucket's parameters waits for that bucket's gather; none trails the optimizer."""
     rs = make_rs(GPT, dict(tp=2, micro_batch=1, global_batch=4, distributed_optimizer=True, dp_overlap=True,
-                           dp_bucket_mb=0.25), dp=2)
+                           dp_bucket_mib=0.25), dp=2)
     sched = build_schedule(rs)
     assert all(op.id == i for i, op in enumerate(sched.ops))
     gathers = [op for op in sched.ops if op.name.startswith("dp.") and op.work.op == "all_gather"]

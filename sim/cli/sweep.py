@@ -40,15 +40,15 @@ def sweep_command(
     if jobs is not None and jobs < 1:
         raise UserError("--jobs", jobs, "use --jobs 1 or more")
     flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute)
-    model, source = load_scenario(scenario)
-    axes = sweep_axes(model, flags)  # bad axis values fail here, before any work
+    base, source = load_scenario(scenario)
+    axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)
     workers = min(jobs or os.cpu_count() or 1, len(points))
-    records = run_sweep(model, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
+    records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
     reasons = explain(records)
-    print_results(records, reasons, title=f"{model.name}: {len(points)} configurations")
+    print_results(records, reasons, title=f"{base.name}: {len(points)} configurations")
     if out is not None:
-        path = write_report(records, reasons, f"TP sweep of {model.name}", out)
+        path = write_report(records, reasons, f"TP sweep of {base.name}", out)
         typer.echo(f"report: {path}\nresults: {Path(out) / 'sweep.jsonl'}")
     if json_path is not None:
         write_sweep_json(json_path, records, reasons)

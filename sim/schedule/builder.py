@@ -3,7 +3,7 @@
 Order (gradient accumulation, no pipelining): for each micro-batch, embedding -> layers 0..L-1 forward
 -> head forward (output layer + cross-entropy) -> head backward -> layers L-1..0 backward -> embedding
 backward; then the step end (SP gradient all-reduce, DP buckets, optimizer step, parameter gather;
-sim/schedule/dp_ops.py). Each block's ops are built once as a template (sim/schedule/layer_ops.py, sim/schedule/head_ops.py) and
+sim/schedule/dp_ops.py). Each block's ops are built once as a template (layer_ops.py, head_ops.py) and
 stamped per (layer, micro-batch) with ids offset and names prefixed "L{layer}.mb{mb}." (layers),
 "embed.mb{mb}.", "head.mb{mb}."; op ids equal list positions and every dep points to an earlier op.
 """
@@ -69,8 +69,8 @@ def _grad_params(t: _Templates, layers: int) -> list[int]:
 
 
 def _bucket_bytes(rs: ResolvedScenario) -> int:
-    """DP gradient bucket size: parallel.dp_bucket_mb MiB."""
-    return int(rs.scenario.parallel.dp_bucket_mb * MIB)
+    """DP gradient bucket size: parallel.dp_bucket_mib MiB."""
+    return int(rs.scenario.parallel.dp_bucket_mib * MIB)
 
 
 def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:

@@ -1,7 +1,7 @@
 """The end of a step: SP gradient all-reduce, DP gradient buckets, optimizer step, parameter all-gather.
 
 Gradients (Megatron DDP): fp32 main grads (bf16 training forces fp32 gradient accumulation and reduction,
-Megatron-LM arguments.py), 4 bytes per parameter, grouped in buckets of `parallel.dp_bucket_mb` MiB in
+Megatron-LM arguments.py), 4 bytes per parameter, grouped in buckets of `parallel.dp_bucket_mib` MiB in
 the order backward produces them (a parameter is never split; a bucket closes once it reaches the
 size). Only the last micro-batch's backward triggers reductions (earlier ones accumulate locally).
 

@@ -37,7 +37,7 @@ class ShrinkRule:
     micro_batch: int = 2
 
 
-# vocab_per_rank = 128: Megatron pads the vocabulary to a multiple of 128 tp (sim/schedule/layer_ops.py), so the
+# vocab_per_rank = 128: Megatron pads the vocabulary to a multiple of 128 tp (sim/schedule/shapes.py, padded_vocab), so the
 # real model and the schedule then hold the same table.
 NUMERICS = ShrinkRule(head_dim=8, seq_per_rank=8, vocab_per_rank=128)
 TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128)

@@ -87,7 +87,7 @@ def run_variant(v: dict, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> 
             loss, logits = forward(w, tokens[:, cols], labels[:, cols], plan, mesh)
         with comm_tag(phase="bwd"):
             loss.backward()
-        sync_grads(w, plan, mesh, scenario.parallel.dp_bucket_mb)
+        sync_grads(w, plan, mesh, scenario.parallel.dp_bucket_mib)
     rows = d.vocab // d.tp
     checks = [("loss", loss.detach(), ref.token_losses[:, cols].mean()),
               ("logits", logits.detach(), ref.logits[:, cols, mesh.tp_rank * rows:(mesh.tp_rank + 1) * rows])]

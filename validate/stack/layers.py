@@ -1,8 +1,9 @@
 """One Megatron TP/SP transformer layer on real tensors: LayerNorm, attention by head (GQA), MLP.
 
 Each block is norm -> entry boundary fused with the column-parallel GEMM (qkv, or fc1 / gate+up) -> core
--> row-parallel GEMM -> exit boundary -> replicated bias -> residual add (sim/schedule/layer_ops.py's op order). The boundaries are the duality table's (entry, exit) pair: (f, g) without SP,
-(sp_gather, sp_scatter) with SP (sim/schedule/duality.py region_boundaries). Under SP the LayerNorms and residual
+-> row-parallel GEMM -> exit boundary -> replicated bias -> residual add (sim/schedule/layer_ops.py's op
+order). The boundaries are the duality table's (entry, exit) pair: (f, g) without SP, (sp_gather,
+sp_scatter) with SP (sim/schedule/duality.py region_boundaries). Under SP the LayerNorms and residual
 adds see s/t tokens of an [s, b, h] activation.
 
 Recompute (Korthikanti et al. 2022): "selective" checkpoints the attention core (QK^T, softmax, PV);

@@ -8,7 +8,7 @@ entry boundary (f / sp_gather) fused with the vocab-parallel head GEMM -> vocab-
   and row-parallel biases see only s/t tokens per rank);
 - "opt.kv_grad": GQA with kv < tp, one coalesced all-reduce of the K/V weight (and bias) gradients over
   the ranks replicating each KV head (each holds only its own query heads' contribution);
-- "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_bucket_mb MiB of fp32 gradients, in
+- "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_bucket_mib MiB of fp32 gradients, in
   the order backward produces them (reverse parameter order); a bucket closes once it reaches the size.
 """
 
@@ -82,15 +82,15 @@ def forward(w: dict, tokens, labels, plan: Plan, mesh: Mesh) -> tuple[torch.Tens
     return losses.mean(), logits
 
 
-def dp_buckets(names: list[str], w: dict, bucket_mb: float) -> list[list[str]]:
+def dp_buckets(names: list[str], w: dict, bucket_mib: float) -> list[list[str]]:
     """The schedule's bucketing rule (sim/dp_ops.make_buckets) over the parameters in reverse order: a
-    bucket closes once it holds >= bucket_mb MiB of fp32 gradients."""
+    bucket closes once it holds >= bucket_mib MiB of fp32 gradients."""
     order = list(reversed(names))
-    buckets = make_buckets([(i, w[n].numel()) for i, n in enumerate(order)], int(bucket_mb * MIB))
+    buckets = make_buckets([(i, w[n].numel()) for i, n in enumerate(order)], int(bucket_mib * MIB))
     return [[order[i] for i in b.producers] for b in buckets]
 
 
-def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mb: float = 40.0) -> None:
+def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float = 40.0) -> None:
     """The post-backward reductions of the module docstring, in that order."""
     d = plan.dims
     if d.sp and "no_ln_allreduce" not in plan.faults:
@@ -100,6 +100,6 @@ def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mb: float = 40.0) -> None
         kv = [n for n in w if ".attn.k." in n or ".attn.v." in n]
         all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block=K.OPT_BLOCK, key=K.KV_GRAD)
     if mesh.dp > 1:
-        for i, bucket in enumerate(dp_buckets(list(w), w, bucket_mb)):
+        for i, bucket in enumerate(dp_buckets(list(w), w, bucket_mib)):
             all_reduce_grads([w[n].grad for n in bucket], mesh.dp_group, block=f"dp.bucket{i}",
                              key="all_reduce", average=True)

@@ -10,7 +10,7 @@ Full tensors follow torch's Linear layout [out_features, in_features]:
 - biases (gelu models only): column-parallel ones (q, k, v, fc1) sliced like their weight's rows;
   row-parallel ones (o, fc2) and the norms' weights / biases replicated.
 
-Model-family conventions follow sim/schedule/layer_ops.py: gelu models are GPT style (LayerNorm with weight and
+Model-family conventions follow sim/schedule/shapes.py (LayerDims): gelu models are GPT style (LayerNorm with weight and
 bias, a bias on every linear); swiglu models are Llama style (RMSNorm with a weight only, no biases).
 """
 
