@@ -94,7 +94,7 @@ class CollectiveCoster:
 
     def chosen(self, schedule: Schedule, rank: int = 0) -> list[dict[str, Any]]:
         """One row per distinct collective of the representative rank, with its count per step."""
-        group_of = scenario_groups(self.rs)
+        group_of = self.rs.group  # rank -> its real TP, DP or KV group
         counts = Counter((op.work.op, op.work.group, op.work.nbytes) for op in schedule.ops
                          if isinstance(op.work, Collective))
         rows = []
@@ -120,15 +120,6 @@ def comm_interference(rs: ResolvedScenario) -> float:
     return resolve_tuning(rs.scenario.hardware.compute, rs.profile).comm_interference or 0.0
 
 
-def scenario_groups(rs: ResolvedScenario) -> engine.GroupFn:
-    """Rank -> its real TP, DP or KV group (rs.group), as the scenario defines them."""
-
-    def group_of(kind: str, rank: int) -> tuple[int, ...]:
-        return rs.group(kind, rank)
-
-    return group_of
-
-
 def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ...]:
     """Rank 0 alone, or one TP group times min(dp, 2) replicas."""
     return tuple(range(rs.tp * min(rs.dp, 2))) if explicit_ranks else (0,)
@@ -138,7 +129,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
                          ) -> tuple[StepResult, engine.EventLog, Schedule]:
     schedule = build_schedule(rs)
     coster = CollectiveCoster(rs)
-    log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, scenario_groups(rs),
+    log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, rs.group,
                      comm_interference=comm_interference(rs))
     result = build_result(rs, schedule, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=coster.chosen(schedule), explicit_ranks=explicit_ranks)
