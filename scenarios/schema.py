@@ -20,14 +20,17 @@ class ModelConfig(Frozen):
     hidden: int = Field(gt=0)
     heads: int = Field(gt=0)
     kv_heads: int | None = Field(default=None, gt=0)  # default: = heads (multi-head attention)
-    ffn_hidden: int | None = Field(default=None, gt=0)  # default: 4*hidden (gelu), 8/3*hidden rounded (swiglu)
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    ffn_hidden: int | None = Field(default=None, gt=0)  # default: 4*hidden (gelu, relu2), 8/3*hidden rounded (swiglu)
+    mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"  # relu2: non-gated squared ReLU (Nemotron)
+    norm: Literal["layernorm", "rmsnorm"] | None = None  # default: sim/schedule/model_family.py (rmsnorm for swiglu)
+    bias: bool | None = None  # biases on every linear; default: sim/schedule/model_family.py (none for swiglu)
     seq_len: int = Field(gt=0)
     vocab: int = Field(gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"
     attention: Literal["flash", "unfused"] = "flash"
     dropout: bool = True  # Megatron-style hidden/attention dropout kernels present
     tied_embeddings: bool = False
+    vocab_divisible_by: int = Field(default=128, gt=0)  # Megatron --make-vocab-size-divisible-by (x tp)
 
     @property
     def num_kv_heads(self) -> int:
@@ -37,7 +40,7 @@ class ModelConfig(Frozen):
     def ffn(self) -> int:
         if self.ffn_hidden:
             return self.ffn_hidden
-        return 4 * self.hidden if self.mlp == "gelu" else 256 * ((8 * self.hidden // 3 + 255) // 256)
+        return 256 * ((8 * self.hidden // 3 + 255) // 256) if self.mlp == "swiglu" else 4 * self.hidden
 
     @property
     def head_dim(self) -> int:
@@ -55,6 +58,7 @@ class ComputeTuning(Frozen):
     mem_bw_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of HBM bandwidth
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # flash-attention fraction of peak
     launch_overhead_us: float | None = Field(default=None, ge=0)
+    host_dispatch_us: float | None = Field(default=None, ge=0)  # CPU time to issue one op (sim/host_dispatch.py)
     tile_m: int | None = Field(default=None, gt=0)
     tile_n: int | None = Field(default=None, gt=0)
     # load kappa a collective's bandwidth part puts on its rank's compute resource (0 = none; sim/engine/events.py)
@@ -120,6 +124,16 @@ class SweepConfig(Frozen):
     recompute: list[Literal["none", "selective", "full"]] | None = None
 
 
+class RunConfig(Frozen):
+    """Run settings that change speed but not the math (sim/run_settings.py documents each effect)."""
+
+    grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None  # default: fp32 for bf16, fp16 for fp16
+    deterministic: bool = False  # Megatron --deterministic-mode: deterministic attention backward
+    grad_accumulation_fusion: bool = True  # wgrad GEMM accumulates into the fp32 main grad (no extra add)
+    cuda_device_max_connections: int = Field(default=8, gt=0)  # CUDA_DEVICE_MAX_CONNECTIONS
+    cuda_graphs: bool = False  # the step is captured as CUDA graphs: no per-op host dispatch
+
+
 class Scenario(Frozen):
     name: str
     description: str = ""
@@ -127,4 +141,5 @@ class Scenario(Frozen):
     hardware: HardwareConfig = HardwareConfig()
     topology: TopologyConfig
     parallel: ParallelConfig
+    run: RunConfig = RunConfig()
     sweep: SweepConfig | None = None

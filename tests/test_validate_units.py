@@ -71,7 +71,7 @@ def test_shrunk_scenario_sizes_and_it_resolves():
 
 
 def test_gqa_shards_replicate_kv_heads_below_tp():
-    d = ModelDims(2, 64, 8, 2, 8, 128, "gelu", 32, 512, 2, False, 4, 1, True, "none")
+    d = ModelDims(2, 64, 8, 2, 8, 128, "gelu", True, True, 32, 512, 2, False, 4, 1, True, "none")
     assert [list(q_heads(d, r)) for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [list(kv_heads(d, r)) for r in range(4)] == [[0], [0], [1], [1]]
     assert kv_replica_groups(d) == [[0, 1], [2, 3]]
@@ -110,7 +110,7 @@ def test_vocab_parallel_xent_equals_torch_cross_entropy_on_one_rank():
 
 @pytest.mark.parametrize("mlp,recompute", [("gelu", "full"), ("swiglu", "selective")])
 def test_single_rank_model_equals_reference(mlp, recompute):
-    d = ModelDims(2, 16, 2, 1, 8, 32, mlp, 8, 128, 2, False, 1, 1, False, recompute)
+    d = ModelDims(2, 16, 2, 1, 8, 32, mlp, mlp != "swiglu", mlp != "swiglu", 8, 128, 2, False, 1, 1, False, recompute)
     full = init_full_weights(d, 3, torch.float64)
     tokens, labels = make_batch(d, 3)
     ref = reference(full, tokens, labels, d)

@@ -3,7 +3,7 @@
 Counting the GEMMs of one layer's forward per token (unsharded: h hidden, a heads of d = h/a, n_kv KV
 heads, f ffn_hidden, s sequence):
     qkv 2h(a + 2 n_kv)d + proj 2(a d)h + attention 2 s a d (QK^T) + 2 s a d (scores x V)
-    + MLP: gelu 2hf + 2fh = 4hf; swiglu 2h(2f) + 2fh = 6hf.
+    + MLP: gelu/relu2 2hf + 2fh = 4hf; swiglu 2h(2f) + 2fh = 6hf (sim/schedule/model_family.py).
 The output layer adds 2hV per token. Backward is twice the forward (dgrad + wgrad), so per step
     model = 3 B s (l F_layer + 2 h V),   B = global batch (sequences), V unpadded.
 For n_kv = a, a d = h, gelu with f = 4h: F_layer = 24h^2 + 4sh and model = 72 B l s h^2 (1 + s/(6h)
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig
+from meshsim.sim.schedule.model_family import mlp_flops_per_token
 
 
 def layer_forward_flops_per_token(m: ModelConfig) -> float:
     h, a, kv, d, f = m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn
-    mlp = 6 * h * f if m.mlp == "swiglu" else 4 * h * f
+    mlp = mlp_flops_per_token(m.mlp, h, f)
     return 2.0 * h * (a + 2 * kv) * d + 2.0 * a * d * h + attention_core_flops_per_token(m) + mlp
 
 

@@ -72,7 +72,7 @@ def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
     h, masks = d.hidden, (2 * d.hidden if d.dropout else 0)
     outside = 8 * h + masks  # per token_out (sequence-sharded under SP)
     attn = 2 * (2 * d.heads + 2 * d.kv_heads) * d.head_dim
-    mlp = (4 * d.ffn + 2 * d.ffn) if d.mlp == "swiglu" else 4 * d.ffn
+    mlp = 2 * d.fc1_n + 2 * d.ffn  # fc1 output (gate+up when gated) and the activation output
     scores = 0
     if not d.flash and recompute == "none":
         scores = (5 if d.dropout else 2) * d.heads * d.seq

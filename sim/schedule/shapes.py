@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias, norm_params
 from meshsim.sim.schedule.ops import Attention, Gemm
 
-VOCAB_DIVISOR = 128  # Megatron --make-vocab-size-divisible-by default: vocab padded to 128 * tp
 # tp_comm_overlap chunks k = min(tp, 4): chunk i's collective overlaps chunk i-1's GEMM, leaving ~1/k of
 # the collective exposed; past 4 chunks the gain (1/4 -> 1/8 of one collective) is small while each
 # chunk pays the collective latency again and the schedule (and simulation) grows by 2 ops per chunk.
@@ -22,9 +22,7 @@ MAX_OVERLAP_CHUNKS = 4
 class LayerDims:
     """Per-rank shapes of one layer and the head. heads/kv_heads/ffn/vocab are this rank's share.
 
-    Model-family conventions (the schema has no field for them): gelu models are GPT/Megatron style
-    (LayerNorm with weight+bias, biases on every linear); swiglu models are Llama style (RMSNorm with a
-    weight only, no linear biases)."""
+    Model-family rules (norm kind, biases, gated MLP) come from sim/schedule/model_family.py."""
 
     seq: int
     micro_batch: int
@@ -61,7 +59,7 @@ class LayerDims:
 
     @property
     def fc1_n(self) -> int:
-        return 2 * self.ffn if self.mlp == "swiglu" else self.ffn
+        return fc1_width(self.mlp, self.ffn)
 
     def qkv_gemm(self) -> Gemm:
         return Gemm(self.tokens, (self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden)
@@ -97,9 +95,10 @@ class LayerDims:
         return self.norm_params_per_layer + (2 * self.hidden if self.bias else 0)
 
 
-def padded_vocab(vocab: int, tp: int) -> int:
-    """Megatron pads the vocabulary to a multiple of 128 * tp so every shard is whole and aligned."""
-    step = VOCAB_DIVISOR * tp
+def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x tp (default 128) so
+    every shard is whole and aligned (megatron/training/tokenizer: _vocab_size_with_padding)."""
+    step = divisible_by * tp
     return -(-vocab // step) * step
 
 
@@ -107,10 +106,9 @@ def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:
     """Per-rank shapes for `rs` (or for the same model at another tp, e.g. tp=1 for unsharded FLOPs)."""
     m, p = rs.scenario.model, rs.scenario.parallel
     t = rs.tp if tp is None else tp
-    swiglu = m.mlp == "swiglu"
     return LayerDims(
         seq=m.seq_len, micro_batch=p.micro_batch, hidden=m.hidden, tp=t, sp=p.sp and t > 1,
         heads=m.heads // t, kv_heads=max(1, m.num_kv_heads // t), head_dim=m.head_dim, ffn=m.ffn // t,
-        vocab=padded_vocab(m.vocab, t) // t, mlp=m.mlp, flash=m.attention == "flash", dropout=m.dropout,
+        vocab=padded_vocab(m.vocab, t, m.vocab_divisible_by) // t, mlp=m.mlp, flash=m.attention == "flash", dropout=m.dropout,
         recompute=p.recompute, chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
-        bias=not swiglu, norm_params=m.hidden if swiglu else 2 * m.hidden, dtype_bytes=m.dtype_bytes)
+        bias=has_linear_bias(m), norm_params=norm_params(m), dtype_bytes=m.dtype_bytes)

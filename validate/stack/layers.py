@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import CONJUGATE, region_boundaries
+from meshsim.sim.schedule.model_family import is_gated
 from meshsim.validate.stack.comm import apply_boundary, column_linear, comm_tag, current_phase
 from meshsim.validate.stack.shard import ModelDims
 
@@ -67,7 +68,7 @@ def checkpointed(fn, *args):
 
 
 def norm(x: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
-    """LayerNorm when the norm has a bias (gelu / GPT models), RMSNorm x / rms(x) * weight otherwise."""
+    """LayerNorm when the norm has a bias (sim/schedule/model_family.norm_has_bias), RMSNorm x / rms(x) * weight otherwise."""
     weight, bias = w[prefix + ".weight"], w.get(prefix + ".bias")
     if bias is not None:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=LN_EPS)
@@ -119,15 +120,22 @@ def mlp_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
     pre, block = f"layers.{i}.", K.layer_block(i)
     entry, exit_ = plan.boundaries
     y = norm(x, w, pre + "ln2")
-    names = [pre + n for n in (("mlp.gate", "mlp.up") if plan.dims.mlp == "swiglu" else ("mlp.fc1",))]
+    names = [pre + n for n in (("mlp.gate", "mlp.up") if is_gated(plan.dims.mlp) else ("mlp.fc1",))]
     y = column_linear(entry, y, fused(w, names, "weight"), fused(w, names, "bias"), mesh.tp_group,
                       block, K.MLP_IN)
-    if plan.dims.mlp == "swiglu":
+    return x + _row_exit(mlp_activation(plan.dims.mlp, y), w, pre + "mlp.fc2", exit_, mesh, block, K.MLP_OUT)
+
+
+def mlp_activation(mlp: str, y: torch.Tensor) -> torch.Tensor:
+    """The MLP activation of sim/schedule/model_family.py: swiglu silu(gate) * up on fc1's [gate | up] columns
+    (this rank's shard of each), relu2 relu(y)^2, gelu gelu(y)."""
+    if is_gated(mlp):
         gate, up = y.chunk(2, dim=-1)
-        y = F.silu(gate) * up
-    else:
-        y = F.gelu(y)
-    return x + _row_exit(y, w, pre + "mlp.fc2", exit_, mesh, block, K.MLP_OUT)
+        return F.silu(gate) * up
+    if mlp == "relu2":
+        return torch.relu(y).square()
+    return F.gelu(y)
+
 
 
 def transformer_layer(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:

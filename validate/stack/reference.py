@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from meshsim.validate.stack.layers import attention_core, norm
+from meshsim.sim.schedule.model_family import is_gated
+from meshsim.validate.stack.layers import attention_core, mlp_activation, norm
 from meshsim.validate.stack.shard import ModelDims
 
 
@@ -32,10 +33,10 @@ def _layer(x, w: dict, i: int, d: ModelDims) -> torch.Tensor:
     q, k, v = (_linear(y, w, p + f"attn.{n}") for n in "qkv")
     x = x + _linear(attention_core(q, k, v, d.head_dim), w, p + "attn.o")
     y = norm(x, w, p + "ln2")
-    if d.mlp == "swiglu":
+    if is_gated(d.mlp):
         y = F.silu(_linear(y, w, p + "mlp.gate")) * _linear(y, w, p + "mlp.up")
     else:
-        y = F.gelu(_linear(y, w, p + "mlp.fc1"))
+        y = mlp_activation(d.mlp, _linear(y, w, p + "mlp.fc1"))
     return x + _linear(y, w, p + "mlp.fc2")
 
 

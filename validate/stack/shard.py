@@ -10,8 +10,7 @@ Full tensors follow torch's Linear layout [out_features, in_features]:
 - biases (gelu models only): column-parallel ones (q, k, v, fc1) sliced like their weight's rows;
   row-parallel ones (o, fc2) and the norms' weights / biases replicated.
 
-Model-family conventions follow sim/schedule/shapes.py (LayerDims): gelu models are GPT style (LayerNorm with weight and
-bias, a bias on every linear); swiglu models are Llama style (RMSNorm with a weight only, no biases).
+Model-family rules (norm kind, biases, gated MLP) are sim/schedule/model_family.py's, shared with the simulator.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.scenarios.schema import Scenario
+from meshsim.sim.schedule.model_family import has_linear_bias, is_gated, norm_has_bias
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class ModelDims:
     head_dim: int
     ffn: int
     mlp: str
+    linear_bias: bool  # sim/schedule/model_family.has_linear_bias
+    norm_bias: bool  # sim/schedule/model_family.norm_has_bias (LayerNorm weight+bias; RMSNorm weight only)
     seq: int
     vocab: int
     micro_batch: int
@@ -43,13 +45,9 @@ class ModelDims:
     def from_scenario(cls, s: Scenario, dp: int | None = None) -> ModelDims:
         m, p = s.model, s.parallel
         dp = dp if dp is not None else (p.dp if isinstance(p.dp, int) else 1)
-        return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn, m.mlp, m.seq_len,
+        return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn, m.mlp,
+                   has_linear_bias(m), norm_has_bias(m), m.seq_len,
                    m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute)
-
-    @property
-    def bias(self) -> bool:
-        """GPT-style gelu models carry linear biases and LayerNorm biases; Llama-style swiglu ones don't."""
-        return self.mlp == "gelu"
 
     @property
     def batch(self) -> int:
@@ -59,7 +57,7 @@ class ModelDims:
 
 def _norm(prefix: str, d: ModelDims) -> dict[str, tuple[int, ...]]:
     out = {prefix + ".weight": (d.hidden,)}
-    if d.bias:
+    if d.norm_bias:
         out[prefix + ".bias"] = (d.hidden,)
     return out
 
@@ -68,7 +66,7 @@ def _linears(prefix: str, linears: dict[str, tuple[int, int]], d: ModelDims) -> 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in linears.items():
         out[f"{prefix}{name}.weight"] = shape
-        if d.bias:
+        if d.linear_bias:
             out[f"{prefix}{name}.bias"] = (shape[0],)
     return out
 
@@ -77,7 +75,7 @@ def full_shapes(d: ModelDims) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of the full (unsharded) model."""
     h, q, kv = d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim
     shapes: dict[str, tuple[int, ...]] = {"embed.weight": (d.vocab, h)}
-    mlp_in = ("gate", "up") if d.mlp == "swiglu" else ("fc1",)
+    mlp_in = ("gate", "up") if is_gated(d.mlp) else ("fc1",)
     for i in range(d.layers):
         pre = f"layers.{i}."
         shapes.update(_norm(pre + "ln1", d))
