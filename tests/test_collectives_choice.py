@@ -3,12 +3,15 @@ and NCCL's latency formulas on the DGX presets."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from meshsim.scenarios.schema import NetworkTuning
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.collectives import algorithms_for, busbw_factor, collective_cost
 from meshsim.sim.cost.collectives.choose import candidates
+from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, SIMPLE_FILL_BYTES
 from meshsim.topologies.registry import build_topology
 
 
@@ -107,10 +110,24 @@ def test_nccl_latency_formulas_on_dgx_h100(h100, h100x2):
     is shorter than NCCL's per-step figure (modeling-facts.md)."""
     c = collective_cost(h100x2, "all_reduce", range(16), 1, algo="tree", protocol="ll")
     assert c.latency_s == pytest.approx((6.8 + 2 * (7 * 0.6 + 1 * 5.0)) * 1e-6, rel=1e-9)
-    ring = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple")
+    no_fill = replace(DEFAULT_CONSTANTS, simple_fill_bytes=0.0)
+    ring = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple", constants=no_fill)
     assert ring.latency_s == pytest.approx((8.4 + 14 * 3.4) * 1e-6, rel=1e-9)
     nvls = collective_cost(h100, "all_reduce", range(8), 1, algo="nvls")
     assert nvls.latency_s == pytest.approx(25e-6, rel=1e-9)
+
+
+def test_simple_pipeline_fill_is_steps_times_fill_bytes_at_busbw(h100):
+    """Ring all-reduce on 8 GPUs: 14 steps, each also paying SIMPLE_FILL_BYTES at the ring's bus bandwidth
+    (18 x 20.6 GB/s); LL pays none; doubling the fill bytes doubles the term."""
+    ring = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple")
+    nccl = (8.4 + 14 * 3.4) * 1e-6
+    assert ring.latency_s - nccl == pytest.approx(14 * SIMPLE_FILL_BYTES / (18 * 20.6e9), rel=2e-3)
+    double = replace(DEFAULT_CONSTANTS, simple_fill_bytes=2 * SIMPLE_FILL_BYTES)
+    ring2 = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple", constants=double)
+    assert ring2.latency_s - nccl == pytest.approx(2 * (ring.latency_s - nccl), rel=1e-9)
+    ll = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="ll")
+    assert ll.latency_s == pytest.approx((6.6 + 14 * 0.6) * 1e-6, rel=1e-9)
 
 
 def test_nccl_bandwidth_on_dgx_h100(h100):

@@ -105,15 +105,25 @@ def structure(topo: Topology, algo: str, op: str, ranks: Sequence[int],
     return hit
 
 
-def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants) -> float:
-    steps = 0.0
+def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, ranks: int = 0) -> float:
+    steps, count = 0.0, 0.0
     for phase in pc.phases:
         step = sum(w * max(hop.path_s, constants.hw_s(pc.algo, hop.link_class, protocol)) for hop, w in phase.latency)
         steps += phase.repeat * step
-    total = pc.launches * constants.base_s(pc.algo, protocol) + steps
+        count += phase.repeat * sum(w for _, w in phase.latency)
+    total = pc.launches * constants.base_s(pc.algo, protocol) + steps + _fill_s(pc, op, protocol, constants, count, ranks)
     if pc.algo == "ring" and op == "all_reduce" and protocol == "simple" and pc.multi_node:
         total *= constants.ring_simple_internode_lat_factor
     return total
+
+
+def _fill_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, steps: float, ranks: int) -> float:
+    """Simple-protocol pipeline fill (protocols.SIMPLE_FILL_BYTES): steps x fill bytes at the bus bandwidth.
+    NVLS (one switch round trip) and the LL protocols (tiny slices) have none."""
+    if protocol not in ("simple", "ll128") or pc.algo == "nvls" or pc.s_per_byte <= 0 or ranks < 2:
+        return 0.0
+    busbw = busbw_factor(op, ranks) / pc.s_per_byte
+    return steps * constants.simple_fill_bytes / busbw if busbw > 0 else 0.0
 
 
 def link_load(topo: Topology, pc: PlanCost, scale: float) -> Mapping[int, float]:
@@ -152,7 +162,7 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
     """The cost of one (algorithm, protocol) pair."""
     pc = structure(topo, algo, op, ranks, concurrent, constants)
     scale = constants.bw_scale(algo, op, protocol)
-    lat = latency_s(pc, op, protocol, constants)
+    lat = latency_s(pc, op, protocol, constants, len(ranks))
     bw = nbytes * pc.s_per_byte / scale
     time = lat + bw
     algbw = nbytes / time / GB if time > 0 else 0.0

@@ -51,6 +51,14 @@ HW_US = {
 }
 BW_FACTOR = {"ll": 0.5, "ll128": 0.92, "simple": 1.0, IDEAL: 1.0}  # tuning.cc protocol factors
 ALGO_BW_FACTOR = {"tree": 0.92, "nvls": 0.85}  # tree all-reduce; NVLS on Hopper (tuning.cc)
+# Simple-protocol pipeline fill: a ring/tree step cannot start until the previous step's slice has
+# arrived, so besides NCCL's per-step latency each step costs the transfer of one slice per channel
+# (~16-24 channels x 128 KiB) at the rank's bus bandwidth before the pipeline runs full:
+#     fill_s = steps x SIMPLE_FILL_BYTES / busbw.
+# Fitted to the public nccl-tests all_reduce_perf curves (reference/public-measurements.md section 5):
+# 8 x A100 16 MiB-1 GiB give 2.2-2.6 MB per step, 4 x GB200 64 MiB gives 2.2 MB. It is why busbw at
+# 64-128 MiB sits 25-30% under the plateau (NCCL's own model has no such term).
+SIMPLE_FILL_BYTES = 2.4e6
 # Multi-node ring all-reduce with Simple: NCCL multiplies the latency by 1.4 on SM80+ (tuning.cc).
 RING_SIMPLE_INTERNODE_LAT_FACTOR = 1.4
 
@@ -85,6 +93,7 @@ class NcclConstants:
     bw_factor: Any = field(default_factory=lambda: _ro(BW_FACTOR))
     algo_bw_factor: Any = field(default_factory=lambda: _ro(ALGO_BW_FACTOR))
     ring_simple_internode_lat_factor: float = RING_SIMPLE_INTERNODE_LAT_FACTOR
+    simple_fill_bytes: float = SIMPLE_FILL_BYTES
     nvlink_efficiency: float | None = None  # None: by GPU generation (NVLINK_EFFICIENCY)
     pcie_efficiency: float = PCIE_EFFICIENCY
     network_efficiency: float = NETWORK_EFFICIENCY
