@@ -9,7 +9,8 @@
     OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch
 
 Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
-- gemm_efficiency 0.80: 8192^3 bf16 GEMM at ~790 of 989 TFLOP/s on an H200 (reference/modeling-facts.md).
+- gemm_efficiency: by GPU generation (sim/gemm_efficiency.GEMM_CEILING_BY_GPU: A100 0.82, H100 0.75 and
+  B200 0.75 from FLUX's public GEMM times, H200 0.80 from ~790 of 989 TFLOP/s measured here).
 - mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200.
 - attention_efficiency 0.50: per score element flash attention does 4 x head_dim tensor-core FLOPs
   (QK^T and PV; 512 at head_dim 128) and one exp plus ~5 FP32 ops on the SM's scalar units (exp on the
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
-from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_efficiency
+from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
 from meshsim.topologies.gpus import GpuSpec
@@ -91,6 +92,10 @@ class ComputeModel:
 
     def __post_init__(self) -> None:
         self.knobs = resolve_tuning(self.tuning, self.profile)
+        stated = [t.gemm_efficiency for t in (self.tuning, self.profile.compute if self.profile else None)
+                  if t is not None and t.gemm_efficiency is not None]
+        if not stated:  # no scenario or profile figure: the GPU generation's ceiling
+            self.knobs = self.knobs.model_copy(update={"gemm_efficiency": gemm_ceiling(self.gpu.name)})
 
     @property
     def peak_flops(self) -> float:

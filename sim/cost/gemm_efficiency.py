@@ -32,6 +32,21 @@ from math import ceil
 DEFAULT_TILES = ((128, 256), (256, 128), (128, 128))
 DEFAULT_CEILING = 0.80  # 790 / 989 TFLOP/s, 8192^3 bf16 GEMM on an H200 (reference/modeling-facts.md)
 REFERENCE_MNK = 8192
+# Large-GEMM ceiling by GPU generation (GPU preset name prefix), each from a public measurement:
+# - a100: 0.82, FLUX README (bytedance/flux 239a13d2): cuBLAS fp16 GEMMs of GPT-3 175B MLP shapes at TP 8
+#   (4096 x 12288 x 6144 and 4096 x 6144 x 12288) on A800 (A100 silicon) run 2.438 / 2.453 ms = 254 /
+#   252 TFLOP/s = 81% of 312 at a shape factor ~0.99 of 8192^3;
+# - h100: 0.75, the same FLUX GEMMs on H800 (H100 SXM silicon and clocks): 0.846 / 0.818 ms = 731 / 756
+#   TFLOP/s = 74-76% of 989 (sustained clocks under load sit below the boost clock the peak assumes);
+# - h200: 0.80, measured here (8192^3 bf16, 790 / 989; more HBM bandwidth and power headroom than H100);
+# - b200: 0.75, no public measurement in our set: the Hopper SXM (H100) fraction is assumed;
+# - v100: 0.80, no GEMM measurement in our set: DEFAULT_CEILING (the 2020 DGX-2 tp1 step is within 1%).
+GEMM_CEILING_BY_GPU = {"a100": 0.82, "h100": 0.75, "h200": 0.80, "b200": 0.75, "v100": DEFAULT_CEILING}
+
+
+def gemm_ceiling(gpu_name: str) -> float:
+    """The large-GEMM fraction of peak for a GPU preset (GEMM_CEILING_BY_GPU), DEFAULT_CEILING if unknown."""
+    return next((v for k, v in GEMM_CEILING_BY_GPU.items() if gpu_name.startswith(k)), DEFAULT_CEILING)
 
 
 def tile_padding(m: int, n: int, tile_m: int, tile_n: int) -> float:
