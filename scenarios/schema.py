@@ -57,8 +57,9 @@ class ComputeTuning(Frozen):
     gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # large-GEMM fraction of peak
     mem_bw_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of HBM bandwidth
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # flash-attention fraction of peak
+    deterministic_attention_slowdown: float | None = Field(default=None, ge=1)  # run.deterministic (sim/schedule/run_settings.py)
     launch_overhead_us: float | None = Field(default=None, ge=0)
-    host_dispatch_us: float | None = Field(default=None, ge=0)  # CPU time to issue one op (sim/host_dispatch.py)
+    host_dispatch_us: float | None = Field(default=None, ge=0)  # CPU time to issue one op (sim/cost/host_dispatch.py)
     tile_m: int | None = Field(default=None, gt=0)
     tile_n: int | None = Field(default=None, gt=0)
     # load kappa a collective's bandwidth part puts on its rank's compute resource (0 = none; sim/engine/events.py)
@@ -125,7 +126,7 @@ class SweepConfig(Frozen):
 
 
 class RunConfig(Frozen):
-    """Run settings that change speed but not the math (sim/run_settings.py documents each effect)."""
+    """Run settings that change speed but not the math (sim/schedule/run_settings.py documents each effect)."""
 
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None  # default: fp32 for bf16, fp16 for fp16
     deterministic: bool = False  # Megatron --deterministic-mode: deterministic attention backward

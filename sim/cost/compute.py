@@ -18,6 +18,8 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
   at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not overlapped (FlashAttention-2) that is
   512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the backward too (more GEMMs per exp, but
   atomic dQ accumulation).
+- deterministic_attention_slowdown 1.25: attention backward under run.deterministic (sim/schedule/run_settings.py).
+- host_dispatch_us: CPU time to issue one op (sim/cost/host_dispatch.py; used by the engine, not here).
 - launch_overhead_us 3.0: a dependent kernel's launch and ramp gap on the GPU when the host runs ahead
   (assumption, a few microseconds; `meshsim calibrate` measures it).
 - tiles: best of 128x256, 256x128, 128x128 per shape unless tile_m / tile_n are set (sim/cost/gemm_efficiency.py).
@@ -38,12 +40,15 @@ from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
+from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
+from meshsim.sim.schedule.run_settings import DETERMINISTIC_ATTENTION_SLOWDOWN
 from meshsim.topologies.gpus import GpuSpec
 
 # tile_m / tile_n unset: best of DEFAULT_TILES per shape (sim/cost/gemm_efficiency.py); set: that tile only
 DEFAULTS = ComputeTuning(gemm_efficiency=DEFAULT_CEILING, mem_bw_efficiency=0.90, attention_efficiency=0.50,
-                         launch_overhead_us=3.0)
+                         launch_overhead_us=3.0, host_dispatch_us=HOST_DISPATCH_US,
+                         deterministic_attention_slowdown=DETERMINISTIC_ATTENTION_SLOWDOWN)
 FLASH_BLOCK_Q = 128  # query rows per flash-attention CTA
 TFLOPS = 1e12
 
@@ -159,7 +164,8 @@ class ComputeModel:
                 return _scaled_us(point, a.flops, "flops") * US
         ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
         rate = self.peak_flops * self.knobs.attention_efficiency * _wave(ctas, self.gpu.sm_count)
-        return a.flops / rate + self.launch_s
+        slowdown = self.knobs.deterministic_attention_slowdown if a.backward and a.deterministic else 1.0
+        return a.flops * slowdown / rate + self.launch_s
 
     def elementwise_s(self, e: Elementwise) -> float:
         nbytes = e.bytes_read + e.bytes_written

@@ -5,7 +5,8 @@ It never computes a cost: the caller supplies `compute_s(op, rank)` for compute 
 ranks of the op's real TP or DP group, from `group_of`).
 
 Rules (schedule.py): each simulated rank has three streams (compute, tp_comm, dp_comm); a stream runs its
-ops FIFO in schedule order, an op starting once its stream is free and all its deps have finished.
+ops FIFO in schedule order, an op starting once its stream is free, all its deps have finished and the
+host has issued it (`issue_s`, given by the caller: sim/cost/host_dispatch.py).
 A collective starts when every simulated member of its group has issued it: early ranks wait, as NCCL
 kernels spin on their stream (the wait is recorded as `wait_s` and the stream is busy meanwhile). Then
 its latency part elapses (fixed), then its bandwidth part drains at the rate the arbiter grants.
@@ -127,12 +128,13 @@ class _Sim:
     """Mutable state of one run: finish times, dependency waiters, open rendezvous, the arbiter."""
 
     def __init__(self, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
-                 group_of: GroupFn, comm_interference: float = 0.0):
+                 group_of: GroupFn, comm_interference: float = 0.0, issue_s: Sequence[float] = ()):
         self.env = simpy.Environment(initial_time=0.0)
         self.ranks = frozenset(ranks)
         self.compute_s, self.collective, self.group_of = compute_s, collective, group_of
         self.arbiter = Arbiter(self.env)
         self.kappa = comm_interference
+        self.issue_s = issue_s  # per op id: when the host has issued it (sim/cost/host_dispatch.py); () = at once
         self.cpu_load = {r: {("cpu", r): 1.0} for r in ranks}  # a compute op's load on its rank
         self.comm_cpu: dict[tuple[int, ...], dict] = {}  # group -> kappa on each simulated member
         self.finished: dict[int, dict[int, float]] = {r: {} for r in ranks}
@@ -163,6 +165,8 @@ class _Sim:
             for dep in op.deps:
                 if dep not in done:
                     yield self.wait_for(rank, dep)
+            if self.issue_s and self.issue_s[op.id] > env.now:  # the host has not issued it yet
+                yield env.timeout(self.issue_s[op.id] - env.now)
             start_s = env.now
             if isinstance(op.work, Collective):
                 group, members = self.group(op.work.group, rank)
@@ -242,15 +246,19 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
 
 
 def run(schedule: Schedule, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
-        group_of: GroupFn | None = None, comm_interference: float = 0.0) -> EventLog:
+        group_of: GroupFn | None = None, comm_interference: float = 0.0,
+        issue_s: Sequence[float] = ()) -> EventLog:
     """Simulate `schedule` on every rank in `ranks` (each runs the same schedule); return the event log.
-    comm_interference: kappa in [0, 1], the compute-resource load of a collective's bandwidth part."""
+    comm_interference: kappa in [0, 1], the compute-resource load of a collective's bandwidth part.
+    issue_s: per op id, the earliest start the host allows (sim/cost/host_dispatch.py); () = no host limit."""
     if not 0.0 <= comm_interference <= 1.0:
         raise ValueError(f"comm_interference must be in [0, 1], got {comm_interference}")
     ranks = tuple(sorted(ranks))
     group_of = group_of or symmetric_groups(schedule.tp, schedule.dp, schedule.kv_replicas)
     _check(schedule, ranks, group_of)
-    sim = _Sim(ranks, compute_s, collective, group_of, comm_interference)
+    if issue_s and len(issue_s) != len(schedule.ops):
+        raise ValueError(f"issue_s has {len(issue_s)} entries for {len(schedule.ops)} ops")
+    sim = _Sim(ranks, compute_s, collective, group_of, comm_interference, issue_s)
     per_stream = {s: schedule.by_stream(s) for s in STREAMS}
     for rank in ranks:
         for stream in STREAMS:

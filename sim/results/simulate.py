@@ -29,6 +29,7 @@ from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
 from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
 from meshsim.sim.cost.flops import model_flops_per_step
+from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results.step_result import StepResult, build_result
@@ -120,6 +121,15 @@ def comm_interference(rs: ResolvedScenario) -> float:
     return resolve_tuning(rs.scenario.hardware.compute, rs.profile).comm_interference or 0.0
 
 
+def host_issue_times(rs: ResolvedScenario, schedule: Schedule) -> tuple[float, ...]:
+    """When the host issues each op (sim/cost/host_dispatch.py): hardware.compute.host_dispatch_us, else the
+    profile's, else the default, per op; none under run.cuda_graphs."""
+    if rs.scenario.run.cuda_graphs:
+        return ()
+    us = resolve_tuning(rs.scenario.hardware.compute, rs.profile).host_dispatch_us or 0.0
+    return issue_times_s(schedule, us * 1e-6)
+
+
 def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ...]:
     """Rank 0 alone, or one TP group times min(dp, 2) replicas."""
     return tuple(range(rs.tp * min(rs.dp, 2))) if explicit_ranks else (0,)
@@ -130,7 +140,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
     schedule = build_schedule(rs)
     coster = CollectiveCoster(rs)
     log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, rs.group,
-                     comm_interference=comm_interference(rs))
+                     comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedule))
     result = build_result(rs, schedule, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=coster.chosen(schedule), explicit_ranks=explicit_ranks)
     return result, log, schedule

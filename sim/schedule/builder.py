@@ -17,6 +17,7 @@ from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward,
 from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
+from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 
 
@@ -80,7 +81,7 @@ def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:
     kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
     return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
                     bucket_bytes=_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
-                    kv_grad_params=kv_params)
+                    kv_grad_params=kv_params, grad_bytes=grad_reduce_bytes(rs.scenario))
 
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:

@@ -45,6 +45,7 @@ class DpConfig:
     sp_grad_params: int  # params whose grads need the SP all-reduce over tp (0 without SP)
     params: int  # parameters this rank holds (all TP shards' share, before DP sharding)
     kv_grad_params: int = 0  # replicated K/V params (kv_heads < tp) whose grads sum over the KV group
+    grad_bytes: int = GRAD_BYTES  # bytes per parameter the DP reduction moves (sim/schedule/run_settings.py)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
     reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
     for i, b in enumerate(buckets):
         deps = b.producers if cfg.overlap else (end_of_bwd,)
-        work = Collective(reduce_op, "dp", b.params * GRAD_BYTES, K.DP_GRAD)
+        work = Collective(reduce_op, "dp", b.params * cfg.grad_bytes, K.DP_GRAD)
         before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
     shard = cfg.dp if cfg.distributed_optimizer else 1
     step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))

@@ -27,6 +27,7 @@ from meshsim.sim.schedule.layer_ops import (
     dgrad,
     dropout_bwd,
     gemm_then_comm,
+    main_grad_add,
     norm_bwd,
     norm_fwd,
     regather_collective,
@@ -121,6 +122,8 @@ def head_backward(d: LayerDims, tied: bool) -> Template:
     ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), K.HEAD_IN,
                            boundary_collective(d, entry, "bwd"), 1)
     w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d)), (g,) + regather)
+    if not tied:
+        w = main_grad_add(tpl, d, "logits", w, d.vocab * d.hidden)
     out = tpl.add("bwd", "final_ln", norm_bwd(d), ready)
     if not tied:
         tpl.grads.append((w, d.vocab * d.hidden))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
 from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Work, stream_of
+from meshsim.sim.schedule.run_settings import MAIN_GRAD_ADD_BYTES
 from meshsim.sim.schedule.shapes import LayerDims
 
 Deps = tuple[int | str, ...]
@@ -236,8 +237,20 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry,
                            boundary_collective(d, entry, "bwd"), 1)  # bulk-overlapped with wgrad
     col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm), mid + regather)
+    row_w = main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm))
+    col_w = main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm))
     tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]
     return tpl.add("bwd", blk.norm, norm_bwd(d), ready + gin)
+
+
+def main_grad_add(tpl: Template, d: LayerDims, key: str, wgrad_op: int, params: int) -> int:
+    """Without gradient-accumulation fusion wgrad writes a 16-bit grad that one more kernel adds into the
+    fp32 main grad (sim/schedule/run_settings.MAIN_GRAD_ADD_BYTES per parameter); returns the grad's producer."""
+    if d.grad_fusion:
+        return wgrad_op
+    read, write = MAIN_GRAD_ADD_BYTES
+    return tpl.add("bwd", f"{key}_main_grad_add", Elementwise("main_grad_add", read * params, write * params),
+                   (wgrad_op,))
 
 
 def _act_fwd(tpl: Template, phase: str, d: LayerDims, deps: Deps) -> tuple[int, ...]:

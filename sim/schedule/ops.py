@@ -50,6 +50,7 @@ class Attention:
     head_dim: int
     causal: bool = True
     backward: bool = False
+    deterministic: bool = False  # run.deterministic: no atomic dQ accumulation (sim/schedule/run_settings.py)
 
     @property
     def flops(self) -> float:

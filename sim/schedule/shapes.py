@@ -42,6 +42,8 @@ class LayerDims:
     bias: bool
     norm_params: int  # parameters of one norm (2h LayerNorm, h RMSNorm)
     dtype_bytes: int = 2
+    grad_fusion: bool = True  # run.grad_accumulation_fusion (sim/schedule/run_settings.py)
+    deterministic: bool = False  # run.deterministic
 
     @property
     def tokens(self) -> int:
@@ -74,7 +76,8 @@ class LayerDims:
         return Gemm(self.tokens, self.hidden, self.ffn)
 
     def attention(self, backward: bool) -> Attention:
-        return Attention(self.micro_batch, self.heads, self.kv_heads, self.seq, self.head_dim, True, backward)
+        return Attention(self.micro_batch, self.heads, self.kv_heads, self.seq, self.head_dim, True, backward,
+                         backward and self.deterministic)
 
     def params(self, g: Gemm) -> int:
         """Weight [k, n] of a linear, plus its bias [n] (n = h for row-parallel: replicated)."""
@@ -111,4 +114,5 @@ def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:
         heads=m.heads // t, kv_heads=max(1, m.num_kv_heads // t), head_dim=m.head_dim, ffn=m.ffn // t,
         vocab=padded_vocab(m.vocab, t, m.vocab_divisible_by) // t, mlp=m.mlp, flash=m.attention == "flash", dropout=m.dropout,
         recompute=p.recompute, chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
-        bias=has_linear_bias(m), norm_params=norm_params(m), dtype_bytes=m.dtype_bytes)
+        bias=has_linear_bias(m), norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
+        grad_fusion=rs.scenario.run.grad_accumulation_fusion, deterministic=rs.scenario.run.deterministic)

@@ -1,0 +1,36 @@
+"""Run settings that change speed but not the math (scenario section `run`, scenarios/schema.RunConfig).
+
+- Gradient-reduction dtype: Megatron-LM keeps fp32 main grads and reduces them in fp32 when training in
+  bf16 (arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16); --grad-reduce-in-bf16 halves the
+  bytes. fp16 runs without --accumulate-allreduce-grads-in-fp32 (the default) reduce fp16 grads.
+  `run.grad_reduce_dtype` overrides.
+- Gradient-accumulation fusion (Megatron default on, needs APEX/TE's fused wgrad kernels): the wgrad GEMM
+  accumulates straight into the fp32 main grad. Without it (--no-gradient-accumulation-fusion) wgrad
+  writes a 16-bit gradient that a separate kernel adds into main_grad: per parameter read 2 + 4 bytes,
+  write 4 bytes (MAIN_GRAD_ADD_BYTES), once per micro-batch.
+- Deterministic mode (--deterministic-mode): the attention backward may not accumulate dQ with atomics
+  (FlashAttention-2's deterministic backward orders the KV-block CTAs' dQ updates; cuDNN's deterministic
+  algorithm likewise). Modeled as a slowdown of the attention backward kernel by
+  hardware.compute.deterministic_attention_slowdown (default DETERMINISTIC_ATTENTION_SLOWDOWN 1.25, an
+  assumption: no public figure in our calibration set).
+- CUDA graphs (`run.cuda_graphs`): the step replays captured graphs, so no per-op host dispatch
+  (sim/cost/host_dispatch.py).
+- CUDA_DEVICE_MAX_CONNECTIONS (`run.cuda_device_max_connections`) and NCCL_ALGO (hardware.network.algo)
+  are recorded; the first is not modeled (docs/cost-models.md says why), the second picks the algorithm.
+"""
+
+from __future__ import annotations
+
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES
+
+DTYPE_BYTES = {"fp32": FP32_BYTES, "bf16": BF16_BYTES, "fp16": BF16_BYTES}
+MAIN_GRAD_ADD_BYTES = (2 + 4, 4)  # (read 16-bit grad + fp32 main grad, write fp32 main grad) per parameter
+DETERMINISTIC_ATTENTION_SLOWDOWN = 1.25
+
+
+def grad_reduce_bytes(s: Scenario) -> int:
+    """Bytes per parameter of the DP gradient reduction: run.grad_reduce_dtype, else fp32 for bf16 runs
+    and fp16 for fp16 runs (Megatron-LM defaults)."""
+    dtype = s.run.grad_reduce_dtype or ("fp32" if s.model.dtype == "bf16" else "fp16")
+    return DTYPE_BYTES[dtype]
