@@ -237,10 +237,21 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry,
                            boundary_collective(d, entry, "bwd"), 1)  # bulk-overlapped with wgrad
     col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm), mid + regather)
-    row_w = main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm))
-    col_w = main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm))
+    row_w = bias_grad(tpl, d, blk.row, blk.row_gemm, main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm)))
+    col_w = bias_grad(tpl, d, blk.col, blk.col_gemm, main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm)))
     tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]
     return tpl.add("bwd", blk.norm, norm_bwd(d), ready + gin)
+
+
+def bias_grad(tpl: Template, d: LayerDims, key: str, g: Gemm, after: int) -> int:
+    """The bias gradient db = sum over tokens of dY, a separate reduction kernel in Megatron's linear layers
+    (ColumnParallelLinear / RowParallelLinear backward: grad_output.sum(0)): reads the T x n output
+    gradient, writes n fp32 values. Row-parallel layers see the full hidden width on every TP rank, so
+    this work does not shrink with tp. None without biases; returns the gradient's last producer."""
+    if not d.bias:
+        return after
+    kernel = Elementwise("bias_grad", g.m * g.n * d.dtype_bytes, g.n * 4)
+    return tpl.add("bwd", f"{key}_bias_grad", kernel, (after,))
 
 
 def main_grad_add(tpl: Template, d: LayerDims, key: str, wgrad_op: int, params: int) -> int:
