@@ -24,10 +24,13 @@ def tflops(model: ComputeModel, g: Gemm) -> float:
 
 
 def test_reference_gemm_reaches_the_ceiling():
-    """8192^3 is the measured reference: 0.80 of peak by construction, on every GPU."""
-    for gpu in (H100, GPUS["a100-80gb"], GPUS["h200-sxm"]):
-        g = Gemm(8192, 8192, 8192)
-        assert ComputeModel(gpu).time_s(g) == pytest.approx(g.flops / (gpu.peak_tflops * 1e12 * 0.80) + LAUNCH_S)
+    """8192^3 is the reference shape: it runs at the GPU generation's ceiling (H100 0.75 and A100 0.82 from
+    FLUX's GEMM times, H200 0.80 measured), and at a stated gemm_efficiency when the scenario gives one."""
+    g = Gemm(8192, 8192, 8192)
+    for gpu, ceiling in ((H100, 0.75), (GPUS["a100-80gb"], 0.82), (GPUS["h200-sxm"], 0.80)):
+        assert ComputeModel(gpu).time_s(g) == pytest.approx(g.flops / (gpu.peak_tflops * 1e12 * ceiling) + LAUNCH_S)
+    stated = ComputeModel(H100, ComputeTuning(gemm_efficiency=0.6)).time_s(g)
+    assert stated == pytest.approx(g.flops / (H100.peak_tflops * 1e12 * 0.6) + LAUNCH_S)
 
 
 def test_ceiling_override():
