@@ -413,3 +413,15 @@ def test_sweep_record_round_trips_through_json_with_its_version(tiny):
     assert not skipped_.ok and skipped_.reason == "why"
     with pytest.raises((ValueError, KeyError, TypeError)):
         SweepRecord.from_json({**line, "key": "tp=3,sp=on,mb=1,overlap=off,recompute=none"})
+
+
+def test_configurations_closer_than_the_model_error_are_not_ranked():
+    """tp=4 within MODEL_ERROR of tp=8 is called a tie; tp=2 far below it is not named in that sentence;
+    with no configuration that close, no such sentence (negative control)."""
+    close = (1 - ex.MODEL_ERROR / 2) * 100.0
+    records = [rec(2, tokens=50.0, mem=40), rec(4, tokens=close, mem=40), rec(8, tokens=100.0, mem=40)]
+    sentence = next(s for s in ex.explain(records) if "within the model's error" in s)
+    assert sentence.startswith("tp=8 and tp=4 are within the model's error")
+    assert "tp=2" not in sentence
+    far = [rec(2, tokens=50.0, mem=40), rec(8, tokens=100.0, mem=40)]
+    assert not any("within the model's error" in s for s in ex.explain(far))
