@@ -1,0 +1,101 @@
+"""The model-family rules, run settings and host dispatch added for accuracy (issue 13): closed forms on
+tiny schedules, each with a negative control."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.scenarios.schema import ModelConfig, Scenario
+from meshsim.sim import engine
+from meshsim.sim.builder import build_schedule
+from meshsim.sim.host_dispatch import issue_times_s
+from meshsim.sim.model_family import has_linear_bias, norm_kind, norm_params
+from meshsim.sim.schedule import Collective, Elementwise, Gemm, Op, Schedule
+from meshsim.sim.shapes import padded_vocab
+from meshsim.topologies.gpus import GPUS
+from meshsim.topologies.model import Topology
+
+GPT = dict(layers=2, hidden=256, heads=8, seq_len=128, vocab=1000, mlp="gelu", dropout=True)
+
+
+def make_rs(model: dict, parallel: dict, run: dict | None = None, *, dp: int = 1) -> ResolvedScenario:
+    par = {"global_batch": dp, **parallel}
+    s = Scenario.model_validate({"name": "t", "model": model, "topology": {"preset": "dgx-h100"},
+                                 "parallel": par, "run": run or {}})
+    tp = s.parallel.tp
+    return ResolvedScenario(s, "test", GPUS["h100-sxm"], Topology("trivial", "h100-sxm", 1, tp * dp, (), ()),
+                            tp * dp, tp, dp, 1)
+
+
+def test_model_family_defaults_and_explicit_fields():
+    m = ModelConfig(layers=1, hidden=64, heads=4, seq_len=8, vocab=10, mlp="swiglu")
+    assert (norm_kind(m), has_linear_bias(m), norm_params(m)) == ("rmsnorm", False, 64)
+    g = m.model_copy(update={"mlp": "relu2"})
+    assert (norm_kind(g), has_linear_bias(g), norm_params(g), g.ffn) == ("layernorm", True, 128, 256)
+    e = g.model_copy(update={"norm": "rmsnorm", "bias": False})
+    assert (norm_kind(e), has_linear_bias(e), norm_params(e)) == ("rmsnorm", False, 64)
+
+
+def test_padded_vocab_follows_divisor_times_tp():
+    assert padded_vocab(131073, 4) == 131584  # next multiple of 512
+    assert padded_vocab(50257, 1) == 50304
+    assert padded_vocab(1000, 2, divisible_by=64) == 1024
+
+
+def _dp_bytes(sched: Schedule) -> int:
+    return sum(op.work.nbytes for op in sched.ops if isinstance(op.work, Collective) and op.work.group == "dp")
+
+
+def test_grad_reduce_dtype_sets_dp_bytes():
+    """bf16 default reduces fp32 main grads (4 bytes per parameter); bf16 reduction and fp16 runs 2."""
+    fp32 = _dp_bytes(build_schedule(make_rs(GPT, {"tp": 1}, dp=2)))
+    params = build_schedule(make_rs(GPT, {"tp": 1}, dp=2)).meta["params_per_rank"]
+    assert fp32 == 4 * params
+    assert _dp_bytes(build_schedule(make_rs(GPT, {"tp": 1}, {"grad_reduce_dtype": "bf16"}, dp=2))) == 2 * params
+    assert _dp_bytes(build_schedule(make_rs({**GPT, "dtype": "fp16"}, {"tp": 1}, dp=2))) == 2 * params
+
+
+def _kernels(sched: Schedule, name: str) -> list[Elementwise]:
+    return [op.work for op in sched.ops if isinstance(op.work, Elementwise) and op.work.kernel == name]
+
+
+def test_main_grad_add_only_without_grad_accumulation_fusion():
+    """One add per weight gradient (4 linears per layer + untied output layer), 10 bytes per parameter."""
+    fused = build_schedule(make_rs(GPT, {"tp": 2}))
+    unfused = build_schedule(make_rs(GPT, {"tp": 2}, {"grad_accumulation_fusion": False}))
+    assert not _kernels(fused, "main_grad_add")
+    adds = _kernels(unfused, "main_grad_add")
+    assert len(adds) == 4 * GPT["layers"] + 1
+    h, f = 256, 1024 // 2
+    fc1 = h * f + f  # this rank's fc1 weight and bias
+    assert any(a.bytes_read == 6 * fc1 and a.bytes_written == 4 * fc1 for a in adds)
+
+
+def test_bias_grad_kernels_follow_model_bias():
+    """Four bias-gradient reductions per layer with biases; none with bias: false."""
+    assert len(_kernels(build_schedule(make_rs(GPT, {"tp": 2})), "bias_grad")) == 4 * GPT["layers"]
+    assert not _kernels(build_schedule(make_rs({**GPT, "bias": False}, {"tp": 2})), "bias_grad")
+
+
+def test_deterministic_marks_only_the_attention_backward():
+    sched = build_schedule(make_rs(GPT, {"tp": 1}, {"deterministic": True}))
+    att = [op.work for op in sched.ops if type(op.work).__name__ == "Attention"]
+    assert all(a.deterministic == a.backward for a in att) and any(a.deterministic for a in att)
+
+
+def test_host_dispatch_delays_short_kernels_not_long_ones():
+    """Three 1 us kernels dispatched at 10 us each end at 31 us (host bound); 100 us kernels are unaffected
+    beyond the first dispatch (the host runs ahead)."""
+    ops = tuple(Op(i, f"k{i}", "compute", "compute", "fwd", Gemm(1, 1, 1), (i - 1,) if i else ()) for i in range(3))
+    sched = Schedule(ops, 1, 1, 1)
+    issue = issue_times_s(sched, 10e-6)
+    assert issue == pytest.approx((10e-6, 20e-6, 30e-6))
+    short = engine.run(sched, (0,), lambda op, r: 1e-6, None, issue_s=issue)
+    assert short.step_time_s == pytest.approx(31e-6)
+    long = engine.run(sched, (0,), lambda op, r: 100e-6, None, issue_s=issue)
+    assert long.step_time_s == pytest.approx(310e-6)
+    assert engine.run(sched, (0,), lambda op, r: 1e-6, None).step_time_s == pytest.approx(3e-6)
+    assert issue_times_s(replace(sched), 0.0) == ()
