@@ -9,12 +9,12 @@ import pytest
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig, Scenario
-from meshsim.sim import engine
-from meshsim.sim.builder import build_schedule
-from meshsim.sim.host_dispatch import issue_times_s
-from meshsim.sim.model_family import has_linear_bias, norm_kind, norm_params
-from meshsim.sim.schedule import Collective, Elementwise, Gemm, Op, Schedule
-from meshsim.sim.shapes import padded_vocab
+from meshsim.sim.cost.host_dispatch import issue_times_s
+from meshsim.sim.engine import events as engine
+from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.model_family import has_linear_bias, norm_kind, norm_params
+from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Op, Schedule
+from meshsim.sim.schedule.shapes import padded_vocab
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 
