@@ -172,9 +172,17 @@ def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: 
         on["best_gemm_tflops"] = f"{best_tflops:.4g}"
     return HardwareProfile(
         name=name, measured_on=on, gpu=_device_figures(backend, best_tflops, bw_gbps),
-        compute=ComputeTuning(launch_overhead_us=max(0.0, launch_s * 1e6), comm_interference=kappa),
+        compute=ComputeTuning(launch_overhead_us=max(0.0, launch_s * 1e6), comm_interference=kappa,
+                              host_dispatch_us=host_dispatch_us(backend)),
         gemm_table=gemms, elementwise_bw_gbps=bw_gbps,
         kernel_table=[p for p in points if not isinstance(p, GemmPoint)], collective_table=colls)
+
+
+def host_dispatch_us(backend: str) -> float | None:
+    """Per-op host dispatch for the profile (sim/cost/host_dispatch.py). On CPU (gloo) the host is the
+    device: every measured op time already includes its own dispatch, so 0. On GPUs it is left to the
+    default (not measured yet: it needs a host-side enqueue timing without synchronisation)."""
+    return 0.0 if backend == "gloo" else None
 
 
 def calibration_payload(scenario, source: str, nproc: int, backend: str):
