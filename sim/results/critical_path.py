@@ -11,6 +11,7 @@ segments tile [0, step_time], so their durations sum to the step time.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,10 +38,11 @@ class Segment:
     start_us: float
     dur_us: float
     op_id: int | None = None  # None for a waiting segment
+    count: int = 1  # > 1: the segment recurs in `count` consecutive periods (sim/steady_state.py)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "category": self.category, "rank": self.rank, "start_us": self.start_us,
-                "dur_us": self.dur_us, "op_id": self.op_id}
+                "dur_us": self.dur_us, "op_id": self.op_id, "count": self.count}
 
 
 def _stream_prev(schedule: Schedule) -> dict[int, int]:
@@ -92,11 +94,17 @@ def critical_path(schedule: Schedule, log: EventLog) -> list[Segment]:
     return path
 
 
-def shares(path: list[Segment], step_time_s: float) -> dict[str, float]:
-    """Fraction of the step time each category holds on the critical path."""
+def category_us(path: Iterable[Segment]) -> dict[str, float]:
+    """Microseconds each category holds on the critical path (a segment counts `count` times)."""
     total_us = {c: 0.0 for c in CATEGORIES}
     for seg in path:
-        total_us[seg.category] = total_us.get(seg.category, 0.0) + seg.dur_us
+        total_us[seg.category] = total_us.get(seg.category, 0.0) + seg.dur_us * seg.count
+    return total_us
+
+
+def shares(path: list[Segment], step_time_s: float) -> dict[str, float]:
+    """Fraction of the step time each category holds on the critical path."""
+    total_us = category_us(path)
     if step_time_s <= 0:
         return {c: 0.0 for c in total_us}
     return {c: t / (step_time_s * 1e6) for c, t in total_us.items()}
@@ -107,19 +115,25 @@ def critical_ops(path: Iterable[Mapping]) -> set[tuple[int, int]]:
     return {(s["rank"], s["op_id"]) for s in path if s.get("op_id") is not None}
 
 
+@functools.lru_cache(maxsize=4096)
+def _type_part(part: str) -> str:
+    """One dotted part of an op name without its index ("" for "L3", "mb0"); few distinct parts recur."""
+    return "" if _INDEX.match(part) else _CHUNK.sub("", _BUCKET.sub("bucket", part))
+
+
 def op_type(name: str) -> str:
     """An op name without its layer, micro-batch, bucket and chunk indices:
     "L3.mb0.fwd.fc1_c2" -> "fwd.fc1", "dp.bucket7.reduce_scatter" -> "dp.bucket.reduce_scatter"."""
-    parts = (_CHUNK.sub("", _BUCKET.sub("bucket", p)) for p in name.split(".") if not _INDEX.match(p))
-    return ".".join(parts)
+    return ".".join(t for t in map(_type_part, name.split(".")) if t)
 
 
 def top_op_types(path: Iterable[Mapping], n: int = 8) -> list[tuple[str, str, float, int]]:
     """(op type, category, total us, count) of the op types holding the most critical-path time."""
     acc: dict[tuple[str, str], list[float]] = {}
     for seg in path:
+        count = seg.get("count", 1)
         slot = acc.setdefault((op_type(seg["name"]), seg["category"]), [0.0, 0])
-        slot[0] += seg["dur_us"]
-        slot[1] += 1
+        slot[0] += seg["dur_us"] * count
+        slot[1] += count
     rows = [(k, c, t, int(cnt)) for (k, c), (t, cnt) in acc.items()]
     return sorted(rows, key=lambda r: (-r[2], r[0]))[:n]

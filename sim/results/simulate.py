@@ -22,6 +22,8 @@ links), else the analytic model (sim/collectives) with hardware.network's algo /
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from meshsim.scenarios.resolved import ResolvedScenario
@@ -32,7 +34,10 @@ from meshsim.sim.cost.flops import model_flops_per_step
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
-from meshsim.sim.results.step_result import StepResult, build_result
+from meshsim.sim.results import steady_state
+from meshsim.sim.results.breakdown import breakdown
+from meshsim.sim.results.critical_path import critical_path
+from meshsim.sim.results.step_result import StepResult, assemble, build_result
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
 
@@ -95,14 +100,22 @@ class CollectiveCoster:
 
     def chosen(self, schedule: Schedule, rank: int = 0) -> list[dict[str, Any]]:
         """One row per distinct collective of the representative rank, with its count per step."""
+        return self.rows(collective_counts(schedule), rank)
+
+    def rows(self, counts: Mapping[tuple[str, str, int], int], rank: int = 0) -> list[dict[str, Any]]:
+        """One row per (op, group, nbytes) with its count per step."""
         group_of = self.rs.group  # rank -> its real TP, DP or KV group
-        counts = Counter((op.work.op, op.work.group, op.work.nbytes) for op in schedule.ops
-                         if isinstance(op.work, Collective))
         rows = []
         for (kind, gname, nbytes), n in sorted(counts.items()):
             _, info = self.cost(Collective(kind, gname, nbytes), group_of(gname, rank))
             rows.append({**info, "count": n})
         return rows
+
+
+def collective_counts(schedule: Schedule) -> Counter:
+    """(op, group, nbytes) -> how many times the schedule issues it."""
+    return Counter((op.work.op, op.work.group, op.work.nbytes) for op in schedule.ops
+                   if isinstance(op.work, Collective))
 
 
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
@@ -135,17 +148,62 @@ def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ..
     return tuple(range(rs.tp * min(rs.dp, 2))) if explicit_ranks else (0,)
 
 
+def _engine_run(rs: ResolvedScenario, schedule: Schedule, explicit_ranks: bool, coster: CollectiveCoster,
+                compute: engine.ComputeFn) -> engine.EventLog:
+    return engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute, coster, rs.group,
+                      comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedule))
+
+
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
                          ) -> tuple[StepResult, engine.EventLog, Schedule]:
+    """The whole step, every micro-batch simulated; with its event log and schedule."""
     schedule = build_schedule(rs)
     coster = CollectiveCoster(rs)
-    log = engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute_fn(rs), coster, rs.group,
-                     comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedule))
+    log = _engine_run(rs, schedule, explicit_ranks, coster, compute_fn(rs))
     result = build_result(rs, schedule, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=coster.chosen(schedule), explicit_ranks=explicit_ranks)
     return result, log, schedule
 
 
-def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False) -> StepResult:
-    """Simulate one training step; the event log is kept in `result.events`."""
+def steady_plan(rs: ResolvedScenario) -> steady_state.Plan:
+    """Micro-batches of warm-up, drain and period of this scenario's schedule (sim/results/steady_state.py)."""
+    return steady_state.Plan()
+
+
+def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force: bool = False
+                    ) -> StepResult | None:
+    """The step extrapolated from two short runs (sim/results/steady_state.py); None when the step is too short
+    to gain from it (unless `force`, which only needs one more micro-batch than the runs) or a
+    periodicity check fails."""
+    plan = steady_plan(rs)
+    runs = plan.runs(rs.micro_batches, force)
+    if runs is None:
+        return None
+    coster, compute = CollectiveCoster(rs), compute_fn(rs)
+    parts = []
+    for n in runs:
+        sched = build_schedule(replace(rs, micro_batches=n))
+        log = _engine_run(rs, sched, explicit_ranks, coster, compute)
+        rep = log.of_rank(log.ranks[0])
+        parts.append((sched, log, critical_path(sched, log), breakdown(rep, log.step_time_s),
+                      collective_counts(sched)))
+    (sa, la, pa, ba, ca), (sb, lb, pb, bb, cb) = parts
+    ex = steady_state.extrapolate(sa, la, pa, sb, lb, pb, plan, rs.micro_batches, (ba, bb), (ca, cb))
+    if ex is None:
+        return None
+    return assemble(rs, ex.step_s, [e for e in ex.events if e.rank == lb.ranks[0]], ex.breakdown_s, ex.path,
+                    memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
+                    collectives=coster.rows(ex.collective_counts), explicit_ranks=explicit_ranks,
+                    simulated_ranks=len(lb.ranks), ops_per_rank=ex.ops_per_rank, events=ex.events,
+                    steady_state=ex.state.to_dict())
+
+
+def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False) -> StepResult:
+    """Simulate one training step: extrapolated from its steady state when that is exact and cheaper
+    (sim/results/steady_state.py), else (or with full=True) every micro-batch. Events are kept in
+    `result.events` (the simulated ones only when extrapolated)."""
+    if not full:
+        result = simulate_steady(rs, explicit_ranks=explicit_ranks)
+        if result is not None:
+            return result
     return simulate_with_events(rs, explicit_ranks=explicit_ranks)[0]

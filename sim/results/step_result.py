@@ -15,7 +15,7 @@ from typing import Any
 
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results import breakdown as bd
-from meshsim.sim.results.critical_path import critical_path, shares
+from meshsim.sim.results.critical_path import Segment, critical_path, shares
 from meshsim.sim.schedule.ops import Schedule
 
 CONFIG_KEYS = ("tp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
@@ -43,6 +43,7 @@ class StepResult:
     explicit_ranks: bool = False
     simulated_ranks: int = 1
     ops_per_rank: int = 0
+    steady_state: Mapping[str, Any] | None = None  # how it was extrapolated (sim/steady_state.py); None: whole step
     events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
 
     def __getitem__(self, key: str) -> Any:
@@ -56,7 +57,7 @@ class StepResult:
         out.update(memory_gb=dict(self.memory_gb), breakdown_s=dict(self.breakdown_s),
                    critical_path_share=dict(self.critical_path_share), source=self.source,
                    explicit_ranks=self.explicit_ranks, simulated_ranks=self.simulated_ranks,
-                   ops_per_rank=self.ops_per_rank, collectives=[dict(c) for c in self.collectives],
+                   ops_per_rank=self.ops_per_rank, steady_state=self.steady_state, collectives=[dict(c) for c in self.collectives],
                    critical_path=[dict(seg) for seg in self.critical_path])
         return out
 
@@ -96,9 +97,18 @@ def memory_echo(mem: Any) -> dict[str, Any]:
 def build_result(rs: Any, schedule: Schedule, log: EventLog, *, memory: Any, model_flops: float,
                  collectives: Sequence[Mapping[str, Any]] = (), explicit_ranks: bool = False) -> StepResult:
     """Assemble a StepResult from the event log and the cost-model side results."""
-    step_s = log.step_time_s
     rep = log.of_rank(log.ranks[0])
-    path = critical_path(schedule, log)
+    return assemble(rs, log.step_time_s, rep, bd.breakdown(rep, log.step_time_s), critical_path(schedule, log),
+                    memory=memory, model_flops=model_flops, collectives=collectives, explicit_ranks=explicit_ranks,
+                    simulated_ranks=len(log.ranks), ops_per_rank=len(schedule.ops), events=log.events)
+
+
+def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float], path: Sequence[Segment],
+             *, memory: Any, model_flops: float, collectives: Sequence[Mapping[str, Any]], explicit_ranks: bool,
+             simulated_ranks: int, ops_per_rank: int, events: tuple[Event, ...],
+             steady_state: Mapping[str, Any] | None = None) -> StepResult:
+    """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
+    breakdown and the critical path (the pieces sim/steady_state.py extrapolates)."""
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
@@ -108,9 +118,9 @@ def build_result(rs: Any, schedule: Schedule, log: EventLog, *, memory: Any, mod
         layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
         tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops,
-        memory_gb=memory_echo(memory), breakdown_s=bd.breakdown(rep, step_s),
-        critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=shares(path, step_s),
+        memory_gb=memory_echo(memory), breakdown_s=dict(breakdown_s),
+        critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=shares(list(path), step_s),
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
-        explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks), ops_per_rank=len(schedule.ops),
-        events=log.events,
+        explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
+        steady_state=steady_state, events=events,
     )

@@ -1,0 +1,88 @@
+"""Wall time and peak memory of whole `meshsim run` processes (what a user waits for), median of N runs.
+
+Cases (issue 10's targets):
+- default: the built-in default scenario (Llama-2 70B, tp 8 + SP, 64 H100), target < 0.6 s;
+- gpt3-gb1536-overlap: GPT-3 175B on 128 A100 (gpt3-175b-a100-16node) with GPT-3's published global
+  batch of 1,536 sequences (96 micro-batches per replica) and tp_comm_overlap on, target < 1.5 s, < 300 MB;
+- llama70b-<gpus>: the default scenario on 64 ... 16,384 H100 (tp 8, dp = gpus / 8) with 8 micro-batches
+  per replica (global batch = 8 x dp), target < 1 s at 16,384 and flat within 20% from 64.
+
+Each case runs `python -m meshsim.sim.cli run SCENARIO --out TMP` in a fresh process; its peak RSS comes from
+os.wait4. Extra arguments after `--` go to every `meshsim run` (e.g. `-- --full`).
+
+    python benchmarks/run.py [--runs 5] [--cases default,gpt3-gb1536-overlap] [-- --full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
+
+LLAMA_GPUS = (64, 1024, 16384)
+
+
+def _variant(name: str, parallel: dict, topology: dict, out: Path) -> str:
+    data = yaml.safe_load(Path(builtin_scenarios()[name]).read_text())
+    data["parallel"].update(parallel)
+    data["topology"].update(topology)
+    data.pop("sweep", None)
+    path = out / f"{name}-{abs(hash(str(parallel) + str(topology)))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def cases(tmp: Path) -> dict[str, str]:
+    out = {"default": DEFAULT_SCENARIO,
+           "gpt3-gb1536-overlap": _variant("gpt3-175b-a100-16node",
+                                           {"global_batch": 1536, "tp_comm_overlap": True}, {}, tmp)}
+    for gpus in LLAMA_GPUS:
+        out[f"llama70b-{gpus}"] = _variant(DEFAULT_SCENARIO, {"global_batch": 8 * gpus // 8},
+                                           {"nodes": gpus // 8}, tmp)
+    return out
+
+
+def run_once(scenario: str, extra: list[str], out: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of one `meshsim run` process."""
+    cmd = [sys.executable, "-m", "meshsim.sim.cli", "run", scenario, "--out", str(out), *extra]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall_s = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode()[-2000:]}")
+    return wall_s, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    with tempfile.TemporaryDirectory(prefix="meshsim-bench-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        chosen = cases(tmp)
+        wanted = [c for c in args.cases.split(",") if c] or list(chosen)
+        for name in wanted:
+            runs = [run_once(chosen[name], extra, tmp / name) for _ in range(args.runs)]
+            walls = sorted(w for w, _ in runs)
+            size_mb = sum(f.stat().st_size for f in (tmp / name).iterdir()) / 1e6
+            print(f"{name:<22} median {statistics.median(walls):6.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}, "
+                  f"{args.runs} runs)  peak RSS {max(r for _, r in runs):6.0f} MB  outputs {size_mb:6.1f} MB"
+                  f"  {' '.join(extra)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
