@@ -34,11 +34,13 @@ def run_command(
     no_html: bool = typer.Option(False, "--no-html", help="skip the plotly timeline.html"),
     explicit_ranks: bool = typer.Option(False, "--explicit-ranks", help="simulate one whole TP group x "
                                         "min(dp, 2) replicas with real rendezvous instead of one rank"),
+    full: bool = typer.Option(False, "--full", help="simulate every micro-batch instead of extrapolating the "
+                              "steady state (same figures; trace and timeline then hold every op)"),
 ) -> None:
     """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html."""
     rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
     out_dir = _out_dir(out, rs.name)
-    result = simulate(rs, explicit_ranks=explicit_ranks)
+    result = simulate(rs, explicit_ranks=explicit_ranks, full=full)
     console = make_console()
     print_report(result, console)
     paths = write_outputs(result, result.events, out_dir, html=not no_html)

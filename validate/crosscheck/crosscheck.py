@@ -102,7 +102,7 @@ def timing_payload(scenario: Scenario, source: str, nproc: int, backend: str, *,
 def finish(shrunk: Scenario, source: str, profile: str, variants: list, measured: Measured,
            out: Path | None) -> CrossCheck:
     """Simulate the shrunk scenario with the profile, compare with the measured run, write the traces."""
-    result = simulate(resolve(with_profile(shrunk, profile), source))
+    result = simulate(resolve(with_profile(shrunk, profile), source), full=True)  # compared op by op
     numerics_ok = None
     if measured.numerics is not None:
         numerics_ok = all(r.ok for r in merge(variants, measured.numerics, source, compare_ops=False))

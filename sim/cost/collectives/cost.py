@@ -31,6 +31,7 @@ from meshsim.sim.cost.collectives.nvls import nvls_plan
 from meshsim.sim.cost.collectives.phases import Plan, PlanCost, evaluate
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, NcclConstants
 from meshsim.sim.cost.collectives.ring import ring_plan
+from meshsim.sim.cost.collectives.sharing import sharing_groups
 from meshsim.sim.cost.collectives.tree import tree_plan
 from meshsim.topologies.model import Topology
 
@@ -91,18 +92,27 @@ def _capacity_bps(topo: Topology, eff: tuple[tuple[str, float], ...]) -> list[fl
 
 def structure(topo: Topology, algo: str, op: str, ranks: Sequence[int],
               concurrent: Sequence[Sequence[int]] = (), constants: NcclConstants = DEFAULT_CONSTANTS) -> PlanCost:
-    """The evaluated plan, memoized per (algo, op, group, concurrent groups, link efficiencies)."""
+    """The evaluated plan, memoized per (algo, op, group, concurrent groups that can share its links,
+    link efficiencies); copies on links of their own are dropped first (sharing.py)."""
     eff = tuple(sorted(constants.efficiencies(topo.gpu).items()))
-    key = (algo, op, tuple(ranks), tuple(tuple(g) for g in concurrent), eff)
+    own = _own_plan(topo, algo, op, tuple(ranks))
+    concurrent = sharing_groups(topo, own, ranks, tuple(tuple(g) for g in concurrent))
+    key = (algo, op, tuple(ranks), concurrent, eff)
     tab = cache.table(topo, "structure")
     hit = tab.get(key)
     if hit is None:
-        own = build_plan(topo, algo, op, ranks)
         others = [build_plan(topo, algo, op, g) for g in concurrent]
         hit = cache.remember(tab, key, evaluate(topo, own, others, _capacity_bps(topo, eff)))
         STATS["structures"] += 1
         STATS["flows"] += hit.flows
     return hit
+
+
+def _own_plan(topo: Topology, algo: str, op: str, ranks: tuple[int, ...]) -> Plan:
+    tab = cache.table(topo, "plan")
+    key = (algo, op, ranks)
+    hit = tab.get(key)
+    return hit if hit is not None else cache.remember(tab, key, build_plan(topo, algo, op, ranks))
 
 
 def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, ranks: int = 0) -> float:
