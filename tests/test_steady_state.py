@@ -124,3 +124,24 @@ def test_short_runs_are_a_whole_number_of_periods_and_only_used_when_cheaper():
     for m in range(40, 48):
         n_a, n_b = pipeline.runs(m)
         assert n_b == n_a + 4 and (m - n_b) % 4 == 0 and n_a >= 10
+
+
+def test_an_extrapolated_trace_shows_the_simulated_micro_batches_and_summarises_the_rest(tmp_path):
+    import json
+
+    from meshsim.sim.report import write_outputs
+
+    rs = resolved("tiny-2gpu", {"parallel.global_batch": 2 * 10})  # 10 micro-batches: 4 simulated, 6 periods
+    result = simulate(rs)
+    state = result.steady_state
+    assert state["periods"] == 6 and state["simulated_micro_batches"] == 4
+    write_outputs(result, result.events, tmp_path, html=False)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    summary = [e for e in events if e.get("cat") == "extrapolated"]
+    assert len(summary) == 1 and summary[0]["dur"] == pytest.approx(6 * state["period_s"] * 1e6, abs=1e-3)
+    ops = [e for e in events if e["ph"] == "X" and e["cat"] not in ("extrapolated", "waiting")]
+    assert {e["args"]["micro_batch"] for e in ops} == {None, 0, 1, 2, 3}
+    # the last op ends at the whole step's end: ops after the gap sit where the whole step puts them
+    assert max(e["ts"] + e["dur"] for e in ops) == pytest.approx(result.step_time_s * 1e6, abs=1e-3)
+    gap_end_us = summary[0]["ts"] + summary[0]["dur"]
+    assert all(e["ts"] >= gap_end_us - 1e-3 for e in ops if e["args"]["micro_batch"] == 3)

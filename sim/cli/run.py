@@ -12,7 +12,7 @@ from meshsim.scenarios.load import load_and_resolve, load_scenario
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.outputs.step_report import print_report, write_outputs, write_results_json
-from meshsim.sim.results.simulate import simulate
+from meshsim.sim.results.simulate import gc_frozen, simulate
 
 DEFAULT_OUT_ROOT = Path("meshsim-out")
 
@@ -40,10 +40,11 @@ def run_command(
     """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html."""
     rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
     out_dir = _out_dir(out, rs.name)
-    result = simulate(rs, explicit_ranks=explicit_ranks, full=full)
-    console = make_console()
-    print_report(result, console)
-    paths = write_outputs(result, result.events, out_dir, html=not no_html)
+    with gc_frozen():
+        result = simulate(rs, explicit_ranks=explicit_ranks, full=full)
+        console = make_console()
+        print_report(result, console)
+        paths = write_outputs(result, result.events, out_dir, html=not no_html)
     if json_path is not None:
         paths["json"] = write_results_json(result, json_path)
     for kind, path in paths.items():

@@ -147,8 +147,10 @@ def write_outputs(r: StepResult, events: Iterable[Event], out_dir: str | Path, *
     out.mkdir(parents=True, exist_ok=True)
     events = list(events)
     paths = {"results": write_results_json(r, out / OUTPUT_FILES["results"]),
-             "trace": write_trace(out / OUTPUT_FILES["trace"], events, r.critical_path)}
+             "trace": write_trace(out / OUTPUT_FILES["trace"], events, r.critical_path,
+                                  steady_state=r.steady_state)}
     if html:
         title = f"{r.scenario}: step {r.step_time_s * 1e3:.2f} ms"
-        paths["timeline"] = write_timeline(out / OUTPUT_FILES["timeline"], events, r.critical_path, title)
+        paths["timeline"] = write_timeline(out / OUTPUT_FILES["timeline"], events, r.critical_path, title,
+                                           steady_state=r.steady_state)
     return paths

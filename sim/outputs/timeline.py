@@ -7,6 +7,8 @@ toggleable). Hovering a bar's centre shows op name, duration, bytes and FLOPs.
 Scales to tens of thousands of ops: bars are WebGL line segments (go.Scattergl, segments separated by
 NaN), one trace per category, plus one invisible marker trace per category carrying the hover text,
 never one trace object per op; coordinates are numpy arrays, embedded as base64 typed arrays.
+An extrapolated step (sim/steady_state.py) shows its simulated micro-batches, and a shaded band where the
+extrapolated periods go.
 """
 
 from __future__ import annotations
@@ -64,7 +66,19 @@ def _category_traces(category: str, events: Sequence[Event], lanes: dict) -> lis
     return [bars, hover]
 
 
-def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "") -> go.Figure:
+def _steady_state_band(fig: go.Figure, steady_state: Mapping | None) -> None:
+    """A shaded band over the periods an extrapolated step did not simulate (sim/steady_state.py)."""
+    if not steady_state or not steady_state.get("periods"):
+        return
+    start_ms = steady_state["gap_start_s"] * 1e3
+    span_ms = steady_state["periods"] * steady_state["period_s"] * 1e3
+    fig.add_vrect(x0=start_ms, x1=start_ms + span_ms, fillcolor="#dddddd", opacity=0.5, line_width=0,
+                  annotation_text=f"{steady_state['periods']} x {steady_state['period_s'] * 1e3:.4g} ms periods "
+                                  "extrapolated", annotation_position="top left")
+
+
+def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "",
+                    steady_state: Mapping | None = None) -> go.Figure:
     events = list(events)
     lanes = _lane_names(events)
     fig = go.Figure()
@@ -78,6 +92,7 @@ def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = 
         x, y = _segments(on_path, lanes)
         fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", line={"color": "#222222", "width": 3},
                                    name="critical path", hoverinfo="skip", connectgaps=False))
+    _steady_state_band(fig, steady_state)
     fig.update_layout(title=title, xaxis_title="time (ms)", hovermode="closest", template="plotly_white",
                       height=max(320, 120 + 34 * len(lanes)),
                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
@@ -87,9 +102,9 @@ def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = 
 
 
 def write_timeline(path: str | Path, events: Iterable[Event], critical_path: Sequence[Mapping] = (),
-                   title: str = "") -> Path:
+                   title: str = "", steady_state: Mapping | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig = timeline_figure(events, critical_path, title)
+    fig = timeline_figure(events, critical_path, title, steady_state)
     fig.write_html(str(path), include_plotlyjs=True, full_html=True)
     return path

@@ -21,8 +21,10 @@ links), else the analytic model (sim/collectives) with hardware.network's algo /
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -207,3 +209,19 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
         if result is not None:
             return result
     return simulate_with_events(rs, explicit_ranks=explicit_ranks)[0]
+
+
+@contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Run the block with the cyclic garbage collector off: a step allocates ~10^5 long-lived objects
+    (ops, events, segments) and no cycles, so each collection would rescan them all for nothing. Objects
+    from before are frozen (never rescanned); collection resumes after the block."""
+    was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()

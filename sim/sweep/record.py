@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from meshsim.scenarios.load import resolve, with_overrides
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.results.simulate import simulate
+from meshsim.sim.results.simulate import gc_frozen, simulate
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import SweepPoint, skip_reason
 
@@ -75,9 +75,11 @@ def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> Swe
 
     The record keeps the StepResult without the op-by-op critical path (tens of thousands of segments,
     ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and `meshsim run`
-    on the configuration writes the full path."""
+    on the configuration writes the full path. Results only: no trace, no timeline, the steady state
+    extrapolated (sim/results/steady_state.py), the garbage collector off while it simulates."""
     try:
         rs = resolve(with_overrides(scenario, point.overrides(), source), source)
-        return SweepRecord.ran(point, digest, simulate(rs))
+        with gc_frozen():
+            return SweepRecord.ran(point, digest, simulate(rs))
     except UserError as err:
         return SweepRecord.skipped(point, digest, skip_reason(err))
