@@ -7,8 +7,9 @@ Cases (issue 10's targets):
 - llama70b-<gpus>: the default scenario on 64 ... 16,384 H100 (tp 8, dp = gpus / 8) with 8 micro-batches
   per replica (global batch = 8 x dp), target < 1 s at 16,384 and flat within 20% from 64.
 
-Each case runs `python -m meshsim.sim.cli run SCENARIO --out TMP` in a fresh process; its peak RSS comes from
-os.wait4. Extra arguments after `--` go to every `meshsim run` (e.g. `-- --full`).
+Each case runs `python -m meshsim.sim.cli run SCENARIO --out TMP` in a fresh process; its CPU time and
+peak RSS come from os.wait4 (CPU time is the figure to trust on a shared machine, where wall time also
+counts other people's work). Extra arguments after `--` go to every `meshsim run` (e.g. `-- --full`).
 
     python benchmarks/run.py [--runs 5] [--cases default,gpt3-gb1536-overlap] [-- --full]
 """
@@ -51,8 +52,8 @@ def cases(tmp: Path) -> dict[str, str]:
     return out
 
 
-def run_once(scenario: str, extra: list[str], out: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of one `meshsim run` process."""
+def run_once(scenario: str, extra: list[str], out: Path) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MB) of one `meshsim run` process."""
     cmd = [sys.executable, "-m", "meshsim.sim.cli", "run", scenario, "--out", str(out), *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -61,7 +62,7 @@ def run_once(scenario: str, extra: list[str], out: Path) -> tuple[float, float]:
     wall_s = time.perf_counter() - start
     if status != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode()[-2000:]}")
-    return wall_s, usage.ru_maxrss / 1024
+    return wall_s, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def main() -> None:
@@ -77,11 +78,12 @@ def main() -> None:
         wanted = [c for c in args.cases.split(",") if c] or list(chosen)
         for name in wanted:
             runs = [run_once(chosen[name], extra, tmp / name) for _ in range(args.runs)]
-            walls = sorted(w for w, _ in runs)
+            walls = sorted(w for w, _, _ in runs)
+            cpu_s = statistics.median(c for _, c, _ in runs)
             size_mb = sum(f.stat().st_size for f in (tmp / name).iterdir()) / 1e6
-            print(f"{name:<22} median {statistics.median(walls):6.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}, "
-                  f"{args.runs} runs)  peak RSS {max(r for _, r in runs):6.0f} MB  outputs {size_mb:6.1f} MB"
-                  f"  {' '.join(extra)}", flush=True)
+            print(f"{name:<22} wall median {statistics.median(walls):6.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}, "
+                  f"{args.runs} runs), CPU median {cpu_s:6.2f} s, peak RSS {max(r for _, _, r in runs):6.0f} MB, "
+                  f"outputs {size_mb:6.1f} MB  {' '.join(extra)}", flush=True)
 
 
 if __name__ == "__main__":
