@@ -7,7 +7,7 @@ Cases (issue 10's targets):
 - llama70b-<gpus>: the default scenario on 64 ... 16,384 H100 (tp 8, dp = gpus / 8) with 8 micro-batches
   per replica (global batch = 8 x dp), target < 1 s at 16,384 and flat within 20% from 64.
 
-Each case runs `python -m meshsim.sim.cli run SCENARIO --out TMP` in a fresh process; its CPU time and
+Each case runs `python -m meshsim.sim.cli.main run SCENARIO --out TMP` in a fresh process; its CPU time and
 peak RSS come from os.wait4 (CPU time is the figure to trust on a shared machine, where wall time also
 counts other people's work). Extra arguments after `--` go to every `meshsim run` (e.g. `-- --full`).
 
@@ -54,7 +54,7 @@ def cases(tmp: Path) -> dict[str, str]:
 
 def run_once(scenario: str, extra: list[str], out: Path) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in MB) of one `meshsim run` process."""
-    cmd = [sys.executable, "-m", "meshsim.sim.cli", "run", scenario, "--out", str(out), *extra]
+    cmd = [sys.executable, "-m", "meshsim.sim.cli.main", "run", scenario, "--out", str(out), *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -1,8 +1,10 @@
-"""Steady-state extrapolation (sim/steady_state.py) equals the whole simulation to the last digit its
+"""Steady-state extrapolation (sim/results/steady_state.py) equals the whole simulation to the last digit its
 periodicity check allows: on every library scenario, on random small scenarios (hypothesis), and it
 falls back to the whole simulation when a straggler breaks the period (negative control)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,10 +12,11 @@ from hypothesis import strategies as st
 
 from meshsim.scenarios.library import builtin_scenarios
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-from meshsim.sim import simulate as sim_glue
-from meshsim.sim.critical_path import op_type
-from meshsim.sim.simulate import simulate, simulate_steady
-from meshsim.sim.steady_state import REL_TOL, Plan
+from meshsim.sim.outputs.step_report import write_outputs
+from meshsim.sim.results import simulate as sim_glue
+from meshsim.sim.results.critical_path import op_type
+from meshsim.sim.results.simulate import simulate, simulate_steady
+from meshsim.sim.results.steady_state import REL_TOL, Plan
 
 MIN_MICRO_BATCHES = 6  # more than the longer short run (4), so there is something to extrapolate
 
@@ -127,10 +130,6 @@ def test_short_runs_are_a_whole_number_of_periods_and_only_used_when_cheaper():
 
 
 def test_an_extrapolated_trace_shows_the_simulated_micro_batches_and_summarises_the_rest(tmp_path):
-    import json
-
-    from meshsim.sim.report import write_outputs
-
     rs = resolved("tiny-2gpu", {"parallel.global_batch": 2 * 10})  # 10 micro-batches: 4 simulated, 6 periods
     result = simulate(rs)
     state = result.steady_state

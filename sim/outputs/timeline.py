@@ -7,7 +7,7 @@ toggleable). Hovering a bar's centre shows op name, duration, bytes and FLOPs.
 Scales to tens of thousands of ops: bars are WebGL line segments (go.Scattergl, segments separated by
 NaN), one trace per category, plus one invisible marker trace per category carrying the hover text,
 never one trace object per op; coordinates are numpy arrays, embedded as base64 typed arrays.
-An extrapolated step (sim/steady_state.py) shows its simulated micro-batches, and a shaded band where the
+An extrapolated step (sim/results/steady_state.py) shows its simulated micro-batches, and a shaded band where the
 extrapolated periods go.
 """
 
@@ -67,7 +67,7 @@ def _category_traces(category: str, events: Sequence[Event], lanes: dict) -> lis
 
 
 def _steady_state_band(fig: go.Figure, steady_state: Mapping | None) -> None:
-    """A shaded band over the periods an extrapolated step did not simulate (sim/steady_state.py)."""
+    """A shaded band over the periods an extrapolated step did not simulate (sim/results/steady_state.py)."""
     if not steady_state or not steady_state.get("periods"):
         return
     start_ms = steady_state["gap_start_s"] * 1e3

@@ -9,7 +9,7 @@ bp "e") chaining consecutive critical-path slices.
 Times are rounded to whole nanoseconds before conversion, so back-to-back slices on one stream share
 their boundary exactly and slices on a thread nest or are disjoint, never partially overlap.
 
-An extrapolated step (sim/steady_state.py) holds the simulated micro-batches only: a slice per rank on
+An extrapolated step (sim/results/steady_state.py) holds the simulated micro-batches only: a slice per rank on
 a "steady state" thread covers the periods that were extrapolated, and the ops after them sit where the
 whole step would put them. write_trace streams the document to disk in batches.
 

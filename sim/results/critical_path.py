@@ -38,7 +38,7 @@ class Segment:
     start_us: float
     dur_us: float
     op_id: int | None = None  # None for a waiting segment
-    count: int = 1  # > 1: the segment recurs in `count` consecutive periods (sim/steady_state.py)
+    count: int = 1  # > 1: the segment recurs in `count` consecutive periods (sim/results/steady_state.py)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "category": self.category, "rank": self.rank, "start_us": self.start_us,

@@ -43,7 +43,7 @@ class StepResult:
     explicit_ranks: bool = False
     simulated_ranks: int = 1
     ops_per_rank: int = 0
-    steady_state: Mapping[str, Any] | None = None  # how it was extrapolated (sim/steady_state.py); None: whole step
+    steady_state: Mapping[str, Any] | None = None  # how it was extrapolated (sim/results/steady_state.py); None: whole step
     events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
 
     def __getitem__(self, key: str) -> Any:
@@ -108,7 +108,7 @@ def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[
              simulated_ranks: int, ops_per_rank: int, events: tuple[Event, ...],
              steady_state: Mapping[str, Any] | None = None) -> StepResult:
     """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
-    breakdown and the critical path (the pieces sim/steady_state.py extrapolates)."""
+    breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates)."""
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
