@@ -119,24 +119,32 @@ def test_nccl_latency_formulas_on_dgx_h100(h100, h100x2):
 
 def test_simple_pipeline_fill_is_steps_times_fill_bytes_at_busbw(h100):
     """Ring all-reduce on 8 GPUs: 14 steps, each also paying SIMPLE_FILL_BYTES at the ring's bus bandwidth
-    (18 x 20.6 GB/s); LL pays none; doubling the fill bytes doubles the term."""
-    ring = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple")
+    (18 x 20.6 GB/s) once a step's data (nbytes / 8) exceeds it; below, one step's data; LL pays none;
+    doubling the fill bytes doubles the term."""
+    big = 1 << 30
+    ring = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple")
     nccl = (8.4 + 14 * 3.4) * 1e-6
     assert ring.latency_s - nccl == pytest.approx(14 * SIMPLE_FILL_BYTES / (18 * 20.6e9), rel=2e-3)
+    small = collective_cost(h100, "all_reduce", range(8), 8 << 10, algo="ring", protocol="simple")
+    assert small.latency_s - nccl == pytest.approx(14 * (8 << 10) / 8 / (18 * 20.6e9), rel=2e-3)
     double = replace(DEFAULT_CONSTANTS, simple_fill_bytes=2 * SIMPLE_FILL_BYTES)
-    ring2 = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple", constants=double)
+    ring2 = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple", constants=double)
     assert ring2.latency_s - nccl == pytest.approx(2 * (ring.latency_s - nccl), rel=1e-9)
-    ll = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="ll")
+    ll = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="ll")
     assert ll.latency_s == pytest.approx((6.6 + 14 * 0.6) * 1e-6, rel=1e-9)
 
 
 def test_nccl_bandwidth_on_dgx_h100(h100):
     """Ring busbw at large sizes = NCCL's effective NVLink bandwidth 18 links x 20.6 GB/s; NVLS x 0.85 of
-    2(n-1)/n of it; LL half of Simple's."""
+    2(n-1)/n of it; ring LL all-reduce a quarter of Simple's (NCCL's 1/4, under Hopper's 141 GB/s cap), half
+    with the flat factors (protocol_limits off)."""
     big = 1 << 36
     ring = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple")
     assert ring.busbw_gbps == pytest.approx(18 * 20.6, rel=2e-3)
     nvls = collective_cost(h100, "all_reduce", range(8), big, algo="nvls")
     assert nvls.busbw_gbps == pytest.approx(0.85 * 2 * 7 / 8 * 18 * 20.6, rel=2e-3)
     ll = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="ll")
-    assert ll.bandwidth_s == pytest.approx(2 * ring.bandwidth_s, rel=1e-9)
+    assert ll.bandwidth_s == pytest.approx(4 * ring.bandwidth_s, rel=1e-9)
+    flat = replace(DEFAULT_CONSTANTS, protocol_limits=False)
+    ll_flat = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="ll", constants=flat)
+    assert ll_flat.bandwidth_s == pytest.approx(2 * ring.bandwidth_s, rel=1e-9)

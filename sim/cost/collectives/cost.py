@@ -27,12 +27,19 @@ from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.choose import OPS, candidates
 from meshsim.sim.cost.collectives.direct import direct_plan
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
+from meshsim.sim.cost.collectives.nccl_limits import (
+    channels_used,
+    default_channels,
+    generation,
+    protocol_busbw_gbps,
+)
 from meshsim.sim.cost.collectives.nvls import nvls_plan
 from meshsim.sim.cost.collectives.phases import Plan, PlanCost, evaluate
-from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, NcclConstants
+from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, NcclConstants, family
 from meshsim.sim.cost.collectives.ring import ring_plan
 from meshsim.sim.cost.collectives.sharing import sharing_groups
 from meshsim.sim.cost.collectives.tree import tree_plan
+from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 
 STATS = {"structures": 0, "flows": 0}  # plans evaluated and flows fed to max-min since import
@@ -115,25 +122,29 @@ def _own_plan(topo: Topology, algo: str, op: str, ranks: tuple[int, ...]) -> Pla
     return hit if hit is not None else cache.remember(tab, key, build_plan(topo, algo, op, ranks))
 
 
-def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, ranks: int = 0) -> float:
+def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, ranks: int = 0,
+              nbytes: int | None = None) -> float:
     steps, count = 0.0, 0.0
     for phase in pc.phases:
         step = sum(w * max(hop.path_s, constants.hw_s(pc.algo, hop.link_class, protocol)) for hop, w in phase.latency)
         steps += phase.repeat * step
         count += phase.repeat * sum(w for _, w in phase.latency)
-    total = pc.launches * constants.base_s(pc.algo, protocol) + steps + _fill_s(pc, op, protocol, constants, count, ranks)
+    total = pc.launches * constants.base_s(pc.algo, protocol) + steps + _fill_s(pc, op, protocol, constants, count, ranks, nbytes)
     if pc.algo == "ring" and op == "all_reduce" and protocol == "simple" and pc.multi_node:
         total *= constants.ring_simple_internode_lat_factor
     return total
 
 
-def _fill_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, steps: float, ranks: int) -> float:
-    """Simple-protocol pipeline fill (protocols.SIMPLE_FILL_BYTES): steps x fill bytes at the bus bandwidth.
+def _fill_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, steps: float, ranks: int,
+            nbytes: int | None = None) -> float:
+    """Simple-protocol pipeline fill (protocols.SIMPLE_FILL_BYTES): steps x fill bytes at the bus bandwidth,
+    the fill bytes being at most one step's data, nbytes / ranks (a slice cannot exceed its chunk).
     NVLS (one switch round trip) and the LL protocols (tiny slices) have none."""
     if protocol not in ("simple", "ll128") or pc.algo == "nvls" or pc.s_per_byte <= 0 or ranks < 2:
         return 0.0
     busbw = busbw_factor(op, ranks) / pc.s_per_byte
-    return steps * constants.simple_fill_bytes / busbw if busbw > 0 else 0.0
+    fill_bytes = constants.simple_fill_bytes if nbytes is None else min(constants.simple_fill_bytes, nbytes / ranks)
+    return steps * fill_bytes / busbw if busbw > 0 else 0.0
 
 
 def link_load(topo: Topology, pc: PlanCost, scale: float) -> Mapping[int, float]:
@@ -167,17 +178,43 @@ def _check(topo: Topology, op: str, ranks: Sequence[int], nbytes: int) -> None:
         raise UserError("nbytes", nbytes, "use a size >= 0 bytes")
 
 
+def ring_channels(topo: Topology, constants: NcclConstants) -> int:
+    """NCCL's channel count on this topology (constants.channels, else two per NVLink, at most 32)."""
+    if constants.channels is not None:
+        return constants.channels
+    spec = GPUS.get(topo.gpu)
+    return default_channels(spec.nvlink_links if spec is not None else 0)
+
+
+def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes: int, ranks: Sequence[int],
+                    constants: NcclConstants) -> float:
+    """Achieved / max-min bus bandwidth for this (algorithm, protocol, size): NCCL's refinements
+    (nccl_limits.protocol_busbw_gbps), or the flat factors when constants.protocol_limits is off."""
+    if protocol == IDEAL or pc.s_per_byte <= 0:
+        return 1.0
+    if not constants.protocol_limits or pc.algo == "nvls":
+        return constants.bw_scale(pc.algo, op, protocol)
+    raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
+    channels = ring_channels(topo, constants)
+    algo = "tree" if pc.algo == "tree" else family(pc.algo)
+    used = channels_used(nbytes, algo, protocol, len(ranks), channels)
+    nodes = len({topo.node_of(r) for r in ranks})
+    eff = protocol_busbw_gbps(raw_gbps, algo=algo, op=op, protocol=protocol, gen=generation(topo.gpu),
+                              nodes=nodes, channels=channels, used=used)
+    return eff / raw_gbps
+
+
 def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str, protocol: str,
            concurrent: Sequence[Sequence[int]], constants: NcclConstants) -> CollectiveCost:
     """The cost of one (algorithm, protocol) pair."""
     pc = structure(topo, algo, op, ranks, concurrent, constants)
-    scale = constants.bw_scale(algo, op, protocol)
-    lat = latency_s(pc, op, protocol, constants, len(ranks))
+    scale = bandwidth_scale(topo, pc, op, protocol, nbytes, ranks, constants)
+    lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes)
     bw = nbytes * pc.s_per_byte / scale
     time = lat + bw
     algbw = nbytes / time / GB if time > 0 else 0.0
     return CollectiveCost(op, algo, protocol, nbytes, len(ranks), time, lat, bw, algbw,
-                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, scale / constants.bw_factor[protocol]))
+                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, constants.bw_scale(algo, op, protocol) / constants.bw_factor[protocol]))
 
 
 def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, *, algo: str = "auto",

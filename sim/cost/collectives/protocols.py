@@ -5,9 +5,11 @@ Source of every figure: /work/shared/reference/modeling-facts.md, which summaris
 
 - A collective call costs `base_us[family][protocol]` once per NCCL launch, plus per algorithm step the
   per-step hardware latency `hw_us[family][link_class][protocol]` of the link class the step crosses.
-- Payload bandwidth is the max-min fair flow rate x `bw_factor[protocol]` (LL moves 4 payload bytes
-  per 8-byte word: 0.5; LL128 120 of 128 bytes, NCCL uses 0.92; Simple 1.0) x an algorithm factor (tree
-  all-reduce 0.92, NVLS 0.85 on Hopper; tuning.cc).
+- Payload bandwidth is the max-min fair flow rate x NCCL's protocol refinement (nccl_limits.py: ring LL
+  1/4 or 1/3 capped at llMaxBw, LL128 0.92 capped per channel, tree 0.92 capped per channel, fewer
+  channels for small messages; tuning.cc / enqueue.cc), or, with `protocol_limits=False`, the flat
+  `bw_factor[protocol]` (LL 0.5, LL128 0.92, Simple 1.0) x algorithm factor (tree all-reduce 0.92). NVLS
+  is x 0.85 (Hopper figure) either way.
 - Link capacity = peak x link efficiency: NCCL's effective NVLink bandwidth per 25 GB/s NVLink link
   (20.0 on A100/SM80, 20.6 on H100/SM90, 40.1 per 50 GB/s link on B200/SM100), PCIe 12 GB/s of a Gen3
   x16's 16, a NIC 12 GB/s of a 100 Gb/s line rate (12.5 GB/s).
@@ -57,7 +59,9 @@ ALGO_BW_FACTOR = {"tree": 0.92, "nvls": 0.85}  # tree all-reduce; NVLS on Hopper
 #     fill_s = steps x SIMPLE_FILL_BYTES / busbw.
 # Fitted to the public nccl-tests all_reduce_perf curves (reference/public-measurements.md section 5):
 # 8 x A100 16 MiB-1 GiB give 2.2-2.6 MB per step, 4 x GB200 64 MiB gives 2.2 MB. It is why busbw at
-# 64-128 MiB sits 25-30% under the plateau (NCCL's own model has no such term).
+# 64-128 MiB sits 25-30% under the plateau (NCCL's own model has no such term). A slice cannot exceed
+# its step's data, so the fill bytes are min(SIMPLE_FILL_BYTES, nbytes / ranks) (cost._fill_s): with
+# NCCL's LL caps (nccl_limits.py) this puts 8 x A100 at 4 MiB within 2% (LL128).
 SIMPLE_FILL_BYTES = 2.4e6
 # Multi-node ring all-reduce with Simple: NCCL multiplies the latency by 1.4 on SM80+ (tuning.cc).
 RING_SIMPLE_INTERNODE_LAT_FACTOR = 1.4
@@ -99,6 +103,8 @@ class NcclConstants:
     network_efficiency: float = NETWORK_EFFICIENCY
     internal_efficiency: float = INTERNAL_EFFICIENCY
     link_efficiency: float | None = None
+    protocol_limits: bool = True  # NCCL's LL/LL128/tree caps and small-message channel counts (nccl_limits.py)
+    channels: int | None = None  # ring channels; None: nccl_limits.default_channels(NVLinks per GPU)
 
     def with_tuning(self, tuning: Any) -> NcclConstants:
         """Apply a scenarios.schema.NetworkTuning (only link_efficiency is a constant there)."""
