@@ -32,7 +32,9 @@ class CheckContext:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of n in increasing order, by trial division up to sqrt(n) (n <= MAX_MODEL_DIM: <= 4,096 steps)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def gpus_used(scenario: Scenario, topology_gpus: int) -> int:
@@ -55,8 +57,8 @@ def valid_tp(scenario: Scenario, gpus: int) -> list[int]:
     """tp degrees the model admits on `gpus` GPUs: common divisors of heads, hidden and ffn_hidden that
     respect the KV-head rule and divide gpus."""
     m = scenario.model
-    common = math.gcd(m.heads, m.hidden, m.ffn)
-    return [t for t in divisors(common) if _kv_ok(m.num_kv_heads, t) and gpus % t == 0]
+    common = math.gcd(m.heads, m.hidden, m.ffn, gpus)
+    return [t for t in divisors(common) if _kv_ok(m.num_kv_heads, t)]
 
 
 def _fmt(values: list[int]) -> str:
@@ -242,6 +244,8 @@ def _phrase(err: dict) -> str:
     if kind in bounds:
         words, key = bounds[kind]
         return f"a value {words} {ctx[key]}"
+    if kind == "finite_number":
+        return "a finite number"
     if kind == "literal_error":
         expected = ctx["expected"]
         return f"one of {expected}" if "," in expected or " or " in expected else expected

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from meshsim.scenarios.checks import (
@@ -24,10 +23,13 @@ from meshsim.scenarios.checks import (
     schema_error,
 )
 from meshsim.scenarios.library import builtin_scenarios, builtin_source, source_dir
+from meshsim.scenarios.limits import check_model_size
 from meshsim.scenarios.profile import HardwareProfile, load_profile
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
+from meshsim.sim.core.limits import check_work
+from meshsim.sim.core.userio import load_yaml
 from meshsim.topologies import registry
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
@@ -36,48 +38,10 @@ GPU_FIGURES = ("peak_tflops", "mem_bw_gbps", "mem_gb")
 
 
 # ----- loading -----------------------------------------------------------------------------------
-class _StrictLoader(yaml.SafeLoader):
-    """safe_load that rejects a key given twice in one mapping (plain YAML keeps the last silently)."""
-
-
-def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def yaml_error(exc: Exception, path: Path, source: str) -> UserError:
-    """A YAML syntax error -> UserError naming the line, its text and the parser's complaint."""
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    if mark is None:
-        return UserError("(file)", str(path), "fix the YAML syntax", source=source,
-                         problem=f"YAML syntax error: {problem}")
-    lines = path.read_text(errors="replace").splitlines()
-    text = lines[mark.line].strip() if mark.line < len(lines) else ""
-    return UserError(f"line {mark.line + 1}", text, f"fix the YAML at line {mark.line + 1}, column "
-                     f"{mark.column + 1} (`key: value` pairs; nested sections indented with spaces)",
-                     source=source, problem=f"YAML syntax error: {problem}")
-
-
 def read_yaml(path: Path, source: str) -> dict:
-    """A YAML mapping from `path`; unreadable files and syntax errors become UserErrors."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError("scenario", str(path), "check the path", source=source,
-                        problem=f"Cannot read the file ({exc.strerror})") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise yaml_error(exc, path, source) from None
+    """A YAML mapping from `path`; unreadable, non-UTF-8, oversized or over-nested files and syntax errors
+    become UserErrors (sim/core/userio.py)."""
+    data = load_yaml(path, field="scenario", source=source)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -121,6 +85,12 @@ def _attributed(err: UserError, source: str) -> UserError:
     return err if err.source else err.with_source(source)
 
 
+def referenced_files(scenario: Scenario, source: str) -> dict[str, Path]:
+    """Every file the scenario names, by field, resolved against the scenario file's folder."""
+    refs = {"topology.file": scenario.topology.file, "hardware.profile": scenario.hardware.profile}
+    return {name: source_dir(source) / ref for name, ref in refs.items() if ref is not None}
+
+
 def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
     """The whole machine: a registry preset, or a topology YAML relative to the scenario file (whose own
     `nodes` applies unless topology.nodes is given)."""
@@ -153,11 +123,6 @@ def load_scenario_profile(scenario: Scenario, source: str) -> HardwareProfile | 
         return load_profile(path)
     except ValidationError as exc:
         raise schema_error(exc, HardwareProfile, str(path)) from None
-    except yaml.YAMLError as exc:
-        raise yaml_error(exc, path, str(path)) from None
-    except OSError as exc:
-        raise UserError("hardware.profile", ref, "check the file", source=source,
-                        problem=f"Cannot read {path} ({exc.strerror})") from None
 
 
 def gpu_spec(scenario: Scenario, topology: Topology, profile: HardwareProfile | None, source: str) -> GpuSpec:
@@ -183,6 +148,7 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     micro_batches = global_batch / (micro_batch x dp).
     """
     early = CheckContext(source, topology_gpus=0)
+    check_model_size(scenario, source)
     check_topology_source(scenario, early)
     check_gpu_preset(scenario, early)
     topology = build_scenario_topology(scenario, source)
@@ -191,10 +157,11 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     gpus = gpus_used(scenario, topology.num_gpus)
     dp = data_parallel(scenario, gpus)
     p = scenario.parallel
+    micro_batches = p.global_batch // (p.micro_batch * dp)
+    check_work(scenario.model.layers, micro_batches, source=source)
     return ResolvedScenario(
         scenario=scenario, source=source, gpu=gpu_spec(scenario, topology, profile, source),
-        topology=topology, gpus=gpus, tp=p.tp, dp=dp,
-        micro_batches=p.global_batch // (p.micro_batch * dp), profile=profile,
+        topology=topology, gpus=gpus, tp=p.tp, dp=dp, micro_batches=micro_batches, profile=profile,
     )
 
 

@@ -20,6 +20,7 @@ import yaml
 from pydantic import Field
 
 from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
+from meshsim.sim.core.userio import load_yaml
 
 
 class GpuFigures(Frozen):
@@ -67,9 +68,9 @@ class HardwareProfile(Frozen):
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
-    """Read a profile YAML. Validation errors propagate (scenarios/load.py turns them into UserError)."""
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
+    """Read a profile YAML (unreadable, non-UTF-8 or malformed files raise UserError, sim/core/userio.py).
+    Validation errors propagate (scenarios/load.py turns them into UserError)."""
+    data = load_yaml(path, field="hardware.profile") or {}
     return HardwareProfile.model_validate(data)
 
 

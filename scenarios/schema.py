@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """Strict: `true` is not a count and 4.0 is not an int; .inf and .nan are refused in number fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ModelConfig(Frozen):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 
 import pytest
@@ -229,24 +228,6 @@ def test_overlap_chunks_gather_and_gemm():
     rs_chunks = [ops[f"attn_out_c{i}"] for i in range(k)]
     assert all(r.deps == (ops[f"proj_c{i}"].id,) for i, r in enumerate(rs_chunks))
     assert set(ops["attn_res"].deps) >= {r.id for r in rs_chunks}
-
-
-# ----- speed ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("overlap", [False, True])
-def test_builder_speed_llama70b(overlap):
-    """Measured and printed, not asserted (shared CI machines)."""
-    rs = make_rs(LLAMA70B, dict(tp=8, sp=True, micro_batch=1, global_batch=32, recompute="selective",
-                                tp_comm_overlap=overlap, distributed_optimizer=True), dp=8)
-    build_schedule(rs)
-    best = min(_timed(rs) for _ in range(3))
-    print(f"\nbuild_schedule llama2-70b 80 layers x 4 micro-batches, overlap={overlap}: "
-          f"{best[1]} ops in {best[0] * 1e3:.1f} ms")
-
-
-def _timed(rs):
-    start = time.perf_counter()
-    sched = build_schedule(rs)
-    return time.perf_counter() - start, len(sched.ops)
 
 
 @pytest.mark.parametrize("kv_heads, tp, bias", [(2, 8, True), (4, 8, False), (8, 8, False), (8, 4, True)])

@@ -198,7 +198,9 @@ def test_resume_after_truncated_line_reruns_only_missing(tmp_path, tiny):
     resumed = run_sweep(scenario, source, points, out_dir=tmp_path, progress=False, runner=fake_runner)
     assert calls_seen == [points[2].key, points[3].key]
     assert resumed == full
-    assert [json.loads(x)["key"] for x in log.read_text().splitlines()] == [p.key for p in points]
+    records, problems = read_records(log)
+    assert list(records) == [p.key for p in points]
+    assert len(problems) == 1 and problems[0].startswith("line 3: not JSON")  # kept, reported, skipped
 
 
 def test_partial_sweep_then_full_and_scenario_change(tmp_path, tiny):
@@ -214,8 +216,11 @@ def test_partial_sweep_then_full_and_scenario_change(tmp_path, tiny):
     calls_seen.clear()
     run_sweep(changed, source, points, out_dir=tmp_path, progress=False, runner=fake_runner)
     assert len(calls_seen) == 3  # other scenario: nothing reused
-    records, _ = read_records(tmp_path / JSONL_NAME)
-    assert len(records) == 3
+    from meshsim.sim.sweep.axes import scenario_digest
+
+    for sc in (scenario, changed):  # both scenarios' records stay in the store
+        records, problems = read_records(tmp_path / JSONL_NAME, scenario_digest(sc, source))
+        assert len(records) == 3 and not problems
 
 
 # ----- end to end through simulate() --------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from typer.testing import CliRunner
 from meshsim.sim.cli.topologies import register
 from meshsim.sim.core.errors import UserError
 from meshsim.topologies import fabric, presets
+from meshsim.topologies.model import Topology
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "custom-topology.yaml"
@@ -153,18 +153,48 @@ def test_structural_router_matches_search(name, nodes):
     assert topo.route(1, n - 2) == topo.bfs_route(1, n - 2)
 
 
-def test_big_fabric_is_fast():
-    t0 = time.perf_counter()
+def test_big_fabric_routes_without_searching(monkeypatch):
+    """1,024 GPUs: building and routing a ring plus 8,192 random pairs runs no graph search beyond the
+    one-node template's (routes are closed-form). Counted, not timed: CI machines are shared."""
+    searches: list[str] = []
+    original = Topology._bfs_parents
+
+    def counted(self, src, with_labels=False):
+        searches.append(f"{self.name}:{src}")
+        return original(self, src, with_labels)
+
+    monkeypatch.setattr(Topology, "_bfs_parents", counted)
     topo = build_topology("dgx-h100", 128, switch_latency_us=0.51)  # fresh build (not memoized elsewhere)
-    build_s = time.perf_counter() - t0
     n = topo.num_gpus
     rng = random.Random(0)
     pairs = [(r, (r + 1) % n) for r in range(n)] + [(rng.randrange(n), rng.randrange(n)) for _ in range(8192)]
-    t0 = time.perf_counter()
     for a, b in pairs:
         topo.route(a, b)
-    route_s = time.perf_counter() - t0
-    assert n == 1024 and build_s < 0.5 and route_s < 0.5  # targets 0.1 s each; slack for a shared CPU
+    assert n == 1024 and all(not s.startswith(topo.name) for s in searches)
+    assert len(searches) <= 2 * len(topo.devices) // 128  # template searches: at most a few per node device
+
+
+def test_custom_node_of_5000_gpus_scales_with_its_switches(tmp_path, monkeypatch):
+    """5,000 GPUs on one switch (quadratic before: a search per GPU for connectivity and per source for
+    routes): loading, checking and routing a ring take one search per non-GPU device."""
+    gpus = 5000
+    devices = [{"name": f"g{i}", "kind": "gpu"} for i in range(gpus)] + [{"name": "sw", "kind": "nvswitch"}]
+    links = [{"src": f"g{i}", "dst": "sw", "bw_gbps": 450, "latency_us": 0.5, "kind": "nvlink"} for i in range(gpus)]
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump({"name": "big", "gpu": "h100-sxm", "gpus_per_node": gpus, "devices": devices,
+                                    "links": links}))
+    searches: list[str] = []
+    original = Topology._bfs_parents
+
+    def counted(self, src, with_labels=False):
+        searches.append(src)
+        return original(self, src, with_labels)
+
+    monkeypatch.setattr(Topology, "_bfs_parents", counted)
+    topo = load_topology_file(str(path))
+    for r in range(gpus):
+        assert len(topo.route(r, (r + 1) % gpus)) == 2
+    assert searches == ["sw"]
 
 
 def test_registry_memoizes_and_validates():
@@ -257,7 +287,7 @@ def test_custom_yaml_file_errors(tmp_path):
     bad.write_text("name: [unclosed\n")
     with pytest.raises(UserError) as err:
         load_topology_file(str(bad))
-    assert err.value.field == "file" and err.value.source == str(bad)
+    assert err.value.field == "line 2" and err.value.source == str(bad) and "YAML syntax" in err.value.problem
     with pytest.raises(UserError) as err:
         load_topology_file(str(tmp_path / "missing.yaml"))
     assert err.value.field == "topology.file"

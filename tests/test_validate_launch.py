@@ -4,6 +4,7 @@ entry point runs under torchrun's environment variables."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,56 @@ def test_rank_that_never_joins_is_named():
 def test_hung_rank_is_named():
     with pytest.raises(LaunchError, match=r"rank\(s\) \[1\] still running \(hung"):
         launch("selftest", {"hang_rank": 1, "hang_s": 60}, 2, timeout_s=2)
+
+
+STOPPED_WORKER = """
+import json, multiprocessing, sys
+from meshsim.validate.launch.launch import LaunchError, launch
+try:
+    launch("selftest", {"signal_rank": 1, "signal": sys.argv[1]}, 2, timeout_s=10)
+    message = None
+except LaunchError as err:
+    message = str(err)
+print(json.dumps({"message": message, "children": len(multiprocessing.active_children())}))
+"""
+
+
+@pytest.mark.parametrize("sig, blamed", [
+    ("SIGSTOP", r"^rank\(s\) \[1\] stopped responding \(no heartbeat"),
+    ("SIGKILL", r"^rank 1 was killed by SIGKILL; rank\(s\) \[0\] (failed while waiting for them|were waiting "
+                r"for them and were stopped)"),
+])
+def test_stopped_or_killed_worker_is_named_and_every_worker_stopped(sig, blamed):
+    """A SIGSTOPped rank (heartbeat goes stale) or a SIGKILLed one is named, the rank waiting for it is not
+    called hung, and no worker survives. Before the heartbeat a stopped rank was found only after
+    2 x timeout + 30 s and then never killed; the subprocess timeout bounds the whole run generously."""
+    done = subprocess.run([sys.executable, "-c", STOPPED_WORKER, sig], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["message"] is not None and re.search(blamed, report["message"]), report
+    assert report["children"] == 0
+
+
+def test_launch_failure_is_one_line_and_exit_1(monkeypatch, capsys):
+    from meshsim.sim.cli.main import main
+    from meshsim.validate.launch import launch as launch_module
+
+    def failing(*args, **kwargs):
+        raise LaunchError("rank(s) [1] stopped responding (no heartbeat for 30 s: stopped or frozen)")
+
+    monkeypatch.setattr(launch_module, "launch", failing)
+    assert main(["validate", "--check", "tiny-2gpu", "--variants", "tp+gelu+mha+none"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: rank(s) [1] stopped responding (no heartbeat for 30 s: stopped "
+                                        "or frozen)"]
+
+
+def test_nproc_3_blames_nproc_not_an_unpassed_variants_value(capsys):
+    from meshsim.sim.cli.main import main
+
+    assert main(["validate", "--check", "tiny-2gpu", "--nproc", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--nproc = 3" in err and "--variants" not in err.split("Fix:")[0] and "Traceback" not in err
 
 
 def test_worker_entry_under_torchrun(tmp_path):

@@ -14,18 +14,19 @@ import os
 from functools import lru_cache
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
+from meshsim.sim.core.limits import MAX_DEVICES, MAX_LINKS, MAX_TRANSIT_GPUS, check_at_most
 from meshsim.sim.core.units import gbit_to_gbps
+from meshsim.sim.core.userio import load_yaml
 from meshsim.topologies.fabric import check_fabric_args, with_fabric
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Device, Link, Topology
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class DeviceSpec(_Frozen):
@@ -80,11 +81,12 @@ def _user_error(err: ValidationError, source: str) -> UserError:
 
 
 def _check_names(spec: CustomTopology, source: str) -> None:
-    names = [d.name for d in spec.devices]
+    names: set[str] = set()
     for i, dev in enumerate(spec.devices):
-        if dev.name in names[:i]:
+        if dev.name in names:
             raise UserError(f"devices[{i}].name", dev.name, "give every device a unique name", source=source,
                             problem="Duplicate device name")
+        names.add(dev.name)
         if dev.in_network_reduction and dev.kind not in ("nvswitch", "ib_switch"):
             raise UserError(f"devices[{i}].in_network_reduction", True, "only nvswitch / ib_switch devices "
                             "reduce in the network; set it false", source=source)
@@ -104,6 +106,10 @@ def _check_counts(spec: CustomTopology, source: str) -> None:
     if n_gpus != spec.gpus_per_node:
         raise UserError("gpus_per_node", spec.gpus_per_node, f"set gpus_per_node: {n_gpus} (the devices list "
                         f"has {n_gpus} of kind gpu), or add/remove GPU devices", source=source)
+    if spec.nvlink_gpu_transit:
+        check_at_most("gpus_per_node", spec.gpus_per_node, MAX_TRANSIT_GPUS, "set nvlink_gpu_transit: false, or "
+                      f"use at most {MAX_TRANSIT_GPUS} GPUs per node", source=source,
+                      what="GPUs per node with nvlink_gpu_transit")
     if spec.nodes > 1 and spec.nic_gbitps is None:
         raise UserError("nic_gbitps", None, "give the NIC line rate in Gb/s (e.g. nic_gbitps: 200) to join "
                         f"{spec.nodes} nodes", source=source, problem="Missing")
@@ -117,7 +123,11 @@ def _to_topology(spec: CustomTopology) -> Topology:
         if lk.bidirectional:
             links.append(Link(lk.dst, lk.src, lk.bw_gbps, lk.latency_us, lk.kind))
     gpus = [d.name for d in devices if d.kind == "gpu"]
-    nvlink = max(sum(lk.bw_gbps for lk in links if lk.src == g and lk.kind == "nvlink") for g in gpus)
+    nvlink_out = dict.fromkeys(gpus, 0.0)
+    for lk in links:
+        if lk.kind == "nvlink" and lk.src in nvlink_out:
+            nvlink_out[lk.src] += lk.bw_gbps
+    nvlink = max(nvlink_out.values())
     nics = sum(d.kind == "nic" for d in devices)
     rate = spec.nic_gbitps or 0.0
     return Topology(name=spec.name, gpu=spec.gpu, nodes=1, gpus_per_node=spec.gpus_per_node, devices=devices,
@@ -127,15 +137,29 @@ def _to_topology(spec: CustomTopology) -> Topology:
 
 
 def _check_connected(topo: Topology, source: str) -> None:
-    """Every GPU must reach every other GPU (under the transit rules of model.py)."""
-    for rank, gpu in enumerate(topo.gpu_names):
-        reached = topo.paths_from(gpu)
-        for other in topo.gpu_names:
-            if other != gpu and other not in reached:
-                index = next(i for i, d in enumerate(topo.devices) if d.name == other)
-                raise UserError(f"devices[{index}]", other, f"add links so that {gpu} (rank {rank}) reaches "
-                                f"{other}; routes never pass through a GPU unless nvlink_gpu_transit is true",
-                                source=source, problem="GPU not connected")
+    """Every GPU must reach every other GPU (under the transit rules of model.py). Without GPU transit a
+    GPU reaches the GPUs it links to plus those reachable from the devices it links to: one search per
+    such device and one union per distinct set of them, so a 5,000-GPU switch costs one search."""
+    gpus = topo.gpu_names
+    gpu_set = set(gpus)
+    via_hubs: dict[tuple[str, ...], set[str]] = {}
+    for rank, gpu in enumerate(gpus):
+        if topo.nvlink_gpu_transit:
+            reached = gpu_set.intersection(topo.paths_from(gpu)) - {gpu}
+            extra: set[str] = set()
+        else:
+            first = [topo.links[li].dst for li in topo.out_links[gpu]]
+            hubs = tuple(sorted({d for d in first if d not in gpu_set}))
+            if hubs not in via_hubs:
+                via_hubs[hubs] = gpu_set.intersection(d for hub in hubs for d in topo.device_search(hub)[0])
+            reached = via_hubs[hubs]
+            extra = {d for d in first if d in gpu_set and d not in reached and d != gpu}
+        if len(reached) - (gpu in reached) + len(extra) < len(gpus) - 1:
+            other = next(o for o in gpus if o != gpu and o not in reached and o not in extra)
+            index = next(i for i, d in enumerate(topo.devices) if d.name == other)
+            raise UserError(f"devices[{index}]", other, f"add links so that {gpu} (rank {rank}) reaches "
+                            f"{other}; routes never pass through a GPU unless nvlink_gpu_transit is true",
+                            source=source, problem="GPU not connected")
 
 
 def parse_topology(data: object, source: str) -> tuple[Topology, int]:
@@ -143,6 +167,10 @@ def parse_topology(data: object, source: str) -> tuple[Topology, int]:
     if not isinstance(data, dict):
         raise UserError("file", type(data).__name__, "the file must be a YAML mapping (name:, gpu:, ...)",
                         source=source)
+    for key, limit in (("devices", MAX_DEVICES), ("links", MAX_LINKS)):
+        if isinstance(data.get(key), list):
+            check_at_most(key, f"[{len(data[key])} entries]", limit, f"use at most {limit:,} {key} per node",
+                          source=source, what=f"the number of {key}", amount=len(data[key]))
     try:
         spec = CustomTopology.model_validate(data)
     except ValidationError as err:
@@ -156,13 +184,7 @@ def parse_topology(data: object, source: str) -> tuple[Topology, int]:
 
 @lru_cache(maxsize=64)
 def _load(path: str, mtime: float, nodes: int | None, fabric: tuple) -> Topology:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except yaml.YAMLError as err:
-        raise UserError("file", os.path.basename(path), f"fix the YAML syntax ({err})".replace("\n", " "),
-                        source=path) from None
-    node, file_nodes = parse_topology(data, path)
+    node, file_nodes = parse_topology(load_yaml(path, field="topology.file"), path)
     return with_fabric(node, file_nodes if nodes is None else nodes, *fabric, source=path)
 
 

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.limits import MAX_GPUS, MAX_NICS_PER_NODE, check_at_most
 from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.topologies.model import Device, Link, Topology
 
@@ -63,20 +64,46 @@ class FabricRouter:
         return tuple(off_a + k for k in self.up[i]) + mid + tuple(off_b + k for k in self.down[j])
 
 
+def _nearest_nic(node: Topology, gpu: str, rail_of_nic: dict[str, int], memo: dict) -> tuple[int, tuple[int, ...]]:
+    """(rail, path GPU..NIC) of a GPU's nearest NIC: fewest hops, then latency, then NIC index, then the
+    widest path. GPUs never forward to a NIC (transit is NVLink to NVLink only), so the path is one link
+    out of the GPU plus the best path from the device it enters; that search is shared (memo, per device)."""
+    best: tuple | None = None
+    for li in node.out_links[gpu]:
+        link = node.links[li]
+        if link.dst in rail_of_nic:
+            label, path = (1, link.latency_us, rail_of_nic[link.dst], -link.bw_gbps), (li,)
+        elif node.device_by_name[link.dst].kind == "gpu":
+            continue
+        else:
+            if link.dst not in memo:
+                labels = node.device_search(link.dst)[1]
+                memo[link.dst] = min(((*labels[n][:2], r, n) for n, r in rail_of_nic.items() if n in labels),
+                                     default=None)
+            if memo[link.dst] is None:
+                continue
+            hops, lat, rail, nic = memo[link.dst]
+            neg_bw = max(node.device_search(link.dst)[1][nic][2], -link.bw_gbps)
+            label, path = (hops + 1, lat + link.latency_us, rail, neg_bw), (li, *node.device_path(link.dst, nic))
+        if best is None or label < best[0]:
+            best = (label, path)
+    if best is None:
+        raise ValueError(f"topology {node.name}: {gpu} reaches no NIC")
+    return best[0][2], best[1]
+
+
 def _rails(node: Topology) -> tuple[list[str], list[int], list[tuple[int, ...]], list[tuple[int, ...]]]:
     """NIC names, and per local GPU: its rail (nearest NIC: fewest hops, then latency, then index),
-    its path GPU..NIC and NIC..GPU inside the node."""
+    its path GPU..NIC and NIC..GPU inside the node (one search per NIC and per device a GPU links to)."""
     nics = [d.name for d in node.devices if d.kind == "nic"]
-    rail_of, up, down = [], [], []
+    rail_of_nic = {n: r for r, n in enumerate(nics)}
+    rail_of, up, down, memo = [], [], [], {}
     for gpu in node.gpu_names:
-        paths = node.paths_from(gpu)
-        reach = [(len(paths[n]), sum(node.links[k].latency_us for k in paths[n]), r)
-                 for r, n in enumerate(nics) if n in paths]
-        if not reach:
-            raise ValueError(f"topology {node.name}: {gpu} reaches no NIC")
-        rail = min(reach)[2]
+        rail, path = _nearest_nic(node, gpu, rail_of_nic, memo)
         rail_of.append(rail)
-        up.append(paths[nics[rail]])
+        up.append(path)
+        if gpu not in node.device_search(nics[rail])[0]:
+            raise ValueError(f"topology {node.name}: {nics[rail]} has no route back to {gpu}")
         down.append(node.device_path(nics[rail], gpu))
     return nics, rail_of, up, down
 
@@ -162,6 +189,9 @@ def with_fabric(node: Topology, nodes: int, nic_gbitps: float | None, switch_lat
     if nvlink_gbps is not None:
         node = scale_nvlink(node, nvlink_gbps, source=source)
     rate = nic_gbitps if nic_gbitps is not None else node.nic_gbitps
+    check_at_most("topology.nodes", nodes, MAX_GPUS, f"use at most "
+                  f"{MAX_GPUS // node.gpus_per_node:,} nodes of {node.gpus_per_node} GPUs", source=source,
+                  what=f"GPUs ({nodes:,} nodes x {node.gpus_per_node})", amount=nodes * node.gpus_per_node)
     if nodes == 1:
         if rate != node.nic_gbitps:
             nics = sum(d.kind == "nic" for d in node.devices)
@@ -171,5 +201,12 @@ def with_fabric(node: Topology, nodes: int, nic_gbitps: float | None, switch_lat
     if rate <= 0 or not any(d.kind == "nic" for d in node.devices):
         raise UserError("topology.nodes", nodes, "use nodes: 1, or give the node devices of kind 'nic' and a "
                         "NIC line rate (nic_gbitps)", source=source, problem=f"{node.name} has no NIC to join nodes")
-    return multiply(node, nodes, nic_gbitps=rate, switch_latency_us=switch_latency_us,
-                    oversubscription=oversubscription)
+    nics = sum(d.kind == "nic" for d in node.devices)
+    check_at_most("topology.nodes", nodes, MAX_NICS_PER_NODE, f"give the node at most {MAX_NICS_PER_NODE} "
+                  "NICs to join several nodes", source=source, what="NICs per node", amount=nics)
+    try:
+        return multiply(node, nodes, nic_gbitps=rate, switch_latency_us=switch_latency_us,
+                        oversubscription=oversubscription)
+    except ValueError as exc:  # a GPU without a path to any NIC, or a NIC without a path back
+        raise UserError("topology.nodes", nodes, "link every GPU to a NIC (and the NIC back to it), or use "
+                        "nodes: 1", source=source, problem=f"Cannot join nodes: {exc}") from None

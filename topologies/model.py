@@ -6,10 +6,13 @@ per-hop latency of the link in microseconds. Every physical cable is two directe
 GPUs are addressed by their global rank: node-major, `rank = node * gpus_per_node + local_index`.
 
 Routing: a topology built with a `router` (the IB fabric of `fabric.py`) answers `route()` in closed form
-from node/rail indices; every other topology falls back to a breadth-first search, run once per source GPU
-and cached for all destinations. GPUs are endpoints and never transit traffic, except that a topology with
+from node/rail indices; every other topology uses a breadth-first search. GPUs are endpoints and never
+transit traffic, so a route is one link out of the source GPU followed by the best path from the device it
+enters: one search per non-GPU device, shared by every GPU behind it, makes routing near-linear in the
+size of the node (5,000 GPUs on one switch: one search, not 5,000). A topology with
 `nvlink_gpu_transit=True` (a switchless NVLink mesh such as DGX-1) may forward NVLink-to-NVLink through an
-intermediate GPU, as NCCL's PATH_NVB paths do (docs/topologies.md, "Routing").
+intermediate GPU, as NCCL's PATH_NVB paths do; it keeps one search per source GPU (such meshes have at most
+MAX_TRANSIT_GPUS GPUs, sim/core/limits.py; docs/topologies.md, "Routing").
 """
 
 from __future__ import annotations
@@ -105,8 +108,8 @@ class Topology:
         """Link indices on the path src -> dst (empty for src == dst). Cached.
 
         With a structural `router` (fabrics) the route is computed in O(hops). Otherwise: fewest hops,
-        ties broken by lowest total latency, widest bottleneck, then link index; one search per source
-        fills the cache for every destination.
+        ties broken by lowest total latency, widest bottleneck, then the first link; searches are shared
+        per first-hop device (module docstring).
         """
         key = (src_rank, dst_rank)
         cached = self._route_cache.get(key)
@@ -117,10 +120,46 @@ class Topology:
             raise ValueError(f"topology {self.name}: ranks ({src_rank}, {dst_rank}) outside 0..{n - 1}")
         if self.router is not None:
             cached = self.router(src_rank, dst_rank)
-        else:
+        elif self.nvlink_gpu_transit:
             cached = self.bfs_route(src_rank, dst_rank)
+        else:
+            cached = self._first_hop_route(src_rank, dst_rank)
         self._route_cache[key] = cached
         return cached
+
+    def device_search(self, src: str) -> tuple[dict[str, int], dict[str, tuple[int, float, float]]]:
+        """(parent link, label) of every device reachable from device `src`; memoized per device."""
+        key = ("search", src)
+        hit = self._route_cache.get(key)
+        if hit is None:
+            hit = self._route_cache[key] = self._bfs_parents(src, with_labels=True)
+        return hit
+
+    def _first_hop_route(self, src_rank: int, dst_rank: int) -> tuple[int, ...]:
+        """Without GPU transit: the best of (a link out of src) + (the best path from where it enters), by
+        the search's label (hops, latency, -bottleneck); the first such link wins ties."""
+        src, dst = self.gpu_names[src_rank], self.gpu_names[dst_rank]
+        if src == dst:
+            return ()
+        best: tuple | None = None
+        for li in self.out_links[src]:
+            link = self.links[li]
+            if link.dst == dst:
+                label, path = (1, link.latency_us, -link.bw_gbps), (li,)
+            elif self.device_by_name[link.dst].kind == "gpu":
+                continue
+            else:
+                parent, labels = self.device_search(link.dst)
+                if dst not in labels:
+                    continue
+                hops, lat, neg_bw = labels[dst]
+                label = (hops + 1, lat + link.latency_us, max(neg_bw, -link.bw_gbps))
+                path = (li, *self._unwind(parent, link.dst, dst))
+            if best is None or label < best[0]:
+                best = (label, path)
+        if best is None:
+            raise ValueError(f"topology {self.name}: no route from {src} to {dst}")
+        return best[1]
 
     def bfs_route(self, src_rank: int, dst_rank: int) -> tuple[int, ...]:
         """The search-based route (ignores `router`). Without a router it also caches all routes from src."""
@@ -141,13 +180,13 @@ class Topology:
         return {dev: self._unwind(parent, src, dev) for dev in parent}
 
     def device_path(self, src: str, dst: str) -> tuple[int, ...]:
-        """Fewest-hop link path between two devices by name (same policy as `bfs_route`)."""
-        parent = self._bfs_parents(src)
+        """Fewest-hop link path between two devices by name (same policy as `bfs_route`; memoized search)."""
+        parent = self.device_search(src)[0]
         if src != dst and dst not in parent:
             raise ValueError(f"topology {self.name}: no route from {src} to {dst}")
         return self._unwind(parent, src, dst)
 
-    def _bfs_parents(self, src: str) -> dict[str, int]:
+    def _bfs_parents(self, src: str, with_labels: bool = False):
         """Device -> link index that reaches it on the best path from src: fewest hops, then lowest latency,
         then widest bottleneck, then first link index (lexicographic labels; each criterion is monotone).
 
@@ -174,7 +213,7 @@ class Topology:
                 if nxt not in best or cand < best[nxt]:
                     best[nxt] = cand
                     parent[nxt] = li
-        return parent
+        return (parent, best) if with_labels else parent
 
     def _unwind(self, parent: dict[str, int], src: str, dst: str) -> tuple[int, ...]:
         path = []

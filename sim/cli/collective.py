@@ -9,6 +9,7 @@ Bad input raises UserError: printed on one line, exit status 2, no traceback.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from rich.table import Table
 
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
+from meshsim.sim.core.limits import MAX_COLLECTIVE_BYTES, MAX_SIZE_ROWS, check_at_most
 from meshsim.sim.core.units import format_size, parse_size
+from meshsim.sim.core.userio import check_output_file
 from meshsim.sim.cost.collectives.choose import ALGOS, OPS, PROTOCOL_NAMES
 from meshsim.sim.cost.collectives.nccl_table import Row, curves, sweep, sweep_sizes
 from meshsim.sim.outputs.busbw_plot import write_busbw_html
@@ -28,10 +31,24 @@ PROTOCOL_CHOICES = ("auto", *PROTOCOL_NAMES)
 
 def _size(flag: str, text: str) -> int:
     try:
-        return parse_size(text)
-    except ValueError as err:
+        size = parse_size(text)
+    except (ValueError, OverflowError) as err:
         raise UserError(flag, text, "use a whole number of bytes with an optional K/M/G/T suffix, e.g. 64M",
                         problem=str(err)) from None
+    check_at_most(flag, text, MAX_COLLECTIVE_BYTES, f"use at most {format_size(MAX_COLLECTIVE_BYTES)}",
+                  what="the size in bytes", amount=size)
+    return size
+
+
+def _check_rows(min_bytes: int, max_bytes: int, step_factor: float) -> None:
+    """--step-factor is finite and > 1, and gives at most MAX_SIZE_ROWS sizes from min to max."""
+    if not (math.isfinite(step_factor) and step_factor > 1):
+        raise UserError("--step-factor", step_factor, "use a finite factor > 1, e.g. 2",
+                        problem="The sizes must grow from row to row")
+    if 1 <= min_bytes <= max_bytes:
+        rows = math.floor(math.log(max_bytes / min_bytes) / math.log(step_factor) + 1e-9) + 1
+        check_at_most("--step-factor", step_factor, MAX_SIZE_ROWS, "use a larger --step-factor or a narrower "
+                      "--min-bytes..--max-bytes range", what="rows", amount=rows)
 
 
 def _check_names(op: str, algo: str, protocol: str) -> None:
@@ -65,7 +82,11 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
                    plot_path: Path | None) -> list[Row]:
     """The command's work, raising UserError on bad input."""
     _check_names(op, algo, protocol)
-    sizes = sweep_sizes(_size("--min-bytes", min_bytes), _size("--max-bytes", max_bytes), step_factor)
+    check_output_file("--json", json_path)
+    check_output_file("--plot", plot_path)
+    low, high = _size("--min-bytes", min_bytes), _size("--max-bytes", max_bytes)
+    _check_rows(low, high, step_factor)
+    sizes = sweep_sizes(low, high, step_factor)
     topo = build_topology(topology, nodes)
     group = _ranks(ranks, topo.num_gpus, topo.name)
     rows = sweep(topo, op, group, sizes, algo=algo, protocol=protocol)

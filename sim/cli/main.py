@@ -1,5 +1,7 @@
 """The `meshsim` command line. Each command lives in its own module exposing `register(app)`;
-this file only assembles them and turns user errors into one clear message and exit status 2."""
+this file only assembles them and turns every error into one line without a traceback: user errors (and
+usage errors) exit 2, a command that could not finish (CommandFailed: a worker died, a signal) exits with
+its own status, 1 by default."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import sys
 
 import typer
 
-from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError
+from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError
 
 COMMAND_MODULES = (
     "meshsim.sim.cli.topologies",  # meshsim topologies
@@ -37,9 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         typer.echo(f"error: {err}", err=True)
         return EXIT_USER_ERROR
+    except CommandFailed as err:
+        typer.echo(f"error: {err}", err=True)
+        return err.exit_code
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted", err=True)
         return 130
     except Exception as exc:

@@ -10,7 +10,8 @@ from rich.table import Table
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve, load_scenario
 from meshsim.sim.core.console import make_console
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
+from meshsim.sim.core.userio import check_output_dir, check_output_file, output_folder_name
 from meshsim.sim.outputs.step_report import print_report, write_outputs, write_results_json
 from meshsim.sim.results.simulate import gc_frozen, simulate
 
@@ -18,17 +19,17 @@ DEFAULT_OUT_ROOT = Path("meshsim-out")
 
 
 def _out_dir(out: Path | None, scenario_name: str) -> Path:
-    out = out if out is not None else DEFAULT_OUT_ROOT / scenario_name
-    if out.exists() and not out.is_dir():
-        raise UserError("--out", str(out), "give a directory (it is created if missing)",
-                        problem="Exists and is not a directory")
+    """--out, or meshsim-out/<the name as one safe folder name>: the name is a label, never a path."""
+    out = out if out is not None else DEFAULT_OUT_ROOT / output_folder_name(scenario_name)
+    check_output_dir("--out", out)
     return out
 
 
 def run_command(
     scenario: str = typer.Argument(None, help="scenario YAML path or built-in name (default: the built-in "
                                    "default scenario; see meshsim scenarios)"),
-    out: Path = typer.Option(None, "--out", help="output directory (default meshsim-out/<scenario name>); "
+    out: Path = typer.Option(None, "--out", help="output directory (default meshsim-out/<scenario name, made "
+                             "a safe folder name>); "
                              "only results.json, trace.json and timeline.html are written there"),
     json_path: Path = typer.Option(None, "--json", help="also write the results JSON to this path"),
     no_html: bool = typer.Option(False, "--no-html", help="skip the plotly timeline.html"),
@@ -40,6 +41,12 @@ def run_command(
     """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html."""
     rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
     out_dir = _out_dir(out, rs.name)
+    check_output_file("--json", json_path)
+    if explicit_ranks:
+        ranks = rs.tp * min(rs.dp, 2)
+        check_at_most("--explicit-ranks", ranks, MAX_EXPLICIT_RANKS, "drop --explicit-ranks (rank 0 alone gives "
+                      "the same step on a symmetric mesh), or use a smaller tp", what="ranks simulated (tp x "
+                      "min(dp, 2))")
     with gc_frozen():
         result = simulate(rs, explicit_ranks=explicit_ranks, full=full)
         console = make_console()

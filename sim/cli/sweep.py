@@ -13,12 +13,15 @@ from rich.table import Table
 from meshsim.scenarios.load import load_scenario
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.userio import check_output_dir, check_output_file
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import TABLE_COLUMNS, explain, ok, sweet_spot, table_row
 from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
 from meshsim.sim.sweep.report_page import write_report
 from meshsim.sim.sweep.runner import run_sweep
+
+MAX_JOBS = 256  # local worker processes of one sweep
 
 AXIS_HELP = "comma-separated; overrides the scenario's sweep: block; unset axes keep the scenario's value"
 
@@ -37,12 +40,14 @@ def sweep_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Sweep tp x sp x micro-batch x overlap x recompute at the scenario's GPU count; name the sweet spot."""
-    if jobs is not None and jobs < 1:
-        raise UserError("--jobs", jobs, "use --jobs 1 or more")
+    if jobs is not None and not 1 <= jobs <= MAX_JOBS:
+        raise UserError("--jobs", jobs, f"use --jobs 1 to {MAX_JOBS}")
     flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute)
     base, source = load_scenario(scenario)
     axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)
+    check_output_dir("--out", out)
+    check_output_file("--json", json_path)
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
     reasons = explain(records)
@@ -93,6 +98,7 @@ def compare_command(
     out: Path = typer.Option(None, "--out", help="write compare.json and a merged Perfetto trace.json here"),
 ) -> None:
     """Two results side by side: headline numbers, step time by category with deltas, merged timeline."""
+    check_output_dir("--out", out)
     comparison = compare_files(a, b, out_dir=out)
     print_comparison(comparison, make_console())
 

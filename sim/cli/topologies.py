@@ -11,6 +11,7 @@ from rich.table import Table
 
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.units import gbit_to_gbps
+from meshsim.sim.core.userio import check_output_file
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file
@@ -78,6 +79,7 @@ def topologies(
     json_path: Path = typer.Option(None, "--json", help="also write the preset table as JSON to this path"),
 ) -> None:
     """List topology presets with their key figures, or summarize one topology (--show)."""
+    check_output_file("--json", json_path)
     console = make_console()
     if show:
         is_file = show.endswith((".yaml", ".yml"))

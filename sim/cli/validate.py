@@ -7,6 +7,7 @@ imports it) is imported only inside the command functions.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import typer
@@ -14,8 +15,12 @@ import typer
 from meshsim.scenarios.load import load_scenario
 from meshsim.scenarios.profile import save_profile
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.userio import check_output_dir, check_output_file, load_json, output_folder_name
 
 DEFAULT_CALIBRATION_SCENARIO = "tiny-2gpu"
+MAX_LOCAL_NPROC = 64  # processes spawned on this machine (more: torchrun / SLURM, docs/validate.md)
+MAX_REPEATS = 1_000  # timed steps of a cross-check
+DEFAULT_OUT_ROOT = Path("meshsim-out")
 
 
 def _backend(backend: str | None, local: bool = True) -> str:
@@ -35,6 +40,9 @@ def _backend(backend: str | None, local: bool = True) -> str:
 def _nproc(nproc: int, backend: str, local: bool = True) -> int:
     if nproc < 1:
         raise UserError("--nproc", nproc, "use 1 or more processes")
+    if local and nproc > MAX_LOCAL_NPROC:
+        raise UserError("--nproc", nproc, f"use at most {MAX_LOCAL_NPROC} local processes; for more launch with "
+                        "torchrun (--dump-payload, docs/validate.md)")
     if local and backend == "nccl":
         import torch  # meshsim[validate] extra: optional, heavy
 
@@ -80,17 +88,27 @@ def _exit(code: int) -> None:
         raise SystemExit(code)
 
 
+RESULTS_FIX = "give the results.json that rank 0 of `python -m meshsim.validate.launch.launch ... --out DIR` wrote into DIR"
+
+
 def _results(path: Path) -> list:
     if not path.is_file():
-        raise UserError("--from-results", str(path), "give the results.json that rank 0 of `python -m "
-                        "meshsim.validate.launch.launch ... --out DIR` wrote into DIR", problem="No such file")
-    return json.loads(path.read_text())
+        raise UserError("--from-results", str(path), RESULTS_FIX, problem="No such file")
+    data = load_json(path, field="--from-results", fix=RESULTS_FIX)
+    if not isinstance(data, list) or not data:
+        raise UserError("--from-results", str(path), RESULTS_FIX, problem="Expected a list with one entry per rank")
+    return data
+
+
+def _default_out(name: str, suffix: str = "") -> Path:
+    """meshsim-out/<the scenario name as one safe folder name><suffix>: never a path outside meshsim-out/."""
+    return DEFAULT_OUT_ROOT / output_folder_name(name, suffix)
 
 
 def _dump(path: Path, task: str, payload: dict, nproc: int, backend: str) -> None:
     """Write the payload with the backend it was shrunk for; the torchrun worker runs on that backend
     (validate/launch/launch.py payload_backend), so the results match the schedule rebuilt from them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_output_file("--dump-payload", path)
     path.write_text(json.dumps({**payload, "backend": backend}))
     typer.echo(f"payload: {path} (backend {backend})\nrun it on {nproc} processes, e.g.\n  torchrun "
                f"--nproc-per-node {nproc} -m meshsim.validate.launch.launch {task} {path} --out RESULTS_DIR\nthen "
@@ -106,6 +124,7 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
     from meshsim.validate.printing import print_numerics
 
     sc, source = load_scenario(scenario)
+    check_output_file("--dump-payload", dump)
     variants_, payload = numerics_payload(sc, source, nproc, _specs(variants), dtype=dtype)
     if dump is not None:
         _dump(dump, "numerics", payload, nproc, "gloo")
@@ -165,7 +184,14 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
     if profile is not None and not profile.is_file():
         raise UserError("--profile", str(profile), "give a profile YAML written by meshsim calibrate",
                         problem="No such file")
-    out_dir = out or Path("meshsim-out") / f"{sc.name}-validate"
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise UserError("--tolerance", tolerance, "give a finite percentage >= 0, e.g. 25")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise UserError("--repeats", repeats, f"use 1 to {MAX_REPEATS} timed steps")
+    out_dir = out or _default_out(sc.name, "-validate")
+    check_output_dir("--out", out_dir)
+    check_output_file("--json", json_path)
+    check_output_file("--dump-payload", dump)
     if dump is not None:
         _dump(dump, "timing", timing_payload(sc, source, n, be, repeats=repeats)[2], n, be)
         return 0
@@ -210,7 +236,9 @@ def calibrate_command(
     n = _nproc(nproc, be, local)
     sc, source = load_scenario(scenario or DEFAULT_CALIBRATION_SCENARIO)
     shrunk, payload = calibration_payload(sc, source, n, be)
-    path = out or Path("meshsim-out") / sc.name / "profile.yaml"
+    path = out or _default_out(sc.name) / "profile.yaml"
+    check_output_file("--out", path)  # before measuring: a bad path must not throw measurements away
+    check_output_file("--dump-payload", dump_payload)
     if dump_payload is not None:
         _dump(dump_payload, "calibrate", payload, n, be)
         return

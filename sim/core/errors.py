@@ -6,6 +6,14 @@ import difflib
 from collections.abc import Iterable
 
 EXIT_USER_ERROR = 2
+EXIT_FAILED = 1
+QUOTE_CHARS = 80  # a quoted value is cut to this many characters (a 1 MB string stays one readable line)
+
+
+def quote(value: object) -> str:
+    """repr(value), cut to QUOTE_CHARS characters with an ellipsis, on one line."""
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 3] + "..."
 
 
 class UserError(Exception):
@@ -22,11 +30,20 @@ class UserError(Exception):
     def message(self) -> str:
         where = f"{self.source}: " if self.source else ""
         problem = f" {self.problem}." if self.problem else ""
-        return f"{where}{self.field} = {self.value!r} is invalid.{problem} Fix: {self.fix}"
+        return f"{where}{self.field} = {quote(self.value)} is invalid.{problem} Fix: {self.fix}"
 
     def with_source(self, source: str) -> UserError:
         """The same error, attributed to a file."""
         return UserError(self.field, self.value, self.fix, source=source, problem=self.problem)
+
+
+class CommandFailed(Exception):
+    """A command that could not finish for a reason other than its input (a worker died or hung, a signal
+    stopped it). The CLI prints `str(err)` on one line without a traceback and exits `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+        self.exit_code = exit_code
+        super().__init__(" ".join(message.split()))
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from dataclasses import asdict, dataclass
 
-from meshsim.sim.core.errors import UserError
+from meshsim.scenarios.load import referenced_files
+from meshsim.sim.core.errors import UserError, quote
+from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
 
 AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -30,7 +33,7 @@ def parse_int_list(field: str, text: str) -> tuple[int, ...]:
     values: list[int] = []
     for part in str(text).split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) <= 0:
+        if not (part.isascii() and part.isdigit()) or len(part) > 12 or int(part) <= 0:
             raise UserError(f"--{field.replace('_', '-')}", text, "give positive integers separated by commas, "
                             "e.g. 1,2,4,8", problem=f"{part!r} is not a positive integer")
         if int(part) not in values:
@@ -121,19 +124,29 @@ def sweep_axes(scenario, flags: dict[str, str | None] | None = None) -> SweepAxe
 
 
 def configurations(axes: SweepAxes) -> list[SweepPoint]:
-    """The product of the axes, tp outermost (the table reads by tp)."""
+    """The product of the axes, tp outermost (the table reads by tp); at most MAX_SWEEP_POINTS."""
+    sizes = [len(getattr(axes, a)) for a in AXES]
+    check_at_most("sweep", " x ".join(map(str, sizes)), MAX_SWEEP_POINTS, "give fewer values per axis (flags or "
+                  "the scenario's sweep: block)", what="configurations", amount=math.prod(sizes))
     return [SweepPoint(*combo) for combo in itertools.product(*(getattr(axes, a) for a in AXES))]
 
 
-def scenario_digest(scenario) -> str:
+def scenario_digest(scenario, source: str = "") -> str:
     """Hash of everything a configuration's result depends on besides its point: the scenario without its
-    sweep block and without the fields every point overrides. Resumed records must match it."""
-    text = scenario.model_dump_json(exclude={"sweep": True, "parallel": {*AXES, "dp"}})
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    sweep block and without the fields every point overrides, plus the bytes of every file it references
+    (topology.file, hardware.profile; a missing file hashes as missing). Resumed records must match it."""
+    digest = hashlib.sha256(scenario.model_dump_json(exclude={"sweep": True, "parallel": {*AXES, "dp"}}).encode())
+    for name, path in sorted(referenced_files(scenario, source).items()):
+        try:
+            content = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            content = "missing"
+        digest.update(f"\n{name}={content}".encode())
+    return digest.hexdigest()[:16]
 
 
 # ----- running one configuration --------------------------------------------------------------------
 def skip_reason(err: UserError) -> str:
     """The problem and fix of a UserError, without the file prefix: why a configuration was skipped."""
     problem = f"{err.problem}. " if err.problem else ""
-    return f"{err.field} = {err.value!r}: {problem}{err.fix}"
+    return f"{err.field} = {quote(err.value)}: {problem}{err.fix}"

@@ -16,6 +16,7 @@ is still printed and the merged trace is not written (the reason is reported).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from rich.table import Table
@@ -23,6 +24,7 @@ from rich.table import Table
 from meshsim.scenarios.library import BUILTIN_PREFIX
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.userio import load_json
 from meshsim.sim.outputs.step_report import OUTPUT_FILES
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
@@ -34,22 +36,39 @@ SHARES = ("compute", "tp_comm", "dp_comm", "waiting")
 REPLAY_KEYS = ("tp", "sp", "micro_batch", "recompute", "tp_comm_overlap")
 
 
+RESULTS_FIX = "give a results.json written by `meshsim run --out DIR`"
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _malformed(data: object) -> str | None:
+    """What a results dict lacks for a comparison (numbers finite, sections of numbers), or None."""
+    if not isinstance(data, dict):
+        return f"Expected a JSON object, found {type(data).__name__}"
+    bad = [k for _, k, _ in HEADLINE if not _number(data.get(k))]
+    if bad:
+        return f"Missing or non-numeric {', '.join(bad)}"
+    for section in ("breakdown_s", "memory_gb", "critical_path_share"):
+        value = data.get(section, {} if section == "critical_path_share" else None)
+        if not isinstance(value, dict):
+            return f"Missing or malformed section {section}"
+        if section != "memory_gb" and not all(_number(v) for v in value.values()):
+            return f"Non-numeric value in {section}"
+    if not _number(data["memory_gb"].get("total")):
+        return "Missing or non-numeric memory_gb.total"
+    return None
+
+
 def load_results(path: str | Path) -> dict:
-    """A results.json written by `meshsim run` (or one configuration of a sweep record)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise UserError("results", str(path), "give a results.json written by `meshsim run --out DIR`",
-                        problem=f"Cannot read the file ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise UserError("results", str(path), "give a results.json written by `meshsim run --out DIR`",
-                        problem=f"Not JSON ({exc.msg} at line {exc.lineno})") from None
+    """A results.json written by `meshsim run` (or one configuration of a sweep record); malformed files
+    (not UTF-8, not JSON, missing or non-numeric figures) are UserErrors."""
+    data = load_json(path, field="results", fix=RESULTS_FIX)
     data = data.get("result", data) if isinstance(data, dict) else data
-    missing = [k for k in ("step_time_s", "breakdown_s", "memory_gb") if not isinstance(data, dict) or k not in data]
-    if missing:
-        raise UserError("results", str(path), "give a results.json written by `meshsim run --out DIR`",
-                        problem=f"Missing keys {', '.join(missing)}")
+    problem = _malformed(data)
+    if problem:
+        raise UserError("results", str(path), RESULTS_FIX, problem=problem)
     return data
 
 
@@ -120,7 +139,7 @@ def resimulate_events(result: dict) -> list[dict]:
     Raises UserError if the results do not say where their scenario came from, or if the replay's step
     time differs from the recorded one (the scenario file changed, or `run` had overrides not echoed)."""
     source = result.get("source", "")
-    if not source:
+    if not source or not isinstance(source, str):
         raise UserError("results", result.get("scenario", "?"), "run `meshsim run --out DIR` to write trace.json",
                         problem="No trace.json beside it and no scenario source to re-simulate")
 
@@ -140,7 +159,7 @@ def timeline_events(result: dict, results_path: Path) -> list[dict]:
     """trace.json beside the results if present, else a re-simulation."""
     trace = Path(results_path).parent / OUTPUT_FILES["trace"]
     if trace.is_file():
-        return _trace_events(json.loads(trace.read_text()))
+        return _trace_events(load_json(trace, field="trace", fix="re-run `meshsim run --out DIR`"))
     return resimulate_events(result)
 
 

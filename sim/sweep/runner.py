@@ -1,77 +1,92 @@
 """Run a sweep's configurations: in-process, on a local process pool, or as Ray tasks; resumable.
 
-Every finished configuration is appended at once as one JSON line to `OUT/sweep.jsonl` (flushed and
-fsynced), keyed by `SweepPoint.key` and tagged with the scenario digest. On start the file is read back:
-configurations whose key is present with the same digest are not run again; a truncated last line (a
-killed run) and records of a different scenario (the scenario changed since) are dropped and the file
-is rewritten without them, so later appends start on a clean line.
+Every finished configuration is appended at once as one JSON line to `OUT/sweep.jsonl` (sim/sweep/store.py:
+locked, append-only, records keyed by scenario digest and never deleted). On start the store is read
+back: configurations whose key is present with this scenario's digest are not run again; bad lines are
+reported on stderr and skipped.
 
 Backends give identical records: each runs the same pure `record.run_point` (a module-level function).
 - jobs=1: in this process (and the only mode where a monkeypatched runner is seen by tests);
-- jobs>1: concurrent.futures.ProcessPoolExecutor with `jobs` workers;
+- jobs>1: concurrent.futures.ProcessPoolExecutor with `jobs` workers, each of which exits when the sweep's
+  process goes away (even on SIGKILL), so no worker is ever orphaned;
 - ray_address: `ray.init(address)`; "local" starts a private local instance, "auto" joins a running
   cluster or starts a local instance when none is found; an already-initialized Ray is reused.
+
+SIGTERM and SIGINT stop the sweep: the workers are killed, every finished record is already on disk, and
+SweepInterrupted (exit status 128 + signal) says how many were kept; the same command resumes.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import ctypes
 import os
-from collections.abc import Callable, Iterable
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import CommandFailed, UserError
 from meshsim.sim.sweep.axes import SweepPoint, scenario_digest
 from meshsim.sim.sweep.record import SweepRecord, run_point
+from meshsim.sim.sweep.store import JSONL_NAME, append_record, read_records, read_store
 
-JSONL_NAME = "sweep.jsonl"
+__all__ = ["JSONL_NAME", "SweepInterrupted", "read_records", "ray_init", "run_sweep"]
+
 Runner = Callable[..., SweepRecord]
+PARENT_POLL_S = 0.5  # how often a pool worker checks that the sweep's process is still there
 
 
-# ----- JSON-lines store ------------------------------------------------------------------------------
-def read_records(path: str | Path, digest: str | None = None) -> tuple[dict[str, SweepRecord], int]:
-    """Records by key from a JSON-lines file -> (records, dropped lines). Tolerates a truncated or
-    garbled line; with `digest`, drops records of another scenario. Rewrites the file if it dropped any."""
-    path = Path(path)
-    if not path.exists():
-        return {}, 0
-    records: dict[str, SweepRecord] = {}
-    dropped = 0
-    text = path.read_text()
-    for line in text.splitlines():
-        try:
-            record = SweepRecord.from_json(json.loads(line))
-        except json.JSONDecodeError:
-            dropped += bool(line.strip())
-            continue
-        except (ValueError, KeyError, TypeError, AttributeError):
-            dropped += 1  # valid JSON that is not a record
-            continue
-        if digest is not None and record.scenario_digest != digest:
-            dropped += 1
-            continue
-        records[record.key] = record
-    if dropped or (text and not text.endswith("\n")):
-        _rewrite(path, records.values())
-    return records, dropped
+class SweepInterrupted(CommandFailed):
+    """SIGTERM / SIGINT during a sweep; finished records are kept."""
+
+    def __init__(self, signum: int, kept: int = 0, total: int = 0, out_dir: Path | None = None):
+        self.signum = signum
+        where = f" in {Path(out_dir) / JSONL_NAME}; run the same command to resume" if out_dir else ""
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: {kept} of {total} configurations "
+                         f"kept{where}", exit_code=128 + signum)
 
 
-def _rewrite(path: Path, records: Iterable[SweepRecord]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
-    os.replace(tmp, path)
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into SweepInterrupted in this (main) thread for the block's duration."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SweepInterrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
-def append_record(path: str | Path, record: SweepRecord) -> None:
-    """Append one record as one line and make it durable before the next configuration finishes."""
-    with open(path, "a") as fh:
-        fh.write(json.dumps(record.to_json()) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+def _worker_init(parent_pid: int) -> None:
+    """In each pool worker: default SIGTERM, ignore SIGINT (the sweep's process handles Ctrl-C), and exit as
+    soon as the parent is gone (prctl's parent-death signal where available, else a polling thread)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):  # Linux: the kernel SIGKILLs this worker with its parent
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="meshsim-parent-watch").start()
 
 
 # ----- backends -------------------------------------------------------------------------------------
@@ -80,10 +95,26 @@ def _run_local(todo, args, jobs: int, runner: Runner, on_done) -> None:
         for point in todo:
             on_done(runner(*args(point)))
         return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(os.getpid(),))
+    try:
         futures = [pool.submit(runner, *args(point)) for point in todo]
         for future in as_completed(futures):
             on_done(future.result())
+    except BaseException:
+        _kill_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool now: drop queued work and SIGKILL its processes (the executor keeps them in _processes)."""
+    processes = list(getattr(pool, "_processes", {}).values())
+    for proc in processes:
+        if proc.is_alive():
+            proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        proc.join(timeout=5)
 
 
 def ray_init(address: str):
@@ -124,31 +155,41 @@ def _run_ray(todo, scenario, source, digest, address: str, runner: Runner, on_do
 
 # ----- the sweep ------------------------------------------------------------------------------------
 def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1, out_dir: str | Path | None = None,
-              ray_address: str | None = None, progress: bool = True, runner: Runner = run_point) -> list[SweepRecord]:
-    """Run every configuration not already in OUT/sweep.jsonl -> records in `points` order."""
-    digest = scenario_digest(scenario)
-    log = Path(out_dir) / JSONL_NAME if out_dir is not None else None
+              ray_address: str | None = None, progress: bool = True, runner: Runner = run_point,
+              warn: Callable[[str], None] | None = None) -> list[dict]:
+    """Run every configuration not already in OUT/sweep.jsonl -> records in `points` order. Bad lines of
+    the store are passed to `warn` (default: printed on stderr)."""
+    digest = scenario_digest(scenario, source)
     done: dict[str, SweepRecord] = {}
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        done, _ = read_records(log, digest)
+    if out_dir is not None:
+        stored = read_store(out_dir, digest)
+        for problem in stored.problems:
+            (warn or _warn)(f"{Path(out_dir) / JSONL_NAME} {problem}: skipped")
+        done = stored.records
     wanted = {p.key for p in points}
     done = {k: r for k, r in done.items() if k in wanted}
     todo = [p for p in points if p.key not in done]
-    with _progress(progress) as bar:
+    with _progress(progress) as bar, _signals_interrupt():
         task = bar.add_task("sweep", total=len(points), completed=len(done))
 
         def on_done(record: SweepRecord) -> None:
             done[record.key] = record
-            if log is not None:
-                append_record(log, record)
+            if out_dir is not None:
+                append_record(out_dir, record)
             bar.update(task, advance=1, description=record.key, refresh=True)
 
-        if ray_address:
-            _run_ray(todo, scenario, source, digest, ray_address, runner, on_done)
-        else:
-            _run_local(todo, lambda p: (scenario, source, p, digest), jobs, runner, on_done)
+        try:
+            if ray_address:
+                _run_ray(todo, scenario, source, digest, ray_address, runner, on_done)
+            else:
+                _run_local(todo, lambda p: (scenario, source, p, digest), jobs, runner, on_done)
+        except SweepInterrupted as stop:
+            raise SweepInterrupted(stop.signum, len(done), len(points), out_dir) from None
     return [done[p.key] for p in points]
+
+
+def _warn(message: str) -> None:
+    Console(stderr=True).print(f"warning: {message}", highlight=False, markup=False)
 
 
 def _progress(enabled: bool) -> Progress:

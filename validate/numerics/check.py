@@ -120,13 +120,26 @@ def check_numerics(scenario: Scenario, source: str, nproc: int, specs: list[str]
     return merge(variants, launch("numerics", payload, nproc, timeout_s=timeout_s), source)
 
 
+def _variant(scenario: Scenario, spec: str, nproc: int, source: str, *, chosen: bool) -> Variant:
+    """make_variant; a default variant that cannot run on nproc processes is blamed on --nproc, not on a
+    --variants value the user never gave."""
+    try:
+        return make_variant(scenario, spec, nproc, source)
+    except UserError as err:
+        if chosen:
+            raise
+        raise UserError("--nproc", nproc, "use an --nproc whose shrunk layout has tp > 1 (e.g. 2 or 4), or "
+                        "choose variants with --variants", problem=f"The default variant {spec!r} cannot run "
+                        f"on {nproc} processes ({err.problem})") from None
+
+
 def numerics_payload(scenario: Scenario, source: str, nproc: int, specs: list[str] | None, *, seed: int = 0,
                      dtype: str = "float32") -> tuple[list[Variant], dict]:
     """The variants and the worker payload (JSON-serialisable, for spawn or torchrun). Spec "" is the
     scenario's own configuration, shrunk."""
     if dtype not in TOLERANCES:
         raise UserError("--dtype", dtype, f"use one of {', '.join(TOLERANCES)}")
-    variants = [make_variant(scenario, spec, nproc, source) for spec in (specs or default_specs(nproc))]
+    variants = [_variant(scenario, spec, nproc, source, chosen=bool(specs)) for spec in (specs or default_specs(nproc))]
     for v in variants:
         if "swap_fg" in v.faults and v.scenario.parallel.sp:
             raise UserError("--variants", v.name, "use swap_fg with 'tp' (no SP); under SP use no_ln_allreduce",

@@ -1,0 +1,178 @@
+"""Reading the user's files and checking where outputs go: one error path for every command.
+
+- `read_text`: a file as UTF-8 (a byte-order mark is allowed), at most a size limit; unreadable, too large
+  or non-UTF-8 files are UserErrors naming the file.
+- `load_yaml` / `load_json`: parsed documents whose size, nesting depth and alias expansion stay under
+  sim/core/limits.py's limits; duplicate YAML keys are refused; syntax errors name the line.
+- `check_output_file` / `check_output_dir`: run before any work starts, so a bad --json/--out/--plot
+  never throws away a finished computation.
+- `output_folder_name`: a scenario name made safe to use as one folder name (the name is a label only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.limits import MAX_JSON_BYTES, MAX_NESTING, MAX_YAML_BYTES, MAX_YAML_NODES
+
+
+# ----- reading ---------------------------------------------------------------------------------------
+def read_text(path: str | Path, *, field: str = "file", source: str | None = None,
+              max_bytes: int = MAX_YAML_BYTES) -> str:
+    """The file's text, decoded as UTF-8; UserError if it is missing, a directory, too large or not UTF-8."""
+    path = Path(path)
+    where = source or str(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise UserError(field, str(path), "give a smaller file", source=where,
+                            problem=f"The file is {size:,} bytes; meshsim reads at most {max_bytes:,} (README, Limits)")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(field, str(path), "check the path", source=where,
+                        problem=f"Cannot read the file ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(field, str(path), "save the file as UTF-8 text", source=where,
+                        problem=f"Not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})") from None
+
+
+_SAFE_BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when PyYAML was built with it
+
+
+class StrictLoader(_SAFE_BASE):
+    """safe_load (libyaml-backed when available) that rejects a key given twice in one mapping (plain YAML
+    keeps the last silently)."""
+
+
+def _mapping_without_duplicates(loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def yaml_error(exc: Exception, text: str, source: str) -> UserError:
+    """A YAML syntax error -> UserError naming the line, its text and the parser's complaint."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    if mark is None:
+        return UserError("(file)", source, "fix the YAML syntax", source=source,
+                         problem=f"YAML syntax error: {problem}")
+    lines = text.splitlines()
+    line = lines[mark.line].strip() if mark.line < len(lines) else ""
+    return UserError(f"line {mark.line + 1}", line, f"fix the YAML at line {mark.line + 1}, column "
+                     f"{mark.column + 1} (`key: value` pairs; nested sections indented with spaces)",
+                     source=source, problem=f"YAML syntax error: {problem}")
+
+
+def _too_deep(source: str, kind: str) -> UserError:
+    return UserError("(file)", f"nesting > {MAX_NESTING}", f"flatten the {kind}: sections and lists nest at most {MAX_NESTING} deep",
+                     source=source, problem=f"Nested more than {MAX_NESTING} levels (README, Limits)")
+
+
+def check_shape(data: object, source: str, kind: str = "YAML") -> None:
+    """Refuse documents nested deeper than MAX_NESTING or holding more than MAX_YAML_NODES values, counting
+    a shared (aliased) value at each use: a 1 KB alias bomb expands to billions of values downstream."""
+    stack: list[tuple[object, int]] = [(data, 1)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_NODES:
+            raise UserError("(file)", source, f"give a smaller {kind} document (aliases count at each use)",
+                            source=source, problem=f"More than {MAX_YAML_NODES:,} values (README, Limits)")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        if children and depth >= MAX_NESTING:
+            raise _too_deep(source, kind)
+        stack.extend((child, depth + 1) for child in children)
+        if isinstance(node, dict):
+            stack.extend((key, depth + 1) for key in node)
+
+
+def load_yaml(path: str | Path, *, field: str = "file", source: str | None = None) -> object:
+    """Read, parse and shape-check a YAML file (safe tags only, no duplicate keys)."""
+    where = source or str(path)
+    text = read_text(path, field=field, source=where)
+    try:
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise yaml_error(exc, text, where) from None
+    except RecursionError:
+        raise _too_deep(where, "YAML") from None
+    check_shape(data, where)
+    return data
+
+
+def load_json(path: str | Path, *, field: str = "file", fix: str = "give a JSON file meshsim wrote",
+              source: str | None = None) -> object:
+    """Read, parse and shape-check a JSON file (depth only: JSON has no aliases; size by MAX_JSON_BYTES)."""
+    where = source or str(path)
+    text = read_text(path, field=field, source=where, max_bytes=MAX_JSON_BYTES)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(field, str(path), fix, source=where,
+                        problem=f"Not JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise _too_deep(where, "JSON") from None
+
+
+# ----- outputs ---------------------------------------------------------------------------------------
+def _probe_directory(flag: str, directory: Path) -> None:
+    """Create `directory` (and parents) and prove a file can be written in it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".meshsim-probe-"):
+            pass
+    except OSError as exc:
+        raise UserError(flag, str(directory), "give a writable directory",
+                        problem=f"Cannot write there ({exc.strerror or exc})") from None
+
+
+def check_output_file(flag: str, path: Path | None) -> None:
+    """Before any work: `path` is not a directory and its folder is (made) writable."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(flag, str(path), "give a file path, not a directory", problem="Is a directory")
+    _probe_directory(flag, path.parent if str(path.parent) else Path("."))
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UserError(flag, str(path), "give a writable file", problem="The file is not writable")
+
+
+def check_output_dir(flag: str, path: Path | None) -> None:
+    """Before any work: `path` is (made) a writable directory."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(flag, str(path), "give a directory (it is created if missing)",
+                        problem="Exists and is not a directory")
+    _probe_directory(flag, path)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_FOLDER_CHARS = 64
+
+
+def output_folder_name(name: str, suffix: str = "") -> str:
+    """A scenario name as one safe folder name: letters, digits, '.', '_' and '-' only, no leading dot,
+    at most MAX_FOLDER_CHARS characters ('../../x' -> 'x', '/abs/dir' -> 'abs-dir')."""
+    safe = _UNSAFE.sub("-", name).strip(".-")[:MAX_FOLDER_CHARS].strip(".-") or "scenario"
+    return safe + suffix

@@ -1,0 +1,261 @@
+"""The malformed-input corpus: every bad input, in every command, is one line on stderr, exit status 2 and
+no traceback. Inputs that used to run unbounded (huge counts, alias bombs, deep nesting, tiny step
+factors) run in a subprocess whose generous timeout is the only bound asserted: no measured duration is.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshsim.sim.cli.main import main
+
+TINY = {
+    "name": "tiny", "model": {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1024},
+    "topology": {"preset": "dgx-h100"}, "parallel": {"gpus": 2, "tp": 2, "micro_batch": 2, "global_batch": 4},
+}
+CUSTOM_NODE = """name: two-gpu
+gpu: h100-sxm
+gpus_per_node: 2
+nic_gbitps: 400
+devices: [{name: g0, kind: gpu}, {name: g1, kind: gpu}, {name: sw, kind: nvswitch}, {name: nic0, kind: nic}]
+links:
+  - {src: g0, dst: sw, bw_gbps: 450, latency_us: 0.5, kind: nvlink}
+  - {src: g1, dst: sw, bw_gbps: 450, latency_us: 0.5, kind: nvlink}
+"""
+SUBPROCESS_TIMEOUT_S = 180  # generous: a regression to unbounded work fails here instead of hanging CI
+
+
+def scenario(tmp_path: Path, name: str = "s.yaml", **sections) -> Path:
+    """TINY with sections replaced or merged ({'model': {'layers': True}}), written as YAML."""
+    data = yaml.safe_load(yaml.safe_dump(TINY))
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def assert_one_line_exit_2(code: int, err: str, needle: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str]:
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def run_subprocess(args: list[str], cwd: Path) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "meshsim.sim.cli.main", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    return done.returncode, done.stderr
+
+
+# ----- files: encoding, non-finite numbers, strict types --------------------------------------------
+def _utf16(tmp_path: Path) -> list:
+    path = scenario(tmp_path)
+    path.write_bytes(path.read_text().encode("utf-16"))
+    return ["run", path]
+
+
+def _latin1(tmp_path: Path) -> list:
+    path = tmp_path / "s.yaml"
+    path.write_bytes(yaml.safe_dump({**TINY, "description": "caf\u00e9"}, allow_unicode=True).encode("latin-1"))
+    return ["run", path]
+
+
+def _utf16_topology(tmp_path: Path) -> list:
+    (tmp_path / "node.yaml").write_bytes(CUSTOM_NODE.encode("utf-16"))
+    return ["run", scenario(tmp_path, topology={"file": "node.yaml", "preset": None})]
+
+
+def _latin1_profile(tmp_path: Path) -> list:
+    (tmp_path / "p.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    return ["run", scenario(tmp_path, hardware={"profile": "p.yaml"})]
+
+
+def _inf_profile(tmp_path: Path) -> list:
+    (tmp_path / "p.yaml").write_text("name: p\ngpu: {peak_tflops: .inf}\n")
+    return ["run", scenario(tmp_path, hardware={"profile": "p.yaml"})]
+
+
+def _yaml(tmp_path: Path, text: str) -> list:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return ["run", path]
+
+
+def _with_text(field_line: str):
+    def build(tmp_path: Path) -> list:
+        base = yaml.safe_dump(TINY).replace("  layers: 2\n", f"  {field_line}\n")
+        return _yaml(tmp_path, base)
+    return build
+
+
+FILE_CASES = {
+    "scenario in UTF-16": (_utf16, "Not UTF-8"),
+    "scenario in Latin-1": (_latin1, "Not UTF-8"),
+    "topology file in UTF-16": (_utf16_topology, "Not UTF-8"),
+    "profile in Latin-1": (_latin1_profile, "Not UTF-8"),
+    "profile with .inf": (_inf_profile, "a finite number"),
+    "layers: true": (_with_text("layers: true"), "model.layers"),
+    "layers: 2.0": (_with_text("layers: 2.0"), "model.layers"),
+    "peak_tflops: .inf": (lambda p: ["run", scenario(p, hardware={"peak_tflops": float("inf")})], "finite"),
+    "gemm_efficiency: .nan": (lambda p: ["run", scenario(p, hardware={"compute": {"gemm_efficiency": float("nan")}})],
+                              "finite"),
+    "dp_bucket_mb: .inf": (lambda p: ["run", scenario(p, parallel={"dp_bucket_mb": float("inf")})], "finite"),
+    "sp: 1 (not a boolean)": (lambda p: ["run", scenario(p, parallel={"sp": 1})], "parallel.sp"),
+    "2-node custom topology without a NIC route": (
+        lambda p: (p.joinpath("node.yaml").write_text(CUSTOM_NODE),
+                   ["run", scenario(p, topology={"file": "node.yaml", "preset": None, "nodes": 2})])[1],
+        "reaches no NIC"),
+    "heads a large prime (divisor search)": (
+        lambda p: ["run", scenario(p, model={"heads": 16777213, "hidden": 16777213})], "parallel.tp"),
+}
+
+
+@pytest.mark.parametrize("case", list(FILE_CASES))
+def test_bad_files_exit_2_with_one_line(case, tmp_path, capsys):
+    build, needle = FILE_CASES[case]
+    assert_one_line_exit_2(*run_cli(build(tmp_path), capsys), needle)
+
+
+# ----- outputs: directories and unwritable places, checked before any work --------------------------
+def _output_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
+    a_dir = tmp_path / "a-dir"
+    a_dir.mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    under_file = a_file / "out.json"  # its folder is a file: nothing can be written there
+    good = scenario(tmp_path)
+    results = tmp_path / "r.json"
+    results.write_text('{"step_time_s": 1, "tokens_per_s": 1, "tflops_per_gpu": 1, "mfu": 0.5, '
+                       '"breakdown_s": {}, "memory_gb": {"total": 1}}')
+    return {
+        "run --json DIR": (["run", good, "--json", a_dir], "Is a directory"),
+        "run --json under a file": (["run", good, "--json", under_file], "Cannot write there"),
+        "run --out FILE": (["run", good, "--out", a_file], "not a directory"),
+        "sweep --json DIR": (["sweep", good, "--json", a_dir, "--no-progress"], "Is a directory"),
+        "sweep --out FILE": (["sweep", good, "--out", a_file, "--no-progress"], "not a directory"),
+        "collective --json DIR": (["collective", "--json", a_dir], "Is a directory"),
+        "collective --plot DIR": (["collective", "--plot", a_dir], "Is a directory"),
+        "topologies --json DIR": (["topologies", "--json", a_dir], "Is a directory"),
+        "compare --out FILE": (["compare", results, results, "--out", a_file], "not a directory"),
+        "calibrate --out DIR": (["calibrate", "--out", a_dir], "Is a directory"),
+        "validate --json DIR": (["validate", "tiny-2gpu", "--json", a_dir], "Is a directory"),
+    }
+
+
+OUTPUT_CASES = ("run --json DIR", "run --json under a file", "run --out FILE", "sweep --json DIR", "sweep --out FILE",
+                "collective --json DIR", "collective --plot DIR", "topologies --json DIR", "compare --out FILE",
+                "calibrate --out DIR", "validate --json DIR")
+
+
+@pytest.mark.parametrize("case", OUTPUT_CASES)
+def test_bad_output_paths_exit_2_before_any_work(case, tmp_path, capsys, monkeypatch):
+    if case.startswith(("calibrate", "validate")):
+        pytest.importorskip("torch")
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the output path was checked")
+
+    for target in ("meshsim.sim.results.simulate.simulate", "meshsim.sim.cli.run.simulate",
+                   "meshsim.sim.sweep.axes.simulate"):
+        monkeypatch.setattr(target, no_work)
+    args, needle = _output_cases(tmp_path)[case]
+    assert_one_line_exit_2(*run_cli(args, capsys), needle)
+
+
+# ----- command-line values ----------------------------------------------------------------------
+def _compare_inputs(tmp_path: Path) -> dict[str, Path]:
+    files = {"list": "[1, 2]", "strings": '{"step_time_s": "fast", "breakdown_s": {}, "memory_gb": {}}',
+             "nested": "[" * 100_000 + "]" * 100_000, "inf": '{"step_time_s": Infinity}'}
+    paths = {}
+    for name, text in files.items():
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(text)
+    paths["utf16"] = tmp_path / "utf16.json"
+    paths["utf16"].write_bytes('{"step_time_s": 1}'.encode("utf-16"))
+    return paths
+
+
+CLI_CASES = {
+    "sweep --tp superscript two": (lambda p: ["sweep", scenario(p), "--tp", "\u00b2"], "--tp"),
+    "sweep --tp 40-digit number": (lambda p: ["sweep", scenario(p), "--tp", "9" * 40], "--tp"),
+    "sweep with too many points": (lambda p: ["sweep", scenario(p), "--tp", ",".join(map(str, range(1, 41))),
+                                              "--micro-batch", ",".join(map(str, range(1, 41)))], "configurations"),
+    "collective --step-factor inf": (lambda p: ["collective", "--step-factor", "inf"], "--step-factor"),
+    "collective --step-factor nan": (lambda p: ["collective", "--step-factor", "nan"], "--step-factor"),
+    "collective --max-bytes 400 digits": (lambda p: ["collective", "--max-bytes", "9" * 400], "--max-bytes"),
+    "run --explicit-ranks on 64 x 8 GPUs": (
+        lambda p: ["run", scenario(p, model={"heads": 64, "hidden": 4096}, topology={"nodes": 64},
+                                   parallel={"gpus": None, "tp": 64, "global_batch": 16}), "--explicit-ranks"],
+        "--explicit-ranks"),
+    "validate --tolerance nan": (lambda p: ["validate", "tiny-2gpu", "--tolerance", "nan"], "--tolerance"),
+}
+COMPARE_CASES = {"list": "Expected a JSON object", "strings": "non-numeric", "nested": "Nested more than",
+                 "inf": "non-numeric", "utf16": "Not UTF-8"}
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_bad_command_line_values_exit_2(case, tmp_path, capsys):
+    if case.startswith("validate"):
+        pytest.importorskip("torch")
+    build, needle = CLI_CASES[case]
+    assert_one_line_exit_2(*run_cli(build(tmp_path), capsys), needle)
+
+
+@pytest.mark.parametrize("case", list(COMPARE_CASES))
+def test_malformed_compare_inputs_exit_2(case, tmp_path, capsys):
+    bad = _compare_inputs(tmp_path)[case]
+    assert_one_line_exit_2(*run_cli(["compare", bad, bad], capsys), COMPARE_CASES[case])
+
+
+# ----- inputs that used to run unbounded: a subprocess, bounded only by its generous timeout ----------
+def _alias_bomb(tmp_path: Path) -> list:
+    """~1 KB of YAML whose last alias stands for 10^9 values."""
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    return _yaml(tmp_path, "\n".join(levels) + "\n" + yaml.safe_dump(TINY) + "extra: *a8\n")
+
+
+UNBOUNDED_CASES = {
+    "layers: 1000000": (lambda p: ["run", scenario(p, model={"layers": 1_000_000})], "model.layers"),
+    "global_batch: 1000000000": (lambda p: ["run", scenario(p, parallel={"global_batch": 1_000_000_000})],
+                                 "parallel.global_batch"),
+    "topology.nodes: 125000": (lambda p: ["run", scenario(p, topology={"nodes": 125_000})], "topology.nodes"),
+    "collective --nodes 100000": (lambda p: ["collective", "--nodes", "100000"], "topology.nodes"),
+    "collective --step-factor 1.000001": (lambda p: ["collective", "--step-factor", "1.000001"], "rows"),
+    "YAML alias bomb": (_alias_bomb, "values"),
+    "100k-deep nesting": (lambda p: _yaml(p, "name: " + "[" * 100_000 + "]" * 100_000 + "\n"), "nest"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNBOUNDED_CASES))
+def test_formerly_unbounded_inputs_are_refused(case, tmp_path):
+    build, needle = UNBOUNDED_CASES[case]
+    assert_one_line_exit_2(*run_subprocess(build(tmp_path), tmp_path), needle)
+
+
+# ----- the scenario name is a label -------------------------------------------------------------
+@pytest.mark.parametrize("name, folder", [("../../escaped", "escaped"), ("/abs/dir", "abs-dir"),
+                                          ("..", "scenario"), ("a b/c", "a-b-c")])
+def test_scenario_name_never_leaves_meshsim_out(name, folder, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "a" / "b" / "work"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    path = scenario(tmp_path, name=f"{folder}.yaml")
+    path.write_text(path.read_text().replace("name: tiny", f"name: {json.dumps(name)}"))
+    assert main(["run", str(path), "--no-html"]) == 0
+    out = work / "meshsim-out" / folder
+    assert (out / "results.json").is_file()
+    written = {p for p in tmp_path.rglob("*.json")}
+    assert written == {out / "results.json", out / "trace.json"}
