@@ -112,7 +112,7 @@ FILE_CASES = {
     "peak_tflops: .inf": (lambda p: ["run", scenario(p, hardware={"peak_tflops": float("inf")})], "finite"),
     "gemm_efficiency: .nan": (lambda p: ["run", scenario(p, hardware={"compute": {"gemm_efficiency": float("nan")}})],
                               "finite"),
-    "dp_bucket_mb: .inf": (lambda p: ["run", scenario(p, parallel={"dp_bucket_mb": float("inf")})], "finite"),
+    "dp_bucket_mib: .inf": (lambda p: ["run", scenario(p, parallel={"dp_bucket_mib": float("inf")})], "finite"),
     "sp: 1 (not a boolean)": (lambda p: ["run", scenario(p, parallel={"sp": 1})], "parallel.sp"),
     "2-node custom topology without a NIC route": (
         lambda p: (p.joinpath("node.yaml").write_text(CUSTOM_NODE),
@@ -168,7 +168,7 @@ def test_bad_output_paths_exit_2_before_any_work(case, tmp_path, capsys, monkeyp
         raise AssertionError("work started before the output path was checked")
 
     for target in ("meshsim.sim.results.simulate.simulate", "meshsim.sim.cli.run.simulate",
-                   "meshsim.sim.sweep.axes.simulate"):
+                   "meshsim.sim.sweep.record.simulate"):
         monkeypatch.setattr(target, no_work)
     args, needle = _output_cases(tmp_path)[case]
     assert_one_line_exit_2(*run_cli(args, capsys), needle)

@@ -106,7 +106,7 @@ def test_corrupt_lines_are_reported_and_skipped(tmp_path, tiny):
     records = run_sweep(scenario, source, POINTS, out_dir=tmp_path, progress=False, runner=fake_runner,
                         warn=warnings.append)
     assert calls == [POINTS[1].key, POINTS[2].key]
-    assert [r["key"] for r in records] == [p.key for p in POINTS]
+    assert [r.key for r in records] == [p.key for p in POINTS]
     assert len(warnings) == len(bad) and all("skipped" in w for w in warnings)
     assert "line 2: not a sweep record" in warnings[0]
     text = log.read_text()
