@@ -43,9 +43,9 @@ def gpus_used(scenario: Scenario, topology_gpus: int) -> int:
 
 
 def data_parallel(scenario: Scenario, gpus: int) -> int:
-    """dp as given, or gpus / tp when 'auto' (pp is always 1)."""
-    dp = scenario.parallel.dp
-    return gpus // scenario.parallel.tp if dp == "auto" else dp
+    """dp as given, or gpus / (tp x pp) when 'auto'."""
+    p = scenario.parallel
+    return gpus // (p.tp * p.pp) if p.dp == "auto" else p.dp
 
 
 def _kv_ok(kv_heads: int, tp: int) -> bool:
@@ -86,10 +86,79 @@ def check_gpu_preset(s: Scenario, ctx: CheckContext) -> None:
         raise unknown_name_error("hardware.gpu", gpu, GPUS, source=ctx.source)
 
 
-def check_pipeline(s: Scenario, ctx: CheckContext) -> None:
-    if s.parallel.pp > 1:
-        raise _err(ctx, "parallel.pp", s.parallel.pp, "Pipeline parallelism is not supported yet",
-                   "set parallel.pp: 1 (meshsim models tensor, sequence and data parallelism)")
+def pipeline_units(s: Scenario) -> int:
+    """Layers the pipeline split divides: transformer layers, plus one for the embedding and one for the
+    output layer + loss when account_for_embedding_in_split / account_for_loss_in_split are set."""
+    p = s.parallel
+    return s.model.layers + int(p.account_for_embedding_in_split) + int(p.account_for_loss_in_split)
+
+
+def check_pipeline_stages(s: Scenario, ctx: CheckContext) -> None:
+    p, gpus = s.parallel, gpus_used(s, ctx.topology_gpus)
+    if p.pp > gpus:
+        raise _err(ctx, "parallel.pp", p.pp, f"pp exceeds the {gpus} GPUs used",
+                   f"use pp <= {gpus}, or use more GPUs (parallel.gpus / topology.nodes)")
+    if p.pp > s.model.layers:
+        raise _err(ctx, "parallel.pp", p.pp, f"Each pipeline stage needs at least one of the "
+                   f"model.layers = {s.model.layers} layers", f"use pp <= {s.model.layers}")
+    if p.vp > 1 and p.pp == 1:
+        raise _err(ctx, "parallel.vp", p.vp, "Virtual stages interleave the chunks of several pipeline "
+                   "stages and need pp > 1", "set parallel.vp: 1, or parallel.pp > 1")
+    if p.vp > 1 and p.pp <= 2 and p.p2p_overlap:
+        raise _err(ctx, "parallel.vp", p.vp, f"Megatron's interleaved schedule with overlapped P2P "
+                   f"communication (parallel.p2p_overlap: true) needs pp > 2, and pp = {p.pp}",
+                   "set parallel.p2p_overlap: false, or parallel.pp > 2, or parallel.vp: 1")
+
+
+def _uneven_split(s: Scenario, ctx: CheckContext) -> None:
+    p, layers = s.parallel, s.model.layers
+    first, last = p.first_stage_layers, p.last_stage_layers
+    field, value = ("parallel.first_stage_layers", first) if first is not None else ("parallel.last_stage_layers", last)
+    if p.vp > 1 or p.pp == 1 or p.account_for_embedding_in_split or p.account_for_loss_in_split:
+        raise _err(ctx, field, value, "Uneven first/last stages need pp > 1, vp = 1 and neither "
+                   "account_for_*_in_split option", f"remove {field}, or set parallel.vp: 1 and pp > 1")
+    middle_stages = p.pp - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    if rest < 0 or (middle_stages == 0 and rest != 0) or (middle_stages > 0 and (rest % middle_stages or rest == 0)):
+        raise _err(ctx, field, value, f"The other {middle_stages} stage(s) must split the remaining "
+                   f"{rest} of model.layers = {layers} layers evenly (at least one each)",
+                   "choose first/last_stage_layers so that the rest divides evenly over the other stages")
+
+
+def check_pipeline_layers(s: Scenario, ctx: CheckContext) -> None:
+    p = s.parallel
+    if p.first_stage_layers is not None or p.last_stage_layers is not None:
+        _uneven_split(s, ctx)
+        return
+    units, split = pipeline_units(s), p.pp * p.vp
+    if units % split or units // split < 1:
+        what = f"model.layers = {s.model.layers}" + ("" if units == s.model.layers else f" (+ embedding/loss = {units})")
+        fits = [d for d in divisors(units) if d % p.vp == 0 and d // p.vp <= ctx.topology_gpus]
+        options = sorted({d // p.vp for d in fits})
+        raise _err(ctx, "parallel.pp", p.pp, f"pp x vp = {p.pp} x {p.vp} = {split} must divide {what}",
+                   f"use pp in {_fmt(options)} at vp = {p.vp}, or change parallel.vp")
+
+
+def check_interleaved_micro_batches(s: Scenario, ctx: CheckContext) -> None:
+    """Megatron's interleaved schedule: p <= N <= m, and m mod N is 0 or >= p (N = group size)."""
+    p = s.parallel
+    if p.vp == 1:
+        return
+    dp = data_parallel(s, gpus_used(s, ctx.topology_gpus))
+    if dp < 1 or p.global_batch % (p.micro_batch * dp):
+        return  # reported by check_dp_matches_gpus / check_global_batch
+    m, n = p.global_batch // (p.micro_batch * dp), p.microbatch_group_size or p.pp
+    field, value = ("parallel.microbatch_group_size", n) if p.microbatch_group_size else ("parallel.global_batch",
+                                                                                       p.global_batch)
+    if not p.pp <= n <= m:
+        raise _err(ctx, field, value, f"The interleaved schedule needs pp <= microbatch_group_size <= "
+                   f"micro-batches, here {p.pp} <= {n} <= {m} fails", f"use global_batch >= "
+                   f"{max(n, p.pp) * p.micro_batch * dp} (micro-batches >= {max(n, p.pp)}), or "
+                   "parallel.microbatch_group_size between pp and the micro-batches")
+    if m % n and m % n < p.pp:
+        raise _err(ctx, field, value, f"micro-batches {m} mod microbatch_group_size {n} = {m % n} is neither "
+                   f"0 nor >= pp = {p.pp} (Megatron's dependency-bubble rule)",
+                   f"use global_batch a multiple of {n * p.micro_batch * dp}, or another group size")
 
 
 def check_head_dim(s: Scenario, ctx: CheckContext) -> None:
@@ -150,10 +219,15 @@ def check_dp_matches_gpus(s: Scenario, ctx: CheckContext) -> None:
         if gpus % p.tp:
             raise _err(ctx, "parallel.tp", p.tp, f"dp = auto needs tp to divide the {gpus} GPUs used",
                        f"use tp in {_fmt(valid_tp(s, gpus))}, or parallel.gpus a multiple of {p.tp}")
-    elif p.tp * p.dp != gpus:
-        raise _err(ctx, "parallel.dp", p.dp, f"tp x dp = {p.tp} x {p.dp} = {p.tp * p.dp} but {gpus} GPUs "
-                   "are used (pp = 1)", f"set parallel.dp: auto, or parallel.dp: {gpus // p.tp}, or "
-                   f"parallel.gpus: {p.tp * p.dp}")
+        if gpus % (p.tp * p.pp):
+            raise _err(ctx, "parallel.pp", p.pp, f"dp = auto needs tp x pp = {p.tp} x {p.pp} to divide the "
+                       f"{gpus} GPUs used (tp x pp x dp = GPUs)",
+                       f"use pp in {_fmt([d for d in divisors(gpus // p.tp)])}, or other GPUs")
+    elif p.tp * p.pp * p.dp != gpus:
+        model = p.tp * p.pp
+        raise _err(ctx, "parallel.dp", p.dp, f"tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = {model * p.dp} but "
+                   f"{gpus} GPUs are used", f"set parallel.dp: auto, or parallel.dp: {gpus // model}, or "
+                   f"parallel.gpus: {model * p.dp}")
 
 
 def check_global_batch(s: Scenario, ctx: CheckContext) -> None:
@@ -184,7 +258,8 @@ Rule = Callable[[Scenario, CheckContext], None]
 RULES: tuple[Rule, ...] = (
     check_topology_source,
     check_gpu_preset,
-    check_pipeline,
+    check_pipeline_stages,
+    check_pipeline_layers,
     check_head_dim,
     check_kv_heads,
     check_gpus_fit,
@@ -193,6 +268,7 @@ RULES: tuple[Rule, ...] = (
     check_tp_kv_heads,
     check_dp_matches_gpus,
     check_global_batch,
+    check_interleaved_micro_batches,
     check_sequence_parallel,
 )
 

@@ -144,7 +144,7 @@ def gpu_spec(scenario: Scenario, topology: Topology, profile: HardwareProfile | 
 def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     """Run every check, build the topology, apply GPU overrides; dp, gpus and micro_batches resolved.
 
-    gpus = parallel.gpus or all topology GPUs; dp = gpus / tp when 'auto';
+    gpus = parallel.gpus or all topology GPUs; dp = gpus / (tp x pp) when 'auto';
     micro_batches = global_batch / (micro_batch x dp).
     """
     early = CheckContext(source, topology_gpus=0)
@@ -161,7 +161,8 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     check_work(scenario.model.layers, micro_batches, source=source)
     return ResolvedScenario(
         scenario=scenario, source=source, gpu=gpu_spec(scenario, topology, profile, source),
-        topology=topology, gpus=gpus, tp=p.tp, dp=dp, micro_batches=micro_batches, profile=profile,
+        topology=topology, gpus=gpus, tp=p.tp, dp=dp, micro_batches=micro_batches, profile=profile, pp=p.pp,
+        vp=p.vp,
     )
 
 

@@ -20,11 +20,21 @@ class ResolvedScenario:
     source: str  # file path or "builtin:NAME"; used in messages
     gpu: GpuSpec  # preset with hardware overrides and profile figures applied
     topology: Topology  # the whole machine (all nodes)
-    gpus: int  # GPUs used: the first `gpus` ranks of the topology, TP innermost
+    gpus: int  # GPUs used: the first `gpus` ranks of the topology, TP innermost, then DP, then PP
     tp: int
     dp: int
     micro_batches: int  # gradient-accumulation steps per DP rank = global_batch / (micro_batch * dp)
     profile: HardwareProfile | None = None
+    pp: int = 1  # pipeline stages: stage s holds ranks s*tp*dp ... (s+1)*tp*dp - 1
+    vp: int = 1  # virtual stages (model chunks) per rank
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks per pipeline stage: tp x dp."""
+        return self.tp * self.dp
+
+    def stage_of(self, rank: int) -> int:
+        return rank // self.stage_size
 
     @property
     def name(self) -> str:
@@ -35,7 +45,7 @@ class ResolvedScenario:
         return mesh_group("tp", index * self.tp, self.tp, self.dp)
 
     def dp_group(self, tp_rank: int = 0) -> tuple[int, ...]:
-        """Global ranks of the DP group holding TP rank `tp_rank`: tp_rank, tp_rank+tp, ..."""
+        """Global ranks of the DP group holding (stage 0's) rank `tp_rank`: tp_rank, tp_rank+tp, ..."""
         return mesh_group("dp", tp_rank, self.tp, self.dp)
 
     @property
@@ -57,21 +67,29 @@ class ResolvedScenario:
         return mesh_group("kv", rank, self.tp, self.dp, self.kv_replicas)
 
     def all_kv_groups(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(self.kv_group(r) for r in range(0, self.gpus, self.kv_replicas))
+        return self.all_groups("kv")
 
     def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
-        """`rank`'s group of a schedule's symbolic kind: "tp", "dp" or "kv"."""
-        return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas)
+        """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp" or "embed"."""
+        return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp)
 
-    def all_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
-        """Every group of that kind: the symmetric copies that run a collective at the same time."""
-        return {"tp": self.all_tp_groups, "dp": self.all_dp_groups, "kv": self.all_kv_groups}[kind]()
+    def all_groups(self, kind: str, rank: int = 0) -> tuple[tuple[int, ...], ...]:
+        """Every group of that kind in `rank`'s pipeline stage: the symmetric copies that run a collective
+        at the same time (other stages run other ops then). "embed" groups span the first and last stage."""
+        base = self.stage_of(rank) * self.stage_size
+        if kind == "embed":
+            return tuple(self.group("embed", r) for r in range(self.stage_size))
+        if kind == "kv":
+            return tuple(self.kv_group(base + r) for r in range(0, self.stage_size, self.kv_replicas))
+        step = self.tp if kind == "tp" else 1
+        count = self.dp if kind == "tp" else self.tp
+        return tuple(self.group(kind, base + i * step) for i in range(count))
 
     def all_tp_groups(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(self.tp_group(i) for i in range(self.dp))
+        return self.all_groups("tp")
 
     def all_dp_groups(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(self.dp_group(t) for t in range(self.tp))
+        return self.all_groups("dp")
 
     def crosses_nodes(self) -> bool:
         """True when a TP group spans more than one node (TP leaves the NVLink domain)."""

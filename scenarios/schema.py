@@ -105,7 +105,14 @@ class TopologyConfig(Frozen):
 class ParallelConfig(Frozen):
     tp: int = Field(default=1, gt=0)
     sp: bool = False
-    pp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)  # pipeline stages (sim/schedule/pipeline.py)
+    vp: int = Field(default=1, gt=0)  # virtual stages (model chunks) per rank: > 1 = interleaved 1F1B
+    microbatch_group_size: int | None = Field(default=None, gt=0)  # interleaved: N, default pp
+    first_stage_layers: int | None = Field(default=None, ge=0)  # uneven split (vp = 1): layers on stage 0
+    last_stage_layers: int | None = Field(default=None, ge=0)  # ... and on the last stage
+    account_for_embedding_in_split: bool = False  # the embedding counts as one layer of stage 0
+    account_for_loss_in_split: bool = False  # the output layer + loss count as one layer of the last stage
+    p2p_overlap: bool = True  # interleaved: isend/irecv overlapped with compute (Megatron --overlap-p2p-comm)
     dp: int | Literal["auto"] = "auto"
     gpus: int | None = Field(default=None, gt=0)  # default: every GPU of the topology
     micro_batch: int = Field(default=1, gt=0)
@@ -121,6 +128,8 @@ class SweepConfig(Frozen):
     """Sweep axes (meshsim sweep); command-line flags override these."""
 
     tp: list[int] | None = None
+    pp: list[int] | None = None
+    vp: list[int] | None = None
     sp: list[bool] | None = None
     micro_batch: list[int] | None = None
     tp_comm_overlap: list[bool] | None = None

@@ -28,7 +28,7 @@ def test_library_scenario_runs_and_is_consistent(name):
     # the busy time of the compute stream cannot exceed the step; critical-path shares are a partition
     b = d["breakdown_s"]
     assert b["compute"] <= step * (1 + 1e-9)
-    assert b["exposed_comm"] <= b["tp_comm"] + b["dp_comm"] + 1e-9
+    assert b["exposed_comm"] <= b["tp_comm"] + b["dp_comm"] + b.get("pp_comm", 0.0) + 1e-9
     assert sum(d["critical_path_share"].values()) == pytest.approx(1.0)
     # segments of an extrapolated step stand for `count` periods each (sim/results/steady_state.py)
     assert sum(c["dur_us"] * c["count"] for c in d["critical_path"]) == pytest.approx(step * 1e6, rel=1e-6)

@@ -29,11 +29,14 @@ ARCHITECTURES = {
     "llama3-8b-h200": (32, 4096, 32, 8, 14336, 8192, 128256, "swiglu"),
     "gpt-13b-a100-1node": (40, 5120, 40, 40, 4 * 5120, 2048, 51200, "gelu"),
     "gpt-13b-a100-2node": (40, 5120, 40, 40, 4 * 5120, 2048, 51200, "gelu"),
+    "gpt3-175b-a100-pp8": (96, 12288, 96, 96, 4 * 12288, 2048, 51200, "gelu"),
+    "llama2-70b-h100-pp4": (80, 8192, 64, 8, 28672, 4096, 32000, "swiglu"),
 }
 MACHINES = {  # name -> (topology preset, nodes)
     "gpt3-175b-a100-16node": ("dgx-a100", 16), "llama2-70b-h100-tp8": ("dgx-h100", 8),
     "llama2-70b-h100-1node": ("dgx-h100", 1), "llama3-8b-h200": ("dgx-h200", 1),
     "gpt-13b-a100-1node": ("dgx-a100", 1), "gpt-13b-a100-2node": ("dgx-a100", 2), "tiny-2gpu": ("dgx-h100", 1),
+    "gpt3-175b-a100-pp8": ("dgx-a100", 16), "llama2-70b-h100-pp4": ("dgx-h100", 8),
 }
 
 TINY = yaml.safe_load(LIBRARY["tiny-2gpu"].read_text())
@@ -77,7 +80,7 @@ def test_every_library_scenario_loads_and_resolves(name):
     assert source == f"builtin:{name}"
     r = resolve(scenario, source)
     p = scenario.parallel
-    assert r.tp * r.dp == r.gpus <= r.topology.num_gpus
+    assert r.tp * r.pp * r.dp == r.gpus <= r.topology.num_gpus
     assert r.micro_batches * p.micro_batch * r.dp == p.global_batch
     if name in MACHINES:
         preset, nodes = MACHINES[name]
@@ -228,7 +231,7 @@ ERROR_CASES = {  # id -> (scenario data or YAML text, field, value as it must ap
     "topology-file": (tiny(topology={"preset": None, "file": "nope.yaml"}), "topology.file", "'nope.yaml'",
                       "No such file"),
     "profile-file": (tiny(hardware={"profile": "nope.yaml"}), "hardware.profile", "'nope.yaml'", "calibrate"),
-    "pipeline": (tiny(parallel={"pp": 2}), "parallel.pp", "2", "pipeline parallelism is not supported yet"),
+    "pipeline": (tiny(parallel={"pp": 4}), "parallel.pp", "4", "pp exceeds the 2 GPUs used"),
     "head-dim": (tiny(model={"hidden": 258}), "model.hidden", "258", "multiple of 4"),
     "kv-divides-heads": (tiny(model={"kv_heads": 3}), "model.kv_heads", "3", "{1, 2, 4}"),
     "gpus-exceed-topology": (tiny(parallel={"gpus": 16}), "parallel.gpus", "16", "topology.nodes: 2"),
@@ -260,10 +263,10 @@ def test_each_rule_names_file_field_and_value(tmp_path, case):
 
 
 def test_first_error_is_reported_deterministically(tmp_path):
-    schema_and_rule = tiny(model={"hiden": 3}, parallel={"tp": 3, "pp": 2})
+    schema_and_rule = tiny(model={"hiden": 3}, parallel={"tp": 3, "pp": 3})
     with pytest.raises(UserError, match=r"model\.hiden"):
         load_and_resolve(write(tmp_path, schema_and_rule))
-    two_rules = tiny(parallel={"tp": 3, "pp": 2, "global_batch": 5})
+    two_rules = tiny(parallel={"tp": 3, "pp": 3, "global_batch": 5})
     with pytest.raises(UserError, match=r"parallel\.pp"):
         load_and_resolve(write(tmp_path, two_rules))
 

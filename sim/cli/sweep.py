@@ -29,6 +29,8 @@ AXIS_HELP = "comma-separated; overrides the scenario's sweep: block; unset axes 
 def sweep_command(
     scenario: str = typer.Argument(..., help="scenario YAML path or built-in name (meshsim scenarios)"),
     tp: str = typer.Option(None, "--tp", help=f"tensor-parallel degrees, e.g. 1,2,4,8 ({AXIS_HELP})"),
+    pp: str = typer.Option(None, "--pp", help=f"pipeline stages, e.g. 1,2,4 ({AXIS_HELP}); tp x pp x dp = GPUs"),
+    vp: str = typer.Option(None, "--vp", help=f"virtual stages per rank (interleaved 1F1B), e.g. 1,2 ({AXIS_HELP})"),
     sp: str = typer.Option(None, "--sp", help="sequence parallelism: on, off or both"),
     micro_batch: str = typer.Option(None, "--micro-batch", help=f"micro-batch sizes, e.g. 1,2,4 ({AXIS_HELP})"),
     tp_comm_overlap: str = typer.Option(None, "--tp-comm-overlap", help="TP comm/GEMM overlap: on, off or both"),
@@ -39,10 +41,11 @@ def sweep_command(
     ray: str = typer.Option(None, "--ray", help="run as Ray tasks: a cluster address, 'auto' or 'local'"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
-    """Sweep tp x sp x micro-batch x overlap x recompute at the scenario's GPU count; name the sweet spot."""
+    """Sweep tp x pp x vp x sp x micro-batch x overlap x recompute at the scenario's GPU count; name the sweet spot."""
     if jobs is not None and not 1 <= jobs <= MAX_JOBS:
         raise UserError("--jobs", jobs, f"use --jobs 1 to {MAX_JOBS}")
-    flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute)
+    flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute,
+                 pp=pp, vp=vp)
     base, source = load_scenario(scenario)
     axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)

@@ -27,6 +27,15 @@ Gradient accumulation frees a micro-batch's activations after its backward: one 
 Head: embedding dropout mask sbh, final-norm input 2sbh, logits-GEMM input 2sbh (all /t under SP) and
 the fp32 logits/softmax the cross-entropy keeps, 4 s b V_pad / t.
 
+Pipeline parallelism (pp > 1), per stage r (Korthikanti et al. 2022, Sec. 4.2.3; Narayanan et al. 2021):
+the stage holds its own layers' model states, the embedding on stage 0, the final norm and the output
+layer (a copy of the embedding when tied) on the last stage. Activations are those of its layers times
+the micro-batches in flight: min(p - r, m) for plain 1F1B (stage 0 holds p); interleaved, stage r holds
+min(w_r + 1, v m) chunk-micro-batches of its v chunks (w_r the warm-up forwards, sim/schedule/pipeline.py), so
+stage 0 holds (v p + p - 1) / v = p (1 + (p - 1)/(v p)) micro-batches' worth of its layers. The embedding's
+dropout mask follows the same count; the output layer's activations and logits belong to one
+micro-batch in flight (its backward follows its forward on the last stage). "fits" uses the worst stage.
+
 Workspace 1.0 GB: CUDA context (~0.5 GB), NCCL buffers for the tp and dp communicators (4 MiB Simple +
 LL128 + LL buffers per channel, ~10 MiB x up to 32 channels each, ~0.3-0.6 GB), cuBLAS workspace.
 An estimate; allocator fragmentation is not modeled.
@@ -38,6 +47,8 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES, GB
+from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
+from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 
 WEIGHT_BYTES = BF16_BYTES
@@ -56,6 +67,8 @@ class MemoryBreakdown:
     total_gb: float
     capacity_gb: float
     fits: bool
+    stages: tuple[MemoryBreakdown, ...] = ()  # pp > 1: every stage; the fields above are the worst one's
+    worst_stage: int = 0
 
 
 def params_per_rank(rs: ResolvedScenario) -> int:
@@ -93,7 +106,60 @@ def activation_bytes(rs: ResolvedScenario) -> int:
     return body + head
 
 
+def in_flight_micro_batches(rs: ResolvedScenario, stage: int) -> float:
+    """Micro-batches' worth of a stage's layer activations held at the peak (module docstring)."""
+    p, v, m = rs.pp, rs.vp, rs.micro_batches
+    if v == 1:
+        return min(p - stage, m)
+    n = rs.scenario.parallel.microbatch_group_size or p
+    return min(warmup_forwards(PipelineShape(p, v, m, n, True), stage) + 1, v * m) / v
+
+
+def stage_params(rs: ResolvedScenario, stage: int) -> int:
+    """Parameters one rank of `stage` holds: its layers, the embedding (first stage), the final norm and
+    the output layer or its tied copy of the embedding (last stage)."""
+    d = layer_dims(rs)
+    layers = sum(len(ch.layers) for ch in pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)[stage])
+    table = d.vocab * d.hidden
+    return layers * d.layer_params + (table if stage == 0 else 0) + (table + d.norm_params if stage == rs.pp - 1 else 0)
+
+
+def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
+    d = layer_dims(rs)
+    chunks = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)[stage]
+    layers = sum(len(ch.layers) for ch in chunks)
+    flight = in_flight_micro_batches(rs, stage)
+    if d.recompute == "full":
+        body = layers * d.tokens_out * d.hidden * d.dtype_bytes * flight + layer_activation_bytes(d, "none")
+    else:
+        body = layers * layer_activation_bytes(d) * flight
+    sharded = d.tokens_out * d.hidden
+    embed = sharded * (1 if d.dropout else 0) * flight if stage == 0 else 0
+    head = 2 * sharded * d.dtype_bytes + 4 * d.tokens * d.vocab if stage == rs.pp - 1 else 0
+    return int(body + embed + head)
+
+
+def _breakdown(rs: ResolvedScenario, params: int, activation_b: int) -> MemoryBreakdown:
+    shard = rs.dp if rs.scenario.parallel.distributed_optimizer else 1
+    weights, grads = params * WEIGHT_BYTES / GB, params * GRAD_BYTES / GB
+    optimizer, acts = params * ADAM_BYTES / shard / GB, activation_b / GB
+    total = weights + grads + optimizer + acts + WORKSPACE_GB
+    return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,
+                           total <= rs.gpu.mem_gb)
+
+
+def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
+    """Every stage's memory; the worst stage's figures on top ("fits" is the worst stage's)."""
+    stages = tuple(_breakdown(rs, stage_params(rs, r), stage_activation_bytes(rs, r)) for r in range(rs.pp))
+    worst = max(range(rs.pp), key=lambda r: stages[r].total_gb)
+    w = stages[worst]
+    return MemoryBreakdown(w.weights_gb, w.grads_gb, w.optimizer_gb, w.activations_gb, w.workspace_gb,
+                           w.total_gb, w.capacity_gb, w.fits, stages, worst)
+
+
 def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
+    if rs.pp > 1:
+        return pipeline_memory(rs)
     params = params_per_rank(rs)
     p = rs.scenario.parallel
     shard = rs.dp if p.distributed_optimizer else 1

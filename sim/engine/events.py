@@ -26,6 +26,15 @@ What overlap slows:
   NCCL kernels take a few SMs and we have no measurement) keeps compute ops plain timeouts that never
   touch the arbiter, so results are bit-identical to the model without interference.
 
+Pipeline parallelism: each simulated rank runs its stage's Schedule (`run(schedules, ..., stage_of=)`).
+P2P batches (stream "pp_comm", sim/schedule.P2P) are not FIFO: each starts once its deps are done and
+posts its transfers. A transfer runs when both ends have posted it (sender and receiver, matched by
+(direction, micro-batch, sender's virtual stage) between the two ranks): its latency part, then its
+bandwidth part through the arbiter, with `p2p(src, dst, nbytes) -> (latency_s, bandwidth_s, link_load)`
+from the caller. A batch ends when its last transfer ends; the time it waited for the peer that posted
+last is its `wait_s` (a pipeline bubble when compute waits for it). A collective whose group spans
+stages (the tied-embedding all-reduce) meets its peers by op name, since stages number ops apart.
+
 Deterministic: processes are created in (rank, stream) order and simpy runs simultaneous events in
 creation order, so ties are broken by rank, then by schedule order (op id).
 """
@@ -40,12 +49,22 @@ import simpy
 
 from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine.arbiter import Arbiter
-from meshsim.sim.schedule.ops import STREAMS, Collective, Elementwise, Op, OptimizerStep, Schedule
+from meshsim.sim.schedule.ops import (
+    P2P,
+    STREAMS,
+    Collective,
+    Elementwise,
+    Op,
+    OptimizerStep,
+    P2PTransfer,
+    Schedule,
+)
 
 CommTiming = tuple[float, float, Mapping[int, float]]
 ComputeFn = Callable[[Op, int], float]
 CollectiveFn = Callable[[Op, tuple[int, ...]], CommTiming]
 GroupFn = Callable[[str, int], tuple[int, ...]]
+P2PFn = Callable[[int, int, int], CommTiming]
 
 
 class Event(NamedTuple):
@@ -67,6 +86,7 @@ class Event(NamedTuple):
     bytes: int = 0
     flops: float = 0.0
     peer: int | None = None  # collectives: the simulated rank that issued last (ended the wait)
+    peer_op: int | None = None  # that rank's op id (differs from op_id across pipeline stages)
 
     @property
     def dur_s(self) -> float:
@@ -112,6 +132,8 @@ def work_bytes(op: Op) -> int:
         return work.bytes_read + work.bytes_written
     if isinstance(work, OptimizerStep):
         return work.params * work.bytes_per_param
+    if isinstance(work, P2P):
+        return work.nbytes
     return 0
 
 
@@ -122,19 +144,33 @@ class _Rendezvous:
     arrived: int = 0
     last: int = -1
     start_s: float = 0.0
+    last_op: int = -1
+
+
+@dataclass
+class _Posted:
+    """A P2P transfer one end has posted; the other end's post starts it."""
+
+    done: simpy.Event
+    rank: int
+    op_id: int
+    start_s: float = 0.0  # when the transfer started (both ends posted)
+    last: int = -1  # the rank that posted last
+    last_op: int = -1
 
 
 class _Sim:
     """Mutable state of one run: finish times, dependency waiters, open rendezvous, the arbiter."""
 
     def __init__(self, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
-                 group_of: GroupFn, comm_interference: float = 0.0, issue_s: Sequence[float] = ()):
+                 group_of: GroupFn, comm_interference: float = 0.0, issue_s: Mapping[int, Sequence[float]] | None = None,
+                 p2p: P2PFn | None = None):
         self.env = simpy.Environment(initial_time=0.0)
         self.ranks = frozenset(ranks)
         self.compute_s, self.collective, self.group_of = compute_s, collective, group_of
         self.arbiter = Arbiter(self.env)
         self.kappa = comm_interference
-        self.issue_s = issue_s  # per op id: when the host has issued it (sim/cost/host_dispatch.py); () = at once
+        self.issue_of = issue_s or {}  # rank -> per op id: when the host has issued it; absent = at once
         self.cpu_load = {r: {("cpu", r): 1.0} for r in ranks}  # a compute op's load on its rank
         self.comm_cpu: dict[tuple[int, ...], dict] = {}  # group -> kappa on each simulated member
         self.finished: dict[int, dict[int, float]] = {r: {} for r in ranks}
@@ -142,6 +178,8 @@ class _Sim:
         self.open: dict[tuple[int, tuple[int, ...]], _Rendezvous] = {}
         self.groups: dict[tuple[str, int], tuple[tuple[int, ...], int]] = {}
         self.events: list[Event] = []
+        self.p2p = p2p
+        self.posted: dict[tuple, _Posted] = {}
 
     def wait_for(self, rank: int, op_id: int) -> simpy.Event:
         key = (rank, op_id)
@@ -150,23 +188,26 @@ class _Sim:
             ev = self.waiters[key] = self.env.event()
         return ev
 
-    def finish(self, rank: int, op: Op, start_s: float, wait_s: float = 0.0, peer: int | None = None) -> None:
+    def finish(self, rank: int, op: Op, start_s: float, wait_s: float = 0.0, peer: int | None = None,
+               peer_op: int | None = None) -> None:
         now = self.env.now
         self.finished[rank][op.id] = now
         ev = self.waiters.pop((rank, op.id), None)
         if ev is not None:
             ev.succeed()
         self.events.append(Event(rank, op.id, op.name, op.stream, op.category, op.phase, op.layer,
-                                 op.micro_batch, start_s, now, wait_s, work_bytes(op), op.flops, peer))
+                                 op.micro_batch, start_s, now, wait_s, work_bytes(op), op.flops, peer,
+                                 peer_op))
 
     def stream(self, rank: int, ops: Sequence[Op]) -> Iterator[simpy.Event]:
         env, done = self.env, self.finished[rank]
+        issue_s = self.issue_of.get(rank)
         for op in ops:
             for dep in op.deps:
                 if dep not in done:
                     yield self.wait_for(rank, dep)
-            if self.issue_s and self.issue_s[op.id] > env.now:  # the host has not issued it yet
-                yield env.timeout(self.issue_s[op.id] - env.now)
+            if issue_s and issue_s[op.id] > env.now:  # the host has not issued it yet
+                yield env.timeout(issue_s[op.id] - env.now)
             start_s = env.now
             if isinstance(op.work, Collective):
                 group, members = self.group(op.work.group, rank)
@@ -175,7 +216,7 @@ class _Sim:
                     self.finish(rank, op, start_s, 0.0, rank)
                 else:
                     rv = yield from self.rendezvous(rank, op, group, members)
-                    self.finish(rank, op, start_s, rv.start_s - start_s, rv.last)
+                    self.finish(rank, op, start_s, rv.start_s - start_s, rv.last, rv.last_op)
             else:
                 dur_s = self.compute_s(op, rank)
                 if dur_s > 0:
@@ -184,6 +225,41 @@ class _Sim:
                     else:
                         yield env.timeout(dur_s)
                 self.finish(rank, op, start_s)
+
+    def p2p_batch(self, rank: int, op: Op) -> Iterator[simpy.Event]:
+        """One P2P batch: wait for its deps, post every transfer, end when the last one ends."""
+        done = self.finished[rank]
+        for dep in op.deps:
+            if dep not in done:
+                yield self.wait_for(rank, dep)
+        start_s = self.env.now
+        posts = [self.post(rank, op, t) for t in op.work.transfers]
+        yield self.env.all_of([p.done for p in posts])
+        last = max(posts, key=lambda p: (p.start_s, p.last))
+        self.finish(rank, op, start_s, last.start_s - start_s, last.last, last.last_op)
+
+    def post(self, rank: int, op: Op, t: P2PTransfer) -> _Posted:
+        """Post one end of a transfer; the second end to post runs it (latency, then bandwidth)."""
+        other = self.group_of("pp", rank)[t.peer_stage]
+        if other not in self.ranks:
+            raise ValueError(f"op {op.id} ({op.name}) on rank {rank}: P2P peer rank {other} is not simulated")
+        src, dst = (rank, other) if t.send else (other, rank)
+        key = (src, dst, t.direction, t.micro_batch, t.sender_vstage)
+        mine = self.posted.pop(key, None)
+        if mine is None:
+            mine = self.posted[key] = _Posted(self.env.event(), rank, op.id)
+            return mine
+        mine.start_s, mine.last, mine.last_op = self.env.now, rank, op.id
+        self.env.process(self.transfer_p2p(mine, src, dst, t))
+        return mine
+
+    def transfer_p2p(self, posted: _Posted, src: int, dst: int, t: P2PTransfer) -> Iterator[simpy.Event]:
+        latency_s, bandwidth_s, link_load = self.p2p(src, dst, t.nbytes)
+        if latency_s > 0:
+            yield self.env.timeout(latency_s)
+        if bandwidth_s > 0:  # symmetric copies (other tp/dp positions) share one arbiter key
+            yield self.arbiter.drain(("p2p", t.direction, t.micro_batch, t.sender_vstage), bandwidth_s, link_load)
+        posted.done.succeed()
 
     def group(self, kind: str, rank: int) -> tuple[tuple[int, ...], int]:
         """The real group of `rank` and how many of its members are simulated (memoized)."""
@@ -213,12 +289,12 @@ class _Sim:
 
     def rendezvous(self, rank: int, op: Op, group: tuple[int, ...], members: int) -> Iterator[simpy.Event]:
         """Wait until every simulated member has issued the collective; the last one runs it."""
-        key = (op.id, group)
+        key = (op.name if op.work.group == "embed" else op.id, group)  # stages number their ops apart
         rv = self.open.get(key)
         if rv is None:
             rv = self.open[key] = _Rendezvous(members, self.env.event())
         rv.arrived += 1
-        rv.last = rank
+        rv.last, rv.last_op = rank, op.id
         if rv.arrived < rv.expected:
             yield rv.done
             return rv
@@ -245,29 +321,44 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
                 raise ValueError(f"group_of({kind!r}, {rank}) does not contain rank {rank}")
 
 
-def run(schedule: Schedule, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
-        group_of: GroupFn | None = None, comm_interference: float = 0.0,
-        issue_s: Sequence[float] = ()) -> EventLog:
-    """Simulate `schedule` on every rank in `ranks` (each runs the same schedule); return the event log.
-    comm_interference: kappa in [0, 1], the compute-resource load of a collective's bandwidth part.
-    issue_s: per op id, the earliest start the host allows (sim/cost/host_dispatch.py); () = no host limit."""
+def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s: ComputeFn,
+        collective: CollectiveFn, group_of: GroupFn | None = None, comm_interference: float = 0.0,
+        issue_s: Sequence[float] | Sequence[Sequence[float]] = (), *, stage_of: Callable[[int], int] | None = None,
+        p2p: P2PFn | None = None) -> EventLog:
+    """Simulate `schedule` on every rank in `ranks` (each runs the same schedule), or with one schedule per
+    pipeline stage, rank r runs schedule[stage_of(r)]; return the event log. comm_interference: kappa in
+    [0, 1], the compute-resource load of a collective's bandwidth part. issue_s: per op id, the earliest
+    start the host allows (sim/cost/host_dispatch.py; one sequence per stage with several schedules);
+    () = no host limit. p2p: the P2P transfer coster."""
     if not 0.0 <= comm_interference <= 1.0:
         raise ValueError(f"comm_interference must be in [0, 1], got {comm_interference}")
     ranks = tuple(sorted(ranks))
-    group_of = group_of or symmetric_groups(schedule.tp, schedule.dp, schedule.kv_replicas)
-    _check(schedule, ranks, group_of)
-    if issue_s and len(issue_s) != len(schedule.ops):
-        raise ValueError(f"issue_s has {len(issue_s)} entries for {len(schedule.ops)} ops")
-    sim = _Sim(ranks, compute_s, collective, group_of, comm_interference, issue_s)
-    per_stream = {s: schedule.by_stream(s) for s in STREAMS}
+    stages = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
+    if len(stages) > 1 and (stage_of is None or p2p is None):
+        raise ValueError("one schedule per stage needs stage_of and a p2p coster")
+    stage_of = stage_of or (lambda rank: 0)
+    first = stages[0]
+    group_of = group_of or symmetric_groups(first.tp, first.dp, first.kv_replicas)
+    for stage, sched in enumerate(stages):
+        _check(sched, [r for r in ranks if stage_of(r) == stage], group_of)
+    per_stage_issue = ([issue_s] if isinstance(schedule, Schedule) else list(issue_s)) if len(issue_s) else []
+    for sched, times in zip(stages, per_stage_issue, strict=False):
+        if times and len(times) != len(sched.ops):
+            raise ValueError(f"issue_s has {len(times)} entries for {len(sched.ops)} ops")
+    issue_of = {r: per_stage_issue[stage_of(r)] for r in ranks if per_stage_issue and per_stage_issue[stage_of(r)]}
+    sim = _Sim(ranks, compute_s, collective, group_of, comm_interference, issue_of, p2p)
+    per_stream = [{s: sched.by_stream(s) for s in STREAMS} for sched in stages]
     for rank in ranks:
-        for stream in STREAMS:
-            if per_stream[stream]:
-                sim.env.process(sim.stream(rank, per_stream[stream]))
+        streams = per_stream[stage_of(rank)]
+        for stream in STREAMS[:3]:
+            if streams[stream]:
+                sim.env.process(sim.stream(rank, streams[stream]))
+        for op in streams["pp_comm"]:
+            sim.env.process(sim.p2p_batch(rank, op))
     sim.env.run()
-    expected = len(schedule.ops) * len(ranks)
+    expected = sum(len(stages[stage_of(r)].ops) for r in ranks)
     if len(sim.events) != expected:
-        stuck = sorted({(r, op.id, op.name) for r in ranks for op in schedule.ops
+        stuck = sorted({(r, op.id, op.name) for r in ranks for op in stages[stage_of(r)].ops
                         if op.id not in sim.finished[r]})[:3]
         raise ValueError(f"deadlock: {expected - len(sim.events)} ops never ran, e.g. {stuck} "
                          "(a dependency on a later op of the same stream, or a collective some peer never issues)")

@@ -34,7 +34,8 @@ def _gb(x: float) -> str:
 
 def headline(r: StepResult) -> str:
     c = r.config
-    cfg = (f"tp={c.get('tp')} sp={'on' if c.get('sp') else 'off'} dp={c.get('dp')} on {c.get('gpus')} x "
+    pipe = f" pp={c['pp']} vp={c.get('vp', 1)}" if c.get("pp", 1) > 1 else ""
+    cfg = (f"tp={c.get('tp')}{pipe} sp={'on' if c.get('sp') else 'off'} dp={c.get('dp')} on {c.get('gpus')} x "
            f"{c.get('gpu')} ({c.get('nodes')} x {c.get('topology')}), micro_batch={c.get('micro_batch')} x "
            f"{c.get('micro_batches')}, recompute={c.get('recompute')}")
     return (f"[bold]{r.scenario}[/bold]  {cfg}\n"

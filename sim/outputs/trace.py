@@ -58,8 +58,10 @@ def _slices(ev: Event, pid: int, critical: bool) -> list[dict]:
         return [op]
     op["args"]["wait_us"] = ev.wait_s * 1e6
     wait_ns = min(_ns(ev.start_s + ev.wait_s), end_ns) - start_ns
-    wait = {"name": "wait", "cat": "waiting", "ph": "X", "ts": start_ns / 1e3, "dur": wait_ns / 1e3,
-            "pid": pid, "tid": tid, "args": {"op": ev.op_id, "category": "waiting", "peer": ev.peer}}
+    kind = "pipeline_bubble" if ev.stream == "pp_comm" else "waiting"  # a P2P waiting for its neighbour
+    wait = {"name": "pipeline bubble" if kind == "pipeline_bubble" else "wait", "cat": kind, "ph": "X",
+            "ts": start_ns / 1e3, "dur": wait_ns / 1e3, "pid": pid, "tid": tid,
+            "args": {"op": ev.op_id, "category": kind, "peer": ev.peer}}
     return [op, wait]
 
 

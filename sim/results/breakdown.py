@@ -5,6 +5,12 @@
 - exposed_comm: time when some comm stream is busy and the compute stream is idle
   = |tp U dp U compute| - |compute|.
 - idle: step time minus the union of all busy time.
+With pipeline parallelism (`pipeline_breakdown`) two keys join them:
+- pp_comm: union of the rank's P2P transfers (from when both ends had posted; counted in exposed_comm
+  when compute is idle);
+- pipeline_bubble: time the rank is wholly idle while its stage waits for a neighbour: while one of
+  its P2P batches waits for the peer to post, and the tail from the rank's last op to the end of the
+  step (set by the slowest stage); idle is what remains.
 Layer spans (layer_fwd_ms / layer_bwd_ms): first start to last end of one transformer layer's ops of
 micro-batch 0 (compute and comm), for the middle layer of the model.
 """
@@ -51,6 +57,34 @@ def breakdown(events: Iterable[Event], step_time_s: float) -> dict[str, float]:
         "dp_comm": busy["dp_comm"],
         "exposed_comm": all_busy_s - busy["compute"],
         "idle": max(0.0, step_time_s - all_busy_s),
+    }
+
+
+def _neighbour_waits(events: list[Event], step_time_s: float) -> list[Interval]:
+    """While a P2P batch waits for its peer to post, plus the tail from the rank's last op to the step end."""
+    waits = [(ev.start_s, ev.start_s + ev.wait_s) for ev in events if ev.stream == "pp_comm" and ev.wait_s > 0]
+    last_s = max((ev.end_s for ev in events), default=0.0)
+    if step_time_s > last_s:
+        waits.append((last_s, step_time_s))
+    return waits
+
+
+def pipeline_breakdown(events: Iterable[Event], step_time_s: float) -> dict[str, float]:
+    """breakdown() plus pp_comm and pipeline_bubble for one rank of a pipeline stage (module docstring)."""
+    events = list(events)
+    by_stream: dict[str, list[Interval]] = {"compute": [], "tp_comm": [], "dp_comm": [], "pp_comm": []}
+    for ev in events:
+        start_s = ev.start_s + ev.wait_s if ev.stream == "pp_comm" else ev.start_s
+        if ev.end_s > start_s:
+            by_stream[ev.stream].append((start_s, ev.end_s))
+    busy = {s: union_s(iv) for s, iv in by_stream.items()}
+    all_iv = [iv for ivs in by_stream.values() for iv in ivs]
+    all_busy_s = union_s(all_iv)
+    with_gaps_s = union_s(all_iv + _neighbour_waits(events, step_time_s))
+    return {
+        "compute": busy["compute"], "tp_comm": busy["tp_comm"], "dp_comm": busy["dp_comm"],
+        "pp_comm": busy["pp_comm"], "exposed_comm": all_busy_s - busy["compute"],
+        "pipeline_bubble": with_gaps_s - all_busy_s, "idle": max(0.0, step_time_s - with_gaps_s),
     }
 
 

@@ -7,23 +7,32 @@ on along the peer's rank. Each op therefore starts exactly when its predecessor 
 (an op that started after its predecessor finished, or after time 0) is recorded as a segment of
 category "waiting", as is the rendezvous wait of a collective reached on a rank that waited. The
 segments tile [0, step_time], so their durations sum to the step time.
+
+Pipeline parallelism: each rank runs its stage's schedule. The walk does not follow a P2P batch to its
+peer: it records the transfer itself (category "pp_comm", from the moment both ends had posted), then
+the time the stage sat waiting for its neighbour, from the end of the last op the rank completed before
+the transfer started, as "pipeline_bubble", and goes on from that op. So the path stays on the stage
+that finished last and its bubble is named as such.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshsim.sim.engine.events import Event, EventLog
-from meshsim.sim.schedule.ops import Collective, Op, Schedule
+from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
 CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
+PIPELINE_CATEGORIES = ("pp_comm", "pipeline_bubble")  # present when pp > 1
 # how every report, plot and sentence names and colours them
 CATEGORY_NAMES = {"compute": "compute", "tp_comm": "TP communication", "dp_comm": "DP communication",
-                  "waiting": "waiting"}
-CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac"}
+                  "waiting": "waiting", "pp_comm": "P2P communication", "pipeline_bubble": "pipeline bubble"}
+CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac",
+                   "pp_comm": "#b279a2", "pipeline_bubble": "#e45756"}
 _INDEX = re.compile(r"^(L|mb)\d+$")  # builder naming: "L3.mb0.fwd.qkv", "dp.bucket7.reduce_scatter", "_c2" chunks
 _BUCKET = re.compile(r"^bucket\d+$")
 _CHUNK = re.compile(r"_c\d+$")
@@ -50,6 +59,8 @@ def _stream_prev(schedule: Schedule) -> dict[int, int]:
     prev: dict[int, int] = {}
     last: dict[str, int] = {}
     for op in schedule.ops:
+        if op.stream == "pp_comm":  # P2P batches are not FIFO
+            continue
         if op.stream in last:
             prev[op.id] = last[op.stream]
         last[op.stream] = op.id
@@ -64,28 +75,58 @@ def _predecessor(ev: Event, op: Op, log: EventLog, prev: dict[int, int]) -> Even
     return max(cands, key=lambda e: (e.end_s, e.op_id), default=None)
 
 
-def _waiting(rank: int, start_s: float, end_s: float) -> Segment:
-    return Segment("wait", "waiting", rank, start_s * 1e6, (end_s - start_s) * 1e6)
+def _waiting(rank: int, start_s: float, end_s: float, category: str = "waiting") -> Segment:
+    return Segment("wait" if category == "waiting" else "pipeline bubble", category, rank, start_s * 1e6,
+                   (end_s - start_s) * 1e6)
 
 
-def critical_path(schedule: Schedule, log: EventLog) -> list[Segment]:
-    """Segments in time order from 0 to the step time (see module docstring)."""
+class _Stages:
+    """Per rank: its stage's ops and stream order, and its events in completion order."""
+
+    def __init__(self, schedule: Schedule | Sequence[Schedule], log: EventLog):
+        schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
+        self.size = schedules[0].tp * schedules[0].dp
+        self.ops = [{op.id: op for op in s.ops} for s in schedules]
+        self.prev = [_stream_prev(s) for s in schedules]
+        self.single = len(schedules) == 1
+        self.order: dict[int, list[Event]] = {}
+        if not self.single:
+            for e in log.events:
+                self.order.setdefault(e.rank, []).append(e)
+            self.ends = {r: [e.end_s for e in evs] for r, evs in self.order.items()}
+            self.pos = {(e.rank, e.op_id): i for evs in self.order.values() for i, e in enumerate(evs)}
+
+    def stage(self, rank: int) -> int:
+        return 0 if self.single else rank // self.size
+
+    def before(self, ev: Event, t_s: float) -> Event | None:
+        """The last event the rank completed before `ev` that ended by t_s."""
+        i = bisect_right(self.ends[ev.rank], t_s, 0, self.pos[(ev.rank, ev.op_id)]) - 1
+        return self.order[ev.rank][i] if i >= 0 else None
+
+
+def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> list[Segment]:
+    """Segments in time order from 0 to the step time (see module docstring); `schedule` is one Schedule,
+    or one per pipeline stage (rank r runs stage r // (tp dp))."""
     if not log.events:
         return []
-    ops = {op.id: op for op in schedule.ops}
-    prev = _stream_prev(schedule)
+    st = _Stages(schedule, log)
     ev: Event | None = max(log.events, key=lambda e: (e.end_s, -e.rank, e.op_id))
     path: list[Segment] = []
     while ev is not None:
-        op = ops[ev.op_id]
+        op = st.ops[st.stage(ev.rank)][ev.op_id]
+        if isinstance(op.work, P2P):
+            ev = _p2p_step(ev, st, path)
+            continue
         if isinstance(op.work, Collective) and ev.peer is not None and ev.peer != ev.rank:
-            ev = log.get(ev.peer, ev.op_id)
+            ev = log.get(ev.peer, ev.peer_op if ev.peer_op is not None else ev.op_id)
+            op = st.ops[st.stage(ev.rank)][ev.op_id]
         run_start_s = ev.start_s + ev.wait_s
         path.append(Segment(ev.name, ev.category, ev.rank, run_start_s * 1e6, (ev.end_s - run_start_s) * 1e6,
                             ev.op_id))
         if ev.wait_s > _GAP_S:
             path.append(_waiting(ev.rank, ev.start_s, run_start_s))
-        pred = _predecessor(ev, op, log, prev)
+        pred = _predecessor(ev, op, log, st.prev[st.stage(ev.rank)])
         pred_end_s = pred.end_s if pred is not None else 0.0
         if ev.start_s - pred_end_s > _GAP_S:
             path.append(_waiting(ev.rank, pred_end_s, ev.start_s))
@@ -94,17 +135,30 @@ def critical_path(schedule: Schedule, log: EventLog) -> list[Segment]:
     return path
 
 
-def category_us(path: Iterable[Segment]) -> dict[str, float]:
-    """Microseconds each category holds on the critical path (a segment counts `count` times)."""
-    total_us = {c: 0.0 for c in CATEGORIES}
+def _p2p_step(ev: Event, st: _Stages, path: list[Segment]) -> Event | None:
+    """Record a P2P batch's transfer and the bubble before it; return the rank's op that precedes both."""
+    transfer_start_s = ev.start_s + ev.wait_s
+    path.append(Segment(ev.name, "pp_comm", ev.rank, transfer_start_s * 1e6,
+                        (ev.end_s - transfer_start_s) * 1e6, ev.op_id))
+    pred = st.before(ev, transfer_start_s)
+    pred_end_s = pred.end_s if pred is not None else 0.0
+    if transfer_start_s - pred_end_s > _GAP_S:
+        path.append(_waiting(ev.rank, pred_end_s, transfer_start_s, "pipeline_bubble"))
+    return pred
+
+
+def category_us(path: Iterable[Segment], pipeline: bool = False) -> dict[str, float]:
+    """Microseconds each category holds on the critical path (a segment counts `count` times; with
+    pipeline: the P2P and pipeline-bubble categories too)."""
+    total_us = {c: 0.0 for c in CATEGORIES + (PIPELINE_CATEGORIES if pipeline else ())}
     for seg in path:
         total_us[seg.category] = total_us.get(seg.category, 0.0) + seg.dur_us * seg.count
     return total_us
 
 
-def shares(path: list[Segment], step_time_s: float) -> dict[str, float]:
+def shares(path: list[Segment], step_time_s: float, pipeline: bool = False) -> dict[str, float]:
     """Fraction of the step time each category holds on the critical path."""
-    total_us = category_us(path)
+    total_us = category_us(path, pipeline)
     if step_time_s <= 0:
         return {c: 0.0 for c in total_us}
     return {c: t / (step_time_s * 1e6) for c, t in total_us.items()}

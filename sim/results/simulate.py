@@ -14,6 +14,12 @@ Compute/communication interference: kappa = comm_interference(rs) (hardware.comp
 compute section, else 0) is handed to the engine, which shares each rank's compute resource between
 compute ops and overlapping collectives (sim/engine/events.py); 0 leaves the engine's fast path untouched.
 
+Pipeline parallelism (pp > 1): every stage has its own schedule (sim/schedule/pipeline_builder.py) and one
+representative rank per stage is simulated (the first rank of the stage; the ranks of a stage are
+symmetric across tp and dp), so the cost stays flat in the DP size; explicit_ranks simulates one TP group
+times min(dp, 2) replicas of every stage. P2P transfers are costed on their real route with the other
+(tp, dp) positions' copies as concurrent flows (sim/cost/collectives/p2p.py).
+
 Collective times: the hardware profile's measured table first (sim/cost/calibrated.py; its time is split
 into the analytic latency part, capped at the measured time, and a bandwidth part that contends for
 links), else the analytic model (sim/collectives) with hardware.network's algo / protocol / tuning.
@@ -31,6 +37,7 @@ from typing import Any
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
+from meshsim.sim.cost.collectives.p2p import p2p_cost
 from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
 from meshsim.sim.cost.flops import model_flops_per_step
 from meshsim.sim.cost.host_dispatch import issue_times_s
@@ -42,6 +49,7 @@ from meshsim.sim.results.critical_path import critical_path
 from meshsim.sim.results.step_result import StepResult, assemble, build_result
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 
 
 def network_tuning(rs: ResolvedScenario):
@@ -72,7 +80,7 @@ class CollectiveCoster:
         return hit
 
     def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        return tuple(g for g in self.rs.all_groups(kind) if g != group)
+        return tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)
 
     def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
         info: dict[str, Any] = {"op": work.op, "group": work.group, "ranks": len(group), "nbytes": work.nbytes}
@@ -120,6 +128,27 @@ def collective_counts(schedule: Schedule) -> Counter:
                    if isinstance(op.work, Collective))
 
 
+class P2PCoster:
+    """p2p(src, dst, nbytes) -> (latency_s, bandwidth_s, link_load), memoized; concurrent copies: the same
+    transfer between every other (tp, dp) position of the two stages."""
+
+    def __init__(self, rs: ResolvedScenario):
+        self.rs = rs
+        self.tuning = network_tuning(rs)
+        self.memo: dict[tuple[int, int, int], engine.CommTiming] = {}
+
+    def __call__(self, src: int, dst: int, nbytes: int) -> engine.CommTiming:
+        key = (src, dst, nbytes)
+        hit = self.memo.get(key)
+        if hit is None:
+            size = self.rs.stage_size
+            src0, dst0 = src - src % size, dst - dst % size
+            copies = [(src0 + i, dst0 + i) for i in range(size)]
+            c = p2p_cost(self.rs.topology, src, dst, nbytes, concurrent=copies, tuning=self.tuning)
+            hit = self.memo[key] = (c.latency_s, c.bandwidth_s, dict(c.link_load))
+        return hit
+
+
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
     """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item."""
     model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile)  # memoizes per work itself
@@ -146,8 +175,20 @@ def host_issue_times(rs: ResolvedScenario, schedule: Schedule) -> tuple[float, .
 
 
 def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ...]:
-    """Rank 0 alone, or one TP group times min(dp, 2) replicas."""
-    return tuple(range(rs.tp * min(rs.dp, 2))) if explicit_ranks else (0,)
+    """Per pipeline stage: its first rank alone, or one TP group times min(dp, 2) replicas."""
+    per_stage = range(rs.tp * min(rs.dp, 2)) if explicit_ranks else range(1)
+    return tuple(stage * rs.stage_size + r for stage in range(rs.pp) for r in per_stage)
+
+
+def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tuple[int, ...],
+               coster: CollectiveCoster) -> engine.EventLog:
+    """The engine over `ranks`, each running its stage's schedule."""
+    if rs.pp == 1:
+        return engine.run(schedules[0], ranks, compute_fn(rs), coster, rs.group,
+                          comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedules[0]))
+    # each stage's host issues its own ops (it does not wait at blocking P2P here: a lower bound)
+    return engine.run(schedules, ranks, compute_fn(rs), coster, rs.group, comm_interference=comm_interference(rs),
+                      issue_s=[host_issue_times(rs, s) for s in schedules], stage_of=rs.stage_of, p2p=P2PCoster(rs))
 
 
 def _engine_run(rs: ResolvedScenario, schedule: Schedule, explicit_ranks: bool, coster: CollectiveCoster,
@@ -158,13 +199,14 @@ def _engine_run(rs: ResolvedScenario, schedule: Schedule, explicit_ranks: bool, 
 
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
                          ) -> tuple[StepResult, engine.EventLog, Schedule]:
-    """The whole step, every micro-batch simulated; with its event log and schedule."""
-    schedule = build_schedule(rs)
+    """The step result, its event log and stage 0's schedule (the others: build_stage_schedules(rs))."""
+    schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
-    log = _engine_run(rs, schedule, explicit_ranks, coster, compute_fn(rs))
-    result = build_result(rs, schedule, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
-                          collectives=coster.chosen(schedule), explicit_ranks=explicit_ranks)
-    return result, log, schedule
+    log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster)
+    collectives = [row for s in schedules for row in coster.chosen(s, s.stage * rs.stage_size)]
+    result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
+                          collectives=collectives, explicit_ranks=explicit_ranks)
+    return result, log, schedules[0]
 
 
 def steady_plan(rs: ResolvedScenario) -> steady_state.Plan:
@@ -177,6 +219,8 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
     """The step extrapolated from two short runs (sim/results/steady_state.py); None when the step is too short
     to gain from it (unless `force`, which only needs one more micro-batch than the runs) or a
     periodicity check fails."""
+    if rs.pp > 1:  # pipelines are simulated whole (no steady_plan for them yet)
+        return None
     plan = steady_plan(rs)
     runs = plan.runs(rs.micro_batches, force)
     if runs is None:

@@ -4,7 +4,10 @@
 - tflops_per_gpu = model FLOPs per step / step_time_s / GPUs / 1e12 (model FLOPs: no recompute,
   Narayanan et al. 2021 convention; sim/cost/flops.py)
 - mfu = tflops_per_gpu / GPU peak dense bf16 TFLOP/s (topologies/gpus.py)
-The breakdown and layer spans are those of the representative rank (the lowest simulated rank).
+The breakdown and layer spans are those of the representative rank (the lowest simulated rank: with
+pipeline parallelism, a rank of the first stage). With pp > 1 the breakdown and critical-path shares gain
+the P2P communication and pipeline-bubble categories, `pipeline` holds the bubble fraction and P2P share
+of the stage that sets the step, and memory_gb gains the per-stage figures (sim/cost/memory.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from meshsim.sim.schedule.ops import Schedule
 
 CONFIG_KEYS = ("tp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
                "recompute", "tp_comm_overlap", "topology", "nodes", "gpu", "gpus_per_node", "crosses_nodes")
+PIPELINE_CONFIG_KEYS = ("pp", "vp")  # echoed when pp > 1
 HEADLINE_KEYS = ("scenario", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu", "mfu")
 MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "workspace", "total", "capacity", "fits")
 
@@ -44,6 +48,7 @@ class StepResult:
     simulated_ranks: int = 1
     ops_per_rank: int = 0
     steady_state: Mapping[str, Any] | None = None  # how it was extrapolated (sim/results/steady_state.py); None: whole step
+    pipeline: Mapping[str, Any] = field(default_factory=dict)  # pp > 1: pp, vp, bubble_fraction, p2p_share
     events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
 
     def __getitem__(self, key: str) -> Any:
@@ -59,6 +64,8 @@ class StepResult:
                    explicit_ranks=self.explicit_ranks, simulated_ranks=self.simulated_ranks,
                    ops_per_rank=self.ops_per_rank, steady_state=self.steady_state, collectives=[dict(c) for c in self.collectives],
                    critical_path=[dict(seg) for seg in self.critical_path])
+        if self.pipeline:
+            out["pipeline"] = dict(self.pipeline)
         return out
 
     @classmethod
@@ -68,7 +75,7 @@ class StepResult:
         kw = {k: data[k] for k in names if k in data}
         kw["critical_path"] = tuple(dict(s) for s in data.get("critical_path", ()))
         kw["collectives"] = tuple(dict(c) for c in data.get("collectives", ()))
-        kw["config"] = {k: data[k] for k in CONFIG_KEYS if k in data}
+        kw["config"] = {k: data[k] for k in CONFIG_KEYS + PIPELINE_CONFIG_KEYS if k in data}
         return cls(**kw)
 
 
@@ -81,26 +88,52 @@ def config_echo(rs: Any) -> dict[str, Any]:
         "recompute": par.recompute, "tp_comm_overlap": par.tp_comm_overlap,
         "topology": sc.topology.preset or rs.topology.name, "nodes": rs.topology.nodes, "gpu": rs.gpu.name,
         "gpus_per_node": rs.topology.gpus_per_node, "crosses_nodes": rs.crosses_nodes(),
+        **({"pp": rs.pp, "vp": rs.vp} if getattr(rs, "pp", 1) > 1 else {}),
     }
 
 
 def memory_echo(mem: Any) -> dict[str, Any]:
-    """MemoryBreakdown (sim/cost/memory.py) -> the results-JSON memory_gb block."""
-    return {
+    """MemoryBreakdown (sim/cost/memory.py) -> the results-JSON memory_gb block (pipeline: the worst stage's
+    figures, plus `worst_stage` and `stages`, one block per stage)."""
+    out = {
         "weights": mem.weights_gb, "grads": mem.grads_gb, "optimizer": mem.optimizer_gb,
         "activations": mem.activations_gb, "workspace": mem.workspace_gb, "total": mem.total_gb,
         "capacity": mem.capacity_gb,
         "fits": bool(mem.fits),
     }
+    stages = getattr(mem, "stages", ())
+    if stages:
+        out["worst_stage"] = mem.worst_stage
+        out["stages"] = [{"stage": i, "weights": s.weights_gb, "grads": s.grads_gb, "optimizer": s.optimizer_gb,
+                          "activations": s.activations_gb, "total": s.total_gb} for i, s in enumerate(stages)]
+    return out
 
 
-def build_result(rs: Any, schedule: Schedule, log: EventLog, *, memory: Any, model_flops: float,
-                 collectives: Sequence[Mapping[str, Any]] = (), explicit_ranks: bool = False) -> StepResult:
-    """Assemble a StepResult from the event log and the cost-model side results."""
+def pipeline_summary(rs: Any, path_shares: Mapping[str, float], breakdown: Mapping[str, float]) -> dict:
+    """pp > 1: the bubble fraction and P2P share of the critical path (the stage that sets the step)."""
+    if getattr(rs, "pp", 1) == 1:
+        return {}
+    p = rs.scenario.parallel
+    return {"pp": rs.pp, "vp": rs.vp, "microbatch_group_size": p.microbatch_group_size or rs.pp,
+            "bubble_fraction": path_shares.get("pipeline_bubble", 0.0), "p2p_share": path_shares.get("pp_comm", 0.0),
+            "ideal_bubble_fraction": (rs.pp - 1) / (rs.vp * rs.micro_batches + rs.pp - 1),
+            "rank0_bubble_s": breakdown.get("pipeline_bubble", 0.0)}
+
+
+def build_result(rs: Any, schedule: Schedule | Sequence[Schedule], log: EventLog, *, memory: Any,
+                 model_flops: float, collectives: Sequence[Mapping[str, Any]] = (),
+                 explicit_ranks: bool = False) -> StepResult:
+    """Assemble a StepResult from the event log and the cost-model side results (`schedule`: one, or one
+    per pipeline stage)."""
+    schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
+    pipeline = len(schedules) > 1
+    step_s = log.step_time_s
     rep = log.of_rank(log.ranks[0])
-    return assemble(rs, log.step_time_s, rep, bd.breakdown(rep, log.step_time_s), critical_path(schedule, log),
-                    memory=memory, model_flops=model_flops, collectives=collectives, explicit_ranks=explicit_ranks,
-                    simulated_ranks=len(log.ranks), ops_per_rank=len(schedule.ops), events=log.events)
+    path = critical_path(schedules if pipeline else schedules[0], log)
+    breakdown_s = bd.pipeline_breakdown(rep, step_s) if pipeline else bd.breakdown(rep, step_s)
+    return assemble(rs, step_s, rep, breakdown_s, path, memory=memory, model_flops=model_flops,
+                    collectives=collectives, explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks),
+                    ops_per_rank=max(len(s.ops) for s in schedules), events=log.events)
 
 
 def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float], path: Sequence[Segment],
@@ -109,6 +142,7 @@ def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[
              steady_state: Mapping[str, Any] | None = None) -> StepResult:
     """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
     breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates)."""
+    path_shares = shares(list(path), step_s, getattr(rs, "pp", 1) > 1)
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
@@ -119,8 +153,8 @@ def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
         tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops,
         memory_gb=memory_echo(memory), breakdown_s=dict(breakdown_s),
-        critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=shares(list(path), step_s),
+        critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=path_shares,
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
-        steady_state=steady_state, events=events,
+        steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
     )

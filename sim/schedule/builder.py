@@ -35,14 +35,14 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
     return base
 
 
-class _Templates:
+class Templates:
     def __init__(self, d: LayerDims, tied: bool):
         self.fwd, self.bwd = forward_template(d), backward_template(d)
         self.embed_fwd, self.embed_bwd = embedding_forward(d), embedding_backward(d)
         self.head_fwd, self.head_bwd = head_forward(d), head_backward(d, tied)
 
 
-def _micro_batch(ops: list[Op], t: _Templates, layers: int, mb: int,
+def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int,
                  grads: list[tuple[int, int]] | None) -> None:
     """Stamp one micro-batch's forward and backward; record gradient producers into `grads` if given."""
     base = stamp(t.embed_fwd, ops, f"{K.EMBED_BLOCK}.mb{mb}.", {}, None, mb)
@@ -62,14 +62,14 @@ def _micro_batch(ops: list[Op], t: _Templates, layers: int, mb: int,
             grads += [(base + i, n) for i, n in tpl.grads]
 
 
-def _grad_params(t: _Templates, layers: int) -> list[int]:
+def _grad_params(t: Templates, layers: int) -> list[int]:
     """Parameter counts of one micro-batch's gradient producers in backward order (as _micro_batch
     records them): the head, the layers last to first, the embedding."""
     per_layer = [n for _, n in t.bwd.grads]
     return [n for _, n in t.head_bwd.grads] + per_layer * layers + [n for _, n in t.embed_bwd.grads]
 
 
-def _bucket_bytes(rs: ResolvedScenario) -> int:
+def dp_bucket_bytes(rs: ResolvedScenario) -> int:
     """DP gradient bucket size: parallel.dp_bucket_mib MiB."""
     return int(rs.scenario.parallel.dp_bucket_mib * MIB)
 
@@ -80,7 +80,7 @@ def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:
     # replicated KV head (kv_heads < tp): this rank's K and V projections, [h, head_dim] each, + biases
     kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
     return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
-                    bucket_bytes=_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
+                    bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
                     kv_grad_params=kv_params, grad_bytes=grad_reduce_bytes(rs.scenario))
 
 
@@ -88,10 +88,10 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     """The ops one rank runs in a training step (all ranks of a symmetric TP x DP mesh run the same)."""
     d = layer_dims(rs)
     model = rs.scenario.model
-    t = _Templates(d, model.tied_embeddings)
+    t = Templates(d, model.tied_embeddings)
     p = rs.scenario.parallel
     overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.dp_overlap  # sim/schedule/param_gather.py
-    bucket_bytes = _bucket_bytes(rs)
+    bucket_bytes = dp_bucket_bytes(rs)
     reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes) if overlap_gather else 0
     ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
     grads: list[tuple[int, int]] = []

@@ -46,6 +46,7 @@ class DpConfig:
     params: int  # parameters this rank holds (all TP shards' share, before DP sharding)
     kv_grad_params: int = 0  # replicated K/V params (kv_heads < tp) whose grads sum over the KV group
     grad_bytes: int = GRAD_BYTES  # bytes per parameter the DP reduction moves (sim/schedule/run_settings.py)
+    embed_grad_params: int = 0  # pp > 1, tied embeddings: the word-embedding grad summed over first/last stage
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,15 @@ class _Emitter:
         return op.id
 
 
-def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, cfg: DpConfig) -> list[Op]:
+def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, cfg: DpConfig,
+                 buckets: list[Bucket] | None = None) -> list[Op]:
     """Ops after the last micro-batch's backward: SP grad all-reduce, DP buckets, optimizer, param gather.
 
     `producers`: (op id, params) of the last micro-batch's gradient-producing ops, in backward order;
-    `end_of_bwd`: the last backward op."""
+    `end_of_bwd`: the last backward op; `buckets`: given ones instead of make_buckets(producers) (a
+    pipeline stage with model chunks buckets each chunk apart). With cfg.embed_grad_params, the
+    tied-embedding gradient all-reduce over the "embed" group follows the gradient sync (Megatron's
+    finalize_model_grads order) and the optimizer waits for it."""
     em = _Emitter(start)
     before_opt: list[int] = [end_of_bwd]
     if cfg.sp_grad_params:
@@ -103,12 +108,16 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
     if cfg.kv_grad_params:
         kv = Collective("all_reduce", "kv", cfg.kv_grad_params * GRAD_BYTES, K.KV_GRAD)
         before_opt.append(em.add("opt.kv_grad", "bwd", kv, (end_of_bwd,)))
-    buckets = make_buckets(producers, cfg.bucket_bytes) if cfg.dp > 1 else []
+    if buckets is None or cfg.dp == 1:
+        buckets = make_buckets(producers, cfg.bucket_bytes) if cfg.dp > 1 else []
     reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
     for i, b in enumerate(buckets):
         deps = b.producers if cfg.overlap else (end_of_bwd,)
         work = Collective(reduce_op, "dp", b.params * cfg.grad_bytes, K.DP_GRAD)
         before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
+    if cfg.embed_grad_params:
+        embed = Collective("all_reduce", "embed", cfg.embed_grad_params * GRAD_BYTES, "embed_grad")
+        before_opt.append(em.add("opt.embed_grad", "bwd", embed, tuple(before_opt)))
     shard = cfg.dp if cfg.distributed_optimizer else 1
     step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
     if cfg.distributed_optimizer and not cfg.overlap:  # overlapped: sim/schedule/param_gather.py, next step's fwd

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Stream = Literal["compute", "tp_comm", "dp_comm"]
-STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm")  # every rank has these three
+Stream = Literal["compute", "tp_comm", "dp_comm", "pp_comm"]
+# every rank has the first three; pp_comm (pipeline P2P batches, not FIFO) only when pp > 1
+STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "pp_comm")
 Phase = Literal["fwd", "bwd", "recompute", "opt"]
 
 
@@ -80,9 +81,34 @@ class Collective:
     """
 
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
-    group: Literal["tp", "dp", "kv"]
+    group: Literal["tp", "dp", "kv", "embed"]
     nbytes: int
     boundary: str = ""
+
+
+@dataclass(frozen=True)
+class P2PTransfer:
+    """One pipeline send or receive: the [s/(t if SP), b, h] tensor of (direction, micro_batch) leaving
+    virtual stage `sender_vstage`; `peer_stage` is the pipeline stage at the other end (sim/schedule/pipeline.py)."""
+
+    send: bool
+    direction: Literal["fwd", "bwd"]
+    micro_batch: int
+    sender_vstage: int
+    peer_stage: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class P2P:
+    """A batch of pipeline sends/receives issued together (one batch_isend_irecv); it ends when all end.
+    Runs on the "pp_comm" stream, which is not FIFO: each batch starts once its deps are done."""
+
+    transfers: tuple[P2PTransfer, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
 
 
 @dataclass(frozen=True)
@@ -98,16 +124,20 @@ class OptimizerStep:
 
 
 def comm_stream(group: str) -> Stream:
-    """The stream (and category) of a collective on `group`: DP traffic on dp_comm, TP and KV on tp_comm."""
-    return "dp_comm" if group == "dp" else "tp_comm"
+    """The stream (and category) of a collective on `group`: DP traffic (and the tied-embedding gradient
+    all-reduce between the first and last pipeline stage) on dp_comm, TP and KV on tp_comm."""
+    return "dp_comm" if group in ("dp", "embed") else "tp_comm"
 
 
 def stream_of(work: object) -> Stream:
-    """The stream an op of this work runs on: collectives on their group's comm stream, the rest compute."""
+    """The stream an op of this work runs on: collectives on their group's comm stream, pipeline P2P
+    batches on pp_comm, the rest compute."""
+    if isinstance(work, P2P):
+        return "pp_comm"
     return comm_stream(work.group) if isinstance(work, Collective) else "compute"
 
 
-Work = Gemm | Attention | Elementwise | Collective | OptimizerStep
+Work = Gemm | Attention | Elementwise | Collective | P2P | OptimizerStep
 
 
 @dataclass(frozen=True)
@@ -124,7 +154,7 @@ class Op:
 
     @property
     def flops(self) -> float:
-        return getattr(self.work, "flops", 0.0) if not isinstance(self.work, Collective) else 0.0
+        return getattr(self.work, "flops", 0.0) if not isinstance(self.work, Collective | P2P) else 0.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +165,8 @@ class Schedule:
     micro_batches: int  # per DP rank per step (gradient accumulation steps)
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     kv_replicas: int = 1  # ranks of a TP group sharing one KV head (tp / kv_heads when kv_heads < tp)
+    pp: int = 1  # pipeline stages (every stage has its own Schedule; sim/schedule/pipeline_builder.py)
+    stage: int = 0  # the stage this schedule runs on
 
     def by_stream(self, stream: Stream) -> list[Op]:
         return [op for op in self.ops if op.stream == stream]

@@ -1,8 +1,10 @@
 """Sweep axes, their product, and one configuration's run (meshsim sweep).
 
-A sweep varies five parallel-configuration axes of one scenario at its fixed GPU count:
-tp, sp, micro_batch, tp_comm_overlap and recompute. The data-parallel degree follows from tp
-(`parallel.dp = "auto"`: dp = gpus / tp). Axis values come, by priority, from command-line flags,
+A sweep varies seven parallel-configuration axes of one scenario at its fixed GPU count:
+tp, sp, micro_batch, tp_comm_overlap, recompute, pp and vp. The data-parallel degree follows from tp and
+pp (`parallel.dp = "auto"`: dp = gpus / (tp x pp)); a combination whose tp x pp does not divide the GPUs,
+or that breaks a pipeline rule (layers divisible by pp x vp, interleaving needs pp > 2, ...), is skipped
+with the rule. Axis values come, by priority, from command-line flags,
 the scenario's `sweep:` block, then the scenario's own single value.
 
 Every configuration is run by `run_point`, a module-level function so that process pools and Ray can
@@ -22,7 +24,7 @@ from meshsim.scenarios.load import referenced_files
 from meshsim.sim.core.errors import UserError, quote
 from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
 
-AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute")
+AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 SWITCH_VALUES = {"on": (True,), "off": (False,), "both": (False, True)}
 
@@ -68,6 +70,8 @@ PARSERS = {
     "micro_batch": lambda t: parse_int_list("micro_batch", t),
     "tp_comm_overlap": lambda t: parse_switch("tp_comm_overlap", t),
     "recompute": parse_recompute,
+    "pp": lambda t: parse_int_list("pp", t),
+    "vp": lambda t: parse_int_list("vp", t),
 }
 
 
@@ -79,6 +83,8 @@ class SweepAxes:
     micro_batch: tuple[int, ...]
     tp_comm_overlap: tuple[bool, ...]
     recompute: tuple[str, ...]
+    pp: tuple[int, ...] = (1,)
+    vp: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)
@@ -90,12 +96,16 @@ class SweepPoint:
     micro_batch: int
     tp_comm_overlap: bool
     recompute: str
+    pp: int = 1
+    vp: int = 1
 
     @property
     def key(self) -> str:
-        """Stable identifier, used to resume: 'tp=8,sp=on,mb=1,overlap=off,recompute=none'."""
+        """Stable identifier, used to resume: 'tp=8,sp=on,mb=1,overlap=off,recompute=none' (+ ',pp=4,vp=2'
+        when pipelined)."""
+        pipe = f",pp={self.pp},vp={self.vp}" if (self.pp, self.vp) != (1, 1) else ""
         return (f"tp={self.tp},sp={_onoff(self.sp)},mb={self.micro_batch},"
-                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}")
+                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}{pipe}")
 
     def overrides(self) -> dict[str, object]:
         """Dotted scenario overrides for scenarios.load.with_overrides; dp follows from tp."""

@@ -27,7 +27,8 @@ MAX_SENTENCES = 9
 # are reported as within the model's error, not ranked. Update it when the accuracy report moves.
 MODEL_ERROR = 0.15  # 14.6% (max 60.1%) after NCCL's protocol caps (docs/cost-models.md section 6)
 SHARE_NAMES = CATEGORY_NAMES
-AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute"}
+AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute",
+               "pp": "pp", "vp": "vp"}
 
 
 # ----- selection ------------------------------------------------------------------------------------
@@ -85,10 +86,10 @@ def varying_axes(records: list[SweepRecord]) -> list[str]:
 def label(record: SweepRecord, axes: list[str]) -> str:
     """'tp=8, sp=on' over the given axes."""
     parts = []
-    for axis in axes:
-        value = getattr(record.point, axis)
+    for name in axes:
+        value = getattr(record.point, name)
         text = ("on" if value else "off") if isinstance(value, bool) else str(value)
-        parts.append(f"{AXIS_LABELS[axis]}={text}")
+        parts.append(f"{AXIS_LABELS[name]}={text}")
     return ", ".join(parts)
 
 
@@ -201,7 +202,40 @@ def contrast_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> s
         return does_not_fit_sentence(rec, best, axes)
     if rec.result["crosses_nodes"] and not best.result["crosses_nodes"]:
         return crossing_sentence(rec, best, axes)
-    return slower_sentence(rec, best, axes)
+    text = slower_sentence(rec, best, axes)
+    pipe = rec.result.pipeline
+    if pipe and rec.point.pp != best.point.pp:
+        text = text[:-1] + (f" (pipeline bubble {fmt_pct(pipe['bubble_fraction'])}, P2P "
+                            f"{fmt_pct(pipe['p2p_share'])} of its critical path).")
+    return text
+
+
+def pipeline_sentence(best: SweepRecord) -> str | None:
+    """The sweet spot's pipeline: its bubble fraction and P2P share (critical path), against the ideal."""
+    pipe = best.result.pipeline
+    if not pipe:
+        return None
+    return (f"Its pipeline of {pipe['pp']} stages (vp={pipe['vp']}) spends {fmt_pct(pipe['bubble_fraction'])} "
+            f"of the step in the pipeline bubble (ideal (p-1)/(v m + p - 1) = "
+            f"{fmt_pct(pipe['ideal_bubble_fraction'])}) and {fmt_pct(pipe['p2p_share'])} in P2P transfers "
+            f"on its critical path.")
+
+
+def pp_enables_sentence(records: list[SweepRecord], best: SweepRecord, axes: list[str]) -> str | None:
+    """When the sweet spot pipelines and its tp does not fit without PP: PP is what makes that tp fit."""
+    if best.point.pp == 1:
+        return None
+    same_tp = [r for r in records if ok(r) and r.point.pp == 1 and set(_differs(r, best)) <= {"pp", "vp"}]
+    if not same_tp or fits(same_tp[0]):
+        return None
+    mem = _memory(same_tp[0])
+    text = (f"Without PP, tp={best.point.tp} needs {fmt_gb(mem['total'])} of {fmt_gb(mem['capacity'])} GB "
+            f"per GPU; pp={best.point.pp} is what makes it fit")
+    flat = [r for r in records if fits(r) and r.point.pp == 1]
+    if flat:
+        alt = max(flat, key=lambda r: r.result.tokens_per_s)
+        text += f", and the fastest configuration without PP ({label(alt, axes)}) gives {_speed_delta(alt, best)}"
+    return text + "."
 
 
 def tp_wire_gb(collectives: Sequence[Mapping]) -> float | None:
@@ -282,7 +316,7 @@ def explain(records: list[SweepRecord]) -> list[str]:
     if best is None:
         return [no_fit_sentence(records, axes)] + _skipped_summary(skipped, axes)
     sentences = [winner_sentence(best, records, axes), within_error_sentence(best, records, axes),
-                 path_sentence(best)]
+                 path_sentence(best), pipeline_sentence(best), pp_enables_sentence(records, best, axes)]
     sentences += [contrast_sentence(r, best, axes) for r in neighbours(records, best)]
     for axis, describe in (("sp", sp_sentence), ("tp_comm_overlap", overlap_sentence)):
         other = _flipped(records, best, axis)
@@ -302,15 +336,15 @@ def _skipped_summary(skipped: list[SweepRecord], axes: list[str]) -> list[str]:
 
 
 # ----- the results table (shared by the terminal table and the report page) -------------------------
-TABLE_COLUMNS = ("tp", "sp", "mb", "overlap", "recompute", "dp", "step", "tokens/s", "TFLOP/s/GPU", "MFU",
+TABLE_COLUMNS = ("tp", "pp", "vp", "sp", "mb", "overlap", "recompute", "dp", "step", "tokens/s", "TFLOP/s/GPU", "MFU",
                  "GB/GPU", "fits", "exposed comm", "CP compute", "CP TP", "CP DP", "CP wait")
 
 
 def table_row(record: SweepRecord) -> list[str]:
     """One row of TABLE_COLUMNS; a skipped configuration carries its reason in the 'fits' column."""
     c = record.point
-    head = [str(c.tp), "on" if c.sp else "off", str(c.micro_batch), "on" if c.tp_comm_overlap else "off",
-            c.recompute]
+    head = [str(c.tp), str(c.pp), str(c.vp), "on" if c.sp else "off", str(c.micro_batch),
+            "on" if c.tp_comm_overlap else "off", c.recompute]
     if not ok(record):
         return head + ["-"] * 5 + ["-", "skipped: " + record.reason] + ["-"] * 5
     r = record.result

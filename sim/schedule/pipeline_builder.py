@@ -1,0 +1,173 @@
+"""One Schedule per pipeline stage: the stage's compute blocks and P2P batches in Megatron's order.
+
+For stage r the order of forward/backward blocks and P2P batches comes from sim/schedule/pipeline.py. A forward
+block F(mb, c) stamps chunk c's layers (sim/schedule/pipeline_layout.py) with the same templates as the
+non-pipelined builder (sim/schedule/builder.py), preceded by the embedding on the first virtual stage and followed
+by the output layer + loss on the last; a backward block runs them in reverse.
+
+Dependencies: a block's input is the P2P batch that receives it (or the embedding / the loss). Plain
+1F1B (and interleaved without P2P overlap) is blocking, so every block and every batch also waits for
+the step before it on the stage; with overlap a block waits only for the batch holding its receive, and
+a batch is posted right after the compute block before it.
+
+The P2P tensor is [s/(t if SP), b, h] in the model dtype. Step end per stage (sim/schedule/dp_ops.py): SP and KV
+gradient all-reduces of the stage's layers, DP buckets per model chunk (each made of the chunk's last
+micro-batch gradients, so with dp_overlap a chunk's buckets reduce as its last backward produces them),
+the tied-embedding all-reduce between the first and last stage (the last stage holds the output
+layer's copy of the embedding), the optimizer over the stage's parameters, and the distributed
+optimizer's parameter all-gathers (sim/schedule/param_gather.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.schedule.builder import Templates, build_schedule, dp_bucket_bytes, stamp
+from meshsim.sim.schedule.dp_ops import DpConfig, make_buckets, step_end_ops
+from meshsim.sim.schedule.ops import P2P, Op, P2PTransfer, Schedule
+from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
+from meshsim.sim.schedule.pipeline import Comm, Compute, PipelineShape, peer, stage_order
+from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
+from meshsim.sim.schedule.run_settings import grad_reduce_bytes
+from meshsim.sim.schedule.shapes import LayerDims, layer_dims
+
+
+def pipeline_shape(rs: ResolvedScenario) -> PipelineShape:
+    p = rs.scenario.parallel
+    return PipelineShape(rs.pp, rs.vp, rs.micro_batches, p.microbatch_group_size or rs.pp, p.p2p_overlap)
+
+
+def p2p_bytes(d: LayerDims) -> int:
+    """[s/(t if SP), b, h] in the model dtype."""
+    return d.tokens_out * d.hidden * d.dtype_bytes
+
+
+def _gate(ops: list[Op], op_id: int, gate: int | None) -> None:
+    if gate is not None and gate not in ops[op_id].deps:
+        ops[op_id] = replace(ops[op_id], deps=ops[op_id].deps + (gate,))
+
+
+class _Stage:
+    """Mutable state while one stage's ops are stamped."""
+
+    def __init__(self, rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates, reserved: int):
+        self.rs, self.stage, self.chunks, self.t = rs, stage, chunks, t
+        self.shape = pipeline_shape(rs)
+        self.ops: list[Op] = [None] * reserved  # slots for the parameter all-gathers that open the step
+        self.received: dict[tuple[str, int, int], int] = {}  # (direction, mb, chunk) -> P2P op id
+        self.loss: dict[tuple[int, int], int] = {}
+        self.grads: list[list[tuple[int, int]]] = [[] for _ in chunks]
+        self.last_item: int | None = None
+        self.last_compute: int | None = None
+        self.nbytes = p2p_bytes(layer_dims(rs))
+
+    def comm(self, step: Comm) -> None:
+        transfers = []
+        for tr in step.transfers:
+            peer_stage, sender = peer(self.shape, self.stage, tr)
+            transfers.append(P2PTransfer(tr.send, tr.direction, tr.micro_batch, sender, peer_stage, self.nbytes))
+        first = step.transfers[0]
+        kinds = "+".join(f"{'send' if tr.send else 'recv'}_{tr.direction}" for tr in step.transfers)
+        name = f"pp.{kinds}_c{first.chunk}.mb{first.micro_batch}"
+        before = self.last_item if self.shape.blocking else self.last_compute
+        op_id = len(self.ops)
+        self.ops.append(Op(op_id, name, "pp_comm", "pp_comm", first.direction, P2P(tuple(transfers)),
+                           () if before is None else (before,), None, first.micro_batch))
+        for tr in step.transfers:
+            if not tr.send:
+                self.received[(tr.direction, tr.micro_batch, tr.chunk)] = op_id
+        self.last_item = op_id
+
+    def compute(self, step: Compute) -> None:
+        direction = "fwd" if step.kind == "F" else "bwd"
+        received = self.received.get((direction, step.micro_batch, step.chunk))
+        gate = self.last_item if self.shape.blocking else received
+        first_id = len(self.ops)
+        ch = self.chunks[step.chunk]
+        if step.kind == "F":
+            out = self.forward(ch, step.micro_batch, received)
+        else:
+            out = self.backward(ch, step.micro_batch, received)
+        _gate(self.ops, first_id, gate)
+        self.last_item = self.last_compute = out
+
+    def forward(self, ch: ChunkLayout, mb: int, x: int | None) -> int:
+        t, ops = self.t, self.ops
+        if ch.embedding:
+            x = stamp(t.embed_fwd, ops, f"embed.mb{mb}.", {}, None, mb) + t.embed_fwd.marks["out"]
+        for layer in ch.layers:
+            x = stamp(t.fwd, ops, f"L{layer}.mb{mb}.", {"in": x}, layer, mb) + t.fwd.marks["out"]
+        if ch.head:
+            x = stamp(t.head_fwd, ops, f"head.mb{mb}.", {"in": x}, None, mb) + t.head_fwd.marks["out"]
+            self.loss[(mb, ch.chunk)] = x
+        return x
+
+    def backward(self, ch: ChunkLayout, mb: int, g: int | None) -> int:
+        t = self.t
+        blocks = [(t.head_bwd, f"head.mb{mb}.", None)] if ch.head else []
+        blocks += [(t.bwd, f"L{layer}.mb{mb}.", layer) for layer in reversed(ch.layers)]
+        blocks += [(t.embed_bwd, f"embed.mb{mb}.", None)] if ch.embedding else []
+        ext, g = ("loss", self.loss[(mb, ch.chunk)]) if ch.head else ("gin", g)
+        record = mb == self.rs.micro_batches - 1  # DP reduces the last micro-batch's gradients
+        for tpl, prefix, layer in blocks:
+            base = stamp(tpl, self.ops, prefix, {ext: g}, layer, mb)
+            g, ext = base + tpl.marks["out"], "gin"
+            if record:
+                self.grads[ch.chunk] += [(base + i, n) for i, n in tpl.grads]
+        return g
+
+
+def _chunk_grad_params(t: Templates, ch: ChunkLayout) -> list[int]:
+    """Parameter counts of a chunk's gradient producers in backward order (as _Stage.backward records)."""
+    head = [n for _, n in t.head_bwd.grads] if ch.head else []
+    embed = [n for _, n in t.embed_bwd.grads] if ch.embedding else []
+    return head + [n for _, n in t.bwd.grads] * len(ch.layers) + embed
+
+
+def stage_dp_config(rs: ResolvedScenario, d: LayerDims, chunks: list[ChunkLayout], params: int) -> DpConfig:
+    """DpConfig of one stage: its layers' SP / KV gradient all-reduces and the tied-embedding one."""
+    p = rs.scenario.parallel
+    layers = sum(len(ch.layers) for ch in chunks)
+    head = any(ch.head for ch in chunks)
+    sp_params = layers * d.sp_params_per_layer + (d.norm_params if head else 0) if d.sp else 0
+    kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
+    tied = rs.scenario.model.tied_embeddings and (head or any(ch.embedding for ch in chunks))
+    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
+                    bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
+                    kv_grad_params=kv_params, embed_grad_params=d.vocab * d.hidden if tied else 0,
+                    grad_bytes=grad_reduce_bytes(rs.scenario))
+
+
+def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates) -> Schedule:
+    """The ops of one rank of pipeline stage `stage`."""
+    d = layer_dims(rs)
+    p = rs.scenario.parallel
+    overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.dp_overlap
+    size = dp_bucket_bytes(rs)
+    reserved = sum(reserved_gathers(_chunk_grad_params(t, ch), size) for ch in chunks) if overlap_gather else 0
+    st = _Stage(rs, stage, chunks, t, reserved)
+    for step in stage_order(st.shape, stage):
+        st.comm(step) if isinstance(step, Comm) else st.compute(step)
+    ops = st.ops
+    # buckets chunk v-1 first: the backward finishes chunks in reverse, and the gathers run in reverse
+    buckets = [b for c in reversed(range(len(chunks))) for b in make_buckets(st.grads[c], size)]
+    params = sum(n for grads in st.grads for _, n in grads)
+    ops += step_end_ops(len(ops), [], len(ops) - 1, stage_dp_config(rs, d, chunks, params), buckets)
+    if overlap_gather:
+        ops = fill_param_gathers(ops, buckets)
+    meta = {"chunks": d.chunks, "params_per_rank": params, "padded_vocab": d.vocab * d.tp,
+            "grad_producers": sum(len(g) for g in st.grads),
+            "layers": [list(ch.layers) for ch in chunks]}
+    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
+                    stage=stage)
+
+
+def build_stage_schedules(rs: ResolvedScenario) -> tuple[Schedule, ...]:
+    """One Schedule per pipeline stage (pp = 1: the non-pipelined builder's single schedule)."""
+    if rs.pp == 1:
+        return (build_schedule(rs),)
+    d = layer_dims(rs)
+    t = Templates(d, tied=False)  # with pp > 1 the last stage holds its own copy of a tied embedding
+    layout = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)
+    return tuple(build_stage(rs, r, layout[r], t) for r in range(rs.pp))
