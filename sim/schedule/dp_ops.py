@@ -116,8 +116,8 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
         work = Collective(reduce_op, "dp", b.params * cfg.grad_bytes, K.DP_GRAD)
         before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
     if cfg.embed_grad_params:
-        embed = Collective("all_reduce", "embed", cfg.embed_grad_params * GRAD_BYTES, "embed_grad")
-        before_opt.append(em.add("opt.embed_grad", "bwd", embed, tuple(before_opt)))
+        embed = Collective("all_reduce", "embed", cfg.embed_grad_params * GRAD_BYTES, K.EMBED_GRAD)
+        before_opt.append(em.add(f"{K.OPT_BLOCK}.{K.EMBED_GRAD}", "bwd", embed, tuple(before_opt)))
     shard = cfg.dp if cfg.distributed_optimizer else 1
     step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
     if cfg.distributed_optimizer and not cfg.overlap:  # overlapped: sim/schedule/param_gather.py, next step's fwd

@@ -8,7 +8,9 @@ An op's name is "<block>.mb<m>.<phase>.<key>" inside a micro-batch ("L0.mb0.fwd.
 - SP's weight-gradient re-gather of an entry boundary's input: "<entry key>" + REGATHER;
 - the vocab-parallel cross-entropy's all-reduces: XENT_MAX / XENT_PRED / XENT_SUM + ALL_REDUCE;
 - after the backward: LN_GRAD (SP-replicated gradients over TP), KV_GRAD (GQA KV replicas), DP_GRAD and
-  DP_PARAM (data-parallel gradient reduction and the distributed optimizer's parameter gather).
+  DP_PARAM (data-parallel gradient reduction and the distributed optimizer's parameter gather), EMBED_GRAD
+  (pipeline: the tied word-embedding gradient over the first and last stage).
+Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ SP_REGATHER = "sp_regather"  # the purpose a re-gather collective records
 XENT_MAX, XENT_PRED, XENT_SUM = "xent_max", "xent_pred", "xent_sum"
 ALL_REDUCE = "_ar"
 LN_GRAD, KV_GRAD, DP_GRAD, DP_PARAM = "ln_grad", "kv_grad", "dp_grad", "dp_param"
+EMBED_GRAD = "embed_grad"
 EMBED_BLOCK, HEAD_BLOCK, OPT_BLOCK = "embed", "head", "opt"
+PP_BLOCK = "pp"
 
 
 def layer_block(layer: int) -> str:

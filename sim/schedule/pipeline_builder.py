@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.builder import Templates, build_schedule, dp_bucket_bytes, stamp
 from meshsim.sim.schedule.dp_ops import DpConfig, make_buckets, step_end_ops
 from meshsim.sim.schedule.ops import P2P, Op, P2PTransfer, Schedule
@@ -69,7 +70,7 @@ class _Stage:
             transfers.append(P2PTransfer(tr.send, tr.direction, tr.micro_batch, sender, peer_stage, self.nbytes))
         first = step.transfers[0]
         kinds = "+".join(f"{'send' if tr.send else 'recv'}_{tr.direction}" for tr in step.transfers)
-        name = f"pp.{kinds}_c{first.chunk}.mb{first.micro_batch}"
+        name = f"{K.PP_BLOCK}.{kinds}_c{first.chunk}.mb{first.micro_batch}"
         before = self.last_item if self.shape.blocking else self.last_compute
         op_id = len(self.ops)
         self.ops.append(Op(op_id, name, "pp_comm", "pp_comm", first.direction, P2P(tuple(transfers)),
@@ -95,19 +96,19 @@ class _Stage:
     def forward(self, ch: ChunkLayout, mb: int, x: int | None) -> int:
         t, ops = self.t, self.ops
         if ch.embedding:
-            x = stamp(t.embed_fwd, ops, f"embed.mb{mb}.", {}, None, mb) + t.embed_fwd.marks["out"]
+            x = stamp(t.embed_fwd, ops, f"{K.EMBED_BLOCK}.mb{mb}.", {}, None, mb) + t.embed_fwd.marks["out"]
         for layer in ch.layers:
-            x = stamp(t.fwd, ops, f"L{layer}.mb{mb}.", {"in": x}, layer, mb) + t.fwd.marks["out"]
+            x = stamp(t.fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + t.fwd.marks["out"]
         if ch.head:
-            x = stamp(t.head_fwd, ops, f"head.mb{mb}.", {"in": x}, None, mb) + t.head_fwd.marks["out"]
+            x = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb) + t.head_fwd.marks["out"]
             self.loss[(mb, ch.chunk)] = x
         return x
 
     def backward(self, ch: ChunkLayout, mb: int, g: int | None) -> int:
         t = self.t
-        blocks = [(t.head_bwd, f"head.mb{mb}.", None)] if ch.head else []
-        blocks += [(t.bwd, f"L{layer}.mb{mb}.", layer) for layer in reversed(ch.layers)]
-        blocks += [(t.embed_bwd, f"embed.mb{mb}.", None)] if ch.embedding else []
+        blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)] if ch.head else []
+        blocks += [(t.bwd, f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(ch.layers)]
+        blocks += [(t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None)] if ch.embedding else []
         ext, g = ("loss", self.loss[(mb, ch.chunk)]) if ch.head else ("gin", g)
         record = mb == self.rs.micro_batches - 1  # DP reduces the last micro-batch's gradients
         for tpl, prefix, layer in blocks:
