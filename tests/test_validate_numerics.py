@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("torch")
 
 from meshsim.scenarios.load import load_scenario  # noqa: E402
+from meshsim.sim.schedule.shapes import ModelDims  # noqa: E402
 from meshsim.validate.numerics.check import check_numerics, default_specs, make_variant  # noqa: E402
-from meshsim.validate.stack.shard import ModelDims, full_shapes  # noqa: E402
+from meshsim.validate.stack.shard import full_shapes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEGATIVE = ["tp+gelu+swap_fg", "sp+swiglu+no_ln_allreduce"]

@@ -19,6 +19,7 @@ from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
 from meshsim.sim.core.errors import UserError  # noqa: E402
 from meshsim.sim.schedule.duality import DUALITY  # noqa: E402
 from meshsim.sim.schedule.ops import Attention, Collective, Gemm  # noqa: E402
+from meshsim.sim.schedule.shapes import ModelDims  # noqa: E402
 from meshsim.validate.calibrate import calibration as calibrate  # noqa: E402
 from meshsim.validate.calibrate import sampling  # noqa: E402
 from meshsim.validate.crosscheck import crosscheck  # noqa: E402
@@ -29,7 +30,7 @@ from meshsim.validate.stack.comm import BOUNDARY_FUNCTIONS, comm_tag  # noqa: E4
 from meshsim.validate.stack.layers import Mesh, Plan  # noqa: E402
 from meshsim.validate.stack.model import dp_buckets, forward, init_full_weights, local_weights, make_batch  # noqa: E402
 from meshsim.validate.stack.reference import reference  # noqa: E402
-from meshsim.validate.stack.shard import ModelDims, kv_heads, kv_replica_groups, q_heads, shard  # noqa: E402
+from meshsim.validate.stack.shard import kv_heads, kv_replica_groups, q_heads, shard  # noqa: E402
 from meshsim.validate.stack.xent import VocabParallelCrossEntropy  # noqa: E402
 from meshsim.validate.timing import measured  # noqa: E402
 from meshsim.validate.timing.executor import Device, make_runner  # noqa: E402

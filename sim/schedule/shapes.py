@@ -1,4 +1,5 @@
-"""Per-rank shapes of one transformer layer: the dimensions every op template and the memory model use.
+"""The model's dimensions, once: ModelDims (the whole model, as validate builds it) and its per-rank view
+LayerDims (one TP rank's shapes, which every op template and the memory model use).
 
 t = tp. Heads, KV heads (replicated when kv_heads < t: each rank keeps max(1, kv_heads / t)), FFN width
 and the (padded) vocabulary are sharded by t; under SP the norm/dropout/residual kernels see s*b/t tokens.
@@ -9,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias, norm_params
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias, norm_has_bias, norm_params
 from meshsim.sim.schedule.ops import Attention, Gemm
 
 # tp_comm_overlap chunks k = min(tp, 4): chunk i's collective overlaps chunk i-1's GEMM, leaving ~1/k of
@@ -105,14 +107,58 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
     return -(-vocab // step) * step
 
 
+@dataclass(frozen=True)
+class ModelDims:
+    """The whole model as the scenario describes it (unsharded widths) and its TP/DP layout; validate builds
+    full tensors from it and `per_rank` is the simulator's view of one TP rank (LayerDims)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    mlp: str
+    linear_bias: bool  # sim/schedule/model_family.has_linear_bias
+    norm_bias: bool  # sim/schedule/model_family.norm_has_bias (LayerNorm weight+bias; RMSNorm weight only)
+    seq: int
+    vocab: int
+    micro_batch: int
+    tied: bool
+    tp: int
+    dp: int
+    sp: bool
+    recompute: str
+
+    @classmethod
+    def from_scenario(cls, s: Scenario, dp: int | None = None) -> ModelDims:
+        m, p = s.model, s.parallel
+        dp = dp if dp is not None else (p.dp if isinstance(p.dp, int) else 1)
+        return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn, m.mlp,
+                   has_linear_bias(m), norm_has_bias(m), m.seq_len,
+                   m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute)
+
+    @property
+    def batch(self) -> int:
+        """Sequences in one step over all DP ranks (one micro-batch each)."""
+        return self.micro_batch * self.dp
+
+
+    def per_rank(self, s: Scenario, tp: int | None = None) -> LayerDims:
+        """One TP rank's share (LayerDims): heads, KV heads (replicated when kv_heads < tp), FFN width and the
+        padded vocabulary divided by tp; run settings (attention kernel, dropout, dtype, overlap) from `s`."""
+        m, p = s.model, s.parallel
+        t = self.tp if tp is None else tp
+        return LayerDims(
+            seq=self.seq, micro_batch=self.micro_batch, hidden=self.hidden, tp=t, sp=self.sp and t > 1,
+            heads=self.heads // t, kv_heads=max(1, self.kv_heads // t), head_dim=self.head_dim,
+            ffn=self.ffn // t, vocab=padded_vocab(self.vocab, t, m.vocab_divisible_by) // t, mlp=self.mlp,
+            flash=m.attention == "flash", dropout=m.dropout, recompute=self.recompute,
+            chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
+            bias=self.linear_bias, norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
+            grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic)
+
+
 def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:
     """Per-rank shapes for `rs` (or for the same model at another tp, e.g. tp=1 for unsharded FLOPs)."""
-    m, p = rs.scenario.model, rs.scenario.parallel
-    t = rs.tp if tp is None else tp
-    return LayerDims(
-        seq=m.seq_len, micro_batch=p.micro_batch, hidden=m.hidden, tp=t, sp=p.sp and t > 1,
-        heads=m.heads // t, kv_heads=max(1, m.num_kv_heads // t), head_dim=m.head_dim, ffn=m.ffn // t,
-        vocab=padded_vocab(m.vocab, t, m.vocab_divisible_by) // t, mlp=m.mlp, flash=m.attention == "flash", dropout=m.dropout,
-        recompute=p.recompute, chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
-        bias=has_linear_bias(m), norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
-        grad_fusion=rs.scenario.run.grad_accumulation_fusion, deterministic=rs.scenario.run.deterministic)
+    return ModelDims.from_scenario(rs.scenario, rs.dp).per_rank(rs.scenario, rs.tp if tp is None else tp)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from meshsim.scenarios.schema import Scenario
+from meshsim.sim.schedule.shapes import ModelDims
 from meshsim.validate.numerics.opcount import count_collectives
 from meshsim.validate.numerics.tolerances import SCALED_BOUND, TOLERANCES
 from meshsim.validate.stack.comm import comm_tag
@@ -18,7 +19,7 @@ from meshsim.validate.stack.groups import build_mesh
 from meshsim.validate.stack.layers import Mesh, Plan
 from meshsim.validate.stack.model import forward, init_full_weights, local_weights, make_batch, sync_grads
 from meshsim.validate.stack.reference import reference
-from meshsim.validate.stack.shard import ModelDims, kv_replica_groups, shard
+from meshsim.validate.stack.shard import kv_replica_groups, shard
 
 
 class Meshes:

@@ -22,8 +22,8 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import CONJUGATE, region_boundaries
 from meshsim.sim.schedule.model_family import is_gated
+from meshsim.sim.schedule.shapes import ModelDims
 from meshsim.validate.stack.comm import apply_boundary, column_linear, comm_tag, current_phase
-from meshsim.validate.stack.shard import ModelDims
 
 LN_EPS = 1e-5
 

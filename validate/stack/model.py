@@ -19,10 +19,10 @@ import torch.nn.functional as F
 
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.dp_ops import MIB, make_buckets
+from meshsim.sim.schedule.shapes import ModelDims
 from meshsim.validate.stack.comm import all_reduce_grads, apply_boundary, column_linear
 from meshsim.validate.stack.layers import Mesh, Plan, norm, transformer_layer
 from meshsim.validate.stack.shard import (
-    ModelDims,
     full_shapes,
     kv_replica_groups,
     sequence_parallel_params,

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from meshsim.sim.schedule.model_family import is_gated
+from meshsim.sim.schedule.shapes import ModelDims
 from meshsim.validate.stack.layers import attention_core, mlp_activation, norm
-from meshsim.validate.stack.shard import ModelDims
 
 
 @dataclass(frozen=True)

@@ -10,49 +10,14 @@ Full tensors follow torch's Linear layout [out_features, in_features]:
 - biases (gelu models only): column-parallel ones (q, k, v, fc1) sliced like their weight's rows;
   row-parallel ones (o, fc2) and the norms' weights / biases replicated.
 
-Model-family rules (norm kind, biases, gated MLP) are sim/schedule/model_family.py's, shared with the simulator.
+The dimensions are sim/schedule/shapes.py's ModelDims (the whole model; the simulator's LayerDims is its
+per-rank view); model-family rules (norm kind, biases, gated MLP) are sim/schedule/model_family.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from meshsim.scenarios.schema import Scenario
-from meshsim.sim.schedule.model_family import has_linear_bias, is_gated, norm_has_bias
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    mlp: str
-    linear_bias: bool  # sim/schedule/model_family.has_linear_bias
-    norm_bias: bool  # sim/schedule/model_family.norm_has_bias (LayerNorm weight+bias; RMSNorm weight only)
-    seq: int
-    vocab: int
-    micro_batch: int
-    tied: bool
-    tp: int
-    dp: int
-    sp: bool
-    recompute: str
-
-    @classmethod
-    def from_scenario(cls, s: Scenario, dp: int | None = None) -> ModelDims:
-        m, p = s.model, s.parallel
-        dp = dp if dp is not None else (p.dp if isinstance(p.dp, int) else 1)
-        return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn, m.mlp,
-                   has_linear_bias(m), norm_has_bias(m), m.seq_len,
-                   m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute)
-
-    @property
-    def batch(self) -> int:
-        """Sequences in one step over all DP ranks (one micro-batch each)."""
-        return self.micro_batch * self.dp
+from meshsim.sim.schedule.model_family import is_gated
+from meshsim.sim.schedule.shapes import ModelDims
 
 
 def _norm(prefix: str, d: ModelDims) -> dict[str, tuple[int, ...]]:
