@@ -38,10 +38,10 @@ def test_json_rows_have_exactly_the_public_keys(app, tmp_path):
     assert [r["bytes"] for r in rows] == [1024 << i for i in range(11)]
     for r in rows:
         assert tuple(r) == ROW_KEYS
-        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * 15 / 16, rel=1e-9)
-        assert r["time_us"] == pytest.approx(r["bytes"] / (r["algbw_gbps"] * 1e3), rel=1e-9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * 15 / 16, rel=1e-9)
+        assert r["time_us"] == pytest.approx(r["bytes"] / (r["algbw_GBps"] * 1e3), rel=1e-9)
         assert "/" in r["algorithm"]
-    assert "busbw_gbps" in res.output
+    assert "busbw GB/s" in res.output and f"json: {out}" in res.output.replace("\n", "")
 
 
 def test_forced_algorithm_and_plot(app, tmp_path):
@@ -49,7 +49,7 @@ def test_forced_algorithm_and_plot(app, tmp_path):
     res = invoke(app, "--nodes", "1", "--ranks", "8", "--min-bytes", "64K", "--max-bytes", "64M",
                  "--step-factor", "8", "--algo", "ring", "--protocol", "simple", "--plot", str(plot))
     assert res.exit_code == 0, res.output
-    assert res.output.count("ring/simple") == 4
+    assert res.output.count("ring/simple") == 4 and f"plot: {plot}" in res.output.replace("\n", "")
     html = plot.read_text()
     assert "plotly" in html and len(html) > 1_000_000  # plotly.js embedded: self-contained
     for name in ('"ring"', '"tree"', '"auto"'):  # every applicable algorithm, and auto's choice

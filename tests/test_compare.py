@@ -7,6 +7,7 @@ import json
 import pytest
 
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.results.step_result import upgrade_result_dict
 from meshsim.sim.sweep.compare import category_rows, compare_files, headline_rows, load_results, merge_traces
 
 
@@ -29,15 +30,52 @@ def trace(pids, flow_ids, prefix="sim"):
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def test_rows_and_deltas():
+def test_rows_and_deltas_from_files_with_the_old_key_names():
+    """The fixtures use the keys results had before the breakdown and GB/s renames: still read."""
     a, b = result("x", 2.0, 1.5, 0.4, 0.1), result("y", 2.5, 1.6, 0.8, 0.1, mem=90.0)
+    a["collectives"] = [{"op": "all_reduce", "busbw_gbps": 100.0, "algbw_gbps": 50.0}]
+    a, b = upgrade_result_dict(a), upgrade_result_dict(b)
+    assert a["collectives"] == [{"op": "all_reduce", "busbw_GBps": 100.0, "algbw_GBps": 50.0}]
     cats = {r["name"]: r for r in category_rows(a, b)}
-    assert cats["exposed_comm"]["delta"] == pytest.approx(0.8 - 0.4)
+    assert cats["busy: compute_busy"]["delta"] == pytest.approx(1.6 - 1.5)
+    assert cats["busy: compute_waiting"]["a"] == pytest.approx(2.0 - 1.5)  # step - compute busy
     assert cats["step"]["delta_pct"] == pytest.approx(100 * (2.5 - 2.0) / 2.0)
-    assert cats["critical path: tp_comm (s)"]["a"] == pytest.approx(0.2 * 2.0)
+    assert cats["critical path: tp_comm"]["a"] == pytest.approx(0.2 * 2.0)
+    cp = [r for r in category_rows(a, b) if r["name"].startswith("critical path")]
+    assert sum(r["b"] for r in cp) == pytest.approx(cats["step"]["b"])  # the critical-path rows add up
     head = {r["name"]: r for r in headline_rows(a, b)}
     assert head["tokens/s"]["delta_pct"] == pytest.approx(100 * (1e6 / 2.5 - 1e6 / 2.0) / (1e6 / 2.0))
-    assert head["memory per GPU (GB)"]["delta"] == pytest.approx(40.0)
+    assert head["memory per GPU (GiB)"]["delta"] == pytest.approx(40.0 * 1e9 / 2**30)
+
+
+def test_configuration_difference_comes_first_with_per_gpu_throughput(tmp_path, capsys):
+    from rich.console import Console
+
+    from meshsim.sim.sweep.compare import config_rows, print_comparison
+
+    a = {**result("x", 2.0, 1.5, 0.4, 0.1), "gpus": 64, "tp": 8, "dp": 8, "sp": True, "recompute": "none",
+         "micro_batch": 1, "topology": "dgx-h100"}
+    b = {**a, "gpus": 8, "dp": 1, "tokens_per_s": 0.1e6 / 2.0}
+    rows = config_rows(a, b)
+    assert [r["name"] for r in rows if r["differs"]] == ["gpus", "dp"]
+    assert [r["name"] for r in rows[:2]] == ["gpus", "dp"] and not rows[2]["differs"]
+    assert {"name": "pp", "a": 1, "b": 1, "differs": False} in rows  # absent pp reads 1
+    head = {r["name"]: r for r in headline_rows(a, b)}
+    assert head["tokens/s"]["delta_pct"] == pytest.approx(-90.0)
+    assert head["tokens/s per GPU"]["a"] == pytest.approx(1e6 / 2.0 / 64)
+    assert head["tokens/s per GPU"]["delta_pct"] == pytest.approx(100 * (0.1 / 8 - 1 / 64) / (1 / 64))
+    for side, res in (("a", a), ("b", b)):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "results.json").write_text(json.dumps(res))
+        (tmp_path / side / "trace.json").write_text(json.dumps(trace([0], [1])))
+    cmp = compare_files(tmp_path / "a" / "results.json", tmp_path / "b" / "results.json", out_dir=tmp_path / "c")
+    page = (tmp_path / "c" / "compare.html").read_text()
+    assert cmp["page"] == str(tmp_path / "c" / "compare.html") and "<script" not in page
+    assert page.index("gpus") < page.index("Headline") and "tokens/s per GPU" in page and "trace.json" in page
+    console = Console(width=100, record=True)
+    print_comparison(cmp, console)
+    text = console.export_text()
+    assert text.index("* gpus") < text.index("Headline") and "1e+" not in text
 
 
 def test_merge_keeps_runs_apart():
@@ -62,7 +100,7 @@ def test_compare_files_merges_traces_beside_results(tmp_path):
     assert cmp["labels"] == ["A: x (a)", "B: x (b)"]
     merged = json.loads((out / "trace.json").read_text())["traceEvents"]
     assert sorted({e["pid"] for e in merged}) == [0, 1, 2]
-    assert json.loads((out / "compare.json").read_text())["categories"][0]["name"] == "compute"
+    assert json.loads((out / "compare.json").read_text())["categories"][0]["name"] == "critical path: compute"
 
 
 def test_bad_results_file_is_a_user_error(tmp_path):
@@ -86,7 +124,7 @@ def _run(tmp_path, name, overrides, *, with_trace):
     out.mkdir()
     (out / "results.json").write_text(json.dumps(res.to_dict()))
     if with_trace:
-        write_trace(out / "trace.json", log.events, res.critical_path)
+        write_trace(out / "trace.json", log.events, res.critical_path, result=res)
     return out / "results.json", res
 
 

@@ -67,7 +67,10 @@ def test_breakdown_of_rank0():
     log = two_rank_log()
     b = breakdown(log.of_rank(0), log.step_time_s)
     # compute a 0-1, c 1-3, d 5.5-6.5 = 4; tp_comm 1-5.5 (wait included) = 4.5; busy union 0-6.5
-    assert b == pytest.approx({"compute": 4.0, "tp_comm": 4.5, "dp_comm": 0.0, "exposed_comm": 2.5, "idle": 0.0})
+    # compute waits 6.5 - 4 = 2.5 s (3-5.5), all of it while TP comm runs; its first op starts at 0
+    assert b == pytest.approx({"compute_busy": 4.0, "tp_comm_busy": 4.5, "dp_comm_busy": 0.0, "compute_waiting": 2.5,
+                               "compute_waiting_at_start": 0.0, "exposed_comm": 2.5, "exposed_tp_comm": 2.5,
+                               "exposed_dp_comm_only": 0.0, "nothing_running": 0.0})
 
 
 def test_union():

@@ -12,6 +12,7 @@ from meshsim.sim.engine.events import run
 from meshsim.sim.outputs.step_report import print_report, write_outputs
 from meshsim.sim.outputs.timeline import timeline_figure
 from meshsim.sim.outputs.trace import trace_document, trace_events
+from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
 from meshsim.sim.results.critical_path import critical_ops
 from meshsim.sim.results.step_result import CONFIG_KEYS, MEMORY_KEYS, StepResult, build_result
 from meshsim.sim.schedule.ops import Collective, Gemm, Op, Schedule
@@ -62,7 +63,8 @@ def test_results_dict_has_all_keys_and_round_trips():
     data = json.loads(json.dumps(result.to_dict()))
     assert REQUIRED_KEYS | set(CONFIG_KEYS) <= set(data)
     assert set(data["memory_gb"]) == set(MEMORY_KEYS)
-    assert set(data["breakdown_s"]) == {"compute", "tp_comm", "dp_comm", "exposed_comm", "idle"}
+    assert set(data["breakdown_s"]) == set(BREAKDOWN_KEYS)
+    assert data["fits"] is True and data["hfu"] == pytest.approx(data["mfu"])  # no recompute: HFU = MFU
     assert set(data["critical_path_share"]) == {"compute", "tp_comm", "dp_comm", "waiting"}
     assert {"name", "category", "rank", "start_us", "dur_us"} <= set(data["critical_path"][0])
     # tokens/s = global_batch x seq_len / step; TFLOP/s per GPU = FLOPs / step / gpus / 1e12
@@ -108,7 +110,8 @@ def test_trace_schema_nesting_and_flows(tmp_path):
     ops = [e for e in slices if e["name"] != "wait"]
     assert len(ops) == len(log.events)
     for ev in ops:
-        assert {"op", "category", "phase", "layer", "micro_batch", "bytes", "flops", "critical"} <= set(ev["args"])
+        assert {"op", "category", "phase", "critical", "stream", "correlation"} <= set(ev["args"])
+        assert ev["cat"] == "kernel" and ev["args"]["stream"] == ev["tid"]
     assert any(e["name"] == "wait" for e in slices)
     assert slices_nest(events)
     names = {(e["pid"], e["name"]) for e in events if e["ph"] == "M"}
@@ -117,7 +120,10 @@ def test_trace_schema_nesting_and_flows(tmp_path):
     assert {(e["pid"], e["args"]["op"]) for e in ops if e["args"]["critical"]} == crit
     starts = {e["id"] for e in events if e["ph"] == "s"}
     finishes = {e["id"] for e in events if e["ph"] == "f" and e["bp"] == "e"}
-    assert starts == finishes and len(starts) == len(crit) - 1
+    by_key = {(e.rank, e.op_id): e for e in log.events}
+    chain = [by_key[(s["rank"], s["op_id"])] for s in result.critical_path if s["op_id"] is not None]
+    lane_changes = sum((a.rank, a.stream) != (b.rank, b.stream) for a, b in zip(chain, chain[1:], strict=False))
+    assert starts == finishes and len(starts) == lane_changes > 0
 
 
 def test_partially_overlapping_slices_are_detected():
@@ -168,4 +174,9 @@ def test_results_json_text_is_the_dict():
     from meshsim.sim.outputs.step_report import results_json_text
 
     result, _ = simulated()
-    assert json.loads(results_json_text(result)) == json.loads(json.dumps(result.to_dict()))
+    assert json.loads(results_json_text(result, full_critical_path=True)) == json.loads(json.dumps(result.to_dict()))
+    summary = json.loads(results_json_text(result))  # the default: the path summarised, not listed op by op
+    assert "critical_path" not in summary and summary["critical_path_top"]
+    top = summary["critical_path_top"]
+    assert sum(t["count"] for t in top) <= len(result.critical_path)
+    assert top == sorted(top, key=lambda t: -t["total_s"])

@@ -72,7 +72,8 @@ def test_simulate_result_is_consistent_with_its_event_log():
     assert sum(seg["dur_us"] for seg in result.critical_path) == pytest.approx(result.step_time_s * 1e6, rel=1e-9)
     assert sum(result.critical_path_share.values()) == pytest.approx(1.0)
     b = result.breakdown_s
-    assert b["compute"] + b["exposed_comm"] + b["idle"] == pytest.approx(result.step_time_s, rel=1e-9)
+    assert b["compute_busy"] + b["exposed_comm"] + b["nothing_running"] == pytest.approx(result.step_time_s, rel=1e-9)
+    assert b["compute_waiting"] == pytest.approx(b["exposed_tp_comm"] + b["exposed_dp_comm_only"] + b["nothing_running"])
     assert StepResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
     assert {c["op"] for c in result.collectives} <= {"all_reduce", "all_gather", "reduce_scatter"}
 

@@ -31,15 +31,16 @@ SHARES = {"compute": 0.8, "tp_comm": 0.1, "dp_comm": 0.06, "waiting": 0.04}
 
 def rec(tp, sp=False, *, tokens, mem, cap=80.0, per_node=8, shares=None, act=10.0, step=1.0, mb=1,
         overlap=False, recompute="none", compute_s=0.8, exposed_s=0.1, tp_comm_s=0.2, collectives=()):
-    """A sweep record with a hand-made StepResult."""
+    """A sweep record with a hand-made StepResult; mem, cap and act in GiB (stored in GB, as results are)."""
     point = SweepPoint(tp, sp, mb, overlap, recompute)
+    mem, cap, act = (v * 2**30 / 1e9 for v in (mem, cap, act))
     result = {
         "scenario": "hand-made", "layer_fwd_ms": 1.0, "layer_bwd_ms": 2.0, "tp": tp, "sp": sp, "dp": 64 // tp, "gpus_per_node": per_node, "crosses_nodes": tp > per_node,
         "tokens_per_s": tokens, "mfu": 0.4, "tflops_per_gpu": 400.0, "step_time_s": step,
         "memory_gb": {"weights": 1.0, "grads": 1.0, "optimizer": 1.0, "activations": act, "total": mem,
                       "capacity": cap, "fits": mem <= cap},
-        "breakdown_s": {"compute": compute_s, "tp_comm": tp_comm_s, "dp_comm": 0.05, "exposed_comm": exposed_s,
-                        "idle": 0.0},
+        "breakdown_s": {"compute_busy": compute_s, "tp_comm_busy": tp_comm_s, "dp_comm_busy": 0.05,
+                        "exposed_comm": exposed_s, "nothing_running": 0.0, "compute_waiting": step - compute_s},
         "critical_path_share": dict(shares or SHARES), "collectives": list(collectives),
     }
     return SweepRecord.from_json({"key": point.key, "config": asdict(point), "scenario_digest": "",
@@ -87,7 +88,7 @@ def test_sweet_spot_is_fastest_that_fits():
 def test_does_not_fit_sentence_numbers_come_from_results():
     records = [rec(2, tokens=2000.0, mem=96.04, act=41.26), rec(4, tokens=1500.0, mem=70.0)]
     text = " ".join(ex.explain(records))
-    assert "tp=2 does not fit: 96 GB of 80 GB per GPU (activations 41.3 GB)" in text
+    assert "tp=2 does not fit: 96 GiB of 80 GiB per GPU (activations 41.3 GiB)" in text
     assert f"it would otherwise give {100 * (2000 / 1500 - 1):.0f}% more tokens/s" in text
 
 
@@ -111,8 +112,8 @@ def test_crossing_config_explained_even_when_not_adjacent():
 def test_no_fit_names_smallest_overflow():
     records = [rec(2, tokens=2000.0, mem=120.0), rec(4, tokens=1500.0, mem=85.5), skipped(3)]
     sentences = ex.explain(records)
-    assert sentences[0].startswith("No configuration fits in 80 GB per GPU; the smallest overflow is tp=4: "
-                                   f"85.5 GB ({85.5 - 80:.1f} GB over)")
+    assert sentences[0].startswith("No configuration fits in 80 GiB per GPU; the smallest overflow is tp=4: "
+                                   f"85.5 GiB ({85.5 - 80:.1f} GiB over)")
     assert any("skipped" in s and "does not divide heads" in s for s in sentences)
 
 
@@ -122,10 +123,11 @@ def test_sp_sentence_reports_activation_saving():
     records = [rec(8, False, tokens=1400.0, mem=70.0, act=30.0, tp_comm_s=0.25, collectives=[ar]),
                rec(8, True, tokens=1500.0, mem=55.0, act=15.5, tp_comm_s=0.26, collectives=[ag])]
     text = " ".join(ex.explain(records))
-    off_gb, on_gb = 4 * 2 * 7 / 8, 6 * 7 / 8
-    assert (f"each GPU sends {on_gb:.1f} GB in TP collectives per step vs {off_gb:.1f} GB with sp=off "
+    off_gb, on_gb = 4 * 2 * 7 / 8, 6 * 7 / 8  # 1e9-byte units; shown in GiB
+    off_gib, on_gib = off_gb * 1e9 / 2**30, on_gb * 1e9 / 2**30
+    assert (f"each GPU sends {on_gib:.2f} GiB in TP collectives per step vs {off_gib:.2f} GiB with sp=off "
             f"({100 * (on_gb / off_gb - 1):+.0f}%)") in text
-    assert f"sp=on saves {30.0 - 15.5:.1f} GB of activations per GPU (30 -> 15.5 GB)" in text
+    assert f"sp=on saves {30.0 - 15.5:.1f} GiB of activations per GPU (30 -> 15.5 GiB)" in text
     assert "TP communication time 260 ms vs 250 ms" in text
 
 
@@ -149,7 +151,7 @@ def test_slower_neighbour_names_the_component_that_grew():
 def test_winner_sentence():
     records = [rec(4, tokens=1_234_567.0, mem=62.34, step=2.5), rec(8, tokens=1000.0, mem=50.0), skipped(3)]
     first = ex.explain(records)[0]
-    assert first.startswith("The sweet spot is tp=4: 1.23M tokens/s, MFU 40%, step 2.5 s, 62.3 of 80 GB per GPU")
+    assert first.startswith("The sweet spot is tp=4: 1.23M tokens/s, MFU 40%, step 2.5 s, 62.3 of 80 GiB per GPU")
     assert "fastest of the 2 configurations that fit (2 ran, 1 skipped)" in first
 
 
@@ -363,7 +365,9 @@ def test_skipped_neighbour_is_passed_over_for_the_next_valid_tp():
 
 
 def test_formatting_helpers():
-    assert [ex.fmt_gb(v) for v in (96.04, 12.35, 1.024, 5.5, 80.0)] == ["96", "12.3", "1.02", "5.5", "80"]
+    # memory held in GB (1e9 B) is shown in GiB (2^30 B): 80 GiB = 85.899 GB
+    gib = 2**30 / 1e9
+    assert [ex.fmt_gb(v * gib) for v in (96.04, 12.35, 1.024, 5.5, 80.0)] == ["96", "12.3", "1.02", "5.5", "80"]
     assert [ex.fmt_s(v) for v in (4.26281, 0.0123, 0.000685, 2.5e-6)] == ["4.263 s", "12.3 ms", "685 us", "2.5 us"]
 
 
@@ -393,7 +397,7 @@ def test_interrupted_real_sweep_resumes_to_the_same_table(tmp_path, small, small
     resumed = run_sweep(scenario, source, points, out_dir=tmp_path, progress=False, runner=counting_runner)
     assert calls_seen == [p.key for p in points[2:]]
     assert resumed == records
-    assert [ex.table_row(r) for r in resumed] == [ex.table_row(r) for r in records]
+    assert ex.table_rows(resumed) == ex.table_rows(records)
 
 
 def test_digest_ignores_swept_fields_but_not_the_model(tiny):

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
+from meshsim.sim.core.fmt import fmt_bytes, fmt_count
 from meshsim.sim.core.limits import MAX_COLLECTIVE_BYTES, MAX_SIZE_ROWS, check_at_most
 from meshsim.sim.core.units import format_size, parse_size
 from meshsim.sim.core.userio import check_output_file
@@ -69,10 +70,10 @@ def _ranks(requested: int | None, num_gpus: int, name: str) -> list[int]:
 
 def print_table(rows: Sequence[Row], title: str) -> None:
     table = Table(title=title)
-    for col in ("size", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm"):
+    for col in ("size", "bytes", "time (us)", "algbw GB/s", "busbw GB/s", "algorithm"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
-        table.add_row(format_size(r.bytes), str(r.bytes), f"{r.time_us:.2f}", f"{r.algbw_gbps:.2f}",
+        table.add_row(fmt_bytes(r.bytes), fmt_count(r.bytes), f"{r.time_us:,.2f}", f"{r.algbw_gbps:.2f}",
                       f"{r.busbw_gbps:.2f}", r.algorithm)
     make_console().print(table)
 
@@ -95,10 +96,12 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        typer.echo(f"json: {json_path}")
     if plot_path is not None:
         # every applicable algorithm, one line each; the table's rows are the forced algorithm's (or auto's)
         lines = curves(topo, op, group, sizes, protocol=protocol, known={algo: rows})
         write_busbw_html(lines, title, plot_path)
+        typer.echo(f"plot: {plot_path}")
     return rows
 
 

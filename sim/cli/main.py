@@ -6,6 +6,7 @@ its own status, 1 by default."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted", err=True)
         return 130
+    except BrokenPipeError:  # `meshsim run | head -3`: the reader left; the files are already written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except Exception as exc:
         # usage errors (unknown option, missing argument) from click, or the click that typer vendors
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):

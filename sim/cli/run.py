@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve, load_scenario
-from meshsim.sim.core.console import make_console
+from meshsim.sim.core.console import Column, fitted_table, make_console
+from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError
 from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
+from meshsim.sim.core.units import parse_count
 from meshsim.sim.core.userio import check_output_dir, check_output_file, output_folder_name
-from meshsim.sim.outputs.step_report import print_report, write_outputs, write_results_json
+from meshsim.sim.outputs.step_report import OUTPUT_LEVELS, print_report, write_outputs, write_results_json
 from meshsim.sim.results.simulate import gc_frozen, simulate
 
 DEFAULT_OUT_ROOT = Path("meshsim-out")
@@ -25,20 +26,43 @@ def _out_dir(out: Path | None, scenario_name: str) -> Path:
     return out
 
 
+def _tokens(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_count(text)
+    except ValueError as exc:
+        raise UserError("--tokens", text, "give a token count such as 300B or 1T", problem=str(exc)) from None
+
+
 def run_command(
     scenario: str = typer.Argument(None, help="scenario YAML path or built-in name (default: the built-in "
                                    "default scenario; see meshsim scenarios)"),
     out: Path = typer.Option(None, "--out", help="output directory (default meshsim-out/<scenario name, made "
                              "a safe folder name>); "
                              "only results.json, trace.json and timeline.html are written there"),
+    outputs: str = typer.Option("all", "--outputs", help="files to write: none, results (results.json only) "
+                                "or all (results.json, trace.json, timeline.html)"),
     json_path: Path = typer.Option(None, "--json", help="also write the results JSON to this path"),
     no_html: bool = typer.Option(False, "--no-html", help="skip the plotly timeline.html"),
+    full_critical_path: bool = typer.Option(False, "--full-critical-path", help="keep every critical-path "
+                                            "op in results.json (default: a summary by category and op type)"),
+    tokens: str = typer.Option(None, "--tokens", help="a token budget, e.g. 1T or 300B: the report adds the "
+                               "time to train it at the simulated rate"),
+    allow_oom: bool = typer.Option(False, "--allow-oom", help="exit 0 even when the configuration does "
+                                   "not fit in GPU memory (default: exit status 3)"),
     explicit_ranks: bool = typer.Option(False, "--explicit-ranks", help="simulate one whole TP group x "
                                         "min(dp, 2) replicas with real rendezvous instead of one rank"),
     full: bool = typer.Option(False, "--full", help="simulate every micro-batch instead of extrapolating the "
                               "steady state (same figures; trace and timeline then hold every op)"),
 ) -> None:
-    """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html."""
+    """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html.
+
+    Exit status: 0; 2 for bad input; 3 when the configuration does not fit in GPU memory (unless
+    --allow-oom). The files are written before the report is printed."""
+    if outputs not in OUTPUT_LEVELS:
+        raise UserError("--outputs", outputs, f"use one of {', '.join(OUTPUT_LEVELS)}")
+    budget = _tokens(tokens)
     rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
     out_dir = _out_dir(out, rs.name)
     check_output_file("--json", json_path)
@@ -49,28 +73,41 @@ def run_command(
                       "min(dp, 2))")
     with gc_frozen():
         result = simulate(rs, explicit_ranks=explicit_ranks, full=full)
-        console = make_console()
-        print_report(result, console)
-        paths = write_outputs(result, result.events, out_dir, html=not no_html)
+        paths = write_outputs(result, result.events, out_dir, html=not no_html, level=outputs,
+                              full_critical_path=full_critical_path)
     if json_path is not None:
-        paths["json"] = write_results_json(result, json_path)
+        paths["json"] = write_results_json(result, json_path, full_critical_path=full_critical_path)
+    console = make_console()
+    print_report(result, console, tokens=budget)
     for kind, path in paths.items():
-        typer.echo(f"{kind}: {path}")
+        console.print(f"{kind}: {path}", highlight=False, soft_wrap=True)
+    if not result.fits and not allow_oom:
+        console.print(f"exit status {EXIT_DOES_NOT_FIT}: the configuration does not fit in GPU memory "
+                      "(--allow-oom to exit 0)", highlight=False)
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+SCENARIO_COLUMNS = (Column("name", "left", keep=True), Column("model", "left", rank=2),
+                    Column("topology", "left", keep=True), Column("nodes", keep=True), Column("tp", keep=True),
+                    Column("pp", keep=True), Column("sp", "left", keep=True), Column("file", "left", rank=0))
 
 
 def scenarios_command() -> None:
     """List the built-in scenarios."""
-    table = Table(title="built-in scenarios (meshsim run NAME)", title_justify="left")
-    for col in ("name", "model", "topology", "nodes", "tp", "sp", "file"):
-        table.add_column(col, justify="right" if col in ("nodes", "tp") else "left")
+    rows = []
     for name, path in builtin_scenarios().items():
         sc, _ = load_scenario(path)
         m, t, p = sc.model, sc.topology, sc.parallel
         model = f"{m.layers}L h{m.hidden} {m.heads}/{m.num_kv_heads}h {m.mlp} s{m.seq_len}"
-        shown = f"{name} (default)" if name == DEFAULT_SCENARIO else name
-        table.add_row(shown, model, t.preset or t.file or "", str(t.nodes), str(p.tp), "on" if p.sp else "off",
-                      str(path))
-    make_console().print(table)
+        shown = f"{name} *" if name == DEFAULT_SCENARIO else name
+        rows.append([shown, model, t.preset or t.file or "", str(t.nodes), str(p.tp), str(getattr(p, "pp", 1)),
+                     "on" if p.sp else "off", str(path)])
+    console = make_console()
+    table, note = fitted_table("built-in scenarios (meshsim run NAME; * = the default)", SCENARIO_COLUMNS, rows,
+                               console.width)
+    console.print(table)
+    if note:
+        console.print(note, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from meshsim.scenarios.load import load_scenario
-from meshsim.sim.core.console import make_console
+from meshsim.sim.core.console import fitted_table, make_console
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.userio import check_output_dir, check_output_file
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
-from meshsim.sim.sweep.explain import TABLE_COLUMNS, explain, ok, sweet_spot, table_row
+from meshsim.sim.sweep.explain import explain, ok, sweet_spot, table_columns, table_rows
 from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
 from meshsim.sim.sweep.report_page import write_report
 from meshsim.sim.sweep.runner import run_sweep
@@ -80,13 +79,12 @@ def write_sweep_json(path: Path, records: list[SweepRecord], reasons: list[str])
 def print_results(records: list[SweepRecord], reasons: list[str], *, title: str, console: Console | None = None) -> None:
     console = console or make_console()
     best = sweet_spot(records)
-    table = Table(title=title, header_style="bold")
-    for col in TABLE_COLUMNS:
-        table.add_column(col, justify="right", no_wrap=col != "fits")
-    for rec in records:
-        if ok(rec):
-            table.add_row(*table_row(rec), style="bold green" if rec is best else None)
+    ran = [rec for rec in records if ok(rec)]
+    table, note = fitted_table(title + " (bold green: the sweet spot)", table_columns(ran), table_rows(ran),
+                               console.width, row_styles=["bold green" if rec is best else None for rec in ran])
     console.print(table)
+    if note:
+        console.print(note, highlight=False)
     for rec in records:
         if not ok(rec):
             console.print(f"[yellow]skipped[/yellow] {rec.key}: {rec.reason}", highlight=False)

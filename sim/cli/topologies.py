@@ -12,7 +12,7 @@ from rich.table import Table
 from meshsim.sim.core.console import make_console
 from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.sim.core.userio import check_output_file
-from meshsim.topologies.gpus import GPUS
+from meshsim.topologies.gpus import GB_PER_GIB, GPUS
 from meshsim.topologies.model import Topology
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file
 
@@ -31,7 +31,7 @@ def preset_rows() -> list[dict]:
             "in_switch_reduction": any(d.in_network_reduction for d in topo.devices),
             "nics_per_node": sum(d.kind == "nic" for d in topo.devices),
             "nic_gbitps": topo.nic_gbitps,
-            "hbm_gb": gpu.mem_gb,
+            "hbm_gib": round(gpu.mem_gb / GB_PER_GIB, 1),
             "peak_tflops": gpu.peak_tflops,
             "description": info.description,
         })
@@ -42,12 +42,12 @@ def _table(rows: list[dict]) -> Table:
     table = Table(title="Topology presets (per node; NVLink GB/s per GPU per direction)")
     table.add_column("preset", no_wrap=True, min_width=max(len(r["preset"]) for r in rows))
     table.add_column("GPU", no_wrap=True, min_width=max(len(r["gpu"]) for r in rows))
-    for col in ("GPUs/node", "NVLink GB/s", "in-switch reduction", "NICs x Gb/s", "HBM GB", "peak TFLOP/s"):
+    for col in ("GPUs/node", "NVLink GB/s", "in-switch reduction", "NICs x Gb/s", "HBM GiB", "peak TFLOP/s"):
         table.add_column(col, justify="right", no_wrap=col == "NICs x Gb/s")
     for r in rows:
         table.add_row(r["preset"], r["gpu"], str(r["gpus_per_node"]), f"{r['nvlink_gbps_per_gpu']:g}",
                       "yes" if r["in_switch_reduction"] else "no", f"{r['nics_per_node']} x {r['nic_gbitps']:g}",
-                      f"{r['hbm_gb']:g}", f"{r['peak_tflops']:g}")
+                      f"{r['hbm_gib']:g}", f"{r['peak_tflops']:g}")
     return table
 
 

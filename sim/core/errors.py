@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Iterable
 
 EXIT_USER_ERROR = 2
+EXIT_DOES_NOT_FIT = 3  # meshsim run: the configuration needs more memory than the GPU has (--allow-oom: 0)
 EXIT_FAILED = 1
 QUOTE_CHARS = 80  # a quoted value is cut to this many characters (a 1 MB string stays one readable line)
 

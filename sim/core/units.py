@@ -52,3 +52,19 @@ def format_size(nbytes: int) -> str:
 def gbit_to_gbps(gbitps: float) -> float:
     """Line rate in Gb/s -> GB/s (divide by 8)."""
     return gbitps / 8.0
+
+
+_COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+_DECIMAL = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str | int) -> float:
+    """Parse a count such as a token budget: '300B', '1T' (an exponent is refused); K/M/B(=G)/T are powers of
+    1000 (counts, unlike sizes, are decimal). Raises ValueError on anything else."""
+    if isinstance(text, int | float):
+        return float(text)
+    match = _COUNT_RE.match(str(text))
+    if not match:
+        raise ValueError(f"cannot parse count {text!r}: use a number with an optional K/M/B/T suffix, e.g. 1T")
+    number, unit = match.groups()
+    return float(number) * _DECIMAL[unit.lower()]

@@ -1,7 +1,9 @@
-"""The terminal report of one simulated step (rich), and `write_outputs` for the three output files.
+"""The terminal report of one simulated step (rich), and `write_outputs` for the output files.
 
-Sections: headline numbers; memory per GPU (and whether it fits); where the representative rank's time
-goes; the critical path's shares by category and its top op types; the collective algorithms chosen.
+Sections: a banner when the configuration does not fit in memory; headline numbers (step, tokens/s,
+TFLOP/s, MFU next to HFU, time to train a token budget); memory per GPU (GiB); the step split along the
+critical path (adds up to the step) apart from busy time per stream (overlaps); the critical path's top
+op types; the collective algorithms chosen. Every table fits the console's width (sim/console.py).
 """
 
 from __future__ import annotations
@@ -11,76 +13,140 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
+from rich.panel import Panel
 from rich.table import Table
 
-from meshsim.sim.core.console import make_console
-from meshsim.sim.core.units import format_size
+from meshsim.sim.core.console import Column, fitted_table, make_console
+from meshsim.sim.core.fmt import (
+    fmt_bytes_range,
+    fmt_count,
+    fmt_duration_long,
+    fmt_gb_as_gib,
+    fmt_gib,
+    fmt_pct,
+    fmt_s,
+    gb_to_gib,
+    time_column,
+)
 from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
-from meshsim.sim.results.critical_path import top_op_types
+from meshsim.sim.results.critical_path import CATEGORY_NAMES, top_op_types
 from meshsim.sim.results.step_result import MEMORY_KEYS, StepResult
 
 OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "timeline.html"}
+OUTPUT_LEVELS = ("none", "results", "all")  # meshsim run --outputs: nothing, results.json, every file
+MEMORY_ROWS = tuple(k for k in MEMORY_KEYS if k not in ("total", "capacity", "fits"))  # the parts of the total
+WAITING_NAMES = {"exposed_tp_comm": "while TP comm runs", "exposed_dp_comm_only": "while only DP comm runs",
+                 "exposed_pp_comm_only": "while only P2P transfers run",
+                 "pipeline_bubble": "pipeline bubble (stage waits for a neighbour)",
+                 "nothing_running": "while nothing runs", "compute_waiting_at_start": "before its first op"}
+STREAM_NAMES = {"compute_busy": "compute stream busy", "tp_comm_busy": "TP comm stream busy",
+                "dp_comm_busy": "DP comm stream busy", "pp_comm_busy": "P2P stream busy"}
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+    return fmt_pct(x, 1)
 
 
-def _gb(x: float) -> str:
-    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+def config_line(c) -> str:
+    """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
+    vp = f" vp={c['vp']}" if c.get("vp", 1) > 1 else ""
+    return (f"tp={c.get('tp')} pp={c.get('pp', 1)}{vp} sp={'on' if c.get('sp') else 'off'} dp={c.get('dp')}, "
+            f"{c.get('gpus')} x {c.get('gpu')} ({c.get('nodes')} x {c.get('topology')}), "
+            f"micro-batch {c.get('micro_batch')} x {c.get('micro_batches')}, recompute {c.get('recompute')}")
 
 
-def headline(r: StepResult) -> str:
-    c = r.config
-    pipe = f" pp={c['pp']} vp={c.get('vp', 1)}" if c.get("pp", 1) > 1 else ""
-    cfg = (f"tp={c.get('tp')}{pipe} sp={'on' if c.get('sp') else 'off'} dp={c.get('dp')} on {c.get('gpus')} x "
-           f"{c.get('gpu')} ({c.get('nodes')} x {c.get('topology')}), micro_batch={c.get('micro_batch')} x "
-           f"{c.get('micro_batches')}, recompute={c.get('recompute')}")
-    return (f"[bold]{r.scenario}[/bold]  {cfg}\n"
-            f"step [bold]{r.step_time_s * 1e3:.2f} ms[/bold]   {r.tokens_per_s:,.0f} tokens/s   "
-            f"{r.tflops_per_gpu:.1f} TFLOP/s per GPU   MFU [bold]{_pct(r.mfu)}[/bold]   "
-            f"layer fwd {r.layer_fwd_ms:.3f} ms / bwd {r.layer_bwd_ms:.3f} ms")
+def headline(r: StepResult, tokens: float | None = None) -> str:
+    text = (f"[bold]{r.scenario}[/bold]  {config_line(r.config)}\n"
+            f"step [bold]{fmt_s(r.step_time_s)}[/bold]   {fmt_count(r.tokens_per_s)} tokens/s   "
+            f"{r.tflops_per_gpu:.1f} TFLOP/s per GPU   MFU [bold]{_pct(r.mfu)}[/bold]   HFU {_pct(r.hfu)}\n"
+            f"one layer: forward {fmt_s(r.layer_fwd_ms / 1e3)}, backward {fmt_s(r.layer_bwd_ms / 1e3)}")
+    if tokens:
+        text += (f"\n{fmt_count(tokens)} tokens take [bold]{fmt_duration_long(tokens / r.tokens_per_s)}[/bold] "
+                 f"at this rate" if r.tokens_per_s > 0 else "")
+    return text
+
+
+def not_fit_banner(r: StepResult) -> Panel | None:
+    """A red panel when the configuration needs more memory than the GPU has; None when it fits."""
+    if r.fits:
+        return None
+    m = r.memory_gb
+    return Panel(f"[bold]DOES NOT FIT[/bold]: needs {fmt_gb_as_gib(m['total'])} per GPU, the GPU has "
+                 f"{fmt_gb_as_gib(m['capacity'])} (activations {fmt_gb_as_gib(m['activations'])}). "
+                 "The timings below are for a run that could not start. Try recompute, sequence "
+                 "parallelism, a smaller micro-batch, a larger tp or more GPUs.",
+                 style="bold red", title="memory", title_align="left")
 
 
 def memory_table(r: StepResult) -> Table:
     m = r.memory_gb
-    t = Table(title="memory per GPU (GB)", title_justify="left")
-    keys = tuple(k for k in MEMORY_KEYS if k != "fits")
-    for key in keys:
-        t.add_column(key, justify="right")
-    t.add_column("fits")
-    fits = "[green]yes[/green]" if m.get("fits") else "[red]NO[/red]"
-    t.add_row(*(_gb(m.get(k, 0.0)) for k in keys), fits)
+    t = Table(title="memory per GPU", title_justify="left")
+    for col, just in (("", "left"), ("GiB", "right"), ("% of capacity", "right")):
+        t.add_column(col, justify=just)
+    cap = m.get("capacity", 0.0) or 0.0
+    for key in MEMORY_ROWS:
+        t.add_row(key, fmt_gib(gb_to_gib(m.get(key, 0.0))), _pct(m.get(key, 0.0) / cap) if cap else "-")
+    t.add_section()
+    verdict = "[green]fits[/green]" if r.fits else "[bold red]DOES NOT FIT[/bold red]"
+    t.add_row(f"total ({verdict})", fmt_gib(gb_to_gib(m.get("total", 0.0))), _pct(m.get("total", 0.0) / cap) if cap else "-")
+    t.add_row("capacity", fmt_gib(gb_to_gib(cap)), "")
     return t
 
 
-def time_table(r: StepResult) -> Table:
-    t = Table(title="where the time goes (rank 0)", title_justify="left")
-    for col in ("", "ms", "% of step"):
-        t.add_column(col, justify="right" if col else "left")
-    for key, value in r.breakdown_s.items():
-        t.add_row(key, f"{value * 1e3:.2f}", _pct(value / r.step_time_s if r.step_time_s else 0.0))
-    t.add_section()
+def critical_path_table(r: StepResult) -> Table:
+    """The step split along the critical path: its categories tile [0, step], so the rows add up."""
+    unit, fmt = time_column([r.step_time_s])
+    t = Table(title="step along the critical path (adds up)", title_justify="left")
+    for col, just in (("", "left"), (unit, "right"), ("% of step", "right")):
+        t.add_column(col, justify=just)
     for key, share in r.critical_path_share.items():
-        t.add_row(f"critical path: {key}", f"{share * r.step_time_s * 1e3:.2f}", _pct(share))
+        name = CATEGORY_NAMES.get(key, key.replace("_", " "))
+        name = f"exposed {name}" if key.endswith("_comm") else name
+        t.add_row(name, fmt(share * r.step_time_s), _pct(share))
+    t.add_section()
+    t.add_row("step", fmt(r.step_time_s), _pct(sum(r.critical_path_share.values())))
+    return t
+
+
+def stream_table(r: StepResult) -> Table:
+    """Busy time per stream of the representative rank (they overlap), and how long compute waits."""
+    b = r.breakdown_s
+    unit, fmt = time_column([r.step_time_s])
+    t = Table(title="busy time per stream, rank 0 (overlaps)", title_justify="left")
+    for col, just in (("", "left"), (unit, "right"), ("% of step", "right")):
+        t.add_column(col, justify=just)
+    step = r.step_time_s or 1.0
+    for key, name in STREAM_NAMES.items():
+        if key not in b:
+            continue
+        t.add_row(name, fmt(b.get(key, 0.0)), _pct(b.get(key, 0.0) / step))
+    t.add_section()
+    t.add_row("compute stream waiting", fmt(b.get("compute_waiting", 0.0)),
+              _pct(b.get("compute_waiting", 0.0) / step))
+    for key, name in WAITING_NAMES.items():
+        if key in b:
+            t.add_row(f"  {name}", fmt(b[key]), _pct(b[key] / step))
     return t
 
 
 def top_ops_table(r: StepResult, n: int = 8) -> Table:
+    rows = top_op_types(r.critical_path, n)
+    unit, fmt = time_column([total_us * 1e-6 for _, _, total_us, _ in rows])
     t = Table(title="top critical-path op types", title_justify="left")
-    for col, just in (("op type", "left"), ("category", "left"), ("ms", "right"), ("count", "right"),
+    for col, just in (("op type", "left"), ("category", "left"), (unit, "right"), ("count", "right"),
                       ("% of step", "right")):
         t.add_column(col, justify=just)
-    for kind, cat, total_us, count in top_op_types(r.critical_path, n):
+    for kind, cat, total_us, count in rows:
         share = total_us / (r.step_time_s * 1e6) if r.step_time_s else 0.0
-        t.add_row(kind, cat, f"{total_us / 1e3:.2f}", str(count), _pct(share))
+        t.add_row(kind, cat, fmt(total_us * 1e-6), fmt_count(count), _pct(share))
     return t
 
 
-def _span(lo: float, hi: float, fmt: str) -> str:
-    return format(lo, fmt) if lo == hi else f"{format(lo, fmt)}-{format(hi, fmt)}"
+def _span(lo: float, hi: float, fmt) -> str:
+    a, b = fmt(lo), fmt(hi)
+    return a if a == b else f"{a}-{b}"
 
 
 def collective_groups(rows) -> list[dict]:
@@ -98,35 +164,51 @@ def collective_groups(rows) -> list[dict]:
     return out
 
 
-def collectives_table(r: StepResult) -> Table:
+COLLECTIVE_COLUMNS = (Column("op", "left", keep=True), Column("group", "left", keep=True),
+                      Column("algo/proto", "left", keep=True), Column("size", keep=True), Column("{unit} each", rank=2),
+                      Column("busbw GB/s", keep=True), Column("calls", rank=1), Column("source", "left", rank=0))
+
+
+def collectives_table(r: StepResult, width: int) -> tuple[Table, str]:
     groups = collective_groups(r.collectives)
     measured = any(g["source"] == "calibrated" for g in groups)
-    t = Table(title="collectives chosen" + ("" if measured else " (analytic model)"), title_justify="left")
-    cols = ["op", "group", "algo/proto", "size", "us each", "busbw GB/s", "calls"] + (["source"] if measured else [])
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("op", "group", "algo/proto", "source") else "right",
-                     no_wrap=col == "op")
-    for g in groups:
-        lo, hi = format_size(int(g["nbytes_min"])), format_size(int(g["nbytes_max"]))
-        row = [str(g["op"]), f"{g['group']}{g['ranks']}", f"{g['algo']}/{g['protocol']}", lo if lo == hi else f"{lo}-{hi}",
-               _span(g["time_us_min"], g["time_us_max"], ".1f"), _span(g["busbw_gbps_min"], g["busbw_gbps_max"], ".0f"),
-               str(g["count"])]
-        t.add_row(*row, *([str(g["source"])] if measured else []))
-    return t
+    unit, fmt = time_column([g["time_us_max"] * 1e-6 for g in groups])
+    columns = [Column(c.header.format(unit=unit), c.justify, c.keep, c.rank) for c in COLLECTIVE_COLUMNS]
+    rows = [[str(g["op"]), f"{g['group']}[{g['ranks']}]", f"{g['algo']}/{g['protocol']}",
+             fmt_bytes_range(g["nbytes_min"], g["nbytes_max"]),
+             _span(g["time_us_min"] * 1e-6, g["time_us_max"] * 1e-6, fmt),
+             _span(g["busbw_gbps_min"], g["busbw_gbps_max"], lambda v: f"{v:.0f}"), fmt_count(g["count"]),
+             str(g["source"])] for g in groups]
+    if not measured:
+        columns, rows = columns[:-1], [row[:-1] for row in rows]
+    title = "collectives chosen" + ("" if measured else " (analytic model)")
+    return fitted_table(title, columns, rows, width)
 
 
-def print_report(r: StepResult, console: Console | None = None) -> None:
+def print_report(r: StepResult, console: Console | None = None, *, tokens: float | None = None) -> None:
     console = console or make_console()
-    console.print(headline(r))
-    for table in (memory_table(r), time_table(r), top_ops_table(r), collectives_table(r)):
+    banner = not_fit_banner(r)
+    if banner is not None:
+        console.print(banner)
+    console.print(headline(r, tokens))
+    console.print(memory_table(r))
+    console.print(critical_path_table(r))
+    console.print("The rows above add up to the step; the streams below run at the same time, so their busy "
+                  "times overlap and do not add up. The compute stream waits whenever it has nothing it may run.",
+                  highlight=False)
+    for table in (stream_table(r), top_ops_table(r)):
         console.print(table)
+    table, note = collectives_table(r, console.width)
+    console.print(table)
+    if note:
+        console.print(note, highlight=False)
 
 
-def results_json_text(r: StepResult) -> str:
+def results_json_text(r: StepResult, *, full_critical_path: bool = False) -> str:
     """The results JSON: indented headline fields, then the long lists with one item per line (the
     critical path has one entry per op on it; json's indenting encoder is ~5x slower than this)."""
-    data = r.to_dict()
-    lists = {key: data.pop(key) for key in ("collectives", "critical_path")}
+    data = r.to_dict(full_critical_path=full_critical_path)
+    lists = {key: data.pop(key) for key in ("collectives", "critical_path") if key in data}
     text = json.dumps(data, indent=1)[:-2]  # drop the closing "\n}"
     for key, items in lists.items():
         rows = json.dumps(items)[1:-1].replace("}, {", "},\n  {")  # items hold scalars only
@@ -134,24 +216,27 @@ def results_json_text(r: StepResult) -> str:
     return text + "\n}\n"
 
 
-def write_results_json(r: StepResult, path: str | Path) -> Path:
+def write_results_json(r: StepResult, path: str | Path, *, full_critical_path: bool = False) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(results_json_text(r))
+    path.write_text(results_json_text(r, full_critical_path=full_critical_path))
     return path
 
 
-def write_outputs(r: StepResult, events: Iterable[Event], out_dir: str | Path, *, html: bool = True
-                  ) -> dict[str, Path]:
-    """Write results.json, trace.json and (unless html=False) timeline.html into out_dir; only those."""
+def write_outputs(r: StepResult, events: Iterable[Event], out_dir: str | Path, *, html: bool = True,
+                  level: str = "all", full_critical_path: bool = False) -> dict[str, Path]:
+    """Write into out_dir, by `level` (OUTPUT_LEVELS): nothing; results.json; or results.json, trace.json
+    and (unless html=False) timeline.html. Only those files."""
+    if level == "none":
+        return {}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    paths = {"results": write_results_json(r, out / OUTPUT_FILES["results"], full_critical_path=full_critical_path)}
+    if level == "results":
+        return paths
     events = list(events)
-    paths = {"results": write_results_json(r, out / OUTPUT_FILES["results"]),
-             "trace": write_trace(out / OUTPUT_FILES["trace"], events, r.critical_path,
-                                  steady_state=r.steady_state)}
+    paths["trace"] = write_trace(out / OUTPUT_FILES["trace"], events, r.critical_path, result=r)
     if html:
-        title = f"{r.scenario}: step {r.step_time_s * 1e3:.2f} ms"
-        paths["timeline"] = write_timeline(out / OUTPUT_FILES["timeline"], events, r.critical_path, title,
-                                           steady_state=r.steady_state)
+        title = f"{r.scenario}: step {fmt_s(r.step_time_s)}"
+        paths["timeline"] = write_timeline(out / OUTPUT_FILES["timeline"], events, r.critical_path, title, result=r)
     return paths

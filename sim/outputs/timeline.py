@@ -1,8 +1,16 @@
 """A self-contained interactive timeline (plotly HTML, plotly.js embedded, works offline).
 
-One horizontal lane per (rank, stream); each op is a bar from its start to its end, coloured by
-category. Critical-path ops carry a thin dark line through their bar ("critical path" legend entry,
-toggleable). Hovering a bar's centre shows op name, duration, bytes and FLOPs.
+One horizontal lane per (rank, stream), labelled with the rank's tp/dp/pp/node position; each op is a
+bar from its start to its end, coloured by category. Critical-path ops carry a thin dark line through
+their bar ("critical path" legend entry, toggleable). The page opens zoomed on the forward pass of one
+representative layer (the middle layer, micro-batch 0); a range slider under the plot reaches the rest
+of the step. Hovering a bar's centre shows the op, its duration and whether it is on the critical path;
+a collective adds its kind, algorithm/protocol, group, size and busbw; a compute op its FLOPs.
+
+Sized for a browser: hover text is kept for micro-batches 0 and last and the ops outside micro-batches
+(DP reduction, optimizer), HOVER_OPS at most; the other micro-batches repeat them and are drawn
+without hover, and back-to-back ops of one category on one lane are drawn as one bar (merged_runs),
+which keeps a 20k-op step to a few MB.
 
 Scales to tens of thousands of ops: bars are WebGL line segments (go.Scattergl, segments separated by
 NaN), one trace per category, plus one invisible marker trace per category carrying the hover text,
@@ -15,15 +23,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 
+from meshsim.sim.core.fmt import fmt_bytes, fmt_gbps, fmt_s, rank_label
 from meshsim.sim.engine.events import STREAMS, Event
+from meshsim.sim.results.breakdown import middle_layer
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, critical_ops
 
 COLOURS = CATEGORY_COLORS
 BAR_PX = 16
+HOVER_OPS = 20_000
+ZOOM_MARGIN = 0.05  # of the zoomed span, either side
+MERGE_GAP_S = 1e-9  # ops closer than this on one lane are drawn as one bar
 
 
 def _lane_names(events: Sequence[Event]) -> dict[tuple[int, str], int]:
@@ -31,37 +45,83 @@ def _lane_names(events: Sequence[Event]) -> dict[tuple[int, str], int]:
     return {k: i for i, k in enumerate(keys)}
 
 
-def _hover(ev: Event) -> str:
+def _hover(ev: Event, critical: bool, row: Mapping[str, Any] | None = None) -> str:
     """Kept short: every '<' and '>' costs 6 bytes in the HTML (plotly escapes them)."""
-    text = f"{ev.name}<br>{ev.category} {ev.phase} {ev.dur_s * 1e3:.4g} ms"
+    text = f"{ev.name}<br>{fmt_s(ev.dur_s)}{' critical' if critical else ''}"
     if ev.wait_s > 0:
-        text += f" (waited {ev.wait_s * 1e3:.4g})"
-    if ev.bytes:
-        text += f", {ev.bytes / 1e6:.4g} MB"
+        text += f" (waited {fmt_s(ev.wait_s)})"
+    if row is not None:
+        text += (f"<br>{row.get('op')} {row.get('algo')}/{row.get('protocol')} on {row.get('group')}"
+                 f"[{row.get('ranks')}], {fmt_bytes(ev.bytes)}, busbw {fmt_gbps(float(row.get('busbw_gbps', 0.0)))}")
+    elif ev.bytes:
+        text += f", {fmt_bytes(ev.bytes)}"
     if ev.flops:
-        text += f", {ev.flops / 1e9:.4g} GFLOP"
+        text += f", {ev.flops / 1e9:,.1f} GFLOP"
     return text
 
 
+def _with_hover(events: Sequence[Event]) -> set[int]:
+    """Indexes of the events that keep hover text: micro-batches 0 and last and the ops outside any
+    micro-batch, then the rest in order, HOVER_OPS at most."""
+    mbs = [e.micro_batch for e in events if e.micro_batch is not None]
+    keep = {0, max(mbs)} if mbs else set()
+    first = [i for i, e in enumerate(events) if e.micro_batch is None or e.micro_batch in keep]
+    return set(first[:HOVER_OPS])
+
+
+def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
+    """[start, end] (ms) of the middle layer's forward ops of micro-batch 0 on the lowest rank, padded."""
+    rank = min((e.rank for e in events), default=None)
+    layer = middle_layer([e for e in events if e.rank == rank])
+    sel = [e for e in events if e.rank == rank and e.layer == layer and e.phase == "fwd" and e.micro_batch in (0, None)]
+    if layer is None or not sel:
+        return None
+    lo, hi = min(e.start_s for e in sel) * 1e3, max(e.end_s for e in sel) * 1e3
+    pad = (hi - lo) * ZOOM_MARGIN
+    return lo - pad, hi + pad
+
+
+def merged_runs(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> list[tuple[int, float, float]]:
+    """(lane, start_s, end_s) of maximal runs of back-to-back events on one lane: drawn in one colour,
+    a run looks exactly like its ops side by side, at a fraction of the bytes (a compute stream is
+    mostly one run per gap)."""
+    runs: list[list] = []
+    last: dict[int, list] = {}
+    for lane, start, end in sorted((lanes[(e.rank, e.stream)], e.start_s, e.end_s) for e in events):
+        run = last.get(lane)
+        if run is not None and start <= run[2] + MERGE_GAP_S:
+            run[2] = max(run[2], end)
+        else:
+            run = last[lane] = [lane, start, end]
+            runs.append(run)
+    return [tuple(r) for r in runs]
+
+
 def _segments(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> tuple[np.ndarray, np.ndarray]:
-    """x = [start, end, NaN] per op (ms), y = [lane, lane, NaN]: NaN breaks the line between bars.
+    """x = [start, end, NaN] per run of ops (ms), y = [lane, lane, NaN]: NaN breaks the line between bars.
     numpy arrays travel as base64 typed arrays in the HTML (plotly >= 6), a fraction of JSON lists."""
-    n = len(events)
-    x, y = np.full(3 * n, np.nan), np.full(3 * n, np.nan, dtype=np.float32)  # lane ids are exact in f4
-    x[0::3] = [e.start_s * 1e3 for e in events]
-    x[1::3] = [e.end_s * 1e3 for e in events]
-    y[0::3] = y[1::3] = [lanes[(e.rank, e.stream)] for e in events]
+    runs = merged_runs(events, lanes)
+    n = len(runs)
+    # float32: lane ids are exact, times (ms) keep ~7 digits (0.5 us at 7 s), half the bytes of float64
+    x, y = np.full(3 * n, np.nan, dtype=np.float32), np.full(3 * n, np.nan, dtype=np.float32)
+    x[0::3] = [r[1] * 1e3 for r in runs]
+    x[1::3] = [r[2] * 1e3 for r in runs]
+    y[0::3] = y[1::3] = [r[0] for r in runs]
     return x, y
 
 
-def _category_traces(category: str, events: Sequence[Event], lanes: dict) -> list[go.Scattergl]:
+def _category_traces(category: str, events: Sequence[Event], lanes: dict, hover_texts: Sequence[str | None]
+                     ) -> list[go.Scattergl]:
     colour = COLOURS.get(category, "#888888")
     x, y = _segments(events, lanes)
     bars = go.Scattergl(x=x, y=y, mode="lines", line={"color": colour, "width": BAR_PX}, name=category,
                         legendgroup=category, hoverinfo="skip", connectgaps=False)
-    mid = np.array([(e.start_s + e.end_s) * 5e2 for e in events])
-    hover = go.Scattergl(x=mid, y=y[0::3], mode="markers", marker={"color": colour, "size": BAR_PX, "opacity": 0},
-                         hovertext=[_hover(e) for e in events], hoverinfo="text", legendgroup=category,
+    idx = [i for i, t in enumerate(hover_texts) if t is not None]
+    mid = np.array([(events[i].start_s + events[i].end_s) * 5e2 for i in idx], dtype=np.float32)
+    lane = np.array([lanes[(events[i].rank, events[i].stream)] for i in idx], dtype=np.float32)
+    hover = go.Scattergl(x=mid, y=lane, mode="markers",
+                         marker={"color": colour, "size": BAR_PX, "opacity": 0},
+                         hovertext=[hover_texts[i] for i in idx], hoverinfo="text", legendgroup=category,
                          showlegend=False, name=category)
     return [bars, hover]
 
@@ -78,33 +138,45 @@ def _steady_state_band(fig: go.Figure, steady_state: Mapping | None) -> None:
 
 
 def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "",
-                    steady_state: Mapping | None = None) -> go.Figure:
+                    result: Any = None, steady_state: Mapping | None = None) -> go.Figure:
+    """`result` (the run's StepResult, optional) adds collective details to the hover, mesh positions to the
+    lane labels and, for an extrapolated step, the band of periods not simulated (or give `steady_state`)."""
+    if steady_state is None:
+        steady_state = getattr(result, "steady_state", None)
     events = list(events)
     lanes = _lane_names(events)
+    crit = critical_ops(critical_path)
+    by_op = getattr(result, "op_collectives", {}) if result is not None else {}
+    hovered = _with_hover(events)
     fig = go.Figure()
     for category in COLOURS:
-        sel = [e for e in events if e.category == category]
-        if sel:
-            fig.add_traces(_category_traces(category, sel, lanes))
-    crit = critical_ops(critical_path)
+        picked = [i for i, e in enumerate(events) if e.category == category]
+        if picked:
+            sel = [events[i] for i in picked]
+            texts = [_hover(events[i], (events[i].rank, events[i].op_id) in crit, by_op.get((events[i].rank, events[i].op_id)))
+                     if i in hovered else None for i in picked]
+            fig.add_traces(_category_traces(category, sel, lanes, texts))
     on_path = [e for e in events if (e.rank, e.op_id) in crit]
     if on_path:
         x, y = _segments(on_path, lanes)
         fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", line={"color": "#222222", "width": 3},
                                    name="critical path", hoverinfo="skip", connectgaps=False))
     _steady_state_band(fig, steady_state)
+    config = getattr(result, "config", None)
     fig.update_layout(title=title, xaxis_title="time (ms)", hovermode="closest", template="plotly_white",
-                      height=max(320, 120 + 34 * len(lanes)),
+                      height=max(420, 200 + 40 * len(lanes)),
                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
-    fig.update_yaxes(tickvals=list(lanes.values()), ticktext=[f"rank {r} · {s}" for r, s in lanes],
-                     autorange="reversed", zeroline=False, showgrid=False)
+    fig.update_xaxes(rangeslider={"visible": True, "thickness": 0.08}, range=zoom_range_ms(events))
+    fig.update_yaxes(tickvals=list(lanes.values()),
+                     ticktext=[f"{rank_label(r, config) if config else f'rank {r}'} · {s}" for r, s in lanes],
+                     autorange="reversed", zeroline=False, showgrid=False, fixedrange=True)
     return fig
 
 
 def write_timeline(path: str | Path, events: Iterable[Event], critical_path: Sequence[Mapping] = (),
-                   title: str = "", steady_state: Mapping | None = None) -> Path:
+                   title: str = "", result: Any = None, steady_state: Mapping | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig = timeline_figure(events, critical_path, title, steady_state)
+    fig = timeline_figure(events, critical_path, title, result, steady_state)
     fig.write_html(str(path), include_plotlyjs=True, full_html=True)
     return path

@@ -1,29 +1,51 @@
-"""Where one rank's step time goes, from its event log (interval arithmetic on its three streams).
+"""Where one rank's step time goes, from its event log (interval arithmetic on its streams).
 
-- compute, tp_comm, dp_comm: busy time of that stream (union of its slices; a comm slice includes its
-  rendezvous wait, during which the NCCL kernel occupies the stream).
-- exposed_comm: time when some comm stream is busy and the compute stream is idle
-  = |tp U dp U compute| - |compute|.
-- idle: step time minus the union of all busy time.
-With pipeline parallelism (`pipeline_breakdown`) two keys join them:
-- pp_comm: union of the rank's P2P transfers (from when both ends had posted; counted in exposed_comm
-  when compute is idle);
-- pipeline_bubble: time the rank is wholly idle while its stage waits for a neighbour: while one of
-  its P2P batches waits for the peer to post, and the tail from the rank's last op to the end of the
-  step (set by the slowest stage); idle is what remains.
+Busy time per stream (the streams run concurrently, so these overlap and do not add up to the step):
+- compute_busy, tp_comm_busy, dp_comm_busy (and pp_comm_busy with pipeline parallelism): union of that
+  stream's slices (a collective's slice includes its rendezvous wait, during which the NCCL kernel
+  occupies the stream; a P2P transfer counts from when both ends had posted).
+What the compute stream does not do (these add up to compute_waiting = step - compute_busy, the time the
+compute stream has nothing it may run):
+- exposed_tp_comm = |tp U compute| - |compute|: TP communication runs while compute waits;
+- exposed_dp_comm_only = |dp U tp U compute| - |tp U compute|: only DP communication runs (e.g. the
+  distributed optimizer's parameter all-gathers, the gradient reduce-scatters);
+- exposed_pp_comm_only (pp > 1): only P2P transfers run;
+- pipeline_bubble (pp > 1): nothing runs while the stage waits for a neighbour: while one of its P2P
+  batches waits for the peer to post, and the tail from the rank's last op to the step's end;
+- nothing_running: no stream busy otherwise.
+exposed_comm = the sum of the exposed_* terms = |all comm U compute| - |compute|; compute_waiting_at_start is
+the part of compute_waiting before the first compute op.
+The partition of the step a report leads with is the critical path's (sim/results/critical_path.py):
+its categories (compute, TP, DP, P2P communication, pipeline bubble, waiting) add up to the step.
 Layer spans (layer_fwd_ms / layer_bwd_ms): first start to last end of one transformer layer's ops of
 micro-batch 0 (compute and comm), for the middle layer of the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from meshsim.sim.engine.events import Event
 
 Interval = tuple[float, float]
-# the keys of StepResult.breakdown_s: busy time per stream (they overlap), then exposed comm and idle
-BREAKDOWN_KEYS = ("compute", "tp_comm", "dp_comm", "exposed_comm", "idle")
+# the keys of StepResult.breakdown_s: busy time per stream (they overlap), then the compute stream's waiting
+BREAKDOWN_KEYS = ("compute_busy", "tp_comm_busy", "dp_comm_busy", "compute_waiting", "compute_waiting_at_start",
+                  "exposed_comm", "exposed_tp_comm", "exposed_dp_comm_only", "nothing_running")
+PIPELINE_BREAKDOWN_KEYS = BREAKDOWN_KEYS + ("pp_comm_busy", "exposed_pp_comm_only", "pipeline_bubble")
+# results written before these names: old key -> new key (read by compare and sweeps for old files)
+LEGACY_KEYS = {"compute": "compute_busy", "tp_comm": "tp_comm_busy", "dp_comm": "dp_comm_busy",
+               "pp_comm": "pp_comm_busy", "idle": "nothing_running"}
+
+
+def upgrade_breakdown(old: Mapping[str, float], step_time_s: float) -> dict[str, float]:
+    """A breakdown_s written with the old keys (compute, tp_comm, dp_comm, exposed_comm, idle, ...) -> the
+    current keys; compute_waiting = step - compute busy; the part before the first op is unknown (0)."""
+    if "compute_busy" in old:
+        return dict(old)
+    new = {LEGACY_KEYS.get(k, k): v for k, v in old.items()}
+    new.setdefault("compute_waiting", max(0.0, step_time_s - new.get("compute_busy", 0.0)))
+    new.setdefault("compute_waiting_at_start", 0.0)
+    return new
 
 
 def union_s(intervals: Iterable[Interval]) -> float:
@@ -42,22 +64,15 @@ def union_s(intervals: Iterable[Interval]) -> float:
     return total
 
 
-def breakdown(events: Iterable[Event], step_time_s: float) -> dict[str, float]:
-    """{compute, tp_comm, dp_comm, exposed_comm, idle} in seconds for the events of one rank."""
+def _busy_intervals(events: list[Event], pipeline: bool) -> dict[str, list[Interval]]:
     by_stream: dict[str, list[Interval]] = {"compute": [], "tp_comm": [], "dp_comm": []}
+    if pipeline:
+        by_stream["pp_comm"] = []
     for ev in events:
-        if ev.end_s > ev.start_s:
-            by_stream.setdefault(ev.stream, []).append((ev.start_s, ev.end_s))
-    busy = {s: union_s(iv) for s, iv in by_stream.items()}
-    comm = by_stream["tp_comm"] + by_stream["dp_comm"]
-    all_busy_s = union_s(comm + by_stream["compute"])
-    return {
-        "compute": busy["compute"],
-        "tp_comm": busy["tp_comm"],
-        "dp_comm": busy["dp_comm"],
-        "exposed_comm": all_busy_s - busy["compute"],
-        "idle": max(0.0, step_time_s - all_busy_s),
-    }
+        start_s = ev.start_s + ev.wait_s if ev.stream == "pp_comm" else ev.start_s
+        if ev.end_s > start_s:
+            by_stream.setdefault(ev.stream, []).append((start_s, ev.end_s))
+    return by_stream
 
 
 def _neighbour_waits(events: list[Event], step_time_s: float) -> list[Interval]:
@@ -69,23 +84,30 @@ def _neighbour_waits(events: list[Event], step_time_s: float) -> list[Interval]:
     return waits
 
 
-def pipeline_breakdown(events: Iterable[Event], step_time_s: float) -> dict[str, float]:
-    """breakdown() plus pp_comm and pipeline_bubble for one rank of a pipeline stage (module docstring)."""
+def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = False) -> dict[str, float]:
+    """BREAKDOWN_KEYS (PIPELINE_BREAKDOWN_KEYS with `pipeline`) in seconds for the events of one rank."""
     events = list(events)
-    by_stream: dict[str, list[Interval]] = {"compute": [], "tp_comm": [], "dp_comm": [], "pp_comm": []}
-    for ev in events:
-        start_s = ev.start_s + ev.wait_s if ev.stream == "pp_comm" else ev.start_s
-        if ev.end_s > start_s:
-            by_stream[ev.stream].append((start_s, ev.end_s))
-    busy = {s: union_s(iv) for s, iv in by_stream.items()}
-    all_iv = [iv for ivs in by_stream.values() for iv in ivs]
-    all_busy_s = union_s(all_iv)
-    with_gaps_s = union_s(all_iv + _neighbour_waits(events, step_time_s))
-    return {
-        "compute": busy["compute"], "tp_comm": busy["tp_comm"], "dp_comm": busy["dp_comm"],
-        "pp_comm": busy["pp_comm"], "exposed_comm": all_busy_s - busy["compute"],
-        "pipeline_bubble": with_gaps_s - all_busy_s, "idle": max(0.0, step_time_s - with_gaps_s),
-    }
+    iv = _busy_intervals(events, pipeline)
+    compute, tp, dp = iv["compute"], iv["tp_comm"], iv["dp_comm"]
+    busy_compute = union_s(compute)
+    with_tp = union_s(tp + compute)
+    with_dp = union_s(dp + tp + compute)
+    all_busy = union_s([i for ivs in iv.values() for i in ivs])
+    first_compute_s = min((start for start, _ in compute), default=step_time_s)
+    out = {"compute_busy": busy_compute, "tp_comm_busy": union_s(tp), "dp_comm_busy": union_s(dp),
+           "compute_waiting": max(0.0, step_time_s - busy_compute), "compute_waiting_at_start": first_compute_s,
+           "exposed_comm": all_busy - busy_compute, "exposed_tp_comm": with_tp - busy_compute,
+           "exposed_dp_comm_only": with_dp - with_tp}
+    if not pipeline:
+        return {**out, "nothing_running": max(0.0, step_time_s - all_busy)}
+    with_gaps = union_s([i for ivs in iv.values() for i in ivs] + _neighbour_waits(events, step_time_s))
+    return {**out, "pp_comm_busy": union_s(iv["pp_comm"]), "exposed_pp_comm_only": all_busy - with_dp,
+            "pipeline_bubble": with_gaps - all_busy, "nothing_running": max(0.0, step_time_s - with_gaps)}
+
+
+def pipeline_breakdown(events: Iterable[Event], step_time_s: float) -> dict[str, float]:
+    """breakdown() of one rank of a pipeline stage (pp_comm_busy, exposed_pp_comm_only, pipeline_bubble)."""
+    return breakdown(events, step_time_s, pipeline=True)
 
 
 def middle_layer(events: Iterable[Event]) -> int | None:

@@ -39,14 +39,14 @@ from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
 from meshsim.sim.cost.collectives.p2p import p2p_cost
 from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
-from meshsim.sim.cost.flops import model_flops_per_step
+from meshsim.sim.cost.flops import hardware_flops_per_step, model_flops_per_step
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results import steady_state
 from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.critical_path import critical_path
-from meshsim.sim.results.step_result import StepResult, assemble, build_result
+from meshsim.sim.results.step_result import StepResult, assemble, build_result, rows_by_event
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -174,6 +174,13 @@ def host_issue_times(rs: ResolvedScenario, schedule: Schedule) -> tuple[float, .
     return issue_times_s(schedule, us * 1e-6)
 
 
+def rank_groups(rs: ResolvedScenario, schedule: Schedule, ranks: tuple[int, ...]
+                ) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(group kind, simulated rank) -> the global ranks of that group (for trace args)."""
+    kinds = {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}
+    return {(kind, rank): tuple(rs.group(kind, rank)) for kind in kinds for rank in ranks}
+
+
 def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ...]:
     """Per pipeline stage: its first rank alone, or one TP group times min(dp, 2) replicas."""
     per_stage = range(rs.tp * min(rs.dp, 2)) if explicit_ranks else range(1)
@@ -205,7 +212,9 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
     log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster)
     collectives = [row for s in schedules for row in coster.chosen(s, s.stage * rs.stage_size)]
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
-                          collectives=collectives, explicit_ranks=explicit_ranks)
+                          collectives=collectives, explicit_ranks=explicit_ranks,
+                          hardware_flops=hardware_flops_per_step(rs),
+                          rank_groups={k: v for s in schedules for k, v in rank_groups(rs, s, log.ranks).items()})
     return result, log, schedules[0]
 
 
@@ -237,11 +246,13 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
     ex = steady_state.extrapolate(sa, la, pa, sb, lb, pb, plan, rs.micro_batches, (ba, bb), (ca, cb))
     if ex is None:
         return None
+    rows = coster.rows(ex.collective_counts)
     return assemble(rs, ex.step_s, [e for e in ex.events if e.rank == lb.ranks[0]], ex.breakdown_s, ex.path,
                     memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
-                    collectives=coster.rows(ex.collective_counts), explicit_ranks=explicit_ranks,
+                    collectives=rows, explicit_ranks=explicit_ranks,
                     simulated_ranks=len(lb.ranks), ops_per_rank=ex.ops_per_rank, events=ex.events,
-                    steady_state=ex.state.to_dict())
+                    steady_state=ex.state.to_dict(), hardware_flops=hardware_flops_per_step(rs),
+                    op_collectives=rows_by_event([sb], rows, lb.ranks, rs.gpus), rank_groups=rank_groups(rs, sb, lb.ranks))
 
 
 def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False) -> StepResult:

@@ -4,10 +4,15 @@
 - tflops_per_gpu = model FLOPs per step / step_time_s / GPUs / 1e12 (model FLOPs: no recompute,
   Narayanan et al. 2021 convention; sim/cost/flops.py)
 - mfu = tflops_per_gpu / GPU peak dense bf16 TFLOP/s (topologies/gpus.py)
+- hfu = hardware FLOPs per step (recompute included, sim/cost/flops.py) / step_time_s / GPUs / peak
 The breakdown and layer spans are those of the representative rank (the lowest simulated rank: with
 pipeline parallelism, a rank of the first stage). With pp > 1 the breakdown and critical-path shares gain
 the P2P communication and pipeline-bubble categories, `pipeline` holds the bubble fraction and P2P share
 of the stage that sets the step, and memory_gb gains the per-stage figures (sim/cost/memory.py).
+
+The results JSON says its units in its keys: seconds `_s`, `memory_gb` in GB (1e9 B; reports show GiB),
+bandwidth `_GBps` in GB/s (1e9 B/s). Files written before a key was renamed are read through
+`upgrade_result_dict` (old `*_gbps` collective keys, old breakdown keys).
 """
 
 from __future__ import annotations
@@ -18,13 +23,17 @@ from typing import Any
 
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results import breakdown as bd
-from meshsim.sim.results.critical_path import Segment, critical_path, shares
-from meshsim.sim.schedule.ops import Schedule
+from meshsim.sim.results.critical_path import Segment, critical_path, shares, top_op_types
+from meshsim.sim.schedule.ops import Collective, Schedule
 
-CONFIG_KEYS = ("tp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
+CONFIG_KEYS = ("tp", "pp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
                "recompute", "tp_comm_overlap", "topology", "nodes", "gpu", "gpus_per_node", "crosses_nodes")
 PIPELINE_CONFIG_KEYS = ("pp", "vp")  # echoed when pp > 1
-HEADLINE_KEYS = ("scenario", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu", "mfu")
+HEADLINE_KEYS = ("scenario", "fits", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu",
+                 "mfu", "hfu")
+# collective rows: in-memory key -> results-JSON key (the JSON spells GB/s; old files used the left names)
+JSON_KEYS = {"busbw_gbps": "busbw_GBps", "algbw_gbps": "algbw_GBps"}
+TOP_OP_TYPES = 10
 MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "workspace", "total", "capacity", "fits")
 
 
@@ -38,7 +47,7 @@ class StepResult:
     tflops_per_gpu: float
     mfu: float
     memory_gb: Mapping[str, Any]  # MEMORY_KEYS; "fits" is a bool
-    breakdown_s: Mapping[str, float]  # compute, tp_comm, dp_comm, exposed_comm, idle
+    breakdown_s: Mapping[str, float]  # BREAKDOWN_KEYS (sim/results/breakdown.py)
     critical_path: tuple[Mapping[str, Any], ...]  # {name, category, rank, start_us, dur_us, op_id}
     critical_path_share: Mapping[str, float]  # compute, tp_comm, dp_comm, waiting
     config: Mapping[str, Any]  # CONFIG_KEYS; flattened into the top level of to_dict()
@@ -49,41 +58,74 @@ class StepResult:
     ops_per_rank: int = 0
     steady_state: Mapping[str, Any] | None = None  # how it was extrapolated (sim/results/steady_state.py); None: whole step
     pipeline: Mapping[str, Any] = field(default_factory=dict)  # pp > 1: pp, vp, bubble_fraction, p2p_share
+    hfu: float = 0.0
     events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
+    # not serialized, for trace and timeline: (rank, op id) -> its collective row; (group kind, rank) -> ranks
+    op_collectives: Mapping[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+    rank_groups: Mapping[tuple[str, int], tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.memory_gb.get("fits", True))
 
     def __getitem__(self, key: str) -> Any:
         """result["tp"] reads a config echo, result["mfu"] a headline field."""
         return self.config[key] if key in self.config else getattr(self, key)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The public results JSON: headline numbers, the config echo (flat), then the detail blocks."""
+    def to_dict(self, *, full_critical_path: bool = True) -> dict[str, Any]:
+        """The public results JSON: headline numbers, the config echo (flat), then the detail blocks.
+        The critical path is summarised (`critical_path_top`); its op-by-op list only if asked for."""
         out: dict[str, Any] = {k: getattr(self, k) for k in HEADLINE_KEYS}
         out.update(self.config)
         out.update(memory_gb=dict(self.memory_gb), breakdown_s=dict(self.breakdown_s),
-                   critical_path_share=dict(self.critical_path_share), source=self.source,
+                   critical_path_share=dict(self.critical_path_share),
+                   critical_path_top=critical_path_top(self.critical_path), source=self.source,
                    explicit_ranks=self.explicit_ranks, simulated_ranks=self.simulated_ranks,
-                   ops_per_rank=self.ops_per_rank, steady_state=self.steady_state, collectives=[dict(c) for c in self.collectives],
-                   critical_path=[dict(seg) for seg in self.critical_path])
+                   ops_per_rank=self.ops_per_rank, steady_state=self.steady_state,
+                   collectives=[{JSON_KEYS.get(k, k): v for k, v in c.items()} for c in self.collectives])
         if self.pipeline:
             out["pipeline"] = dict(self.pipeline)
+        if full_critical_path:
+            out["critical_path"] = [dict(seg) for seg in self.critical_path]
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepResult:
-        """Inverse of to_dict (events are not saved)."""
-        names = {f.name for f in fields(cls)} - {"events", "config"}
+        """Inverse of to_dict (events are not saved); old files are upgraded first."""
+        data = upgrade_result_dict(data)
+        names = {f.name for f in fields(cls)} - {"events", "config", "op_collectives", "rank_groups"}
         kw = {k: data[k] for k in names if k in data}
         kw["critical_path"] = tuple(dict(s) for s in data.get("critical_path", ()))
-        kw["collectives"] = tuple(dict(c) for c in data.get("collectives", ()))
+        inverse = {v: k for k, v in JSON_KEYS.items()}
+        kw["collectives"] = tuple({inverse.get(k, k): v for k, v in c.items()} for c in data.get("collectives", ()))
         kw["config"] = {k: data[k] for k in CONFIG_KEYS + PIPELINE_CONFIG_KEYS if k in data}
         return cls(**kw)
+
+
+def critical_path_top(path: Sequence[Mapping[str, Any]], n: int = TOP_OP_TYPES) -> list[dict[str, Any]]:
+    """The op types holding the most critical-path time: [{op_type, category, total_s, count}]."""
+    return [{"op_type": kind, "category": cat, "total_s": total_us * 1e-6, "count": count}
+            for kind, cat, total_us, count in top_op_types(path, n)]
+
+
+def upgrade_result_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A results dict from any meshsim version -> the current keys (old `*_gbps` collective keys, old
+    breakdown keys compute/tp_comm/dp_comm/idle, no top-level `fits`)."""
+    out = dict(data)
+    if isinstance(out.get("breakdown_s"), Mapping):
+        out["breakdown_s"] = bd.upgrade_breakdown(out["breakdown_s"], float(out.get("step_time_s", 0.0)))
+    if isinstance(out.get("collectives"), list):
+        out["collectives"] = [{JSON_KEYS.get(k, k): v for k, v in c.items()} for c in out["collectives"]]
+    if "fits" not in out and isinstance(out.get("memory_gb"), Mapping):
+        out["fits"] = bool(out["memory_gb"].get("fits", True))
+    return out
 
 
 def config_echo(rs: Any) -> dict[str, Any]:
     """The scenario settings a reader needs next to the numbers (rs: ResolvedScenario)."""
     sc, par = rs.scenario, rs.scenario.parallel
     return {
-        "tp": rs.tp, "sp": par.sp, "dp": rs.dp, "gpus": rs.gpus, "micro_batch": par.micro_batch,
+        "tp": rs.tp, "pp": getattr(rs, "pp", 1), "sp": par.sp, "dp": rs.dp, "gpus": rs.gpus, "micro_batch": par.micro_batch,
         "micro_batches": rs.micro_batches, "global_batch": par.global_batch, "seq_len": sc.model.seq_len,
         "recompute": par.recompute, "tp_comm_overlap": par.tp_comm_overlap,
         "topology": sc.topology.preset or rs.topology.name, "nodes": rs.topology.nodes, "gpu": rs.gpu.name,
@@ -120,9 +162,29 @@ def pipeline_summary(rs: Any, path_shares: Mapping[str, float], breakdown: Mappi
             "rank0_bubble_s": breakdown.get("pipeline_bubble", 0.0)}
 
 
+def op_collectives(schedule: Schedule, collectives: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """op id -> the row of `collectives` (op, group, nbytes, algo, protocol, busbw ...) it runs."""
+    rows = {(c["op"], c["group"], c["nbytes"]): c for c in collectives}
+    return {op.id: rows[key] for op in schedule.ops if isinstance(op.work, Collective)
+            and (key := (op.work.op, op.work.group, op.work.nbytes)) in rows}
+
+
+def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[Mapping[str, Any]], ranks: Sequence[int],
+                  stage_size: int) -> dict[tuple[int, int], Mapping[str, Any]]:
+    """(simulated rank, op id) -> its collective row; rank r runs the schedule of stage r // stage_size
+    (pipeline stages outermost; one schedule: every rank runs it)."""
+    per_stage = [op_collectives(s, collectives) for s in schedules]
+    out: dict[tuple[int, int], Mapping[str, Any]] = {}
+    for rank in ranks:
+        stage = min(rank // stage_size, len(per_stage) - 1) if len(per_stage) > 1 else 0
+        out.update({(rank, op_id): row for op_id, row in per_stage[stage].items()})
+    return out
+
+
 def build_result(rs: Any, schedule: Schedule | Sequence[Schedule], log: EventLog, *, memory: Any,
                  model_flops: float, collectives: Sequence[Mapping[str, Any]] = (),
-                 explicit_ranks: bool = False) -> StepResult:
+                 explicit_ranks: bool = False, hardware_flops: float | None = None,
+                 rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> StepResult:
     """Assemble a StepResult from the event log and the cost-model side results (`schedule`: one, or one
     per pipeline stage)."""
     schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
@@ -130,31 +192,39 @@ def build_result(rs: Any, schedule: Schedule | Sequence[Schedule], log: EventLog
     step_s = log.step_time_s
     rep = log.of_rank(log.ranks[0])
     path = critical_path(schedules if pipeline else schedules[0], log)
-    breakdown_s = bd.pipeline_breakdown(rep, step_s) if pipeline else bd.breakdown(rep, step_s)
+    breakdown_s = bd.breakdown(rep, step_s, pipeline=pipeline)
+    by_op = rows_by_event(schedules, collectives, log.ranks, getattr(rs, "stage_size", rs.gpus))
     return assemble(rs, step_s, rep, breakdown_s, path, memory=memory, model_flops=model_flops,
                     collectives=collectives, explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks),
-                    ops_per_rank=max(len(s.ops) for s in schedules), events=log.events)
+                    ops_per_rank=max(len(s.ops) for s in schedules), events=log.events,
+                    hardware_flops=hardware_flops, op_collectives=by_op, rank_groups=rank_groups)
 
 
 def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float], path: Sequence[Segment],
              *, memory: Any, model_flops: float, collectives: Sequence[Mapping[str, Any]], explicit_ranks: bool,
              simulated_ranks: int, ops_per_rank: int, events: tuple[Event, ...],
-             steady_state: Mapping[str, Any] | None = None) -> StepResult:
+             steady_state: Mapping[str, Any] | None = None, hardware_flops: float | None = None,
+             op_collectives: Mapping[tuple[int, int], Mapping[str, Any]] | None = None,
+             rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> StepResult:
     """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
-    breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates)."""
+    breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates). The optional
+    op_collectives / rank_groups feed the trace's and timeline's collective details."""
     path_shares = shares(list(path), step_s, getattr(rs, "pp", 1) > 1)
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
+    hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
+        if step_s > 0 else 0.0
     tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
     return StepResult(
         scenario=rs.name, step_time_s=step_s,
         layer_fwd_ms=bd.layer_span_ms(rep, layer, ("fwd",)),
         layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
-        tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops,
+        tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops, hfu=hw_tflops / rs.datasheet_peak_tflops,
         memory_gb=memory_echo(memory), breakdown_s=dict(breakdown_s),
         critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=path_shares,
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
+        op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
     )

@@ -1,9 +1,12 @@
 """`meshsim compare A.json B.json`: two simulated steps side by side.
 
-- headline: step time, tokens/s, TFLOP/s per GPU, MFU, memory per GPU (and whether it fits);
-- step time by category (the breakdown_s of sim/results/breakdown.py and the critical-path shares) with the
+- first, what differs between the two configurations (GPUs, tp/pp/dp, sp, recompute, micro-batch,
+  topology, ...), so that "tokens/s -90%" is read next to "64 vs 8 GPUs";
+- headline: step time, tokens/s, tokens/s per GPU, TFLOP/s per GPU, MFU, memory per GPU (GiB; fits);
+- the step along the critical path (adds up to the step) and busy time per stream (overlaps), with the
   delta B - A and its percentage of A;
-- one Perfetto/Chrome trace holding both timelines.
+- one Perfetto/Chrome trace holding both timelines, and compare.html beside it (the same tables).
+Results written by older versions are read through results.upgrade_result_dict (old key names).
 
 Timelines (decision): `meshsim run --out DIR` writes DIR/trace.json next to DIR/results.json, so compare
 merges the two trace.json files found next to the results, giving B's processes pids shifted past A's and
@@ -24,15 +27,21 @@ from rich.table import Table
 from meshsim.scenarios.library import BUILTIN_PREFIX
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.fmt import gb_to_gib
 from meshsim.sim.core.userio import load_json
 from meshsim.sim.outputs.step_report import OUTPUT_FILES
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
 from meshsim.sim.results.simulate import simulate_with_events
+from meshsim.sim.results.step_result import upgrade_result_dict
+from meshsim.sim.sweep.compare_page import fmt_value, write_page
 
 HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 1.0),
-            ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0))
+            ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0), ("HFU (%)", "hfu", 100.0))
+BUSY_ROWS = tuple(k for k in BREAKDOWN_KEYS if k.endswith("_busy")) + ("compute_waiting",)
 SHARES = ("compute", "tp_comm", "dp_comm", "waiting")
+CONFIG_DIFF_KEYS = ("gpus", "gpu", "topology", "nodes", "tp", "pp", "dp", "sp", "recompute", "micro_batch",
+                    "micro_batches", "global_batch", "seq_len", "tp_comm_overlap")
 REPLAY_KEYS = ("tp", "sp", "micro_batch", "recompute", "tp_comm_overlap")
 
 
@@ -69,26 +78,42 @@ def load_results(path: str | Path) -> dict:
     problem = _malformed(data)
     if problem:
         raise UserError("results", str(path), RESULTS_FIX, problem=problem)
-    return data
+    return upgrade_result_dict(data)
+
+
+def config_rows(a: dict, b: dict) -> list[dict]:
+    """The configuration side by side, differing keys first: {name, a, b, differs}."""
+    rows = [{"name": k, "a": a.get(k, 1 if k == "pp" else None), "b": b.get(k, 1 if k == "pp" else None)}
+            for k in CONFIG_DIFF_KEYS if k in a or k in b or k == "pp"]
+    for row in rows:
+        row["differs"] = row["a"] != row["b"]
+    return sorted(rows, key=lambda r: not r["differs"])
 
 
 def _row(name: str, a: float, b: float) -> dict:
     return {"name": name, "a": a, "b": b, "delta": b - a, "delta_pct": 100 * (b - a) / a if a else None}
 
 
+def _per_gpu(d: dict) -> float:
+    return d["tokens_per_s"] / d["gpus"] if d.get("gpus") else 0.0
+
+
 def headline_rows(a: dict, b: dict) -> list[dict]:
-    rows = [_row(name, a[key] * scale, b[key] * scale) for name, key, scale in HEADLINE]
-    rows.append(_row("memory per GPU (GB)", a["memory_gb"]["total"], b["memory_gb"]["total"]))
+    rows = [_row(name, a.get(key, 0.0) * scale, b.get(key, 0.0) * scale) for name, key, scale in HEADLINE]
+    rows.insert(2, _row("tokens/s per GPU", _per_gpu(a), _per_gpu(b)))
+    rows.append(_row("memory per GPU (GiB)", gb_to_gib(a["memory_gb"]["total"]), gb_to_gib(b["memory_gb"]["total"])))
     return rows
 
 
 def category_rows(a: dict, b: dict) -> list[dict]:
-    """Step time by category in seconds; compute + exposed_comm + idle = step time."""
-    rows = [_row(cat, a["breakdown_s"].get(cat, 0.0), b["breakdown_s"].get(cat, 0.0)) for cat in BREAKDOWN_KEYS]
-    rows.append(_row("step", a["step_time_s"], b["step_time_s"]))
+    """Seconds: the step along the critical path (these rows add up to 'step'), then busy time per stream
+    of rank 0 (these overlap) and how long its compute stream waits."""
     sa, sb = a.get("critical_path_share", {}), b.get("critical_path_share", {})
-    rows += [_row(f"critical path: {k} (s)", sa.get(k, 0.0) * a["step_time_s"], sb.get(k, 0.0) * b["step_time_s"])
-             for k in SHARES if k in sa or k in sb]
+    keys = [k for k in SHARES if k in sa or k in sb] + [k for k in {**sa, **sb} if k not in SHARES]
+    rows = [_row(f"critical path: {k}", sa.get(k, 0.0) * a["step_time_s"], sb.get(k, 0.0) * b["step_time_s"])
+            for k in keys]
+    rows.append(_row("step", a["step_time_s"], b["step_time_s"]))
+    rows += [_row(f"busy: {k}", a["breakdown_s"].get(k, 0.0), b["breakdown_s"].get(k, 0.0)) for k in BUSY_ROWS]
     return rows
 
 
@@ -152,7 +177,7 @@ def resimulate_events(result: dict) -> list[dict]:
         raise UserError("results", source, "re-run `meshsim run --out DIR` so that trace.json is written",
                         problem=f"Re-simulating gives step time {replay.step_time_s:.6f} s, not the recorded "
                                 f"{result['step_time_s']:.6f} s")
-    return trace_events(log.events, replay.critical_path)
+    return trace_events(log.events, replay.critical_path, result=replay)
 
 
 def timeline_events(result: dict, results_path: Path) -> list[dict]:
@@ -169,7 +194,7 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
     trace.json there. The returned dict has 'labels', 'headline', 'categories', 'fits', 'trace', 'note'."""
     a, b = load_results(path_a), load_results(path_b)
     label_a, label_b = labels(a, b, Path(path_a), Path(path_b))
-    comparison = {"labels": [label_a, label_b], "files": [str(path_a), str(path_b)],
+    comparison = {"labels": [label_a, label_b], "files": [str(path_a), str(path_b)], "config": config_rows(a, b),
                   "headline": headline_rows(a, b), "categories": category_rows(a, b),
                   "fits": [a["memory_gb"].get("fits"), b["memory_gb"].get("fits")], "trace": None, "note": ""}
     if out_dir is None:
@@ -184,32 +209,37 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
     except UserError as err:
         comparison["note"] = f"merged trace not written: {err}"
     (out / "compare.json").write_text(json.dumps(comparison, indent=1))
+    comparison["page"] = str(write_page(comparison, out / "compare.html"))
     return comparison
 
 
-def _fmt(value: float | None, name: str) -> str:
-    if value is None:
-        return "-"
-    if name == "tokens/s":
-        return f"{value:,.0f}"
-    return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
-
-
 def print_comparison(comparison: dict, console) -> None:
-    """Two rich tables (headline, step time by category) and where the merged trace went."""
+    """What differs first, then two tables (headline, step time), and where the files went."""
+
     label_a, label_b = comparison["labels"]
-    for title, key in (("Headline", "headline"), ("Step time by category (s)", "categories")):
+    config = Table(title="Configuration (differences first, marked *)", header_style="bold")
+    for col in ("", label_a, label_b):
+        config.add_column(col)
+    for row in comparison.get("config", []):
+        mark = "* " if row["differs"] else "  "
+        config.add_row(mark + row["name"], fmt_value(row["a"], ""), fmt_value(row["b"], ""),
+                       style="bold" if row["differs"] else None)
+    console.print(config)
+    for title, key in (("Headline", "headline"), ("Step time (s): critical path rows add up to 'step'; "
+                                                   "busy rows overlap", "categories")):
         table = Table(title=title, header_style="bold")
         for col in ("", label_a, label_b, "B - A", "B vs A"):
             table.add_column(col, justify="right" if col else "left")
         for row in comparison[key]:
             pct = "-" if row["delta_pct"] is None else f"{row['delta_pct']:+.1f}%"
-            table.add_row(row["name"], _fmt(row["a"], row["name"]), _fmt(row["b"], row["name"]),
-                          _fmt(row["delta"], row["name"]), pct)
+            table.add_row(row["name"], fmt_value(row["a"], row["name"]), fmt_value(row["b"], row["name"]),
+                          fmt_value(row["delta"], row["name"]), pct)
         console.print(table)
     fits = ["fits" if f else "does NOT fit" for f in comparison["fits"]]
     console.print(f"memory: A {fits[0]}, B {fits[1]}", highlight=False)
     if comparison["trace"]:
         console.print(f"merged timeline: {comparison['trace']} (open in https://ui.perfetto.dev)", highlight=False)
+    if comparison.get("page"):
+        console.print(f"page: {comparison['page']}", highlight=False)
     if comparison["note"]:
         console.print(comparison["note"], highlight=False)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from meshsim.sim.core.console import Column
+from meshsim.sim.core.fmt import fmt_bytes, fmt_gb_as_gib, fmt_pct, fmt_s, fmt_tokens, time_column
 from meshsim.sim.cost.collectives.cost import busbw_factor
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.step_result import StepResult
@@ -54,28 +56,8 @@ def smallest_overflow(records: list[SweepRecord]) -> SweepRecord | None:
 
 # ----- formatting -----------------------------------------------------------------------------------
 def fmt_gb(value: float) -> str:
-    """96.04 -> '96', 12.35 -> '12.3', 1.024 -> '1.02' (one decimal from 10 GB, two below; trailing
-    zeros dropped)."""
-    text = f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def fmt_s(seconds: float) -> str:
-    """4.2628 -> '4.263 s', 0.0123 -> '12.3 ms', 0.000685 -> '685 us' (4 significant digits at most)."""
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds / 1e-6:.3g} us"
-
-
-def fmt_pct(fraction: float) -> str:
-    return f"{100 * fraction:.0f}%"
-
-
-def fmt_tokens(per_s: float) -> str:
-    if per_s >= 1e6:
-        return f"{per_s / 1e6:.2f}M"
-    return f"{per_s / 1e3:.1f}k" if per_s >= 1e3 else f"{per_s:.0f}"
+    """A memory figure held in GB (1e9 B), shown in GiB without the unit: 77.01 -> '71.7'."""
+    return fmt_gb_as_gib(value, unit=False)
 
 
 def varying_axes(records: list[SweepRecord]) -> list[str]:
@@ -115,7 +97,7 @@ def winner_sentence(best: SweepRecord, records: list[SweepRecord], axes: list[st
     n_ran = sum(ok(r) for r in records)
     return (f"The sweet spot is {label(best, axes)}: {fmt_tokens(res.tokens_per_s)} tokens/s, "
             f"MFU {fmt_pct(res.mfu)}, step {fmt_s(res.step_time_s)}, {fmt_gb(mem['total'])} of "
-            f"{fmt_gb(mem['capacity'])} GB per GPU; the fastest of the {n_fit} configurations that fit "
+            f"{fmt_gb(mem['capacity'])} GiB per GPU; the fastest of the {n_fit} configurations that fit "
             f"({n_ran} ran, {len(records) - n_ran} skipped).")
 
 
@@ -148,15 +130,15 @@ def no_fit_sentence(records: list[SweepRecord], axes: list[str]) -> str:
     if over is None:
         return f"No configuration could run: all {len(records)} were skipped (reasons in the table)."
     mem = _memory(over)
-    return (f"No configuration fits in {fmt_gb(mem['capacity'])} GB per GPU; the smallest overflow is "
-            f"{label(over, axes)}: {fmt_gb(mem['total'])} GB ({fmt_gb(mem['total'] - mem['capacity'])} GB over). "
+    return (f"No configuration fits in {fmt_gb(mem['capacity'])} GiB per GPU; the smallest overflow is "
+            f"{label(over, axes)}: {fmt_gb(mem['total'])} GiB ({fmt_gb(mem['total'] - mem['capacity'])} GiB over). "
             f"Try recompute=selective or full, sequence parallelism, a smaller micro-batch or more GPUs.")
 
 
 def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
     mem = _memory(rec)
-    text = (f"{label(rec, axes)} does not fit: {fmt_gb(mem['total'])} GB of {fmt_gb(mem['capacity'])} GB "
-            f"per GPU (activations {fmt_gb(mem['activations'])} GB)")
+    text = (f"{label(rec, axes)} does not fit: {fmt_gb(mem['total'])} GiB of {fmt_gb(mem['capacity'])} GiB "
+            f"per GPU (activations {fmt_gb(mem['activations'])} GiB)")
     if best is not None and rec.result.tokens_per_s > best.result.tokens_per_s:
         text += f"; it would otherwise give {_speed_delta(rec, best)}"
     return text + "."
@@ -174,7 +156,7 @@ def crossing_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> s
 def slower_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
     """A fitting, non-crossing neighbour: name the step-time component that grew the most."""
     res, bres = rec.result, best.result
-    deltas = {k: res.breakdown_s[k] - bres.breakdown_s[k] for k in ("compute", "exposed_comm", "idle")}
+    deltas = {k: res.breakdown_s[k] - bres.breakdown_s[k] for k in ("compute_busy", "exposed_comm", "nothing_running")}
     cause = max(deltas, key=deltas.get)
     text = f"{label(rec, axes)}: {_speed_delta(rec, best)}"
     if res["tp"] != bres["tp"]:
@@ -182,8 +164,8 @@ def slower_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str
         text += f" with GEMM shards {ratio:g}x larger" if ratio > 1 else f" with GEMM shards {1 / ratio:g}x smaller"
     if deltas[cause] <= 0:
         return text + "."
-    what = {"compute": "compute", "exposed_comm": "exposed communication", "idle": "idle time"}[cause]
-    share_key = {"compute": "compute", "idle": "waiting"}.get(cause) or _grown_comm(res, bres)
+    what = {"compute_busy": "compute", "exposed_comm": "exposed communication", "nothing_running": "idle time"}[cause]
+    share_key = {"compute_busy": "compute", "nothing_running": "waiting"}.get(cause) or _grown_comm(res, bres)
     return (text + f"; its {what} is {fmt_s(deltas[cause])} longer per step ({SHARE_NAMES[share_key]} "
             f"share of the critical path {fmt_pct(res.critical_path_share[share_key])}).")
 
@@ -256,15 +238,15 @@ def sp_sentence(on: SweepRecord, off: SweepRecord) -> str | None:
         return None
     act_on, act_off = _memory(on)["activations"], _memory(off)["activations"]
     ron, roff = on.result, off.result
-    text = (f"At tp={on.point.tp}, sp=on saves {fmt_gb(act_off - act_on)} GB of activations per GPU "
-            f"({fmt_gb(act_off)} -> {fmt_gb(act_on)} GB)")
+    text = (f"At tp={on.point.tp}, sp=on saves {fmt_gb(act_off - act_on)} GiB of activations per GPU "
+            f"({fmt_gb(act_off)} -> {fmt_gb(act_on)} GiB)")
     wire_on, wire_off = tp_wire_gb(ron.collectives), tp_wire_gb(roff.collectives)
     if wire_on is not None and wire_off is not None:
         change = f"{100 * (wire_on / wire_off - 1):+.0f}%" if wire_off else "n/a"
-        text += (f"; each GPU sends {wire_on:.1f} GB in TP collectives per step vs {wire_off:.1f} GB with "
-                 f"sp=off ({change})")
-    return text + (f"; TP communication time {fmt_s(ron.breakdown_s['tp_comm'])} vs "
-                   f"{fmt_s(roff.breakdown_s['tp_comm'])}.")
+        text += (f"; each GPU sends {fmt_bytes(wire_on * 1e9)} in TP collectives per step vs "
+                 f"{fmt_bytes(wire_off * 1e9)} with sp=off ({change})")
+    return text + (f"; TP communication time {fmt_s(ron.breakdown_s['tp_comm_busy'])} vs "
+                   f"{fmt_s(roff.breakdown_s['tp_comm_busy'])}.")
 
 
 def overlap_sentence(on: SweepRecord, off: SweepRecord) -> str | None:
@@ -336,21 +318,45 @@ def _skipped_summary(skipped: list[SweepRecord], axes: list[str]) -> list[str]:
 
 
 # ----- the results table (shared by the terminal table and the report page) -------------------------
-TABLE_COLUMNS = ("tp", "pp", "vp", "sp", "mb", "overlap", "recompute", "dp", "step", "tokens/s", "TFLOP/s/GPU", "MFU",
-                 "GB/GPU", "fits", "exposed comm", "CP compute", "CP TP", "CP DP", "CP wait")
+TABLE_AXES = ("tp", "pp", "vp", "sp", "micro_batch", "tp_comm_overlap", "recompute")  # the table's axis order
+PINNED_AXES = ("tp", "pp", "sp")  # shown at any width, with the axes that vary
 
 
-def table_row(record: SweepRecord) -> list[str]:
-    """One row of TABLE_COLUMNS; a skipped configuration carries its reason in the 'fits' column."""
-    c = record.point
-    head = [str(c.tp), str(c.pp), str(c.vp), "on" if c.sp else "off", str(c.micro_batch),
-            "on" if c.tp_comm_overlap else "off", c.recompute]
-    if not ok(record):
-        return head + ["-"] * 5 + ["-", "skipped: " + record.reason] + ["-"] * 5
-    r = record.result
-    mem, share = r.memory_gb, r.critical_path_share
-    return head + [str(r["dp"]), fmt_s(r.step_time_s), fmt_tokens(r.tokens_per_s),
-                   f"{r.tflops_per_gpu:.0f}", fmt_pct(r.mfu),
-                   f"{fmt_gb(mem['total'])}/{fmt_gb(mem['capacity'])}", "yes" if mem["fits"] else "NO",
-                   fmt_s(r.breakdown_s["exposed_comm"])] + [
-        fmt_pct(share.get(k, 0.0)) for k in ("compute", "tp_comm", "dp_comm", "waiting")]
+def _step_column(records: list[SweepRecord]):
+    return time_column([r.result.step_time_s for r in records if ok(r)] or [1.0])
+
+
+def _axis_text(value: object) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def table_columns(records: list[SweepRecord]) -> list[Column]:
+    """The columns of the results table. Kept at any width: tp, pp, sp, the other axes that vary, dp,
+    step, tokens/s, MFU, fits; the others leave a narrow terminal in this order: CP wait, the other CP
+    shares, the axes that do not vary, compute waits, TFLOP/s/GPU, GiB/GPU."""
+    varying = set(varying_axes(records))
+    unit, _ = _step_column(records)
+    axis = [Column(AXIS_LABELS[a], keep=a in varying or a in PINNED_AXES, rank=3) for a in TABLE_AXES]
+    return axis + [
+        Column("dp", keep=True), Column(f"step ({unit})", keep=True), Column("tokens/s", keep=True),
+        Column("TFLOP/s/GPU", rank=5), Column("MFU", keep=True), Column("GiB/GPU", rank=6),
+        Column("fits", "left", keep=True), Column("compute waits", rank=4), Column("CP compute", rank=2),
+        Column("CP TP", rank=1), Column("CP DP", rank=1), Column("CP wait", rank=0)]
+
+
+def table_rows(records: list[SweepRecord]) -> list[list[str]]:
+    """One row per configuration, in table_columns' order; a skipped one carries its reason in 'fits'."""
+    _, fmt_step = _step_column(records)
+    rows = []
+    for record in records:
+        res = record.result
+        head = [_axis_text(getattr(record.point, a, 1)) for a in TABLE_AXES]
+        if not ok(record):
+            rows.append(head + ["-"] * 6 + ["skipped: " + record.reason] + ["-"] * 5)
+            continue
+        mem, share, b = res.memory_gb, res.critical_path_share, res.breakdown_s
+        rows.append(head + [str(res["dp"]), fmt_step(res.step_time_s), fmt_tokens(res.tokens_per_s),
+                            f"{res.tflops_per_gpu:.0f}", fmt_pct(res.mfu), f"{fmt_gb(mem['total'])}/{fmt_gb(mem['capacity'])}",
+                            "yes" if mem["fits"] else "NO", fmt_pct(b.get("compute_waiting", 0.0) / res.step_time_s)]
+                    + [fmt_pct(share.get(k, 0.0)) for k in ("compute", "tp_comm", "dp_comm", "waiting")])
+    return rows

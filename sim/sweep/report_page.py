@@ -17,8 +17,9 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_s, gb_to_gib
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
-from meshsim.sim.sweep.explain import TABLE_COLUMNS, fits, label, ok, sweet_spot, table_row, varying_axes
+from meshsim.sim.sweep.explain import fits, label, ok, sweet_spot, table_columns, table_rows, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
 
 
@@ -40,8 +41,8 @@ def _tp_axis(records: list[SweepRecord]) -> dict:
 def _hover(rec: SweepRecord, axes: list[str]) -> str:
     r = rec.result
     state = "fits" if fits(rec) else "does NOT fit"
-    return (f"{label(rec, axes)}<br>{r['tokens_per_s']:.4g} tokens/s, MFU {100 * r['mfu']:.1f}%<br>"
-            f"step {r['step_time_s']:.3f} s<br>{r['memory_gb']['total']:.1f} GB/GPU ({state})")
+    return (f"{label(rec, axes)}<br>{fmt_count(r.tokens_per_s)} tokens/s, MFU {100 * r.mfu:.1f}%<br>"
+            f"step {fmt_s(r.step_time_s)}<br>{fmt_gb_as_gib(r.memory_gb['total'])} per GPU ({state})")
 
 
 def throughput_figure(records: list[SweepRecord]) -> go.Figure:
@@ -63,6 +64,7 @@ def throughput_figure(records: list[SweepRecord]) -> go.Figure:
                 marker=dict(symbol="star", size=18, color="gold", line=dict(color="black", width=1))),
                 row=1, col=col)
     fig.update_xaxes(**_tp_axis(records))
+    fig.update_yaxes(tickformat=",~r", row=1, col=1)  # 100,000 rather than 100k or 1e+5
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
     fig.update_layout(title="Throughput and MFU against tp (open markers: does not fit in memory)", height=430)
     return fig
@@ -88,28 +90,29 @@ def memory_figure(records: list[SweepRecord]) -> go.Figure:
     axes, best = varying_axes(records), sweet_spot(records)
     for i, (name, recs) in enumerate(_series(records).items()):
         fig.add_trace(go.Scatter(
-            x=[r.point.tp for r in recs], y=[r.result.memory_gb["total"] for r in recs],
+            x=[r.point.tp for r in recs], y=[gb_to_gib(r.result.memory_gb["total"]) for r in recs],
             mode="lines+markers", name=name, line=dict(color=_color(i)),
             hovertext=[_memory_hover(r, axes) for r in recs], hoverinfo="text"))
     ran = [r for r in records if ok(r)]
     if ran:
         capacity = ran[0].result.memory_gb["capacity"]
-        fig.add_hline(y=capacity, line_dash="dash", line_color="red",
-                      annotation_text=f"capacity {capacity:g} GB", annotation_position="top left")
+        fig.add_hline(y=gb_to_gib(capacity), line_dash="dash", line_color="red",
+                      annotation_text=f"capacity {fmt_gb_as_gib(capacity)}", annotation_position="top left")
     if best is not None:
-        fig.add_trace(go.Scatter(x=[best.point.tp], y=[best.result.memory_gb["total"]],
+        fig.add_trace(go.Scatter(x=[best.point.tp], y=[gb_to_gib(best.result.memory_gb["total"])],
                                  mode="markers", name="sweet spot", hovertext=[_memory_hover(best, axes)],
                                  hoverinfo="text", marker=dict(symbol="star", size=18, color="gold",
                                                                line=dict(color="black", width=1))))
     fig.update_xaxes(**_tp_axis(records))
-    fig.update_layout(title="Memory per GPU against tp", yaxis_title="GB per GPU", height=430)
+    fig.update_layout(title="Memory per GPU against tp", yaxis_title="GiB per GPU", height=430)
     return fig
 
 
 def _memory_hover(rec: SweepRecord, axes: list[str]) -> str:
     m = rec.result.memory_gb
-    parts = ", ".join(f"{k} {m[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations", "workspace") if k in m)
-    return f"{label(rec, axes)}<br>total {m['total']:.1f} of {m['capacity']:g} GB<br>{parts}"
+    parts = ", ".join(f"{k} {fmt_gb_as_gib(m[k])}" for k in ("weights", "grads", "optimizer", "activations", "workspace")
+                      if k in m)
+    return f"{label(rec, axes)}<br>total {fmt_gb_as_gib(m['total'])} of {fmt_gb_as_gib(m['capacity'])}<br>{parts}"
 
 
 def _color(i: int) -> str:
@@ -125,10 +128,10 @@ def report_html(records: list[SweepRecord], explanation: list[str], title: str) 
     """One self-contained page: explanation, figures (plotly.js embedded once) and the table."""
     best = sweet_spot(records)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures(records))]
-    header = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
+    header = "".join(f"<th>{html.escape(c.header)}</th>" for c in table_columns(records))
     rows = "".join(
-        ("<tr class='best'>" if r is best else "<tr>") + "".join(f"<td>{html.escape(v)}</td>" for v in table_row(r))
-        + "</tr>" for r in records)
+        ("<tr class='best'>" if r is best else "<tr>") + "".join(f"<td>{html.escape(v)}</td>" for v in row)
+        + "</tr>" for r, row in zip(records, table_rows(records), strict=True))
     reasons = "".join(f"<li>{html.escape(s)}</li>" for s in explanation)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"

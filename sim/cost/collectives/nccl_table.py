@@ -1,4 +1,4 @@
-"""nccl-tests, simulated: the size sweep and its rows (bytes, time_us, algbw_gbps, busbw_gbps, algorithm).
+"""nccl-tests, simulated: the size sweep and its rows (bytes, time_us, algbw_GBps, busbw_GBps, algorithm).
 
 Sizes follow nccl-tests' -b/-e/-f: min, min x f, min x f^2, ... up to max inclusive (rounded to whole
 bytes). Every size reuses the same evaluated plans (cost.py memoizes per group, not per size), so a sweep
@@ -16,7 +16,7 @@ from meshsim.sim.cost.collectives.cost import CollectiveCost, collective_cost
 from meshsim.sim.cost.collectives.protocols import IDEAL, protocols_for
 from meshsim.topologies.model import Topology
 
-ROW_KEYS = ("bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm")
+ROW_KEYS = ("bytes", "time_us", "algbw_GBps", "busbw_GBps", "algorithm")  # the JSON spells GB/s (1e9 B/s)
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Row:
     algorithm: str  # "ring/simple"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return dict(zip(ROW_KEYS, asdict(self).values(), strict=True))
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
