@@ -53,13 +53,16 @@ def sweep_command(
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
     reasons = explain(records)
-    print_results(records, reasons, title=f"{base.name}: {len(points)} configurations")
+    written = {}  # files first, so that `meshsim sweep ... | head` still writes them
     if out is not None:
-        path = write_report(records, reasons, f"TP sweep of {base.name}", out)
-        typer.echo(f"report: {path}\nresults: {Path(out) / 'sweep.jsonl'}")
+        written["report"] = write_report(records, reasons, f"TP sweep of {base.name}", out)
+        written["results"] = Path(out) / "sweep.jsonl"
     if json_path is not None:
         write_sweep_json(json_path, records, reasons)
-        typer.echo(f"json: {json_path}")
+        written["json"] = json_path
+    print_results(records, reasons, title=f"{base.name}: {len(points)} configurations")
+    for kind, path in written.items():
+        typer.echo(f"{kind}: {path}")
 
 
 def sweep_document(records: list[SweepRecord], reasons: list[str]) -> dict:
