@@ -9,8 +9,8 @@ every op is `cat: "kernel"` with `args.stream` (= its tid), `args.device` (GPU i
 `args.correlation` (op id); a collective's name starts with "nccl:" and says which collective
 ("nccl:all_gather L0.mb0.fwd.attn_in"; HTA tells communication kernels by "nccl" in the name), and its
 args carry "Collective name", "Process Group Name", "Process Group Ranks", "Group size", bytes,
-algorithm, protocol and busbw (GB/s). `distributedInfo` gives backend, rank and world_size. Zero or
-absent args are left out. A collective's rendezvous wait is a child slice "wait" (`cat: "wait"`, not a
+algorithm, protocol and busbw (GB/s). `distributedInfo` gives backend, rank and world_size. Zero bytes
+and FLOPs are left out. A collective's rendezvous wait is a child slice "wait" (`cat: "wait"`, not a
 kernel) nested at its start. The critical path is marked with a `critical` arg and with flow arrows
 (ph "s" -> "f", shared id, bp "e") where it moves from one lane (rank, stream) to another.
 
@@ -72,9 +72,7 @@ def _slices(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | None 
     tid = TID[ev.stream]
     args: dict[str, Any] = {"op": ev.op_id, "category": ev.category, "phase": ev.phase, "critical": critical,
                             "stream": tid, "correlation": ev.op_id, "device": device}
-    for key, value in (("layer", ev.layer), ("micro_batch", ev.micro_batch)):
-        if value is not None:
-            args[key] = value
+    args["layer"], args["micro_batch"] = ev.layer, ev.micro_batch
     for key, value in (("bytes", ev.bytes), ("flops", ev.flops)):
         if value:
             args[key] = value
@@ -143,6 +141,8 @@ def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Mapping] 
     `result` (the run's StepResult) adds collective args and mesh positions."""
     crit = critical_ops(critical_path)
     by_op, groups, config = _result_parts(result)
+    if steady_state is None:
+        steady_state = getattr(result, "steady_state", None)
     per_node = int(config.get("gpus_per_node", 0) or 0) if config else 0
     streams: dict[int, set[str]] = {}
     for ev in events:
