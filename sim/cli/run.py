@@ -64,7 +64,7 @@ def run_command(
         raise UserError("--outputs", outputs, f"use one of {', '.join(OUTPUT_LEVELS)}")
     budget = _tokens(tokens)
     rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
-    out_dir = _out_dir(out, rs.name)
+    out_dir = _out_dir(out, rs.name) if outputs != "none" else None  # --outputs none touches no folder
     check_output_file("--json", json_path)
     if explicit_ranks:
         ranks = rs.tp * min(rs.dp, 2)

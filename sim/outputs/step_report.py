@@ -223,7 +223,7 @@ def write_results_json(r: StepResult, path: str | Path, *, full_critical_path: b
     return path
 
 
-def write_outputs(r: StepResult, events: Iterable[Event], out_dir: str | Path, *, html: bool = True,
+def write_outputs(r: StepResult, events: Iterable[Event], out_dir: str | Path | None, *, html: bool = True,
                   level: str = "all", full_critical_path: bool = False) -> dict[str, Path]:
     """Write into out_dir, by `level` (OUTPUT_LEVELS): nothing; results.json; or results.json, trace.json
     and (unless html=False) timeline.html. Only those files."""

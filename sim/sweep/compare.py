@@ -40,6 +40,7 @@ HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 
             ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0), ("HFU (%)", "hfu", 100.0))
 BUSY_ROWS = tuple(k for k in BREAKDOWN_KEYS if k.endswith("_busy")) + ("compute_waiting",)
 SHARES = ("compute", "tp_comm", "dp_comm", "waiting")
+OPTIONAL_HEADLINE = ("hfu",)  # absent from results written before it existed: shown as "-"
 CONFIG_DIFF_KEYS = ("gpus", "gpu", "topology", "nodes", "tp", "pp", "dp", "sp", "recompute", "micro_batch",
                     "micro_batches", "global_batch", "seq_len", "tp_comm_overlap")
 REPLAY_KEYS = ("tp", "sp", "micro_batch", "recompute", "tp_comm_overlap")
@@ -56,7 +57,7 @@ def _malformed(data: object) -> str | None:
     """What a results dict lacks for a comparison (numbers finite, sections of numbers), or None."""
     if not isinstance(data, dict):
         return f"Expected a JSON object, found {type(data).__name__}"
-    bad = [k for _, k, _ in HEADLINE if not _number(data.get(k))]
+    bad = [k for _, k, _ in HEADLINE if k not in OPTIONAL_HEADLINE and not _number(data.get(k))]
     if bad:
         return f"Missing or non-numeric {', '.join(bad)}"
     for section in ("breakdown_s", "memory_gb", "critical_path_share"):
@@ -90,7 +91,9 @@ def config_rows(a: dict, b: dict) -> list[dict]:
     return sorted(rows, key=lambda r: not r["differs"])
 
 
-def _row(name: str, a: float, b: float) -> dict:
+def _row(name: str, a: float | None, b: float | None) -> dict:
+    if a is None or b is None:
+        return {"name": name, "a": a, "b": b, "delta": None, "delta_pct": None}
     return {"name": name, "a": a, "b": b, "delta": b - a, "delta_pct": 100 * (b - a) / a if a else None}
 
 
@@ -99,7 +102,10 @@ def _per_gpu(d: dict) -> float:
 
 
 def headline_rows(a: dict, b: dict) -> list[dict]:
-    rows = [_row(name, a.get(key, 0.0) * scale, b.get(key, 0.0) * scale) for name, key, scale in HEADLINE]
+    def value(d: dict, key: str, scale: float) -> float | None:
+        return d[key] * scale if _number(d.get(key)) else None
+
+    rows = [_row(name, value(a, key, scale), value(b, key, scale)) for name, key, scale in HEADLINE]
     rows.insert(2, _row("tokens/s per GPU", _per_gpu(a), _per_gpu(b)))
     rows.append(_row("memory per GPU (GiB)", gb_to_gib(a["memory_gb"]["total"]), gb_to_gib(b["memory_gb"]["total"])))
     return rows
