@@ -54,7 +54,7 @@ def test_sweep_table_keeps_the_key_columns(width, tmp_path, capsys, monkeypatch)
     assert max(len(line) for line in text.splitlines()) <= width
     header = next(line for line in text.splitlines() if "tokens/s" in line and "┃" in line)
     cells = [c.strip() for c in header.strip("┃ ").split("┃")]
-    assert cells[:2] == ["tp", "sp"] and {"dp", "tokens/s", "MFU", "fits"} <= set(cells)
+    assert cells[:2] == ["tp", "pp"] and {"sp", "dp", "tokens/s", "MFU", "fits"} <= set(cells)
     assert [c for c in cells if c.startswith("step (")] in (["step (s)"], ["step (ms)"], ["step (us)"])
     rows = [line for line in text.splitlines() if line.startswith("│")]
     assert len(rows) == 3 and all(row.split("│")[1].strip() in {"1", "2"} for row in rows)  # tp readable; tp=1 sp=on skipped
