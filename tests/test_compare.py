@@ -7,7 +7,7 @@ import json
 import pytest
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.results.step_result import upgrade_result_dict
+from meshsim.sim.results.step_result import StepResult, upgrade_result_dict
 from meshsim.sim.sweep.compare import category_rows, compare_files, headline_rows, load_results, merge_traces
 
 
@@ -34,8 +34,9 @@ def test_rows_and_deltas_from_files_with_the_old_key_names():
     """The fixtures use the keys results had before the breakdown and GB/s renames: still read."""
     a, b = result("x", 2.0, 1.5, 0.4, 0.1), result("y", 2.5, 1.6, 0.8, 0.1, mem=90.0)
     a["collectives"] = [{"op": "all_reduce", "busbw_gbps": 100.0, "algbw_gbps": 50.0}]
-    a, b = upgrade_result_dict(a), upgrade_result_dict(b)
-    assert a["collectives"] == [{"op": "all_reduce", "busbw_GBps": 100.0, "algbw_GBps": 50.0}]
+    assert upgrade_result_dict(a)["collectives"] == [{"op": "all_reduce", "busbw_GBps": 100.0, "algbw_GBps": 50.0}]
+    a, b = StepResult.from_dict(a), StepResult.from_dict(b)  # from_dict upgrades old keys itself
+    assert a.collectives == ({"op": "all_reduce", "busbw_gbps": 100.0, "algbw_gbps": 50.0},)
     cats = {r["name"]: r for r in category_rows(a, b)}
     assert cats["busy: compute_busy"]["delta"] == pytest.approx(1.6 - 1.5)
     assert cats["busy: compute_waiting"]["a"] == pytest.approx(2.0 - 1.5)  # step - compute busy
@@ -56,11 +57,11 @@ def test_configuration_difference_comes_first_with_per_gpu_throughput(tmp_path, 
     a = {**result("x", 2.0, 1.5, 0.4, 0.1), "gpus": 64, "tp": 8, "dp": 8, "sp": True, "recompute": "none",
          "micro_batch": 1, "topology": "dgx-h100"}
     b = {**a, "gpus": 8, "dp": 1, "tokens_per_s": 0.1e6 / 2.0}
-    rows = config_rows(a, b)
+    rows = config_rows(StepResult.from_dict(a), StepResult.from_dict(b))
     assert [r["name"] for r in rows if r["differs"]] == ["gpus", "dp"]
     assert [r["name"] for r in rows[:2]] == ["gpus", "dp"] and not rows[2]["differs"]
     assert {"name": "pp", "a": 1, "b": 1, "differs": False} in rows  # absent pp reads 1
-    head = {r["name"]: r for r in headline_rows(a, b)}
+    head = {r["name"]: r for r in headline_rows(StepResult.from_dict(a), StepResult.from_dict(b))}
     assert head["tokens/s"]["delta_pct"] == pytest.approx(-90.0)
     assert head["tokens/s per GPU"]["a"] == pytest.approx(1e6 / 2.0 / 64)
     assert head["tokens/s per GPU"]["delta_pct"] == pytest.approx(100 * (0.1 / 8 - 1 / 64) / (1 / 64))

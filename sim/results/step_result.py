@@ -95,6 +95,8 @@ class StepResult:
         data = upgrade_result_dict(data)
         names = {f.name for f in fields(cls)} - {"events", "config", "op_collectives", "rank_groups"}
         kw = {k: data[k] for k in names if k in data}
+        kw.setdefault("layer_fwd_ms", 0.0)  # absent from partial files (compare reads them): not shown there
+        kw.setdefault("layer_bwd_ms", 0.0)
         kw["critical_path"] = tuple(dict(s) for s in data.get("critical_path", ()))
         inverse = {v: k for k, v in JSON_KEYS.items()}
         kw["collectives"] = tuple({inverse.get(k, k): v for k, v in c.items()} for c in data.get("collectives", ()))

@@ -33,7 +33,7 @@ from meshsim.sim.outputs.step_report import OUTPUT_FILES
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
 from meshsim.sim.results.simulate import simulate_with_events
-from meshsim.sim.results.step_result import upgrade_result_dict
+from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.compare_page import fmt_value, write_page
 
 HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 1.0),
@@ -71,21 +71,27 @@ def _malformed(data: object) -> str | None:
     return None
 
 
-def load_results(path: str | Path) -> dict:
-    """A results.json written by `meshsim run` (or one configuration of a sweep record); malformed files
-    (not UTF-8, not JSON, missing or non-numeric figures) are UserErrors."""
+def load_results(path: str | Path) -> StepResult:
+    """A results.json written by `meshsim run` (or one configuration of a sweep record), as a StepResult
+    (old key names upgraded); malformed files (not UTF-8, not JSON, missing or non-numeric figures) are
+    UserErrors."""
     data = load_json(path, field="results", fix=RESULTS_FIX)
     data = data.get("result", data) if isinstance(data, dict) else data
     problem = _malformed(data)
     if problem:
         raise UserError("results", str(path), RESULTS_FIX, problem=problem)
-    return upgrade_result_dict(data)
+    try:
+        return StepResult.from_dict(data)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise UserError("results", str(path), RESULTS_FIX, problem=f"Not a results file ({err})") from None
 
 
-def config_rows(a: dict, b: dict) -> list[dict]:
-    """The configuration side by side, differing keys first: {name, a, b, differs}."""
-    rows = [{"name": k, "a": a.get(k, 1 if k == "pp" else None), "b": b.get(k, 1 if k == "pp" else None)}
-            for k in CONFIG_DIFF_KEYS if k in a or k in b or k == "pp"]
+def config_rows(a: StepResult, b: StepResult) -> list[dict]:
+    """The configuration side by side, differing keys first: {name, a, b, differs} (rows of the JSON and
+    HTML comparison)."""
+    ca, cb = a.config, b.config
+    rows = [{"name": k, "a": ca.get(k, 1 if k == "pp" else None), "b": cb.get(k, 1 if k == "pp" else None)}
+            for k in CONFIG_DIFF_KEYS if k in ca or k in cb or k == "pp"]
     for row in rows:
         row["differs"] = row["a"] != row["b"]
     return sorted(rows, key=lambda r: not r["differs"])
@@ -97,35 +103,37 @@ def _row(name: str, a: float | None, b: float | None) -> dict:
     return {"name": name, "a": a, "b": b, "delta": b - a, "delta_pct": 100 * (b - a) / a if a else None}
 
 
-def _per_gpu(d: dict) -> float:
-    return d["tokens_per_s"] / d["gpus"] if d.get("gpus") else 0.0
+def _per_gpu(r: StepResult) -> float:
+    gpus = r.config.get("gpus")
+    return r.tokens_per_s / gpus if gpus else 0.0
 
 
-def headline_rows(a: dict, b: dict) -> list[dict]:
-    def value(d: dict, key: str, scale: float) -> float | None:
-        return d[key] * scale if _number(d.get(key)) else None
+def headline_rows(a: StepResult, b: StepResult) -> list[dict]:
+    def value(r: StepResult, key: str, scale: float) -> float | None:
+        number = getattr(r, key)
+        return number * scale if _number(number) and (number or key not in OPTIONAL_HEADLINE) else None
 
     rows = [_row(name, value(a, key, scale), value(b, key, scale)) for name, key, scale in HEADLINE]
     rows.insert(2, _row("tokens/s per GPU", _per_gpu(a), _per_gpu(b)))
-    rows.append(_row("memory per GPU (GiB)", gb_to_gib(a["memory_gb"]["total"]), gb_to_gib(b["memory_gb"]["total"])))
+    rows.append(_row("memory per GPU (GiB)", gb_to_gib(a.memory_gb["total"]), gb_to_gib(b.memory_gb["total"])))
     return rows
 
 
-def category_rows(a: dict, b: dict) -> list[dict]:
+def category_rows(a: StepResult, b: StepResult) -> list[dict]:
     """Seconds: the step along the critical path (these rows add up to 'step'), then busy time per stream
     of rank 0 (these overlap) and how long its compute stream waits."""
-    sa, sb = a.get("critical_path_share", {}), b.get("critical_path_share", {})
+    sa, sb = a.critical_path_share, b.critical_path_share
     keys = [k for k in SHARES if k in sa or k in sb] + [k for k in {**sa, **sb} if k not in SHARES]
-    rows = [_row(f"critical path: {k}", sa.get(k, 0.0) * a["step_time_s"], sb.get(k, 0.0) * b["step_time_s"])
+    rows = [_row(f"critical path: {k}", sa.get(k, 0.0) * a.step_time_s, sb.get(k, 0.0) * b.step_time_s)
             for k in keys]
-    rows.append(_row("step", a["step_time_s"], b["step_time_s"]))
-    rows += [_row(f"busy: {k}", a["breakdown_s"].get(k, 0.0), b["breakdown_s"].get(k, 0.0)) for k in BUSY_ROWS]
+    rows.append(_row("step", a.step_time_s, b.step_time_s))
+    rows += [_row(f"busy: {k}", a.breakdown_s.get(k, 0.0), b.breakdown_s.get(k, 0.0)) for k in BUSY_ROWS]
     return rows
 
 
-def labels(a: dict, b: dict, path_a: Path, path_b: Path) -> tuple[str, str]:
+def labels(a: StepResult, b: StepResult, path_a: Path, path_b: Path) -> tuple[str, str]:
     """'A: name' / 'B: name'; the parent directory names are used when both results share a name."""
-    na, nb = a.get("scenario", "A"), b.get("scenario", "B")
+    na, nb = a.scenario or "A", b.scenario or "B"
     if na == nb:
         na, nb = f"{na} ({Path(path_a).parent.name or path_a})", f"{nb} ({Path(path_b).parent.name or path_b})"
     return f"A: {na}", f"B: {nb}"
@@ -164,29 +172,29 @@ def merge_traces(a: list[dict], b: list[dict], label_a: str, label_b: str) -> di
     return trace_document(merged)
 
 
-def resimulate_events(result: dict) -> list[dict]:
-    """Re-run the step a results dict describes (its source + config echo) -> its trace events.
+def resimulate_events(result: StepResult) -> list[dict]:
+    """Re-run the step a result describes (its source + config echo) -> its trace events.
 
     Raises UserError if the results do not say where their scenario came from, or if the replay's step
     time differs from the recorded one (the scenario file changed, or `run` had overrides not echoed)."""
-    source = result.get("source", "")
+    source, config = result.source, result.config
     if not source or not isinstance(source, str):
-        raise UserError("results", result.get("scenario", "?"), "run `meshsim run --out DIR` to write trace.json",
+        raise UserError("results", result.scenario or "?", "run `meshsim run --out DIR` to write trace.json",
                         problem="No trace.json beside it and no scenario source to re-simulate")
 
     name = source.removeprefix(BUILTIN_PREFIX)
     scenario, src = load_scenario(name)
-    overrides = {f"parallel.{k}": result[k] for k in REPLAY_KEYS if k in result}
-    overrides.update({"parallel.dp": "auto", "parallel.gpus": result["gpus"]} if "gpus" in result else {})
+    overrides = {f"parallel.{k}": config[k] for k in REPLAY_KEYS if k in config}
+    overrides.update({"parallel.dp": "auto", "parallel.gpus": config["gpus"]} if "gpus" in config else {})
     replay, log, _ = simulate_with_events(resolve(with_overrides(scenario, overrides, src), src))
-    if abs(replay.step_time_s - result["step_time_s"]) > 1e-9 * max(1.0, result["step_time_s"]):
+    if abs(replay.step_time_s - result.step_time_s) > 1e-9 * max(1.0, result.step_time_s):
         raise UserError("results", source, "re-run `meshsim run --out DIR` so that trace.json is written",
                         problem=f"Re-simulating gives step time {replay.step_time_s:.6f} s, not the recorded "
-                                f"{result['step_time_s']:.6f} s")
+                                f"{result.step_time_s:.6f} s")
     return trace_events(log.events, replay.critical_path, result=replay)
 
 
-def timeline_events(result: dict, results_path: Path) -> list[dict]:
+def timeline_events(result: StepResult, results_path: Path) -> list[dict]:
     """trace.json beside the results if present, else a re-simulation."""
     trace = Path(results_path).parent / OUTPUT_FILES["trace"]
     if trace.is_file():
@@ -202,7 +210,7 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
     label_a, label_b = labels(a, b, Path(path_a), Path(path_b))
     comparison = {"labels": [label_a, label_b], "files": [str(path_a), str(path_b)], "config": config_rows(a, b),
                   "headline": headline_rows(a, b), "categories": category_rows(a, b),
-                  "fits": [a["memory_gb"].get("fits"), b["memory_gb"].get("fits")], "trace": None, "note": ""}
+                  "fits": [a.fits, b.fits], "trace": None, "note": ""}
     if out_dir is None:
         return comparison
     out = Path(out_dir)
