@@ -211,7 +211,7 @@ def pp_enables_sentence(records: list[SweepRecord], best: SweepRecord, axes: lis
     if not same_tp or fits(same_tp[0]):
         return None
     mem = _memory(same_tp[0])
-    text = (f"Without PP, tp={best.point.tp} needs {fmt_gb(mem['total'])} of {fmt_gb(mem['capacity'])} GB "
+    text = (f"Without PP, tp={best.point.tp} needs {fmt_gb(mem['total'])} of {fmt_gb(mem['capacity'])} GiB "
             f"per GPU; pp={best.point.pp} is what makes it fit")
     flat = [r for r in records if fits(r) and r.point.pp == 1]
     if flat:
