@@ -252,3 +252,21 @@ def test_sweep_over_pp_skips_invalid_combinations_and_explains_the_bubble():
     assert "must divide model.layers" in skipped.reason
     text = " ".join(explain(records))
     assert "pipeline bubble" in text and "P2P" in text and "pp=2 is what makes it fit" in text
+
+
+def test_the_work_limit_counts_the_layers_of_one_stage():
+    """A simulated rank runs its stage's layers: GPT-3 175B with pp 8 (12 layers per stage) and 96
+    micro-batches is 1,152 layer passes, accepted; 840 micro-batches (10,080) are refused, naming 12 x 840."""
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+    from meshsim.sim.core.errors import UserError
+
+    scenario, source = load_scenario("gpt3-175b-a100-pp8")
+    big = {"topology.nodes": 128, "parallel.vp": 12, "parallel.global_batch": 1536}
+    rs = resolve(with_overrides(scenario, big, source), source)
+    assert (rs.dp, rs.micro_batches, rs.pp, rs.vp) == (16, 96, 8, 12)
+    with pytest.raises(UserError, match=r"\(12 x 840\) is 10,080"):
+        resolve(with_overrides(scenario, {**big, "parallel.global_batch": 16 * 840}, source), source)
+    # uneven split: the fullest stage counts (first 18, last 18, six middle stages of 10 layers)
+    uneven = {"parallel.vp": 1, "parallel.first_stage_layers": 18, "parallel.last_stage_layers": 18}
+    with pytest.raises(UserError, match=r"\(18 x 768\)"):
+        resolve(with_overrides(scenario, {**uneven, "parallel.global_batch": 2 * 768}, source), source)

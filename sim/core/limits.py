@@ -5,7 +5,7 @@ The table in README.md ("Limits") and docs/scenarios.md ("Limits") lists the sam
 in step. Where a number comes from a measurement it is stated beside it (2-core CPU, Python 3.11):
 - 16,384 GPUs (2,048 eight-GPU nodes): llama2-70b on 2,048 DGX H100 nodes simulates in ~20 s; the cost
   of a DP collective grows with the number of concurrent groups it is costed against.
-- 10,000 layer passes (layers x simulated micro-batches) per simulated rank: the builder emits at most
+- 10,000 layer passes (layers of one pipeline stage x simulated micro-batches) per simulated rank: the builder emits at most
   ~110 ops per layer pass (TP overlap chunks, full recompute), so at most ~1.1 M ops; the engine runs
   ~30 us per op (340 k ops in ~11 s), i.e. under a minute and ~1 GB.
 The library's largest scenario (gpt3-175b-a100-16node) uses 1,536 layer passes and 128 GPUs.
@@ -53,11 +53,13 @@ def check_finite(field: str, value: float, fix: str, *, source: str | None = Non
 def check_work(layers: int, micro_batches: int, simulated_micro_batches: int | None = None, *,
                source: str | None = None) -> None:
     """The limits on a step's size: micro-batches per step, and layer passes per simulated rank
-    (layers x the micro-batches the engine actually simulates; default: all of them)."""
+    (`layers` = the layers one simulated rank runs per micro-batch: all of them, or its pipeline stage's
+    (scenarios/pipeline_split.py) x the micro-batches the engine actually simulates; default: all)."""
     check_at_most("parallel.global_batch", micro_batches, MAX_MICRO_BATCHES,
                   "use a smaller global_batch or a larger micro_batch", source=source,
                   what="micro-batches per step (global_batch / (micro_batch x dp))")
     simulated = micro_batches if simulated_micro_batches is None else simulated_micro_batches
-    check_at_most("model.layers", layers, MAX_LAYER_PASSES, "use fewer layers or fewer micro-batches per step",
-                  source=source, what=f"layers x simulated micro-batches ({layers} x {simulated})",
+    check_at_most("model.layers", layers, MAX_LAYER_PASSES, "use fewer layers (per pipeline stage) or fewer "
+                  "micro-batches per step", source=source,
+                  what=f"layers per simulated rank x simulated micro-batches ({layers} x {simulated})",
                   amount=layers * simulated)

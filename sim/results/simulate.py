@@ -44,10 +44,9 @@ from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results import steady_state
-from meshsim.sim.results.breakdown import breakdown
+from meshsim.sim.results.breakdown import breakdown, pipeline_breakdown
 from meshsim.sim.results.critical_path import critical_path
 from meshsim.sim.results.step_result import StepResult, assemble, build_result, rows_by_event
-from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 
@@ -198,12 +197,6 @@ def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tup
                       issue_s=[host_issue_times(rs, s) for s in schedules], stage_of=rs.stage_of, p2p=P2PCoster(rs))
 
 
-def _engine_run(rs: ResolvedScenario, schedule: Schedule, explicit_ranks: bool, coster: CollectiveCoster,
-                compute: engine.ComputeFn) -> engine.EventLog:
-    return engine.run(schedule, simulated_ranks(rs, explicit_ranks), compute, coster, rs.group,
-                      comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedule))
-
-
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
                          ) -> tuple[StepResult, engine.EventLog, Schedule]:
     """The step result, its event log and stage 0's schedule (the others: build_stage_schedules(rs))."""
@@ -219,40 +212,62 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
 
 
 def steady_plan(rs: ResolvedScenario) -> steady_state.Plan:
-    """Micro-batches of warm-up, drain and period of this scenario's schedule (sim/results/steady_state.py)."""
-    return steady_state.Plan()
+    """Micro-batches of warm-up (lead), drain (tail) and period (unit) of this scenario's schedule
+    (sim/results/steady_state.py).
+
+    Without PP: micro-batch 0 opens the step and the last one overlaps the gradient reduction.
+    Pipelines: the period is one micro-batch for plain 1F1B and one group of N micro-batches for the
+    interleaved schedule (each stage runs E = v N forward entries, and as many backward ones, per period;
+    E = 1 for 1F1B). Stage 0 runs w = p - 1 (interleaved: 2 (p - 1) + (v - 1) N) warm-up forwards, and
+    afterwards pairs forward entry k with backward entry k - w, so a period is steady once the backwards
+    it is paired with are past the first period: g = ceil(w / E) periods of drain (the cool-down's w
+    backwards) and g + 1 periods of lead. 1F1B: lead p, tail p - 1."""
+    if rs.pp == 1:
+        return steady_state.Plan()
+    n = (rs.scenario.parallel.microbatch_group_size or rs.pp) if rs.vp > 1 else 1
+    warmup = rs.pp - 1 if rs.vp == 1 else 2 * (rs.pp - 1) + (rs.vp - 1) * n
+    periods = -(-warmup // (rs.vp * n))
+    return steady_state.Plan(lead=(periods + 1) * n, tail=periods * n, unit=n)
+
+
+def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, coster: CollectiveCoster
+               ) -> steady_state.Run:
+    """The step shortened to `micro_batches`, simulated whole (one of the two runs of simulate_steady)."""
+    short = replace(rs, micro_batches=micro_batches)
+    schedules = build_stage_schedules(short)
+    log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster)
+    rep = log.of_rank(log.ranks[0])
+    path = critical_path(schedules if rs.pp > 1 else schedules[0], log)
+    split = pipeline_breakdown(rep, log.step_time_s) if rs.pp > 1 else breakdown(rep, log.step_time_s)
+    counts = Counter({(s.stage, *key): c for s in schedules for key, c in collective_counts(s).items()})
+    return steady_state.Run(schedules, log, path, split, counts)
 
 
 def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force: bool = False
                     ) -> StepResult | None:
     """The step extrapolated from two short runs (sim/results/steady_state.py); None when the step is too short
-    to gain from it (unless `force`, which only needs one more micro-batch than the runs) or a
-    periodicity check fails."""
-    if rs.pp > 1:  # pipelines are simulated whole (no steady_plan for them yet)
-        return None
+    to gain from it (unless `force`, which only needs one more period than the runs) or a periodicity
+    check fails."""
     plan = steady_plan(rs)
     runs = plan.runs(rs.micro_batches, force)
     if runs is None:
         return None
-    coster, compute = CollectiveCoster(rs), compute_fn(rs)
-    parts = []
-    for n in runs:
-        sched = build_schedule(replace(rs, micro_batches=n))
-        log = _engine_run(rs, sched, explicit_ranks, coster, compute)
-        rep = log.of_rank(log.ranks[0])
-        parts.append((sched, log, critical_path(sched, log), breakdown(rep, log.step_time_s),
-                      collective_counts(sched)))
-    (sa, la, pa, ba, ca), (sb, lb, pb, bb, cb) = parts
-    ex = steady_state.extrapolate(sa, la, pa, sb, lb, pb, plan, rs.micro_batches, (ba, bb), (ca, cb))
+    coster = CollectiveCoster(rs)
+    run_a, run_b = (_short_run(rs, n, explicit_ranks, coster) for n in runs)
+    ex = steady_state.extrapolate(run_a, run_b, plan, rs.micro_batches, rs.stage_of)
     if ex is None:
         return None
-    rows = coster.rows(ex.collective_counts)
-    return assemble(rs, ex.step_s, [e for e in ex.events if e.rank == lb.ranks[0]], ex.breakdown_s, ex.path,
-                    memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
-                    collectives=rows, explicit_ranks=explicit_ranks,
-                    simulated_ranks=len(lb.ranks), ops_per_rank=ex.ops_per_rank, events=ex.events,
-                    steady_state=ex.state.to_dict(), hardware_flops=hardware_flops_per_step(rs),
-                    op_collectives=rows_by_event([sb], rows, lb.ranks, rs.gpus), rank_groups=rank_groups(rs, sb, lb.ranks))
+    collectives = [row for stage in range(rs.pp) for row in coster.rows(
+        Counter({key[1:]: c for key, c in ex.collective_counts.items() if key[0] == stage}),
+        stage * rs.stage_size)]
+    ranks = run_b.log.ranks
+    return assemble(rs, ex.step_s, [e for e in ex.events if e.rank == ranks[0]], ex.breakdown_s, ex.path,
+                    memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs), collectives=collectives,
+                    explicit_ranks=explicit_ranks, simulated_ranks=len(ranks),
+                    ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state.to_dict(),
+                    hardware_flops=hardware_flops_per_step(rs),
+                    op_collectives=rows_by_event(run_b.schedules, collectives, ranks, rs.stage_size),
+                    rank_groups={k: v for s in run_b.schedules for k, v in rank_groups(rs, s, ranks).items()})
 
 
 def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False) -> StepResult:

@@ -29,7 +29,7 @@ inserted period shifted by n T, with the gap summarised (`SteadyState`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshsim.sim.engine.events import Event, EventLog
@@ -78,6 +78,18 @@ class SteadyState:
 
 
 @dataclass(frozen=True)
+class Run:
+    """One short simulation: its schedules (one per pipeline stage), events, critical path, the
+    representative rank's breakdown and the collective counts (per stage, summed)."""
+
+    schedules: tuple[Schedule, ...]
+    log: EventLog
+    path: list[Segment]
+    breakdown_s: Mapping[str, float]
+    counts: Counter
+
+
+@dataclass(frozen=True)
 class Extrapolated:
     step_s: float
     breakdown_s: dict[str, float]
@@ -98,30 +110,54 @@ def op_keys(schedule: Schedule) -> dict[int, tuple[int | None, int]]:
     return keys
 
 
-class _Mapping:
-    """Maps run A's ops onto run B's (micro-batch i >= split -> i + unit) and B's onto its own next period."""
+class _Mismatch(Exception):
+    """An op of one run has no counterpart in the other (the schedules are not one period apart)."""
 
-    def __init__(self, sched_a: Schedule, sched_b: Schedule, plan: Plan):
-        self.keys_a = op_keys(sched_a)
-        keys_b = op_keys(sched_b)
-        self.keys_b = keys_b
-        self.id_b = {key: op_id for op_id, key in keys_b.items()}
+
+class _Mapping:
+    """Maps run A's ops onto run B's (micro-batch i >= split -> i + unit) and B's onto its own next period,
+    per pipeline stage (each simulated rank runs its stage's schedule; `stage_of(rank)`)."""
+
+    def __init__(self, scheds_a: Sequence[Schedule], scheds_b: Sequence[Schedule], plan: Plan,
+                 stage_of: Callable[[int], int]):
+        self.keys_a = [op_keys(s) for s in scheds_a]
+        self.keys_b = [op_keys(s) for s in scheds_b]
+        self.id_b = [{key: op_id for op_id, key in keys.items()} for keys in self.keys_b]
+        self.stage_of = stage_of if len(scheds_a) > 1 else (lambda rank: 0)
         self.split, self.unit, self.lead = plan.split(), plan.unit, plan.lead
 
-    def a_to_b(self, op_id: int) -> tuple[int, bool | None]:
-        """(B's op id, late?) for A's op; late is None for ops of no micro-batch (either is allowed)."""
-        mb, k = self.keys_a[op_id]
-        if mb is None:
-            return self.id_b[(None, k)], None
-        late = mb >= self.split
-        return self.id_b[(mb + self.unit if late else mb, k)], late
+    def _b(self, stage: int, key: tuple[int | None, int]) -> int:
+        op_id = self.id_b[stage].get(key)
+        if op_id is None:
+            raise _Mismatch(key)
+        return op_id
 
-    def next_period(self, op_id: int) -> int | None:
+    def a_to_b(self, rank: int, op_id: int) -> tuple[int, bool | None]:
+        """(B's op id, late?) for A's op; late is None for ops of no micro-batch (either is allowed)."""
+        stage = self.stage_of(rank)
+        mb, k = self.keys_a[stage][op_id]
+        if mb is None:
+            return self._b(stage, (None, k)), None
+        late = mb >= self.split
+        return self._b(stage, (mb + self.unit if late else mb, k)), late
+
+    def images(self, rank: int, op_id: int) -> set[int]:
+        """B's ops that the event checks show at A's op's times (or one period later): the same op, its
+        a_to_b image, and, from the lead on, the op one period later (a pipeline round pairs micro-batches
+        w apart, so a critical path crosses periods between a micro-batch's forward and backward)."""
+        stage = self.stage_of(rank)
+        mb, k = self.keys_a[stage][op_id]
+        ids = self.id_b[stage]
+        keys = [(mb, k)] + ([(mb + self.unit, k)] if mb is not None and mb >= self.lead else [])
+        return {ids[key] for key in keys if key in ids} | {self.a_to_b(rank, op_id)[0]}
+
+    def next_period(self, rank: int, op_id: int) -> int | None:
         """B's op one period later, for ops of the doubly simulated periods (lead <= mb < split)."""
-        mb, k = self.keys_b[op_id]
+        stage = self.stage_of(rank)
+        mb, k = self.keys_b[stage][op_id]
         if mb is None or not self.lead <= mb < self.split:
             return None
-        return self.id_b[(mb + self.unit, k)]
+        return self._b(stage, (mb + self.unit, k))
 
 
 def _same(a: Event, b: Event, shift_s: float, tol_s: float) -> bool:
@@ -135,8 +171,10 @@ def late_ops(log_a: EventLog, log_b: EventLog, m: _Mapping, period_s: float, tol
     by_b = {(e.rank, e.op_id): e for e in log_b.events}
     late: set[tuple[int, int]] = set()
     for ea in log_a.events:
-        op_b, is_late = m.a_to_b(ea.op_id)
-        eb = by_b[(ea.rank, op_b)]
+        op_b, is_late = m.a_to_b(ea.rank, ea.op_id)
+        eb = by_b.get((ea.rank, op_b))
+        if eb is None:
+            return None
         if is_late is None:
             is_late = _same(ea, eb, period_s, tol_s) and not _same(ea, eb, 0.0, tol_s)
         if not _same(ea, eb, period_s if is_late else 0.0, tol_s):
@@ -144,18 +182,21 @@ def late_ops(log_a: EventLog, log_b: EventLog, m: _Mapping, period_s: float, tol
         if is_late:
             late.add((ea.rank, op_b))
     for eb in log_b.events:  # the periods B simulates twice repeat with period T
-        nxt = m.next_period(eb.op_id)
-        if nxt is not None and not _same(eb, by_b[(eb.rank, nxt)], period_s, tol_s):
+        nxt = m.next_period(eb.rank, eb.op_id)
+        if nxt is not None and ((eb.rank, nxt) not in by_b or not _same(eb, by_b[(eb.rank, nxt)], period_s, tol_s)):
             return None
     return late
 
 
 def _seg_same(sa: Segment, sb: Segment, m: _Mapping, shift_us: float, tol_us: float) -> bool:
-    """Same op (or wait), category and times. The rank is not compared: with explicit ranks the path may
-    pass through any of the symmetric copies of an op that finish together, a tie broken by round-off."""
+    """Same op (one of its images, or a wait), category, stage and times. The rank itself is not compared:
+    with explicit ranks the path may pass through any of the symmetric copies of an op that finish together,
+    a tie broken by round-off."""
     if sa.category != sb.category:
         return False
-    if (sa.op_id is None) != (sb.op_id is None) or (sa.op_id is not None and m.a_to_b(sa.op_id)[0] != sb.op_id):
+    if m.stage_of(sa.rank) != m.stage_of(sb.rank) or (sa.op_id is None) != (sb.op_id is None):
+        return False
+    if sa.op_id is not None and sb.op_id not in m.images(sa.rank, sa.op_id):
         return False
     return abs(sb.start_us - sa.start_us - shift_us) <= tol_us and abs(sb.dur_us - sa.dur_us) <= tol_us
 
@@ -179,18 +220,26 @@ def _shifted(seg: Segment, dt_s: float, count: int = 1) -> Segment:
     return Segment(seg.name, seg.category, seg.rank, seg.start_us + dt_s * 1e6, seg.dur_us, seg.op_id, count)
 
 
-def extrapolate(sched_a: Schedule, log_a: EventLog, path_a: Sequence[Segment], sched_b: Schedule,
-                log_b: EventLog, path_b: Sequence[Segment], plan: Plan, micro_batches: int,
-                breakdown: tuple[Mapping[str, float], Mapping[str, float]],
-                counts: tuple[Counter, Counter]) -> Extrapolated | None:
-    """The step of `micro_batches` from runs A and B (module docstring), or None if a check fails."""
-    n_b = sched_b.micro_batches
+def extrapolate(run_a: Run, run_b: Run, plan: Plan, micro_batches: int,
+                stage_of: Callable[[int], int] = lambda rank: 0) -> Extrapolated | None:
+    """The step of `micro_batches` from runs A and B (module docstring), or None if a check fails.
+    `stage_of(rank)` picks a simulated rank's schedule among the runs' per-stage schedules."""
+    try:
+        return _extrapolate(run_a, run_b, plan, micro_batches, stage_of)
+    except _Mismatch:
+        return None
+
+
+def _extrapolate(run_a: Run, run_b: Run, plan: Plan, micro_batches: int,
+                 stage_of: Callable[[int], int]) -> Extrapolated | None:
+    log_a, path_a, log_b, path_b = run_a.log, run_a.path, run_b.log, run_b.path
+    n_b = run_b.schedules[0].micro_batches
     period_s = log_b.step_time_s - log_a.step_time_s
     tol_s = REL_TOL * log_b.step_time_s
     n = (micro_batches - n_b) // plan.unit
     if period_s <= tol_s or (micro_batches - n_b) % plan.unit or len(log_a.ranks) != len(log_b.ranks):
         return None
-    m = _Mapping(sched_a, sched_b, plan)
+    m = _Mapping(run_a.schedules, run_b.schedules, plan, stage_of)
     late = late_ops(log_a, log_b, m, period_s, tol_s)
     cut = period_of_path(path_a, path_b, m, period_s, tol_s) if late is not None else None
     if cut is None:
@@ -204,12 +253,12 @@ def extrapolate(sched_a: Schedule, log_a: EventLog, path_a: Sequence[Segment], s
     events = tuple(e._replace(start_s=e.start_s + shift_s, end_s=e.end_s + shift_s)
                    if (e.rank, e.op_id) in late else e for e in log_b.events)
     gap_s = min((e.start_s for e in log_b.events if (e.rank, e.op_id) in late), default=log_b.step_time_s)
-    bd_a, bd_b = breakdown
-    ca, cb = counts
+    ca, cb = run_a.counts, run_b.counts
     return Extrapolated(
-        step_s=step_s, breakdown_s=linear(bd_a, bd_b, n), path=path, events=events,
+        step_s=step_s, breakdown_s=linear(run_a.breakdown_s, run_b.breakdown_s, n), path=path, events=events,
         collective_counts=Counter({k: cb[k] + n * (cb[k] - ca.get(k, 0)) for k in cb}),
-        ops_per_rank=len(sched_b.ops) + n * (len(sched_b.ops) - len(sched_a.ops)),
+        ops_per_rank=max(len(sb.ops) + n * (len(sb.ops) - len(sa.ops))
+                         for sa, sb in zip(run_a.schedules, run_b.schedules, strict=True)),
         state=SteadyState(micro_batches, n_b, plan.unit, period_s, n, gap_s))
 
 

@@ -1,0 +1,46 @@
+"""How many transformer layers each virtual pipeline stage holds (Megatron's split), one definition for the
+load-time limits (scenarios/load.py) and the schedule (sim/schedule/pipeline_layout.py).
+
+Virtual stage q = c p + r is chunk c of stage r (p stages, v chunks per stage).
+- Even split: layers / (p v) per virtual stage.
+- account_for_embedding_in_split / account_for_loss_in_split (Megatron --account-for-embedding-in-
+  pipeline-split / --account-for-loss-in-pipeline-split): the embedding (loss) counts as one layer, so
+  (layers + 1 [+ 1]) / (p v) units per virtual stage, and the first (last) virtual stage holds one
+  transformer layer fewer.
+- Uneven first/last stage (v = 1; Megatron --decoder-first/last-pipeline-num-layers): first_stage_layers
+  on stage 0, last_stage_layers on stage p - 1, the rest split evenly over the others.
+The rules that make these splits exact are checked at load (scenarios/checks.py).
+"""
+
+from __future__ import annotations
+
+from meshsim.scenarios.schema import ParallelConfig
+
+
+def virtual_stage_layers(parallel: ParallelConfig, layers: int) -> list[int]:
+    """Transformer layers per virtual stage, in virtual-stage order."""
+    p, v = parallel.pp, parallel.vp
+    first, last = parallel.first_stage_layers, parallel.last_stage_layers
+    if first is not None or last is not None:
+        middle = p - (first is not None) - (last is not None)
+        each = (layers - (first or 0) - (last or 0)) // middle if middle else 0
+        counts = [each] * p
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+        return counts
+    emb, loss = int(parallel.account_for_embedding_in_split), int(parallel.account_for_loss_in_split)
+    units = (layers + emb + loss) // (p * v)
+    counts = [units] * (p * v)
+    counts[0] -= emb
+    counts[-1] -= loss
+    return counts
+
+
+def most_stage_layers(parallel: ParallelConfig, layers: int) -> int:
+    """The layers of the fullest pipeline stage (its v chunks together): what one simulated rank runs per
+    micro-batch (all layers without PP)."""
+    counts = virtual_stage_layers(parallel, layers)
+    p = parallel.pp
+    return max(sum(counts[r::p]) for r in range(p))
