@@ -45,7 +45,10 @@ def _variant(name: str, parallel: dict, topology: dict, out: Path) -> str:
 def cases(tmp: Path) -> dict[str, str]:
     out = {"default": DEFAULT_SCENARIO,
            "gpt3-gb1536-overlap": _variant("gpt3-175b-a100-16node",
-                                           {"global_batch": 1536, "tp_comm_overlap": True}, {}, tmp)}
+                                           {"global_batch": 1536, "tp_comm_overlap": True}, {}, tmp),
+           # issue 9 item 10: GPT-3 175B-class step, tp 8, pp 8, v 12 (one layer per chunk), 1,024 A100
+           "gpt3-pp8-v12-1024gpu": _variant("gpt3-175b-a100-pp8", {"vp": 12, "global_batch": 1536},
+                                            {"nodes": 128}, tmp)}
     for gpus in LLAMA_GPUS:
         out[f"llama70b-{gpus}"] = _variant(DEFAULT_SCENARIO, {"global_batch": 8 * gpus // 8},
                                            {"nodes": gpus // 8}, tmp)

@@ -27,7 +27,7 @@ from meshsim.sim.engine import events as engine
 from meshsim.sim.outputs.step_report import write_results_json
 from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
-from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, scenario_groups, simulated_ranks
+from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulated_ranks
 from meshsim.sim.results.step_result import build_result
 
 MICRO_BATCHES = 8
@@ -71,7 +71,7 @@ def one_step(nodes: int, layers: int | None = None, out_dir: Path | None = None,
     t["build"] = time.perf_counter()
     coster, compute = CollectiveCoster(rs), compute_fn(rs)
     timed_coll, timed_comp = Timed(coster), Timed(compute)
-    log = engine.run(schedule, simulated_ranks(rs, False), timed_comp, timed_coll, scenario_groups(rs))
+    log = engine.run(schedule, simulated_ranks(rs, False), timed_comp, timed_coll, rs.group)
     t["engine"] = time.perf_counter()
     result = build_result(rs, schedule, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=coster.chosen(schedule))
