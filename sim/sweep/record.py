@@ -9,8 +9,9 @@ carries RECORD_VERSION so a future layout can tell old lines apart.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from meshsim.scenarios.load import resolve, with_overrides
@@ -30,6 +31,7 @@ class SweepRecord:
     status: Literal["ok", "skipped"]
     result: StepResult | None = None  # when ok
     reason: str = ""  # when skipped
+    elapsed_s: float = field(default=0.0, compare=False)  # wall time of its simulation, in its worker
 
     @property
     def ok(self) -> bool:
@@ -50,7 +52,8 @@ class SweepRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": RECORD_VERSION, "key": self.key, "config": asdict(self.point),
-                               "scenario_digest": self.scenario_digest, "status": self.status}
+                               "scenario_digest": self.scenario_digest, "status": self.status,
+                               "elapsed_s": self.elapsed_s}
         if self.ok:
             result = self.result.to_dict()
             del result["critical_path"]
@@ -65,9 +68,12 @@ class SweepRecord:
         point = SweepPoint(**data["config"])
         if point.key != data["key"] or data["status"] not in ("ok", "skipped"):
             raise ValueError(f"not a sweep record: key {data['key']!r}, status {data['status']!r}")
+        elapsed_s = float(data.get("elapsed_s", 0.0))
         if data["status"] == "skipped":
-            return cls.skipped(point, data["scenario_digest"], str(data["reason"]))
-        return cls(point.key, point, data["scenario_digest"], "ok", StepResult.from_dict(data["result"]))
+            return cls(point.key, point, data["scenario_digest"], "skipped", reason=str(data["reason"]),
+                       elapsed_s=elapsed_s)
+        return cls(point.key, point, data["scenario_digest"], "ok", StepResult.from_dict(data["result"]),
+                   elapsed_s=elapsed_s)
 
 
 def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> SweepRecord:
@@ -77,9 +83,11 @@ def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> Swe
     ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and `meshsim run`
     on the configuration writes the full path. Results only: no trace, no timeline, the steady state
     extrapolated (sim/results/steady_state.py), the garbage collector off while it simulates."""
+    start_s = time.perf_counter()
     try:
         rs = resolve(with_overrides(scenario, point.overrides(), source), source)
         with gc_frozen():
-            return SweepRecord.ran(point, digest, simulate(rs))
+            record = SweepRecord.ran(point, digest, simulate(rs))
     except UserError as err:
-        return SweepRecord.skipped(point, digest, skip_reason(err))
+        record = SweepRecord.skipped(point, digest, skip_reason(err))
+    return dataclasses.replace(record, elapsed_s=time.perf_counter() - start_s)
