@@ -129,20 +129,27 @@ class ModelDims:
     dp: int
     sp: bool
     recompute: str
+    pp: int = 1  # pipeline stages
+    micro_batches: int = 1  # per DP rank and step (> 1 only with pp > 1: the pipeline's m)
 
     @classmethod
     def from_scenario(cls, s: Scenario, dp: int | None = None) -> ModelDims:
         m, p = s.model, s.parallel
         dp = dp if dp is not None else (p.dp if isinstance(p.dp, int) else 1)
+        micro_batches = p.global_batch // (p.micro_batch * dp) if p.pp > 1 else 1
         return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn, m.mlp,
                    has_linear_bias(m), norm_has_bias(m), m.seq_len,
-                   m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute)
+                   m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute, p.pp, micro_batches)
 
     @property
     def batch(self) -> int:
-        """Sequences in one step over all DP ranks (one micro-batch each)."""
-        return self.micro_batch * self.dp
+        """Sequences in one step over all DP ranks (micro_batches micro-batches each)."""
+        return self.micro_batch * self.micro_batches * self.dp
 
+    def columns(self, dp_rank: int, micro_batch: int = 0) -> slice:
+        """validate's batch columns of one DP rank's micro-batch: DP rank-major, then micro-batch."""
+        first = (dp_rank * self.micro_batches + micro_batch) * self.micro_batch
+        return slice(first, first + self.micro_batch)
 
     def per_rank(self, s: Scenario, tp: int | None = None) -> LayerDims:
         """One TP rank's share (LayerDims): heads, KV heads (replicated when kv_heads < tp), FFN width and the

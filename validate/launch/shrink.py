@@ -1,12 +1,14 @@
 """Shrink a scenario so the real TP/SP step runs on a CPU in seconds, keeping its parallel structure.
 
 The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkRule` r:
-- layout: tp' = gcd(tp, nproc) (so tp' divides nproc), dp' = nproc / tp', pp = 1, gpus = nproc;
+- layout: pp' = gcd(pp, nproc), tp' = gcd(tp, nproc / pp'), dp' = nproc / (tp' pp'), gpus = nproc;
+  with pp' > 1 the pipeline fields follow shrink_pipeline (layers a multiple of pp' vp', m' = 2 pp');
 - heads' = 2 tp' (two query heads per rank); KV heads keep the scenario's relation to tp:
   multi-head -> kv' = heads'; kv_heads >= tp -> kv' = tp' (one KV head per rank);
   kv_heads < tp -> kv' = max(1, tp' kv / tp) (each KV head replicated on the same fraction of ranks);
 - hidden' = heads' x r.head_dim, ffn' = 2 hidden', seq' = r.seq_per_rank x tp', vocab' = r.vocab_per_rank x tp',
-  layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp' (one micro-batch per step);
+  layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp' (one micro-batch per step;
+  pipelines: m' micro-batches);
 - dropout off (numerics compare deterministic math), tp_comm_overlap off and distributed_optimizer off
   (the real model issues neither); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
   (topology.nodes grows when the topology has fewer than nproc GPUs).
@@ -80,18 +82,35 @@ def _nodes_for(scenario: Scenario, source: str, nproc: int) -> int:
     return math.ceil(nproc / topo.gpus_per_node)
 
 
+def shrink_pipeline(pp: int, vp: int, overlap: bool, nproc: int, layers: int) -> dict:
+    """Pipeline fields of the shrunk scenario: pp' = gcd(pp, nproc); vp kept when pp' > 1; layers' the
+    rule's count rounded up to a multiple of pp' vp' (one or more per virtual stage); m' = 2 pp'
+    micro-batches (past the warm-up, a multiple of N = pp'); interleaving on two stages without P2P
+    overlap (Megatron's rule); uneven and accounted splits dropped."""
+    pp_new = math.gcd(pp, nproc)
+    vp_new = vp if pp_new > 1 else 1
+    chunks = pp_new * vp_new
+    return dict(pp=pp_new, vp=vp_new, layers=-(-layers // chunks) * chunks, micro_batches=2 * pp_new if pp_new > 1 else 1,
+                p2p_overlap=overlap and not (vp_new > 1 and pp_new <= 2), microbatch_group_size=None,
+                first_stage_layers=None, last_stage_layers=None, account_for_embedding_in_split=False,
+                account_for_loss_in_split=False)
+
+
 def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: str = "") -> Scenario:
     """The shrunk scenario for `nproc` processes (module docstring)."""
     m, p = scenario.model, scenario.parallel
-    tp, dp = shrink_layout(p.tp, nproc)
+    pipe = shrink_pipeline(p.pp, p.vp, p.p2p_overlap, nproc, rule.layers)
+    layers, micro_batches = pipe.pop("layers"), pipe.pop("micro_batches")
+    tp, dp = shrink_layout(p.tp, nproc // pipe["pp"])
     heads, kv = shrink_heads(m.heads, m.num_kv_heads, p.tp, tp)
     hidden = heads * rule.head_dim
     model = m.model_copy(update=dict(
-        layers=rule.layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv,
+        layers=layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv,
         ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False))
     parallel = p.model_copy(update=dict(
-        tp=tp, dp=dp, pp=1, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch,
-        global_batch=rule.micro_batch * dp, tp_comm_overlap=False, distributed_optimizer=False))
+        tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch,
+        global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=False,
+        **pipe))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
     return scenario.model_copy(update=dict(
         name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))

@@ -7,27 +7,41 @@ parameter shard's gradient equal the reference's. A mismatch names the tensor, t
 
 Variant specs join modifiers with "+": tp | sp, gelu | swiglu, mha | gqa (kv = tp/2, so KV heads are
 replicated when tp > 1), none | selective | full (recompute), tied, dp1 | dp2 (tp = nproc or nproc/2;
-default: the scenario's tp, shrunk), and the negative controls swap_fg (entry and exit boundaries
-replaced by their conjugates) and no_ln_allreduce (SP without the norm-gradient all-reduce).
+default: the scenario's tp, shrunk; with a pipeline, tp = nproc / pp or nproc / 2pp), pipelines pp2 | pp4
+(1F1B), vp2 (interleaved), nooverlap (P2P not overlapped), and the negative controls swap_fg (entry and
+exit boundaries replaced by their conjugates), no_ln_allreduce (SP without the norm-gradient all-reduce),
+swap_p2p (each P2P batch issued in reverse order) and drop_mb_grad (the last micro-batch's weight
+gradients discarded); the pipeline faults need a pipeline. A pipeline variant runs each stage's chunks in
+the simulator's order (validate/stack/pipeline.py) and compares every rank's P2P calls with its stage
+schedule's, op by op.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 
 from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules, pipeline_shape
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import NUMERICS, shrink, with_changes
-from meshsim.validate.numerics.opcount import compare_records, schedule_records
+from meshsim.validate.numerics.opcount import (
+    compare_p2p,
+    compare_records,
+    schedule_p2p_records,
+    schedule_records,
+)
 from meshsim.validate.numerics.tolerances import TOLERANCES
 from meshsim.validate.numerics.worker import run_variants
 
-FAULTS = ("swap_fg", "no_ln_allreduce")
+FAULTS = ("swap_fg", "no_ln_allreduce", "swap_p2p", "drop_mb_grad")
+PIPELINE_FAULTS = ("swap_p2p", "drop_mb_grad")  # validate/stack/pipeline.py; need a pp token
 LAYOUTS = ("dp1", "dp2")
+PIPELINES = {"pp2": {"pp": 2}, "pp4": {"pp": 4}, "vp2": {"vp": 2}, "nooverlap": {"p2p_overlap": False}}
 MATRIX = (("tp", "sp"), ("gelu", "swiglu"), ("mha", "gqa"), ("none", "selective", "full"))
 
 
@@ -56,6 +70,18 @@ def default_specs(nproc: int) -> list[str]:
         specs += ["dp2+sp+swiglu+gqa+full", "dp2+tp+gelu+mha+none"]
     elif nproc == 2:
         specs += ["dp2+tp+gelu+mha+none"]
+    return specs + pipeline_specs(nproc)
+
+
+def pipeline_specs(nproc: int) -> list[str]:
+    """Pipeline variants that fit nproc processes: 1F1B and interleaved (without P2P overlap on two stages,
+    Megatron's rule), on two stages (tp = nproc / 2 when nproc >= 4: tp x pp) and on four."""
+    specs = []
+    if nproc == 2:
+        specs += ["pp2+tp+gelu+tied", "pp2+vp2+nooverlap+tp+swiglu+gqa"]
+    if nproc % 4 == 0:
+        specs += ["pp2+sp+swiglu+gqa", "pp2+tp+gelu+tied", "pp2+vp2+nooverlap+sp+gelu+tied"]
+        specs += ["pp4+dp1+tp+gelu+tied", "pp4+dp1+vp2+tp+swiglu+tied", "pp4+dp1+vp2+nooverlap+tp+gelu"]
     return specs
 
 
@@ -65,7 +91,7 @@ def _token_changes(token: str, tp: int, heads: int) -> dict:
               "full": {"recompute": "full"}, "tied": {"tied_embeddings": True}, "mha": {"kv_heads": None},
               "gqa": {"kv_heads": max(1, tp // 2) if tp > 1 else max(1, heads // 2)}}
     if token not in simple:
-        raise UserError("--variants", token, "use modifiers " + ", ".join([*simple, *LAYOUTS, *FAULTS])
+        raise UserError("--variants", token, "use modifiers " + ", ".join([*simple, *LAYOUTS, *PIPELINES, *FAULTS])
                         + " joined with '+', e.g. sp+swiglu+gqa+full", problem="Unknown variant modifier")
     return simple[token]
 
@@ -73,13 +99,22 @@ def _token_changes(token: str, tp: int, heads: int) -> dict:
 def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Variant:
     """The shrunk scenario a spec describes (module docstring)."""
     tokens = [t for t in spec.split("+") if t]
+    pipe = {k: v for t in tokens if t in PIPELINES for k, v in PIPELINES[t].items()}
+    if pipe:
+        base = with_changes(base, **{"pp": 1, "vp": 1, "p2p_overlap": True, **pipe})
+    stages = pipe.get("pp", math.gcd(base.parallel.pp, nproc))
+    if nproc % stages:
+        raise UserError("--variants", spec, f"use an --nproc that is a multiple of pp = {stages}",
+                        problem="The pipeline stages do not divide the processes")
     if "dp1" in tokens or "dp2" in tokens:
-        tp = nproc if "dp1" in tokens else max(1, nproc // 2)
+        tp = nproc // stages if "dp1" in tokens else max(1, nproc // stages // 2)
         base = with_changes(base, tp=tp, kv_heads=None)
     s = shrink(base, nproc, NUMERICS, source)
+    if set(tokens) & set(PIPELINE_FAULTS) and s.parallel.pp == 1:
+        raise UserError("--variants", spec, "add pp2 or pp4 to the spec", problem="A pipeline fault needs pp > 1")
     changes: dict = {}
     for token in tokens:
-        if token not in FAULTS and token not in LAYOUTS:
+        if token not in FAULTS and token not in LAYOUTS and token not in PIPELINES:
             changes.update(_token_changes(token, s.parallel.tp, s.model.heads))
     if changes.get("sp") and s.parallel.tp == 1:
         raise UserError("--variants", spec, "drop 'sp' or use a layout with tp > 1",
@@ -88,11 +123,30 @@ def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Var
     return Variant(spec, with_changes(s, **changes), faults)
 
 
+def _resolved(variant: Variant, source: str):
+    return resolve(variant.scenario, source or f"builtin:{variant.scenario.name}")
+
+
 def _op_diffs(variant: Variant, source: str, calls: list[dict]) -> list[str]:
     """Counted collectives vs the schedule of the same shrunk scenario."""
-    schedule = build_schedule(resolve(variant.scenario, source or f"builtin:{variant.scenario.name}"))
+    schedule = build_schedule(_resolved(variant, source))
     planned = schedule_records(schedule, variant.scenario.model.dtype_bytes)
     return compare_records(calls, planned)
+
+
+def _pipeline_diffs(variant: Variant, source: str, rows: list[dict]) -> list[str]:
+    """Per rank: the counted P2P transfers against its stage schedule's, op by op (kind, peer, size,
+    batch, order), and its counted collectives of every micro-batch against the stage schedule's."""
+    schedules = build_stage_schedules(_resolved(variant, source))
+    dtype_bytes = variant.scenario.model.dtype_bytes
+    lines = []
+    for r in rows:
+        stage = schedules[r["stage"]]
+        lines += compare_p2p(r["p2p"], schedule_p2p_records(stage, r["rank"], dtype_bytes), r["rank"])
+        planned = [c for c in schedule_records(stage, dtype_bytes, None) if c.group != "dp"]
+        counted = [c for c in r["calls"] if c["group"] != "dp"]
+        lines += [f"rank {r['rank']} {line}" for line in compare_records(counted, planned)]
+    return lines
 
 
 def merge(variants: list[Variant], per_rank: list[list[dict]], source: str, *,
@@ -104,10 +158,15 @@ def merge(variants: list[Variant], per_rank: list[list[dict]], source: str, *,
         mismatches = sorted((m for r in rows for m in r["mismatches"]), key=lambda m: -m["max_abs_err"])
         errors = [f"rank {r['rank']}: {r['error']}" for r in rows if r.get("error")]
         calls = rows[0]["calls"]
-        diffs = None if errors or not compare_ops else _op_diffs(v, source, calls)
-        for r in rows[1:]:
-            if diffs is not None and [c["name"] for c in r["calls"]] != [c["name"] for c in calls]:
-                diffs.append(f"rank {r['rank']} issued a different sequence of collectives than rank 0")
+        if errors or not compare_ops:
+            diffs = None
+        elif v.scenario.parallel.pp > 1:
+            diffs = _pipeline_diffs(v, source, rows)
+        else:
+            diffs = _op_diffs(v, source, calls)
+            for r in rows[1:]:
+                if [c["name"] for c in r["calls"]] != [c["name"] for c in calls]:
+                    diffs.append(f"rank {r['rank']} issued a different sequence of collectives than rank 0")
         out.append(VariantResult(v.name, not mismatches and not errors, mismatches, errors,
                                  sum(r["checked"] for r in rows), calls, diffs))
     return out
@@ -145,7 +204,8 @@ def numerics_payload(scenario: Scenario, source: str, nproc: int, specs: list[st
             raise UserError("--variants", v.name, "use swap_fg with 'tp' (no SP); under SP use no_ln_allreduce",
                             problem="swap_fg under SP changes tensor shapes instead of values")
     payload = {"seed": seed, "dtype": dtype, "variants": [
-        {"name": v.name or "scenario", "scenario": v.scenario.model_dump(mode="json"), "faults": list(v.faults)}
+        {"name": v.name or "scenario", "scenario": v.scenario.model_dump(mode="json"), "faults": list(v.faults),
+         **({"pipeline": asdict(pipeline_shape(_resolved(v, source)))} if v.scenario.parallel.pp > 1 else {})}
         for v in variants]}
     return variants, payload
 

@@ -16,10 +16,11 @@ from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
 
+from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.core.units import FP32_BYTES
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import DUALITY
-from meshsim.sim.schedule.ops import Collective, Schedule
+from meshsim.sim.schedule.ops import P2P, Collective, Schedule
 from meshsim.validate.stack.comm import current_tag
 
 # torch.distributed function -> schedule op name; numel is the total (gathered) size, as nccl-tests counts
@@ -49,7 +50,8 @@ def _numel(args: tuple, kwargs: dict) -> int:
 def op_name(tag, micro_batch: int = 0) -> str:
     if tag.phase == "opt":
         return f"{tag.block}.{tag.key}"
-    return f"{tag.block}.mb{micro_batch}.{tag.phase}.{tag.key}"
+    mb = micro_batch if tag.micro_batch is None else tag.micro_batch
+    return f"{tag.block}.mb{mb}.{tag.phase}.{tag.key}"
 
 
 @contextlib.contextmanager
@@ -90,13 +92,14 @@ def element_bytes(work: Collective, dtype_bytes: int) -> int:
     return dtype_bytes if work.boundary in DUALITY or work.boundary == K.SP_REGATHER else FP32_BYTES
 
 
-def schedule_records(schedule: Schedule, dtype_bytes: int, micro_batch: int = 0) -> list[CallRecord]:
-    """The schedule's collectives of one micro-batch (and the step end) as CallRecords."""
+def schedule_records(schedule: Schedule, dtype_bytes: int, micro_batch: int | None = 0) -> list[CallRecord]:
+    """The schedule's collectives of one micro-batch (None: every micro-batch) and the step end as
+    CallRecords."""
     out = []
     for op in schedule.ops:
-        if not isinstance(op.work, Collective) or op.micro_batch not in (None, micro_batch):
+        if not isinstance(op.work, Collective) or op.micro_batch not in (None, micro_batch) and micro_batch is not None:
             continue
-        ranks = {"tp": schedule.tp, "dp": schedule.dp, "kv": schedule.kv_replicas}[op.work.group]
+        ranks = {"tp": schedule.tp, "dp": schedule.dp, "kv": schedule.kv_replicas, "embed": 2}[op.work.group]
         out.append(CallRecord(op.name, op.work.op, op.work.group, ranks,
                               op.work.nbytes // element_bytes(op.work, dtype_bytes)))
     return out
@@ -126,3 +129,77 @@ def per_block_counts(records: list[dict | CallRecord]) -> dict[str, int]:
         parts = name.split(".")
         counts[f"{parts[0]}.{parts[2]}" if len(parts) >= 4 and parts[1].startswith("mb") else parts[0]] += 1
     return dict(counts)
+
+
+@dataclass(frozen=True)
+class P2PRecord:
+    """One pipeline send or receive: its batch (the n-th batch_isend_irecv or lone call of the step), kind
+    ("send" / "recv"), the peer's global rank and the tensor's elements."""
+
+    batch: int
+    kind: str
+    peer: int
+    numel: int
+
+    def describe(self) -> str:
+        return f"{self.kind} {'to' if self.kind == 'send' else 'from'} rank {self.peer} of {self.numel} elements " \
+               f"(batch {self.batch})"
+
+
+# Blocking calls wrapped as well; isend / irecv are not (dist.P2POp accepts only the originals), and the
+# pipeline stage issues every transfer through batch_isend_irecv.
+P2P_CALLS = {"send": "send", "recv": "recv"}
+
+
+@contextlib.contextmanager
+def count_p2p():
+    """Wrap torch.distributed's point-to-point calls (batch_isend_irecv, send, recv); yields
+    the list of P2PRecords appended in call order. The peer is the global rank the call names."""
+    records: list[P2PRecord] = []
+    batches = [0]
+    originals = {n: getattr(dist, n) for n in ("batch_isend_irecv", *P2P_CALLS)}
+
+    def batch(ops, *args, **kwargs):
+        records.extend(P2PRecord(batches[0], "send" if "send" in op.op.__name__ else "recv", op.peer,
+                                 op.tensor.numel()) for op in ops)
+        batches[0] += 1
+        return originals["batch_isend_irecv"](ops, *args, **kwargs)
+
+    def lone(name):
+        def wrapper(tensor, peer=None, *args, **kwargs):
+            records.append(P2PRecord(batches[0], P2P_CALLS[name], peer, tensor.numel()))
+            batches[0] += 1
+            return originals[name](tensor, peer, *args, **kwargs)
+        return wrapper
+
+    dist.batch_isend_irecv = batch
+    for name in P2P_CALLS:
+        setattr(dist, name, lone(name))
+    try:
+        yield records
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+def schedule_p2p_records(schedule: Schedule, rank: int, dtype_bytes: int) -> list[P2PRecord]:
+    """A stage schedule's P2P transfers as rank `rank` issues them: one batch per P2P op, in op order; the
+    peer is the peer stage's rank at the same (tp, dp) position (sim/core/mesh.py)."""
+    stages = mesh_group("pp", rank, schedule.tp, schedule.dp, pp=schedule.pp)
+    out, batch = [], 0
+    for op in schedule.ops:
+        if isinstance(op.work, P2P):
+            out += [P2PRecord(batch, "send" if t.send else "recv", stages[t.peer_stage], t.nbytes // dtype_bytes)
+                    for t in op.work.transfers]
+            batch += 1
+    return out
+
+
+def compare_p2p(real: list[dict | P2PRecord], planned: list[P2PRecord], rank: int) -> list[str]:
+    """Op-by-op differences (position, kind, peer, size, batch) between counted and scheduled P2P calls."""
+    have = [r if isinstance(r, P2PRecord) else P2PRecord(**r) for r in real]
+    lines = [f"rank {rank} P2P #{i}: counted {a.describe()}, schedule {b.describe()}"
+             for i, (a, b) in enumerate(zip(have, planned, strict=False)) if a != b]
+    if len(have) != len(planned):
+        lines.append(f"rank {rank}: counted {len(have)} P2P transfers, schedule {len(planned)}")
+    return lines

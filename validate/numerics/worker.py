@@ -11,28 +11,31 @@ import torch
 import torch.distributed as dist
 
 from meshsim.scenarios.schema import Scenario
+from meshsim.sim.schedule.pipeline import PipelineShape
+from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 from meshsim.sim.schedule.shapes import ModelDims
-from meshsim.validate.numerics.opcount import count_collectives
+from meshsim.validate.numerics.opcount import count_collectives, count_p2p
 from meshsim.validate.numerics.tolerances import SCALED_BOUND, TOLERANCES
 from meshsim.validate.stack.comm import comm_tag
 from meshsim.validate.stack.groups import build_mesh
 from meshsim.validate.stack.layers import Mesh, Plan
 from meshsim.validate.stack.model import forward, init_full_weights, local_weights, make_batch, sync_grads
+from meshsim.validate.stack.pipeline import StageRun, stage_params
 from meshsim.validate.stack.reference import reference
 from meshsim.validate.stack.shard import kv_replica_groups, shard
 
 
 class Meshes:
-    """Mesh (and id(group) -> name) per (tp, dp, kv replica blocks), created on first use."""
+    """Mesh (and id(group) -> name) per (tp, dp, pp, kv replica blocks), created on first use."""
 
     def __init__(self):
         self.cache: dict[tuple, tuple[Mesh, dict[int, str]]] = {}
 
     def get(self, d: ModelDims) -> tuple[Mesh, dict[int, str]]:
         kv_blocks = kv_replica_groups(d)
-        key = (d.tp, d.dp, tuple(map(tuple, kv_blocks)))
+        key = (d.tp, d.dp, d.pp, tuple(map(tuple, kv_blocks)))
         if key not in self.cache:
-            self.cache[key] = build_mesh(d.tp, d.dp, kv_blocks, cpu=True)
+            self.cache[key] = build_mesh(d.tp, d.dp, kv_blocks, pp=d.pp, cpu=True)
         return self.cache[key]
 
 
@@ -72,16 +75,35 @@ def _compare_scaled(name: str, actual, expected, bound: float, rank: int, zero_f
             "detail": f"max |err| {err:.3g} > {bound:g} x max |ref| {ref_max:.3g}"}
 
 
+def _judge(checks: list[tuple], dtype: torch.dtype, tol) -> list[dict]:
+    """Compare every (name, actual, expected): SCALED_BOUND for bf16, else assert_close with `tol`."""
+    bound = SCALED_BOUND.get(str(dtype).removeprefix("torch."))
+    if bound:
+        scale = max((e.abs().max().item() for n, _, e in checks if n.endswith(".grad")), default=0.0)
+        found = [_compare_scaled(n, a, e, bound, dist.get_rank(), 2 * BF16_RESOLUTION * scale)
+                 for n, a, e in checks]
+    else:
+        found = [_compare(n, a, e, tol, dist.get_rank()) for n, a, e in checks]
+    return [m for m in found if m]
+
+
+def _reference(full: dict, tokens, labels, d: ModelDims, dtype: torch.dtype):
+    """The single-process reference (float64 from the same weights under a scaled bound, e.g. bf16)."""
+    scaled = SCALED_BOUND.get(str(dtype).removeprefix("torch."))
+    return reference({n: t.double() for n, t in full.items()} if scaled else full, tokens, labels, d)
+
+
 def run_variant(v: dict, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> dict:
     scenario = Scenario.model_validate(v["scenario"])
+    if scenario.parallel.pp > 1:
+        return run_pipeline_variant(v, scenario, meshes, seed, dtype, tol)
     d = ModelDims.from_scenario(scenario)
     mesh, names = meshes.get(d)
     full = init_full_weights(d, seed, dtype)
     tokens, labels = make_batch(d, seed)
-    bound = SCALED_BOUND.get(str(dtype).removeprefix("torch."))
-    ref = reference({n: t.double() for n, t in full.items()} if bound else full, tokens, labels, d)
+    ref = _reference(full, tokens, labels, d, dtype)
     w = local_weights(full, d, mesh.tp_rank)
-    cols = slice(mesh.dp_rank * d.micro_batch, (mesh.dp_rank + 1) * d.micro_batch)
+    cols = d.columns(mesh.dp_rank)
     plan = Plan(d, frozenset(v["faults"]))
     with count_collectives(names) as calls:
         with comm_tag(phase="fwd"):
@@ -93,14 +115,37 @@ def run_variant(v: dict, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> 
     checks = [("loss", loss.detach(), ref.token_losses[:, cols].mean()),
               ("logits", logits.detach(), ref.logits[:, cols, mesh.tp_rank * rows:(mesh.tp_rank + 1) * rows])]
     checks += [(f"{n}.grad", t.grad, shard(n, ref.grads[n], d, mesh.tp_rank)) for n, t in w.items()]
-    if bound:
-        scale = max(e.abs().max().item() for n, _, e in checks if n.endswith(".grad"))
-        found = [_compare_scaled(n, a, e, bound, dist.get_rank(), 2 * BF16_RESOLUTION * scale)
-                 for n, a, e in checks]
-    else:
-        found = [_compare(n, a, e, tol, dist.get_rank()) for n, a, e in checks]
     return {"variant": v["name"], "rank": dist.get_rank(), "checked": len(checks),
-            "mismatches": [m for m in found if m], "calls": [c.__dict__ for c in calls]}
+            "mismatches": _judge(checks, dtype, tol), "calls": [c.__dict__ for c in calls]}
+
+
+def run_pipeline_variant(v: dict, scenario: Scenario, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> dict:
+    """One pipeline stage's step (validate/stack/pipeline.py): every micro-batch's loss and logits on the
+    last stage, and the gradient of every parameter the stage holds, against the reference."""
+    d = ModelDims.from_scenario(scenario)
+    mesh, names = meshes.get(d)
+    full = init_full_weights(d, seed, dtype)
+    tokens, labels = make_batch(d, seed)
+    ref = _reference(full, tokens, labels, d, dtype)
+    chunks = pipeline_layout(scenario.parallel, d.layers)[mesh.stage]
+    local = local_weights(full, d, mesh.tp_rank)
+    w = {n: local[n] for n in stage_params(list(full), chunks, d.tied)}
+    mine = slice(d.columns(mesh.dp_rank).start, d.columns(mesh.dp_rank, d.micro_batches - 1).stop)
+    plan = Plan(d, frozenset(v["faults"]))
+    run = StageRun(w, plan, mesh, PipelineShape(**v["pipeline"]), chunks, tokens[:, mine], labels[:, mine])
+    with count_collectives(names) as calls, count_p2p() as p2p:
+        run.run()
+        sync_grads(w, plan, mesh, scenario.parallel.dp_bucket_mib)
+    rows = slice(mesh.tp_rank * (d.vocab // d.tp), (mesh.tp_rank + 1) * (d.vocab // d.tp))
+    checks = []
+    for mb, (loss, logits) in sorted(run.losses.items()):
+        cols = d.columns(mesh.dp_rank, mb)
+        checks += [(f"loss.mb{mb}", loss, ref.token_losses[:, cols].mean()),
+                   (f"logits.mb{mb}", logits, ref.logits[:, cols, rows])]
+    checks += [(f"{n}.grad", t.grad, shard(n, ref.grads[n], d, mesh.tp_rank)) for n, t in w.items()]
+    return {"variant": v["name"], "rank": dist.get_rank(), "stage": mesh.stage, "checked": len(checks),
+            "mismatches": _judge(checks, dtype, tol), "calls": [c.__dict__ for c in calls],
+            "p2p": [r.__dict__ for r in p2p]}
 
 
 def run_variants(payload: dict) -> list[dict]:

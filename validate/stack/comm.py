@@ -35,6 +35,7 @@ class CommTag:
     block: str = ""
     key: str = ""
     phase: str = "fwd"
+    micro_batch: int | None = None  # set by the pipeline stage runner; None: the counter's default
 
 
 # A process-wide slot, not thread-local: CUDA autograd runs backward on its own thread.
@@ -50,11 +51,13 @@ def current_phase() -> str:
 
 
 @contextlib.contextmanager
-def comm_tag(block: str | None = None, key: str | None = None, phase: str | None = None):
+def comm_tag(block: str | None = None, key: str | None = None, phase: str | None = None,
+             micro_batch: int | None = None):
     """Set the tag (fields left None are inherited) for the collectives issued inside."""
     old = current_tag()
     _STATE["tag"] = CommTag(old.block if block is None else block, old.key if key is None else key,
-                            old.phase if phase is None else phase)
+                            old.phase if phase is None else phase,
+                            old.micro_batch if micro_batch is None else micro_batch)
     try:
         yield _STATE["tag"]
     finally:

@@ -47,20 +47,32 @@ def new_groups(blocks: list[list[int]], rank: int, *, cpu: bool = False):
     return mine
 
 
-def build_mesh(tp: int, dp: int, kv_blocks: list[list[int]] = (), *,
+def _blocks(kind: str, tp: int, dp: int, pp: int) -> list[list[int]]:
+    """Every distinct group of `kind` (sim/core/mesh.py's rule), in order of its lowest rank."""
+    seen: dict[tuple[int, ...], None] = {}
+    for r in range(tp * dp * pp):
+        seen.setdefault(mesh_group(kind, r, tp, dp, pp=pp), None)
+    return [list(g) for g in seen]
+
+
+def build_mesh(tp: int, dp: int, kv_blocks: list[list[int]] = (), *, pp: int = 1,
                cpu: bool = False) -> tuple[Mesh, dict[int, str]]:
-    """This rank's Mesh and id(group) -> "tp" / "dp" / "kv" (groups of one rank are None).
-    cpu=True for a mesh whose collectives carry CPU tensors (numerics), see new_groups."""
+    """This rank's Mesh and id(group) -> "tp" / "dp" / "kv" / "embed" (groups of one rank are None).
+    With pp > 1 the mesh is tp x dp x pp (TP innermost, then DP, then the stage) and the "embed" group
+    joins the first and last stage. cpu=True for a mesh whose collectives carry CPU tensors (numerics),
+    see new_groups."""
     rank = dist.get_rank()
-    if tp * dp != dist.get_world_size():
-        raise ValueError(f"tp x dp = {tp} x {dp} but the world has {dist.get_world_size()} ranks")
-    tp_blocks = [list(mesh_group("tp", i * tp, tp, dp)) for i in range(dp)]
-    dp_blocks = [list(mesh_group("dp", t, tp, dp)) for t in range(tp)]
-    tp_group = new_groups(tp_blocks, rank, cpu=cpu) if tp > 1 else None
-    dp_group = new_groups(dp_blocks, rank, cpu=cpu) if dp > 1 else None
+    if tp * dp * pp != dist.get_world_size():
+        raise ValueError(f"tp x dp x pp = {tp} x {dp} x {pp} but the world has {dist.get_world_size()} ranks")
+    tp_group = new_groups(_blocks("tp", tp, dp, pp), rank, cpu=cpu) if tp > 1 else None
+    dp_group = new_groups(_blocks("dp", tp, dp, pp), rank, cpu=cpu) if dp > 1 else None
     kv_group = None
     if kv_blocks and len(kv_blocks[0]) > 1:
-        kv_group = new_groups([[i * tp + r for r in blk] for i in range(dp) for blk in kv_blocks], rank, cpu=cpu)
-    mesh = Mesh(tp, dp, rank % tp, rank // tp, tp_group, dp_group, kv_group)
-    names = {id(g): n for g, n in ((tp_group, "tp"), (dp_group, "dp"), (kv_group, "kv")) if g is not None}
+        kv_group = new_groups([[i * tp + r for r in blk] for i in range(dp * pp) for blk in kv_blocks], rank,
+                              cpu=cpu)
+    embed_group = new_groups(_blocks("embed", tp, dp, pp), rank, cpu=cpu) if pp > 1 else None
+    mesh = Mesh(tp, dp, rank % tp, rank // tp % dp, tp_group, dp_group, kv_group, pp, rank // (tp * dp),
+                embed_group)
+    names = {id(g): n for g, n in ((tp_group, "tp"), (dp_group, "dp"), (kv_group, "kv"), (embed_group, "embed"))
+             if g is not None}
     return mesh, names

@@ -39,6 +39,13 @@ class Mesh:
     tp_group: object = None
     dp_group: object = None
     kv_group: object = None  # ranks sharing this rank's replicated KV head (GQA with kv < tp)
+    pp: int = 1
+    stage: int = 0  # pipeline stage: rank // (tp dp)
+    embed_group: object = None  # first and last stage at this (tp, dp) position (tied embeddings, pp > 1)
+
+    def stage_rank(self, stage: int) -> int:
+        """The global rank of `stage` at this rank's (tp, dp) position (sim/core/mesh.py: P2P peers)."""
+        return self.tp_rank + self.tp * (self.dp_rank + self.dp * stage)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ entry boundary (f / sp_gather) fused with the vocab-parallel head GEMM -> vocab-
 - "opt.kv_grad": GQA with kv < tp, one coalesced all-reduce of the K/V weight (and bias) gradients over
   the ranks replicating each KV head (each holds only its own query heads' contribution);
 - "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_bucket_mib MiB of fp32 gradients, in
-  the order backward produces them (reverse parameter order); a bucket closes once it reaches the size.
+  the order backward produces them (reverse parameter order); a bucket closes once it reaches the size;
+- "opt.embed_grad": pp > 1 with tied embeddings, the all-reduce of the embedding table's gradient between
+  the first stage (input embedding) and the last (its copy used by the output layer).
+With pp > 1 `w` holds only the stage's parameters (validate/stack/pipeline.py) and each reduction covers those.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def local_weights(full: dict[str, torch.Tensor], d: ModelDims, tp_rank: int) -> 
     return {n: shard(n, t, d, tp_rank).clone().requires_grad_() for n, t in full.items()}
 
 
-def _embed(tokens, w: dict, d: ModelDims, mesh: Mesh, exit_: str) -> torch.Tensor:
+def embed(tokens, w: dict, d: ModelDims, mesh: Mesh, exit_: str) -> torch.Tensor:
+    """Vocab-parallel embedding of [s, b] tokens, then the exit boundary: [s (/t under SP), b, h]."""
     rows = d.vocab // d.tp
     local = tokens - mesh.tp_rank * rows
     outside = (local < 0) | (local >= rows)
@@ -70,14 +74,19 @@ def _embed(tokens, w: dict, d: ModelDims, mesh: Mesh, exit_: str) -> torch.Tenso
 
 def forward(w: dict, tokens, labels, plan: Plan, mesh: Mesh) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean loss over this rank's tokens, logits [s, b, V/t]) for this rank's [s, b] slice of the batch."""
-    d = plan.dims
-    entry, exit_ = plan.boundaries
-    x = _embed(tokens, w, d, mesh, exit_)
-    for i in range(d.layers):
+    x = embed(tokens, w, plan.dims, mesh, plan.boundaries[1])
+    for i in range(plan.dims.layers):
         x = transformer_layer(x, w, i, plan, mesh)
+    return head_loss(x, w, labels, plan, mesh)
+
+
+def head_loss(x, w: dict, labels, plan: Plan, mesh: Mesh, table: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final norm -> entry boundary + vocab-parallel output layer -> cross-entropy: (mean loss, logits
+    [s, b, V/t]). The output layer's weight is `table` (default: the embedding when tied, else the head)."""
+    d = plan.dims
     x = norm(x, w, "final_ln")
-    table = w["embed.weight"] if d.tied else w["head.weight"]
-    logits = column_linear(entry, x, table, None, mesh.tp_group, K.HEAD_BLOCK, K.HEAD_IN)
+    table = table or ("embed.weight" if d.tied else "head.weight")
+    logits = column_linear(plan.boundaries[0], x, w[table], None, mesh.tp_group, K.HEAD_BLOCK, K.HEAD_IN)
     losses = VocabParallelCrossEntropy.apply(logits, labels, mesh.tp_rank * (d.vocab // d.tp), mesh.tp_group)
     return losses.mean(), logits
 
@@ -94,8 +103,8 @@ def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float = 40.0) -> Non
     """The post-backward reductions of the module docstring, in that order."""
     d = plan.dims
     if d.sp and "no_ln_allreduce" not in plan.faults:
-        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d)], mesh.tp_group, block=K.OPT_BLOCK,
-                         key=K.LN_GRAD)
+        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d) if n in w], mesh.tp_group,
+                         block=K.OPT_BLOCK, key=K.LN_GRAD)
     if kv_replica_groups(d):
         kv = [n for n in w if ".attn.k." in n or ".attn.v." in n]
         all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block=K.OPT_BLOCK, key=K.KV_GRAD)
@@ -103,3 +112,5 @@ def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float = 40.0) -> Non
         for i, bucket in enumerate(dp_buckets(list(w), w, bucket_mib)):
             all_reduce_grads([w[n].grad for n in bucket], mesh.dp_group, block=f"dp.bucket{i}",
                              key="all_reduce", average=True)
+    if d.tied and mesh.embed_group is not None and "embed.weight" in w:
+        all_reduce_grads([w["embed.weight"].grad], mesh.embed_group, block=K.OPT_BLOCK, key=K.EMBED_GRAD)
