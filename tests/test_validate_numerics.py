@@ -31,6 +31,8 @@ def test_every_variant_matches_the_reference(results):
     for spec in default_specs(2):
         r = results[spec]
         assert r.ok, (spec, r.errors, r.mismatches[:3])
+        if spec.startswith("pp"):
+            continue  # pipeline variants compare per stage (tests/test_validate_pipeline.py)
         params = len(full_shapes(ModelDims.from_scenario(make_variant(sc, spec, 2, src).scenario)))
         assert r.checked == 2 * (params + 2), spec  # loss, logits and every parameter gradient, both ranks
 
@@ -39,6 +41,8 @@ def test_collectives_equal_the_schedule(results):
     for spec in default_specs(2):
         r = results[spec]
         assert r.op_diffs == [], spec
+        if spec.startswith("pp"):
+            continue  # tp = 1 on two stages of two processes: no KV replica group
         # GQA with kv_heads < tp: the replicated K/V gradients are summed over the KV group, in both
         kv = [c for c in r.calls if c["group"] == "kv"]
         assert [c["name"] for c in kv] == (["opt.kv_grad"] if "gqa" in spec else []), spec
