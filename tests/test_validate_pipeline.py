@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("torch")
 
 from meshsim.scenarios.load import load_scenario  # noqa: E402
+from meshsim.sim.schedule.shapes import ModelDims  # noqa: E402
 from meshsim.validate.numerics.check import check_numerics, make_variant  # noqa: E402
 from meshsim.validate.stack.pipeline import stage_params  # noqa: E402
-from meshsim.validate.stack.shard import ModelDims, full_shapes  # noqa: E402
+from meshsim.validate.stack.shard import full_shapes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GOOD2 = ["pp2+tp+gelu+tied", "pp2+vp2+nooverlap+tp+swiglu+gqa"]
