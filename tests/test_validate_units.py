@@ -23,7 +23,7 @@ from meshsim.sim.schedule.shapes import ModelDims  # noqa: E402
 from meshsim.validate.calibrate import calibration as calibrate  # noqa: E402
 from meshsim.validate.calibrate import sampling  # noqa: E402
 from meshsim.validate.crosscheck import crosscheck  # noqa: E402
-from meshsim.validate.launch.shrink import NUMERICS, shrink, shrink_heads, shrink_layout  # noqa: E402
+from meshsim.validate.launch.shrink import NUMERICS, TIMING, shrink, shrink_heads, shrink_layout  # noqa: E402
 from meshsim.validate.numerics import opcount  # noqa: E402
 from meshsim.validate.numerics.check import make_variant  # noqa: E402
 from meshsim.validate.stack.comm import BOUNDARY_FUNCTIONS, comm_tag  # noqa: E402
@@ -210,3 +210,14 @@ def test_gpu_profiles_keep_the_datasheet_peaks_cpu_profiles_replace_them():
     assert gpu.peak_tflops is None and gpu.mem_bw_gbps is None
     cpu = _device_figures("gloo", 0.08, 40.0)
     assert (cpu.peak_tflops, cpu.mem_bw_gbps) == (0.08, 40.0)
+
+
+def test_timing_shrink_collapses_the_pipeline_until_the_executor_runs_p2p():
+    """Numerics keep pp' = gcd(pp, nproc) stages; the timing rule runs the model as one stage (pp' = 1)."""
+    from meshsim.scenarios.load import load_scenario
+
+    sc, src = load_scenario("llama2-70b-h100-pp4")
+    assert sc.parallel.pp == 4
+    kept, collapsed = shrink(sc, 2, NUMERICS, src), shrink(sc, 2, TIMING, src)
+    assert (kept.parallel.pp, kept.parallel.tp * kept.parallel.dp) == (2, 1)
+    assert (collapsed.parallel.pp, collapsed.parallel.tp * collapsed.parallel.dp) == (1, 2)
