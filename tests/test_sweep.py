@@ -25,6 +25,7 @@ from meshsim.sim.sweep.axes import (
 )
 from meshsim.sim.sweep.record import SweepRecord, run_point
 from meshsim.sim.sweep.runner import JSONL_NAME, read_records, run_sweep
+from meshsim.sim.sweep.table import table_rows
 
 SHARES = {"compute": 0.8, "tp_comm": 0.1, "dp_comm": 0.06, "waiting": 0.04}
 
@@ -397,7 +398,7 @@ def test_interrupted_real_sweep_resumes_to_the_same_table(tmp_path, small, small
     resumed = run_sweep(scenario, source, points, out_dir=tmp_path, progress=False, runner=counting_runner)
     assert calls_seen == [p.key for p in points[2:]]
     assert resumed == records
-    assert ex.table_rows(resumed) == ex.table_rows(records)
+    assert table_rows(resumed) == table_rows(records)
 
 
 def test_digest_ignores_swept_fields_but_not_the_model(tiny):

@@ -15,10 +15,11 @@ from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.userio import check_output_dir, check_output_file
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
-from meshsim.sim.sweep.explain import explain, ok, sweet_spot, table_columns, table_rows
+from meshsim.sim.sweep.explain import explain, ok, sweet_spot
 from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
 from meshsim.sim.sweep.report_page import write_report
 from meshsim.sim.sweep.runner import run_sweep
+from meshsim.sim.sweep.table import table_columns, table_rows
 
 MAX_JOBS = 256  # local worker processes of one sweep
 

@@ -19,8 +19,9 @@ from plotly.subplots import make_subplots
 
 from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_s, gb_to_gib
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
-from meshsim.sim.sweep.explain import fits, label, ok, sweet_spot, table_columns, table_rows, varying_axes
+from meshsim.sim.sweep.explain import fits, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
+from meshsim.sim.sweep.table import table_columns, table_rows
 
 
 def _series(records: list[SweepRecord]) -> dict[str, list[SweepRecord]]:
