@@ -1,7 +1,7 @@
 """Loading and resolving scenarios: YAML file or built-in name -> Scenario -> ResolvedScenario.
 
 Every problem surfaces as a UserError naming the file, the dotted field, the value and the fix: YAML
-syntax errors (with the line), schema errors (pydantic's, translated by checks.schema_error), then
+syntax errors (with the line), schema errors (pydantic's, translated by schema_errors.schema_error), then
 the cross-field rules of scenarios/checks.py, in that order.
 """
 
@@ -20,7 +20,6 @@ from meshsim.scenarios.checks import (
     check_topology_source,
     data_parallel,
     gpus_used,
-    schema_error,
 )
 from meshsim.scenarios.library import builtin_scenarios, builtin_source, source_dir
 from meshsim.scenarios.limits import check_model_size
@@ -28,6 +27,7 @@ from meshsim.scenarios.pipeline_split import most_stage_layers
 from meshsim.scenarios.profile import HardwareProfile, load_profile
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
+from meshsim.scenarios.schema_errors import schema_error
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.sim.core.limits import check_work
 from meshsim.sim.core.userio import load_yaml

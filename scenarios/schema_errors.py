@@ -1,0 +1,98 @@
+"""Pydantic's first validation error -> one UserError naming the file, the field path, the value and the fix
+(unknown keys get the closest valid name). Used for scenarios, hardware profiles and custom topologies."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from pydantic import BaseModel, ValidationError
+
+from meshsim.sim.core.errors import UserError, closest
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(missing)"
+
+
+MISSING = _Absent()
+
+
+def _submodel(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation (X, X | None, list[X]), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _walk(root: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel] | None]:
+    """Dotted path of an error location (pydantic's union-member tags dropped) and the model it ends in."""
+    path, model = "", root
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif model is not None and part in model.model_fields:
+            path = f"{path}.{part}" if path else part
+            model = _submodel(model.model_fields[part].annotation)
+    return path, model
+
+
+def _phrase(err: dict) -> str:
+    """The constraint an input failed, in words ('a whole number', 'a value greater than 0')."""
+    kind, ctx = err["type"], err.get("ctx", {})
+    bounds = {"greater_than": ("greater than", "gt"), "greater_than_equal": ("of at least", "ge"),
+              "less_than": ("less than", "lt"), "less_than_equal": ("of at most", "le")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"a value {words} {ctx[key]}"
+    if kind == "finite_number":
+        return "a finite number"
+    if kind == "literal_error":
+        expected = ctx["expected"]
+        return f"one of {expected}" if "," in expected or " or " in expected else expected
+    for prefix, words in (("int_", "a whole number"), ("float_", "a number"), ("bool_", "true or false"),
+                          ("string_", "text"), ("list_", "a list, e.g. [1, 2]"), ("dict_", "a section of keys"),
+                          ("model_", "a section of keys")):
+        if kind.startswith(prefix):
+            return words
+    return f"valid input ({err['msg']})"
+
+
+def _unknown_key(root: type[BaseModel], err: dict, source: str) -> UserError:
+    parent, model = _walk(root, err["loc"][:-1])
+    key = str(err["loc"][-1])
+    names = sorted(model.model_fields) if model else []
+    guess = closest(key, names)
+    hint = f"did you mean {guess!r}? " if guess else ""
+    where = f"section {parent}" if parent else "the top level"
+    return UserError(f"{parent}.{key}" if parent else key, err["input"],
+                     f"{hint}valid keys in {where}: {', '.join(names)}", source=source,
+                     problem=f"Unknown key {key!r} in {where}")
+
+
+def _missing(path: str, source: str) -> UserError:
+    parent, _, key = path.rpartition(".")
+    where = f"under {parent}:" if parent else "at the top level"
+    return UserError(path, MISSING, f"add `{key}: ...` {where} (fields: docs/scenarios.md)", source=source,
+                     problem="Required field is missing")
+
+
+def schema_error(exc: ValidationError, root: type[BaseModel], source: str) -> UserError:
+    """Translate pydantic's first error (unknown keys first: they usually explain missing ones) into a
+    UserError; errors of the same field from the members of a union are merged ('a whole number or
+    'auto'')."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = errors[0]
+    if first["type"] == "extra_forbidden":
+        return _unknown_key(root, first, source)
+    path, _ = _walk(root, first["loc"])
+    if first["type"] == "missing":
+        return _missing(path, source)
+    same = [e for e in errors if _walk(root, e["loc"])[0] == path and e["type"] != "missing"]
+    phrases = " or ".join(dict.fromkeys(_phrase(e) for e in same))
+    return UserError(path or "(top level)", first["input"], f"set {path or 'the file'} to {phrases}",
+                     source=source, problem=f"Expected {phrases}")
