@@ -76,7 +76,7 @@ def not_fit_banner(r: StepResult) -> Panel | None:
     return Panel(f"[bold]DOES NOT FIT[/bold]: needs {fmt_gb_as_gib(m['total'])} per GPU, the GPU has "
                  f"{fmt_gb_as_gib(m['capacity'])} (activations {fmt_gb_as_gib(m['activations'])}). "
                  "The timings below are for a run that could not start. Try recompute, sequence "
-                 "parallelism, a smaller micro-batch, a larger tp or more GPUs.",
+                 "parallelism, pipeline stages (parallel.pp), a smaller micro-batch, a larger tp or more GPUs.",
                  style="bold red", title="memory", title_align="left")
 
 

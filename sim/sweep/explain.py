@@ -131,7 +131,8 @@ def no_fit_sentence(records: list[SweepRecord], axes: list[str]) -> str:
     mem = _memory(over)
     return (f"No configuration fits in {fmt_gb(mem['capacity'])} GiB per GPU; the smallest overflow is "
             f"{label(over, axes)}: {fmt_gb(mem['total'])} GiB ({fmt_gb(mem['total'] - mem['capacity'])} GiB over). "
-            f"Try recompute=selective or full, sequence parallelism, a smaller micro-batch or more GPUs.")
+            f"Try recompute=selective or full, sequence parallelism, pipeline stages (--pp), a smaller "
+            f"micro-batch or more GPUs.")
 
 
 def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
