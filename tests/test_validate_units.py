@@ -212,12 +212,15 @@ def test_gpu_profiles_keep_the_datasheet_peaks_cpu_profiles_replace_them():
     assert (cpu.peak_tflops, cpu.mem_bw_gbps) == (0.08, 40.0)
 
 
-def test_timing_shrink_collapses_the_pipeline_until_the_executor_runs_p2p():
-    """Numerics keep pp' = gcd(pp, nproc) stages; the timing rule runs the model as one stage (pp' = 1)."""
+def test_timing_shrink_keeps_the_pipeline():
+    """Every rule keeps pp' = gcd(pp, nproc) stages (the timing executor runs P2P); tp' dp' = nproc / pp'."""
     from meshsim.scenarios.load import load_scenario
 
     sc, src = load_scenario("llama2-70b-h100-pp4")
     assert sc.parallel.pp == 4
-    kept, collapsed = shrink(sc, 2, NUMERICS, src), shrink(sc, 2, TIMING, src)
-    assert (kept.parallel.pp, kept.parallel.tp * kept.parallel.dp) == (2, 1)
-    assert (collapsed.parallel.pp, collapsed.parallel.tp * collapsed.parallel.dp) == (1, 2)
+    for rule in (NUMERICS, TIMING):
+        shrunk = shrink(sc, 2, rule, src)
+        assert (shrunk.parallel.pp, shrunk.parallel.tp * shrunk.parallel.dp) == (2, 1)
+        p = shrunk.parallel  # m' = 2 pp' = 4 micro-batches per step
+        assert shrunk.model.layers % 2 == 0 and p.global_batch == 4 * p.dp * p.micro_batch
+    assert (shrink(sc, 4, TIMING, src).parallel.pp, shrink(sc, 3, TIMING, src).parallel.pp) == (4, 1)

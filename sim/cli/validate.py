@@ -178,7 +178,7 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
     # meshsim[validate] extra: these modules import torch
     from meshsim.validate.crosscheck.crosscheck import finish, run_crosscheck, timing_payload
     from meshsim.validate.printing import print_crosscheck
-    from meshsim.validate.timing.measured import reduce_run, schedule_of
+    from meshsim.validate.timing.measured import reduce_run, stage_schedules_of
 
     sc, source = load_scenario(scenario)
     if profile is not None and not profile.is_file():
@@ -200,7 +200,7 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
             raise UserError("--profile", None, "with --from-results give the profile to simulate with "
                             "(meshsim calibrate ... --from-results writes one)")
         shrunk, variants_, _ = timing_payload(sc, source, n, be, repeats=repeats)
-        measured = reduce_run(schedule_of(shrunk, source), per_rank)
+        measured = reduce_run(stage_schedules_of(shrunk, source), per_rank)
         result = finish(shrunk, source, str(profile), variants_, measured, out_dir)
     else:
         result = run_crosscheck(sc, source, n, profile=str(profile) if profile else None, out_dir=out_dir,

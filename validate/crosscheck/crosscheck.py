@@ -2,12 +2,16 @@
 
 Reported (and written with --json):
 - step time: simulated vs measured (as-scheduled step, validate/timing/measured.py), error_pct = 100 (sim -
-  measured) / measured; also simulated_serial_s, the simulated rank's busy time summed as if nothing
-  overlapped (compute + communication), and its error: on a CPU, gloo's copies and reductions run on the
+  measured) / measured. With pp > 1 both are the slowest stage's: the simulator runs the shrunk scenario's
+  pipeline (one rank per stage) and the measured step is the max over every rank. Also
+  simulated_serial_s, the simulated representative rank's busy time summed as if nothing overlapped
+  (compute + communication; with pp > 1 the largest over the stages' representatives), and its error: on a CPU, gloo's copies and reductions run on the
   same cores as the compute, so communication the simulator overlaps (GPU-style: NCCL on its own SMs /
   copy engines) is not free there, and the measured step falls between the two figures;
-- per category (compute, tp_comm, dp_comm): busy time of the simulated representative rank (sum of op
-  durations, rendezvous waits excluded) vs the sum of the measured per-op means, and their error;
+- per category (compute, tp_comm, dp_comm, pp_comm): busy time of the simulated representative rank (sum of
+  op durations, rendezvous waits excluded; with pp > 1 summed over one rank per stage) vs the sum of the
+  measured per-op means (summed over the stages' schedules), and their error. A measured P2P batch includes
+  the wait for its peer (validate/timing/worker.py);
 - critical-path agreement: the share of the step each category holds on the simulated path
   (sim/results/critical_path.py) and on the measured one (the same walk over the schedule replayed with measured
   op times), side by side; and the ops on both paths: Jaccard |A & B| / |A | B| of the op-name sets.
@@ -28,7 +32,7 @@ from meshsim.validate.calibrate.calibration import calibrate
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, with_profile, without_profile
 from meshsim.validate.numerics.check import merge, numerics_payload
-from meshsim.validate.timing.measured import Measured, reduce_run, schedule_of
+from meshsim.validate.timing.measured import Measured, reduce_run, stage_schedules_of
 from meshsim.validate.timing.trace_merge import write_measured_trace, write_merged_trace
 
 
@@ -44,15 +48,28 @@ def path_names(path) -> set[str]:
     return {seg["name"] for seg in path if seg.get("op_id") is not None}
 
 
+def busy_by_stage(sim_events, measured: Measured) -> dict[int, dict[str, float]]:
+    """stage -> category -> busy seconds of the stage's lowest simulated rank (waits excluded)."""
+    reps: dict[int, int] = {}
+    for ev in sim_events:
+        stage = measured.stage_of(ev.rank)
+        reps[stage] = min(reps.get(stage, ev.rank), ev.rank)
+    busy: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for ev in sim_events:
+        if ev.rank == reps[measured.stage_of(ev.rank)]:
+            busy[measured.stage_of(ev.rank)][ev.category] += ev.end_s - ev.start_s - ev.wait_s
+    return busy
+
+
 def category_times(sim_events, measured: Measured) -> dict[str, dict]:
     sim = defaultdict(float)
-    rep = min(ev.rank for ev in sim_events)
-    for ev in sim_events:
-        if ev.rank == rep:
-            sim[ev.category] += ev.end_s - ev.start_s - ev.wait_s
+    for stage_busy in busy_by_stage(sim_events, measured).values():
+        for c, t in stage_busy.items():
+            sim[c] += t
     real = defaultdict(float)
-    for op in measured.schedule.ops:
-        real[op.category] += measured.op_mean_s[op.id]
+    for schedule, mean_s in zip(measured.schedules, measured.op_mean_s, strict=True):
+        for op in schedule.ops:
+            real[op.category] += mean_s[op.id]
     return {c: {"simulated_s": sim[c], "measured_s": real[c], "error_pct": error_pct(sim[c], real[c])}
             for c in STREAMS if sim[c] or real[c]}
 
@@ -67,17 +84,18 @@ class CrossCheck:
 def compare(result, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
     """result: the StepResult of simulating the same shrunk scenario with the calibrated profile."""
     replay = measured.replay()
-    m_crit = critical_path(measured.schedule, replay)
+    pipeline = len(measured.schedules) > 1
+    m_crit = critical_path(measured.schedules, replay)
     m_path = [seg.to_dict() for seg in m_crit]
-    m_share = shares(m_crit, replay.step_time_s)
+    m_share = shares(m_crit, replay.step_time_s, pipeline)
     s_path = [dict(seg) for seg in result.critical_path]
     a, b = path_names(s_path), path_names(m_path)
     share = {c: {"simulated": result.critical_path_share.get(c, 0.0), "measured": m_share.get(c, 0.0)}
-             for c in (*STREAMS, "waiting")}
+             for c in (*STREAMS, *(("pipeline_bubble",) if pipeline else ()), "waiting")}
     categories = category_times(result.events, measured)
-    serial_s = sum(row["simulated_s"] for row in categories.values())
+    serial_s = max(sum(busy.values()) for busy in busy_by_stage(result.events, measured).values())
     report = {
-        "scenario": result.scenario, "numerics_ok": numerics_ok,
+        "scenario": result.scenario, "numerics_ok": numerics_ok, "pp": len(measured.schedules),
         "simulated_step_s": result.step_time_s, "measured_step_s": measured.step_s,
         "error_pct": error_pct(result.step_time_s, measured.step_s),
         "simulated_serial_s": serial_s, "error_serial_pct": error_pct(serial_s, measured.step_s),
@@ -129,4 +147,4 @@ def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str 
         profile = str(out / "profile.yaml")
         calibrate(shrunk, source, nproc, backend=backend, out=profile)
     per_rank = launch("timing", payload, nproc, backend=backend, timeout_s=300.0)
-    return finish(shrunk, source, profile, variants, reduce_run(schedule_of(shrunk, source), per_rank), out)
+    return finish(shrunk, source, profile, variants, reduce_run(stage_schedules_of(shrunk, source), per_rank), out)

@@ -1,7 +1,8 @@
 """Shrink a scenario so the real TP/SP step runs on a CPU in seconds, keeping its parallel structure.
 
 The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkRule` r:
-- layout: pp' = gcd(pp, nproc) (1 for the timing rules: the timing executor runs no P2P yet), tp' = gcd(tp, nproc / pp'), dp' = nproc / (tp' pp'), gpus = nproc;
+- layout: pp' = gcd(pp, nproc), tp' = gcd(tp, nproc / pp'), dp' = nproc / (tp' pp'), gpus = nproc (every rule:
+  the timing executor runs the pipeline's P2P too);
   with pp' > 1 the pipeline fields follow shrink_pipeline (layers a multiple of pp' vp', m' = 2 pp');
 - heads' = 2 tp' (two query heads per rank); KV heads keep the scenario's relation to tp:
   multi-head -> kv' = heads'; kv_heads >= tp -> kv' = tp' (one KV head per rank);
@@ -37,15 +38,14 @@ class ShrinkRule:
     vocab_per_rank: int
     layers: int = 2
     micro_batch: int = 2
-    keep_pipeline: bool = True  # False: pp collapsed to 1 (the timing executor does not run P2P yet)
 
 
 # vocab_per_rank = 128: Megatron pads the vocabulary to a multiple of 128 tp (sim/schedule/shapes.py, padded_vocab), so the
 # real model and the schedule then hold the same table.
 NUMERICS = ShrinkRule(head_dim=8, seq_per_rank=8, vocab_per_rank=128)
-TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128, keep_pipeline=False)
+TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128)
 # On GPUs (NCCL): sizes where kernels are past launch-bound (not exercised here: no GPU on this machine)
-GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096, keep_pipeline=False)
+GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096)
 
 
 def timing_rule(backend: str) -> ShrinkRule:
@@ -100,7 +100,7 @@ def shrink_pipeline(pp: int, vp: int, overlap: bool, nproc: int, layers: int) ->
 def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: str = "") -> Scenario:
     """The shrunk scenario for `nproc` processes (module docstring)."""
     m, p = scenario.model, scenario.parallel
-    pipe = shrink_pipeline(p.pp if rule.keep_pipeline else 1, p.vp, p.p2p_overlap, nproc, rule.layers)
+    pipe = shrink_pipeline(p.pp, p.vp, p.p2p_overlap, nproc, rule.layers)
     layers, micro_batches = pipe.pop("layers"), pipe.pop("micro_batches")
     tp, dp = shrink_layout(p.tp, nproc // pipe["pp"])
     heads, kv = shrink_heads(m.heads, m.num_kv_heads, p.tp, tp)

@@ -26,6 +26,12 @@ ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all
 REDUCE_SCATTER = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
 
 
+def p2p_tag(direction: str, micro_batch: int, sender_vstage: int, vstages: int) -> int:
+    """A pipeline transfer's rendezvous key (direction, micro-batch, sender's virtual stage) as one int, the
+    same on both ends; vstages = pp x vp virtual stages."""
+    return (micro_batch * vstages + sender_vstage) * 2 + (direction == "bwd")
+
+
 @dataclass(frozen=True)
 class CommTag:
     """Where a collective comes from, in the schedule's naming (sim/schedule/builder.py): block "L3", "embed",

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from meshsim.sim.schedule.pipeline import Comm, Compute, PipelineShape, Transfer, peer, stage_order
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout
-from meshsim.validate.stack.comm import comm_tag
+from meshsim.validate.stack.comm import comm_tag, p2p_tag
 from meshsim.validate.stack.layers import Mesh, Plan, transformer_layer
 from meshsim.validate.stack.model import embed, head_loss
 
@@ -50,7 +50,7 @@ def stage_params(names: list[str], chunks: list[ChunkLayout], tied: bool) -> lis
 def transfer_tag(shape: PipelineShape, stage: int, t: Transfer) -> int:
     """(direction, micro-batch, sender's virtual stage) as one int: the same on both ends."""
     _, sender = peer(shape, stage, t)
-    return (t.micro_batch * shape.p * shape.v + sender) * 2 + (t.direction == "bwd")
+    return p2p_tag(t.direction, t.micro_batch, sender, shape.p * shape.v)
 
 
 @dataclass

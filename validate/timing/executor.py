@@ -9,8 +9,12 @@ Each work becomes a prepared closure over preallocated operands (identical works
 - Elementwise: a memory-bound kernel touching the work's bytes: copy min(R, W) bytes, read the rest of
   R (sum) or write the rest of W (zero fill);
 - OptimizerStep: the same memory-bound kernel over params x bytes_per_param bytes, half read, half written;
-- Collective: the torch.distributed call on this rank's "tp", "dp" or "kv" group with the work's nbytes
-  (all-gather / reduce-scatter: nbytes is the gathered total, as in nccl-tests); a group of one is a no-op.
+- Collective: the torch.distributed call on this rank's "tp", "dp", "kv" or "embed" group with the work's
+  nbytes (all-gather / reduce-scatter: nbytes is the gathered total, as in nccl-tests); a group of one is a
+  no-op;
+- P2P (a pipeline batch on the pp_comm stream): one dist.batch_isend_irecv of every transfer, each to the
+  rank of its peer stage at this rank's (tp, dp) position (sim/core/mesh.py's "pp" group), nbytes each,
+  tagged with validate/stack/comm.py's p2p_tag (the rendezvous key the simulator's engine matches on).
 Operands are fp32 on CPU (gloo; CPU bf16 GEMMs are not representative) and bf16 on CUDA (NCCL); the
 byte counts are the schedule's either way.
 """
@@ -24,8 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
-from meshsim.validate.stack.comm import ALL_GATHER, REDUCE_SCATTER
+from meshsim.sim.schedule.ops import P2P, Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
+from meshsim.validate.stack.comm import ALL_GATHER, REDUCE_SCATTER, p2p_tag
 
 Runner = Callable[[bool], object]  # runner(async_op) -> a torch.distributed Work handle or None
 
@@ -103,7 +107,42 @@ def _collective(c: Collective, dev: Device, groups: dict[str, object]) -> Runner
     return lambda async_op=False: call(async_op)
 
 
-def make_runner(work: Work, dev: Device, groups: dict[str, object]) -> Runner:
+@dataclass(frozen=True)
+class Pipeline:
+    """This rank's pipeline peers: pp_ranks[s] is stage s's rank at this rank's (tp, dp) position."""
+
+    pp_ranks: tuple[int, ...] = (0,)
+    vstages: int = 1  # pp x vp virtual stages (the tag's range)
+
+
+class _Batch:
+    """The requests of one batch_isend_irecv; wait() waits them all."""
+
+    def __init__(self, requests: list):
+        self.requests = requests
+
+    def wait(self) -> None:
+        for req in self.requests:
+            req.wait()
+
+
+def _p2p(p: P2P, dev: Device, pipe: Pipeline) -> Runner:
+    ops = [dist.P2POp(dist.isend if t.send else dist.irecv, dev.empty(-(-t.nbytes // dev.elem_bytes)),
+                      pipe.pp_ranks[t.peer_stage], tag=p2p_tag(t.direction, t.micro_batch, t.sender_vstage,
+                                                                pipe.vstages))
+           for t in p.transfers]
+
+    def run(async_op=False):
+        batch = _Batch(dist.batch_isend_irecv(ops))
+        if not async_op:
+            batch.wait()
+            return None
+        return batch
+
+    return run
+
+
+def make_runner(work: Work, dev: Device, groups: dict[str, object], pipe: Pipeline = Pipeline()) -> Runner:
     if isinstance(work, Gemm):
         return _gemm(work, dev)
     if isinstance(work, Attention):
@@ -115,18 +154,20 @@ def make_runner(work: Work, dev: Device, groups: dict[str, object]) -> Runner:
         return memory_kernel(total // 2, total - total // 2, dev)
     if isinstance(work, Collective):
         return _collective(work, dev, groups)
+    if isinstance(work, P2P):
+        return _p2p(work, dev, pipe)
     raise TypeError(f"unknown work {work!r}")
 
 
 class Runners:
     """One prepared runner per distinct work (memoized: a schedule repeats few shapes)."""
 
-    def __init__(self, dev: Device, groups: dict[str, object]):
-        self.dev, self.groups = dev, groups
+    def __init__(self, dev: Device, groups: dict[str, object], pipe: Pipeline = Pipeline()):
+        self.dev, self.groups, self.pipe = dev, groups, pipe
         self.cache: dict[Work, Runner] = {}
 
     def __call__(self, work: Work) -> Runner:
         runner = self.cache.get(work)
         if runner is None:
-            runner = self.cache[work] = make_runner(work, self.dev, self.groups)
+            runner = self.cache[work] = make_runner(work, self.dev, self.groups, self.pipe)
         return runner

@@ -9,6 +9,13 @@ Two kinds of step, interleaved after `warmup` untimed ones:
   an op first waits for the collectives it depends on. On CUDA each schedule stream is a CUDA stream and
   dependencies are CUDA events, so communication overlaps computation as the simulator assumes. The step
   time is from a barrier to this rank's last completion.
+
+Pipelines (pp > 1): each rank runs its own stage's schedule (sim/schedule/pipeline_builder.py's
+build_stage_schedules, the ones the simulator runs) and P2P batches go to the peer stages' ranks
+(validate/timing/executor.py). A P2P batch gets no barrier in the timed step: its interval includes the
+wait for the peer to post (the pipeline bubble the simulator reports apart). On CPU (gloo) the
+as-scheduled step waits each P2P batch where it is posted, as validate/stack/pipeline.py does (deferred
+waits hung gloo there); on CUDA a batch runs on its own pp_comm stream and its dependants wait for it.
 """
 
 from __future__ import annotations
@@ -20,11 +27,13 @@ import torch.distributed as dist
 
 from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
+from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.schedule.builder import build_schedule
-from meshsim.sim.schedule.ops import Collective, Schedule
+from meshsim.sim.schedule.ops import P2P, Collective, Schedule
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.validate.numerics.worker import run_variants
 from meshsim.validate.stack.groups import build_mesh
-from meshsim.validate.timing.executor import Device, Runners
+from meshsim.validate.timing.executor import Device, Pipeline, Runners
 
 
 class CpuClock:
@@ -81,7 +90,7 @@ def scheduled_step_cpu(schedule: Schedule, runners: Runners) -> float:
             if handle is not None:
                 handle.wait()
         is_comm = isinstance(op.work, Collective)
-        handle = runners(op.work)(is_comm)
+        handle = runners(op.work)(is_comm)  # a P2P batch: waited here (module docstring)
         if is_comm and handle is not None:
             pending[op.id] = handle
     for handle in pending.values():
@@ -92,7 +101,7 @@ def scheduled_step_cpu(schedule: Schedule, runners: Runners) -> float:
 def scheduled_step_cuda(schedule: Schedule, runners: Runners) -> float:
     """As scheduled on CUDA: one stream per schedule stream, dependencies as events, NCCL on its stream."""
     streams = {"compute": torch.cuda.current_stream(), "tp_comm": torch.cuda.Stream(),
-               "dp_comm": torch.cuda.Stream()}
+               "dp_comm": torch.cuda.Stream(), "pp_comm": torch.cuda.Stream()}
     done: dict[int, torch.cuda.Event] = {}
     torch.cuda.synchronize()
     dist.barrier()
@@ -102,7 +111,7 @@ def scheduled_step_cuda(schedule: Schedule, runners: Runners) -> float:
         for dep in op.deps:
             stream.wait_event(done[dep])
         with torch.cuda.stream(stream):
-            is_comm = isinstance(op.work, Collective)
+            is_comm = isinstance(op.work, Collective | P2P)
             handle = runners(op.work)(is_comm)
             if is_comm and handle is not None:
                 handle.wait()
@@ -113,22 +122,32 @@ def scheduled_step_cuda(schedule: Schedule, runners: Runners) -> float:
 
 
 def schedule_from_payload(payload: dict) -> Schedule:
+    """The whole model's schedule (calibration samples its works)."""
     return build_schedule(resolve(Scenario.model_validate(payload["scenario"]), payload["source"]))
+
+
+def stage_setup(payload: dict) -> tuple[Schedule, dict, Pipeline]:
+    """This rank's stage schedule, its groups by schedule name, and its pipeline peers."""
+    rs = resolve(Scenario.model_validate(payload["scenario"]), payload["source"])
+    schedule = build_stage_schedules(rs)[rs.stage_of(dist.get_rank())]
+    rep = schedule.kv_replicas
+    mesh, _ = build_mesh(schedule.tp, schedule.dp, [list(range(b, b + rep)) for b in range(0, schedule.tp, rep)],
+                         pp=rs.pp)
+    groups = {"tp": mesh.tp_group, "dp": mesh.dp_group, "kv": mesh.kv_group, "embed": mesh.embed_group}
+    pipe = Pipeline(mesh_group("pp", dist.get_rank(), rs.tp, rs.dp, pp=rs.pp), rs.pp * rs.vp)
+    return schedule, groups, pipe
 
 
 def timing_task(payload: dict) -> dict:
     """Task "timing": optional numerics variants first (payload["numerics"], on gloo groups: CPU tensors),
     then warm-up and `repeats` pairs of (timed, as-scheduled) steps on groups of the default backend.
-    Returns this rank's raw measurements and the backend they were taken on."""
+    Each rank runs its pipeline stage's schedule. Returns this rank's raw measurements and the backend they were taken on."""
     numerics = None
     if payload.get("numerics"):
         numerics = run_variants(payload["numerics"])
-    schedule = schedule_from_payload(payload)
+    schedule, groups, pipe = stage_setup(payload)
     cuda = dist.get_backend() == "nccl"
-    rep = schedule.kv_replicas
-    mesh, _ = build_mesh(schedule.tp, schedule.dp, [list(range(b, b + rep)) for b in range(0, schedule.tp, rep)])
-    groups = {"tp": mesh.tp_group, "dp": mesh.dp_group, "kv": mesh.kv_group}
-    runners = Runners(Device.for_backend(dist.get_backend()), groups)
+    runners = Runners(Device.for_backend(dist.get_backend()), groups, pipe)
     clock = CudaClock() if cuda else CpuClock()
     scheduled = scheduled_step_cuda if cuda else scheduled_step_cpu
     for _ in range(payload.get("warmup", 2)):
