@@ -76,6 +76,9 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
         table.add_row(cat, f"{row['simulated_s'] * 1e3:.2f}", f"{row['measured_s'] * 1e3:.2f}",
                       _fmt_err(row["error_pct"]), f"{share[cat]['simulated']:.1%}", f"{share[cat]['measured']:.1%}")
     console.print(table)
+    if "pipeline_bubble" in share:  # pp > 1 (measured: the replay's waits for a P2P peer)
+        console.print(f"pipeline bubble on the critical path: simulated {share['pipeline_bubble']['simulated']:.1%}, "
+                      f"measured {share['pipeline_bubble']['measured']:.1%} ({report.get('pp', 1)} stages)")
     agree = report["critical_path_agreement"]
     console.print(f"critical path: {agree['on_both']} ops on both, Jaccard {agree['jaccard']:.2f}")
     if out_dir is not None:
