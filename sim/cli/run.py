@@ -100,7 +100,7 @@ def scenarios_command() -> None:
         m, t, p = sc.model, sc.topology, sc.parallel
         model = f"{m.layers}L h{m.hidden} {m.heads}/{m.num_kv_heads}h {m.mlp} s{m.seq_len}"
         shown = f"{name} *" if name == DEFAULT_SCENARIO else name
-        rows.append([shown, model, t.preset or t.file or "", str(t.nodes), str(p.tp), str(getattr(p, "pp", 1)),
+        rows.append([shown, model, t.preset or t.file or "", str(t.nodes), str(p.tp), str(p.pp),
                      "on" if p.sp else "off", str(path)])
     console = make_console()
     table, note = fitted_table("built-in scenarios (meshsim run NAME; * = the default)", SCENARIO_COLUMNS, rows,

@@ -127,12 +127,12 @@ def config_echo(rs: Any) -> dict[str, Any]:
     """The scenario settings a reader needs next to the numbers (rs: ResolvedScenario)."""
     sc, par = rs.scenario, rs.scenario.parallel
     return {
-        "tp": rs.tp, "pp": getattr(rs, "pp", 1), "sp": par.sp, "dp": rs.dp, "gpus": rs.gpus, "micro_batch": par.micro_batch,
+        "tp": rs.tp, "pp": rs.pp, "sp": par.sp, "dp": rs.dp, "gpus": rs.gpus, "micro_batch": par.micro_batch,
         "micro_batches": rs.micro_batches, "global_batch": par.global_batch, "seq_len": sc.model.seq_len,
         "recompute": par.recompute, "tp_comm_overlap": par.tp_comm_overlap,
         "topology": sc.topology.preset or rs.topology.name, "nodes": rs.topology.nodes, "gpu": rs.gpu.name,
         "gpus_per_node": rs.topology.gpus_per_node, "crosses_nodes": rs.crosses_nodes(),
-        **({"pp": rs.pp, "vp": rs.vp} if getattr(rs, "pp", 1) > 1 else {}),
+        **({"vp": rs.vp} if rs.pp > 1 else {}),  # virtual stages only mean something with pp > 1
     }
 
 
@@ -155,7 +155,7 @@ def memory_echo(mem: Any) -> dict[str, Any]:
 
 def pipeline_summary(rs: Any, path_shares: Mapping[str, float], breakdown: Mapping[str, float]) -> dict:
     """pp > 1: the bubble fraction and P2P share of the critical path (the stage that sets the step)."""
-    if getattr(rs, "pp", 1) == 1:
+    if rs.pp == 1:
         return {}
     p = rs.scenario.parallel
     return {"pp": rs.pp, "vp": rs.vp, "microbatch_group_size": p.microbatch_group_size or rs.pp,
@@ -211,7 +211,7 @@ def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[
     """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
     breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates). The optional
     op_collectives / rank_groups feed the trace's and timeline's collective details."""
-    path_shares = shares(list(path), step_s, getattr(rs, "pp", 1) > 1)
+    path_shares = shares(list(path), step_s, rs.pp > 1)
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
