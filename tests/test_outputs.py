@@ -43,7 +43,7 @@ def step_schedule(layers: int, tp: int = 2) -> Schedule:
 def fake_rs():
     par = SimpleNamespace(global_batch=8, sp=True, micro_batch=1, recompute="none", tp_comm_overlap=False)
     scenario = SimpleNamespace(parallel=par, model=SimpleNamespace(seq_len=1024), topology=SimpleNamespace(preset="x"))
-    return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, micro_batches=1,
+    return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1, micro_batches=1,
                            gpu=SimpleNamespace(name="h100-sxm", peak_tflops=989.0), datasheet_peak_tflops=989.0,
                            topology=SimpleNamespace(name="x", nodes=1, gpus_per_node=8), crosses_nodes=lambda: False)
 
