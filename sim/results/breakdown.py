@@ -105,11 +105,6 @@ def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = F
             "pipeline_bubble": with_gaps - all_busy, "nothing_running": max(0.0, step_time_s - with_gaps)}
 
 
-def pipeline_breakdown(events: Iterable[Event], step_time_s: float) -> dict[str, float]:
-    """breakdown() of one rank of a pipeline stage (pp_comm_busy, exposed_pp_comm_only, pipeline_bubble)."""
-    return breakdown(events, step_time_s, pipeline=True)
-
-
 def middle_layer(events: Iterable[Event]) -> int | None:
     layers = sorted({ev.layer for ev in events if ev.layer is not None})
     return layers[len(layers) // 2] if layers else None

@@ -44,7 +44,7 @@ from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results import steady_state
-from meshsim.sim.results.breakdown import breakdown, pipeline_breakdown
+from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.critical_path import critical_path
 from meshsim.sim.results.step_result import StepResult, assemble, build_result, rows_by_event
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
@@ -237,8 +237,8 @@ def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, c
     schedules = build_stage_schedules(short)
     log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster)
     rep = log.of_rank(log.ranks[0])
-    path = critical_path(schedules if rs.pp > 1 else schedules[0], log)
-    split = pipeline_breakdown(rep, log.step_time_s) if rs.pp > 1 else breakdown(rep, log.step_time_s)
+    path = critical_path(schedules, log)
+    split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1)
     counts = Counter({(s.stage, *key): c for s in schedules for key, c in collective_counts(s).items()})
     return steady_state.Run(schedules, log, path, split, counts)
 

@@ -193,7 +193,7 @@ def build_result(rs: Any, schedule: Schedule | Sequence[Schedule], log: EventLog
     pipeline = len(schedules) > 1
     step_s = log.step_time_s
     rep = log.of_rank(log.ranks[0])
-    path = critical_path(schedules if pipeline else schedules[0], log)
+    path = critical_path(schedules, log)
     breakdown_s = bd.breakdown(rep, step_s, pipeline=pipeline)
     by_op = rows_by_event(schedules, collectives, log.ranks, getattr(rs, "stage_size", rs.gpus))
     return assemble(rs, step_s, rep, breakdown_s, path, memory=memory, model_flops=model_flops,
