@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -173,10 +173,11 @@ def host_issue_times(rs: ResolvedScenario, schedule: Schedule) -> tuple[float, .
     return issue_times_s(schedule, us * 1e-6)
 
 
-def rank_groups(rs: ResolvedScenario, schedule: Schedule, ranks: tuple[int, ...]
+def rank_groups(rs: ResolvedScenario, schedules: Sequence[Schedule], ranks: tuple[int, ...]
                 ) -> dict[tuple[str, int], tuple[int, ...]]:
-    """(group kind, simulated rank) -> the global ranks of that group (for trace args)."""
-    kinds = {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}
+    """(group kind, simulated rank) -> the global ranks of that group (for trace args), over every kind
+    the stages' collectives use."""
+    kinds = {op.work.group for s in schedules for op in s.ops if isinstance(op.work, Collective)}
     return {(kind, rank): tuple(rs.group(kind, rank)) for kind in kinds for rank in ranks}
 
 
@@ -207,7 +208,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=collectives, explicit_ranks=explicit_ranks,
                           hardware_flops=hardware_flops_per_step(rs),
-                          rank_groups={k: v for s in schedules for k, v in rank_groups(rs, s, log.ranks).items()})
+                          rank_groups=rank_groups(rs, schedules, log.ranks))
     return result, log, schedules[0]
 
 
@@ -267,7 +268,7 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
                     ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state.to_dict(),
                     hardware_flops=hardware_flops_per_step(rs),
                     op_collectives=rows_by_event(run_b.schedules, collectives, ranks, rs.stage_size),
-                    rank_groups={k: v for s in run_b.schedules for k, v in rank_groups(rs, s, ranks).items()})
+                    rank_groups=rank_groups(rs, run_b.schedules, ranks))
 
 
 def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False) -> StepResult:
