@@ -32,6 +32,7 @@ from meshsim.sim.core.userio import load_json
 from meshsim.sim.outputs.step_report import OUTPUT_FILES
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
+from meshsim.sim.results.critical_path import CATEGORIES
 from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.compare_page import fmt_value, write_page
@@ -39,7 +40,7 @@ from meshsim.sim.sweep.compare_page import fmt_value, write_page
 HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 1.0),
             ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0), ("HFU (%)", "hfu", 100.0))
 BUSY_ROWS = tuple(k for k in BREAKDOWN_KEYS if k.endswith("_busy")) + ("compute_waiting",)
-SHARES = ("compute", "tp_comm", "dp_comm", "waiting")
+SHARES = CATEGORIES  # critical-path rows, in their defined order
 OPTIONAL_HEADLINE = ("hfu",)  # absent from results written before it existed: shown as "-"
 CONFIG_DIFF_KEYS = ("gpus", "gpu", "topology", "nodes", "tp", "pp", "dp", "sp", "recompute", "micro_batch",
                     "micro_batches", "global_batch", "seq_len", "tp_comm_overlap")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from meshsim.sim.core.console import Column
 from meshsim.sim.core.fmt import fmt_pct, fmt_tokens, time_column
+from meshsim.sim.results.critical_path import CATEGORIES
 from meshsim.sim.sweep.explain import AXIS_LABELS, fmt_gb, ok, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
 
@@ -51,5 +52,5 @@ def table_rows(records: list[SweepRecord]) -> list[list[str]]:
         rows.append(head + [str(res["dp"]), fmt_step(res.step_time_s), fmt_tokens(res.tokens_per_s),
                             f"{res.tflops_per_gpu:.0f}", fmt_pct(res.mfu), f"{fmt_gb(mem['total'])}/{fmt_gb(mem['capacity'])}",
                             "yes" if mem["fits"] else "NO", fmt_pct(b.get("compute_waiting", 0.0) / res.step_time_s)]
-                    + [fmt_pct(share.get(k, 0.0)) for k in ("compute", "tp_comm", "dp_comm", "waiting")])
+                    + [fmt_pct(share.get(k, 0.0)) for k in CATEGORIES])
     return rows
