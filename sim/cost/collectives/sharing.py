@@ -1,22 +1,38 @@
 """Which concurrent copies of a collective can slow it down: those whose links connect to its own.
 
 Max-min fair sharing (maxmin.py) decomposes over connected components: flows that share no link,
-directly or through a chain of other flows, do not change each other's rates. Every topology is one
-node description replicated (presets, and custom nodes multiplied with the IB fabric, topologies/fabric.py),
-so a copy of the group on another node, with the same local ranks, uses that node's replica of the
-group's own links. When the group's own plan stays inside its node (an NVLink / NVSwitch / PCIe domain),
-such a copy can only interact with it through a group that also touches that other node; copies on nodes
-no kept group touches are dropped without building their plans. The result is exact, and pricing a TP
-collective on 16,384 GPUs costs what it costs on one node.
+directly or through a chain of other flows, do not change each other's rates. So a concurrent copy is
+dropped, before its plan is built, when it provably shares no link with the own group's component:
+
+- Node-local groups: every topology is one node description replicated (presets, and custom nodes
+  multiplied with the IB fabric, topologies/fabric.py), so a copy of the group on another node, with the
+  same local ranks, uses that node's replica of the group's own links. When the group's own plan stays
+  inside its node (an NVLink / NVSwitch / PCIe domain), such a copy can only interact with it through a
+  group that also touches that other node; copies on nodes no kept group touches are dropped.
+- Groups across the rail-optimized fabric (a topology with a FabricRouter; ring, tree, direct and
+  hierarchical plans, whose flows all follow `route(a, b)` between two members): a copy's links are a
+  subset of its footprint, the closed-form union of every route between its members (inside a node: the
+  node's routes among its local members; across nodes: each member's GPU..NIC and NIC..GPU path, its
+  NIC links, and its rail leaf's up- and downlink). Copies whose footprints are disjoint from the own
+  plan's links and from the footprints of the copies kept (to a fixed point) are dropped: a DP ring on
+  rail 0 is priced without the seven copies on rails 1-7.
+
+Both are exact: the own component's flows, demands and capacities are unchanged, and so are their rates.
+Pricing a TP collective on 16,384 GPUs costs what it costs on one node, and a DP collective what one
+rail costs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.phases import Plan
+from meshsim.topologies.fabric import FabricRouter
 from meshsim.topologies.model import Topology
+
+ROUTED_ALGOS = ("ring", "tree", "direct", "hierarchical")  # plans whose flows are member-to-member routes
+ENABLED = True  # tests switch the pruning off to check that it changes nothing
 
 
 def _node_links(topo: Topology) -> list[int | None]:
@@ -36,16 +52,70 @@ def stays_in_node(topo: Topology, plan: Plan, node: int) -> bool:
     return all(of[li] == node for phase in plan.phases for flow in phase.flows for li in flow.links)
 
 
+def plan_links(plan: Plan) -> set[int]:
+    return {li for phase in plan.phases for flow in phase.flows for li in flow.links}
+
+
+def _local_links(topo: Topology, router: FabricRouter, local: tuple[int, ...], multi_node: bool) -> tuple[int, ...]:
+    """Template links of one node used by routes among `local` GPUs, plus their NIC paths if `multi_node`."""
+    tab = cache.table(topo, "local_links")
+    key = (local, multi_node)
+    hit = tab.get(key)
+    if hit is None:
+        links = {k for i in local for j in local if i != j for k in router.node.route(i, j)}
+        if multi_node:
+            links.update(k for i in local for k in (*router.up[i], *router.down[i]))
+        hit = cache.remember(tab, key, tuple(sorted(links)))
+    return hit
+
+
+def footprint(topo: Topology, router: FabricRouter, ranks: Iterable[int]) -> set[int]:
+    """A superset of the links of every route between two of `ranks` on the fabric (module doc)."""
+    per_node = router.node.gpus_per_node
+    by_node: dict[int, list[int]] = {}
+    for r in ranks:
+        by_node.setdefault(r // per_node, []).append(r % per_node)
+    multi = len(by_node) > 1
+    links: set[int] = set()
+    for n, local in by_node.items():
+        off = n * router.node_links
+        links.update(off + k for k in _local_links(topo, router, tuple(sorted(local)), multi))
+        if multi:
+            for i in local:
+                rail = router.rail_of[i]
+                nic = router.ib_base + 2 * (n * router.rails + rail)
+                uplink = router.uplink_base + 2 * (rail * router.leaves_per_rail + n // router.nodes_per_leaf)
+                links.update((nic, nic + 1, uplink, uplink + 1))
+    return links
+
+
+def _fabric_sharing(topo: Topology, own: Plan, concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The copies connected to the own plan's links through footprints (a fixed point; order kept)."""
+    kept_links = plan_links(own)
+    prints = [footprint(topo, topo.router, g) for g in concurrent]
+    kept = [False] * len(concurrent)
+    grew = True
+    while grew:
+        grew = False
+        for i, fp in enumerate(prints):
+            if not kept[i] and not kept_links.isdisjoint(fp):
+                kept[i], grew = True, True
+                kept_links |= fp
+    return tuple(g for g, k in zip(concurrent, kept, strict=True) if k)
+
+
 def sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
                    concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The concurrent groups in the own group's link-sharing component (module doc); order kept."""
+    if not ENABLED or not concurrent:
+        return tuple(concurrent)
     per_node = topo.gpus_per_node
     nodes = {r // per_node for r in ranks}
-    if len(nodes) != 1 or not concurrent:
+    if len(nodes) != 1 or not stays_in_node(topo, own, next(iter(nodes))):
+        if isinstance(topo.router, FabricRouter) and own.algo in ROUTED_ALGOS:
+            return _fabric_sharing(topo, own, concurrent)
         return tuple(concurrent)
     node = nodes.pop()
-    if not stays_in_node(topo, own, node):
-        return tuple(concurrent)
     local = tuple(r % per_node for r in ranks)
     replica: dict[int, int] = {}  # candidate index -> its node
     touched: set[int] = {node}
