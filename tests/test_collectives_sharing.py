@@ -34,7 +34,7 @@ def test_footprint_covers_every_link_of_a_plan(preset, algo):
         if algo == "direct":
             group = group[::10]
         plan = build_plan(topo, algo, "all_reduce", group)
-        assert sharing.plan_links(plan) <= sharing.footprint(topo, topo.router, group)
+        assert sharing.plan_links(plan) <= sharing.footprint(topo, topo.router, tuple(group))
 
 
 def test_dp_copies_on_other_rails_are_dropped_and_dp_copies_on_a_shared_nic_kept():
@@ -63,7 +63,7 @@ def test_pruned_price_equals_the_unpruned_one(monkeypatch, preset, algo):
     pruned = _priced(monkeypatch, True, topo, group, copies, algo)
     whole = _priced(monkeypatch, False, topo, group, copies, algo)
     assert dataclasses.replace(pruned, link_load={}) == dataclasses.replace(whole, link_load={})
-    own = sharing.footprint(topo, topo.router, group)
+    own = sharing.footprint(topo, topo.router, tuple(group))
     assert {li: whole.link_load[li] for li in pruned.link_load} == pruned.link_load
     assert own.isdisjoint(set(whole.link_load) - set(pruned.link_load))  # only dropped copies' links go
     cache.clear()

@@ -69,30 +69,41 @@ def _local_links(topo: Topology, router: FabricRouter, local: tuple[int, ...], m
     return hit
 
 
-def footprint(topo: Topology, router: FabricRouter, ranks: Iterable[int]) -> set[int]:
-    """A superset of the links of every route between two of `ranks` on the fabric (module doc)."""
+def footprint(topo: Topology, router: FabricRouter, ranks: tuple[int, ...]) -> frozenset[int]:
+    """A superset of the links of every route between two of `ranks` on the fabric (module doc); memoized."""
+    tab = cache.table(topo, "footprint")
+    hit = tab.get(ranks)
+    if hit is None:
+        hit = cache.remember(tab, ranks, _footprint(topo, router, ranks))
+    return hit
+
+
+def _footprint(topo: Topology, router: FabricRouter, ranks: tuple[int, ...]) -> frozenset[int]:
     per_node = router.node.gpus_per_node
     by_node: dict[int, list[int]] = {}
     for r in ranks:
         by_node.setdefault(r // per_node, []).append(r % per_node)
     multi = len(by_node) > 1
-    links: set[int] = set()
+    nodes_of: dict[tuple[int, ...], list[int]] = {}  # local ranks -> the nodes holding exactly those
     for n, local in by_node.items():
-        off = n * router.node_links
-        links.update(off + k for k in _local_links(topo, router, tuple(sorted(local)), multi))
+        nodes_of.setdefault(tuple(sorted(local)), []).append(n)
+    links: set[int] = set()
+    step, rails, per_leaf = router.node_links, router.rails, router.nodes_per_leaf
+    for local, nodes in nodes_of.items():
+        template = _local_links(topo, router, local, multi)
+        links.update(n * step + k for n in nodes for k in template)
         if multi:
-            for i in local:
-                rail = router.rail_of[i]
-                nic = router.ib_base + 2 * (n * router.rails + rail)
-                uplink = router.uplink_base + 2 * (rail * router.leaves_per_rail + n // router.nodes_per_leaf)
-                links.update((nic, nic + 1, uplink, uplink + 1))
-    return links
+            for rail in {router.rail_of[i] for i in local}:
+                nics = [router.ib_base + 2 * (n * rails + rail) for n in nodes]
+                ups = [router.uplink_base + 2 * (rail * router.leaves_per_rail + n // per_leaf) for n in nodes]
+                links.update(nics, [li + 1 for li in nics], ups, [li + 1 for li in ups])
+    return frozenset(links)
 
 
 def _fabric_sharing(topo: Topology, own: Plan, concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The copies connected to the own plan's links through footprints (a fixed point; order kept)."""
-    kept_links = plan_links(own)
-    prints = [footprint(topo, topo.router, g) for g in concurrent]
+    kept_links = plan_links(own)  # a new set, grown below
+    prints = [footprint(topo, topo.router, tuple(g)) for g in concurrent]
     kept = [False] * len(concurrent)
     grew = True
     while grew:
@@ -106,9 +117,20 @@ def _fabric_sharing(topo: Topology, own: Plan, concurrent: Sequence[tuple[int, .
 
 def sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
                    concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
-    """The concurrent groups in the own group's link-sharing component (module doc); order kept."""
+    """The concurrent groups in the own group's link-sharing component (module doc); order kept. Memoized
+    per (own plan, concurrent groups): each op prices several (algorithm, protocol) pairs on one plan."""
     if not ENABLED or not concurrent:
         return tuple(concurrent)
+    tab = cache.table(topo, "sharing")
+    key = (id(own), tuple(ranks), tuple(concurrent))
+    hit = tab.get(key)
+    if hit is None or hit[0] is not own:  # the plan is kept with the entry, so its id cannot be reused
+        hit = cache.remember(tab, key, (own, _sharing_groups(topo, own, ranks, concurrent)))
+    return hit[1]
+
+
+def _sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
+                    concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     per_node = topo.gpus_per_node
     nodes = {r // per_node for r in ranks}
     if len(nodes) != 1 or not stays_in_node(topo, own, next(iter(nodes))):
