@@ -180,3 +180,21 @@ def test_results_json_text_is_the_dict():
     top = summary["critical_path_top"]
     assert sum(t["count"] for t in top) <= len(result.critical_path)
     assert top == sorted(top, key=lambda t: -t["total_s"])
+
+
+def test_timeline_spec_is_valid_plotly_and_the_page_embeds_it(tmp_path):
+    """The plain dict written without plotly is what plotly's own validation makes of it (so plotly.js reads
+    it as before); the page holds plotly.js and the figure, with "</" escaped."""
+    import json
+
+    from meshsim.sim.outputs.plotly_page import decode_typed_array, figure_json, typed_array
+    from meshsim.sim.outputs.timeline import timeline_spec, write_timeline
+
+    result, log = simulated(layers=2)
+    spec = timeline_spec(log.events, result.critical_path, "t</script>", result)
+    assert json.loads(timeline_figure(log.events, result.critical_path, "t</script>", result).to_json()) == spec
+    page = write_timeline(tmp_path / "t.html", log.events, result.critical_path, "t</script>", result).read_text()
+    assert figure_json(spec) in page and page.count("</script>") == 3  # plotly config, plotly.js, the figure
+    values = [0.5, 2.0, float("nan"), 1e3]
+    decoded = decode_typed_array(typed_array(values))
+    assert decoded[:2] == [0.5, 2.0] and decoded[2] != decoded[2] and decoded[3] == 1e3

@@ -12,9 +12,12 @@ Sized for a browser: hover text is kept for micro-batches 0 and last and the ops
 without hover, and back-to-back ops of one category on one lane are drawn as one bar (merged_runs),
 which keeps a 20k-op step to a few MB.
 
-Scales to tens of thousands of ops: bars are WebGL line segments (go.Scattergl, segments separated by
+Scales to tens of thousands of ops: bars are WebGL line segments (scattergl, segments separated by
 NaN), one trace per category, plus one invisible marker trace per category carrying the hover text,
-never one trace object per op; coordinates are numpy arrays, embedded as base64 typed arrays.
+never one trace object per op; coordinates are embedded as base64 float32 typed arrays.
+
+The figure is a plain dict in plotly.js's schema (`timeline_spec`), written to HTML without importing
+plotly (sim/outputs/plotly_page.py); `timeline_figure` wraps it in a plotly Figure for notebooks and tests.
 An extrapolated step (sim/results/steady_state.py) shows its simulated micro-batches, and a shaded band where the
 extrapolated periods go.
 """
@@ -25,11 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import plotly.graph_objects as go
-
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gbps, fmt_s, rank_label
 from meshsim.sim.engine.events import STREAMS, Event
+from meshsim.sim.outputs.plotly_page import template, typed_array, write_page
 from meshsim.sim.results.breakdown import middle_layer
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, critical_ops
 
@@ -97,50 +98,51 @@ def merged_runs(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> l
     return [tuple(r) for r in runs]
 
 
-def _segments(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> tuple[np.ndarray, np.ndarray]:
+def _segments(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> tuple[dict, dict]:
     """x = [start, end, NaN] per run of ops (ms), y = [lane, lane, NaN]: NaN breaks the line between bars.
-    numpy arrays travel as base64 typed arrays in the HTML (plotly >= 6), a fraction of JSON lists."""
+    float32 typed arrays: lane ids are exact, times (ms) keep ~7 digits (0.5 us at 7 s), a fraction of
+    the bytes of JSON lists."""
+    nan = float("nan")
     runs = merged_runs(events, lanes)
-    n = len(runs)
-    # float32: lane ids are exact, times (ms) keep ~7 digits (0.5 us at 7 s), half the bytes of float64
-    x, y = np.full(3 * n, np.nan, dtype=np.float32), np.full(3 * n, np.nan, dtype=np.float32)
-    x[0::3] = [r[1] * 1e3 for r in runs]
-    x[1::3] = [r[2] * 1e3 for r in runs]
-    y[0::3] = y[1::3] = [r[0] for r in runs]
-    return x, y
+    x = [v for r in runs for v in (r[1] * 1e3, r[2] * 1e3, nan)]
+    y = [v for r in runs for v in (r[0], r[0], nan)]
+    return typed_array(x), typed_array(y)
 
 
 def _category_traces(category: str, events: Sequence[Event], lanes: dict, hover_texts: Sequence[str | None]
-                     ) -> list[go.Scattergl]:
+                     ) -> list[dict]:
     colour = COLOURS.get(category, "#888888")
     x, y = _segments(events, lanes)
-    bars = go.Scattergl(x=x, y=y, mode="lines", line={"color": colour, "width": BAR_PX}, name=category,
-                        legendgroup=category, hoverinfo="skip", connectgaps=False)
+    bars = {"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": colour, "width": BAR_PX},
+            "name": category, "legendgroup": category, "hoverinfo": "skip", "connectgaps": False}
     idx = [i for i, t in enumerate(hover_texts) if t is not None]
-    mid = np.array([(events[i].start_s + events[i].end_s) * 5e2 for i in idx], dtype=np.float32)
-    lane = np.array([lanes[(events[i].rank, events[i].stream)] for i in idx], dtype=np.float32)
-    hover = go.Scattergl(x=mid, y=lane, mode="markers",
-                         marker={"color": colour, "size": BAR_PX, "opacity": 0},
-                         hovertext=[hover_texts[i] for i in idx], hoverinfo="text", legendgroup=category,
-                         showlegend=False, name=category)
+    mid = typed_array([(events[i].start_s + events[i].end_s) * 5e2 for i in idx])
+    lane = typed_array([lanes[(events[i].rank, events[i].stream)] for i in idx])
+    hover = {"type": "scattergl", "x": mid, "y": lane, "mode": "markers",
+             "marker": {"color": colour, "size": BAR_PX, "opacity": 0},
+             "hovertext": [hover_texts[i] for i in idx], "hoverinfo": "text", "legendgroup": category,
+             "showlegend": False, "name": category}
     return [bars, hover]
 
 
-def _steady_state_band(fig: go.Figure, steady_state: Mapping | None) -> None:
+def _steady_state_band(layout: dict, steady_state: Mapping | None) -> None:
     """A shaded band over the periods an extrapolated step did not simulate (sim/results/steady_state.py)."""
     if not steady_state or not steady_state.get("periods"):
         return
     start_ms = steady_state["gap_start_s"] * 1e3
     span_ms = steady_state["periods"] * steady_state["period_s"] * 1e3
-    fig.add_vrect(x0=start_ms, x1=start_ms + span_ms, fillcolor="#dddddd", opacity=0.5, line_width=0,
-                  annotation_text=f"{steady_state['periods']} x {steady_state['period_s'] * 1e3:.4g} ms periods "
-                                  "extrapolated", annotation_position="top left")
+    layout["shapes"] = [{"type": "rect", "xref": "x", "yref": "y domain", "x0": start_ms, "x1": start_ms + span_ms,
+                         "y0": 0, "y1": 1, "fillcolor": "#dddddd", "opacity": 0.5, "line": {"width": 0}}]
+    layout["annotations"] = [{"text": f"{steady_state['periods']} x {steady_state['period_s'] * 1e3:.4g} ms periods "
+                              "extrapolated", "x": start_ms, "xref": "x", "xanchor": "left", "y": 1,
+                              "yref": "y domain", "yanchor": "top", "showarrow": False}]
 
 
-def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "",
-                    result: Any = None, steady_state: Mapping | None = None) -> go.Figure:
-    """`result` (the run's StepResult, optional) adds collective details to the hover, mesh positions to the
-    lane labels and, for an extrapolated step, the band of periods not simulated (or give `steady_state`)."""
+def timeline_spec(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "",
+                  result: Any = None, steady_state: Mapping | None = None) -> dict[str, Any]:
+    """The figure as a plotly.js dict {"data": [...], "layout": {...}}. `result` (the run's StepResult,
+    optional) adds collective details to the hover, mesh positions to the lane labels and, for an
+    extrapolated step, the band of periods not simulated (or give `steady_state`)."""
     if steady_state is None:
         steady_state = getattr(result, "steady_state", None)
     events = list(events)
@@ -148,35 +150,44 @@ def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = 
     crit = critical_ops(critical_path)
     by_op = getattr(result, "op_collectives", {}) if result is not None else {}
     hovered = _with_hover(events)
-    fig = go.Figure()
+    data: list[dict] = []
     for category in COLOURS:
         picked = [i for i, e in enumerate(events) if e.category == category]
         if picked:
             sel = [events[i] for i in picked]
             texts = [_hover(events[i], (events[i].rank, events[i].op_id) in crit, by_op.get((events[i].rank, events[i].op_id)))
                      if i in hovered else None for i in picked]
-            fig.add_traces(_category_traces(category, sel, lanes, texts))
+            data += _category_traces(category, sel, lanes, texts)
     on_path = [e for e in events if (e.rank, e.op_id) in crit]
     if on_path:
         x, y = _segments(on_path, lanes)
-        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", line={"color": "#222222", "width": 3},
-                                   name="critical path", hoverinfo="skip", connectgaps=False))
-    _steady_state_band(fig, steady_state)
+        data.append({"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": "#222222", "width": 3},
+                     "name": "critical path", "hoverinfo": "skip", "connectgaps": False})
     config = getattr(result, "config", None)
-    fig.update_layout(title=title, xaxis_title="time (ms)", hovermode="closest", template="plotly_white",
-                      height=max(420, 200 + 40 * len(lanes)),
-                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
-    fig.update_xaxes(rangeslider={"visible": True, "thickness": 0.08}, range=zoom_range_ms(events))
-    fig.update_yaxes(tickvals=list(lanes.values()),
-                     ticktext=[f"{rank_label(r, config) if config else f'rank {r}'} · {s}" for r, s in lanes],
-                     autorange="reversed", zeroline=False, showgrid=False, fixedrange=True)
-    return fig
+    zoom = zoom_range_ms(events)
+    layout: dict[str, Any] = {
+        "template": template("plotly_white"), "title": {"text": title}, "hovermode": "closest",
+        "height": max(420, 200 + 40 * len(lanes)), "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+        "xaxis": {"title": {"text": "time (ms)"}, "rangeslider": {"visible": True, "thickness": 0.08},
+                  **({"range": list(zoom)} if zoom else {})},
+        "yaxis": {"tickvals": list(lanes.values()),
+                  "ticktext": [f"{rank_label(r, config) if config else f'rank {r}'} · {s}" for r, s in lanes],
+                  "autorange": "reversed", "zeroline": False, "showgrid": False, "fixedrange": True}}
+    _steady_state_band(layout, steady_state)
+    return {"data": data, "layout": layout}
+
+
+def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "",
+                    result: Any = None, steady_state: Mapping | None = None):
+    """timeline_spec as a plotly Figure (validated), for notebooks and tests."""
+    import plotly.graph_objects as go  # heavy (~0.3 s): only for callers who want a Figure object
+
+    return go.Figure(timeline_spec(events, critical_path, title, result, steady_state))
 
 
 def write_timeline(path: str | Path, events: Iterable[Event], critical_path: Sequence[Mapping] = (),
                    title: str = "", result: Any = None, steady_state: Mapping | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig = timeline_figure(events, critical_path, title, result, steady_state)
-    fig.write_html(str(path), include_plotlyjs=True, full_html=True)
-    return path
+    spec = timeline_spec(events, critical_path, title, result, steady_state)
+    return write_page(path, spec, spec["layout"]["height"])

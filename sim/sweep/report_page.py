@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+from typing import TYPE_CHECKING
 
 from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_s, gb_to_gib
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
 from meshsim.sim.sweep.explain import fits, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
 from meshsim.sim.sweep.table import table_columns, table_rows
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 
 def _series(records: list[SweepRecord]) -> dict[str, list[SweepRecord]]:
@@ -48,6 +49,9 @@ def _hover(rec: SweepRecord, axes: list[str]) -> str:
 
 def throughput_figure(records: list[SweepRecord]) -> go.Figure:
     """tokens/s (left) and MFU (right) against tp, per series; the sweet spot starred."""
+    import plotly.graph_objects as go  # heavy (~0.3 s): imported only when a sweep report is drawn
+    from plotly.subplots import make_subplots  # heavy, as above
+
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Throughput (tokens/s)", "MFU"))
     axes, best = varying_axes(records), sweet_spot(records)
     for i, (name, recs) in enumerate(_series(records).items()):
@@ -73,6 +77,8 @@ def throughput_figure(records: list[SweepRecord]) -> go.Figure:
 
 def breakdown_figure(records: list[SweepRecord]) -> go.Figure:
     """Stacked step time per configuration, split by the critical path's categories."""
+    import plotly.graph_objects as go  # heavy (~0.3 s): imported only when a sweep report is drawn
+
     axes, best = varying_axes(records), sweet_spot(records)
     ran = [r for r in records if ok(r)]
     names = [label(r, axes) + (" *" if r is best else "") for r in ran]
@@ -87,6 +93,8 @@ def breakdown_figure(records: list[SweepRecord]) -> go.Figure:
 
 def memory_figure(records: list[SweepRecord]) -> go.Figure:
     """Memory per GPU against tp with the capacity line."""
+    import plotly.graph_objects as go  # heavy (~0.3 s): imported only when a sweep report is drawn
+
     fig = go.Figure()
     axes, best = varying_axes(records), sweet_spot(records)
     for i, (name, recs) in enumerate(_series(records).items()):

@@ -24,7 +24,7 @@ rail costs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.phases import Plan
