@@ -251,6 +251,15 @@ def check_sequence_parallel(s: Scenario, ctx: CheckContext) -> None:
                    "ranks", f"use seq_len a multiple of {p.tp} (e.g. {lower or p.tp}), or parallel.sp: false")
 
 
+def check_param_gather_overlap(s: Scenario, ctx: CheckContext) -> None:
+    """Megatron-LM: --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce."""
+    p = s.parallel
+    if p.overlap_param_gather and not (p.distributed_optimizer and p.dp_overlap):
+        raise _err(ctx, "parallel.overlap_param_gather", True, "Overlapping the parameter all-gather needs the "
+                   "distributed optimizer and overlapped gradient reduction", "set parallel.distributed_optimizer: "
+                   "true and parallel.dp_overlap: true, or drop parallel.overlap_param_gather")
+
+
 Rule = Callable[[Scenario, CheckContext], None]
 
 RULES: tuple[Rule, ...] = (
@@ -268,6 +277,7 @@ RULES: tuple[Rule, ...] = (
     check_global_batch,
     check_interleaved_micro_batches,
     check_sequence_parallel,
+    check_param_gather_overlap,
 )
 
 

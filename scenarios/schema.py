@@ -120,8 +120,16 @@ class ParallelConfig(Frozen):
     recompute: Literal["none", "selective", "full"] = "none"
     tp_comm_overlap: bool = False
     dp_overlap: bool = True
+    # distributed optimizer: the updated parameters' all-gather overlaps the next step's forward (Megatron
+    # --overlap-param-gather); None = dp_overlap. False: it trails the optimizer step, exposed.
+    overlap_param_gather: bool | None = None
     distributed_optimizer: bool = False
     dp_bucket_mib: float = Field(default=40.0, gt=0)  # gradient bucket size (MiB of fp32 gradients) for DP reduction
+
+    @property
+    def param_gather_overlapped(self) -> bool:
+        """Whether the distributed optimizer's parameter all-gather overlaps the next forward."""
+        return self.dp_overlap if self.overlap_param_gather is None else self.overlap_param_gather
 
 
 class SweepConfig(Frozen):

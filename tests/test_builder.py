@@ -281,6 +281,28 @@ def test_overlapped_param_gathers_start_the_step_and_gate_their_layers_first_for
     assert gated[0].name.startswith("embed.mb0.fwd")
 
 
+def test_param_gather_overlap_follows_dp_overlap_unless_set():
+    """parallel.overlap_param_gather false: the gathers trail the optimizer (exposed) although the gradient
+    reduce-scatters still overlap backward; unset, it follows dp_overlap."""
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+    from meshsim.sim.schedule.builder import build_schedule
+
+    scenario, source = load_scenario("llama2-70b-h100-tp8")
+    short = with_overrides(scenario, {"model.layers": 2, "parallel.global_batch": 16}, source)
+
+    def gathers(overrides):
+        s = build_schedule(resolve(with_overrides(short, overrides, source), source))
+        step = next(op.id for op in s.ops if op.name == "opt.step")
+        return [op.id > step for op in s.ops if op.name.endswith(".all_gather") and op.name.startswith("dp.")]
+
+    assert gathers({}) and not any(gathers({}))  # default: every gather opens the step, before the optimizer
+    assert all(gathers({"parallel.overlap_param_gather": False}))  # all trail the optimizer
+    assert all(gathers({"parallel.dp_overlap": False}))  # follows dp_overlap when unset
+    rs = resolve(with_overrides(short, {"parallel.overlap_param_gather": False}, source), source)
+    reduce_deps = [op.deps for op in build_schedule(rs).ops if op.name.endswith(".reduce_scatter")]
+    assert len(reduce_deps) > 1 and len(set(reduce_deps)) == len(reduce_deps)  # each waits for its own producers
+
+
 def test_overlapping_the_param_gather_hides_dp_time_in_the_default_scenario():
     from meshsim.scenarios.load import load_scenario, resolve, with_overrides
     from meshsim.sim.results.simulate import simulate

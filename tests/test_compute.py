@@ -80,6 +80,20 @@ def test_skinny_k_loses_efficiency():
     assert ratio == pytest.approx((512 / (512 + k_fill)) / (8192 / (8192 + k_fill)), rel=1e-9)
 
 
+def test_fp32_accumulating_wgrad_pays_four_times_the_epilogue():
+    """out_bytes 8 (read + write an fp32 C): k_fill x 4 for the shape, the reference GEMM unchanged."""
+    model = ComputeModel(H100, ComputeTuning(launch_overhead_us=0.0))
+    k_fill = 989e12 / 3350e9
+    plain, fused = Gemm(8192, 8192, 4096), Gemm(8192, 8192, 4096, out_bytes=8)
+    ratio = tflops(model, fused) / tflops(model, plain)
+    assert ratio == pytest.approx((4096 / (4096 + 4 * k_fill)) / (4096 / (4096 + k_fill)), rel=1e-9)
+    assert tflops(model, Gemm(8192, 8192, 8192)) == pytest.approx(989 * 0.75)  # the reference is unmoved
+    slow_mem = dataclasses.replace(H100, mem_bw_gbps=1.0)  # and the roofline counts 8 bytes per C element
+    nbytes = 2 * 2 * 4096 * 4096 + 8 * 4096 * 4096
+    assert ComputeModel(slow_mem).time_s(Gemm(4096, 4096, 4096, out_bytes=8)) == pytest.approx(
+        nbytes / (1e9 * 0.9) + LAUNCH_S)
+
+
 def test_memory_bound_gemm_uses_the_bandwidth_roof():
     slow_mem = dataclasses.replace(H100, mem_bw_gbps=1.0)
     g = Gemm(4096, 4096, 4096)

@@ -74,6 +74,19 @@ def test_main_grad_add_only_without_grad_accumulation_fusion():
     assert any(a.bytes_read == 6 * fc1 and a.bytes_written == 4 * fc1 for a in adds)
 
 
+def test_wgrad_accumulates_into_fp32_only_with_fusion():
+    """Gradient-accumulation fusion: every weight-gradient GEMM reads and writes its fp32 main grad (8 bytes
+    per element of dW); without it wgrad writes 16 bits and the separate add does the rest."""
+    def wgrads(sched: Schedule) -> list[Gemm]:
+        return [op.work for op in sched.ops if op.name.endswith("_wgrad") and isinstance(op.work, Gemm)]
+    fused = wgrads(build_schedule(make_rs(GPT, {"tp": 2})))
+    unfused = wgrads(build_schedule(make_rs(GPT, {"tp": 2}, {"grad_accumulation_fusion": False})))
+    assert len(fused) == len(unfused) == 4 * GPT["layers"] + 1  # 4 linears per layer + the output layer
+    assert {g.out_bytes for g in fused} == {8} and {g.out_bytes for g in unfused} == {2}
+    dgrads = [op.work for op in build_schedule(make_rs(GPT, {"tp": 2})).ops if op.name.endswith("_dgrad")]
+    assert {g.out_bytes for g in dgrads} == {2}
+
+
 def test_bias_grad_kernels_follow_model_bias():
     """Four bias-gradient reductions per layer with biases; none with bias: false."""
     assert len(_kernels(build_schedule(make_rs(GPT, {"tp": 2})), "bias_grad")) == 4 * GPT["layers"]

@@ -1,7 +1,8 @@
 """Compute cost model: how long a compute op (Gemm, Attention, Elementwise, OptimizerStep) takes on one GPU.
 
     GEMM         max(flops / (peak x eff(m, n, k)), bytes / (bw x bw_eff)) + launch
-                 eff from sim/cost/gemm_efficiency.py; bytes = 2 (mk + kn + mn) batch (16-bit operands).
+                 eff from sim/cost/gemm_efficiency.py; bytes = (2 (mk + kn) + out_bytes mn) batch (16-bit
+                 operands; out_bytes 2, or 8 for a wgrad accumulating into the fp32 main grad).
     Attention    flops / (peak x attention_eff x wave) + launch   (flash; flops in the work: causal
                  halving and the 2.5x backward are already there). wave = CTA wave quantization with
                  one CTA per (batch, head, 128-query block).
@@ -143,7 +144,7 @@ class ComputeModel:
             tiles = ((k.tile_m or DEFAULT_TILES[0][0], k.tile_n or DEFAULT_TILES[0][1]),)
         return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=k.gemm_efficiency, tiles=tiles,
                                sm_count=self.gpu.sm_count,
-                               k_fill=self.gpu.peak_tflops * 1e3 / self.gpu.mem_bw_gbps)
+                               k_fill=self.gpu.peak_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)
 
     def gemm_s(self, g: Gemm) -> float:
         if g.flops == 0:
@@ -151,7 +152,7 @@ class ComputeModel:
         if self.profile is not None and self.profile.gemm_table:
             point = nearest_gemm(self.profile.gemm_table, g)
             return g.flops / (point.tflops * TFLOPS)
-        nbytes = 2.0 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch
+        nbytes = (2.0 * (g.m * g.k + g.k * g.n) + g.out_bytes * g.m * g.n) * g.batch
         compute = g.flops / (self.peak_flops * self.gemm_efficiency(g))
         memory = nbytes / (self.gpu.mem_bw_gbps * GB * self.knobs.mem_bw_efficiency)
         return max(compute, memory) + self.launch_s

@@ -10,7 +10,8 @@ size). Only the last micro-batch's backward triggers reductions (earlier ones ac
 - distributed_optimizer: reduce-scatter per bucket, the optimizer updates this rank's 1/dp shard, then
   an all-gather of the updated bf16 parameters per bucket (2 bytes per parameter). With dp_overlap that
   gather overlaps the next step's forward (Megatron's --overlap-param-gather), so the steady-state step
-  starts with it (sim/schedule/param_gather.py); without dp_overlap it trails the optimizer here.
+  starts with it (sim/schedule/param_gather.py); without it (parallel.overlap_param_gather false, which
+  defaults to dp_overlap) the gather trails the optimizer here, exposed.
   Otherwise: all-reduce per bucket, every rank updates all its parameters.
 
 GQA with kv_heads < tp: each KV head (its K and V weights, and biases) is replicated on tp/kv_heads ranks,
@@ -47,6 +48,7 @@ class DpConfig:
     kv_grad_params: int = 0  # replicated K/V params (kv_heads < tp) whose grads sum over the KV group
     grad_bytes: int = GRAD_BYTES  # bytes per parameter the DP reduction moves (sim/schedule/run_settings.py)
     embed_grad_params: int = 0  # pp > 1, tied embeddings: the word-embedding grad summed over first/last stage
+    gather_overlap: bool | None = None  # param all-gather overlaps the next forward (param_gather.py); None: overlap
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,8 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
         before_opt.append(em.add(f"{K.OPT_BLOCK}.{K.EMBED_GRAD}", "bwd", embed, tuple(before_opt)))
     shard = cfg.dp if cfg.distributed_optimizer else 1
     step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
-    if cfg.distributed_optimizer and not cfg.overlap:  # overlapped: sim/schedule/param_gather.py, next step's fwd
+    gather_overlap = cfg.overlap if cfg.gather_overlap is None else cfg.gather_overlap
+    if cfg.distributed_optimizer and not gather_overlap:  # overlapped: sim/schedule/param_gather.py, next fwd
         for i, b in enumerate(buckets):
             em.add(f"dp.bucket{i}.all_gather", "opt", param_gather(b), (step,))
     return em.ops

@@ -121,7 +121,7 @@ def head_backward(d: LayerDims, tied: bool) -> Template:
         regather = (tpl.add("bwd", K.HEAD_IN + K.REGATHER, regather_collective(d), (g,)),)
     ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), K.HEAD_IN,
                            boundary_collective(d, entry, "bwd"), 1)
-    w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d)), (g,) + regather)
+    w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d), d.grad_fusion), (g,) + regather)
     if not tied:
         w = main_grad_add(tpl, d, "logits", w, d.vocab * d.hidden)
     out = tpl.add("bwd", "final_ln", norm_bwd(d), ready)

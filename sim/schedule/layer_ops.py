@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
-from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Work, stream_of
+from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Collective, Elementwise, Gemm, Work, stream_of
 from meshsim.sim.schedule.run_settings import MAIN_GRAD_ADD_BYTES
 from meshsim.sim.schedule.shapes import LayerDims
 
@@ -118,8 +118,9 @@ def dgrad(g: Gemm) -> Gemm:
     return Gemm(g.m, g.k, g.n, g.batch)
 
 
-def wgrad(g: Gemm) -> Gemm:
-    return Gemm(g.k, g.n, g.m, g.batch)
+def wgrad(g: Gemm, fused_accumulation: bool = False) -> Gemm:
+    """dW = X^T dY; with gradient-accumulation fusion the GEMM accumulates into the fp32 main grad."""
+    return Gemm(g.k, g.n, g.m, g.batch, FUSED_WGRAD_OUT_BYTES if fused_accumulation else 2)
 
 
 # ----- elementwise kernels (bytes read / written; 16-bit activations, 1-byte dropout masks) -----------
@@ -229,14 +230,14 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     g: Deps = (tpl.add("bwd", blk.res, dropout_bwd(d), gin),) if d.dropout else gin
     coll = boundary_collective(d, exit_, "bwd")
     cs, dg = comm_then_gemm(tpl, "bwd", blk.exit, coll, f"{blk.row}_dgrad", dgrad(blk.row_gemm), g, d.chunks)
-    row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm), cs or g)
+    row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm, d.grad_fusion), cs or g)
     mid = blk.middle_bwd(tpl, d, dg)
     regather: tuple[int, ...] = ()
     if d.sp:
         regather = (tpl.add("bwd", blk.entry + K.REGATHER, regather_collective(d), mid),)
     ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry,
                            boundary_collective(d, entry, "bwd"), 1)  # bulk-overlapped with wgrad
-    col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm), mid + regather)
+    col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm, d.grad_fusion), mid + regather)
     row_w = bias_grad(tpl, d, blk.row, blk.row_gemm, main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm)))
     col_w = bias_grad(tpl, d, blk.col, blk.col_gemm, main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm)))
     tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]

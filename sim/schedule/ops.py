@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+FUSED_WGRAD_OUT_BYTES = 4 + 4  # fp32 main grad read + written per element of dW (gradient-accumulation fusion)
+
 Stream = Literal["compute", "tp_comm", "dp_comm", "pp_comm"]
 # every rank has the first three; pp_comm (pipeline P2P batches, not FIFO) only when pp > 1
 STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "pp_comm")
@@ -24,12 +26,17 @@ Phase = Literal["fwd", "bwd", "recompute", "opt"]
 
 @dataclass(frozen=True)
 class Gemm:
-    """C[m, n] = A[m, k] @ B[k, n], `batch` independent copies. FLOPs = 2 m n k batch."""
+    """C[m, n] = A[m, k] @ B[k, n], `batch` independent copies. FLOPs = 2 m n k batch.
+
+    out_bytes: bytes per element of C the epilogue moves: 2 (writes a 16-bit C); FUSED_WGRAD_OUT_BYTES
+    = 8 for a weight-gradient GEMM that accumulates into the fp32 main grad (reads and writes 4-byte C:
+    Megatron's gradient-accumulation fusion, C = C + X^T dY with beta = 1)."""
 
     m: int
     n: int
     k: int
     batch: int = 1
+    out_bytes: int = 2
 
     @property
     def flops(self) -> float:

@@ -134,7 +134,7 @@ def stage_dp_config(rs: ResolvedScenario, d: LayerDims, chunks: list[ChunkLayout
     sp_params = layers * d.sp_params_per_layer + (d.norm_params if head else 0) if d.sp else 0
     kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
     tied = rs.scenario.model.tied_embeddings and (head or any(ch.embedding for ch in chunks))
-    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
+    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap, gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
                     kv_grad_params=kv_params, embed_grad_params=d.vocab * d.hidden if tied else 0,
                     grad_bytes=grad_reduce_bytes(rs.scenario))
@@ -144,7 +144,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     """The ops of one rank of pipeline stage `stage`."""
     d = layer_dims(rs)
     p = rs.scenario.parallel
-    overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.dp_overlap
+    overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.param_gather_overlapped
     size = dp_bucket_bytes(rs)
     reserved = sum(reserved_gathers(_chunk_grad_params(t, ch), size) for ch in chunks) if overlap_gather else 0
     st = _Stage(rs, stage, chunks, t, reserved)
