@@ -11,6 +11,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.cost.memory import params_per_rank
 from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.layer_ops import FUSED_SOFTMAX_MAX_SEQ
 from meshsim.sim.schedule.ops import Attention, Collective, Gemm, Schedule
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
@@ -48,8 +49,25 @@ def test_tp_layer_forward_is_the_megatron_sequence():
     sched = build_schedule(make_rs(dict(GPT, attention="unfused"), dict(tp=2, micro_batch=2)))
     names = [op.name for op in layer_ops(sched, 0, 0, ("fwd",))]
     assert names == [f"L0.mb0.fwd.{k}" for k in (
-        "ln1", "qkv", "qk", "scale_mask", "softmax", "attn_dropout", "pv", "proj", "attn_out", "attn_res",
+        "ln1", "qkv", "qk", "softmax", "attn_dropout", "pv", "proj", "attn_out", "attn_res",
         "ln2", "fc1", "act", "fc2", "mlp_out", "mlp_res")]
+
+
+def test_unfused_softmax_is_one_fused_kernel_up_to_its_length_limit():
+    """Megatron's FusedScaleMaskSoftmax: scale, mask and softmax in one kernel (2 bytes read, 2 written per
+    score); beyond FUSED_SOFTMAX_MAX_SEQ torch's scale+mask and softmax are two kernels."""
+    def core(seq):
+        sched = build_schedule(make_rs(dict(GPT, attention="unfused", seq_len=seq), dict(tp=2)))
+        return {key(op): op.work for op in layer_ops(sched, 0, 0, ("fwd", "bwd"))
+                if "softmax" in key(op) or "scale_mask" in key(op)}
+    short = core(128)
+    assert set(short) == {"softmax"}
+    scores_n = 1 * (8 // 2) * 128 * 128  # b x heads/t x s x s
+    fwd = [op.work for op in layer_ops(build_schedule(make_rs(dict(GPT, attention="unfused"), dict(tp=2))), 0, 0,
+                                        ("fwd",)) if key(op) == "softmax"][0]
+    assert (fwd.kernel, fwd.bytes_read, fwd.bytes_written) == ("scale_mask_softmax", 2 * scores_n, 2 * scores_n)
+    long = core(FUSED_SOFTMAX_MAX_SEQ * 2)
+    assert set(long) == {"softmax", "scale_mask"}
 
 
 def test_tp_collectives_per_layer():
@@ -127,7 +145,7 @@ def test_cross_entropy_all_reduces():
 
 # ----- recompute ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("attention, keys", [("flash", {"attn"}),
-                                             ("unfused", {"qk", "scale_mask", "softmax", "attn_dropout", "pv"})])
+                                             ("unfused", {"qk", "softmax", "attn_dropout", "pv"})])
 def test_selective_recompute_reruns_the_attention_core(attention, keys):
     sched = build_schedule(make_rs(dict(GPT, attention=attention), dict(tp=2, recompute="selective")))
     rec = [op for op in layer_ops(sched) if op.phase == "recompute"]
@@ -314,3 +332,17 @@ def test_overlapping_the_param_gather_hides_dp_time_in_the_default_scenario():
     assert on["breakdown_s"]["dp_comm_busy"] == pytest.approx(off["breakdown_s"]["dp_comm_busy"], rel=1e-9)  # same work
     assert on["step_time_s"] < off["step_time_s"]
     assert on["breakdown_s"]["exposed_comm"] < off["breakdown_s"]["exposed_comm"]
+
+
+def test_block_input_gradient_is_the_norm_backward_plus_the_residual_gradient():
+    """LayerNorm backward reads dy, x (+ fp32 stats) and writes dx; autograd then adds the residual path's
+    gradient in its own kernel (read 2, write 1 activation), which is what the layer below waits for."""
+    sched = build_schedule(make_rs(GPT, dict(tp=2, micro_batch=2)))
+    ops = {key(op): op for op in layer_ops(sched, 0, 0, ("bwd",))}
+    n = 128 * 2 * 256 * 2  # s b h x 2 bytes (no SP: every token on each rank)
+    ln, add = ops["ln1"], ops["ln1_grad_add"]
+    assert (ln.work.bytes_read, ln.work.bytes_written) == (2 * n + 8 * 128 * 2, n)
+    assert (add.work.kernel, add.work.bytes_read, add.work.bytes_written) == ("residual_grad_add", 2 * n, n)
+    assert ln.id in add.deps and ops["attn_res"].id not in ln.deps  # LN backward needs only its dy
+    gin = ops["mlp_res"].deps  # the gradient of the layer output (the dropout backward starts from it)
+    assert ops["ln2_grad_add"].deps == (ops["ln2"].id, *gin)  # ... joins the norm's dx at the add

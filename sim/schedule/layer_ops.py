@@ -131,9 +131,17 @@ def norm_fwd(d: LayerDims) -> Elementwise:
 
 
 def norm_bwd(d: LayerDims) -> Elementwise:
-    """LayerNorm backward fused with the residual-gradient add: read dy, x, the residual grad; write dx."""
+    """LayerNorm backward: read dy, x and the fp32 mean/rstd per token; write dx (dgamma, dbeta partial sums
+    are per block, small)."""
     n = d.tokens_out * d.hidden * d.dtype_bytes
-    return Elementwise("layernorm_bwd", 3 * n + 8 * d.tokens_out, n)
+    return Elementwise("layernorm_bwd", 2 * n + 8 * d.tokens_out, n)
+
+
+def residual_grad_add(d: LayerDims) -> Elementwise:
+    """The block input feeds both the norm and the residual add, so autograd sums its two gradients (the
+    norm's dx and the residual path's) in a separate add kernel: read 2, write 1 activation."""
+    n = d.tokens_out * d.hidden * d.dtype_bytes
+    return Elementwise("residual_grad_add", 2 * n, n)
 
 
 def residual_fwd(d: LayerDims) -> Elementwise:
@@ -159,21 +167,31 @@ def act_bwd(d: LayerDims) -> Elementwise:
     return Elementwise(f"{d.mlp}_bwd", d.tokens * d.ffn * d.dtype_bytes + inp, inp)
 
 
+# Megatron's FusedScaleMaskSoftmax (fused_kernels/scaled_upper_triang_masked_softmax.h): scale, causal mask
+# and softmax in one kernel, forward and backward, for key lengths up to 2,048 in the 2020-2022 code and up
+# to 16,384 since 2023; longer sequences fall back to torch (scale+mask, then softmax: two kernels).
+FUSED_SOFTMAX_MAX_SEQ = 16384
+
+
 def scores(d: LayerDims, kernel: str, read_b: int, write_b: int) -> Elementwise:
     """A kernel over the b x heads/t x s x s scores (unfused attention); bytes per score element:
-    scale_mask 2/2, softmax 2/2, dropout 2/3 (+1-byte mask); backward softmax 4/2, dropout 3/2."""
+    scale_mask_softmax 2/2 (fused; unfused scale_mask 2/2 then softmax 2/2), dropout 2/3 (+1-byte mask);
+    backward softmax 4/2 (+ scale_mask 2/2 when unfused), dropout 3/2."""
     n = d.micro_batch * d.heads * d.seq * d.seq
     return Elementwise(kernel, read_b * n, write_b * n)
 
 
 # ----- the attention core -----------------------------------------------------------------------------
 def core_forward(tpl: Template, phase: str, d: LayerDims, deps: Deps) -> tuple[int, ...]:
-    """Flash: one Attention. Unfused: QK^T, scale+mask, softmax, dropout, scores x V."""
+    """Flash: one Attention. Unfused: QK^T, fused scale+mask+softmax, dropout, scores x V."""
     if d.flash:
         return (tpl.add(phase, "attn", d.attention(backward=False), deps),)
     qk = tpl.add(phase, "qk", Gemm(d.seq, d.seq, d.head_dim, d.micro_batch * d.heads), deps)
-    x = tpl.add(phase, "scale_mask", scores(d, "scale_mask", 2, 2), (qk,))
-    x = tpl.add(phase, "softmax", scores(d, "softmax", 2, 2), (x,))
+    if d.seq <= FUSED_SOFTMAX_MAX_SEQ:  # Megatron's FusedScaleMaskSoftmax: one kernel
+        x = tpl.add(phase, "softmax", scores(d, "scale_mask_softmax", 2, 2), (qk,))
+    else:
+        x = tpl.add(phase, "scale_mask", scores(d, "scale_mask", 2, 2), (qk,))
+        x = tpl.add(phase, "softmax", scores(d, "softmax", 2, 2), (x,))
     if d.dropout:
         x = tpl.add(phase, "attn_dropout", scores(d, "attn_dropout", 2, 3), (x,))
     return (tpl.add(phase, "pv", Gemm(d.seq, d.head_dim, d.seq, d.micro_batch * d.heads), (x,) + deps),)
@@ -190,8 +208,11 @@ def core_backward(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
     tpl.add("bwd", "pv_wgrad", Gemm(d.seq, d.head_dim, d.seq, bh), deps)
     if d.dropout:
         x = tpl.add("bwd", "attn_dropout", scores(d, "attn_dropout_bwd", 3, 2), (x,))
-    x = tpl.add("bwd", "softmax", scores(d, "softmax_bwd", 4, 2), (x,))
-    x = tpl.add("bwd", "scale_mask", scores(d, "scale_mask_bwd", 2, 2), (x,))
+    if d.seq <= FUSED_SOFTMAX_MAX_SEQ:  # the fused kernel's backward also applies the scale
+        x = tpl.add("bwd", "softmax", scores(d, "scale_mask_softmax_bwd", 4, 2), (x,))
+    else:
+        x = tpl.add("bwd", "softmax", scores(d, "softmax_bwd", 4, 2), (x,))
+        x = tpl.add("bwd", "scale_mask", scores(d, "scale_mask_bwd", 2, 2), (x,))
     q = tpl.add("bwd", "qk_dgrad", Gemm(d.seq, d.head_dim, d.seq, bh), (x,))
     k = tpl.add("bwd", "qk_wgrad", Gemm(d.seq, d.head_dim, d.seq, bh), (x,))
     return (q, k)
@@ -225,7 +246,7 @@ def block_forward(tpl: Template, phase: str, d: LayerDims, blk: Block, inp: Deps
 
 
 def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
-    """Backward of one block; returns the norm-backward op (gradient of the block input)."""
+    """Backward of one block; returns the op that completes the gradient of the block input (the residual add)."""
     entry, exit_ = region_boundaries(d.sp)
     g: Deps = (tpl.add("bwd", blk.res, dropout_bwd(d), gin),) if d.dropout else gin
     coll = boundary_collective(d, exit_, "bwd")
@@ -241,7 +262,8 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     row_w = bias_grad(tpl, d, blk.row, blk.row_gemm, main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm)))
     col_w = bias_grad(tpl, d, blk.col, blk.col_gemm, main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm)))
     tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]
-    return tpl.add("bwd", blk.norm, norm_bwd(d), ready + gin)
+    ln = tpl.add("bwd", blk.norm, norm_bwd(d), ready)
+    return tpl.add("bwd", f"{blk.norm}_grad_add", residual_grad_add(d), (ln, *gin))
 
 
 def bias_grad(tpl: Template, d: LayerDims, key: str, g: Gemm, after: int) -> int:
