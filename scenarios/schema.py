@@ -124,7 +124,9 @@ class ParallelConfig(Frozen):
     # --overlap-param-gather); None = dp_overlap. False: it trails the optimizer step, exposed.
     overlap_param_gather: bool | None = None
     distributed_optimizer: bool = False
-    dp_bucket_mib: float = Field(default=40.0, gt=0)  # gradient bucket size (MiB of fp32 gradients) for DP reduction
+    # gradient bucket size (MiB of fp32 gradients) for the DP reduction; None: Megatron-Core's max(40M, 1M x dp)
+    # parameters (sim/schedule/dp_ops.bucket_bytes)
+    dp_bucket_mib: float | None = Field(default=None, gt=0)
 
     @property
     def param_gather_overlapped(self) -> bool:

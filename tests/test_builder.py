@@ -11,6 +11,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.cost.memory import params_per_rank
 from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.dp_ops import bucket_bytes
 from meshsim.sim.schedule.layer_ops import FUSED_SOFTMAX_MAX_SEQ
 from meshsim.sim.schedule.ops import Attention, Collective, Gemm, Schedule
 from meshsim.topologies.gpus import GPUS
@@ -193,6 +194,13 @@ def test_gqa_replicated_kv_is_the_only_extra_work():
 def test_gradient_producers_cover_every_parameter(tied):
     rs = make_rs(dict(GPT, tied_embeddings=tied), dict(tp=2, sp=True), dp=2)
     assert build_schedule(rs).meta["params_per_rank"] == params_per_rank(rs)
+
+
+def test_default_bucket_is_megatron_cores_max_of_40m_and_1m_per_dp_rank():
+    """Unset dp_bucket_mib: max(40M, 1M x dp) parameters of 4-byte gradients; a stated size wins."""
+    assert bucket_bytes(None, 8) == 40_000_000 * 4
+    assert bucket_bytes(None, 48) == 48_000_000 * 4  # larger DP: larger buckets
+    assert bucket_bytes(0.25, 48) == 256 * 1024
 
 
 @pytest.mark.parametrize("distopt", [False, True])

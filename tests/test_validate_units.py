@@ -125,9 +125,8 @@ def test_single_rank_model_equals_reference(mlp, recompute):
 
 def test_dp_buckets_close_once_they_reach_the_size():
     w = {n: torch.zeros(k) for n, k in (("a", 100), ("b", 300), ("c", 200), ("d", 50))}
-    mib = 1024 * 1024
     # fp32 grads: d=200 B, c=800 B, b=1200 B, a=400 B; limit 1000 B -> [d, c] (1000), [b] (1200), [a]
-    assert dp_buckets(list(w), w, 1000 / mib) == [["d", "c"], ["b"], ["a"]]
+    assert dp_buckets(list(w), w, 1000) == [["d", "c"], ["b"], ["a"]]
 
 
 def test_compare_records_lists_each_difference():

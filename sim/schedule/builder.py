@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.dp_ops import MIB, DpConfig, make_buckets, step_end_ops
+from meshsim.sim.schedule.dp_ops import DpConfig, bucket_bytes, make_buckets, step_end_ops
 from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
 from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
 from meshsim.sim.schedule.ops import Op, Schedule
@@ -70,8 +70,8 @@ def _grad_params(t: Templates, layers: int) -> list[int]:
 
 
 def dp_bucket_bytes(rs: ResolvedScenario) -> int:
-    """DP gradient bucket size: parallel.dp_bucket_mib MiB."""
-    return int(rs.scenario.parallel.dp_bucket_mib * MIB)
+    """DP gradient bucket size (sim/schedule/dp_ops.bucket_bytes)."""
+    return bucket_bytes(rs.scenario.parallel.dp_bucket_mib, rs.dp)
 
 
 def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:

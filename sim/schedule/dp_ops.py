@@ -1,8 +1,8 @@
 """The end of a step: SP gradient all-reduce, DP gradient buckets, optimizer step, parameter all-gather.
 
 Gradients (Megatron DDP): fp32 main grads (bf16 training forces fp32 gradient accumulation and reduction,
-Megatron-LM arguments.py), 4 bytes per parameter, grouped in buckets of `parallel.dp_bucket_mib` MiB in
-the order backward produces them (a parameter is never split; a bucket closes once it reaches the
+Megatron-LM arguments.py), 4 bytes per parameter, grouped in buckets (`bucket_bytes`: parallel.dp_bucket_mib
+MiB, else Megatron-Core's max(40M, 1M x dp) parameters) in the order backward produces them (a parameter is never split; a bucket closes once it reaches the
 size). Only the last micro-batch's backward triggers reductions (earlier ones accumulate locally).
 
 - dp_overlap: a bucket is reduced as soon as its last gradient of the LAST micro-batch is produced;
@@ -35,6 +35,18 @@ from meshsim.sim.schedule.ops import Collective, Op, OptimizerStep, Work, stream
 GRAD_BYTES = FP32_BYTES  # fp32 main gradient per parameter
 PARAM_BYTES = BF16_BYTES  # bf16 parameter (all-gathered after a distributed-optimizer step)
 MIB = 1024 * 1024
+# Megatron-Core's default DDP bucket (distributed_data_parallel_config.bucket_size unset): max(40M, 1M x dp)
+# parameters, "larger DP sizes need larger buckets so that collectives do not become latency-bound"
+BUCKET_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+
+
+def bucket_bytes(bucket_mib: float | None, dp: int) -> int:
+    """Gradient bytes per DP bucket: parallel.dp_bucket_mib MiB, else Megatron-Core's default of
+    max(40M, 1M x dp) parameters of fp32 gradients (GRAD_BYTES each)."""
+    if bucket_mib is not None:
+        return int(bucket_mib * MIB)
+    return max(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP_RANK * dp) * GRAD_BYTES
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ entry boundary (f / sp_gather) fused with the vocab-parallel head GEMM -> vocab-
   and row-parallel biases see only s/t tokens per rank);
 - "opt.kv_grad": GQA with kv < tp, one coalesced all-reduce of the K/V weight (and bias) gradients over
   the ranks replicating each KV head (each holds only its own query heads' contribution);
-- "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_bucket_mib MiB of fp32 gradients, in
+- "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_ops.bucket_bytes (dp_bucket_mib MiB, else Megatron-Core's default), in
   the order backward produces them (reverse parameter order); a bucket closes once it reaches the size;
 - "opt.embed_grad": pp > 1 with tied embeddings, the all-reduce of the embedding table's gradient between
   the first stage (input embedding) and the last (its copy used by the output layer).
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.dp_ops import MIB, make_buckets
+from meshsim.sim.schedule.dp_ops import bucket_bytes, make_buckets
 from meshsim.sim.schedule.shapes import ModelDims
 from meshsim.validate.stack.comm import all_reduce_grads, apply_boundary, column_linear
 from meshsim.validate.stack.layers import Mesh, Plan, norm, transformer_layer
@@ -91,15 +91,15 @@ def head_loss(x, w: dict, labels, plan: Plan, mesh: Mesh, table: str | None = No
     return losses.mean(), logits
 
 
-def dp_buckets(names: list[str], w: dict, bucket_mib: float) -> list[list[str]]:
+def dp_buckets(names: list[str], w: dict, nbytes: int) -> list[list[str]]:
     """The schedule's bucketing rule (sim/dp_ops.make_buckets) over the parameters in reverse order: a
-    bucket closes once it holds >= bucket_mib MiB of fp32 gradients."""
+    bucket closes once it holds >= nbytes of fp32 gradients."""
     order = list(reversed(names))
-    buckets = make_buckets([(i, w[n].numel()) for i, n in enumerate(order)], int(bucket_mib * MIB))
+    buckets = make_buckets([(i, w[n].numel()) for i, n in enumerate(order)], nbytes)
     return [[order[i] for i in b.producers] for b in buckets]
 
 
-def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float = 40.0) -> None:
+def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float | None = None) -> None:
     """The post-backward reductions of the module docstring, in that order."""
     d = plan.dims
     if d.sp and "no_ln_allreduce" not in plan.faults:
@@ -109,7 +109,7 @@ def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float = 40.0) -> Non
         kv = [n for n in w if ".attn.k." in n or ".attn.v." in n]
         all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block=K.OPT_BLOCK, key=K.KV_GRAD)
     if mesh.dp > 1:
-        for i, bucket in enumerate(dp_buckets(list(w), w, bucket_mib)):
+        for i, bucket in enumerate(dp_buckets(list(w), w, bucket_bytes(bucket_mib, mesh.dp))):
             all_reduce_grads([w[n].grad for n in bucket], mesh.dp_group, block=f"dp.bucket{i}",
                              key="all_reduce", average=True)
     if d.tied and mesh.embed_group is not None and "embed.weight" in w:
