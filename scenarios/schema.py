@@ -58,6 +58,8 @@ class ComputeTuning(Frozen):
 
     gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # large-GEMM fraction of peak
     mem_bw_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of HBM bandwidth
+    # fraction of HBM bandwidth Megatron's elementwise kernels reach (norms, dropout, activations, softmax)
+    elementwise_efficiency: float | None = Field(default=None, gt=0, le=1)
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # flash-attention fraction of peak
     deterministic_attention_slowdown: float | None = Field(default=None, ge=1)  # run.deterministic (sim/schedule/run_settings.py)
     launch_overhead_us: float | None = Field(default=None, ge=0)

@@ -125,13 +125,16 @@ def test_collectives_are_not_compute():
 
 # ----- tuning precedence and profiles ---------------------------------------------------------------------
 def test_scenario_tuning_beats_profile_beats_default():
-    prof = HardwareProfile(name="p", compute=ComputeTuning(mem_bw_efficiency=0.5, launch_overhead_us=10.0))
+    prof = HardwareProfile(name="p", compute=ComputeTuning(elementwise_efficiency=0.5, mem_bw_efficiency=0.6,
+                                                           launch_overhead_us=10.0))
     model = ComputeModel(H100, ComputeTuning(launch_overhead_us=1.0), prof)
     assert model.knobs.launch_overhead_us == 1.0
-    assert model.knobs.mem_bw_efficiency == 0.5
+    assert model.knobs.elementwise_efficiency == 0.5
     assert model.knobs.attention_efficiency == 0.5  # default
     e = Elementwise("x", 1_000_000, 0)
-    assert model.time_s(e) == pytest.approx(1e6 / (3350e9 * 0.5) + 1e-6)
+    assert model.time_s(e) == pytest.approx(1e6 / (3350e9 * 0.5) + 1e-6)  # elementwise: its own fraction
+    opt = OptimizerStep(1000)
+    assert model.time_s(opt) == pytest.approx(1000 * 32 / (3350e9 * 0.6) + 1e-6)  # streaming: mem_bw_efficiency
 
 
 def test_profile_gemm_table_uses_the_nearest_shape():

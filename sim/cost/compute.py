@@ -12,7 +12,9 @@
 Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
 - gemm_efficiency: by GPU generation (sim/gemm_efficiency.GEMM_CEILING_BY_GPU: A100 0.82, H100 0.75 and
   B200 0.75 from FLUX's public GEMM times, H200 0.80 from ~790 of 989 TFLOP/s measured here).
-- mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200.
+- mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200 (GEMM operand traffic,
+  the optimizer's streaming update).
+- elementwise_efficiency ELEMENTWISE_EFFICIENCY: the fraction of HBM bandwidth of Elementwise kernels.
 - attention_efficiency 0.50: per score element flash attention does 4 x head_dim tensor-core FLOPs
   (QK^T and PV; 512 at head_dim 128) and one exp plus ~5 FP32 ops on the SM's scalar units (exp on the
   SFU at 16/clk/SM, CUDA programming guide throughput table). On an H100 the 512 MMA FLOPs take ~0.65 ps
@@ -26,7 +28,7 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
 - tiles: best of 128x256, 256x128, 128x128 per shape unless tile_m / tile_n are set (sim/cost/gemm_efficiency.py).
 
 A profile also supplies: gemm_table (nearest measured shape by log-distance in m, n, k, batch: its
-TFLOP/s is used for this GEMM's FLOPs), elementwise_bw_gbps (replaces bw x bw_eff for memory-bound
+TFLOP/s is used for this GEMM's FLOPs), elementwise_bw_gbps (replaces bw x eff for memory-bound
 kernels), kernel_table (measured kernels by name, scaled by bytes, or by FLOPs for attention). Profile
 GPU figures (peak, bandwidth) are already applied to `gpu` by scenarios/load.py.
 """
@@ -46,8 +48,10 @@ from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, O
 from meshsim.sim.schedule.run_settings import DETERMINISTIC_ATTENTION_SLOWDOWN
 from meshsim.topologies.gpus import GpuSpec
 
+ELEMENTWISE_EFFICIENCY = 0.90
 # tile_m / tile_n unset: best of DEFAULT_TILES per shape (sim/cost/gemm_efficiency.py); set: that tile only
 DEFAULTS = ComputeTuning(gemm_efficiency=DEFAULT_CEILING, mem_bw_efficiency=0.90, attention_efficiency=0.50,
+                         elementwise_efficiency=ELEMENTWISE_EFFICIENCY,
                          launch_overhead_us=3.0, host_dispatch_us=HOST_DISPATCH_US,
                          deterministic_attention_slowdown=DETERMINISTIC_ATTENTION_SLOWDOWN)
 FLASH_BLOCK_Q = 128  # query rows per flash-attention CTA
@@ -109,10 +113,22 @@ class ComputeModel:
 
     @property
     def mem_bw_bytes_s(self) -> float:
-        """Achievable bytes/s for memory-bound kernels: the profile's measured figure, else bw x eff."""
+        """Achievable bytes/s of streaming traffic (a GEMM's operands, the optimizer): bw x mem_bw_eff, or the
+        profile's measured memory-bound bandwidth for the optimizer (optimizer_bw_bytes_s)."""
+        return self.gpu.mem_bw_gbps * GB * self.knobs.mem_bw_efficiency
+
+    @property
+    def optimizer_bw_bytes_s(self) -> float:
         if self.profile is not None and self.profile.elementwise_bw_gbps:
             return self.profile.elementwise_bw_gbps * GB
-        return self.gpu.mem_bw_gbps * GB * self.knobs.mem_bw_efficiency
+        return self.mem_bw_bytes_s
+
+    @property
+    def elementwise_bw_bytes_s(self) -> float:
+        """Achievable bytes/s of elementwise kernels: the profile's measured figure, else bw x elementwise_eff."""
+        if self.profile is not None and self.profile.elementwise_bw_gbps:
+            return self.profile.elementwise_bw_gbps * GB
+        return self.gpu.mem_bw_gbps * GB * self.knobs.elementwise_efficiency
 
     @property
     def launch_s(self) -> float:
@@ -132,7 +148,7 @@ class ComputeModel:
         if isinstance(work, Elementwise):
             return self.elementwise_s(work)
         if isinstance(work, OptimizerStep):
-            return work.params * work.bytes_per_param / self.mem_bw_bytes_s + self.launch_s
+            return work.params * work.bytes_per_param / self.optimizer_bw_bytes_s + self.launch_s
         if isinstance(work, Collective):
             raise TypeError("collectives are costed by sim/collectives, not the compute model")
         raise TypeError(f"unknown work {work!r}")
@@ -154,7 +170,7 @@ class ComputeModel:
             return g.flops / (point.tflops * TFLOPS)
         nbytes = (2.0 * (g.m * g.k + g.k * g.n) + g.out_bytes * g.m * g.n) * g.batch
         compute = g.flops / (self.peak_flops * self.gemm_efficiency(g))
-        memory = nbytes / (self.gpu.mem_bw_gbps * GB * self.knobs.mem_bw_efficiency)
+        memory = nbytes / self.mem_bw_bytes_s
         return max(compute, memory) + self.launch_s
 
     def attention_s(self, a: Attention) -> float:
@@ -174,4 +190,4 @@ class ComputeModel:
             point = nearest_kernel(self.profile.kernel_table, e.kernel, nbytes, "bytes")
             if point is not None:
                 return _scaled_us(point, nbytes, "bytes") * US
-        return nbytes / self.mem_bw_bytes_s + self.launch_s
+        return nbytes / self.elementwise_bw_bytes_s + self.launch_s
