@@ -33,9 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-import simpy
-
 from meshsim.sim.cost.collectives.maxmin import maxmin_rates
+from meshsim.sim.engine.loop import Loop, Signal
 
 LinkLoad = Mapping[Hashable, float]  # link index -> load; ("cpu", rank) -> load on a compute resource
 RatesFn = Callable[[Sequence[LinkLoad]], list[float]]
@@ -84,15 +83,15 @@ class _Job:
     key: Hashable
     remaining_s: float
     load: LinkLoad
-    done: simpy.Event
+    done: Signal
     own: LinkLoad | None = None  # loads private to this copy (merged over the jobs of its key)
     rate: float = 1.0
 
 
 class Arbiter:
-    """Drains the bandwidth parts of concurrent collectives at max-min fair rates inside a simpy env."""
+    """Drains the bandwidth parts of concurrent collectives at max-min fair rates inside the engine's event loop."""
 
-    def __init__(self, env: simpy.Environment, rates: RatesFn | None = None):
+    def __init__(self, env: Loop, rates: RatesFn | None = None):
         self._env = env
         self._rates = rates or MemoRates()
         self._jobs: list[_Job] = []
@@ -100,7 +99,7 @@ class Arbiter:
         self._token = 0
         self._merged: dict[tuple[int, ...], tuple[list[LinkLoad], LinkLoad]] = {}
 
-    def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None) -> simpy.Event:
+    def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None) -> Signal:
         """Start draining `work_s` standalone seconds; the returned event fires when it is done.
         `own`: resource loads private to this copy of `key` (module docstring)."""
         self._advance()
@@ -162,6 +161,6 @@ class Arbiter:
             finished = [min(self._jobs, key=lambda job: job.remaining_s / job.rate)]
         self._jobs = [job for job in self._jobs if job not in finished]
         for job in finished:
-            job.done.succeed()
+            self._env.succeed(job.done)
         if self._jobs:
             self._reschedule()

@@ -1,4 +1,4 @@
-"""Discrete-event engine (simpy): orders a Schedule's ops in time on the simulated ranks.
+"""Discrete-event engine: orders a Schedule's ops in time on the simulated ranks.
 
 It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
 `collective(op, group) -> (latency_s, bandwidth_s, link_load)` for collectives (`group` = the global
@@ -35,8 +35,9 @@ from the caller. A batch ends when its last transfer ends; the time it waited fo
 last is its `wait_s` (a pipeline bubble when compute waits for it). A collective whose group spans
 stages (the tied-embedding all-reduce) meets its peers by op name, since stages number ops apart.
 
-Deterministic: processes are created in (rank, stream) order and simpy runs simultaneous events in
-creation order, so ties are broken by rank, then by schedule order (op id).
+Deterministic: processes are created in (rank, stream) order and the loop (sim/engine/loop.py, simpy's
+ordering) runs simultaneous events in the order they were triggered, so ties are broken by rank, then by
+schedule order (op id).
 """
 
 from __future__ import annotations
@@ -45,10 +46,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import simpy
-
 from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine.arbiter import Arbiter
+from meshsim.sim.engine.loop import Loop, Signal
 from meshsim.sim.schedule.ops import (
     P2P,
     STREAMS,
@@ -140,7 +140,7 @@ def work_bytes(op: Op) -> int:
 @dataclass
 class _Rendezvous:
     expected: int
-    done: simpy.Event
+    done: Signal
     arrived: int = 0
     last: int = -1
     start_s: float = 0.0
@@ -151,7 +151,7 @@ class _Rendezvous:
 class _Posted:
     """A P2P transfer one end has posted; the other end's post starts it."""
 
-    done: simpy.Event
+    done: Signal
     rank: int
     op_id: int
     start_s: float = 0.0  # when the transfer started (both ends posted)
@@ -165,7 +165,7 @@ class _Sim:
     def __init__(self, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
                  group_of: GroupFn, comm_interference: float = 0.0, issue_s: Mapping[int, Sequence[float]] | None = None,
                  p2p: P2PFn | None = None):
-        self.env = simpy.Environment(initial_time=0.0)
+        self.env = Loop()
         self.ranks = frozenset(ranks)
         self.compute_s, self.collective, self.group_of = compute_s, collective, group_of
         self.arbiter = Arbiter(self.env)
@@ -174,14 +174,14 @@ class _Sim:
         self.cpu_load = {r: {("cpu", r): 1.0} for r in ranks}  # a compute op's load on its rank
         self.comm_cpu: dict[tuple[int, ...], dict] = {}  # group -> kappa on each simulated member
         self.finished: dict[int, dict[int, float]] = {r: {} for r in ranks}
-        self.waiters: dict[tuple[int, int], simpy.Event] = {}
+        self.waiters: dict[tuple[int, int], Signal] = {}
         self.open: dict[tuple[int, tuple[int, ...]], _Rendezvous] = {}
         self.groups: dict[tuple[str, int], tuple[tuple[int, ...], int]] = {}
         self.events: list[Event] = []
         self.p2p = p2p
         self.posted: dict[tuple, _Posted] = {}
 
-    def wait_for(self, rank: int, op_id: int) -> simpy.Event:
+    def wait_for(self, rank: int, op_id: int) -> Signal:
         key = (rank, op_id)
         ev = self.waiters.get(key)
         if ev is None:
@@ -194,12 +194,12 @@ class _Sim:
         self.finished[rank][op.id] = now
         ev = self.waiters.pop((rank, op.id), None)
         if ev is not None:
-            ev.succeed()
+            self.env.succeed(ev)
         self.events.append(Event(rank, op.id, op.name, op.stream, op.category, op.phase, op.layer,
                                  op.micro_batch, start_s, now, wait_s, work_bytes(op), op.flops, peer,
                                  peer_op))
 
-    def stream(self, rank: int, ops: Sequence[Op]) -> Iterator[simpy.Event]:
+    def stream(self, rank: int, ops: Sequence[Op]) -> Iterator[Signal]:
         env, done = self.env, self.finished[rank]
         issue_s = self.issue_of.get(rank)
         for op in ops:
@@ -226,7 +226,7 @@ class _Sim:
                         yield env.timeout(dur_s)
                 self.finish(rank, op, start_s)
 
-    def p2p_batch(self, rank: int, op: Op) -> Iterator[simpy.Event]:
+    def p2p_batch(self, rank: int, op: Op) -> Iterator[Signal]:
         """One P2P batch: wait for its deps, post every transfer, end when the last one ends."""
         done = self.finished[rank]
         for dep in op.deps:
@@ -253,13 +253,13 @@ class _Sim:
         self.env.process(self.transfer_p2p(mine, src, dst, t))
         return mine
 
-    def transfer_p2p(self, posted: _Posted, src: int, dst: int, t: P2PTransfer) -> Iterator[simpy.Event]:
+    def transfer_p2p(self, posted: _Posted, src: int, dst: int, t: P2PTransfer) -> Iterator[Signal]:
         latency_s, bandwidth_s, link_load = self.p2p(src, dst, t.nbytes)
         if latency_s > 0:
             yield self.env.timeout(latency_s)
         if bandwidth_s > 0:  # symmetric copies (other tp/dp positions) share one arbiter key
             yield self.arbiter.drain(("p2p", t.direction, t.micro_batch, t.sender_vstage), bandwidth_s, link_load)
-        posted.done.succeed()
+        self.env.succeed(posted.done)
 
     def group(self, kind: str, rank: int) -> tuple[tuple[int, ...], int]:
         """The real group of `rank` and how many of its members are simulated (memoized)."""
@@ -270,7 +270,7 @@ class _Sim:
             hit = self.groups[key] = (group, sum(1 for r in group if r in self.ranks))
         return hit
 
-    def transfer(self, op: Op, group: tuple[int, ...]) -> Iterator[simpy.Event]:
+    def transfer(self, op: Op, group: tuple[int, ...]) -> Iterator[Signal]:
         """Fixed latency part, then the bandwidth part drained through the arbiter."""
         latency_s, bandwidth_s, link_load = self.collective(op, group)
         if latency_s > 0:
@@ -287,7 +287,7 @@ class _Sim:
             load = self.comm_cpu[group] = {("cpu", r): self.kappa for r in group if r in self.ranks}
         return load
 
-    def rendezvous(self, rank: int, op: Op, group: tuple[int, ...], members: int) -> Iterator[simpy.Event]:
+    def rendezvous(self, rank: int, op: Op, group: tuple[int, ...], members: int) -> Iterator[Signal]:
         """Wait until every simulated member has issued the collective; the last one runs it."""
         key = (op.name if op.work.group == "embed" else op.id, group)  # stages number their ops apart
         rv = self.open.get(key)
@@ -301,7 +301,7 @@ class _Sim:
         rv.start_s = self.env.now
         yield from self.transfer(op, group)
         del self.open[key]
-        rv.done.succeed()
+        self.env.succeed(rv.done)
         return rv
 
 
