@@ -78,7 +78,7 @@ class MemoRates:
         return hit[1]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Job:
     key: Hashable
     remaining_s: float
@@ -96,7 +96,7 @@ class Arbiter:
         self._rates = rates or MemoRates()
         self._jobs: list[_Job] = []
         self._last_s = 0.0
-        self._token = 0
+        self._timer: Signal | None = None  # the pending wake-up; an earlier one that fires is stale
         self._merged: dict[tuple[int, ...], tuple[list[LinkLoad], LinkLoad]] = {}
 
     def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None) -> Signal:
@@ -109,25 +109,27 @@ class Arbiter:
         return job.done
 
     def _advance(self) -> None:
-        dt = self._env.now - self._last_s
+        now = self._env.now
+        dt = now - self._last_s
         if dt > 0:
             for job in self._jobs:
                 job.remaining_s -= job.rate * dt
-        self._last_s = self._env.now
+        self._last_s = now
 
     def _reschedule(self) -> None:
-        if len(self._jobs) == 1:
-            self._jobs[0].rate = 1.0  # alone: standalone speed
+        jobs = self._jobs
+        if len(jobs) == 1:
+            job = jobs[0]
+            job.rate = 1.0  # alone: standalone speed
+            wait_s = max(0.0, job.remaining_s / job.rate)
         else:
             keys = self._key_loads()
             rate_of = dict(zip(keys, self._rates(list(keys.values())), strict=True))
-            for job in self._jobs:
+            for job in jobs:
                 job.rate = rate_of[job.key]
-        self._token += 1
-        token = self._token
-        wait_s = max(0.0, min(job.remaining_s / job.rate for job in self._jobs))
-        timer = self._env.timeout(wait_s)
-        timer.callbacks.append(lambda _ev: self._tick(token))
+            wait_s = max(0.0, min(job.remaining_s / job.rate for job in jobs))
+        timer = self._timer = self._env.timeout(wait_s)
+        timer.callbacks.append(self._tick)
 
     def _key_loads(self) -> dict[Hashable, LinkLoad]:
         """Each key's demand: its first job's load, plus the union of its jobs' `own` loads."""
@@ -152,14 +154,15 @@ class Arbiter:
             hit = self._merged[memo_key] = ([load, *owns], merged)  # parts kept alive: ids stay unique
         return hit[1]
 
-    def _tick(self, token: int) -> None:
-        if token != self._token:  # superseded by a later start or finish
+    def _tick(self, timer: Signal) -> None:
+        if timer is not self._timer:  # superseded by a later start or finish
             return
         self._advance()
-        finished = [job for job in self._jobs if job.remaining_s <= _EPS_S * max(1.0, job.rate)]
+        jobs = self._jobs
+        finished = [job for job in jobs if job.remaining_s <= _EPS_S * max(1.0, job.rate)]
         if not finished:  # round-off: the earliest job is a hair short; finish it now
-            finished = [min(self._jobs, key=lambda job: job.remaining_s / job.rate)]
-        self._jobs = [job for job in self._jobs if job not in finished]
+            finished = [min(jobs, key=lambda job: job.remaining_s / job.rate)]
+        self._jobs = [job for job in jobs if job not in finished] if len(finished) < len(jobs) else []
         for job in finished:
             self._env.succeed(job.done)
         if self._jobs:

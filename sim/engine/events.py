@@ -102,12 +102,17 @@ class EventLog:
 
     def get(self, rank: int, op_id: int) -> Event:
         """The event of op `op_id` on `rank` (index built on first use)."""
-        if not self._index:
+        return self.by_rank()[rank][op_id]
+
+    def by_rank(self) -> dict[int, dict[int, Event]]:
+        """rank -> op id -> its event (built on first use, then shared)."""
+        index = self._index
+        if not index:
             for rank_ in self.ranks:
-                self._index[rank_] = {}
+                index[rank_] = {}
             for e in self.events:
-                self._index[e.rank][e.op_id] = e
-        return self._index[rank][op_id]
+                index[e.rank][e.op_id] = e
+        return index
 
     def of_rank(self, rank: int) -> list[Event]:
         return [e for e in self.events if e.rank == rank]
@@ -135,6 +140,9 @@ def work_bytes(op: Op) -> int:
     if isinstance(work, P2P):
         return work.nbytes
     return 0
+
+
+_new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling __new__: one call less per event
 
 
 @dataclass
@@ -190,41 +198,41 @@ class _Sim:
 
     def finish(self, rank: int, op: Op, start_s: float, wait_s: float = 0.0, peer: int | None = None,
                peer_op: int | None = None) -> None:
-        now = self.env.now
-        self.finished[rank][op.id] = now
-        ev = self.waiters.pop((rank, op.id), None)
+        now, op_id = self.env.now, op.id
+        self.finished[rank][op_id] = now
+        ev = self.waiters.pop((rank, op_id), None)
         if ev is not None:
             self.env.succeed(ev)
-        self.events.append(Event(rank, op.id, op.name, op.stream, op.category, op.phase, op.layer,
-                                 op.micro_batch, start_s, now, wait_s, work_bytes(op), op.flops, peer,
-                                 peer_op))
+        self.events.append(_new_tuple(Event, (rank, op_id, op.name, op.stream, op.category, op.phase, op.layer,
+                                              op.micro_batch, start_s, now, wait_s, work_bytes(op), op.flops, peer,
+                                              peer_op)))
 
     def stream(self, rank: int, ops: Sequence[Op]) -> Iterator[Signal]:
-        env, done = self.env, self.finished[rank]
+        env, done, finish, timeout = self.env, self.finished[rank], self.finish, self.env.timeout
         issue_s = self.issue_of.get(rank)
         for op in ops:
             for dep in op.deps:
                 if dep not in done:
                     yield self.wait_for(rank, dep)
             if issue_s and issue_s[op.id] > env.now:  # the host has not issued it yet
-                yield env.timeout(issue_s[op.id] - env.now)
+                yield timeout(issue_s[op.id] - env.now)
             start_s = env.now
             if isinstance(op.work, Collective):
                 group, members = self.group(op.work.group, rank)
                 if members == 1:  # no simulated peer to wait for (the collapsed, symmetric case)
                     yield from self.transfer(op, group)
-                    self.finish(rank, op, start_s, 0.0, rank)
+                    finish(rank, op, start_s, 0.0, rank)
                 else:
                     rv = yield from self.rendezvous(rank, op, group, members)
-                    self.finish(rank, op, start_s, rv.start_s - start_s, rv.last, rv.last_op)
+                    finish(rank, op, start_s, rv.start_s - start_s, rv.last, rv.last_op)
             else:
                 dur_s = self.compute_s(op, rank)
                 if dur_s > 0:
                     if self.kappa > 0:  # shares the rank's compute resource with overlapping collectives
                         yield self.arbiter.drain(("compute", rank), dur_s, self.cpu_load[rank])
                     else:
-                        yield env.timeout(dur_s)
-                self.finish(rank, op, start_s)
+                        yield timeout(dur_s)
+                finish(rank, op, start_s)
 
     def p2p_batch(self, rank: int, op: Op) -> Iterator[Signal]:
         """One P2P batch: wait for its deps, post every transfer, end when the last one ends."""

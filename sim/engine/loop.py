@@ -53,8 +53,7 @@ class Loop:
         self._queue: list[tuple[float, int, int, Signal]] = []
         self._seq = count()
 
-    def event(self) -> Signal:
-        return Signal()
+    event = staticmethod(Signal)  # a new pending event
 
     def succeed(self, ev: Signal) -> None:
         """Trigger `ev`: its callbacks run when the loop reaches it (now, NORMAL)."""

@@ -22,6 +22,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
@@ -67,12 +68,17 @@ def _stream_prev(schedule: Schedule) -> dict[int, int]:
     return prev
 
 
-def _predecessor(ev: Event, op: Op, log: EventLog, prev: dict[int, int]) -> Event | None:
-    ids = list(op.deps)
-    if op.id in prev:
-        ids.append(prev[op.id])
-    cands = [log.get(ev.rank, i) for i in ids]
-    return max(cands, key=lambda e: (e.end_s, e.op_id), default=None)
+_END_THEN_ID = itemgetter(9, 1)  # Event -> (end_s, op_id), the order that picks a predecessor (C speed)
+_END = itemgetter(9)  # Event -> end_s
+
+
+def _predecessor(events_of_rank: Mapping[int, Event], op: Op, prev: dict[int, int]) -> Event | None:
+    """The last to finish among the op's deps and the previous op on its stream (events of one rank)."""
+    ids = op.deps
+    before = prev.get(op.id)
+    if before is not None:
+        ids = (*ids, before)
+    return max(map(events_of_rank.__getitem__, ids), key=_END_THEN_ID, default=None)
 
 
 def _waiting(rank: int, start_s: float, end_s: float, category: str = "waiting") -> Segment:
@@ -81,28 +87,40 @@ def _waiting(rank: int, start_s: float, end_s: float, category: str = "waiting")
 
 
 class _Stages:
-    """Per rank: its stage's ops and stream order, and its events in completion order."""
+    """Per rank: its stage's ops and stream order, and its events in completion order (each built when the
+    walk first reaches that stage or rank: the walk visits few of them)."""
 
     def __init__(self, schedule: Schedule | Sequence[Schedule], log: EventLog):
-        schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
-        self.size = schedules[0].tp * schedules[0].dp
-        self.ops = [{op.id: op for op in s.ops} for s in schedules]
-        self.prev = [_stream_prev(s) for s in schedules]
-        self.single = len(schedules) == 1
-        self.order: dict[int, list[Event]] = {}
-        if not self.single:
-            for e in log.events:
-                self.order.setdefault(e.rank, []).append(e)
-            self.ends = {r: [e.end_s for e in evs] for r, evs in self.order.items()}
-            self.pos = {(e.rank, e.op_id): i for evs in self.order.values() for i, e in enumerate(evs)}
+        self.schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
+        self.size = self.schedules[0].tp * self.schedules[0].dp
+        self.single = len(self.schedules) == 1
+        self.index = log.by_rank()  # per rank, in completion order (events are appended as they finish)
+        self._tables: dict[int, tuple[dict[int, Op], dict[int, int]]] = {}
+        self._order: dict[int, list[Event]] = {}
+        self._ends: dict[int, list[float]] = {}
+        self._pos: dict[int, dict[int, int]] = {}
 
     def stage(self, rank: int) -> int:
         return 0 if self.single else rank // self.size
 
+    def tables(self, rank: int) -> tuple[dict[int, Op], dict[int, int]]:
+        """The rank's stage's (op id -> op, op id -> previous op id on its stream)."""
+        stage = self.stage(rank)
+        hit = self._tables.get(stage)
+        if hit is None:
+            sched = self.schedules[stage]
+            hit = self._tables[stage] = ({op.id: op for op in sched.ops}, _stream_prev(sched))
+        return hit
+
     def before(self, ev: Event, t_s: float) -> Event | None:
         """The last event the rank completed before `ev` that ended by t_s."""
-        i = bisect_right(self.ends[ev.rank], t_s, 0, self.pos[(ev.rank, ev.op_id)]) - 1
-        return self.order[ev.rank][i] if i >= 0 else None
+        rank = ev.rank
+        if rank not in self._order:
+            order = self._order[rank] = list(self.index[rank].values())
+            self._ends[rank] = list(map(_END, order))
+            self._pos[rank] = {op_id: i for i, op_id in enumerate(self.index[rank])}
+        i = bisect_right(self._ends[rank], t_s, 0, self._pos[rank][ev.op_id]) - 1
+        return self._order[rank][i] if i >= 0 else None
 
 
 def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> list[Segment]:
@@ -111,22 +129,26 @@ def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> lis
     if not log.events:
         return []
     st = _Stages(schedule, log)
-    ev: Event | None = max(log.events, key=lambda e: (e.end_s, -e.rank, e.op_id))
+    index = st.index
+    last_end_s = max(map(_END, log.events))  # then (end_s, -rank, op_id) picks among the last to end
+    ev: Event | None = max((e for e in log.events if e.end_s == last_end_s), key=lambda e: (-e.rank, e.op_id))
     path: list[Segment] = []
     while ev is not None:
-        op = st.ops[st.stage(ev.rank)][ev.op_id]
+        ops, prev = st.tables(ev.rank)
+        op = ops[ev.op_id]
         if isinstance(op.work, P2P):
             ev = _p2p_step(ev, st, path)
             continue
         if isinstance(op.work, Collective) and ev.peer is not None and ev.peer != ev.rank:
-            ev = log.get(ev.peer, ev.peer_op if ev.peer_op is not None else ev.op_id)
-            op = st.ops[st.stage(ev.rank)][ev.op_id]
+            ev = index[ev.peer][ev.peer_op if ev.peer_op is not None else ev.op_id]
+            ops, prev = st.tables(ev.rank)
+            op = ops[ev.op_id]
         run_start_s = ev.start_s + ev.wait_s
         path.append(Segment(ev.name, ev.category, ev.rank, run_start_s * 1e6, (ev.end_s - run_start_s) * 1e6,
                             ev.op_id))
         if ev.wait_s > _GAP_S:
             path.append(_waiting(ev.rank, ev.start_s, run_start_s))
-        pred = _predecessor(ev, op, log, st.prev[st.stage(ev.rank)])
+        pred = _predecessor(index[ev.rank], op, prev)
         pred_end_s = pred.end_s if pred is not None else 0.0
         if ev.start_s - pred_end_s > _GAP_S:
             path.append(_waiting(ev.rank, pred_end_s, ev.start_s))
