@@ -248,7 +248,7 @@ class _Sim:
 
     def post(self, rank: int, op: Op, t: P2PTransfer) -> _Posted:
         """Post one end of a transfer; the second end to post runs it (latency, then bandwidth)."""
-        other = self.group_of("pp", rank)[t.peer_stage]
+        other = self.group("pp", rank)[0][t.peer_stage]  # memoized: one lookup per transfer
         if other not in self.ranks:
             raise ValueError(f"op {op.id} ({op.name}) on rank {rank}: P2P peer rank {other} is not simulated")
         src, dst = (rank, other) if t.send else (other, rank)
