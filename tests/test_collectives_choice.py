@@ -11,7 +11,7 @@ from meshsim.scenarios.schema import NetworkTuning
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.collectives import algorithms_for, busbw_factor, collective_cost
 from meshsim.sim.cost.collectives.choose import candidates
-from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, SIMPLE_FILL_BYTES
+from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, SIMPLE_FILL_BYTES_PER_CHANNEL
 from meshsim.topologies.registry import build_topology
 
 
@@ -107,27 +107,30 @@ def test_auto_switches_exactly_where_predicted_times_cross(preset, nodes, ranks)
 
 def test_nccl_latency_formulas_on_dgx_h100(h100, h100x2):
     """Tree all-reduce latency = base + 2((ppn-1) intraLat + log2(nNodes) interLat) when the physical path
-    is shorter than NCCL's per-step figure (modeling-facts.md)."""
+    is shorter than NCCL's per-step figure (modeling-facts.md); ring Simple is NCCL's base + 14 x 3.4 us
+    once the slice rounds and the fill are switched off."""
     c = collective_cost(h100x2, "all_reduce", range(16), 1, algo="tree", protocol="ll")
     assert c.latency_s == pytest.approx((6.8 + 2 * (7 * 0.6 + 1 * 5.0)) * 1e-6, rel=1e-9)
-    no_fill = replace(DEFAULT_CONSTANTS, simple_fill_bytes=0.0)
-    ring = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple", constants=no_fill)
+    nccl_only = replace(DEFAULT_CONSTANTS, simple_fill_bytes_per_channel=0.0, simple_slices_per_chunk=1)
+    ring = collective_cost(h100, "all_reduce", range(8), 1, algo="ring", protocol="simple", constants=nccl_only)
     assert ring.latency_s == pytest.approx((8.4 + 14 * 3.4) * 1e-6, rel=1e-9)
     nvls = collective_cost(h100, "all_reduce", range(8), 1, algo="nvls")
     assert nvls.latency_s == pytest.approx(25e-6, rel=1e-9)
 
 
-def test_simple_pipeline_fill_is_steps_times_fill_bytes_at_busbw(h100):
-    """Ring all-reduce on 8 GPUs: 14 steps, each also paying SIMPLE_FILL_BYTES at the ring's bus bandwidth
-    (18 x 20.6 GB/s) once a step's data (nbytes / 8) exceeds it; below, one step's data; LL pays none;
-    doubling the fill bytes doubles the term."""
+def test_simple_pipeline_fill_is_steps_times_channel_fill_at_busbw(h100):
+    """Ring all-reduce on 8 GPUs, 32 channels: 14 steps, each also paying 32 x SIMPLE_FILL_BYTES_PER_CHANNEL
+    at the ring's bus bandwidth (18 x 20.6 GB/s) once a channel's step data (nbytes / (8 x 32)) exceeds it;
+    below, one step's data; LL pays none; doubling the fill bytes doubles the term. One slice, one loop."""
+    one_round = replace(DEFAULT_CONSTANTS, simple_slices_per_chunk=1, simple_chunk_bytes=1 << 40)
     big = 1 << 30
-    ring = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple")
+    ring = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple", constants=one_round)
     nccl = (8.4 + 14 * 3.4) * 1e-6
-    assert ring.latency_s - nccl == pytest.approx(14 * SIMPLE_FILL_BYTES / (18 * 20.6e9), rel=2e-3)
-    small = collective_cost(h100, "all_reduce", range(8), 8 << 10, algo="ring", protocol="simple")
+    assert ring.latency_s - nccl == pytest.approx(14 * 32 * SIMPLE_FILL_BYTES_PER_CHANNEL / (18 * 20.6e9), rel=2e-3)
+    small = collective_cost(h100, "all_reduce", range(8), 8 << 10, algo="ring", protocol="simple",
+                            constants=one_round)
     assert small.latency_s - nccl == pytest.approx(14 * (8 << 10) / 8 / (18 * 20.6e9), rel=2e-3)
-    double = replace(DEFAULT_CONSTANTS, simple_fill_bytes=2 * SIMPLE_FILL_BYTES)
+    double = replace(one_round, simple_fill_bytes_per_channel=2 * SIMPLE_FILL_BYTES_PER_CHANNEL)
     ring2 = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple", constants=double)
     assert ring2.latency_s - nccl == pytest.approx(2 * (ring.latency_s - nccl), rel=1e-9)
     ll = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="ll")
@@ -135,14 +138,17 @@ def test_simple_pipeline_fill_is_steps_times_fill_bytes_at_busbw(h100):
 
 
 def test_nccl_bandwidth_on_dgx_h100(h100):
-    """Ring busbw at large sizes = NCCL's effective NVLink bandwidth 18 links x 20.6 GB/s; NVLS x 0.85 of
-    2(n-1)/n of it; ring LL all-reduce a quarter of Simple's (NCCL's 1/4, under Hopper's 141 GB/s cap), half
-    with the flat factors (protocol_limits off)."""
+    """Ring Simple at 64 GiB = 128 loops of 32 channels x 8 ranks x 2 MiB: NCCL's 14 x 3.4 us paid per slice
+    (2 per chunk, every loop) + the fill, on top of S x 14/8 at NCCL's 18 x 20.6 GB/s. NVLS is held to
+    its 16 channels x 29.375 GB/s = 470 GB/s (below 2(n-1)/n of the links, 649); ring LL all-reduce a quarter
+    of Simple's (NCCL's 1/4, under Hopper's 141 GB/s cap), half with the flat factors (protocol_limits off)."""
     big = 1 << 36
     ring = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple")
-    assert ring.busbw_gbps == pytest.approx(18 * 20.6, rel=2e-3)
+    latency_us = 8.4 + 14 * 3.4 * 2 * 128 + 14 * 32 * SIMPLE_FILL_BYTES_PER_CHANNEL / (18 * 20.6e3)
+    assert ring.time_s == pytest.approx(latency_us * 1e-6 + big * 14 / 8 / (18 * 20.6e9), rel=1e-6)
+    assert 0.95 * 18 * 20.6 < ring.busbw_gbps < 0.97 * 18 * 20.6  # the slices cost 3.6% at the plateau
     nvls = collective_cost(h100, "all_reduce", range(8), big, algo="nvls")
-    assert nvls.busbw_gbps == pytest.approx(0.85 * 2 * 7 / 8 * 18 * 20.6, rel=2e-3)
+    assert nvls.busbw_gbps == pytest.approx(470.0, rel=2e-3)
     ll = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="ll")
     assert ll.bandwidth_s == pytest.approx(4 * ring.bandwidth_s, rel=1e-9)
     flat = replace(DEFAULT_CONSTANTS, protocol_limits=False)

@@ -17,6 +17,7 @@ link_load[l] = (bytes the collective and its concurrent copies put on l / (capac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -24,24 +25,21 @@ from types import MappingProxyType
 from meshsim.sim.core.errors import UserError, unknown_name_error
 from meshsim.sim.core.units import GB
 from meshsim.sim.cost.collectives import cache
+from meshsim.sim.cost.collectives.channels import ring_channels
 from meshsim.sim.cost.collectives.choose import OPS, candidates
 from meshsim.sim.cost.collectives.direct import direct_plan
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
-from meshsim.sim.cost.collectives.nccl_limits import (
-    channels_used,
-    default_channels,
-    generation,
-    protocol_busbw_gbps,
-)
+from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.nvls import nvls_plan
+from meshsim.sim.cost.collectives.nvls_limits import nvls_busbw_cap_gbps
 from meshsim.sim.cost.collectives.phases import Plan, PlanCost, evaluate
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, NcclConstants, family
 from meshsim.sim.cost.collectives.ring import ring_plan
 from meshsim.sim.cost.collectives.sharing import sharing_groups
 from meshsim.sim.cost.collectives.tree import tree_plan
-from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
 
+SLICED_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # ring ops whose chunks go in Simple slices
 STATS = {"structures": 0, "flows": 0}  # plans evaluated and flows fed to max-min since import
 
 
@@ -123,28 +121,44 @@ def _own_plan(topo: Topology, algo: str, op: str, ranks: tuple[int, ...]) -> Pla
 
 
 def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, ranks: int = 0,
-              nbytes: int | None = None) -> float:
+              nbytes: int | None = None, channels: int = 1) -> float:
+    """Launch base + per-step latencies (NVLink steps x slice_rounds for ring Simple) + pipeline fill."""
+    rounds = slice_rounds(pc.algo, op, protocol, constants, ranks, nbytes, channels)
     steps, count = 0.0, 0.0
     for phase in pc.phases:
-        step = sum(w * max(hop.path_s, constants.hw_s(pc.algo, hop.link_class, protocol)) for hop, w in phase.latency)
+        step = sum(w * max(hop.path_s, constants.hw_s(pc.algo, hop.link_class, protocol))
+                   * (rounds if hop.link_class == "nvlink" else 1) for hop, w in phase.latency)
         steps += phase.repeat * step
         count += phase.repeat * sum(w for _, w in phase.latency)
-    total = pc.launches * constants.base_s(pc.algo, protocol) + steps + _fill_s(pc, op, protocol, constants, count, ranks, nbytes)
+    total = (pc.launches * constants.base_s(pc.algo, protocol) + steps
+             + _fill_s(pc, op, protocol, constants, count, ranks, nbytes, channels))
     if pc.algo == "ring" and op == "all_reduce" and protocol == "simple" and pc.multi_node:
         total *= constants.ring_simple_internode_lat_factor
     return total
 
 
+def slice_rounds(algo: str, op: str, protocol: str, constants: NcclConstants, ranks: int, nbytes: int | None,
+                 channels: int) -> int:
+    """Flag handshakes per ring step with Simple: slices per chunk x loops, loops = ceil(nbytes / (channels x
+    ranks x chunk)) (protocols.SIMPLE_CHUNK_BYTES); 1 for the other algorithms, protocols and ops."""
+    if algo != "ring" or protocol != "simple" or op not in SLICED_OPS or not nbytes or ranks < 2:
+        return 1
+    loops = math.ceil(nbytes / (max(1, channels) * ranks * constants.simple_chunk_bytes))
+    return max(1, constants.simple_slices_per_chunk * loops)
+
+
 def _fill_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, steps: float, ranks: int,
-            nbytes: int | None = None) -> float:
-    """Simple-protocol pipeline fill (protocols.SIMPLE_FILL_BYTES): steps x fill bytes at the bus bandwidth,
-    the fill bytes being at most one step's data, nbytes / ranks (a slice cannot exceed its chunk).
-    NVLS (one switch round trip) and the LL protocols (tiny slices) have none."""
+            nbytes: int | None = None, channels: int = 1) -> float:
+    """Simple/LL128 pipeline fill (protocols.SIMPLE_FILL_BYTES_PER_CHANNEL): per step, each channel's fill
+    bytes at the channel's share of the bus bandwidth - steps x channels x min(fill, nbytes / (ranks x
+    channels)) / busbw (a slice cannot exceed its chunk). NVLS (one switch round trip) and LL have none."""
     if protocol not in ("simple", "ll128") or pc.algo == "nvls" or pc.s_per_byte <= 0 or ranks < 2:
         return 0.0
     busbw = busbw_factor(op, ranks) / pc.s_per_byte
-    fill_bytes = constants.simple_fill_bytes if nbytes is None else min(constants.simple_fill_bytes, nbytes / ranks)
-    return steps * fill_bytes / busbw if busbw > 0 else 0.0
+    per_channel = constants.simple_fill_bytes_per_channel
+    if nbytes is not None:
+        per_channel = min(per_channel, nbytes / (ranks * max(1, channels)))
+    return steps * max(1, channels) * per_channel / busbw if busbw > 0 else 0.0
 
 
 def link_load(topo: Topology, pc: PlanCost, scale: float) -> Mapping[int, float]:
@@ -178,23 +192,18 @@ def _check(topo: Topology, op: str, ranks: Sequence[int], nbytes: int) -> None:
         raise UserError("nbytes", nbytes, "use a size >= 0 bytes")
 
 
-def ring_channels(topo: Topology, constants: NcclConstants) -> int:
-    """NCCL's channel count on this topology (constants.channels, else two per NVLink, at most 32)."""
-    if constants.channels is not None:
-        return constants.channels
-    spec = GPUS.get(topo.gpu)
-    return default_channels(spec.nvlink_links if spec is not None else 0)
-
-
 def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes: int, ranks: Sequence[int],
                     constants: NcclConstants) -> float:
     """Achieved / max-min bus bandwidth for this (algorithm, protocol, size): NCCL's refinements
     (nccl_limits.protocol_busbw_gbps), or the flat factors when constants.protocol_limits is off."""
     if protocol == IDEAL or pc.s_per_byte <= 0:
         return 1.0
-    if not constants.protocol_limits or pc.algo == "nvls":
-        return constants.bw_scale(pc.algo, op, protocol)
     raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
+    if pc.algo == "nvls":
+        cap = nvls_busbw_cap_gbps(topo.gpu, constants.nvls_channels, constants.nvls_channel_busbw_gbps)
+        return min(constants.bw_scale(pc.algo, op, protocol), cap / raw_gbps)
+    if not constants.protocol_limits:
+        return constants.bw_scale(pc.algo, op, protocol)
     channels = ring_channels(topo, constants)
     algo = "tree" if pc.algo == "tree" else family(pc.algo)
     used = channels_used(nbytes, algo, protocol, len(ranks), channels)
@@ -209,7 +218,7 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
     """The cost of one (algorithm, protocol) pair."""
     pc = structure(topo, algo, op, ranks, concurrent, constants)
     scale = bandwidth_scale(topo, pc, op, protocol, nbytes, ranks, constants)
-    lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes)
+    lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes, ring_channels(topo, constants))
     bw = nbytes * pc.s_per_byte / scale
     time = lat + bw
     algbw = nbytes / time / GB if time > 0 else 0.0

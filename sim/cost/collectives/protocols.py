@@ -9,7 +9,9 @@ Source of every figure: /work/shared/reference/modeling-facts.md, which summaris
   1/4 or 1/3 capped at llMaxBw, LL128 0.92 capped per channel, tree 0.92 capped per channel, fewer
   channels for small messages; tuning.cc / enqueue.cc), or, with `protocol_limits=False`, the flat
   `bw_factor[protocol]` (LL 0.5, LL128 0.92, Simple 1.0) x algorithm factor (tree all-reduce 0.92). NVLS
-  is x 0.85 (Hopper figure) either way.
+  is bounded by its channels' throughput either way (nvls_limits.py).
+- Ring Simple: NCCL's per-step NVLink latency is paid once per slice of every loop (SIMPLE_CHUNK_BYTES,
+  SIMPLE_SLICES_PER_CHUNK), plus a fitted pipeline fill per step (SIMPLE_FILL_BYTES_PER_CHANNEL).
 - Link capacity = peak x link efficiency: NCCL's effective NVLink bandwidth per 25 GB/s NVLink link
   (20.0 on A100/SM80, 20.6 on H100/SM90, 40.1 per 50 GB/s link on B200/SM100), PCIe 12 GB/s of a Gen3
   x16's 16, a NIC 12 GB/s of a 100 Gb/s line rate (12.5 GB/s).
@@ -52,17 +54,26 @@ HW_US = {
     "nvls": {"nvlink": {"simple": 25.0}},
 }
 BW_FACTOR = {"ll": 0.5, "ll128": 0.92, "simple": 1.0, IDEAL: 1.0}  # tuning.cc protocol factors
-ALGO_BW_FACTOR = {"tree": 0.92, "nvls": 0.85}  # tree all-reduce; NVLS on Hopper (tuning.cc)
-# Simple-protocol pipeline fill: a ring/tree step cannot start until the previous step's slice has
-# arrived, so besides NCCL's per-step latency each step costs the transfer of one slice per channel
-# (~16-24 channels x 128 KiB) at the rank's bus bandwidth before the pipeline runs full:
-#     fill_s = steps x SIMPLE_FILL_BYTES / busbw.
-# Fitted to the public nccl-tests all_reduce_perf curves (reference/public-measurements.md section 5):
-# 8 x A100 16 MiB-1 GiB give 2.2-2.6 MB per step, 4 x GB200 64 MiB gives 2.2 MB. It is why busbw at
-# 64-128 MiB sits 25-30% under the plateau (NCCL's own model has no such term). A slice cannot exceed
-# its step's data, so the fill bytes are min(SIMPLE_FILL_BYTES, nbytes / ranks) (cost._fill_s): with
-# NCCL's LL caps (nccl_limits.py) this puts 8 x A100 at 4 MiB within 2% (LL128).
-SIMPLE_FILL_BYTES = 2.4e6
+# Tree all-reduce (tuning.cc). NVLS has no flat factor: tuning.cc's 0.85 (Hopper) stands for what bounds NVLS
+# below its links, which nvls_limits.py models as a per-channel throughput (FLUX's H800 NVLS all-gather and
+# reduce-scatter at 96 MiB run at 0.95 of the link figure, which a flat 0.85 cannot give).
+ALGO_BW_FACTOR = {"tree": 0.92}
+# Simple/LL128 pipeline fill: a ring/tree step cannot start until the previous step's slice has arrived,
+# so besides NCCL's per-step latency each step costs the transfer of up to SIMPLE_FILL_BYTES_PER_CHANNEL on
+# each channel at the channel's bandwidth (busbw / channels), at most one step's data per channel:
+#     fill_s = steps x channels x min(SIMPLE_FILL_BYTES_PER_CHANNEL, nbytes / (ranks x channels)) / busbw.
+# Fitted to the public nccl-tests all_reduce_perf curves (reference/public-measurements.md section 5): the
+# 8 x A100 curve from 16 MiB to 256 MiB (2.4 MB per step over its 24 channels); NCCL's own model has no
+# such term. Per channel, not per GPU: the export parts (A800 / H800, 8 NVLinks, 16 channels) fill less.
+SIMPLE_FILL_BYTES_PER_CHANNEL = 100e3
+# NCCL's Simple ring geometry (src/include/collectives.h, device.h, v2.18-v2.30): the Simple buffer is
+# 4 MiB in NCCL_STEPS = 8 steps of 512 KiB; a ring all-reduce / all-gather / reduce-scatter chunk is
+# ALLREDUCE_CHUNKSTEPS = 4 steps (2 MiB) moved in slices of SLICESTEPS = 2 steps (2 slices per chunk).
+# One loop of the kernel moves channels x ranks x chunk bytes; a smaller call shrinks the chunk, a larger
+# one runs more loops. Each slice is a flag handshake between neighbours, so on NVLink the per-step
+# latency is paid per slice: slices x loops times per step (cost.simple_slice_rounds).
+SIMPLE_CHUNK_BYTES = 2 * 1024 * 1024
+SIMPLE_SLICES_PER_CHUNK = 2
 # Multi-node ring all-reduce with Simple: NCCL multiplies the latency by 1.4 on SM80+ (tuning.cc).
 RING_SIMPLE_INTERNODE_LAT_FACTOR = 1.4
 
@@ -97,7 +108,9 @@ class NcclConstants:
     bw_factor: Any = field(default_factory=lambda: _ro(BW_FACTOR))
     algo_bw_factor: Any = field(default_factory=lambda: _ro(ALGO_BW_FACTOR))
     ring_simple_internode_lat_factor: float = RING_SIMPLE_INTERNODE_LAT_FACTOR
-    simple_fill_bytes: float = SIMPLE_FILL_BYTES
+    simple_fill_bytes_per_channel: float = SIMPLE_FILL_BYTES_PER_CHANNEL
+    simple_chunk_bytes: int = SIMPLE_CHUNK_BYTES
+    simple_slices_per_chunk: int = SIMPLE_SLICES_PER_CHUNK
     nvlink_efficiency: float | None = None  # None: by GPU generation (NVLINK_EFFICIENCY)
     pcie_efficiency: float = PCIE_EFFICIENCY
     network_efficiency: float = NETWORK_EFFICIENCY
@@ -105,6 +118,8 @@ class NcclConstants:
     link_efficiency: float | None = None
     protocol_limits: bool = True  # NCCL's LL/LL128/tree caps and small-message channel counts (nccl_limits.py)
     channels: int | None = None  # ring channels; None: nccl_limits.default_channels(NVLinks per GPU)
+    nvls_channels: int | None = None  # None: nvls_limits.NVLS_CHANNELS (NCCL_NVLS_NCHANNELS)
+    nvls_channel_busbw_gbps: float | None = None  # None: nvls_limits.NVLS_CHANNEL_BUSBW_GBPS by generation
 
     def with_tuning(self, tuning: Any) -> NcclConstants:
         """Apply a scenarios.schema.NetworkTuning (only link_efficiency is a constant there)."""

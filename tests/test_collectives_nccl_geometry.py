@@ -1,0 +1,120 @@
+"""NCCL's kernel geometry in the collective model: Simple slices and loops (protocols.SIMPLE_CHUNK_BYTES),
+the per-channel fill, channels on the 400 GB/s export parts, NVLS's channel bound (nvls_limits.py) and the
+channels a kernel occupies (channels.kernel_channels). Closed forms on the DGX presets, negative controls."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshsim.sim.cost.collectives import collective_cost, kernel_channels, ring_channels
+from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, SIMPLE_FILL_BYTES_PER_CHANNEL
+from meshsim.topologies.registry import build_topology
+
+MIB = 1 << 20
+A100_LOOP = 24 * 8 * 2 * MIB  # channels x ranks x Simple chunk: 384 MiB
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return build_topology("dgx-a100", 1)
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return build_topology("dgx-h100", 1)
+
+
+def _ring_simple_us(nbytes: int, loops: int, channels: int = 24, busbw_gbps: float = 240.0) -> float:
+    """8-rank ring Simple all-reduce latency (us): base + 14 x 3.4 us x 2 slices x loops + the fill."""
+    fill_per_channel = min(SIMPLE_FILL_BYTES_PER_CHANNEL, nbytes / (8 * channels))
+    return 8.4 + 14 * 3.4 * 2 * loops + 14 * channels * fill_per_channel / (busbw_gbps * 1e3)
+
+
+@pytest.mark.parametrize("nbytes, loops", [(64 * MIB, 1), (A100_LOOP, 1), (A100_LOOP + 8, 2), (8 << 30, 22)])
+def test_simple_pays_nccl_step_latency_per_slice_of_every_loop(a100, nbytes, loops):
+    c = collective_cost(a100, "all_reduce", range(8), nbytes, algo="ring", protocol="simple")
+    assert c.latency_s == pytest.approx(_ring_simple_us(nbytes, loops) * 1e-6, rel=1e-6)
+    assert c.bandwidth_s == pytest.approx(nbytes * 14 / 8 / 240e9, rel=1e-6)
+
+
+def test_one_more_loop_costs_exactly_its_slices(a100):
+    below = collective_cost(a100, "all_reduce", range(8), A100_LOOP, algo="ring", protocol="simple")
+    above = collective_cost(a100, "all_reduce", range(8), A100_LOOP + 8, algo="ring", protocol="simple")
+    assert above.latency_s - below.latency_s == pytest.approx(14 * 3.4 * 2 * 1e-6, rel=1e-6)
+
+
+def test_slices_apply_to_ring_simple_only(a100):
+    """LL128 and tree keep NCCL's one latency per step at any size (negative controls); so does Simple when
+    the chunk is unbounded and a chunk is one slice (NCCL's own model)."""
+    big = 8 << 30
+    ll128 = collective_cost(a100, "all_reduce", range(8), big, algo="ring", protocol="ll128")
+    assert ll128.latency_s == pytest.approx((14 + 14 * 1.9 + 14 * 24 * 100e3 / 240e3) * 1e-6, rel=1e-6)
+    tree_at = {s: collective_cost(a100, "all_reduce", range(8), s, algo="tree", protocol="simple").latency_s
+               for s in (A100_LOOP, 8 * A100_LOOP)}
+    assert tree_at[A100_LOOP] == pytest.approx(tree_at[8 * A100_LOOP], rel=1e-12)
+    nccl_like = replace(DEFAULT_CONSTANTS, simple_slices_per_chunk=1, simple_chunk_bytes=1 << 50)
+    ring = collective_cost(a100, "all_reduce", range(8), big, algo="ring", protocol="simple", constants=nccl_like)
+    assert ring.latency_s == pytest.approx((8.4 + 14 * 3.4 + 14 * 24 * 100e3 / 240e3) * 1e-6, rel=1e-6)
+
+
+def test_gathers_count_slices_over_the_total_size(a100):
+    """All-gather: 7 steps; a loop moves 24 channels x 8 ranks x 2 MiB of the gathered total."""
+    c = collective_cost(a100, "all_gather", range(8), 2 * A100_LOOP, algo="ring", protocol="simple")
+    fill = 7 * 24 * 100e3 / 240e3
+    assert c.latency_s == pytest.approx((8.4 + 7 * 3.4 * 2 * 2 + fill) * 1e-6, rel=1e-6)
+
+
+def test_export_parts_have_eight_nvlinks_and_sixteen_channels(a100, h100):
+    a800 = build_topology("dgx-a100", 1, nvlink_gbps=200.0)
+    h800 = build_topology("dgx-h100", 1, nvlink_gbps=200.0)
+    assert (ring_channels(a100), ring_channels(h100), ring_channels(a800), ring_channels(h800)) == (24, 32, 16, 16)
+    assert ring_channels(a800, replace(DEFAULT_CONSTANTS, channels=6)) == 6
+    # A800 all-gather 96 MiB: one loop (16 x 8 x 2 MiB = 256 MiB), fill 16 channels x 100 kB at 8 x 20 GB/s
+    c = collective_cost(a800, "all_gather", range(8), 96 * MIB, algo="ring", protocol="simple")
+    assert c.latency_s == pytest.approx((8.4 + 7 * 3.4 * 2 + 7 * 16 * 100e3 / 160e3) * 1e-6, rel=1e-6)
+
+
+def test_nvls_is_bound_by_its_sixteen_channels(h100):
+    """DGX H100 NVLS all-reduce: the links allow 2 x 7/8 x 18 x 20.6 = 649 GB/s of busbw; 16 channels x
+    29.375 GB/s hold it to 470 (users report 450-490). Negative controls: a large per-channel figure, or
+    32 channels, give the link bound back."""
+    big = 1 << 34
+    nvls = collective_cost(h100, "all_reduce", range(8), big, algo="nvls")
+    assert nvls.bandwidth_s == pytest.approx(big * 14 / 8 / 470e9, rel=1e-9)
+    assert nvls.latency_s == pytest.approx(25e-6, rel=1e-9)
+    link_bound = 2 * 7 / 8 * 18 * 20.6
+    for override in ({"nvls_channel_busbw_gbps": 1000.0}, {"nvls_channels": 32}):
+        free = collective_cost(h100, "all_reduce", range(8), big, algo="nvls",
+                               constants=replace(DEFAULT_CONSTANTS, **override))
+        assert free.bandwidth_s == pytest.approx(big * 14 / 8 / (link_bound * 1e9), rel=2e-3)
+    # all-gather is link-bound (370.8 < 470) unless the channels are cut to 8 (8 x 29.375 = 235)
+    ag = collective_cost(h100, "all_gather", range(8), big, algo="nvls")
+    assert ag.bandwidth_s == pytest.approx(big * 7 / 8 / (18 * 20.6e9), rel=2e-3)
+    ag8 = collective_cost(h100, "all_gather", range(8), big, algo="nvls",
+                          constants=replace(DEFAULT_CONSTANTS, nvls_channels=8))
+    assert ag8.bandwidth_s == pytest.approx(big * 7 / 8 / 235e9, rel=1e-9)
+
+
+def test_nvls_still_wins_where_nccl_uses_it(h100):
+    """Large all-reduces on one DGX H100 run NVLS (470 > ring's ~360 GB/s); tiny ones a ring/tree LL (NVLS's
+    25 us floor); H800's 96 MiB all-gather runs NVLS at the link rate, 25 us + S x 7/8 / (8 x 20.6 GB/s)."""
+    assert collective_cost(h100, "all_reduce", range(8), 1 << 30).algo == "nvls"
+    assert collective_cost(h100, "all_reduce", range(8), 4 << 10).algo != "nvls"
+    h800 = build_topology("dgx-h100", 1, nvlink_gbps=200.0)
+    ag = collective_cost(h800, "all_gather", range(8), 96 * MIB)
+    assert ag.algo == "nvls"
+    assert ag.time_s == pytest.approx(25e-6 + 96 * MIB * 7 / 8 / (8 * 20.6e9), rel=2e-3)
+
+
+def test_kernel_channels(a100, h100):
+    """One CTA per channel: NVLS 16 (NCCL_NVLS_NCHANNELS), ring Simple all of the ring's channels, a small
+    LL call fewer (enqueue.cc: 512 threads x 8 B x 8 ranks = 32 KiB per channel), nothing for no call."""
+    assert kernel_channels(h100, "nvls", "simple", 1 << 30, 8) == 16
+    assert kernel_channels(h100, "nvls", "simple", 1 << 30, 8, replace(DEFAULT_CONSTANTS, nvls_channels=8)) == 8
+    assert kernel_channels(a100, "ring", "simple", 1 << 30, 8) == 24
+    assert kernel_channels(a100, "ring", "ll", 64 << 10, 8) == 2
+    assert kernel_channels(a100, "none", "none", 0, 1) == 0
+    c = collective_cost(h100, "all_reduce", range(8), 1 << 30)
+    assert kernel_channels(h100, c.algo, c.protocol, c.nbytes, c.ranks) == 16
