@@ -12,6 +12,7 @@ not used by the step engine here.
 
 from __future__ import annotations
 
+from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, default_channels
 from meshsim.sim.cost.collectives.nvls_limits import nvls_channels
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, NcclConstants, family
@@ -21,13 +22,21 @@ from meshsim.topologies.model import Topology
 
 def nvlinks_per_gpu(topo: Topology) -> int:
     """NVLink links per GPU: the topology's NVLink bandwidth per GPU over the preset's per-link rate (an
-    export part cut to 400 GB/s, A800 / H800, has 8 links of 25 GB/s), else the GPU preset's count."""
+    export part cut to 400 GB/s, A800 / H800, has 8 links of 25 GB/s), else the GPU preset's count; 0 on a
+    topology without NVLink links (a PCIe box: NCCL's 2 channels)."""
     spec = GPUS.get(topo.gpu)
-    if spec is None:
+    if spec is None or not _has_nvlink(topo):
         return 0
     if spec.nvlink_links > 0 and spec.nvlink_gbps > 0 and topo.nvlink_gbps_per_gpu > 0:
         return max(1, round(topo.nvlink_gbps_per_gpu / (spec.nvlink_gbps / spec.nvlink_links)))
     return spec.nvlink_links
+
+
+def _has_nvlink(topo: Topology) -> bool:
+    tab = cache.table(topo, "has_nvlink")
+    if None not in tab:
+        cache.remember(tab, None, any(link.kind == "nvlink" for link in topo.links))
+    return tab[None]
 
 
 def ring_channels(topo: Topology, constants: NcclConstants = DEFAULT_CONSTANTS) -> int:

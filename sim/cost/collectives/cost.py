@@ -122,12 +122,12 @@ def _own_plan(topo: Topology, algo: str, op: str, ranks: tuple[int, ...]) -> Pla
 
 def latency_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, ranks: int = 0,
               nbytes: int | None = None, channels: int = 1) -> float:
-    """Launch base + per-step latencies (NVLink steps x slice_rounds for ring Simple) + pipeline fill."""
+    """Launch base + per-step latencies (intra-node steps x slice_rounds for ring Simple) + pipeline fill."""
     rounds = slice_rounds(pc.algo, op, protocol, constants, ranks, nbytes, channels)
     steps, count = 0.0, 0.0
     for phase in pc.phases:
         step = sum(w * max(hop.path_s, constants.hw_s(pc.algo, hop.link_class, protocol))
-                   * (rounds if hop.link_class == "nvlink" else 1) for hop, w in phase.latency)
+                   * (1 if hop.link_class == "network" else rounds) for hop, w in phase.latency)
         steps += phase.repeat * step
         count += phase.repeat * sum(w for _, w in phase.latency)
     total = (pc.launches * constants.base_s(pc.algo, protocol) + steps
