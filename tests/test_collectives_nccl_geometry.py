@@ -85,6 +85,7 @@ def test_nvls_is_bound_by_its_sixteen_channels(h100):
     assert nvls.bandwidth_s == pytest.approx(big * 14 / 8 / 470e9, rel=1e-9)
     assert nvls.latency_s == pytest.approx(25e-6, rel=1e-9)
     link_bound = 2 * 7 / 8 * 18 * 20.6
+    assert max(nvls.link_load.values()) == pytest.approx(470.0 / link_bound, rel=2e-3)  # links partly idle
     for override in ({"nvls_channel_busbw_gbps": 1000.0}, {"nvls_channels": 32}):
         free = collective_cost(h100, "all_reduce", range(8), big, algo="nvls",
                                constants=replace(DEFAULT_CONSTANTS, **override))

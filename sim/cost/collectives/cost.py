@@ -3,8 +3,13 @@
 For a plan evaluated once per (topology, algorithm, op, group, concurrent groups, link efficiencies)
 (phases.py), a protocol p and nbytes S:
 
-    latency_s   = launches x base(p) + sum_phases repeat x sum_hops weight x max(path_s, hw(class, p))
-    bandwidth_s = S x sum_phases repeat x s_per_byte / (bw_factor(p) x algo_factor)
+    latency_s   = launches x base(p) + sum_phases repeat x sum_hops weight x max(path_s, hw(class, p)) x r
+                  + fill
+    bandwidth_s = S x sum_phases repeat x s_per_byte / scale(algo, p, S)
+
+r = 1, except ring Simple inside a node: slices per chunk x loops (slice_rounds); fill: the Simple/LL128
+pipeline fill per channel (_fill_s); scale: NCCL's protocol refinements (nccl_limits.py) or, for NVLS,
+its channel bound (nvls_limits.py).
 
 NCCL's per-step latency hw(class, p) is an end-to-end figure that already contains the wire and switch
 latency, so a step costs the larger of the physical path latency and NCCL's figure, never their sum: the
@@ -222,8 +227,10 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
     bw = nbytes * pc.s_per_byte / scale
     time = lat + bw
     algbw = nbytes / time / GB if time > 0 else 0.0
+    # NVLS's channel bound leaves its links partly idle; the other algorithms load theirs at the flat factor
+    load = scale if algo == "nvls" else constants.bw_scale(algo, op, protocol) / constants.bw_factor[protocol]
     return CollectiveCost(op, algo, protocol, nbytes, len(ranks), time, lat, bw, algbw,
-                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, constants.bw_scale(algo, op, protocol) / constants.bw_factor[protocol]))
+                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, load))
 
 
 def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, *, algo: str = "auto",
