@@ -140,7 +140,7 @@ def test_simple_pipeline_fill_is_steps_times_channel_fill_at_busbw(h100):
 def test_nccl_bandwidth_on_dgx_h100(h100):
     """Ring Simple at 64 GiB = 128 loops of 32 channels x 8 ranks x 2 MiB: NCCL's 14 x 3.4 us paid per slice
     (2 per chunk, every loop) + the fill, on top of S x 14/8 at NCCL's 18 x 20.6 GB/s. NVLS is held to
-    its 16 channels x 29.375 GB/s = 470 GB/s (below 2(n-1)/n of the links, 649); ring LL all-reduce a quarter
+    its 16 channels' 470 GB/s (below 2(n-1)/n of the links, 649); ring LL all-reduce a quarter
     of Simple's (NCCL's 1/4, under Hopper's 141 GB/s cap), half with the flat factors (protocol_limits off)."""
     big = 1 << 36
     ring = collective_cost(h100, "all_reduce", range(8), big, algo="ring", protocol="simple")

@@ -78,29 +78,32 @@ def test_export_parts_have_eight_nvlinks_and_sixteen_channels(a100, h100):
 
 def test_nvls_is_bound_by_its_sixteen_channels(h100):
     """DGX H100 NVLS all-reduce: the links allow 2 x 7/8 x 18 x 20.6 = 649 GB/s of busbw; 16 channels x
-    29.375 GB/s hold it to 470 (users report 450-490). Negative controls: a large per-channel figure, or
-    32 channels, give the link bound back."""
+    16.79 GB/s of port traffic hold algbw to 268.6 GB/s, busbw 470 (users report 450-490). Negative controls:
+    a large per-channel figure, or 32 channels, give the link bound back."""
     big = 1 << 34
+    algbw_cap = 470e9 / (2 * 7 / 8)
     nvls = collective_cost(h100, "all_reduce", range(8), big, algo="nvls")
-    assert nvls.bandwidth_s == pytest.approx(big * 14 / 8 / 470e9, rel=1e-9)
+    assert nvls.bandwidth_s == pytest.approx(big / algbw_cap, rel=1e-9)
     assert nvls.latency_s == pytest.approx(25e-6, rel=1e-9)
     link_bound = 2 * 7 / 8 * 18 * 20.6
     assert max(nvls.link_load.values()) == pytest.approx(470.0 / link_bound, rel=2e-3)  # links partly idle
-    for override in ({"nvls_channel_busbw_gbps": 1000.0}, {"nvls_channels": 32}):
+    for override in ({"nvls_channel_gbps": 100.0}, {"nvls_channels": 32}):
         free = collective_cost(h100, "all_reduce", range(8), big, algo="nvls",
                                constants=replace(DEFAULT_CONSTANTS, **override))
         assert free.bandwidth_s == pytest.approx(big * 14 / 8 / (link_bound * 1e9), rel=2e-3)
-    # all-gather is link-bound (370.8 < 470) unless the channels are cut to 8 (8 x 29.375 = 235)
+    # all-gather: port fraction 7/8, so algbw <= 268.6 x 8/7 and busbw <= 268.6 (links: 370.8)
     ag = collective_cost(h100, "all_gather", range(8), big, algo="nvls")
-    assert ag.bandwidth_s == pytest.approx(big * 7 / 8 / (18 * 20.6e9), rel=2e-3)
-    ag8 = collective_cost(h100, "all_gather", range(8), big, algo="nvls",
-                          constants=replace(DEFAULT_CONSTANTS, nvls_channels=8))
-    assert ag8.bandwidth_s == pytest.approx(big * 7 / 8 / 235e9, rel=1e-9)
+    assert ag.bandwidth_s == pytest.approx(big * 7 / 8 / algbw_cap, rel=1e-9)
+    # two GPUs: all-reduce algbw still 268.6 (busbw 268.6 < the ring's ~357), so the ring wins large sizes
+    pair = collective_cost(h100, "all_reduce", range(2), big, algo="nvls")
+    assert pair.bandwidth_s == pytest.approx(big / algbw_cap, rel=1e-9)
+    assert collective_cost(h100, "all_reduce", range(2), big).algo != "nvls"
 
 
 def test_nvls_still_wins_where_nccl_uses_it(h100):
-    """Large all-reduces on one DGX H100 run NVLS (470 > ring's ~360 GB/s); tiny ones a ring/tree LL (NVLS's
-    25 us floor); H800's 96 MiB all-gather runs NVLS at the link rate, 25 us + S x 7/8 / (8 x 20.6 GB/s)."""
+    """Large all-reduces on one DGX H100 run NVLS (470 > ring's ~357 GB/s); tiny ones a ring/tree LL (NVLS's
+    25 us floor); H800's 96 MiB all-gather runs NVLS at the link rate, 25 us + S x 7/8 / (8 x 20.6 GB/s)
+    (its links, 164.8 GB/s of busbw, bind before the channels' 268.6)."""
     assert collective_cost(h100, "all_reduce", range(8), 1 << 30).algo == "nvls"
     assert collective_cost(h100, "all_reduce", range(8), 4 << 10).algo != "nvls"
     h800 = build_topology("dgx-h100", 1, nvlink_gbps=200.0)

@@ -36,7 +36,7 @@ from meshsim.sim.cost.collectives.direct import direct_plan
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.nvls import nvls_plan
-from meshsim.sim.cost.collectives.nvls_limits import nvls_busbw_cap_gbps
+from meshsim.sim.cost.collectives.nvls_limits import nvls_algbw_cap_gbps
 from meshsim.sim.cost.collectives.phases import Plan, PlanCost, evaluate
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, NcclConstants, family
 from meshsim.sim.cost.collectives.ring import ring_plan
@@ -203,10 +203,10 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
     (nccl_limits.protocol_busbw_gbps), or the flat factors when constants.protocol_limits is off."""
     if protocol == IDEAL or pc.s_per_byte <= 0:
         return 1.0
+    if pc.algo == "nvls":  # link-bound algbw is 1 / s_per_byte
+        cap = nvls_algbw_cap_gbps(topo.gpu, op, len(ranks), constants.nvls_channels, constants.nvls_channel_gbps)
+        return min(constants.bw_scale(pc.algo, op, protocol), cap * GB * pc.s_per_byte)
     raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
-    if pc.algo == "nvls":
-        cap = nvls_busbw_cap_gbps(topo.gpu, constants.nvls_channels, constants.nvls_channel_busbw_gbps)
-        return min(constants.bw_scale(pc.algo, op, protocol), cap / raw_gbps)
     if not constants.protocol_limits:
         return constants.bw_scale(pc.algo, op, protocol)
     channels = ring_channels(topo, constants)

@@ -34,6 +34,12 @@ def nvls_switches(topo: Topology, ranks: Sequence[int]) -> list[str]:
     return sorted(common or ())
 
 
+def port_fractions(op: str, n: int) -> tuple[float, float]:
+    """(into the switch, out of it) per GPU, as fractions of nbytes (module doc)."""
+    return {"all_reduce": (1.0, 1.0), "all_gather": (1.0 / n, (n - 1) / n),
+            "reduce_scatter": ((n - 1) / n, 1.0 / n)}[op]
+
+
 def topology_has_nvls(topo: Topology) -> bool:
     return any(d.in_network_reduction and d.kind == "nvswitch" for d in topo.devices)
 
@@ -47,8 +53,7 @@ def nvls_plan(topo: Topology, op: str, ranks: Sequence[int]) -> Plan:
     if not switches or op not in NVLS_OPS:
         raise ValueError(f"nvls does not apply to {op} on ranks {list(ranks)[:4]}...")
     n, ns = len(ranks), len(switches)
-    up_frac, down_frac = {"all_reduce": (1.0, 1.0), "all_gather": (1.0 / n, (n - 1) / n),
-                          "reduce_scatter": ((n - 1) / n, 1.0 / n)}[op]
+    up_frac, down_frac = port_fractions(op, n)
     flows: list[Flow] = []
     step: Hop | None = None
     for r in ranks:

@@ -119,7 +119,7 @@ class NcclConstants:
     protocol_limits: bool = True  # NCCL's LL/LL128/tree caps and small-message channel counts (nccl_limits.py)
     channels: int | None = None  # ring channels; None: nccl_limits.default_channels(NVLinks per GPU)
     nvls_channels: int | None = None  # None: nvls_limits.NVLS_CHANNELS (NCCL_NVLS_NCHANNELS)
-    nvls_channel_busbw_gbps: float | None = None  # None: nvls_limits.NVLS_CHANNEL_BUSBW_GBPS by generation
+    nvls_channel_gbps: float | None = None  # None: nvls_limits.NVLS_CHANNEL_GBPS by generation
 
     def with_tuning(self, tuning: Any) -> NcclConstants:
         """Apply a scenarios.schema.NetworkTuning (only link_efficiency is a constant there)."""
