@@ -102,9 +102,10 @@ def test_memory_bound_gemm_uses_the_bandwidth_roof():
 
 
 def test_elementwise_and_optimizer_are_bandwidth_bound():
+    """Elementwise kernels at 0.65 of HBM (ELEMENTWISE_EFFICIENCY), the optimizer's streams at 0.90."""
     model = ComputeModel(H100)
     e = Elementwise("layernorm", 3_000_000, 1_000_000)
-    assert model.time_s(e) == pytest.approx(4e6 / (3350e9 * 0.9) + LAUNCH_S)
+    assert model.time_s(e) == pytest.approx(4e6 / (3350e9 * 0.65) + LAUNCH_S)
     opt = OptimizerStep(1_000_000)
     assert model.time_s(opt) == pytest.approx(32e6 / (3350e9 * 0.9) + LAUNCH_S)
 
