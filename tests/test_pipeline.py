@@ -270,3 +270,21 @@ def test_the_work_limit_counts_the_layers_of_one_stage():
     uneven = {"parallel.vp": 1, "parallel.first_stage_layers": 18, "parallel.last_stage_layers": 18}
     with pytest.raises(UserError, match=r"\(18 x 768\)"):
         resolve(with_overrides(scenario, {**uneven, "parallel.global_batch": 2 * 768}, source), source)
+
+
+def test_each_stage_gathers_its_parameters_after_the_optimizer_without_overlap_param_gather():
+    """parallel.overlap_param_gather false on a pipeline: every stage's distributed-optimizer all-gathers
+    follow its optimizer step instead of opening the step."""
+    base = {"model.layers": 8, "parallel.pp": 4, "parallel.global_batch": 32, "parallel.gpus": 8,
+            "parallel.dp": "auto", "parallel.distributed_optimizer": True}
+
+    def gathers_after_step(overrides):
+        out = []
+        for sched in build_stage_schedules(rs_with(**base, **overrides)):
+            step = next(op.id for op in sched.ops if op.name == "opt.step")
+            out += [op.id > step for op in sched.ops if op.name.startswith("dp.") and op.name.endswith("all_gather")]
+        return out
+
+    overlapped, trailing = gathers_after_step({}), gathers_after_step({"parallel.overlap_param_gather": False})
+    assert overlapped and not any(overlapped)
+    assert trailing and all(trailing)
