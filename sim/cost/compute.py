@@ -6,7 +6,7 @@
     Attention    flops / (peak x attention_eff x wave) + launch   (flash; flops in the work: causal
                  halving and the 2.5x backward are already there). wave = CTA wave quantization with
                  one CTA per (batch, head, 128-query block).
-    Elementwise  (bytes_read + bytes_written) / (bw x bw_eff) + launch
+    Elementwise  (bytes_read + bytes_written) / (bw x elementwise_eff) + launch
     OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch
 
 Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
@@ -119,12 +119,12 @@ class ComputeModel:
 
     @property
     def mem_bw_bytes_s(self) -> float:
-        """Achievable bytes/s of streaming traffic (a GEMM's operands, the optimizer): bw x mem_bw_eff, or the
-        profile's measured memory-bound bandwidth for the optimizer (optimizer_bw_bytes_s)."""
+        """Achievable bytes/s of streaming traffic (a GEMM's operands): bw x mem_bw_eff."""
         return self.gpu.mem_bw_gbps * GB * self.knobs.mem_bw_efficiency
 
     @property
     def optimizer_bw_bytes_s(self) -> float:
+        """The optimizer's streaming update: the profile's measured memory-bound bandwidth, else mem_bw."""
         if self.profile is not None and self.profile.elementwise_bw_gbps:
             return self.profile.elementwise_bw_gbps * GB
         return self.mem_bw_bytes_s

@@ -79,7 +79,8 @@ def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:
     sp_params = layers * d.sp_params_per_layer + d.norm_params if d.sp else 0
     # replicated KV head (kv_heads < tp): this rank's K and V projections, [h, head_dim] each, + biases
     kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
-    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap, gather_overlap=p.param_gather_overlapped,
+    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
+                    gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
                     kv_grad_params=kv_params, grad_bytes=grad_reduce_bytes(rs.scenario))
 

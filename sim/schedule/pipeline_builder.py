@@ -134,7 +134,8 @@ def stage_dp_config(rs: ResolvedScenario, d: LayerDims, chunks: list[ChunkLayout
     sp_params = layers * d.sp_params_per_layer + (d.norm_params if head else 0) if d.sp else 0
     kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
     tied = rs.scenario.model.tied_embeddings and (head or any(ch.embedding for ch in chunks))
-    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap, gather_overlap=p.param_gather_overlapped,
+    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
+                    gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
                     kv_grad_params=kv_params, embed_grad_params=d.vocab * d.hidden if tied else 0,
                     grad_bytes=grad_reduce_bytes(rs.scenario))
