@@ -3,7 +3,8 @@
 Gradients (Megatron DDP): fp32 main grads (bf16 training forces fp32 gradient accumulation and reduction,
 Megatron-LM arguments.py), 4 bytes per parameter, grouped in buckets (`bucket_bytes`: parallel.dp_bucket_mib
 MiB, else Megatron-Core's max(40M, 1M x dp) parameters) in the order backward produces them (a parameter
-is never split; a bucket closes once it reaches the size). Only the last micro-batch's backward triggers reductions (earlier ones accumulate locally).
+is never split; a bucket closes once it reaches the size). Only the last micro-batch's backward triggers
+reductions (earlier ones accumulate locally).
 
 - dp_overlap: a bucket is reduced as soon as its last gradient of the LAST micro-batch is produced;
   otherwise every bucket waits for the end of backward. Stream "dp_comm", group "dp".
