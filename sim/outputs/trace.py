@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from meshsim.sim.results.critical_path import critical_ops
 TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}
 STEADY_TID = len(STREAMS) + 1  # the thread summarising extrapolated steady-state periods
 BATCH = 4096  # trace events encoded per write
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode  # compact, as written
 
 
 def _ns(t_s: float) -> int:
@@ -93,6 +96,49 @@ def _slices(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | None 
     return [op, wait]
 
 
+def _js(value: Any) -> str:
+    """One scalar as json.dumps writes it (ints, finite floats and strings directly; the rest via json)."""
+    cls = type(value)
+    if cls is int:
+        return int.__repr__(value)
+    if cls is float and value - value == 0.0:  # finite
+        return float.__repr__(value)
+    if cls is str:
+        return encode_basestring_ascii(value)
+    return _ENCODE(value)
+
+
+def _slices_json(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | None, info_json: str,
+                 device: int) -> str:
+    """The JSON text of `_slices(ev, pid, critical, info, device)` (comma-joined, same keys in the same
+    order, same numbers), written from the event; `info_json` is info's members as JSON (",..." or "")."""
+    start_ns, end_ns = _ns(ev.start_s), _ns(ev.end_s)
+    tid = TID[ev.stream]
+    op_id = _js(ev.op_id)
+    args = (f'"op":{op_id},"category":{_js(ev.category)},"phase":{_js(ev.phase)},'
+            f'"critical":{"true" if critical else "false"},"stream":{tid},"correlation":{op_id},'
+            f'"device":{_js(device)},"layer":{_js(ev.layer)},"micro_batch":{_js(ev.micro_batch)}')
+    if ev.bytes:
+        args += f',"bytes":{_js(ev.bytes)}'
+    if ev.flops:
+        args += f',"flops":{_js(ev.flops)}'
+    name = ev.name
+    if ev.category != "compute":
+        name = f"nccl:{(info or {}).get('Collective name') or 'collective'} {ev.name}"
+        args += info_json
+    ts, where = _js(start_ns / 1e3), f'"pid":{_js(pid)},"tid":{tid}'
+    op = f'{{"name":{_js(name)},"cat":"kernel","ph":"X","ts":{ts},"dur":{_js((end_ns - start_ns) / 1e3)},{where},'
+    if ev.wait_s <= 0:
+        return op + f'"args":{{{args}}}}}'
+    args += f',"wait_us":{_js(ev.wait_s * 1e6)}'
+    wait_ns = min(_ns(ev.start_s + ev.wait_s), end_ns) - start_ns
+    bubble = ev.stream == "pp_comm"  # a P2P waiting for its neighbour
+    wait = (f'{{"name":"{"pipeline bubble" if bubble else "wait"}","cat":"wait","ph":"X","ts":{ts},'
+            f'"dur":{_js(wait_ns / 1e3)},{where},"args":{{"op":{op_id},'
+            f'"category":"{"pipeline_bubble" if bubble else "waiting"}","peer":{_js(ev.peer)}}}}}')
+    return op + f'"args":{{{args}}}}},' + wait
+
+
 def _flows(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
            flow_id_base: int) -> list[dict]:
     """Arrows between consecutive critical-path op slices where the path changes lane (rank or stream);
@@ -134,33 +180,75 @@ def _result_parts(result: Any) -> tuple[Mapping[int, Mapping], Mapping, Mapping 
     return getattr(result, "op_collectives", {}), getattr(result, "rank_groups", {}), getattr(result, "config", None)
 
 
+class _Context:
+    """What every slice of one run needs: the critical ops, collective rows, mesh positions and the
+    collective args per (row, rank), built once and shared by the dict and the text encodings."""
+
+    def __init__(self, events: Sequence[Event], critical_path: Sequence[Mapping], result: Any) -> None:
+        self.crit = critical_ops(critical_path)
+        self.by_op, self.groups, self.config = _result_parts(result)
+        self.per_node = int(self.config.get("gpus_per_node", 0) or 0) if self.config else 0
+        self.streams: dict[int, set[str]] = {}
+        for ev in events:
+            self.streams.setdefault(ev.rank, set()).add(ev.stream)
+        self._infos: dict[tuple[int, int], tuple[dict, str]] = {}  # (id of the row, rank) -> args, their JSON
+
+    def info(self, ev: Event) -> tuple[dict | None, str]:
+        """The collective args of `ev` (None for an op without a collective row) and their JSON members."""
+        row = self.by_op.get((ev.rank, ev.op_id))
+        if row is None:
+            return None, ""
+        key = (id(row), ev.rank)
+        found = self._infos.get(key)
+        if found is None:
+            info = collective_args(row, self.groups.get((row.get("group"), ev.rank)))
+            found = self._infos[key] = (info, ("," + _ENCODE(info)[1:-1]) if info else "")
+        return found
+
+    def device(self, ev: Event) -> int:
+        return ev.rank % self.per_node if self.per_node else ev.rank
+
+    def head(self, pid_offset: int, process_prefix: str) -> Iterator[dict]:
+        for rank in sorted(self.streams):
+            yield from _metadata(pid_offset + rank, rank, process_prefix, sorted(self.streams[rank], key=TID.get),
+                                 self.config)
+
+    def tail(self, events: Sequence[Event], critical_path: Sequence[Mapping], steady_state: Mapping | None,
+             pid_offset: int, flow_id_base: int) -> Iterator[dict]:
+        yield from _steady_state_slices(sorted(self.streams), steady_state, pid_offset)
+        by_key = {(ev.rank, ev.op_id): ev for ev in events}
+        yield from _flows(critical_path, by_key, pid_offset, flow_id_base)
+
+
 def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Mapping] = (), *, pid_offset: int = 0,
                       process_prefix: str = "sim", flow_id_base: int = 0,
                       steady_state: Mapping | None = None, result: Any = None) -> Iterator[dict]:
     """The trace events one at a time (metadata, slices, steady-state summary, critical-path flows).
     `result` (the run's StepResult) adds collective args and mesh positions."""
-    crit = critical_ops(critical_path)
-    by_op, groups, config = _result_parts(result)
     if steady_state is None:
         steady_state = getattr(result, "steady_state", None)
-    per_node = int(config.get("gpus_per_node", 0) or 0) if config else 0
-    streams: dict[int, set[str]] = {}
+    ctx = _Context(events, critical_path, result)
+    yield from ctx.head(pid_offset, process_prefix)
     for ev in events:
-        streams.setdefault(ev.rank, set()).add(ev.stream)
-    for rank in sorted(streams):
-        yield from _metadata(pid_offset + rank, rank, process_prefix, sorted(streams[rank], key=TID.get), config)
-    infos: dict[tuple[int, int], dict] = {}  # (id of the collective row, rank) -> its args, shared
+        yield from _slices(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in ctx.crit, ctx.info(ev)[0],
+                           ctx.device(ev))
+    yield from ctx.tail(events, critical_path, steady_state, pid_offset, flow_id_base)
+
+
+def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Mapping] = (), *, pid_offset: int = 0,
+                    process_prefix: str = "sim", flow_id_base: int = 0,
+                    steady_state: Mapping | None = None, result: Any = None) -> Iterator[str]:
+    """iter_trace_events as compact JSON texts, the same bytes json writes for each dict; op slices are
+    written straight from the event (_slices_json) without building their dicts (3x cheaper)."""
+    if steady_state is None:
+        steady_state = getattr(result, "steady_state", None)
+    ctx = _Context(events, critical_path, result)
+    yield from map(_ENCODE, ctx.head(pid_offset, process_prefix))
+    crit = ctx.crit
     for ev in events:
-        row, info = by_op.get((ev.rank, ev.op_id)), None
-        if row is not None:
-            info = infos.get((id(row), ev.rank))
-            if info is None:
-                info = infos[(id(row), ev.rank)] = collective_args(row, groups.get((row.get("group"), ev.rank)))
-        yield from _slices(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in crit, info,
-                           ev.rank % per_node if per_node else ev.rank)
-    yield from _steady_state_slices(sorted(streams), steady_state, pid_offset)
-    by_key = {(ev.rank, ev.op_id): ev for ev in events}
-    yield from _flows(critical_path, by_key, pid_offset, flow_id_base)
+        info, info_json = ctx.info(ev)
+        yield _slices_json(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in crit, info, info_json, ctx.device(ev))
+    yield from map(_ENCODE, ctx.tail(events, critical_path, steady_state, pid_offset, flow_id_base))
 
 
 def trace_events(events: Iterable[Event], critical_path: Sequence[Mapping] = (), **kw) -> list[dict]:
@@ -190,25 +278,16 @@ def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequen
     held as one document (kw: pid_offset, process_prefix, flow_id_base, steady_state, result)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    encode = json.JSONEncoder(separators=(",", ":")).encode
+    texts = iter_trace_json(list(events), critical_path, **kw)
     with open(path, "w") as fh:
         fh.write('{"traceEvents":[')
-        sep = ""
-        for batch in _batches(iter_trace_events(list(events), critical_path, **kw)):
-            fh.write(sep + encode(batch)[1:-1])
-            sep = ","
+        batch = list(islice(texts, BATCH))
+        while batch:
+            fh.write(",".join(batch))
+            batch = list(islice(texts, BATCH))
+            if batch:
+                fh.write(",")
         fh.write('],"displayTimeUnit":"ms"')
         info = distributed_info(kw.get("result"))
         fh.write(f',"distributedInfo":{json.dumps(info)}}}' if info else "}")
     return path
-
-
-def _batches(items: Iterator[dict]) -> Iterator[list[dict]]:
-    batch: list[dict] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == BATCH:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
