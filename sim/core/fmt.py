@@ -18,6 +18,7 @@ from collections.abc import Callable
 GIB = 1024**3
 _BINARY = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
 TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6))
+_UNIT_S = dict(TIME_UNITS)
 
 
 def _sig3(value: float) -> str:
@@ -66,7 +67,7 @@ def time_unit(values_s) -> tuple[str, float]:
 
 def fmt_time(seconds: float, unit: str) -> str:
     """seconds in the given unit, four significant figures, no exponent: (0.1487, 'ms') -> '148.7'."""
-    value = seconds / dict(TIME_UNITS)[unit]
+    value = seconds / _UNIT_S[unit]
     return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}" if abs(value) >= 1e-3 else "0"
 
 

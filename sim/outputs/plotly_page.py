@@ -57,16 +57,21 @@ def figure_json(figure: Mapping[str, Any]) -> str:
 
 
 def write_page(path: Path, figure: Mapping[str, Any], height_px: int) -> Path:
-    """One HTML page: plotly.js inline, then Plotly.newPlot of the figure (works offline)."""
-    plotly_js = (_package_data() / "plotly.min.js").read_text(encoding="utf-8")
-    with path.open("w", encoding="utf-8") as f:
-        f.write('<html>\n<head><meta charset="utf-8" /></head>\n<body>\n')
-        f.write(f'<div id="timeline" style="height:{height_px}px; width:100%;"></div>\n')
-        f.write('<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>\n')
-        f.write('<script type="text/javascript">')
+    """One HTML page: plotly.js inline, then Plotly.newPlot of the figure (works offline). Written as
+    UTF-8 bytes; plotly.js is copied as bytes, with its line ends made "\\n" as a text read would."""
+    plotly_js = (_package_data() / "plotly.min.js").read_bytes()
+    if b"\r" in plotly_js:
+        plotly_js = plotly_js.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    head = ('<html>\n<head><meta charset="utf-8" /></head>\n<body>\n'
+            f'<div id="timeline" style="height:{height_px}px; width:100%;"></div>\n'
+            '<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>\n'
+            '<script type="text/javascript">')
+    tail = ("</script>\n<script type=\"text/javascript\">\n"
+            f"(function () {{ var fig = {figure_json(figure)};\n"
+            'Plotly.newPlot("timeline", fig.data, fig.layout, {"responsive": true}); })();\n'
+            "</script>\n</body>\n</html>\n")
+    with path.open("wb") as f:
+        f.write(head.encode("utf-8"))
         f.write(plotly_js)
-        f.write("</script>\n<script type=\"text/javascript\">\n")
-        f.write(f"(function () {{ var fig = {figure_json(figure)};\n")
-        f.write('Plotly.newPlot("timeline", fig.data, fig.layout, {"responsive": true}); })();\n')
-        f.write("</script>\n</body>\n</html>\n")
+        f.write(tail.encode("utf-8"))
     return path

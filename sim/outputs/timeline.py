@@ -46,9 +46,10 @@ def _lane_names(events: Sequence[Event]) -> dict[tuple[int, str], int]:
     return {k: i for i, k in enumerate(keys)}
 
 
-def _hover(ev: Event, critical: bool, row: Mapping[str, Any] | None = None) -> str:
-    """Kept short: every '<' and '>' costs 6 bytes in the HTML (plotly escapes them)."""
-    text = f"{ev.name}<br>{fmt_s(ev.dur_s)}{' critical' if critical else ''}"
+def _hover_detail(ev: Event, critical: bool, row: Mapping[str, Any] | None) -> str:
+    """The hover text after the op's name: duration, wait, collective or bytes, FLOPs. Kept short: every
+    '<' and '>' costs 6 bytes in the HTML (plotly escapes them)."""
+    text = f"{fmt_s(ev.dur_s)}{' critical' if critical else ''}"
     if ev.wait_s > 0:
         text += f" (waited {fmt_s(ev.wait_s)})"
     if row is not None:
@@ -59,6 +60,28 @@ def _hover(ev: Event, critical: bool, row: Mapping[str, Any] | None = None) -> s
     if ev.flops:
         text += f", {ev.flops / 1e9:,.1f} GFLOP"
     return text
+
+
+def _hover_texts(events: Sequence[Event], picked: Sequence[int], hovered: set[int], crit: set, by_op: Mapping
+                 ) -> list[str | None]:
+    """Hover text ("name<br>detail") of each picked event that keeps one (None for the others). The detail
+    is the same for every micro-batch's copy of an op, so it is formatted once per distinct
+    (duration, critical, wait, collective row, bytes, FLOPs)."""
+    details: dict[tuple, str] = {}
+    texts: list[str | None] = []
+    for i in picked:
+        if i not in hovered:
+            texts.append(None)
+            continue
+        ev = events[i]
+        key = (ev.rank, ev.op_id)
+        critical, row = key in crit, by_op.get(key)
+        memo = (ev.end_s - ev.start_s, critical, ev.wait_s, id(row) if row is not None else None, ev.bytes, ev.flops)
+        detail = details.get(memo)
+        if detail is None:
+            detail = details[memo] = _hover_detail(ev, critical, row)
+        texts.append(f"{ev.name}<br>{detail}")
+    return texts
 
 
 def _with_hover(events: Sequence[Event]) -> set[int]:
@@ -151,13 +174,14 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Mapping] = ()
     by_op = getattr(result, "op_collectives", {}) if result is not None else {}
     hovered = _with_hover(events)
     data: list[dict] = []
+    by_category: dict[str, list[int]] = {}
+    for i, e in enumerate(events):
+        by_category.setdefault(e.category, []).append(i)
     for category in COLOURS:
-        picked = [i for i, e in enumerate(events) if e.category == category]
+        picked = by_category.get(category)
         if picked:
             sel = [events[i] for i in picked]
-            texts = [_hover(events[i], (events[i].rank, events[i].op_id) in crit, by_op.get((events[i].rank, events[i].op_id)))
-                     if i in hovered else None for i in picked]
-            data += _category_traces(category, sel, lanes, texts)
+            data += _category_traces(category, sel, lanes, _hover_texts(events, picked, hovered, crit, by_op))
     on_path = [e for e in events if (e.rank, e.op_id) in crit]
     if on_path:
         x, y = _segments(on_path, lanes)
