@@ -198,3 +198,30 @@ def test_timeline_spec_is_valid_plotly_and_the_page_embeds_it(tmp_path):
     values = [0.5, 2.0, float("nan"), 1e3]
     decoded = decode_typed_array(typed_array(values))
     assert decoded[:2] == [0.5, 2.0] and decoded[2] != decoded[2] and decoded[3] == 1e3
+
+
+@pytest.mark.parametrize("value", [0, -3, 2**70, 0.1, 1e-7, 1e22, -0.0, float("nan"), float("inf"), True, False, None,
+                                   "L0.mb0.fwd", 'a"b\\c\n\u00e9\u2028', [1, 2.5], {"k": 1}])
+def test_trace_scalar_text_is_what_json_writes(value):
+    from meshsim.sim.outputs.trace import _js
+
+    assert _js(value) == json.dumps(value, separators=(",", ":"))
+
+
+def test_trace_file_is_the_compact_json_of_trace_events(tmp_path):
+    """write_trace writes op slices as text straight from the events; the file must be, byte for byte, the
+    compact JSON of the dict events (waits, pipeline bubbles, collective args, steady state, flows)."""
+    from meshsim.scenarios.load import load_and_resolve
+    from meshsim.sim.outputs.trace import distributed_info, write_trace
+    from meshsim.sim.results.simulate import simulate
+
+    synthetic, log = simulated(ranks=(0, 1))
+    pipeline = simulate(load_and_resolve("llama2-70b-h100-pp4"))
+    kinds: set[str] = set()
+    for result, events in ((synthetic, log.events), (pipeline, pipeline.events)):
+        kinds |= {e["name"] for e in trace_events(events, result.critical_path, result=result) if e.get("cat") == "wait"}
+        text = write_trace(tmp_path / "t.json", events, result.critical_path, result=result).read_text()
+        doc = trace_document(trace_events(events, result.critical_path, result=result), distributed_info(result))
+        assert text.startswith('{"traceEvents":' + json.dumps(doc["traceEvents"], separators=(",", ":")) + ",")
+        assert json.loads(text) == doc
+    assert kinds == {"wait", "pipeline bubble"} and pipeline.steady_state  # both kinds of wait, extrapolated
