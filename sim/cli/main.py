@@ -13,30 +13,47 @@ import typer
 
 from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError
 
-COMMAND_MODULES = (
-    "meshsim.sim.cli.topologies",  # meshsim topologies
-    "meshsim.sim.cli.collective",  # meshsim collective
-    "meshsim.sim.cli.run",  # meshsim run, meshsim scenarios
-    "meshsim.sim.cli.sweep",  # meshsim sweep, meshsim compare
-    "meshsim.sim.cli.validate",  # meshsim validate, meshsim calibrate (torch imported lazily)
-)
+COMMAND_MODULES = {  # command -> the module that registers it (each module registers all of its commands)
+    "topologies": "meshsim.sim.cli.topologies",
+    "collective": "meshsim.sim.cli.collective",
+    "run": "meshsim.sim.cli.run",
+    "scenarios": "meshsim.sim.cli.run",
+    "sweep": "meshsim.sim.cli.sweep",
+    "compare": "meshsim.sim.cli.sweep",
+    "validate": "meshsim.sim.cli.validate",  # meshsim validate, meshsim calibrate (torch imported lazily)
+    "calibrate": "meshsim.sim.cli.validate",
+}
 
-app = typer.Typer(
-    name="meshsim",
-    help="Simulate tensor/sequence-parallel training steps and collectives on a device mesh.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 
-for _module in COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
+def _group() -> None:
+    """Always a command group, even with one command module loaded (typer would run a lone command
+    as the whole program)."""
+
+
+def build_app(argv: list[str] | None = None) -> typer.Typer:
+    """The app with the command modules `argv` needs: only the named command's module when argv starts with
+    a command (a module costs its imports: `meshsim run` loads neither the sweep's nor validate's), else
+    every module (help, usage errors and close-match suggestions list every command)."""
+    args = sys.argv[1:] if argv is None else argv
+    wanted = COMMAND_MODULES.get(args[0]) if args else None
+    app = typer.Typer(
+        name="meshsim",
+        help="Simulate tensor/sequence-parallel training steps and collectives on a device mesh.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(_group)
+    for module in dict.fromkeys(COMMAND_MODULES.values()):
+        if wanted in (None, module):
+            importlib.import_module(module).register(app)
+    return app
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI; UserError -> message on stderr, exit 2, no traceback."""
     try:
-        code = app(args=argv, standalone_mode=False)
+        code = build_app(argv)(args=argv, standalone_mode=False)
     except UserError as err:
         typer.echo(f"error: {err}", err=True)
         return EXIT_USER_ERROR

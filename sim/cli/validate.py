@@ -1,7 +1,7 @@
 """`meshsim validate` (numerics check, or simulated-vs-measured cross-check) and `meshsim calibrate`.
 
-sim/cli/main.py imports this module at start-up to call `register(app)`, so torch (and everything that
-imports it) is imported only inside the command functions.
+sim/cli/main.py imports this module to call `register(app)` for these commands and for `meshsim --help`, so
+torch (and everything that imports it) is imported only inside the command functions.
 """
 
 from __future__ import annotations
