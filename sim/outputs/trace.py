@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from json.encoder import encode_basestring_ascii
+from json.encoder import encode_basestring_ascii as _ascii
 from pathlib import Path
 from typing import Any
 
@@ -104,56 +104,77 @@ def _js(value: Any) -> str:
     if cls is float and value - value == 0.0:  # finite
         return float.__repr__(value)
     if cls is str:
-        return encode_basestring_ascii(value)
+        return _ascii(value)
     return _ENCODE(value)
 
 
 def _slices_json(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | None, info_json: str,
                  device: int) -> str:
     """The JSON text of `_slices(ev, pid, critical, info, device)` (comma-joined, same keys in the same
-    order, same numbers), written from the event; `info_json` is info's members as JSON (",..." or "")."""
+    order, same numbers), written from the event; `info_json` is info's members as JSON (",..." or "").
+    ts and dur are finite floats (_ns fails on anything else), so repr is their JSON; the int and str
+    fields take the same shortcut when they have exactly that type."""
     start_ns, end_ns = _ns(ev.start_s), _ns(ev.end_s)
     tid = TID[ev.stream]
-    op_id = _js(ev.op_id)
-    args = (f'"op":{op_id},"category":{_js(ev.category)},"phase":{_js(ev.phase)},'
+    op_id, cat, phase, layer, mb = ev.op_id, ev.category, ev.phase, ev.layer, ev.micro_batch
+    op_id = op_id if type(op_id) is int else _js(op_id)
+    args = (f'"op":{op_id},"category":{_ascii(cat) if type(cat) is str else _js(cat)},'
+            f'"phase":{_ascii(phase) if type(phase) is str else _js(phase)},'
             f'"critical":{"true" if critical else "false"},"stream":{tid},"correlation":{op_id},'
-            f'"device":{_js(device)},"layer":{_js(ev.layer)},"micro_batch":{_js(ev.micro_batch)}')
+            f'"device":{device if type(device) is int else _js(device)},'
+            f'"layer":{layer if type(layer) is int else _js(layer)},'
+            f'"micro_batch":{mb if type(mb) is int else _js(mb)}')
     if ev.bytes:
         args += f',"bytes":{_js(ev.bytes)}'
     if ev.flops:
         args += f',"flops":{_js(ev.flops)}'
     name = ev.name
-    if ev.category != "compute":
+    if cat != "compute":
         name = f"nccl:{(info or {}).get('Collective name') or 'collective'} {ev.name}"
         args += info_json
-    ts, where = _js(start_ns / 1e3), f'"pid":{_js(pid)},"tid":{tid}'
-    op = f'{{"name":{_js(name)},"cat":"kernel","ph":"X","ts":{ts},"dur":{_js((end_ns - start_ns) / 1e3)},{where},'
+    ts, where = repr(start_ns / 1e3), f'"pid":{pid if type(pid) is int else _js(pid)},"tid":{tid}'
+    op = f'{{"name":{_js(name)},"cat":"kernel","ph":"X","ts":{ts},"dur":{(end_ns - start_ns) / 1e3!r},{where},'
     if ev.wait_s <= 0:
         return op + f'"args":{{{args}}}}}'
     args += f',"wait_us":{_js(ev.wait_s * 1e6)}'
     wait_ns = min(_ns(ev.start_s + ev.wait_s), end_ns) - start_ns
     bubble = ev.stream == "pp_comm"  # a P2P waiting for its neighbour
     wait = (f'{{"name":"{"pipeline bubble" if bubble else "wait"}","cat":"wait","ph":"X","ts":{ts},'
-            f'"dur":{_js(wait_ns / 1e3)},{where},"args":{{"op":{op_id},'
+            f'"dur":{wait_ns / 1e3!r},{where},"args":{{"op":{op_id},'
             f'"category":"{"pipeline_bubble" if bubble else "waiting"}","peer":{_js(ev.peer)}}}}}')
     return op + f'"args":{{{args}}}}},' + wait
 
 
-def _flows(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
-           flow_id_base: int) -> list[dict]:
-    """Arrows between consecutive critical-path op slices where the path changes lane (rank or stream);
+def _hops(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event]) -> list[tuple[Event, Event]]:
+    """Consecutive critical-path ops (a, b) where the path changes lane (rank or stream): one arrow each;
     along one lane the `critical` arg says it and an arrow would add nothing but bytes."""
     chain = [by_key[(s["rank"], s["op_id"])] for s in path
              if s.get("op_id") is not None and (s["rank"], s["op_id"]) in by_key]
-    hops = [(a, b) for a, b in zip(chain, chain[1:], strict=False) if (a.rank, a.stream) != (b.rank, b.stream)]
+    return [(a, b) for a, b in zip(chain, chain[1:], strict=False) if (a.rank, a.stream) != (b.rank, b.stream)]
+
+
+def _flows(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
+           flow_id_base: int) -> list[dict]:
+    """Arrows (ph "s" -> "f") between the ops of each hop of the critical path (_hops)."""
     out = []
-    for i, (a, b) in enumerate(hops):
+    for i, (a, b) in enumerate(_hops(path, by_key)):
         fid = flow_id_base + i + 1
         common = {"name": "critical path", "cat": "critical", "id": fid}
         out.append({**common, "ph": "s", "ts": _ns(a.start_s) / 1e3, "pid": pid_offset + a.rank, "tid": TID[a.stream]})
         out.append({**common, "ph": "f", "bp": "e", "ts": _ns(b.start_s) / 1e3, "pid": pid_offset + b.rank,
                     "tid": TID[b.stream]})
     return out
+
+
+def _flows_json(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
+                flow_id_base: int) -> Iterator[str]:
+    """The JSON texts of `_flows`, written from the hops."""
+    for i, (a, b) in enumerate(_hops(path, by_key)):
+        common = f'{{"name":"critical path","cat":"critical","id":{_js(flow_id_base + i + 1)},'
+        yield (common + f'"ph":"s","ts":{_js(_ns(a.start_s) / 1e3)},"pid":{_js(pid_offset + a.rank)},'
+               f'"tid":{TID[a.stream]}}}')
+        yield (common + f'"ph":"f","bp":"e","ts":{_js(_ns(b.start_s) / 1e3)},"pid":{_js(pid_offset + b.rank)},'
+               f'"tid":{TID[b.stream]}}}')
 
 
 def _steady_state_slices(ranks: Iterable[int], steady_state: Mapping | None, pid_offset: int) -> list[dict]:
@@ -213,11 +234,10 @@ class _Context:
             yield from _metadata(pid_offset + rank, rank, process_prefix, sorted(self.streams[rank], key=TID.get),
                                  self.config)
 
-    def tail(self, events: Sequence[Event], critical_path: Sequence[Mapping], steady_state: Mapping | None,
-             pid_offset: int, flow_id_base: int) -> Iterator[dict]:
-        yield from _steady_state_slices(sorted(self.streams), steady_state, pid_offset)
-        by_key = {(ev.rank, ev.op_id): ev for ev in events}
-        yield from _flows(critical_path, by_key, pid_offset, flow_id_base)
+
+
+def _by_key(events: Iterable[Event]) -> dict[tuple[int, int], Event]:
+    return {(ev.rank, ev.op_id): ev for ev in events}
 
 
 def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Mapping] = (), *, pid_offset: int = 0,
@@ -232,7 +252,8 @@ def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Mapping] 
     for ev in events:
         yield from _slices(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in ctx.crit, ctx.info(ev)[0],
                            ctx.device(ev))
-    yield from ctx.tail(events, critical_path, steady_state, pid_offset, flow_id_base)
+    yield from _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset)
+    yield from _flows(critical_path, _by_key(events), pid_offset, flow_id_base)
 
 
 def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Mapping] = (), *, pid_offset: int = 0,
@@ -248,7 +269,8 @@ def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Mapping] = 
     for ev in events:
         info, info_json = ctx.info(ev)
         yield _slices_json(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in crit, info, info_json, ctx.device(ev))
-    yield from map(_ENCODE, ctx.tail(events, critical_path, steady_state, pid_offset, flow_id_base))
+    yield from map(_ENCODE, _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset))
+    yield from _flows_json(critical_path, _by_key(events), pid_offset, flow_id_base)
 
 
 def trace_events(events: Iterable[Event], critical_path: Sequence[Mapping] = (), **kw) -> list[dict]:
