@@ -83,7 +83,8 @@ def main() -> None:
             runs = [run_once(chosen[name], extra, tmp / name) for _ in range(args.runs)]
             walls = sorted(w for w, _, _ in runs)
             cpu_s = statistics.median(c for _, c, _ in runs)
-            size_mb = sum(f.stat().st_size for f in (tmp / name).iterdir()) / 1e6
+            written = (tmp / name).iterdir() if (tmp / name).is_dir() else ()  # --outputs none writes nothing
+            size_mb = sum(f.stat().st_size for f in written) / 1e6
             print(f"{name:<22} wall median {statistics.median(walls):6.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}, "
                   f"{args.runs} runs), CPU median {cpu_s:6.2f} s, peak RSS {max(r for _, _, r in runs):6.0f} MB, "
                   f"outputs {size_mb:6.1f} MB  {' '.join(extra)}", flush=True)
