@@ -25,3 +25,23 @@ def test_bad_input_exits_2_without_traceback(argv, needle, capsys):
 def test_a_good_command_exits_0(capsys):
     assert main(["topologies"]) == 0
     assert "dgx-h100" in capsys.readouterr().out
+
+
+def test_the_program_flushes_its_output_and_runs_exit_handlers(tmp_path):
+    """cli() skips the interpreter's teardown (os._exit), not what exit owes: the report in full, the files,
+    the exit status and atexit handlers (which may still print)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys; atexit.register(lambda: print('handler ran')); "
+            "from meshsim.sim.cli.main import cli; sys.argv = ['meshsim', *sys.argv[1:]]; cli()")
+    done = subprocess.run([sys.executable, "-c", code, "run", "tiny-2gpu", "--out", str(tmp_path / "o"),
+                           "--outputs", "results"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "handler ran" and lines[-2].startswith("results: ")
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["step_time_s"] > 0
+    bad = subprocess.run([sys.executable, "-c", code, "run", "no-such.yaml"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "no-such.yaml" in bad.stderr and bad.stdout == "handler ran\n"
