@@ -31,17 +31,19 @@ def test_the_program_flushes_its_output_and_runs_exit_handlers(tmp_path):
     """cli() skips the interpreter's teardown (os._exit), not what exit owes: the report in full, the files,
     the exit status and atexit handlers (which may still print)."""
     import json
+    import os
     import subprocess
     import sys
 
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as piped
     code = ("import atexit, sys; atexit.register(lambda: print('handler ran')); "
             "from meshsim.sim.cli.main import cli; sys.argv = ['meshsim', *sys.argv[1:]]; cli()")
     done = subprocess.run([sys.executable, "-c", code, "run", "tiny-2gpu", "--out", str(tmp_path / "o"),
-                           "--outputs", "results"], capture_output=True, text=True, timeout=120)
+                           "--outputs", "results"], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[-1] == "handler ran" and lines[-2].startswith("results: ")
     assert json.loads((tmp_path / "o" / "results.json").read_text())["step_time_s"] > 0
     bad = subprocess.run([sys.executable, "-c", code, "run", "no-such.yaml"], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, env=env)
     assert bad.returncode == 2 and "no-such.yaml" in bad.stderr and bad.stdout == "handler ran\n"
