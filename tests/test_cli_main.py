@@ -47,3 +47,14 @@ def test_the_program_flushes_its_output_and_runs_exit_handlers(tmp_path):
     bad = subprocess.run([sys.executable, "-c", code, "run", "no-such.yaml"], capture_output=True, text=True,
                          timeout=120, env=env)
     assert bad.returncode == 2 and "no-such.yaml" in bad.stderr and bad.stdout == "handler ran\n"
+
+
+def test_a_profiled_program_still_writes_its_profile(tmp_path):
+    """With a profiler set, cli() exits the ordinary way: `python -m cProfile` reports after it returns."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "meshsim.sim.cli.main",
+                           "topologies"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "dgx-h100" in done.stdout and out.stat().st_size > 0

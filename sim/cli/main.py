@@ -83,12 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> NoReturn:
     """The `meshsim` program: main(), then exit without tearing the interpreter down object by object
     (freeing a run's ops, events, schemas and modules costs 30-80 ms, a tenth of `meshsim run`). Exit
-    handlers still run (atexit: logging, temporary folders; they are cleared once run) and both streams
-    are flushed after them; if another thread is still alive, or a stream cannot be flushed, the
-    ordinary exit does the rest."""
+    handlers still run (atexit: logging, temporary folders, coverage; they are cleared once run) and both
+    streams are flushed after them; if another thread is alive, a profiler or tracer is set (python -m
+    cProfile writes its report after the program returns), or a stream cannot be flushed, the ordinary
+    exit does the rest."""
     code = main()
-    if threading.active_count() > 1:
-        sys.exit(code)
+    if threading.active_count() > 1 or sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)  # a thread to join, or a profiler / debugger that reports after the program returns
     atexit._run_exitfuncs()  # what the interpreter's own exit runs first (CPython)
     try:
         for stream in (sys.stdout, sys.stderr):
