@@ -9,7 +9,8 @@ Cases (issue 10's targets):
 
 Each case runs `python -m meshsim.sim.cli.main run SCENARIO --out TMP` in a fresh process; its CPU time and
 peak RSS come from os.wait4 (CPU time is the figure to trust on a shared machine, where wall time also
-counts other people's work). Extra arguments after `--` go to every `meshsim run` (e.g. `-- --full`).
+counts other people's work; on a busy machine the CPU minimum is the steadiest figure). Extra arguments
+after `--` go to every `meshsim run` (e.g. `-- --full`, `-- --outputs none`).
 
     python benchmarks/run.py [--runs 5] [--cases default,gpt3-gb1536-overlap] [-- --full]
 """
@@ -82,11 +83,11 @@ def main() -> None:
         for name in wanted:
             runs = [run_once(chosen[name], extra, tmp / name) for _ in range(args.runs)]
             walls = sorted(w for w, _, _ in runs)
-            cpu_s = statistics.median(c for _, c, _ in runs)
+            cpus = sorted(c for _, c, _ in runs)
             written = (tmp / name).iterdir() if (tmp / name).is_dir() else ()  # --outputs none writes nothing
             size_mb = sum(f.stat().st_size for f in written) / 1e6
             print(f"{name:<22} wall median {statistics.median(walls):6.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}, "
-                  f"{args.runs} runs), CPU median {cpu_s:6.2f} s, peak RSS {max(r for _, _, r in runs):6.0f} MB, "
+                  f"{args.runs} runs), CPU median {statistics.median(cpus):6.2f} s (min {cpus[0]:.2f}), peak RSS {max(r for _, _, r in runs):6.0f} MB, "
                   f"outputs {size_mb:6.1f} MB  {' '.join(extra)}", flush=True)
 
 
