@@ -217,3 +217,33 @@ def test_an_extrapolated_trace_shows_the_simulated_micro_batches_and_summarises_
     assert max(e["ts"] + e["dur"] for e in ops) == pytest.approx(result.step_time_s * 1e6, abs=1e-3)
     gap_end_us = summary[0]["ts"] + summary[0]["dur"]
     assert all(e["ts"] >= gap_end_us - 1e-3 for e in ops if e["args"]["micro_batch"] == 3)
+
+
+def gpt3_interleaved(vp: int):
+    """GPT-3 175B, tp 8, pp 4, dp 4, 48 micro-batches; v 12 is one layer per chunk, the structure of the pp 8
+    v 12 benchmark case (benchmarks/run.py gpt3-pp8-v12-1024gpu). steady_plan's runs (24 + 28 micro-batches)
+    would cost more than the step, short_steady_plan's (20 + 24) less."""
+    scenario, source = load_scenario("gpt3-175b-a100-pp8")
+    return resolve(with_overrides(scenario, {"parallel.pp": 4, "parallel.vp": vp, "model.layers": 48,
+                                             "parallel.global_batch": 4 * 48}, source), source)
+
+
+def test_interleaved_v12_extrapolates_from_the_short_plan_exactly():
+    rs = gpt3_interleaved(12)
+    assert sim_glue.steady_plan(rs).runs(rs.micro_batches) is None
+    assert sim_glue.plan_and_runs(rs, force=False) == (Plan(lead=8, tail=8, unit=4), (20, 24))
+    ex = simulate_steady(rs)
+    assert ex is not None and ex.steady_state["simulated_micro_batches"] == 24
+    # as gpt3-175b-a100-pp8 (and steady_plan's runs here, with force): the whole step's critical path takes
+    # another, equally long route through one round; step, breakdown and path shares agree
+    assert_same_step(ex, simulate(rs, full=True), path_tie_rel=1e-4)
+
+
+def test_short_plan_rejected_from_run_b_alone_when_its_lead_has_not_settled(monkeypatch):
+    """Negative control: at v 4 the periods 2 and 3 of run B differ (the lead is still settling), so the
+    step is simulated whole after one short run, not two."""
+    rs = gpt3_interleaved(4)
+    assert sim_glue.plan_and_runs(rs, force=False) == (Plan(lead=8, tail=8, unit=4), (20, 24))
+    lengths, real = [], sim_glue._short_run
+    monkeypatch.setattr(sim_glue, "_short_run", lambda rs_, n, *rest: lengths.append(n) or real(rs_, n, *rest))
+    assert simulate_steady(rs) is None and lengths == [24]

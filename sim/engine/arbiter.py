@@ -63,18 +63,25 @@ def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
 
 
 class MemoRates:
-    """fair_rates memoized on the identity of the load mappings (the cost model memoizes them, so the
-    same few combinations of concurrent collectives recur all step long)."""
+    """fair_rates memoized exactly: first on the identity of the load mappings (the cost model memoizes
+    them, so the same few combinations of concurrent collectives recur all step long), then on their
+    contents in order (equal mappings from different cost entries). fair_rates reads only the items of
+    each mapping, in order, so equal ordered items give bit-identical rates."""
 
     def __init__(self, rates: RatesFn = fair_rates):
         self._rates = rates
         self._memo: dict[tuple[int, ...], tuple[Sequence[LinkLoad], list[float]]] = {}
+        self._by_content: dict[tuple[tuple, ...], list[float]] = {}
 
     def __call__(self, loads: Sequence[LinkLoad]) -> list[float]:
-        key = tuple(id(load) for load in loads)
+        key = tuple(map(id, loads))
         hit = self._memo.get(key)
         if hit is None:  # keep the loads alive with the entry so their ids cannot be reused
-            hit = self._memo[key] = (list(loads), self._rates(loads))
+            content = tuple(tuple(load.items()) for load in loads)
+            rates = self._by_content.get(content)
+            if rates is None:
+                rates = self._by_content[content] = self._rates(loads)
+            hit = self._memo[key] = (list(loads), rates)
         return hit[1]
 
 
@@ -98,6 +105,8 @@ class Arbiter:
         self._last_s = 0.0
         self._timer: Signal | None = None  # the pending wake-up; an earlier one that fires is stale
         self._merged: dict[tuple[int, ...], tuple[list[LinkLoad], LinkLoad]] = {}
+        self._jobs_of_key: dict[Hashable, int] = {}  # running jobs per key
+        self._owning = 0  # running jobs with `own` loads
 
     def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None) -> Signal:
         """Start draining `work_s` standalone seconds; the returned event fires when it is done.
@@ -105,6 +114,9 @@ class Arbiter:
         self._advance()
         job = _Job(key, work_s, load, self._env.event(), own)
         self._jobs.append(job)
+        self._jobs_of_key[key] = self._jobs_of_key.get(key, 0) + 1
+        if own:
+            self._owning += 1
         self._reschedule()
         return job.done
 
@@ -122,6 +134,10 @@ class Arbiter:
             job = jobs[0]
             job.rate = 1.0  # alone: standalone speed
             wait_s = max(0.0, job.remaining_s / job.rate)
+        elif not self._owning and len(self._jobs_of_key) == len(jobs):  # one job per key: its own load
+            for job, rate in zip(jobs, self._rates([job.load for job in jobs]), strict=True):
+                job.rate = rate
+            wait_s = max(0.0, min([job.remaining_s / job.rate for job in jobs]))
         else:
             keys = self._key_loads()
             rate_of = dict(zip(keys, self._rates(list(keys.values())), strict=True))
@@ -154,6 +170,15 @@ class Arbiter:
             hit = self._merged[memo_key] = ([load, *owns], merged)  # parts kept alive: ids stay unique
         return hit[1]
 
+    def _forget(self, job: _Job) -> None:
+        left = self._jobs_of_key[job.key] - 1
+        if left:
+            self._jobs_of_key[job.key] = left
+        else:
+            del self._jobs_of_key[job.key]
+        if job.own:
+            self._owning -= 1
+
     def _tick(self, timer: Signal) -> None:
         if timer is not self._timer:  # superseded by a later start or finish
             return
@@ -164,6 +189,7 @@ class Arbiter:
             finished = [min(jobs, key=lambda job: job.remaining_s / job.rate)]
         self._jobs = [job for job in jobs if job not in finished] if len(finished) < len(jobs) else []
         for job in finished:
+            self._forget(job)
             self._env.succeed(job.done)
         if self._jobs:
             self._reschedule()

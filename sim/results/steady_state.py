@@ -181,11 +181,36 @@ def late_ops(log_a: EventLog, log_b: EventLog, m: _Mapping, period_s: float, tol
             return None
         if is_late:
             late.add((ea.rank, op_b))
-    for eb in log_b.events:  # the periods B simulates twice repeat with period T
+    return late if _repeats(log_b, by_b, m, period_s, tol_s) else None
+
+
+def _repeats(log_b: EventLog, by_b: Mapping[tuple[int, int], Event], m: _Mapping, period_s: float | None,
+             tol_s: float) -> bool:
+    """The periods B simulates twice repeat with period T (None: T is the first pair's shift of start)."""
+    for eb in log_b.events:
         nxt = m.next_period(eb.rank, eb.op_id)
-        if nxt is not None and ((eb.rank, nxt) not in by_b or not _same(eb, by_b[(eb.rank, nxt)], period_s, tol_s)):
-            return None
-    return late
+        if nxt is None:
+            continue
+        other = by_b.get((eb.rank, nxt))
+        if other is None:
+            return False
+        if period_s is None:
+            period_s = other.start_s - eb.start_s
+        if not _same(eb, other, period_s, tol_s):
+            return False
+    return period_s is not None
+
+
+def repeats_inside(run: Run, plan: Plan, stage_of: Callable[[int], int] = lambda rank: 0) -> bool:
+    """From one run alone: its micro-batches lead <= i < lead + unit recur in i + unit, every event shifted
+    by one common period. A necessary condition of `extrapolate` with this run as B (which also checks
+    the period against the other run), so a plan whose lead is too short is rejected before run A."""
+    try:
+        m = _Mapping(run.schedules, run.schedules, plan, stage_of)
+        by_op = {(e.rank, e.op_id): e for e in run.log.events}
+        return _repeats(run.log, by_op, m, None, REL_TOL * run.log.step_time_s)
+    except _Mismatch:
+        return False
 
 
 def _seg_same(sa: Segment, sb: Segment, m: _Mapping, shift_us: float, tol_us: float) -> bool:
@@ -237,7 +262,7 @@ def _extrapolate(run_a: Run, run_b: Run, plan: Plan, micro_batches: int,
     period_s = log_b.step_time_s - log_a.step_time_s
     tol_s = REL_TOL * log_b.step_time_s
     n = (micro_batches - n_b) // plan.unit
-    if period_s <= tol_s or (micro_batches - n_b) % plan.unit or len(log_a.ranks) != len(log_b.ranks):
+    if period_s <= tol_s or n < 0 or (micro_batches - n_b) % plan.unit or len(log_a.ranks) != len(log_b.ranks):
         return None
     m = _Mapping(run_a.schedules, run_b.schedules, plan, stage_of)
     late = late_ops(log_a, log_b, m, period_s, tol_s)
