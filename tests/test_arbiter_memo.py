@@ -63,3 +63,10 @@ def test_one_job_per_key_path_equals_the_general_path():
     fast, general = finish_times(loads, starts_s, False), finish_times(loads, starts_s, True)
     assert fast == general  # bit for bit
     assert max(fast) > 2.0  # negative control: the jobs did contend (alone each takes 1 s)
+
+
+def test_arbiters_share_the_fair_rates_of_equal_loads():
+    # a steady-state extrapolation runs the engine twice; the second run's arbiter reuses the first's rates
+    first = MemoRates()([{11: 0.9, 12: 0.4}, {11: 0.7}])
+    again = MemoRates()([{11: 0.9, 12: 0.4}, {11: 0.7}])
+    assert again is first and first == fair_rates([{11: 0.9, 12: 0.4}, {11: 0.7}])

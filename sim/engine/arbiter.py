@@ -62,27 +62,37 @@ def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
     return [min(1.0, r) for r in maxmin_rates(demands, capacity)]
 
 
+_FAIR_RATES_BY_CONTENT: dict[tuple[tuple, ...], list[float]] = {}  # shared by every MemoRates of fair_rates
+_MAX_BY_CONTENT = 1 << 16  # entries; the table is emptied when full (a sweep of many scenarios)
+
+
 class MemoRates:
     """fair_rates memoized exactly: first on the identity of the load mappings (the cost model memoizes
     them, so the same few combinations of concurrent collectives recur all step long), then on their
-    contents in order (equal mappings from different cost entries). fair_rates reads only the items of
-    each mapping, in order, so equal ordered items give bit-identical rates."""
+    items in order (equal mappings from another cost entry, or from an earlier engine run: the two short
+    runs of a steady-state extrapolation share most of them). fair_rates reads only the items of each
+    mapping, in order, so equal ordered items give bit-identical rates."""
 
     def __init__(self, rates: RatesFn = fair_rates):
         self._rates = rates
         self._memo: dict[tuple[int, ...], tuple[Sequence[LinkLoad], list[float]]] = {}
-        self._by_content: dict[tuple[tuple, ...], list[float]] = {}
+        self._by_content: dict[tuple[tuple, ...], list[float]] = _FAIR_RATES_BY_CONTENT if rates is fair_rates else {}
 
     def __call__(self, loads: Sequence[LinkLoad]) -> list[float]:
         key = tuple(map(id, loads))
         hit = self._memo.get(key)
         if hit is None:  # keep the loads alive with the entry so their ids cannot be reused
-            content = tuple(tuple(load.items()) for load in loads)
-            rates = self._by_content.get(content)
-            if rates is None:
-                rates = self._by_content[content] = self._rates(loads)
-            hit = self._memo[key] = (list(loads), rates)
+            hit = self._memo[key] = (list(loads), self._by_items(loads))
         return hit[1]
+
+    def _by_items(self, loads: Sequence[LinkLoad]) -> list[float]:
+        content = tuple(tuple(load.items()) for load in loads)
+        rates = self._by_content.get(content)
+        if rates is None:
+            if len(self._by_content) >= _MAX_BY_CONTENT:
+                self._by_content.clear()
+            rates = self._by_content[content] = self._rates(loads)
+        return rates
 
 
 @dataclass(eq=False, slots=True)
