@@ -30,6 +30,7 @@ c (1 + kappa); the op's remaining g - c then runs alone, so it ends at g + kappa
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -62,21 +63,24 @@ def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
     return [min(1.0, r) for r in maxmin_rates(demands, capacity)]
 
 
-_FAIR_RATES_BY_CONTENT: dict[tuple[tuple, ...], list[float]] = {}  # shared by every MemoRates of fair_rates
-_MAX_BY_CONTENT = 1 << 16  # entries; the table is emptied when full (a sweep of many scenarios)
+_LOAD_NUMBERS: dict[tuple, int] = {}  # a load mapping's items, in order -> its number (never reused)
+_NEXT_NUMBER = itertools.count()
+_FAIR_RATES_BY_NUMBERS: dict[tuple[int, ...], list[float]] = {}  # shared by every MemoRates of fair_rates
+_MAX_ENTRIES = 1 << 16  # per table; a full table is emptied (a sweep of many scenarios)
 
 
 class MemoRates:
     """fair_rates memoized exactly: first on the identity of the load mappings (the cost model memoizes
     them, so the same few combinations of concurrent collectives recur all step long), then on their
-    items in order (equal mappings from another cost entry, or from an earlier engine run: the two short
-    runs of a steady-state extrapolation share most of them). fair_rates reads only the items of each
-    mapping, in order, so equal ordered items give bit-identical rates."""
+    items in order, numbered (equal mappings from another cost entry, or from an earlier engine run: the
+    two short runs of a steady-state extrapolation share most of them). fair_rates reads only the items
+    of each mapping, in order, so equal ordered items give bit-identical rates."""
 
     def __init__(self, rates: RatesFn = fair_rates):
         self._rates = rates
         self._memo: dict[tuple[int, ...], tuple[Sequence[LinkLoad], list[float]]] = {}
-        self._by_content: dict[tuple[tuple, ...], list[float]] = _FAIR_RATES_BY_CONTENT if rates is fair_rates else {}
+        self._number_of: dict[int, tuple[LinkLoad, int]] = {}  # id -> (the mapping, kept alive; its number)
+        self._by_numbers: dict[tuple[int, ...], list[float]] = _FAIR_RATES_BY_NUMBERS if rates is fair_rates else {}
 
     def __call__(self, loads: Sequence[LinkLoad]) -> list[float]:
         key = tuple(map(id, loads))
@@ -85,13 +89,25 @@ class MemoRates:
             hit = self._memo[key] = (list(loads), self._by_items(loads))
         return hit[1]
 
+    def _number(self, load: LinkLoad) -> int:
+        hit = self._number_of.get(id(load))
+        if hit is None:
+            if len(_LOAD_NUMBERS) >= _MAX_ENTRIES:
+                _LOAD_NUMBERS.clear()  # numbers are never reused, so older ones only stop matching
+            items = tuple(load.items())
+            number = _LOAD_NUMBERS.get(items)
+            if number is None:
+                number = _LOAD_NUMBERS[items] = next(_NEXT_NUMBER)
+            hit = self._number_of[id(load)] = (load, number)
+        return hit[1]
+
     def _by_items(self, loads: Sequence[LinkLoad]) -> list[float]:
-        content = tuple(tuple(load.items()) for load in loads)
-        rates = self._by_content.get(content)
+        numbers = tuple(map(self._number, loads))
+        rates = self._by_numbers.get(numbers)
         if rates is None:
-            if len(self._by_content) >= _MAX_BY_CONTENT:
-                self._by_content.clear()
-            rates = self._by_content[content] = self._rates(loads)
+            if len(self._by_numbers) >= _MAX_ENTRIES:
+                self._by_numbers.clear()
+            rates = self._by_numbers[numbers] = self._rates(loads)
         return rates
 
 
