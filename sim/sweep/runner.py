@@ -71,6 +71,20 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT (delivered when the block ends) so the block is not cut in two."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _worker_init(parent_pid: int) -> None:
     """In each pool worker: default SIGTERM, ignore SIGINT (the sweep's process handles Ctrl-C), and exit as
     soon as the parent is gone (prctl's parent-death signal where available, else a polling thread)."""
@@ -173,9 +187,10 @@ def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1,
         task = bar.add_task("sweep", total=len(points), completed=len(done))
 
         def on_done(record: SweepRecord) -> None:
-            done[record.key] = record
-            if out_dir is not None:
-                append_record(out_dir, record)
+            with _signals_deferred():  # stored and counted together: "N kept" is what the file holds
+                if out_dir is not None:
+                    append_record(out_dir, record)
+                done[record.key] = record
             bar.update(task, advance=1, description=record.key, refresh=True)
 
         try:
