@@ -235,7 +235,6 @@ class _Context:
                                  self.config)
 
 
-
 def _by_key(events: Iterable[Event]) -> dict[tuple[int, int], Event]:
     return {(ev.rank, ev.op_id): ev for ev in events}
 

@@ -206,9 +206,9 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
     if pc.algo == "nvls":  # link-bound algbw is 1 / s_per_byte
         cap = nvls_algbw_cap_gbps(topo.gpu, op, len(ranks), constants.nvls_channels, constants.nvls_channel_gbps)
         return min(constants.bw_scale(pc.algo, op, protocol), cap * GB * pc.s_per_byte)
-    raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
     if not constants.protocol_limits:
         return constants.bw_scale(pc.algo, op, protocol)
+    raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
     channels = ring_channels(topo, constants)
     algo = "tree" if pc.algo == "tree" else family(pc.algo)
     used = channels_used(nbytes, algo, protocol, len(ranks), channels)
