@@ -1,206 +1,170 @@
-"""Accuracy report: simulated vs measured on the public calibration set (reference/public-measurements.md).
+"""Accuracy report: simulated vs measured on the public calibration sets, fitted cases apart from predicted.
 
-    python benchmarks/accuracy.py                 # default cost models (no profile)
-    python benchmarks/accuracy.py --profile P.yaml  # every case on a calibrated profile (meshsim calibrate)
-    python benchmarks/accuracy.py --only ci-       # cases whose name starts with a prefix
+    python benchmarks/accuracy.py                    # default cost models (no profile)
+    python benchmarks/accuracy.py --profile P.yaml   # every case on a calibrated profile (meshsim calibrate)
+    python benchmarks/accuracy.py --only ci-         # step cases whose name starts with a prefix
+    python benchmarks/accuracy.py --json FILE        # also one JSON record per case
+    python benchmarks/accuracy.py --write-bands      # also refresh sim/results/error_bands.json
 
-Groups, each with its MAPE (mean absolute percentage error) and max:
-- iteration: one training step per scenario file in benchmarks/accuracy/*.yaml (assumptions beside each
-  field); cases the simulator refuses (pipeline parallelism before parallel.pp lands) print "needs
-  parallel.pp" and are left out of the MAPE, which says how many it left out;
-- scaling: ratios of two measured steps (TP weak scaling, DP scaling) against the same simulated ratio;
-- collectives: nccl-tests all_reduce_perf bus bandwidth by message size (target: within 10% from 16 MB up);
-- kernels: FLUX's GEMM and NCCL collective times of GPT-3 175B MLP shapes at TP 8 (A800 / H800).
+Groups (GROUPS below), each printed with its rows and two lines: the MAPE (mean absolute percentage
+error, max) over all its scored cases, and over its out-of-fit cases - those no constant or per-case
+assumption was fitted or chosen on (benchmarks/accuracy/fits.yaml is the one list of what was fitted on
+what). The out-of-fit figure is what the model can claim on runs it has not seen; a run report and a
+sweep print it as "the model's error" for the scenario's group (sim/results/error_band.py).
+- step groups (`dense`, and whatever STEP_GROUPS in sim/results/error_band.py registers): one training
+  step per case file benchmarks/accuracy/<group>/<name>.yaml - a scenario plus an `accuracy:` block
+  (measured_s, source, assumptions: each dotted field the source does not state, with why). Pipeline
+  cases run like the others. A case that does not fit in GPU memory under its stated assumptions is
+  printed "DOES NOT FIT" and not scored (its assumptions contradict meshsim's own memory model);
+- scaling: ratios of two measured steps against the same simulated ratio (scaling.yaml);
+- collectives / collectives-small: nccl-tests all_reduce busbw points from 16 MiB up / below
+  (collectives.yaml; targets: within 5% from 16 MiB, 15% below);
+- kernels: FLUX's GEMM and NCCL collective times of GPT-3 175B MLP shapes at TP 8 (kernels.yaml).
 Error = simulated / measured - 1: negative means the simulation is too fast. Nothing here is asserted.
+
+Adding a step group (e.g. `fp8`): put its case files in benchmarks/accuracy/fp8/ (copy a dense case: the
+`accuracy:` block and a scenario), add one StepGroup("fp8", "iteration-time", rule) line to STEP_GROUPS in
+sim/results/error_band.py (rule: which scenarios belong to it, e.g. those with FP8 GEMMs; first match
+wins, dense stays last), name in fits.yaml any constant you fit on its cases, add ratios to scaling.yaml if
+the group has some, then run `python benchmarks/accuracy.py --write-bands` and commit the band file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
-from meshsim.scenarios.load import load_scenario, resolve, validate_scenario, with_overrides
-from meshsim.sim.core.errors import UserError
-from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulate
-from meshsim.sim.schedule.ops import Collective, Gemm, Op
+import accuracy_cases as cases
+from accuracy_rows import Context, Row, curve_rows, kernel_row, ratio_rows, step_row
 
-HERE = Path(__file__).resolve().parent / "accuracy"
-MIB = 1 << 20
-
-# measured iteration time (s) per case file (public-measurements.md sections 1-3)
-MEASURED_S = {
-    "megatron2020-a100-1.16b-tp1-dp1": 1.076, "megatron2020-a100-2.03b-tp2-dp1": 1.026,
-    "megatron2020-a100-4.24b-tp4-dp1": 1.162, "megatron2020-a100-8.67b-tp8-dp1": 1.343,
-    "megatron2020-a100-1.16b-tp1-dp128": 1.153, "megatron2020-a100-2.03b-tp2-dp128": 1.101,
-    "megatron2020-a100-4.24b-tp4-dp128": 1.242, "megatron2020-a100-8.67b-tp8-dp128": 1.380,
-    "megatron2020-v100-1.16b-tp1-dp1": 1.121, "megatron2020-v100-2.03b-tp2-dp1": 1.093,
-    "megatron2020-v100-4.24b-tp4-dp1": 1.238, "megatron2020-v100-8.67b-tp8-dp1": 1.407,
-    "ci-gpt3-7b-tp4-pp1-h100": 1.115, "ci-gpt3-7b-tp4-pp1-a100": 2.59, "ci-gpt3-7b-tp4-pp1-gb200": 0.853,
-    "ci-gpt3-7b-tp1-pp4-h100": 1.150, "ci-gpt3-7b-tp1-pp4-a100": 2.94, "ci-gpt3-7b-tp1-pp4-gb200": 0.787,
-    **{f"nemo-gpt3-5b-{n}node": 2048 * 2048 / tok for n, tok in
-       {1: 40345, 2: 79815, 4: 161754, 8: 312774, 16: 659481, 32: 1159288}.items()},
-}
-# scaling ratios: (label, numerator case, denominator case); measured and simulated as step-time ratios
-SCALING = [(f"2020 A100 TP weak scaling {b} / tp1", b, "megatron2020-a100-1.16b-tp1-dp1")
-           for b in ("megatron2020-a100-2.03b-tp2-dp1", "megatron2020-a100-4.24b-tp4-dp1",
-                     "megatron2020-a100-8.67b-tp8-dp1")]
-SCALING += [(f"2020 V100 TP weak scaling {b} / tp1", b, "megatron2020-v100-1.16b-tp1-dp1")
-            for b in ("megatron2020-v100-2.03b-tp2-dp1", "megatron2020-v100-4.24b-tp4-dp1",
-                      "megatron2020-v100-8.67b-tp8-dp1")]
-SCALING += [(f"2020 A100 dp128 / dp1, {m}", f"megatron2020-a100-{m}-dp128", f"megatron2020-a100-{m}-dp1")
-            for m in ("1.16b-tp1", "2.03b-tp2", "4.24b-tp4", "8.67b-tp8")]
-SCALING += [(f"NeMo 5B step {n} nodes / 1 node", f"nemo-gpt3-5b-{n}node", "nemo-gpt3-5b-1node")
-            for n in (2, 4, 8, 16, 32)]
-# nccl-tests all_reduce_perf busbw (GB/s) by size (bytes): (label, preset, gpu count, forced algo, points)
-NCCL_TESTS = [
-    ("8x A100 (ND A100 v4)", "dgx-a100", 8, "auto",
-     {1: 36.2, 4: 71.4, 16: 109.2, 64: 166.6, 128: 174.2, 256: 213.9, 512: 221.6, 1024: 228.1,
-      2048: 230.2, 8192: 231.6}),
-    ("4x GB200 ring (ND GB200 v6)", "gb200-nvl72", 4, "ring",
-     {1: 80.5, 8: 253.5, 64: 550.7, 512: 618.7, 1024: 646.9, 8192: 679.6}),
-]
-# FLUX (bytedance/flux README), TP 8, fp16, M = 4096: (label, gpu, work, measured ms)
-FLUX_AG = Collective("all_gather", "tp", 4096 * 12288 * 2, "flux")
-FLUX_RS = Collective("reduce_scatter", "tp", 4096 * 12288 * 2, "flux")
-FLUX = [
-    ("A800 GEMM 4096x12288 @ 12288x6144", "a100-80gb", Gemm(4096, 6144, 12288), 2.438),
-    ("A800 GEMM 4096x6144 @ 6144x12288", "a100-80gb", Gemm(4096, 12288, 6144), 2.453),
-    ("H800 GEMM 4096x12288 @ 12288x6144", "h100-sxm", Gemm(4096, 6144, 12288), 0.846),
-    ("H800 GEMM 4096x6144 @ 6144x12288", "h100-sxm", Gemm(4096, 12288, 6144), 0.818),
-    ("A800 all-gather 96 MiB (TP 8)", "a100-80gb", FLUX_AG, 0.662),
-    ("A800 reduce-scatter 96 MiB (TP 8)", "a100-80gb", FLUX_RS, 0.646),
-    ("H800 all-gather 96 MiB (TP 8)", "h100-sxm", FLUX_AG, 0.583),
-    ("H800 reduce-scatter 96 MiB (TP 8)", "h100-sxm", FLUX_RS, 0.590),
-]
-FLUX_PRESET = {"a100-80gb": "dgx-a100", "h100-sxm": "dgx-h100"}
-EXPORT_NVLINK_GBPS = 200.0  # A800 / H800: NVLink cut to 400 GB/s bidirectional = 200 per direction
+from meshsim.sim.results.error_band import BANDS_FILE, STEP_GROUPS
 
 
 @dataclass(frozen=True)
-class Row:
-    group: str
-    label: str
-    measured: float
-    simulated: float | None  # None: refused (note says why)
-    unit: str
-    note: str = ""
-
-    @property
-    def error(self) -> float | None:
-        return None if self.simulated is None else self.simulated / self.measured - 1.0
+class Group:
+    name: str
+    metric: str  # the summary line's name for what is measured
+    target: str  # printed after the all-cases line ("" = none)
+    rows: Callable[[Context, dict[str, list[Row]]], list[Row]]  # given the rows of the groups before it
 
 
-def _profiled(scenario, source: str, profile: str | None):
-    return with_overrides(scenario, {"hardware.profile": str(Path(profile).resolve())}, source) if profile else scenario
+def _step_rows(name: str) -> Callable[[Context, dict[str, list[Row]]], list[Row]]:
+    return lambda ctx, done: [step_row(c, ctx) for c in cases.step_cases(name, ctx.only)]
 
 
-def iteration_rows(profile: str | None, only: str) -> list[Row]:
-    rows = []
-    for path in sorted(HERE.glob("*.yaml")):
-        if path.stem not in MEASURED_S or not path.stem.startswith(only):
-            continue
-        scenario, source = load_scenario(path)
-        try:
-            step_s = simulate(resolve(_profiled(scenario, source, profile), source)).step_time_s
-            rows.append(Row("iteration", path.stem, MEASURED_S[path.stem], step_s, "s"))
-        except UserError as err:
-            note = "needs parallel.pp" if err.field.startswith("parallel.pp") else f"refused: {err.field}"
-            rows.append(Row("iteration", path.stem, MEASURED_S[path.stem], None, "s", note))
-    return rows
+def _scaling(ctx: Context, done: dict[str, list[Row]]) -> list[Row]:
+    steps = [r for g in STEP_GROUPS for r in done.get(g.name, [])]
+    return ratio_rows(cases.ratios(), steps, ctx)
 
 
-def scaling_rows(iteration: list[Row]) -> list[Row]:
-    by = {r.label: r for r in iteration}
-    rows = []
-    for label, num, den in SCALING:
-        if num in by and den in by:
-            a, b = by[num], by[den]
-            sim = a.simulated / b.simulated if a.simulated and b.simulated else None
-            rows.append(Row("scaling", label, a.measured / b.measured, sim, "x"))
-    return rows
+def _curves(small: bool) -> Callable[[Context, dict[str, list[Row]]], list[Row]]:
+    group = "collectives-small" if small else "collectives"
+    return lambda ctx, done: [r for c in cases.curves() for r in curve_rows(c, ctx) if r.group == group]
 
 
-def _bare_scenario(preset: str, gpus: int, gpu: str, profile: str | None, algo: str = "auto",
-                   nvlink_gbps: float | None = None):
-    """A minimal resolved scenario on `gpus` GPUs of `preset`, all in one TP group (costing only)."""
-    data = {"name": f"accuracy-{preset}", "model": {"layers": 1, "hidden": 1024, "heads": 8, "seq_len": 128,
-                                                    "vocab": 1024},
-            "hardware": {"gpu": gpu, "network": {"algo": algo}}, "topology": {"preset": preset},
-            "parallel": {"tp": gpus, "gpus": gpus, "dp": 1, "global_batch": 1}}
-    if nvlink_gbps:
-        data["topology"]["nvlink_gbps"] = nvlink_gbps
-    if profile:
-        data["hardware"]["profile"] = str(Path(profile).resolve())
-    return resolve(validate_scenario(data, "benchmarks/accuracy.py"), "benchmarks/accuracy.py")
+def _kernels(ctx: Context, done: dict[str, list[Row]]) -> list[Row]:
+    rows, nvlink_gbps = cases.kernels()
+    return [kernel_row(k, nvlink_gbps, ctx) for k in rows]
 
 
-def collective_rows(profile: str | None) -> list[Row]:
-    rows = []
-    for label, preset, gpus, algo, points in NCCL_TESTS:
-        rs = _bare_scenario(preset, gpus, "b200" if "gb200" in preset else "a100-80gb", profile, algo)
-        coster = CollectiveCoster(rs)
-        for mib, busbw in points.items():
-            nbytes = mib * MIB
-            latency_s, bandwidth_s, _ = coster.cost(Collective("all_reduce", "tp", nbytes), rs.tp_group(0))[0]
-            sim_busbw = nbytes / (latency_s + bandwidth_s) * 2 * (gpus - 1) / gpus / 1e9
-            size = f"{mib // 1024} GiB" if mib >= 1024 else f"{mib} MiB"
-            note = "" if mib >= 16 else "below 16 MiB: not in the target"
-            rows.append(Row("collectives", f"{label} all_reduce {size} busbw", busbw, sim_busbw, "GB/s", note))
-    return rows
+GROUPS: tuple[Group, ...] = (
+    *(Group(g.name, g.metric, "<= 6% (max <= 12%) out of fit", _step_rows(g.name)) for g in STEP_GROUPS),
+    Group("scaling", "scaling-ratio", "<= 4%", _scaling),
+    Group("collectives", "nccl-tests busbw (>= 16 MiB)", "within 5% per point", _curves(small=False)),
+    Group("collectives-small", "nccl-tests busbw (< 16 MiB)", "within 15% per point", _curves(small=True)),
+    Group("kernels", "FLUX kernel-time", "", _kernels),
+)
 
 
-def kernel_rows(profile: str | None) -> list[Row]:
-    rows = []
-    for label, gpu, work, measured_ms in FLUX:
-        rs = _bare_scenario(FLUX_PRESET[gpu], 8, gpu, profile, nvlink_gbps=EXPORT_NVLINK_GBPS)
-        op = Op(0, label, "compute", "compute", "fwd", work)
-        if isinstance(work, Collective):
-            latency_s, bandwidth_s, _ = CollectiveCoster(rs).cost(work, rs.tp_group(0))[0]
-            sim_s = latency_s + bandwidth_s
-        else:
-            sim_s = compute_fn(rs)(op, 0)
-        rows.append(Row("kernels", label, measured_ms, sim_s * 1e3, "ms"))
-    return rows
+@dataclass(frozen=True)
+class Summary:
+    mape: float | None  # fraction; None: no case
+    max_error: float | None
+    cases: int
 
 
-def summary(rows: list[Row], name: str, target: str = "") -> str:
-    counted = [r for r in rows if r.error is not None and not r.note.startswith("below")]
-    left_out = [r for r in rows if r.error is None]
-    if not counted:
-        return f"{name} MAPE n/a (no case ran)"
-    errs = [abs(r.error) * 100 for r in counted]
-    line = f"{name} MAPE {sum(errs) / len(errs):.1f}% (max {max(errs):.1f}%) over {len(counted)} cases"
-    if left_out:
-        line += f"; {len(left_out)} left out ({', '.join(sorted({r.note for r in left_out}))})"
-    return line + (f"; target {target}" if target else "")
+def summarize(rows: list[Row]) -> Summary:
+    errs = [abs(r.error) for r in rows if r.scored]
+    return Summary(sum(errs) / len(errs), max(errs), len(errs)) if errs else Summary(None, None, 0)
+
+
+def summary_line(prefix: str, metric: str, s: Summary) -> str:
+    if s.mape is None:
+        return f"{prefix}{metric} MAPE n/a (no scored case)"
+    return f"{prefix}{metric} MAPE {s.mape * 100:.1f}% (max {s.max_error * 100:.1f}%) over {s.cases} cases"
+
+
+def group_lines(group: Group, rows: list[Row]) -> list[str]:
+    every, out = summarize(rows), summarize([r for r in rows if r.out_of_fit])
+    line = summary_line("", group.metric, every) + (f"; target {group.target}" if group.target else "")
+    unscored = [r for r in rows if not r.scored]
+    if unscored:
+        line += f"; {len(unscored)} not scored ({', '.join(sorted({r.note for r in unscored}))})"
+    return [f"[{group.name}] {line}", f"[{group.name}] " + summary_line("out-of-fit ", group.metric, out)]
 
 
 def print_rows(rows: list[Row]) -> None:
     for r in rows:
         sim = "-" if r.simulated is None else f"{r.simulated:9.3f}"
-        err = r.note if r.error is None else f"{r.error * 100:+6.1f}%" + (f"  ({r.note})" if r.note else "")
-        print(f"  {r.label:58s} {r.measured:9.3f} {sim:>9s} {r.unit:5s} {err}")
+        err = "" if r.error is None else f"{r.error * 100:+6.1f}%"
+        tags = ("  fit: " + ", ".join(r.used_in_fit) if r.used_in_fit else "") + (f"  ({r.note})" if r.note else "")
+        print(f"  {r.label:58s} {r.measured:9.3f} {sim:>9s} {r.unit:5s} {err}{tags}")
+
+
+def check_fits(all_fits: list[cases.Fit], names: set[str]) -> None:
+    unknown = sorted({c for f in all_fits for c in f.cases} - names)
+    if unknown:
+        raise SystemExit(f"benchmarks/accuracy/fits.yaml names cases that do not exist: {', '.join(unknown)}")
+
+
+def bands_document(results: dict[str, list[Row]]) -> dict:
+    """The error bands of the step groups (sim/results/error_band.py reads them)."""
+    groups = {}
+    for g in STEP_GROUPS:
+        rows = results.get(g.name, [])
+        every, out = summarize(rows), summarize([r for r in rows if r.out_of_fit])
+        if out.mape is None:
+            continue
+        groups[g.name] = {"metric": g.metric, "out_of_fit_mape": round(out.mape, 4),
+                          "out_of_fit_max": round(out.max_error, 4), "out_of_fit_cases": out.cases,
+                          "all_mape": round(every.mape, 4), "all_max": round(every.max_error, 4),
+                          "all_cases": every.cases}
+    return {"generated_by": "python benchmarks/accuracy.py --write-bands", "date": date.today().isoformat(),
+            "groups": groups}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="hardware profile YAML from meshsim calibrate, applied to every case")
-    ap.add_argument("--only", default="", help="only iteration cases whose name starts with this prefix")
+    ap.add_argument("--only", default="", help="only step cases whose name starts with this prefix")
+    ap.add_argument("--json", type=Path, help="write one record per case to this file")
+    ap.add_argument("--write-bands", action="store_true", help=f"refresh {BANDS_FILE.name} (full default run only)")
     args = ap.parse_args(argv)
-    iteration = iteration_rows(args.profile, args.only)
-    groups = [("iteration", iteration, "iteration-time", "<= 5% (max <= 10%)"),
-              ("scaling", scaling_rows(iteration), "scaling-ratio", ""),
-              ("collectives", collective_rows(args.profile), "nccl-tests busbw (>= 16 MiB)", "<= 10% per point"),
-              ("kernels", kernel_rows(args.profile), "FLUX kernel-time", "")]
+    if args.write_bands and (args.profile or args.only):
+        ap.error("--write-bands needs the full default run (no --profile, no --only)")
+    all_fits = cases.fits()
+    ctx = Context(args.profile, args.only, cases.used_in_fit(all_fits))
+    results: dict[str, list[Row]] = {}
     print(f"{'case':60s} {'measured':>9s} {'simulated':>9s} unit  error (simulated / measured - 1)")
-    for name, rows, _, _ in groups:
-        print(f"[{name}]")
-        print_rows(rows)
+    for group in GROUPS:
+        results[group.name] = group.rows(ctx, results)
+        print(f"[{group.name}]")
+        print_rows(results[group.name])
+    if not args.only:
+        check_fits(all_fits, {r.name for rows in results.values() for r in rows})
     print()
-    for _, rows, title, target in groups:
-        print(summary(rows, title, target))
+    for group in GROUPS:
+        print("\n".join(group_lines(group, results[group.name])))
+    if args.json:
+        args.json.write_text(json.dumps([r.as_json() for rows in results.values() for r in rows], indent=1) + "\n")
+    if args.write_bands:
+        BANDS_FILE.write_text(json.dumps(bands_document(results), indent=1) + "\n")
+        print(f"bands: {BANDS_FILE}")
     return 0
 
 

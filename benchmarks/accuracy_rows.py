@@ -1,0 +1,140 @@
+"""The accuracy report's rows: each case simulated (or priced) next to its measurement.
+
+A Row is one case: measured, simulated, its error (simulated / measured - 1; negative = the simulation is
+too fast), whether it fits in memory under its stated assumptions, the fits that used it (fits.yaml), and
+its assumptions. A step case that does not fit in memory is not scored: its assumptions contradict
+meshsim's own model, so its figure is not a prediction of the run that was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from accuracy_cases import MIB, Assumption, Curve, KernelCase, Ratio, StepCase
+
+from meshsim.scenarios.load import resolve, validate_scenario, with_overrides
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.cost.memory import memory_per_gpu
+from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulate
+from meshsim.sim.schedule.ops import Collective, Gemm, Op
+
+SMALL_MIB = 16  # nccl-tests points below this size form the collectives-small group
+
+
+@dataclass(frozen=True)
+class Row:
+    group: str
+    name: str  # case id: step case file name, <curve id>-<MiB>, kernel id, ratio label
+    label: str
+    measured: float
+    simulated: float | None  # None: not simulated (note says why)
+    unit: str
+    fits: bool | None = None  # memory, step cases only
+    used_in_fit: tuple[str, ...] = ()
+    assumptions: tuple[Assumption, ...] = ()
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        return None if self.simulated is None else self.simulated / self.measured - 1.0
+
+    @property
+    def scored(self) -> bool:
+        """Counted in its group's MAPE: simulated, and (step cases) fits in memory."""
+        return self.simulated is not None and self.fits is not False
+
+    @property
+    def out_of_fit(self) -> bool:
+        return not self.used_in_fit
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "group": self.group, "label": self.label, "unit": self.unit,
+                "measured": self.measured, "simulated": self.simulated, "error": self.error,
+                "fits": self.fits, "scored": self.scored, "used_in_fit": list(self.used_in_fit),
+                "assumptions": [a.as_json() for a in self.assumptions], "note": self.note}
+
+
+@dataclass(frozen=True)
+class Context:
+    profile: str | None = None  # a hardware profile applied to every case
+    only: str = ""  # step cases whose name starts with this
+    used: dict[str, tuple[str, ...]] = field(default_factory=dict)  # case name -> fits that used it
+
+
+def _profiled(scenario, source: str, profile: str | None):
+    return with_overrides(scenario, {"hardware.profile": str(Path(profile).resolve())}, source) if profile else scenario
+
+
+def step_row(case: StepCase, ctx: Context) -> Row:
+    base = Row(case.group, case.name, case.name, case.measured_s, None, "s", None, ctx.used.get(case.name, ()),
+               case.assumptions)
+    try:
+        rs = resolve(_profiled(case.scenario, str(case.path), ctx.profile), str(case.path))
+        memory = memory_per_gpu(rs)
+        step_s = simulate(rs).step_time_s
+    except UserError as err:
+        return replace(base, note=f"refused: {err.field}")
+    note = "" if memory.fits else (f"DOES NOT FIT: {memory.total_gb:.0f} of {memory.capacity_gb:.0f} GB under its "
+                                   "stated assumptions; not scored")
+    return replace(base, simulated=step_s, fits=memory.fits, note=note)
+
+
+def ratio_rows(ratios: list[Ratio], steps: list[Row], ctx: Context) -> list[Row]:
+    """Measured ratio vs simulated ratio; a ratio is in fit when either of its cases is."""
+    by = {r.name: r for r in steps}
+    rows = []
+    for q in ratios:
+        if q.num not in by or q.den not in by:
+            continue
+        a, b = by[q.num], by[q.den]
+        sim = a.simulated / b.simulated if a.scored and b.scored else None
+        used = tuple(dict.fromkeys(a.used_in_fit + b.used_in_fit))
+        rows.append(Row("scaling", q.label, q.label, a.measured / b.measured, sim, "x", used_in_fit=used,
+                        note="" if sim is not None else "a case is not scored"))
+    return rows
+
+
+def bare_scenario(preset: str, gpus: int, gpu: str, profile: str | None, algo: str = "auto",
+                  nvlink_gbps: float | None = None):
+    """A minimal resolved scenario on `gpus` GPUs of `preset`, all in one TP group (costing only)."""
+    data: dict[str, Any] = {
+        "name": f"accuracy-{preset}", "model": {"layers": 1, "hidden": 1024, "heads": 8, "seq_len": 128, "vocab": 1024},
+        "hardware": {"gpu": gpu, "network": {"algo": algo}}, "topology": {"preset": preset},
+        "parallel": {"tp": gpus, "gpus": gpus, "dp": 1, "global_batch": 1}}
+    if nvlink_gbps:
+        data["topology"]["nvlink_gbps"] = nvlink_gbps
+    if profile:
+        data["hardware"]["profile"] = str(Path(profile).resolve())
+    return resolve(validate_scenario(data, "benchmarks/accuracy.py"), "benchmarks/accuracy.py")
+
+
+def collective_s(rs, work: Collective) -> float:
+    latency_s, bandwidth_s, _ = CollectiveCoster(rs).cost(work, rs.tp_group(0))[0]
+    return latency_s + bandwidth_s
+
+
+def curve_rows(curve: Curve, ctx: Context) -> list[Row]:
+    """One row per point; busbw = nbytes / time x 2(n-1)/n (all-reduce)."""
+    rs = bare_scenario(curve.preset, curve.gpus, curve.gpu, ctx.profile, curve.algo)
+    rows = []
+    for mib, busbw in curve.busbw_gbps:
+        nbytes = mib * MIB
+        time_s = collective_s(rs, Collective("all_reduce", "tp", nbytes))
+        sim = nbytes / time_s * 2 * (curve.gpus - 1) / curve.gpus / 1e9
+        size = f"{mib // 1024} GiB" if mib >= 1024 else f"{mib} MiB"
+        name = f"{curve.id}-{mib}"
+        group = "collectives" if mib >= SMALL_MIB else "collectives-small"
+        rows.append(Row(group, name, f"{curve.label} all_reduce {size} busbw", busbw, sim, "GB/s",
+                        used_in_fit=ctx.used.get(name, ())))
+    return rows
+
+
+def kernel_row(k: KernelCase, nvlink_gbps: float, ctx: Context) -> Row:
+    rs = bare_scenario(k.preset, 8, k.gpu, ctx.profile, nvlink_gbps=nvlink_gbps)
+    if k.gemm is not None:
+        sim_s = compute_fn(rs)(Op(0, k.label, "compute", "compute", "fwd", Gemm(*k.gemm)), 0)
+    else:
+        sim_s = collective_s(rs, Collective(k.collective, "tp", k.nbytes, "flux"))
+    return Row("kernels", k.id, k.label, k.measured_ms, sim_s * 1e3, "ms", used_in_fit=ctx.used.get(k.id, ()))

@@ -1,0 +1,82 @@
+"""The accuracy report's own data (benchmarks/accuracy/) and the error bands it writes.
+
+What is checked is the data's consistency, never a measured error: every step case loads as a scenario,
+names only fields it sets as assumptions and fits in GPU memory under them (an assumption meshsim's own
+model refutes is not allowed); fits.yaml names only cases that exist; the checked-in band file is
+well-formed and the band of a scenario is its group's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import accuracy_cases as cases  # noqa: E402
+
+from meshsim.scenarios.load import load_and_resolve, resolve  # noqa: E402
+from meshsim.sim.cost.memory import memory_per_gpu  # noqa: E402
+from meshsim.sim.results import error_band as eb  # noqa: E402
+
+STEP_CASES = [c for g in eb.STEP_GROUPS for c in cases.step_cases(g.name)]
+
+
+def test_every_step_group_has_cases_and_names_are_unique():
+    assert {c.group for c in STEP_CASES} == {g.name for g in eb.STEP_GROUPS if (cases.HERE / g.name).is_dir()}
+    names = [c.name for c in STEP_CASES]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: c.name)
+def test_step_case_fits_in_memory_under_its_assumptions(case):
+    memory = memory_per_gpu(resolve(case.scenario, str(case.path)))
+    assert memory.fits, f"{case.name}: {memory.total_gb:.0f} of {memory.capacity_gb:.0f} GB"
+    assert case.measured_s > 0 and case.source
+    assert all(a.why for a in case.assumptions)
+
+
+def test_fits_name_only_existing_cases():
+    curve_points = {f"{c.id}-{mib}" for c in cases.curves() for mib, _ in c.busbw_gbps}
+    kernel_ids = {k.id for k in cases.kernels()[0]}
+    known = {c.name for c in STEP_CASES} | curve_points | kernel_ids
+    fitted = {case for f in cases.fits() for case in f.cases}
+    assert fitted <= known, sorted(fitted - known)
+    ratio_cases = {n for r in cases.ratios() for n in (r.num, r.den)}
+    assert ratio_cases <= {c.name for c in STEP_CASES}
+
+
+def test_assumption_naming_an_unset_field_is_refused(tmp_path):
+    src = STEP_CASES[0].path.read_text(encoding="utf-8")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(src.replace("  assumptions:", "  assumptions:\n    model.no_such_field: \"x\"", 1), encoding="utf-8")
+    with pytest.raises(ValueError, match="no_such_field"):
+        cases.load_step_case(bad, "dense")
+
+
+def test_band_file_is_well_formed():
+    data = json.loads(eb.BANDS_FILE.read_text(encoding="utf-8"))
+    assert eb.DEFAULT_GROUP in data["groups"]
+    registered = {g.name for g in eb.STEP_GROUPS}
+    for name, band in data["groups"].items():
+        assert name in registered and set(band) == set(eb.BAND_KEYS)
+        assert 0 <= band["out_of_fit_mape"] <= band["out_of_fit_max"] and band["out_of_fit_cases"] >= 1
+        assert 0 <= band["all_mape"] <= band["all_max"] and band["all_cases"] >= band["out_of_fit_cases"]
+
+
+def test_error_band_is_the_scenario_groups_and_falls_back_when_it_has_none(monkeypatch):
+    rs = load_and_resolve("tiny-2gpu")
+    bands = {"dense": eb.ErrorBand("dense", "iteration-time", 0.05, 0.1, 10),
+             "other": eb.ErrorBand("other", "iteration-time", 0.2, 0.3, 4)}
+    assert eb.error_band(rs, bands) == bands["dense"]
+    monkeypatch.setattr(eb, "STEP_GROUPS", (eb.StepGroup("other", "iteration-time", lambda s: s.parallel.tp == 2),
+                                            eb.StepGroup("new", "iteration-time", lambda s: True)))
+    assert eb.group_of(rs.scenario) == "other" and eb.error_band(rs, bands) == bands["other"]
+    monkeypatch.setattr(eb, "STEP_GROUPS", (eb.StepGroup("new", "iteration-time", lambda s: True),))
+    band = eb.error_band(rs, bands)
+    assert (band.group, band.mape, band.scenario_group) == ("dense", 0.05, "new")
+    assert "new group has no figures yet" in band.sentence()
