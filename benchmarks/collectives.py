@@ -14,7 +14,6 @@ import time
 
 from meshsim.sim.cost.collectives import cache, collective_cost
 from meshsim.sim.cost.collectives.cost import STATS
-from meshsim.sim.cost.collectives.nvls_limits import nvls_algbw_cap_gbps
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS
 from meshsim.topologies.registry import build_topology
 
@@ -64,7 +63,7 @@ def main() -> None:
     c = timed("16 MB all_reduce, TP group of 8 + 127 concurrent TP groups",
               lambda: collective_cost(topo, "all_reduce", tp[0], 16 << 20, concurrent_groups=tp))
     print(f"    -> {c.algo}/{c.protocol}: busbw {c.busbw_gbps:.1f} GB/s "
-          f"(NVLS bound {2 * 7 / 8 * min(nvlink, nvls_algbw_cap_gbps('h100-sxm', 'all_reduce', 8)):.0f}: its 16 channels; "
+          f"(NVLS: its 16 channels' loop over chunks, nvls_limits.py; "
           f"ring bound {nvlink:.0f})")
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from meshsim.sim.cost.collectives import collective_cost, kernel_channels, ring_channels
+from meshsim.sim.cost.collectives.nvls_limits import nvls_chunk_bytes, nvls_kernel_s
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, SIMPLE_FILL_BYTES_PER_CHANNEL
 from meshsim.topologies.registry import build_topology
 
@@ -76,40 +77,47 @@ def test_export_parts_have_eight_nvlinks_and_sixteen_channels(a100, h100):
     assert c.latency_s == pytest.approx((8.4 + 7 * 3.4 * 2 + 7 * 16 * 100e3 / 160e3) * 1e-6, rel=1e-6)
 
 
-def test_nvls_is_bound_by_its_sixteen_channels(h100):
-    """DGX H100 NVLS all-reduce: the links allow 2 x 7/8 x 18 x 20.6 = 649 GB/s of busbw; 16 channels x
-    16.79 GB/s of port traffic hold algbw to 268.6 GB/s, busbw 470 (users report 450-490). Negative controls:
-    a large per-channel figure, or 32 channels, give the link bound back."""
-    big = 1 << 34
-    algbw_cap = 470e9 / (2 * 7 / 8)
-    nvls = collective_cost(h100, "all_reduce", range(8), big, algo="nvls")
-    assert nvls.bandwidth_s == pytest.approx(big / algbw_cap, rel=1e-9)
-    assert nvls.latency_s == pytest.approx(25e-6, rel=1e-9)
+def test_nvls_chunk_follows_enqueue_cc():
+    """NCCL's NVLS chunk on 16 channels x 8 heads: 128 KiB from 1 GiB, 64 KiB from 64 MiB, 32 KiB from 8 MiB,
+    16 KiB below; on 2 heads the thresholds are 4x lower."""
+    sizes = {4 * MIB: 16 << 10, 8 * MIB - 1: 16 << 10, 8 * MIB: 32 << 10, 64 * MIB - 1: 32 << 10,
+             64 * MIB: 64 << 10, (1 << 30) - 1: 64 << 10, 1 << 30: 128 << 10}
+    assert {s: nvls_chunk_bytes(s, 16, 8) for s in sizes} == sizes
+    assert nvls_chunk_bytes(256 * MIB, 16, 2) == 128 << 10 and nvls_chunk_bytes(256 * MIB - 1, 16, 2) == 64 << 10
+
+
+def test_nvls_is_its_kernels_loop_pipeline_unless_the_links_bind(h100):
+    """DGX H100 NVLS all-reduce of 16 MiB: 32 KiB chunks, 4 loops of 16 x 8 x 32 KiB, each 4.4 us + its
+    16 MiB / 4 at 16 x 18.75 GB/s, two more loops to fill the three-stage pipeline, + the 12 us step:
+    122 us, busbw 240 (links alone: 649). All-gather moves (n-1)/n of the bytes through the busier port.
+    Negative controls: no loop overhead and a huge per-channel rate give the link time back; on 2 GPUs the
+    ring wins large all-reduces (NVLS's 2 heads loop 4x as often)."""
+    s = 16 * MIB
+    nvls = collective_cost(h100, "all_reduce", range(8), s, algo="nvls")
+    per_loop = 4.4e-6 + s / 4 / 300e9
+    assert nvls.latency_s == pytest.approx(12e-6, rel=1e-9)
+    assert nvls.bandwidth_s == pytest.approx(6 * per_loop, rel=1e-9)
+    assert nvls_kernel_s("h100-sxm", "all_reduce", s, 8) == pytest.approx(6 * per_loop, rel=1e-12)
     link_bound = 2 * 7 / 8 * 18 * 20.6
-    assert max(nvls.link_load.values()) == pytest.approx(470.0 / link_bound, rel=2e-3)  # links partly idle
-    for override in ({"nvls_channel_gbps": 100.0}, {"nvls_channels": 32}):
-        free = collective_cost(h100, "all_reduce", range(8), big, algo="nvls",
-                               constants=replace(DEFAULT_CONSTANTS, **override))
-        assert free.bandwidth_s == pytest.approx(big * 14 / 8 / (link_bound * 1e9), rel=2e-3)
-    # all-gather: port fraction 7/8, so algbw <= 268.6 x 8/7 and busbw <= 268.6 (links: 370.8)
-    ag = collective_cost(h100, "all_gather", range(8), big, algo="nvls")
-    assert ag.bandwidth_s == pytest.approx(big * 7 / 8 / algbw_cap, rel=1e-9)
-    # two GPUs: all-reduce algbw still 268.6 (busbw 268.6 < the ring's ~357), so the ring wins large sizes
-    pair = collective_cost(h100, "all_reduce", range(2), big, algo="nvls")
-    assert pair.bandwidth_s == pytest.approx(big / algbw_cap, rel=1e-9)
-    assert collective_cost(h100, "all_reduce", range(2), big).algo != "nvls"
+    assert max(nvls.link_load.values()) == pytest.approx(s * 14 / 8 / (link_bound * 1e9) / (6 * per_loop), rel=2e-3)
+    ag = collective_cost(h100, "all_gather", range(8), s, algo="nvls")
+    assert ag.bandwidth_s == pytest.approx(6 * (4.4e-6 + s * 7 / 8 / 4 / 300e9), rel=1e-9)
+    free = collective_cost(h100, "all_reduce", range(8), s, algo="nvls",
+                           constants=replace(DEFAULT_CONSTANTS, nvls_channel_gbps=1e6, nvls_loop_overhead_us=0.0))
+    assert free.bandwidth_s == pytest.approx(s * 14 / 8 / (link_bound * 1e9), rel=2e-3)
+    assert collective_cost(h100, "all_reduce", range(2), 1 << 34).algo != "nvls"
 
 
 def test_nvls_still_wins_where_nccl_uses_it(h100):
-    """Large all-reduces on one DGX H100 run NVLS (470 > ring's ~357 GB/s); tiny ones a ring/tree LL (NVLS's
-    25 us floor); H800's 96 MiB all-gather runs NVLS at the link rate, 25 us + S x 7/8 / (8 x 20.6 GB/s)
-    (its links, 164.8 GB/s of busbw, bind before the channels' 268.6)."""
+    """Large all-reduces on one DGX H100 run NVLS (~480 GB/s > the ring's ~357); tiny ones a ring/tree LL;
+    H800's 96 MiB all-gather runs NVLS at the link rate, 12 us + S x 7/8 / (8 x 20.6 GB/s): its links
+    (164.8 GB/s of busbw) bind before the kernel's 14 loops of 4.4 us + 8 MiB x 7/8 / 300 GB/s."""
     assert collective_cost(h100, "all_reduce", range(8), 1 << 30).algo == "nvls"
     assert collective_cost(h100, "all_reduce", range(8), 4 << 10).algo != "nvls"
     h800 = build_topology("dgx-h100", 1, nvlink_gbps=200.0)
     ag = collective_cost(h800, "all_gather", range(8), 96 * MIB)
     assert ag.algo == "nvls"
-    assert ag.time_s == pytest.approx(25e-6 + 96 * MIB * 7 / 8 / (8 * 20.6e9), rel=2e-3)
+    assert ag.time_s == pytest.approx(12e-6 + 96 * MIB * 7 / 8 / (8 * 20.6e9), rel=2e-3)
 
 
 def test_kernel_channels(a100, h100):

@@ -9,7 +9,7 @@ For a plan evaluated once per (topology, algorithm, op, group, concurrent groups
 
 r = 1, except ring Simple inside a node: slices per chunk x loops (slice_rounds); fill: the Simple/LL128
 pipeline fill per channel (_fill_s); scale: NCCL's protocol refinements (nccl_limits.py) or, for NVLS,
-its channel bound (nvls_limits.py).
+link time / max(link time, its kernel's loop time) (nvls_limits.py).
 
 NCCL's per-step latency hw(class, p) is an end-to-end figure that already contains the wire and switch
 latency, so a step costs the larger of the physical path latency and NCCL's figure, never their sum: the
@@ -36,7 +36,7 @@ from meshsim.sim.cost.collectives.direct import direct_plan
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.nvls import nvls_plan
-from meshsim.sim.cost.collectives.nvls_limits import nvls_algbw_cap_gbps
+from meshsim.sim.cost.collectives.nvls_limits import nvls_kernel_s
 from meshsim.sim.cost.collectives.phases import Plan, PlanCost, evaluate
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, NcclConstants, family
 from meshsim.sim.cost.collectives.ring import ring_plan
@@ -203,9 +203,11 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
     (nccl_limits.protocol_busbw_gbps), or the flat factors when constants.protocol_limits is off."""
     if protocol == IDEAL or pc.s_per_byte <= 0:
         return 1.0
-    if pc.algo == "nvls":  # link-bound algbw is 1 / s_per_byte
-        cap = nvls_algbw_cap_gbps(topo.gpu, op, len(ranks), constants.nvls_channels, constants.nvls_channel_gbps)
-        return min(constants.bw_scale(pc.algo, op, protocol), cap * GB * pc.s_per_byte)
+    if pc.algo == "nvls":  # link time / max(link time, the NVLS kernel's own loop time)
+        kernel_s = nvls_kernel_s(topo.gpu, op, nbytes, len(ranks), constants.nvls_channels,
+                                 constants.nvls_channel_gbps, constants.nvls_loop_overhead_us)
+        link_s = nbytes * pc.s_per_byte
+        return min(constants.bw_scale(pc.algo, op, protocol), link_s / kernel_s if kernel_s > link_s else 1.0)
     if not constants.protocol_limits:
         return constants.bw_scale(pc.algo, op, protocol)
     raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB

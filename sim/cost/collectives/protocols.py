@@ -9,7 +9,7 @@ Source of every figure: /work/shared/reference/modeling-facts.md, which summaris
   1/4 or 1/3 capped at llMaxBw, LL128 0.92 capped per channel, tree 0.92 capped per channel, fewer
   channels for small messages; tuning.cc / enqueue.cc), or, with `protocol_limits=False`, the flat
   `bw_factor[protocol]` (LL 0.5, LL128 0.92, Simple 1.0) x algorithm factor (tree all-reduce 0.92). NVLS
-  is bounded by its channels' throughput either way (nvls_limits.py).
+  is bounded by its kernel's loop over chunks either way (nvls_limits.py).
 - Ring Simple: NCCL's per-step NVLink latency is paid once per slice of every loop (SIMPLE_CHUNK_BYTES,
   SIMPLE_SLICES_PER_CHUNK), plus a fitted pipeline fill per step (SIMPLE_FILL_BYTES_PER_CHANNEL).
 - Link capacity = peak x link efficiency: NCCL's effective NVLink bandwidth per 25 GB/s NVLink link
@@ -42,8 +42,8 @@ BASE_US = {
     "nvls": {"simple": 0.0},
 }
 # Per-step hardware latency (us), tuning.cc. Tree over PCIe is not in the reference: the ring figures are
-# used. NVLS: NCCL's 25 us NVLink hardware latency is charged once per call (one "step": into the switch
-# and back out).
+# used. NVLS: one "step" per call (into the switch and back out), 12 us, fitted with the NVLS kernel's loop
+# model on the 8 x H100 nccl-tests curve (nvls_limits.py; tuning.cc charges 23-25 us).
 HW_US = {
     "ring": {"nvlink": {"ll": 0.6, "ll128": 1.9, "simple": 3.4},
              "pcie": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
@@ -51,11 +51,11 @@ HW_US = {
     "tree": {"nvlink": {"ll": 0.6, "ll128": 1.25, "simple": 4.0},
              "pcie": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
              "network": {"ll": 5.0, "ll128": 8.5, "simple": 14.0}},
-    "nvls": {"nvlink": {"simple": 25.0}},
+    "nvls": {"nvlink": {"simple": 12.0}},
 }
 BW_FACTOR = {"ll": 0.5, "ll128": 0.92, "simple": 1.0, IDEAL: 1.0}  # tuning.cc protocol factors
 # Tree all-reduce (tuning.cc). NVLS has no flat factor: tuning.cc's 0.85 (Hopper) stands for what bounds NVLS
-# below its links, which nvls_limits.py models as a per-channel throughput (FLUX's H800 NVLS all-gather and
+# below its links, which nvls_limits.py models as its kernel's loop over chunks (FLUX's H800 NVLS all-gather and
 # reduce-scatter at 96 MiB run at 0.95 of the link figure, which a flat 0.85 cannot give).
 ALGO_BW_FACTOR = {"tree": 0.92}
 # Simple/LL128 pipeline fill: a ring/tree step cannot start until the previous step's slice has arrived,
@@ -120,6 +120,7 @@ class NcclConstants:
     channels: int | None = None  # ring channels; None: nccl_limits.default_channels(NVLinks per GPU)
     nvls_channels: int | None = None  # None: nvls_limits.NVLS_CHANNELS (NCCL_NVLS_NCHANNELS)
     nvls_channel_gbps: float | None = None  # None: nvls_limits.NVLS_CHANNEL_GBPS by generation
+    nvls_loop_overhead_us: float | None = None  # None: nvls_limits.NVLS_LOOP_OVERHEAD_US
 
     def with_tuning(self, tuning: Any) -> NcclConstants:
         """Apply a scenarios.schema.NetworkTuning (only link_efficiency is a constant there)."""
