@@ -79,4 +79,5 @@ def test_error_band_is_the_scenario_groups_and_falls_back_when_it_has_none(monke
     monkeypatch.setattr(eb, "STEP_GROUPS", (eb.StepGroup("new", "iteration-time", lambda s: True),))
     band = eb.error_band(rs, bands)
     assert (band.group, band.mape, band.scenario_group) == ("dense", 0.05, "new")
-    assert "new group has no figures yet" in band.sentence()
+    assert band.sentence().startswith("±5.0% (max 10.0%): the dense group's out-of-fit")
+    assert band.sentence().endswith("(the new group has no figures yet)")

@@ -8,6 +8,7 @@ import pytest
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.cli.main import main
+from meshsim.sim.results.error_band import error_band
 from meshsim.sim.results.simulate import simulate, simulate_with_events
 from meshsim.sim.results.step_result import StepResult
 
@@ -33,6 +34,8 @@ def test_run_writes_the_three_files_and_keeps_others(tmp_path, capsys):
     assert data["scenario"] == TINY and data["tp"] == 2 and data["step_time_s"] > 0
     assert "traceEvents" in json.loads((out / "trace.json").read_text())
     assert "MFU" in printed
+    band = error_band(tiny())  # the model's error beside the headline figures, from the generated band file
+    assert " ".join(f"model's error {band.sentence()}".split()) in " ".join(printed.split())
 
 
 def test_run_no_html(tmp_path):

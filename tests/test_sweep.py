@@ -14,6 +14,7 @@ from dataclasses import asdict
 import pytest
 
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.results.error_band import ErrorBand, load_bands
 from meshsim.sim.sweep import explain as ex
 from meshsim.sim.sweep.axes import (
     SweepAxes,
@@ -426,12 +427,19 @@ def test_sweep_record_round_trips_through_json_with_its_version(tiny):
 
 
 def test_configurations_closer_than_the_model_error_are_not_ranked():
-    """tp=4 within MODEL_ERROR of tp=8 is called a tie; tp=2 far below it is not named in that sentence;
-    with no configuration that close, no such sentence (negative control)."""
-    close = (1 - ex.MODEL_ERROR / 2) * 100.0
+    """tp=4 within the band of tp=8 is called a tie; tp=2 far below it is not named in that sentence;
+    with no configuration that close, no such sentence (negative control). The band is the sweet spot's
+    group's (band_of), else the default group's from the generated band file."""
+    band = ErrorBand("dense", "iteration-time", 0.08, 0.2, 12)
+    close = (1 - band.mape / 2) * 100.0
     records = [rec(2, tokens=50.0, mem=40), rec(4, tokens=close, mem=40), rec(8, tokens=100.0, mem=40)]
-    sentence = next(s for s in ex.explain(records) if "within the model's error" in s)
-    assert sentence.startswith("tp=8 and tp=4 are within the model's error")
+    sentence = next(s for s in ex.explain(records, lambda r: band) if "within the model's error" in s)
+    assert sentence.startswith("tp=8 and tp=4 are within the model's error (±8.0% (max 20.0%): the dense group")
     assert "tp=2" not in sentence
     far = [rec(2, tokens=50.0, mem=40), rec(8, tokens=100.0, mem=40)]
-    assert not any("within the model's error" in s for s in ex.explain(far))
+    assert not any("within the model's error" in s for s in ex.explain(far, lambda r: band))
+    wide = ErrorBand("dense", "iteration-time", 0.6, 0.9, 12)  # a band of 60% ties tp=2 too
+    assert "tp=2" in next(s for s in ex.explain(records, lambda r: wide) if "within the model's error" in s)
+    default = load_bands()["dense"]
+    just_inside = [rec(4, tokens=(1 - default.mape / 2) * 100.0, mem=40), rec(8, tokens=100.0, mem=40)]
+    assert any(default.sentence() in s for s in ex.explain(just_inside))

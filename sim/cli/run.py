@@ -14,6 +14,7 @@ from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
 from meshsim.sim.core.units import parse_count
 from meshsim.sim.core.userio import check_output_dir, check_output_file, output_folder_name
 from meshsim.sim.outputs.step_report import OUTPUT_LEVELS, print_report, write_outputs, write_results_json
+from meshsim.sim.results.error_band import error_band
 from meshsim.sim.results.simulate import gc_frozen, simulate
 
 DEFAULT_OUT_ROOT = Path("meshsim-out")
@@ -78,7 +79,7 @@ def run_command(
     if json_path is not None:
         paths["json"] = write_results_json(result, json_path, full_critical_path=full_critical_path)
     console = make_console()
-    print_report(result, console, tokens=budget)
+    print_report(result, console, tokens=budget, band=error_band(rs))
     for kind, path in paths.items():
         console.print(f"{kind}: {path}", highlight=False, soft_wrap=True)
     if not result.fits and not allow_oom:

@@ -9,10 +9,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from meshsim.scenarios.load import load_scenario
+from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.core.console import fitted_table, make_console
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.userio import check_output_dir, check_output_file
+from meshsim.sim.results.error_band import band_for
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import explain, ok, sweet_spot
@@ -53,7 +54,7 @@ def sweep_command(
     check_output_file("--json", json_path)
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
-    reasons = explain(records)
+    reasons = explain(records, lambda rec: band_for(with_overrides(base, rec.point.overrides(), source)))
     written = {}  # files first, so that `meshsim sweep ... | head` still writes them
     if out is not None:
         written["report"] = write_report(records, reasons, f"TP sweep of {base.name}", out)

@@ -1,7 +1,7 @@
 """The terminal report of one simulated step (rich), and `write_outputs` for the output files.
 
 Sections: a banner when the configuration does not fit in memory; headline numbers (step, tokens/s,
-TFLOP/s, MFU next to HFU, time to train a token budget); memory per GPU (GiB); the step split along the
+TFLOP/s, MFU next to HFU, time to train a token budget) and the model's error for this kind of run; memory per GPU (GiB); the step split along the
 critical path (adds up to the step) apart from busy time per stream (overlaps); the critical path's top
 op types; the collective algorithms chosen. Every table fits the console's width (sim/console.py).
 """
@@ -32,6 +32,7 @@ from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
 from meshsim.sim.results.critical_path import CATEGORY_NAMES, top_op_types
+from meshsim.sim.results.error_band import ErrorBand
 from meshsim.sim.results.step_result import MEMORY_KEYS, StepResult
 
 OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "timeline.html"}
@@ -57,11 +58,18 @@ def config_line(c) -> str:
             f"micro-batch {c.get('micro_batch')} x {c.get('micro_batches')}, recompute {c.get('recompute')}")
 
 
-def headline(r: StepResult, tokens: float | None = None) -> str:
+def band_line(band: ErrorBand) -> str:
+    """How far these figures may be off: the out-of-fit error of the scenario's accuracy group."""
+    return f"model's error {band.sentence()} (benchmarks/accuracy.py)"
+
+
+def headline(r: StepResult, tokens: float | None = None, band: ErrorBand | None = None) -> str:
     text = (f"[bold]{r.scenario}[/bold]  {config_line(r.config)}\n"
             f"step [bold]{fmt_s(r.step_time_s)}[/bold]   {fmt_count(r.tokens_per_s)} tokens/s   "
             f"{r.tflops_per_gpu:.1f} TFLOP/s per GPU   MFU [bold]{_pct(r.mfu)}[/bold]   HFU {_pct(r.hfu)}\n"
             f"one layer: forward {fmt_s(r.layer_fwd_ms / 1e3)}, backward {fmt_s(r.layer_bwd_ms / 1e3)}")
+    if band is not None:
+        text += "\n" + band_line(band)
     if tokens:
         text += (f"\n{fmt_count(tokens)} tokens take [bold]{fmt_duration_long(tokens / r.tokens_per_s)}[/bold] "
                  f"at this rate" if r.tokens_per_s > 0 else "")
@@ -185,12 +193,14 @@ def collectives_table(r: StepResult, width: int) -> tuple[Table, str]:
     return fitted_table(title, columns, rows, width)
 
 
-def print_report(r: StepResult, console: Console | None = None, *, tokens: float | None = None) -> None:
+def print_report(r: StepResult, console: Console | None = None, *, tokens: float | None = None,
+                 band: ErrorBand | None = None) -> None:
+    """The report; `band` (sim/results/error_band.py) adds the model's error next to the headline figures."""
     console = console or make_console()
     banner = not_fit_banner(r)
     if banner is not None:
         console.print(banner)
-    console.print(headline(r, tokens))
+    console.print(headline(r, tokens, band))
     console.print(memory_table(r))
     console.print(critical_path_table(r))
     console.print("The rows above add up to the step; the streams below run at the same time, so their busy "

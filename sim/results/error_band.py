@@ -56,11 +56,11 @@ class ErrorBand:
     scenario_group: str = ""  # the scenario's own group when it has no figures yet (fallback), else ""
 
     def sentence(self) -> str:
-        """'dense out-of-fit iteration-time MAPE 6.1% (max 11.8%) over 17 published runs'."""
-        text = (f"{self.group} out-of-fit {self.metric} MAPE {self.mape * 100:.1f}% "
-                f"(max {self.max_error * 100:.1f}%) over {self.cases} published runs")
+        """'±14.9% (max 56.4%): the dense group's out-of-fit iteration-time MAPE over 16 published runs'."""
+        text = (f"±{self.mape * 100:.1f}% (max {self.max_error * 100:.1f}%): the {self.group} group's out-of-fit "
+                f"{self.metric} MAPE over {self.cases} published runs")
         if self.scenario_group:
-            text += f"; the {self.scenario_group} group has no figures yet"
+            text += f" (the {self.scenario_group} group has no figures yet)"
         return text
 
 

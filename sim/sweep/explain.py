@@ -13,22 +13,22 @@ first tp that leaves the NVLink domain, and every other value of the other axes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gb_as_gib, fmt_pct, fmt_s, fmt_tokens
 from meshsim.sim.cost.collectives.cost import busbw_factor
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
+from meshsim.sim.results.error_band import DEFAULT_GROUP, ErrorBand, load_bands
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import AXES
 from meshsim.sim.sweep.record import SweepRecord
 
 MAX_SENTENCES = 9
-# The model's measured error: the iteration-time MAPE of `python benchmarks/accuracy.py` on the public
-# calibration set (README, "Honest about error"). Two configurations whose tokens/s differ by less than this
-# are reported as within the model's error, not ranked. Update it when the accuracy report moves.
-# (The scaling-ratio MAPE, the error of one configuration relative to another, is lower: 5.1%; the absolute
-# iteration-time MAPE is kept as the conservative figure.)
-MODEL_ERROR = 0.09  # iteration-time MAPE 9.0% (max 22.3%) over 24 cases, PP included (README, benchmarks/accuracy.py)
+# Two configurations whose tokens/s differ by less than the model's error are reported as within it, not
+# ranked. The error is the out-of-fit iteration-time MAPE of the accuracy group the sweet spot belongs to
+# (sim/results/error_band.py, written by `python benchmarks/accuracy.py --write-bands`); `explain` takes a
+# `band_of(record)` and, without one, uses the default group's.
+BandOf = Callable[[SweepRecord], ErrorBand]
 SHARE_NAMES = CATEGORY_NAMES
 AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute",
                "pp": "pp", "vp": "vp"}
@@ -102,16 +102,17 @@ def winner_sentence(best: SweepRecord, records: list[SweepRecord], axes: list[st
             f"({n_ran} ran, {len(records) - n_ran} skipped).")
 
 
-def within_error_sentence(best: SweepRecord, records: list[SweepRecord], axes: list[str]) -> str | None:
-    """The fitting configurations closer to the sweet spot than the model's measured error (MODEL_ERROR)."""
+def within_error_sentence(best: SweepRecord, records: list[SweepRecord], axes: list[str],
+                          band: ErrorBand) -> str | None:
+    """The fitting configurations closer to the sweet spot than the model's error for its group (band)."""
     close = [r for r in records if r is not best and fits(r)
-             and r.result.tokens_per_s >= (1 - MODEL_ERROR) * best.result.tokens_per_s]
+             and r.result.tokens_per_s >= (1 - band.mape) * best.result.tokens_per_s]
     if not close:
         return None
     names = " and ".join([label(best, axes)] + [label(r, axes) for r in close[:3]])
     gaps = ", ".join(f"{label(r, axes)} {_speed_delta(r, best)}" for r in close[:3])
-    return (f"{names} are within the model's error ({fmt_pct(MODEL_ERROR)} iteration-time MAPE on published "
-            f"measurements, benchmarks/accuracy.py): {gaps}; the simulator cannot rank them, measure both.")
+    return (f"{names} are within the model's error ({band.sentence()}, benchmarks/accuracy.py): {gaps}; "
+            "the simulator cannot rank them, measure both.")
 
 
 def path_sentence(best: SweepRecord) -> str:
@@ -290,8 +291,13 @@ def neighbours(records: list[SweepRecord], best: SweepRecord) -> list[SweepRecor
     return [r for r in chosen if ok(r)]  # skipped ones are listed once, by _skipped_summary
 
 
-def explain(records: list[SweepRecord]) -> list[str]:
-    """Short sentences on why the sweet spot wins and what limits its neighbours."""
+def default_band(record: SweepRecord) -> ErrorBand:
+    return load_bands()[DEFAULT_GROUP]
+
+
+def explain(records: list[SweepRecord], band_of: BandOf | None = None) -> list[str]:
+    """Short sentences on why the sweet spot wins and what limits its neighbours; `band_of(record)` gives
+    the model's error for a configuration (default: the default accuracy group's)."""
     if not records:
         return ["The sweep has no configurations."]
     axes = varying_axes(records)
@@ -299,7 +305,8 @@ def explain(records: list[SweepRecord]) -> list[str]:
     skipped = [r for r in records if not ok(r)]
     if best is None:
         return [no_fit_sentence(records, axes)] + _skipped_summary(skipped, axes)
-    sentences = [winner_sentence(best, records, axes), within_error_sentence(best, records, axes),
+    band = (band_of or default_band)(best)
+    sentences = [winner_sentence(best, records, axes), within_error_sentence(best, records, axes, band),
                  path_sentence(best), pipeline_sentence(best), pp_enables_sentence(records, best, axes)]
     sentences += [contrast_sentence(r, best, axes) for r in neighbours(records, best)]
     for axis, describe in (("sp", sp_sentence), ("tp_comm_overlap", overlap_sentence)):
