@@ -3,7 +3,7 @@
 - Ring, tree, hierarchical, direct: the communicator's ring channels (nccl_limits.default_channels: two per
   NVLink, at most 32; NcclConstants.channels overrides), of which a small call launches fewer (enqueue.cc:
   nccl_limits.channels_used).
-- NVLS: NCCL_NVLS_NCHANNELS (16 on SM90; nvls_limits.py; NcclConstants.nvls_channels overrides).
+- NVLS: NCCL_NVLS_NCHANNELS (16 on SM90, 24 on SM100; nvls_limits.py; NcclConstants.nvls_channels overrides).
 
 `kernel_channels` is what a running collective takes from a concurrent GEMM (one SM per channel: NCCL
 launches one CTA per channel, src/enqueue.cc). It is exposed for the compute model's interference term and
@@ -52,7 +52,7 @@ def kernel_channels(topo: Topology, algo: str, protocol: str, nbytes: int, ranks
     if algo == "none" or nbytes <= 0 or ranks < 2:
         return 0
     if algo == "nvls":
-        return nvls_channels(constants.nvls_channels)
+        return nvls_channels(topo.gpu, constants.nvls_channels)
     channels = ring_channels(topo, constants)
     if protocol == IDEAL:
         return channels

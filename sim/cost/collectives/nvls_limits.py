@@ -5,8 +5,9 @@ all-reduce would reach 2(n-1)/n x 18 x 20.6 = 649 GB/s of bus bandwidth; nccl-te
 largest sizes and much less on the ramp (public-measurements-2.md section B: 8 x H100, NCCL 2.18.5,
 234 GB/s at 16 MiB, 362 at 64 MiB, 401 at 128 MiB). What NCCL runs (NVIDIA/nccl v2.18.5-1 / v2.20.5-1):
 
-- channels: NCCL_NVLS_NCHANNELS = 16 (src/transport/nvls.cc), one CTA each (src/enqueue.cc,
-  "NVLS should not need more than 16 channels to get peak BW");
+- channels: NCCL_NVLS_NCHANNELS = 16 on Hopper (src/transport/nvls.cc), one CTA each (src/enqueue.cc,
+  "NVLS should not need more than 16 channels to get peak BW"); 24 on Blackwell in one NVLink domain
+  (v2.30.4, NVLS_NCHANNELS_SM100_NVL);
 - heads: the NVLS graph has one channel per GPU of the node (src/graph/search.cc, "NVLS channels
   correspond to GPUs pulling from NVLS"), so nHeads = the group's ranks on one node;
 - chunk: enqueue.cc (computeColl / computeCollChunkInfo) starts at 128 KiB and, with
@@ -33,8 +34,10 @@ Three constants are **fitted** on the 8 x H100 curve of section B from 2 MiB to 
 (benchmarks/accuracy/fits.yaml): NVLS latency 12 us (protocols.HW_US, its one step per call: launch
 and a switch round trip; tuning.cc's NVLS latency is 23 us in v2.18-2.20), loop overhead 4.4 us, per-channel 18.75 GB/s (16 channels: 300 GB/s
 of port traffic). The 8 x H200 curve (NCCL 2.20.5) and FLUX's H800 NVLS all-gather / reduce-scatter are
-out of fit. Blackwell's NVLink 5 doubles the per-link rate; its per-channel figure is taken as twice
-Hopper's (assumption, no public figure). Overridable: NcclConstants(nvls_channels=...,
+out of fit. Blackwell has no NVLS curve in our set: its 24 channels carry Hopper's 300 GB/s scaled by
+NCCL's own ratios, the per-GPU NVLink rate (40.1 / 20.6, topo.h) and tuning.cc's nvlsEfficiency
+(0.74 / 0.85, v2.30.4): 508 GB/s, so a 72-GPU NVL72 all-reduce reaches ~990 GB/s of busbw, not the
+~1,180 that twice Hopper's figure gave. Overridable: NcclConstants(nvls_channels=...,
 nvls_channel_gbps=..., nvls_loop_overhead_us=...).
 """
 
@@ -45,20 +48,31 @@ import math
 from meshsim.sim.cost.collectives.nccl_limits import generation
 from meshsim.sim.cost.collectives.nvls import port_fractions
 
-NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default (src/transport/nvls.cc); taken for every generation
+# NCCL_NVLS_NCHANNELS defaults (src/transport/nvls.cc: 16 on SM90 since v2.18; v2.30.4 NVLS_NCHANNELS_SM100_NVL
+# = 24 on SM100 inside one NVLink domain), by NCCL architecture row (nccl_limits.GENERATION_BY_GPU)
+NVLS_CHANNELS = {"hopper": 16, "blackwell": 24}
 NVLS_PIPELINE_FILL_LOOPS = 2  # three warp-group stages (scatter, reduce/multicast, gather): two loops to fill
 NVLS_LOOP_OVERHEAD_US = 4.4  # fitted, 8 x H100 section-B curve
-# per-channel GB/s of a GPU's busier switch-port direction, by NCCL architecture row (fitted on Hopper)
-NVLS_CHANNEL_GBPS = {"hopper": 18.75, "blackwell": 2.0 * 18.75}  # Blackwell: NVLink 5 = 2x per link (assumption)
+HOPPER_NVLS_GBPS = 300.0  # fitted, same curve: port traffic of all 16 channels (18.75 GB/s each)
+# Blackwell: no curve in our set. Scaled from Hopper by NCCL's own figures: the per-GPU NVLink rate
+# (18 x 40.1 vs 18 x 20.6 GB/s, topo.h) and tuning.cc's nvlsEfficiency (Blackwell 0.74 vs Hopper 0.85, v2.30.4)
+BLACKWELL_NVLS_GBPS = HOPPER_NVLS_GBPS * (40.1 / 20.6) * (0.74 / 0.85)
+NVLS_CHANNEL_GBPS = {"hopper": HOPPER_NVLS_GBPS / NVLS_CHANNELS["hopper"],
+                     "blackwell": BLACKWELL_NVLS_GBPS / NVLS_CHANNELS["blackwell"]}
 DEFAULT_NVLS_GENERATION = "hopper"  # NVLS needs NVSwitch gen 3+: Hopper or later
 NVLS_MAX_CHUNK_BYTES = 128 * 1024
 # enqueue.cc: (below this many x channels x heads x chunk, use the smaller chunk)
 NVLS_CHUNK_STEPS = ((64, 64 * 1024), (8, 32 * 1024), (2, 16 * 1024))
 
 
-def nvls_channels(channels: int | None = None) -> int:
-    """Channels an NVLS call runs on (NCCL_NVLS_NCHANNELS; `channels` overrides)."""
-    return NVLS_CHANNELS if channels is None else channels
+def _row(gpu: str) -> str:
+    gen = generation(gpu)
+    return gen if gen in NVLS_CHANNELS else DEFAULT_NVLS_GENERATION
+
+
+def nvls_channels(gpu: str, channels: int | None = None) -> int:
+    """Channels an NVLS call runs on (NCCL_NVLS_NCHANNELS by generation; `channels` overrides)."""
+    return NVLS_CHANNELS[_row(gpu)] if channels is None else channels
 
 
 def nvls_chunk_bytes(nbytes: int, channels: int, heads: int) -> int:
@@ -76,10 +90,8 @@ def nvls_kernel_s(gpu: str, op: str, nbytes: int, ranks: int, channels: int | No
     """The NVLS kernel's own time for nbytes (module doc), without its latency and its links."""
     if nbytes <= 0 or ranks < 2:
         return 0.0
-    nch = nvls_channels(channels)
-    per = per_channel_gbps
-    if per is None:
-        per = NVLS_CHANNEL_GBPS.get(generation(gpu), NVLS_CHANNEL_GBPS[DEFAULT_NVLS_GENERATION])
+    nch = nvls_channels(gpu, channels)
+    per = NVLS_CHANNEL_GBPS[_row(gpu)] if per_channel_gbps is None else per_channel_gbps
     overhead_s = (NVLS_LOOP_OVERHEAD_US if loop_overhead_us is None else loop_overhead_us) * 1e-6
     loops = math.ceil(nbytes / (nch * ranks * nvls_chunk_bytes(nbytes, nch, ranks)))
     port_bytes = nbytes * max(port_fractions(op, ranks))
