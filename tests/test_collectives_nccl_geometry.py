@@ -134,8 +134,9 @@ def test_kernel_channels(a100, h100):
 
 def test_slices_apply_inside_nodes_not_to_network_steps():
     """No fill, so latency = base + rounds x intra-node steps + network steps. PCIe box (2 channels, loop
-    2 x 8 x 2 MiB): one more loop doubles the step part. Two DGX A100 (loop 24 x 16 x 2 MiB): 30 steps, 14 of
-    the ring's 16 hops on NVLink; one more loop adds 2 x 30 x 14/16 x 3.4 us, x 1.4 (multi-node Simple)."""
+    2 x 8 x 2 MiB): one more loop doubles the step part. Two DGX A100 (16 network channels, 2 per HDR NIC;
+    loop 16 x 16 x 2 MiB): 30 steps, 14 of the ring's 16 hops on NVLink; one more loop adds 2 x 30 x 14/16 x
+    3.4 us, x 1.4 (multi-node Simple)."""
     no_fill = replace(DEFAULT_CONSTANTS, simple_fill_bytes_per_channel=0.0)
     pcie = build_topology("pcie-8gpu", 1)
     assert ring_channels(pcie) == 2
@@ -144,7 +145,7 @@ def test_slices_apply_inside_nodes_not_to_network_steps():
                                 constants=no_fill).latency_s - 8.4e-6 for s in (loop, loop + 8))
     assert two == pytest.approx(2 * one, rel=1e-9)
     a100x2 = build_topology("dgx-a100", 2)
-    loop = 24 * 16 * 2 * MIB
+    loop = 16 * 16 * 2 * MIB
     one, two = (collective_cost(a100x2, "all_reduce", range(16), s, algo="ring", protocol="simple",
                                 constants=no_fill).latency_s for s in (loop, loop + 8))
     assert two - one == pytest.approx(1.4 * 2 * 30 * 14 / 16 * 3.4e-6, rel=1e-9)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from meshsim.sim.cost.collectives import collective_cost
-from meshsim.sim.cost.collectives.cost import ring_channels
+from meshsim.sim.cost.collectives.channels import group_channels, ring_channels
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS
 from meshsim.topologies.registry import build_topology
@@ -27,6 +27,23 @@ def test_generation_and_channels(a100):
     assert ring_channels(a100, DEFAULT_CONSTANTS) == 24  # 12 NVLinks x 2
     assert ring_channels(build_topology("dgx-h100", 1), DEFAULT_CONSTANTS) == 32  # 18 x 2, capped at 32
     assert ring_channels(a100, replace(DEFAULT_CONSTANTS, channels=4)) == 4
+
+
+def test_multi_node_rings_have_channels_per_nic_not_per_nvlink():
+    """search.cc / connect.cc: one search channel per NIC the node-local ranks use, duplicated when it runs at
+    >= 25 GB/s (NDR 50 GB/s: yes; HDR 25 GB/s, searched at 24: no), doubled once more: H100 4 per NIC, A100
+    2; one node keeps its NVLink rings; the override wins. A DP ring of one GPU per node over 48 DGX H100
+    then fills 4 channels per step, not 32: its reduce-scatter step latency is NCCL's 14 us + 4 x 100 kB at
+    its 48 GB/s NIC (the fill), not 14 us + 32 x 100 kB."""
+    h100, a100 = build_topology("dgx-h100", 48), build_topology("dgx-a100", 16)
+    rail = list(range(0, 48 * 8, 8))
+    assert group_channels(h100, rail) == 4 and group_channels(h100, range(16)) == 32
+    assert group_channels(a100, range(0, 128, 8)) == 2 and group_channels(a100, range(128)) == 16
+    assert group_channels(a100, range(8)) == 24 and group_channels(h100, range(8)) == 32
+    assert group_channels(h100, rail, replace(DEFAULT_CONSTANTS, channels=6)) == 6
+    big = 512 * MIB  # per channel and step 512 MiB / (48 x 4) = 2.8 MB > 100 kB: the full fill
+    rs = collective_cost(h100, "reduce_scatter", rail, big, algo="ring", protocol="simple")
+    assert rs.latency_s == pytest.approx(8.4e-6 + 47 * (14e-6 + 4 * 100e3 / 48e9), rel=1e-6)  # NIC 50 x 0.96
 
 
 def test_ring_ll_all_reduce_on_a100_is_a_quarter_capped_at_ll_max(a100):

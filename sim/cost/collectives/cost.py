@@ -30,7 +30,7 @@ from types import MappingProxyType
 from meshsim.sim.core.errors import UserError, unknown_name_error
 from meshsim.sim.core.units import GB
 from meshsim.sim.cost.collectives import cache
-from meshsim.sim.cost.collectives.channels import ring_channels
+from meshsim.sim.cost.collectives.channels import group_channels
 from meshsim.sim.cost.collectives.choose import OPS, candidates
 from meshsim.sim.cost.collectives.direct import direct_plan
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
@@ -211,7 +211,7 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
     if not constants.protocol_limits:
         return constants.bw_scale(pc.algo, op, protocol)
     raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
-    channels = ring_channels(topo, constants)
+    channels = group_channels(topo, ranks, constants)
     algo = "tree" if pc.algo == "tree" else family(pc.algo)
     used = channels_used(nbytes, algo, protocol, len(ranks), channels)
     nodes = len({topo.node_of(r) for r in ranks})
@@ -225,7 +225,7 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
     """The cost of one (algorithm, protocol) pair."""
     pc = structure(topo, algo, op, ranks, concurrent, constants)
     scale = bandwidth_scale(topo, pc, op, protocol, nbytes, ranks, constants)
-    lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes, ring_channels(topo, constants))
+    lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes, group_channels(topo, ranks, constants))
     bw = nbytes * pc.s_per_byte / scale
     time = lat + bw
     algbw = nbytes / time / GB if time > 0 else 0.0
