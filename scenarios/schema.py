@@ -156,6 +156,8 @@ class RunConfig(Frozen):
     grad_accumulation_fusion: bool = True  # wgrad GEMM accumulates into the fp32 main grad (no extra add)
     cuda_device_max_connections: int = Field(default=8, gt=0)  # CUDA_DEVICE_MAX_CONNECTIONS
     cuda_graphs: bool = False  # the step is captured as CUDA graphs: no per-op host dispatch
+    # the input-gradient TP collective overlaps the weight-gradient GEMM (Megatron since 2021); False: 2020 code
+    tp_grad_reduce_overlap: bool = True
 
 
 class Scenario(Frozen):

@@ -87,6 +87,26 @@ def test_wgrad_accumulates_into_fp32_only_with_fusion():
     assert {g.out_bytes for g in dgrads} == {2}
 
 
+def test_input_gradient_collective_overlaps_wgrad_unless_the_2020_code():
+    """Default (Megatron since 2021): each column-parallel layer's input-gradient all-reduce waits for its
+    dgrad only, so it overlaps wgrad. run.tp_grad_reduce_overlap false (Megatron-LM 2020, mpu/mappings.py):
+    it waits for the whole linear backward - dgrad, wgrad and the bias gradient - and the layer's norm
+    backward waits for it; the output layer's entry collective alike. Same collectives either way."""
+    def entry_deps(sched: Schedule) -> dict[str, set[str]]:
+        names = {op.id: op.name.rsplit(".", 1)[-1] for op in sched.ops}
+        return {op.name: {names[d] for d in op.deps} for op in sched.ops
+                if isinstance(op.work, Collective) and op.name.rsplit(".", 1)[-1] in ("attn_in", "mlp_in", "head_in")
+                and ".bwd." in op.name}
+    overlap = entry_deps(build_schedule(make_rs(GPT, {"tp": 2})))
+    sync = entry_deps(build_schedule(make_rs(GPT, {"tp": 2}, {"tp_grad_reduce_overlap": False})))
+    assert overlap.keys() == sync.keys() and len(overlap) == 2 * GPT["layers"] + 1
+    assert overlap["L0.mb0.bwd.attn_in"] == {"qkv_dgrad"} and overlap["L1.mb0.bwd.mlp_in"] == {"fc1_dgrad"}
+    assert sync["L0.mb0.bwd.attn_in"] == {"qkv_dgrad", "qkv_bias_grad"}
+    assert sync["L1.mb0.bwd.mlp_in"] == {"fc1_dgrad", "fc1_bias_grad"}
+    assert overlap["head.mb0.bwd.head_in"] == {"logits_dgrad"}
+    assert sync["head.mb0.bwd.head_in"] == {"logits_dgrad", "logits_wgrad"}
+
+
 def test_bias_grad_kernels_follow_model_bias():
     """Four bias-gradient reductions per layer with biases; none with bias: false."""
     assert len(_kernels(build_schedule(make_rs(GPT, {"tp": 2})), "bias_grad")) == 4 * GPT["layers"]

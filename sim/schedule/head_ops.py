@@ -119,11 +119,17 @@ def head_backward(d: LayerDims, tied: bool) -> Template:
     regather: tuple[int, ...] = ()
     if d.sp:  # SP implies tp > 1
         regather = (tpl.add("bwd", K.HEAD_IN + K.REGATHER, regather_collective(d), (g,)),)
-    ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), K.HEAD_IN,
-                           boundary_collective(d, entry, "bwd"), 1)
+    coll = boundary_collective(d, entry, "bwd")
+    overlap = d.tp_grad_overlap or coll is None  # else 2020: after wgrad (sim/schedule/run_settings.py)
+    if overlap:
+        ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), K.HEAD_IN, coll, 1)
+    else:
+        dg = tpl.add("bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,))
     w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d), d.grad_fusion), (g,) + regather)
     if not tied:
         w = main_grad_add(tpl, d, "logits", w, d.vocab * d.hidden)
+    if not overlap:
+        ready = (tpl.add("bwd", K.HEAD_IN, coll, (dg, w)),)
     out = tpl.add("bwd", "final_ln", norm_bwd(d), ready)
     if not tied:
         tpl.grads.append((w, d.vocab * d.hidden))

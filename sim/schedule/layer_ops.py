@@ -12,7 +12,8 @@ the duality table (`region_boundaries(sp)`, `Boundary.op(phase)`); nothing here 
 
 Backward of a linear Y[T,N] = X[T,K] W[K,N]: dgrad dX = dY W^T -> Gemm(T, K, N); wgrad dW = X^T dY ->
 Gemm(K, N, T). Megatron computes dgrad first, launches the input-gradient collective asynchronously,
-then computes wgrad, so the collective overlaps wgrad. Under SP the column-parallel layer's input was
+then computes wgrad, so the collective overlaps wgrad (run.tp_grad_reduce_overlap: false, the 2020 code,
+issues it after wgrad and the bias gradient instead). Under SP the column-parallel layer's input was
 stored sequence-sharded, so backward all-gathers it again ("{entry}_regather", issued before dgrad);
 wgrad depends on that gather, dgrad does not.
 
@@ -256,12 +257,17 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     regather: tuple[int, ...] = ()
     if d.sp:
         regather = (tpl.add("bwd", blk.entry + K.REGATHER, regather_collective(d), mid),)
-    ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry,
-                           boundary_collective(d, entry, "bwd"), 1)  # bulk-overlapped with wgrad
+    coll = boundary_collective(d, entry, "bwd")
+    if d.tp_grad_overlap or coll is None:  # bulk-overlapped with wgrad
+        ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry, coll, 1)
+    else:
+        dg_col = tpl.add("bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid)
     col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm, d.grad_fusion), mid + regather)
     row_w = bias_grad(tpl, d, blk.row, blk.row_gemm, main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm)))
     col_w = bias_grad(tpl, d, blk.col, blk.col_gemm, main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm)))
     tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]
+    if not (d.tp_grad_overlap or coll is None):  # 2020: after the whole linear backward (run_settings.py)
+        ready = (tpl.add("bwd", blk.entry, coll, (dg_col, col_w)),)
     ln = tpl.add("bwd", blk.norm, norm_bwd(d), ready)
     return tpl.add("bwd", f"{blk.norm}_grad_add", residual_grad_add(d), (ln, *gin))
 

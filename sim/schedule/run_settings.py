@@ -15,6 +15,14 @@
   assumption: no public figure in our calibration set).
 - CUDA graphs (`run.cuda_graphs`): the step replays captured graphs, so no per-op host dispatch
   (sim/cost/host_dispatch.py).
+- Overlap of the input-gradient TP collective with the weight-gradient GEMM (`run.tp_grad_reduce_overlap`,
+  default true): Megatron-LM since 2021 (--async-tensor-model-parallel-allreduce, then Megatron-Core's
+  linear layers and Transformer Engine) launches the column-parallel layer's input-gradient all-reduce
+  (reduce-scatter under SP) right after dgrad and computes wgrad meanwhile (layer_ops.block_backward).
+  The 2020 code did not: its f operator is an autograd function whose backward all-reduces synchronously
+  (megatron/mpu/mappings.py _CopyToModelParallelRegion.backward, Megatron-LM 5281919420ac), and autograd
+  runs it after the whole linear backward (F.linear: dgrad, wgrad and the bias grad in one node), so the
+  collective starts after wgrad and the layer below waits for it: false.
 - CUDA_DEVICE_MAX_CONNECTIONS (`run.cuda_device_max_connections`) and NCCL_ALGO (hardware.network.algo)
   are recorded; the first is not modeled (docs/cost-models.md says why), the second picks the algorithm.
 """

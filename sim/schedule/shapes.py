@@ -46,6 +46,7 @@ class LayerDims:
     dtype_bytes: int = 2
     grad_fusion: bool = True  # run.grad_accumulation_fusion (sim/schedule/run_settings.py)
     deterministic: bool = False  # run.deterministic
+    tp_grad_overlap: bool = True  # run.tp_grad_reduce_overlap (sim/schedule/run_settings.py)
 
     @property
     def tokens(self) -> int:
@@ -163,7 +164,8 @@ class ModelDims:
             flash=m.attention == "flash", dropout=m.dropout, recompute=self.recompute,
             chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
             bias=self.linear_bias, norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
-            grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic)
+            grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
+            tp_grad_overlap=s.run.tp_grad_reduce_overlap)
 
 
 def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:
