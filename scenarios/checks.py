@@ -15,35 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, gpus_used
+from meshsim.scenarios.check_base import fmt_set as _fmt
+from meshsim.scenarios.check_base import rule_error as _err
+from meshsim.scenarios.moe_checks import MOE_RULES
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.core.errors import UserError, unknown_name_error
+from meshsim.sim.core.errors import unknown_name_error
 from meshsim.topologies.gpus import GPUS
-
-
-@dataclass(frozen=True)
-class CheckContext:
-    source: str  # scenario file or "builtin:NAME", for messages
-    topology_gpus: int  # GPUs in the whole topology (all nodes)
-    gpus_per_node: int | None = None  # default: topology_gpus / topology.nodes
-
-
-def divisors(n: int) -> list[int]:
-    """Divisors of n in increasing order, by trial division up to sqrt(n) (n <= MAX_MODEL_DIM: <= 4,096 steps)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
-
-
-def gpus_used(scenario: Scenario, topology_gpus: int) -> int:
-    """parallel.gpus, or every GPU of the topology."""
-    return scenario.parallel.gpus or topology_gpus
-
-
-def data_parallel(scenario: Scenario, gpus: int) -> int:
-    """dp as given, or gpus / (tp x pp) when 'auto'."""
-    p = scenario.parallel
-    return gpus // (p.tp * p.pp) if p.dp == "auto" else p.dp
 
 
 def _kv_ok(kv_heads: int, tp: int) -> bool:
@@ -57,14 +36,6 @@ def valid_tp(scenario: Scenario, gpus: int) -> list[int]:
     m = scenario.model
     common = math.gcd(m.heads, m.hidden, m.ffn, gpus)
     return [t for t in divisors(common) if _kv_ok(m.num_kv_heads, t)]
-
-
-def _fmt(values: list[int]) -> str:
-    return "{" + ", ".join(str(v) for v in values) + "}"
-
-
-def _err(ctx: CheckContext, field: str, value: object, problem: str, fix: str) -> UserError:
-    return UserError(field, value, fix, source=ctx.source, problem=problem)
 
 
 # ----- rules, in reporting order -------------------------------------------------------------------
@@ -161,7 +132,7 @@ def check_interleaved_micro_batches(s: Scenario, ctx: CheckContext) -> None:
 
 def check_head_dim(s: Scenario, ctx: CheckContext) -> None:
     m = s.model
-    if m.hidden % m.heads:
+    if m.head_dim is None and m.mla is None and m.hidden % m.heads:
         near = [m.heads * (m.hidden // m.heads), m.heads * (m.hidden // m.heads + 1)]
         raise _err(ctx, "model.hidden", m.hidden, f"Attention splits hidden into model.heads = {m.heads} "
                    "heads of equal dimension, so heads must divide hidden",
@@ -278,6 +249,7 @@ RULES: tuple[Rule, ...] = (
     check_interleaved_micro_batches,
     check_sequence_parallel,
     check_param_gather_overlap,
+    *MOE_RULES,
 )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.core.mesh import mesh_group
+from meshsim.sim.core.mesh import EXPERT_KINDS, mesh_group
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 
@@ -27,6 +27,13 @@ class ResolvedScenario:
     profile: HardwareProfile | None = None
     pp: int = 1  # pipeline stages: stage s holds ranks s*tp*dp ... (s+1)*tp*dp - 1
     vp: int = 1  # virtual stages (model chunks) per rank
+    ep: int = 1  # expert parallel (the experts' mesh etp x ep x edp x pp, sim/core/mesh.py)
+    etp: int = 1  # expert tensor parallel
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel: the stage's ranks over etp x ep (Megatron parallel_state.py L874-883)."""
+        return self.stage_size // (self.etp * self.ep)
 
     @property
     def stage_size(self) -> int:
@@ -70,8 +77,9 @@ class ResolvedScenario:
         return self.all_groups("kv")
 
     def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
-        """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp" or "embed"."""
-        return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp)
+        """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp", "embed" or an expert kind
+        ("etp", "ep", "etp_ep", "edp")."""
+        return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp, self.ep, self.etp)
 
     def all_groups(self, kind: str, rank: int = 0) -> tuple[tuple[int, ...], ...]:
         """Every group of that kind in `rank`'s pipeline stage: the symmetric copies that run a collective
@@ -81,6 +89,8 @@ class ResolvedScenario:
             return tuple(self.group("embed", r) for r in range(self.stage_size))
         if kind == "kv":
             return tuple(self.kv_group(base + r) for r in range(0, self.stage_size, self.kv_replicas))
+        if kind in EXPERT_KINDS:
+            return tuple(dict.fromkeys(self.group(kind, base + r) for r in range(self.stage_size)))
         step = self.tp if kind == "tp" else 1
         count = self.dp if kind == "tp" else self.tp
         return tuple(self.group(kind, base + i * step) for i in range(count))

@@ -17,6 +17,43 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
+class MoeConfig(Frozen):
+    """Mixture of experts (Megatron-Core MoELayer). docs/scenarios.md gives each field's Megatron flag."""
+
+    experts: int = Field(gt=0)  # --num-experts
+    top_k: int = Field(gt=0)  # --moe-router-topk
+    ffn_hidden: int = Field(gt=0)  # per expert: --moe-ffn-hidden-size
+    shared_ffn_hidden: int | None = Field(default=None, gt=0)  # --moe-shared-expert-intermediate-size; unset: none
+    dense_layers: int = Field(default=0, ge=0)  # the first N layers are dense (--moe-layer-freq [0]*N+[1]*...)
+    every: int = Field(default=1, gt=0)  # after those, MoE every k-th layer (1 = all)
+    router: Literal["softmax", "sigmoid"] = "softmax"  # --moe-router-score-function
+    router_groups: int | None = Field(default=None, gt=0)  # --moe-router-num-groups (group-limited routing)
+    router_group_topk: int | None = Field(default=None, gt=0)  # --moe-router-group-topk
+    capacity_factor: float | None = Field(default=None, gt=0)  # --moe-expert-capacity-factor; unset: dropless
+    pad_to_capacity: bool = False  # --moe-pad-expert-input-to-capacity
+    # max over expert-parallel ranks of tokens received / mean (1.0: force-balanced routing)
+    imbalance: float = Field(default=1.0, ge=1.0, le=1024.0)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Layer `layer` (0-based) is an MoE layer: past the dense ones, every `every`-th."""
+        return layer >= self.dense_layers and (layer - self.dense_layers) % self.every == 0
+
+
+class MlaConfig(Frozen):
+    """Multi-head latent attention (DeepSeek-V2/V3; Megatron --multi-latent-attention)."""
+
+    q_lora_rank: int | None = Field(default=None, gt=0)  # --q-lora-rank; unset: a plain q projection
+    kv_lora_rank: int = Field(gt=0)  # --kv-lora-rank
+    qk_head_dim: int = Field(gt=0)  # --qk-head-dim
+    qk_rope_head_dim: int = Field(gt=0)  # --qk-pos-emb-head-dim
+    v_head_dim: int = Field(gt=0)  # --v-head-dim
+
+    @property
+    def q_head_dim(self) -> int:
+        """Query / key head width: the no-position part plus the rotary part."""
+        return self.qk_head_dim + self.qk_rope_head_dim
+
+
 class ModelConfig(Frozen):
     layers: int = Field(gt=0)
     hidden: int = Field(gt=0)
@@ -33,6 +70,11 @@ class ModelConfig(Frozen):
     dropout: bool = True  # Megatron-style hidden/attention dropout kernels present
     tied_embeddings: bool = False
     vocab_divisible_by: int = Field(default=128, gt=0)  # Megatron --make-vocab-size-divisible-by (x tp)
+    head_dim: int | None = Field(default=None, gt=0)  # Megatron --kv-channels; default hidden / heads
+    moe: MoeConfig | None = None  # mixture of experts; unset: every layer dense
+    mla: MlaConfig | None = None  # multi-head latent attention; unset: MHA / GQA
+    sliding_window: int | None = Field(default=None, gt=0)  # --window-size (tokens) on windowed layers
+    sliding_window_skip_every: int = Field(default=2, gt=0)  # --window-attn-skip-freq: every k-th layer full
 
     @property
     def num_kv_heads(self) -> int:
@@ -45,8 +87,14 @@ class ModelConfig(Frozen):
         return 256 * ((8 * self.hidden // 3 + 255) // 256) if self.mlp == "swiglu" else 4 * self.hidden
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def kv_channels(self) -> int:
+        """Per-head width of Q, K and V: model.head_dim, else hidden / heads (Megatron arguments.py)."""
+        return self.head_dim or self.hidden // self.heads
+
+    def windowed(self, layer: int) -> bool:
+        """Layer `layer` attends within model.sliding_window: all but every sliding_window_skip_every-th
+        layer (Megatron's window_attn_skip_freq: layer l is full when (l + 1) % freq == 0)."""
+        return self.sliding_window is not None and (layer + 1) % self.sliding_window_skip_every != 0
 
     @property
     def dtype_bytes(self) -> int:
@@ -129,6 +177,13 @@ class ParallelConfig(Frozen):
     # gradient bucket size (MiB of fp32 gradients) for the DP reduction; None: Megatron-Core's max(40M, 1M x dp)
     # parameters (sim/schedule/dp_ops.bucket_bytes)
     dp_bucket_mib: float | None = Field(default=None, gt=0)
+    ep: int = Field(default=1, gt=0)  # expert parallel: --expert-model-parallel-size
+    etp: int = Field(default=1, gt=0)  # expert tensor parallel: --expert-tensor-parallel-size
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"  # --moe-token-dispatcher-type
+    moe_flex_backend: Literal["deepep", "hybridep"] = "deepep"  # --moe-flex-dispatcher-backend
+    moe_flex_sms: int | None = Field(default=None, gt=0)  # --moe-flex-dispatcher-num-sms; default per backend
+    moe_ep_overlap: bool = False  # --overlap-moe-expert-parallel-comm
+    delay_wgrad_compute: bool = False  # --delay-wgrad-compute (with moe_ep_overlap)
 
     @property
     def param_gather_overlapped(self) -> bool:
@@ -146,6 +201,8 @@ class SweepConfig(Frozen):
     micro_batch: list[int] | None = None
     tp_comm_overlap: list[bool] | None = None
     recompute: list[Literal["none", "selective", "full"]] | None = None
+    ep: list[int] | None = None
+    etp: list[int] | None = None
 
 
 class RunConfig(Frozen):

@@ -8,14 +8,48 @@ stage r // (tp dp): r = tp_rank + tp (dp_rank + dp stage). Its groups:
   kv_heads < tp; kv_replicas = tp / kv_heads);
 - "pp": the pp ranks at r's (tp, dp) position, one per stage, in stage order (P2P peers);
 - "embed": the first and last of those (the tied-embedding gradient all-reduce).
+
+Experts live on a second mesh over the same ranks, Megatron-Core's "parallel folding"
+(megatron/core/parallel_state.py L859-907 at Megatron-LM d98e8a64: a decoder RankGenerator over
+tp-cp-dp-pp and an expert RankGenerator over tp-ep-dp-pp with tp = etp, cp = 1, and the same pp groups).
+Inside a stage of S = tp dp ranks, rank r sits at expert-tensor position r mod etp, expert-parallel
+position (r // etp) mod ep and expert-data position (r mod S) // (etp ep), with edp = S / (etp ep):
+- "etp": the etp consecutive ranks around r (the expert linears' tensor-parallel group);
+- "ep": the ep ranks of r's block of etp ep congruent to r mod etp (the token all-to-all);
+- "etp_ep": the whole block of etp ep consecutive ranks (the all-gather dispatcher's group, Megatron's tp_ep);
+- "edp": the edp ranks of r's stage at r's (etp, ep) position (the expert gradients' data parallelism).
+With etp = tp the expert TP groups are the attention ones; ep then folds over dp.
 The scenario (scenarios/resolved.py), the engine and validate's process groups all use this one rule.
 """
 
 from __future__ import annotations
 
+EXPERT_KINDS = ("etp", "ep", "etp_ep", "edp")
 
-def mesh_group(kind: str, rank: int, tp: int, dp: int, kv_replicas: int = 1, pp: int = 1) -> tuple[int, ...]:
-    """`rank`'s group of a symbolic kind ("tp", "dp", "kv", "pp" or "embed") on the mesh (module docstring)."""
+
+def expert_group(kind: str, rank: int, stage_size: int, ep: int, etp: int) -> tuple[int, ...]:
+    """`rank`'s group of an expert-mesh kind ("etp", "ep", "etp_ep" or "edp"; module docstring)."""
+    block = etp * ep
+    if kind == "etp":
+        first = rank // etp * etp
+        return tuple(range(first, first + etp))
+    first = rank // block * block
+    if kind == "ep":
+        return tuple(first + rank % etp + i * etp for i in range(ep))
+    if kind == "etp_ep":
+        return tuple(range(first, first + block))
+    if kind == "edp":
+        base = rank // stage_size * stage_size
+        return tuple(base + rank % block + j * block for j in range(stage_size // block))
+    raise ValueError(f"unknown expert group kind {kind!r}")
+
+
+def mesh_group(kind: str, rank: int, tp: int, dp: int, kv_replicas: int = 1, pp: int = 1, ep: int = 1,
+               etp: int = 1) -> tuple[int, ...]:
+    """`rank`'s group of a symbolic kind ("tp", "dp", "kv", "pp", "embed" or an expert kind) on the mesh
+    (module docstring)."""
+    if kind in EXPERT_KINDS:
+        return expert_group(kind, rank, tp * dp, ep, etp)
     if kind == "tp":
         first = rank // tp * tp
         return tuple(range(first, first + tp))

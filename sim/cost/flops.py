@@ -23,14 +23,14 @@ from meshsim.sim.schedule.model_family import mlp_flops_per_token
 
 
 def layer_forward_flops_per_token(m: ModelConfig) -> float:
-    h, a, kv, d, f = m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn
+    h, a, kv, d, f = m.hidden, m.heads, m.num_kv_heads, m.kv_channels, m.ffn
     mlp = mlp_flops_per_token(m.mlp, h, f)
     return 2.0 * h * (a + 2 * kv) * d + 2.0 * a * d * h + attention_core_flops_per_token(m) + mlp
 
 
 def attention_core_flops_per_token(m: ModelConfig) -> float:
     """QK^T and scores x V over the full s x s matrix: 4 s a d."""
-    return 4.0 * m.seq_len * m.heads * m.head_dim
+    return 4.0 * m.seq_len * m.heads * m.kv_channels
 
 
 def model_flops_per_step(rs: ResolvedScenario) -> float:

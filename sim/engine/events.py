@@ -50,6 +50,7 @@ from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine.arbiter import Arbiter
 from meshsim.sim.engine.loop import Loop, Signal
 from meshsim.sim.schedule.ops import (
+    FIFO_STREAMS,
     P2P,
     STREAMS,
     Collective,
@@ -358,7 +359,7 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     per_stream = [{s: sched.by_stream(s) for s in STREAMS} for sched in stages]
     for rank in ranks:
         streams = per_stream[stage_of(rank)]
-        for stream in STREAMS[:3]:
+        for stream in FIFO_STREAMS:
             if streams[stream]:
                 sim.env.process(sim.stream(rank, streams[stream]))
         for op in streams["pp_comm"]:

@@ -37,6 +37,7 @@ from typing import Any
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
+from meshsim.sim.cost.collectives.flex import flex_arguments
 from meshsim.sim.cost.collectives.p2p import p2p_cost
 from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
 from meshsim.sim.cost.flops import hardware_flops_per_step, model_flops_per_step
@@ -72,7 +73,7 @@ class CollectiveCoster:
         return self.cost(op.work, group)[0]
 
     def cost(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
-        key = (work.op, group, work.nbytes)
+        key = (work.op, group, work.nbytes, work.kernel)
         hit = self.memo.get(key)
         if hit is None:
             hit = self.memo[key] = self._compute(work, group)
@@ -83,13 +84,16 @@ class CollectiveCoster:
 
     def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
         info: dict[str, Any] = {"op": work.op, "group": work.group, "ranks": len(group), "nbytes": work.nbytes}
+        if work.kernel != "nccl":
+            info["kernel"] = work.kernel
         if len(group) < 2 or work.nbytes == 0:
             return (0.0, 0.0, {}), {**info, "algo": "none", "protocol": "none", "time_us": 0.0,
                                     "busbw_gbps": 0.0, "algbw_gbps": 0.0, "source": "trivial"}
 
         # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
         c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
-                            concurrent_groups=self._concurrent(work.group, group), tuning=self.tuning)
+                            concurrent_groups=self._concurrent(work.group, group), tuning=self.tuning,
+                            **flex_arguments(work.kernel))
         latency_s, bandwidth_s, source = c.latency_s, c.time_s - c.latency_s, "model"
         measured_s = self._measured_s(work, len(group))
         if measured_s is not None:
@@ -111,20 +115,27 @@ class CollectiveCoster:
         """One row per distinct collective of the representative rank, with its count per step."""
         return self.rows(collective_counts(schedule), rank)
 
-    def rows(self, counts: Mapping[tuple[str, str, int], int], rank: int = 0) -> list[dict[str, Any]]:
-        """One row per (op, group, nbytes) with its count per step."""
+    def rows(self, counts: Mapping[tuple, int], rank: int = 0) -> list[dict[str, Any]]:
+        """One row per (op, group, nbytes[, kernel]) with its count per step."""
         group_of = self.rs.group  # rank -> its real TP, DP or KV group
         rows = []
-        for (kind, gname, nbytes), n in sorted(counts.items()):
-            _, info = self.cost(Collective(kind, gname, nbytes), group_of(gname, rank))
+        for key, n in sorted(counts.items()):
+            kind, gname, nbytes = key[:3]
+            kernel = key[3] if len(key) > 3 else "nccl"
+            _, info = self.cost(Collective(kind, gname, nbytes, kernel=kernel), group_of(gname, rank))
             rows.append({**info, "count": n})
         return rows
 
 
+def collective_key(work: Collective) -> tuple:
+    """(op, group, nbytes), plus the kernel for the flex dispatcher's fused kernels."""
+    base = (work.op, work.group, work.nbytes)
+    return base if work.kernel == "nccl" else (*base, work.kernel)
+
+
 def collective_counts(schedule: Schedule) -> Counter:
-    """(op, group, nbytes) -> how many times the schedule issues it."""
-    return Counter((op.work.op, op.work.group, op.work.nbytes) for op in schedule.ops
-                   if isinstance(op.work, Collective))
+    """collective_key -> how many times the schedule issues it."""
+    return Counter(collective_key(op.work) for op in schedule.ops if isinstance(op.work, Collective))
 
 
 class P2PCoster:

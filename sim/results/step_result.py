@@ -28,6 +28,7 @@ from meshsim.sim.schedule.ops import Collective, Schedule
 
 CONFIG_KEYS = ("tp", "pp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
                "recompute", "tp_comm_overlap", "topology", "nodes", "gpu", "gpus_per_node", "crosses_nodes")
+MOE_CONFIG_KEYS = ("ep", "etp", "edp", "moe_dispatcher", "moe_ep_overlap")  # echoed for MoE models
 PIPELINE_CONFIG_KEYS = ("pp", "vp")  # echoed when pp > 1
 HEADLINE_KEYS = ("scenario", "fits", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu",
                  "mfu", "hfu")
@@ -100,7 +101,7 @@ class StepResult:
         kw["critical_path"] = tuple(dict(s) for s in data.get("critical_path", ()))
         inverse = {v: k for k, v in JSON_KEYS.items()}
         kw["collectives"] = tuple({inverse.get(k, k): v for k, v in c.items()} for c in data.get("collectives", ()))
-        kw["config"] = {k: data[k] for k in CONFIG_KEYS + PIPELINE_CONFIG_KEYS if k in data}
+        kw["config"] = {k: data[k] for k in CONFIG_KEYS + PIPELINE_CONFIG_KEYS + MOE_CONFIG_KEYS if k in data}
         return cls(**kw)
 
 
@@ -133,6 +134,8 @@ def config_echo(rs: Any) -> dict[str, Any]:
         "topology": sc.topology.preset or rs.topology.name, "nodes": rs.topology.nodes, "gpu": rs.gpu.name,
         "gpus_per_node": rs.topology.gpus_per_node, "crosses_nodes": rs.crosses_nodes(),
         **({"vp": rs.vp} if rs.pp > 1 else {}),  # virtual stages only mean something with pp > 1
+        **({"ep": rs.ep, "etp": rs.etp, "edp": rs.edp, "moe_dispatcher": par.moe_dispatcher,
+            "moe_ep_overlap": par.moe_ep_overlap} if sc.model.moe is not None else {}),
     }
 
 
@@ -166,9 +169,9 @@ def pipeline_summary(rs: Any, path_shares: Mapping[str, float], breakdown: Mappi
 
 def op_collectives(schedule: Schedule, collectives: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
     """op id -> the row of `collectives` (op, group, nbytes, algo, protocol, busbw ...) it runs."""
-    rows = {(c["op"], c["group"], c["nbytes"]): c for c in collectives}
+    rows = {(c["op"], c["group"], c["nbytes"], c.get("kernel", "nccl")): c for c in collectives}
     return {op.id: rows[key] for op in schedule.ops if isinstance(op.work, Collective)
-            and (key := (op.work.op, op.work.group, op.work.nbytes)) in rows}
+            and (key := (op.work.op, op.work.group, op.work.nbytes, op.work.kernel)) in rows}
 
 
 def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[Mapping[str, Any]], ranks: Sequence[int],
@@ -211,7 +214,7 @@ def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[
     """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
     breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates). The optional
     op_collectives / rank_groups feed the trace's and timeline's collective details."""
-    path_shares = shares(list(path), step_s, rs.pp > 1)
+    path_shares = shares(list(path), step_s, rs.pp > 1, moe=rs.scenario.model.moe is not None)
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \

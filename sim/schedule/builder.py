@@ -11,9 +11,20 @@ stamped per (layer, micro-batch) with ids offset and names prefixed "L{layer}.mb
 from __future__ import annotations
 
 from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.scenarios.schema import ModelConfig
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.dp_ops import DpConfig, bucket_bytes, make_buckets, step_end_ops
+from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, bucket_bytes, step_end_ops
 from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
+from meshsim.sim.schedule.layer_kinds import (
+    PLAIN,
+    LayerKind,
+    LayerPlan,
+    kind_templates,
+    kv_replica_params,
+    layer_kind,
+    layer_plan,
+    sp_params,
+)
 from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -36,22 +47,40 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
 
 
 class Templates:
-    def __init__(self, d: LayerDims, tied: bool):
-        self.fwd, self.bwd = forward_template(d), backward_template(d)
+    """The block templates of one step: per layer kind (sim/schedule/layer_kinds.py), embedding, head."""
+
+    def __init__(self, d: LayerDims, tied: bool, plan: LayerPlan | None = None, model: ModelConfig | None = None):
+        self.plan, self.model = plan or LayerPlan(d), model
+        self._kinds: dict[LayerKind, tuple[Template, Template]] = {}
+        self.fwd, self.bwd = self.of(PLAIN) if plan is not None else (forward_template(d), backward_template(d))
         self.embed_fwd, self.embed_bwd = embedding_forward(d), embedding_backward(d)
         self.head_fwd, self.head_bwd = head_forward(d), head_backward(d, tied)
 
+    def of(self, kind: LayerKind) -> tuple[Template, Template]:
+        hit = self._kinds.get(kind)
+        if hit is None:
+            hit = self._kinds[kind] = kind_templates(self.plan, kind)
+        return hit
 
-def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int,
-                 grads: list[tuple[int, int]] | None) -> None:
-    """Stamp one micro-batch's forward and backward; record gradient producers into `grads` if given."""
+    def layer_fwd(self, layer: int) -> Template:
+        return self.of(layer_kind(self.model, layer))[0] if self.model is not None else self.fwd
+
+    def layer_bwd(self, layer: int) -> Template:
+        return self.of(layer_kind(self.model, layer))[1] if self.model is not None else self.bwd
+
+
+def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int, grads: list[tuple[int, int]] | None,
+                 expert_grads: list[tuple[int, int]] | None = None) -> None:
+    """Stamp one micro-batch's forward and backward; record gradient producers into `grads` (and the routed
+    experts' into `expert_grads`) if given."""
     base = stamp(t.embed_fwd, ops, f"{K.EMBED_BLOCK}.mb{mb}.", {}, None, mb)
     x = base + t.embed_fwd.marks["out"]
     for layer in range(layers):
-        x = stamp(t.fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + t.fwd.marks["out"]
+        fwd = t.layer_fwd(layer)
+        x = stamp(fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + fwd.marks["out"]
     base = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb)
     blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)]
-    blocks += [(t.bwd, f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(range(layers))]
+    blocks += [(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(range(layers))]
     blocks.append((t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None))
     g = base + t.head_fwd.marks["out"]
     ext = "loss"
@@ -60,13 +89,25 @@ def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int,
         g, ext = base + tpl.marks["out"], "gin"
         if grads is not None:
             grads += [(base + i, n) for i, n in tpl.grads]
+        if expert_grads is not None:
+            expert_grads += [(base + i, n) for i, n in tpl.expert_grads]
 
 
-def _grad_params(t: Templates, layers: int) -> list[int]:
+def _grad_params(t: Templates, layers: int, expert: bool = False) -> list[int]:
     """Parameter counts of one micro-batch's gradient producers in backward order (as _micro_batch
-    records them): the head, the layers last to first, the embedding."""
-    per_layer = [n for _, n in t.bwd.grads]
-    return [n for _, n in t.head_bwd.grads] + per_layer * layers + [n for _, n in t.embed_bwd.grads]
+    records them): the head, the layers last to first, the embedding (`expert`: the routed experts')."""
+    if expert:
+        return [n for layer in reversed(range(layers)) for _, n in t.layer_bwd(layer).expert_grads]
+    per_layer = [n for layer in reversed(range(layers)) for _, n in t.layer_bwd(layer).grads]
+    return [n for _, n in t.head_bwd.grads] + per_layer + [n for _, n in t.embed_bwd.grads]
+
+
+def step_templates(rs: ResolvedScenario, d: LayerDims, tied: bool) -> Templates:
+    """The templates of `rs`'s step: per layer kind for MoE / MLA / windowed models, the plain ones else."""
+    m = rs.scenario.model
+    if m.moe is None and m.mla is None and m.sliding_window is None:
+        return Templates(d, tied)
+    return Templates(d, tied, layer_plan(rs, d), m)
 
 
 def dp_bucket_bytes(rs: ResolvedScenario) -> int:
@@ -74,34 +115,51 @@ def dp_bucket_bytes(rs: ResolvedScenario) -> int:
     return bucket_bytes(rs.scenario.parallel.dp_bucket_mib, rs.dp)
 
 
-def dp_config(rs: ResolvedScenario, d: LayerDims, params: int) -> DpConfig:
+def layers_dp_params(rs: ResolvedScenario, t: Templates, layers: list[int], head: bool) -> tuple[int, int]:
+    """(SP-replicated, replicated-KV) parameters of `layers` (+ the final norm with the head) whose
+    gradients are summed over tp / the KV group once per step (sim/schedule/layer_kinds.py)."""
+    d, model = t.plan.d, rs.scenario.model
+    sp = sum(sp_params(t.plan, layer_kind(model, layer)) for layer in layers) + (d.norm_params if head else 0)
+    kv = len(layers) * kv_replica_params(t.plan) if rs.kv_replicas > 1 else 0
+    return (sp if d.sp else 0), kv
+
+
+def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: int = 0) -> DpConfig:
     p, layers = rs.scenario.parallel, rs.scenario.model.layers
-    sp_params = layers * d.sp_params_per_layer + d.norm_params if d.sp else 0
-    # replicated KV head (kv_heads < tp): this rank's K and V projections, [h, head_dim] each, + biases
-    kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
+    sp, kv = layers_dp_params(rs, t, list(range(layers)), head=True)
     return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
                     gather_overlap=p.param_gather_overlapped,
-                    bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
-                    kv_grad_params=kv_params, grad_bytes=grad_reduce_bytes(rs.scenario))
+                    bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
+                    kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
+                    expert_params=expert_params)
+
+
+def gathers_overlap(rs: ResolvedScenario) -> bool:
+    """The distributed optimizer's parameter all-gathers open the step (sim/schedule/param_gather.py)."""
+    p = rs.scenario.parallel
+    return (rs.dp > 1 or rs.edp > 1) and p.distributed_optimizer and p.param_gather_overlapped
 
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:
     """The ops one rank runs in a training step (all ranks of a symmetric TP x DP mesh run the same)."""
     d = layer_dims(rs)
     model = rs.scenario.model
-    t = Templates(d, model.tied_embeddings)
-    p = rs.scenario.parallel
-    overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.param_gather_overlapped  # sim/schedule/param_gather.py
+    t = step_templates(rs, d, model.tied_embeddings)
+    overlap_gather = gathers_overlap(rs)
     bucket_bytes = dp_bucket_bytes(rs)
-    reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes) if overlap_gather else 0
+    reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes, _grad_params(t, model.layers, True),
+                                rs.dp, rs.edp) if overlap_gather else 0
     ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
     grads: list[tuple[int, int]] = []
+    expert_grads: list[tuple[int, int]] = []
     for mb in range(rs.micro_batches):
-        _micro_batch(ops, t, model.layers, mb, grads if mb == rs.micro_batches - 1 else None)
-    params = sum(n for _, n in grads)
-    ops += step_end_ops(len(ops), grads, len(ops) - 1, dp_config(rs, d, params))
+        last = mb == rs.micro_batches - 1
+        _micro_batch(ops, t, model.layers, mb, grads if last else None, expert_grads if last else None)
+    params, expert_params = sum(n for _, n in grads), sum(n for _, n in expert_grads)
+    ops += step_end_ops(len(ops), grads, len(ops) - 1, dp_config(rs, t, params, expert_params),
+                        expert_producers=expert_grads)
     if overlap_gather:
-        ops = fill_param_gathers(ops, make_buckets(grads, bucket_bytes))
-    meta = {"chunks": d.chunks, "params_per_rank": params, "padded_vocab": d.vocab * d.tp,
-            "grad_producers": len(grads)}
+        ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.dp, rs.edp))
+    meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
+            "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas)

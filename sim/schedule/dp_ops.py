@@ -62,15 +62,18 @@ class DpConfig:
     grad_bytes: int = GRAD_BYTES  # bytes per parameter the DP reduction moves (sim/schedule/run_settings.py)
     embed_grad_params: int = 0  # pp > 1, tied embeddings: the word-embedding grad summed over first/last stage
     gather_overlap: bool | None = None  # param all-gather overlaps the next forward (param_gather.py); None: overlap
+    edp: int = 1  # expert data parallel: the routed experts' gradients reduce (and shard) over edp
+    expert_params: int = 0  # routed-expert parameters this rank holds (not in `params`)
 
 
 @dataclass(frozen=True)
 class Bucket:
     producers: tuple[int, ...]  # op ids producing the bucket's gradients (last micro-batch)
     params: int
+    group: str = "dp"  # "dp", or "edp" for the routed experts' buffer
 
 
-def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int) -> list[Bucket]:
+def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int, group: str = "dp") -> list[Bucket]:
     """Group (op id, params) gradient producers, in backward order, into buckets of >= bucket_bytes."""
     buckets, ids, params = [], [], 0
     for op_id, n in producers:
@@ -79,16 +82,28 @@ def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int) -> list[Bu
         ids.append(op_id)
         params += n
         if params * GRAD_BYTES >= bucket_bytes:
-            buckets.append(Bucket(tuple(dict.fromkeys(ids)), params))
+            buckets.append(Bucket(tuple(dict.fromkeys(ids)), params, group))
             ids, params = [], 0
     if params:
-        buckets.append(Bucket(tuple(dict.fromkeys(ids)), params))
+        buckets.append(Bucket(tuple(dict.fromkeys(ids)), params, group))
+    return buckets
+
+
+def all_buckets(producers: list[tuple[int, int]], expert_producers: list[tuple[int, int]], bucket_bytes: int,
+                dp: int, edp: int) -> list[Bucket]:
+    """The dense buckets (over dp) and the routed experts' (over edp, Megatron-Core DDP's separate expert
+    buffers), each only when its group has more than one rank, in the order backward completes them (the
+    dp_comm stream issues them in that order)."""
+    buckets = make_buckets(producers, bucket_bytes) if dp > 1 else []
+    if edp > 1 and expert_producers:
+        buckets += make_buckets(expert_producers, bucket_bytes, "edp")
+        buckets.sort(key=lambda b: max(b.producers))
     return buckets
 
 
 def param_gather(bucket: Bucket) -> Collective:
-    """The distributed optimizer's all-gather of one bucket's updated bf16 parameters over DP."""
-    return Collective("all_gather", "dp", bucket.params * PARAM_BYTES, K.DP_PARAM)
+    """The distributed optimizer's all-gather of one bucket's updated bf16 parameters over its group."""
+    return Collective("all_gather", bucket.group, bucket.params * PARAM_BYTES, K.DP_PARAM)
 
 
 class _Emitter:
@@ -107,7 +122,7 @@ class _Emitter:
 
 
 def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, cfg: DpConfig,
-                 buckets: list[Bucket] | None = None) -> list[Op]:
+                 buckets: list[Bucket] | None = None, expert_producers: list[tuple[int, int]] = ()) -> list[Op]:
     """Ops after the last micro-batch's backward: SP grad all-reduce, DP buckets, optimizer, param gather.
 
     `producers`: (op id, params) of the last micro-batch's gradient-producing ops, in backward order;
@@ -123,18 +138,22 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
     if cfg.kv_grad_params:
         kv = Collective("all_reduce", "kv", cfg.kv_grad_params * GRAD_BYTES, K.KV_GRAD)
         before_opt.append(em.add("opt.kv_grad", "bwd", kv, (end_of_bwd,)))
-    if buckets is None or cfg.dp == 1:
-        buckets = make_buckets(producers, cfg.bucket_bytes) if cfg.dp > 1 else []
+    if buckets is None:
+        buckets = all_buckets(producers, list(expert_producers), cfg.bucket_bytes, cfg.dp, cfg.edp)
+    elif cfg.dp == 1:
+        buckets = [b for b in buckets if b.group != "dp"]
     reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
     for i, b in enumerate(buckets):
         deps = b.producers if cfg.overlap else (end_of_bwd,)
-        work = Collective(reduce_op, "dp", b.params * cfg.grad_bytes, K.DP_GRAD)
+        key = K.DP_GRAD if b.group == "dp" else K.EXPERT_GRAD
+        work = Collective(reduce_op, b.group, b.params * cfg.grad_bytes, key)
         before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
     if cfg.embed_grad_params:
         embed = Collective("all_reduce", "embed", cfg.embed_grad_params * GRAD_BYTES, K.EMBED_GRAD)
         before_opt.append(em.add(f"{K.OPT_BLOCK}.{K.EMBED_GRAD}", "bwd", embed, tuple(before_opt)))
-    shard = cfg.dp if cfg.distributed_optimizer else 1
-    step = em.add("opt.step", "opt", OptimizerStep(-(-cfg.params // shard)), tuple(before_opt))
+    shard, eshard = (cfg.dp, cfg.edp) if cfg.distributed_optimizer else (1, 1)
+    owned = -(-cfg.params // shard) + -(-cfg.expert_params // eshard)
+    step = em.add("opt.step", "opt", OptimizerStep(owned), tuple(before_opt))
     gather_overlap = cfg.overlap if cfg.gather_overlap is None else cfg.gather_overlap
     if cfg.distributed_optimizer and not gather_overlap:  # overlapped: sim/schedule/param_gather.py, next fwd
         for i, b in enumerate(buckets):

@@ -48,11 +48,13 @@ class TemplateOp:
 
 @dataclass
 class Template:
-    """Ops of one block with relative deps; `marks` names outputs, `grads` lists (op, params) producers."""
+    """Ops of one block with relative deps; `marks` names outputs, `grads` lists (op, params) producers of
+    gradients reduced over dp, `expert_grads` those of the routed experts (reduced over edp)."""
 
     ops: list[TemplateOp] = field(default_factory=list)
     marks: dict[str, int] = field(default_factory=dict)
     grads: list[tuple[int, int]] = field(default_factory=list)
+    expert_grads: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, phase: str, key: str, work: Work, deps: Deps = ()) -> int:
         stream = stream_of(work)

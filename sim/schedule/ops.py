@@ -18,9 +18,12 @@ from typing import Literal
 
 FUSED_WGRAD_OUT_BYTES = 4 + 4  # fp32 main grad read + written per element of dW (gradient-accumulation fusion)
 
-Stream = Literal["compute", "tp_comm", "dp_comm", "pp_comm"]
-# every rank has the first three; pp_comm (pipeline P2P batches, not FIFO) only when pp > 1
-STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "pp_comm")
+Stream = Literal["compute", "tp_comm", "dp_comm", "pp_comm", "ep_comm"]
+# every rank has the first three; pp_comm (pipeline P2P batches, not FIFO) only when pp > 1; ep_comm (the MoE
+# token dispatch / combine and the expert-tensor-parallel collectives) only with MoE layers
+STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "pp_comm", "ep_comm")
+FIFO_STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "ep_comm")  # run in list order
+EP_GROUPS = ("ep", "etp", "etp_ep")  # expert-mesh groups whose collectives run on ep_comm
 Phase = Literal["fwd", "bwd", "recompute", "opt"]
 
 
@@ -59,10 +62,20 @@ class Attention:
     causal: bool = True
     backward: bool = False
     deterministic: bool = False  # run.deterministic: no atomic dQ accumulation (sim/schedule/run_settings.py)
+    window: int | None = None  # sliding-window attention: each query sees the last `window` keys (causal)
+    v_head_dim: int | None = None  # V's head width when it differs from Q/K's (MLA: 128 vs 192)
 
     @property
     def flops(self) -> float:
+        """QK^T at head_dim and PV at v_head_dim: 2 b pairs heads (head_dim + v_head_dim) forward."""
+        width = 2.0 * (self.head_dim + (self.v_head_dim or self.head_dim))
+        if self.window is not None and self.window < self.seq:
+            # causal window w: query i sees min(i + 1, w) keys, sum = s w - w (w - 1) / 2 score pairs
+            pairs = self.seq * self.window - self.window * (self.window - 1) / 2.0
+            return width * self.batch * pairs * self.heads * (2.5 if self.backward else 1.0)
         fwd = 4.0 * self.batch * self.seq * self.seq * self.heads * self.head_dim
+        if self.v_head_dim is not None:
+            fwd = width * self.batch * self.seq * self.seq * self.heads
         if self.causal:
             fwd /= 2.0
         return fwd * (2.5 if self.backward else 1.0)
@@ -88,9 +101,12 @@ class Collective:
     """
 
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
-    group: Literal["tp", "dp", "kv", "embed"]
+    group: Literal["tp", "dp", "kv", "embed", "ep", "etp", "etp_ep", "edp"]
     nbytes: int
     boundary: str = ""
+    # who moves the bytes: "nccl", or a fused expert-parallel kernel of the flex dispatcher ("deepep",
+    # "hybridep": sim/cost/collectives/flex.py prices it, with the SMs it occupies)
+    kernel: str = "nccl"
 
 
 @dataclass(frozen=True)
@@ -131,9 +147,12 @@ class OptimizerStep:
 
 
 def comm_stream(group: str) -> Stream:
-    """The stream (and category) of a collective on `group`: DP traffic (and the tied-embedding gradient
-    all-reduce between the first and last pipeline stage) on dp_comm, TP and KV on tp_comm."""
-    return "dp_comm" if group in ("dp", "embed") else "tp_comm"
+    """The stream (and category) of a collective on `group`: DP traffic (the expert gradients' too, and the
+    tied-embedding gradient all-reduce between the first and last pipeline stage) on dp_comm, the MoE
+    dispatch / combine and expert-TP collectives on ep_comm, TP and KV on tp_comm."""
+    if group in ("dp", "embed", "edp"):
+        return "dp_comm"
+    return "ep_comm" if group in EP_GROUPS else "tp_comm"
 
 
 def stream_of(work: object) -> Stream:

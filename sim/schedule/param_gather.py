@@ -38,10 +38,14 @@ def _first_forward_use(ops: list[Op]) -> dict[tuple, int]:
     return first
 
 
-def reserved_gathers(grad_params: list[int], bucket_bytes: int) -> int:
+def reserved_gathers(grad_params: list[int], bucket_bytes: int, expert_params: list[int] = (), dp: int = 2,
+                     edp: int = 1) -> int:
     """How many all-gathers open the step: the number of buckets the gradient producers' parameter counts
-    (in backward order) make. The builder reserves that many list slots before stamping the step."""
-    return len(make_buckets(list(enumerate(grad_params)), bucket_bytes))
+    (in backward order) make, dense over dp and routed experts over edp (dp_ops.all_buckets). The builder
+    reserves that many list slots before stamping the step."""
+    dense = len(make_buckets(list(enumerate(grad_params)), bucket_bytes)) if dp > 1 else 0
+    experts = len(make_buckets(list(enumerate(expert_params)), bucket_bytes)) if edp > 1 and expert_params else 0
+    return dense + experts
 
 
 def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket]) -> list[Op]:

@@ -24,8 +24,16 @@ from dataclasses import replace
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.builder import Templates, build_schedule, dp_bucket_bytes, stamp
-from meshsim.sim.schedule.dp_ops import DpConfig, make_buckets, step_end_ops
+from meshsim.sim.schedule.builder import (
+    Templates,
+    build_schedule,
+    dp_bucket_bytes,
+    gathers_overlap,
+    layers_dp_params,
+    stamp,
+    step_templates,
+)
+from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
 from meshsim.sim.schedule.ops import P2P, Op, P2PTransfer, Schedule
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.pipeline import Comm, Compute, PipelineShape, peer, stage_order
@@ -59,6 +67,7 @@ class _Stage:
         self.received: dict[tuple[str, int, int], int] = {}  # (direction, mb, chunk) -> P2P op id
         self.loss: dict[tuple[int, int], int] = {}
         self.grads: list[list[tuple[int, int]]] = [[] for _ in chunks]
+        self.expert_grads: list[list[tuple[int, int]]] = [[] for _ in chunks]
         self.last_item: int | None = None
         self.last_compute: int | None = None
         self.nbytes = p2p_bytes(layer_dims(rs))
@@ -98,7 +107,8 @@ class _Stage:
         if ch.embedding:
             x = stamp(t.embed_fwd, ops, f"{K.EMBED_BLOCK}.mb{mb}.", {}, None, mb) + t.embed_fwd.marks["out"]
         for layer in ch.layers:
-            x = stamp(t.fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + t.fwd.marks["out"]
+            fwd = t.layer_fwd(layer)
+            x = stamp(fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + fwd.marks["out"]
         if ch.head:
             x = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb) + t.head_fwd.marks["out"]
             self.loss[(mb, ch.chunk)] = x
@@ -107,7 +117,7 @@ class _Stage:
     def backward(self, ch: ChunkLayout, mb: int, g: int | None) -> int:
         t = self.t
         blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)] if ch.head else []
-        blocks += [(t.bwd, f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(ch.layers)]
+        blocks += [(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(ch.layers)]
         blocks += [(t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None)] if ch.embedding else []
         ext, g = ("loss", self.loss[(mb, ch.chunk)]) if ch.head else ("gin", g)
         record = mb == self.rs.micro_batches - 1  # DP reduces the last micro-batch's gradients
@@ -116,51 +126,58 @@ class _Stage:
             g, ext = base + tpl.marks["out"], "gin"
             if record:
                 self.grads[ch.chunk] += [(base + i, n) for i, n in tpl.grads]
+                self.expert_grads[ch.chunk] += [(base + i, n) for i, n in tpl.expert_grads]
         return g
 
 
-def _chunk_grad_params(t: Templates, ch: ChunkLayout) -> list[int]:
-    """Parameter counts of a chunk's gradient producers in backward order (as _Stage.backward records)."""
+def _chunk_grad_params(t: Templates, ch: ChunkLayout, expert: bool = False) -> list[int]:
+    """Parameter counts of a chunk's gradient producers in backward order (as _Stage.backward records;
+    `expert`: the routed experts')."""
+    layers = [n for layer in reversed(ch.layers) for _, n in
+              (t.layer_bwd(layer).expert_grads if expert else t.layer_bwd(layer).grads)]
+    if expert:
+        return layers
     head = [n for _, n in t.head_bwd.grads] if ch.head else []
     embed = [n for _, n in t.embed_bwd.grads] if ch.embedding else []
-    return head + [n for _, n in t.bwd.grads] * len(ch.layers) + embed
+    return head + layers + embed
 
 
-def stage_dp_config(rs: ResolvedScenario, d: LayerDims, chunks: list[ChunkLayout], params: int) -> DpConfig:
+def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout], params: int,
+                    expert_params: int = 0) -> DpConfig:
     """DpConfig of one stage: its layers' SP / KV gradient all-reduces and the tied-embedding one."""
-    p = rs.scenario.parallel
-    layers = sum(len(ch.layers) for ch in chunks)
+    p, d = rs.scenario.parallel, t.plan.d
     head = any(ch.head for ch in chunks)
-    sp_params = layers * d.sp_params_per_layer + (d.norm_params if head else 0) if d.sp else 0
-    kv_params = layers * 2 * d.head_dim * (d.hidden + (1 if d.bias else 0)) if rs.kv_replicas > 1 else 0
+    sp, kv = layers_dp_params(rs, t, [layer for ch in chunks for layer in ch.layers], head)
     tied = rs.scenario.model.tied_embeddings and (head or any(ch.embedding for ch in chunks))
     return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
                     gather_overlap=p.param_gather_overlapped,
-                    bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp_params, params=params,
-                    kv_grad_params=kv_params, embed_grad_params=d.vocab * d.hidden if tied else 0,
-                    grad_bytes=grad_reduce_bytes(rs.scenario))
+                    bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
+                    kv_grad_params=kv, embed_grad_params=d.vocab * d.hidden if tied else 0,
+                    grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp, expert_params=expert_params)
 
 
 def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates) -> Schedule:
     """The ops of one rank of pipeline stage `stage`."""
     d = layer_dims(rs)
-    p = rs.scenario.parallel
-    overlap_gather = rs.dp > 1 and p.distributed_optimizer and p.param_gather_overlapped
+    overlap_gather = gathers_overlap(rs)
     size = dp_bucket_bytes(rs)
-    reserved = sum(reserved_gathers(_chunk_grad_params(t, ch), size) for ch in chunks) if overlap_gather else 0
+    reserved = sum(reserved_gathers(_chunk_grad_params(t, ch), size, _chunk_grad_params(t, ch, True), rs.dp,
+                                    rs.edp) for ch in chunks) if overlap_gather else 0
     st = _Stage(rs, stage, chunks, t, reserved)
     for step in stage_order(st.shape, stage):
         st.comm(step) if isinstance(step, Comm) else st.compute(step)
     ops = st.ops
     # buckets chunk v-1 first: the backward finishes chunks in reverse, and the gathers run in reverse
-    buckets = [b for c in reversed(range(len(chunks))) for b in make_buckets(st.grads[c], size)]
+    buckets = [b for c in reversed(range(len(chunks)))
+               for b in all_buckets(st.grads[c], st.expert_grads[c], size, rs.dp, rs.edp)]
     params = sum(n for grads in st.grads for _, n in grads)
-    ops += step_end_ops(len(ops), [], len(ops) - 1, stage_dp_config(rs, d, chunks, params), buckets)
+    expert_params = sum(n for grads in st.expert_grads for _, n in grads)
+    ops += step_end_ops(len(ops), [], len(ops) - 1, stage_dp_config(rs, t, chunks, params, expert_params), buckets)
     if overlap_gather:
         ops = fill_param_gathers(ops, buckets)
-    meta = {"chunks": d.chunks, "params_per_rank": params, "padded_vocab": d.vocab * d.tp,
-            "grad_producers": sum(len(g) for g in st.grads),
-            "layers": [list(ch.layers) for ch in chunks]}
+    meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
+            "grad_producers": sum(len(g) + len(e) for g, e in zip(st.grads, st.expert_grads, strict=True)),
+            "layers": [list(ch.layers) for ch in chunks], "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
                     stage=stage)
 
@@ -170,6 +187,6 @@ def build_stage_schedules(rs: ResolvedScenario) -> tuple[Schedule, ...]:
     if rs.pp == 1:
         return (build_schedule(rs),)
     d = layer_dims(rs)
-    t = Templates(d, tied=False)  # with pp > 1 the last stage holds its own copy of a tied embedding
+    t = step_templates(rs, d, tied=False)  # with pp > 1 the last stage holds its own copy of a tied embedding
     layout = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)
     return tuple(build_stage(rs, r, layout[r], t) for r in range(rs.pp))

@@ -47,6 +47,7 @@ class LayerDims:
     grad_fusion: bool = True  # run.grad_accumulation_fusion (sim/schedule/run_settings.py)
     deterministic: bool = False  # run.deterministic
     tp_grad_overlap: bool = True  # run.tp_grad_reduce_overlap (sim/schedule/run_settings.py)
+    window: int | None = None  # sliding-window attention on this layer (model.sliding_window)
 
     @property
     def tokens(self) -> int:
@@ -80,7 +81,7 @@ class LayerDims:
 
     def attention(self, backward: bool) -> Attention:
         return Attention(self.micro_batch, self.heads, self.kv_heads, self.seq, self.head_dim, True, backward,
-                         backward and self.deterministic)
+                         backward and self.deterministic, self.window)
 
     def params(self, g: Gemm) -> int:
         """Weight [k, n] of a linear, plus its bias [n] (n = h for row-parallel: replicated)."""
@@ -138,7 +139,7 @@ class ModelDims:
         m, p = s.model, s.parallel
         dp = dp if dp is not None else (p.dp if isinstance(p.dp, int) else 1)
         micro_batches = p.global_batch // (p.micro_batch * dp) if p.pp > 1 else 1
-        return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.head_dim, m.ffn, m.mlp,
+        return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.kv_channels, m.ffn, m.mlp,
                    has_linear_bias(m), norm_has_bias(m), m.seq_len,
                    m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute, p.pp, micro_batches)
 

@@ -1,0 +1,182 @@
+"""Multi-head latent attention on one TP rank, as Megatron-Core's MLASelfAttention runs it (megatron/core/
+transformer/multi_latent_attention.py at Megatron-LM d98e8a64).
+
+Forward (L638-664, L766-880): the down projections are TE "duplicated" linears (L526-533, L573-580): every
+TP rank computes them on its own tokens (s b / t under SP), q -> [T, q_lora_rank] and kv ->
+[T, kv_lora_rank + qk_pos_emb_head_dim]; RMSNorms on the two latents; the up projections are
+column-parallel over the heads, so under SP each latent (and the shared rotary key part, L755-758) is
+all-gathered first (the region's entry operator of the duality table, applied per latent): q_up
+[T, q_lora] x [q_lora, heads/t (qk_head_dim + rope)], kv_up [T, kv_lora] x [kv_lora, heads/t (qk_head_dim
++ v_head_dim)]; rotary embedding; the attention core with QK^T at qk_head_dim + rope and PV at v_head_dim;
+the row-parallel output projection [heads/t v_head_dim] -> h and the exit operator. Without q_lora_rank a
+plain column-parallel q projection on the gathered hidden states replaces q_down/q_norm/q_up.
+
+Backward mirrors it; the duplicated down projections and latent norms hold partial gradients on each
+TP rank (their inputs are sequence shards), summed over tp once per step like the other SP-replicated
+parameters (`sp_params`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.sim.schedule import op_keys as K
+from meshsim.sim.schedule.duality import region_boundaries
+from meshsim.sim.schedule.layer_ops import (
+    Deps,
+    Template,
+    comm_then_gemm,
+    dgrad,
+    dropout_bwd,
+    gemm_then_comm,
+    norm_bwd,
+    norm_fwd,
+    residual_fwd,
+    residual_grad_add,
+    wgrad,
+)
+from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm
+from meshsim.sim.schedule.shapes import LayerDims
+
+ROPE_KERNEL_PASSES = 2  # read + write of the rotary slices
+
+
+@dataclass(frozen=True)
+class MlaDims:
+    """One TP rank's MLA widths (model.mla); `heads` is this rank's share."""
+
+    heads: int
+    q_lora: int | None
+    kv_lora: int
+    qk: int  # qk_head_dim (no position)
+    rope: int  # qk_rope_head_dim
+    v: int  # v_head_dim
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * (self.qk + self.rope)
+
+    def down_params(self, h: int) -> int:
+        """Duplicated (SP-replicated) parameters: q_down, kv_down and the two latent norms."""
+        q = h * self.q_lora + self.q_lora if self.q_lora else 0
+        return q + h * (self.kv_lora + self.rope) + self.kv_lora
+
+    def layer_params(self, h: int) -> int:
+        """All attention parameters of one layer on this rank (norm ln1 not included)."""
+        q_up = (self.q_lora or h) * self.q_width
+        kv_up = self.kv_lora * self.heads * (self.qk + self.v)
+        return self.down_params(h) + q_up + kv_up + self.heads * self.v * h
+
+
+def _norm(d: LayerDims, width: int, backward: bool) -> Elementwise:
+    """RMSNorm over T latent rows of `width`."""
+    n = d.tokens_out * width * d.dtype_bytes
+    return Elementwise("rmsnorm_bwd", 2 * n, n) if backward else Elementwise("rmsnorm", n, n)
+
+
+def _entry(d: LayerDims, width: int, phase: str, purpose: str) -> Collective | None:
+    """The region's entry operator on a [s, b, width] latent (all-gather under SP; f otherwise)."""
+    op = region_boundaries(d.sp)[0].op(phase)
+    if op.value == "identity" or d.tp == 1:
+        return None
+    return Collective(op.value, "tp", d.tokens * width * d.dtype_bytes, purpose)
+
+
+def _core(d: LayerDims, a: MlaDims, backward: bool) -> Attention:
+    return Attention(d.micro_batch, a.heads, a.heads, d.seq, a.qk + a.rope, True, backward,
+                     backward and d.deterministic, d.window, a.v)
+
+
+def _rope(d: LayerDims, a: MlaDims) -> Elementwise:
+    n = d.tokens * (a.heads + 1) * a.rope * d.dtype_bytes
+    return Elementwise("mla_rope", n, n)
+
+
+def _up_gemms(d: LayerDims, a: MlaDims) -> tuple[Gemm, Gemm]:
+    return (Gemm(d.tokens, a.q_width, a.q_lora or d.hidden), Gemm(d.tokens, a.heads * (a.qk + a.v), a.kv_lora))
+
+
+def mla_forward(tpl: Template, phase: str, d: LayerDims, a: MlaDims, inp: Deps) -> int:
+    ln = tpl.add(phase, "ln1", norm_fwd(d), inp)
+    q_up, kv_up = _up_gemms(d, a)
+    if a.q_lora:
+        qd = tpl.add(phase, "q_down", Gemm(d.tokens_out, a.q_lora, d.hidden), (ln,))
+        qn = tpl.add(phase, "q_norm", _norm(d, a.q_lora, False), (qd,))
+        _, q = comm_then_gemm(tpl, phase, K.ATTN_IN + "_q", _entry(d, a.q_lora, phase, K.ATTN_IN), "q_up", q_up,
+                              (qn,), 1)
+    else:
+        _, q = comm_then_gemm(tpl, phase, K.ATTN_IN + "_q", _entry(d, d.hidden, phase, K.ATTN_IN), "q_proj", q_up,
+                              (ln,), 1)
+    kvd = tpl.add(phase, "kv_down", Gemm(d.tokens_out, a.kv_lora + a.rope, d.hidden), (ln,))
+    kvn = tpl.add(phase, "kv_norm", _norm(d, a.kv_lora, False), (kvd,))
+    rope_in = _entry(d, a.rope, phase, K.ATTN_IN)
+    rope_dep = (tpl.add(phase, K.ATTN_IN + "_rope", rope_in, (kvd,)),) if rope_in is not None else ()
+    _, kv = comm_then_gemm(tpl, phase, K.ATTN_IN + "_kv", _entry(d, a.kv_lora, phase, K.ATTN_IN), "kv_up", kv_up,
+                           (kvn,), 1)
+    r = tpl.add(phase, "rope", _rope(d, a), q + kv + rope_dep)
+    core = tpl.add(phase, "attn", _core(d, a, False), (r,))
+    exit_ = region_boundaries(d.sp)[1]
+    proj = Gemm(d.tokens, d.hidden, a.heads * a.v)
+    coll = exit_.op("fwd")
+    out = gemm_then_comm(tpl, phase, "proj", proj, (core,), K.ATTN_OUT,
+                         None if coll.value == "identity" or d.tp == 1 else Collective(coll.value, "tp", d.act_bytes,
+                                                                                       exit_.name), 1)
+    return tpl.add(phase, "attn_res", residual_fwd(d), out + tuple(inp))
+
+
+def _wgrad(tpl: Template, d: LayerDims, key: str, g: Gemm, deps: Deps) -> int:
+    w = tpl.add("bwd", f"{key}_wgrad", wgrad(g, d.grad_fusion), deps)
+    tpl.grads.append((w, g.k * g.n))
+    return w
+
+
+def _up_backward(tpl: Template, d: LayerDims, key: str, g: Gemm, width: int, deps: Deps) -> tuple[int, ...]:
+    """dgrad, the entry operator's backward (reduce-scatter under SP) and wgrad (after an SP re-gather of
+    the latent) of one up projection; returns what the latent's gradient depends on."""
+    fwd_entry = _entry(d, width, "fwd", K.SP_REGATHER)
+    regather = (tpl.add("bwd", f"{key}{K.REGATHER}", fwd_entry, deps),) if d.sp and fwd_entry else ()
+    ready = gemm_then_comm(tpl, "bwd", f"{key}_dgrad", dgrad(g), deps, f"{K.ATTN_IN}_{key}",
+                           _entry(d, width, "bwd", K.ATTN_IN), 1)
+    _wgrad(tpl, d, key, g, deps + regather)
+    return ready
+
+
+def mla_backward(tpl: Template, d: LayerDims, a: MlaDims, gin: Deps) -> int:
+    g: Deps = (tpl.add("bwd", "attn_res", dropout_bwd(d), gin),) if d.dropout else gin
+    exit_ = region_boundaries(d.sp)[1]
+    bop = exit_.op("bwd")
+    coll = None if bop.value == "identity" or d.tp == 1 else Collective(bop.value, "tp", d.act_bytes, exit_.name)
+    proj = Gemm(d.tokens, d.hidden, a.heads * a.v)
+    cs, dg = comm_then_gemm(tpl, "bwd", K.ATTN_OUT, coll, "proj_dgrad", dgrad(proj), g, 1)
+    _wgrad(tpl, d, "proj", proj, cs or g)
+    if d.recompute == "selective":  # the attention core's forward runs again first
+        tpl.add("recompute", "attn", _core(d, a, False), ())
+    core = tpl.add("bwd", "attn", _core(d, a, True), dg)
+    r = tpl.add("bwd", "rope", _rope(d, a), (core,))
+    q_up, kv_up = _up_gemms(d, a)
+    q = _up_backward(tpl, d, "q_up" if a.q_lora else "q_proj", q_up, a.q_lora or d.hidden, (r,))
+    kv = _up_backward(tpl, d, "kv_up", kv_up, a.kv_lora, (r,))
+    rope_b = _entry(d, a.rope, "bwd", K.ATTN_IN)
+    rope = (tpl.add("bwd", K.ATTN_IN + "_rope", rope_b, (r,)),) if rope_b is not None else ()
+    parts: list[int] = []
+    if a.q_lora:
+        qn = tpl.add("bwd", "q_norm", _norm(d, a.q_lora, True), q)
+        qd = Gemm(d.tokens_out, a.q_lora, d.hidden)
+        parts.append(tpl.add("bwd", "q_down_dgrad", dgrad(qd), (qn,)))
+        _wgrad(tpl, d, "q_down", qd, (qn,))
+    else:
+        parts += list(q)
+    kvn = tpl.add("bwd", "kv_norm", _norm(d, a.kv_lora, True), kv)
+    kvd = Gemm(d.tokens_out, a.kv_lora + a.rope, d.hidden)
+    parts.append(tpl.add("bwd", "kv_down_dgrad", dgrad(kvd), (kvn,) + rope))
+    _wgrad(tpl, d, "kv_down", kvd, (kvn,) + rope)
+    n = d.tokens_out * d.hidden * d.dtype_bytes
+    total = tpl.add("bwd", "mla_grad_add", Elementwise("mla_grad_add", len(parts) * n, n), tuple(parts))
+    ln = tpl.add("bwd", "ln1", norm_bwd(d), (total,))
+    return tpl.add("bwd", "ln1_grad_add", residual_grad_add(d), (ln, *gin))
+
+
+def mla_dims(d: LayerDims, mla) -> MlaDims:
+    """MlaDims of model.mla on a rank holding d.heads heads."""
+    return MlaDims(d.heads, mla.q_lora_rank, mla.kv_lora_rank, mla.qk_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
+

@@ -1,0 +1,185 @@
+"""One rank's shapes of an MoE layer (Megatron-Core MoELayer, megatron/core/transformer/moe/ at Megatron-LM
+d98e8a64): how many tokens it routes, sends, receives and runs through each local expert.
+
+With attention tp > 1 the layer input is sequence-sharded (moe_layer.py L636: MoE + TP needs SP), so a
+rank routes T = s b / tp tokens (s b with tp = 1). Each token picks top_k experts (router.py), so the
+alltoall dispatcher permutes T k rows (moe_utils.permute, one row per token-expert pair) and sends them
+over the ep group (token_dispatcher.py L705); the busiest rank receives T k x load rows, where
+load = model.moe.imbalance (max / mean tokens received over the ep ranks), capped at the capacity factor
+when tokens are dropped and equal to it when experts are padded to capacity (moe_utils.get_capacity:
+ceil(tokens k / experts x capacity_factor) per expert). With etp > 1 the received rows are all-gathered
+over etp (token_dispatcher.py L741-751): each expert-TP rank runs etp T k load rows through its
+experts / ep local experts, in ffn_hidden / etp columns. Balanced routing gives every local expert the
+same count, rows / local experts (experts.py TEGroupedMLP: one grouped GEMM over the local experts).
+
+The flex dispatcher (DeepEP / HybridEP, fused_a2a.py) sends a token once per destination rank, not once
+per expert: `distinct_ranks` is the expected number of ep ranks a token's top_k experts fall on under
+uniform routing (force-balanced routing draws random logits, router.py L861-863), group-limited when
+router_groups is set (moe_utils.group_limited_topk); `distinct_nodes` counts nodes likewise (DeepEP's
+internode kernels cross RDMA once per node, then forward over NVLink).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.scenarios.schema import MoeConfig
+from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias
+from meshsim.sim.schedule.ops import Gemm
+
+ROUTING_MAP_BYTES = 1  # bool per (token, expert)
+PROB_BYTES = 4  # fp32 routing probabilities (Megatron keeps probs in fp32)
+COUNT_BYTES = 8  # int64 token counts per expert
+
+
+@dataclass(frozen=True)
+class MoeDims:
+    """Per-rank MoE shapes (module docstring); `ffn`, `fc1_n` are one expert's share on this etp rank."""
+
+    tokens: int  # T: tokens this rank routes
+    hidden: int
+    experts: int
+    local_experts: int  # experts / ep
+    top_k: int
+    ffn: int  # moe.ffn_hidden / etp
+    fc1_n: int  # fc1 columns of one expert on this rank (gate + up when gated)
+    shared_ffn: int  # moe.shared_ffn_hidden / tp; 0 = no shared expert
+    shared_fc1_n: int
+    tp: int
+    ep: int
+    etp: int
+    load: float  # rows the busiest rank receives / mean
+    dispatcher: str  # alltoall | allgather | flex
+    flex_backend: str  # deepep | hybridep
+    mlp: str
+    sigmoid: bool  # router score function
+    distinct_ranks: float  # flex: expected ep ranks one token goes to
+    distinct_nodes: float  # flex: expected nodes one token goes to
+    dtype_bytes: int = 2
+    grad_fusion: bool = True
+    bias: bool = False
+
+    @property
+    def sent_rows(self) -> int:
+        """Token-expert rows this rank permutes and sends: T k."""
+        return self.tokens * self.top_k
+
+    @property
+    def received_rows(self) -> int:
+        """Rows the busiest rank receives from the dispatch: ceil(T k load)."""
+        return math.ceil(self.sent_rows * self.load)
+
+    @property
+    def expert_rows(self) -> int:
+        """Rows through this rank's local experts: etp x received (after the etp all-gather)."""
+        return self.etp * self.received_rows
+
+    @property
+    def rows_per_expert(self) -> int:
+        return math.ceil(self.expert_rows / self.local_experts)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.hidden * self.dtype_bytes
+
+    @property
+    def dispatch_bytes(self) -> int:
+        """Bytes of the token all-to-all per rank (nccl-tests size: the whole send buffer), busiest rank."""
+        return self.received_rows * self.row_bytes
+
+    @property
+    def flex_bytes(self) -> int:
+        """The flex dispatcher's bytes per rank: one row per token and destination rank, busiest rank."""
+        return math.ceil(self.tokens * self.distinct_ranks * self.load) * self.row_bytes
+
+    def fc1_gemm(self) -> Gemm:
+        """All local experts' fc1 as one grouped GEMM (TEGroupedMLP): per expert [rows, h] x [h, fc1_n]."""
+        return Gemm(self.rows_per_expert, self.fc1_n, self.hidden, self.local_experts)
+
+    def fc2_gemm(self) -> Gemm:
+        return Gemm(self.rows_per_expert, self.hidden, self.ffn, self.local_experts)
+
+    def router_gemm(self) -> Gemm:
+        """The router's linear: [T, h] x [h, experts] (router.py gating; replicated weight)."""
+        return Gemm(self.tokens, self.experts, self.hidden)
+
+    def shared_fc1_gemm(self) -> Gemm:
+        """The shared expert's fc1 on the gathered sequence (an attention-TP MLP, shared_experts.py)."""
+        return Gemm(self.tokens * self.tp, self.shared_fc1_n, self.hidden)
+
+    def shared_fc2_gemm(self) -> Gemm:
+        return Gemm(self.tokens * self.tp, self.hidden, self.shared_ffn)
+
+    @property
+    def expert_params(self) -> int:
+        """This rank's routed-expert parameters in one layer: local experts x (fc1 + fc2 shards)."""
+        per = self.hidden * self.fc1_n + self.ffn * self.hidden + ((self.fc1_n + self.hidden) if self.bias else 0)
+        return self.local_experts * per
+
+    @property
+    def shared_params(self) -> int:
+        return self.hidden * self.shared_fc1_n + self.shared_ffn * self.hidden if self.shared_ffn else 0
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.experts
+
+
+def load_factor(moe: MoeConfig) -> float:
+    """Rows the busiest rank processes / mean: the imbalance, capped by the capacity factor (tokens past
+    capacity are dropped), or the capacity factor itself when experts are padded to capacity."""
+    if moe.capacity_factor is None:
+        return moe.imbalance
+    return moe.capacity_factor if moe.pad_to_capacity else min(moe.imbalance, moe.capacity_factor)
+
+
+def _p_none(pool: int, mine: int, k: int) -> float:
+    """P(none of `mine` experts among k drawn without replacement from `pool`): C(pool-mine, k)/C(pool, k)."""
+    if mine <= 0:
+        return 1.0
+    if pool - mine < k:
+        return 0.0
+    return math.comb(pool - mine, k) / math.comb(pool, k)
+
+
+def distinct_holders(moe: MoeConfig, holders: int) -> float:
+    """Expected number of `holders` (equal contiguous blocks of the experts: ep ranks, or nodes) a token's
+    top_k experts fall on, under uniform routing, group-limited when router_groups is set (module doc)."""
+    e, k, per = moe.experts, moe.top_k, moe.experts // holders
+    groups, picked = moe.router_groups, moe.router_group_topk
+    if not groups or not picked:
+        return holders * (1.0 - _p_none(e, per, k))
+    size = e // groups
+    pool = picked * size
+    if size % per == 0:  # a holder lies inside one group
+        return holders * (picked / groups) * (1.0 - _p_none(pool, per, k))
+    if per % size == 0:  # a holder spans per / size whole groups: how many of them are picked is hypergeometric
+        n = per // size
+        total = 0.0
+        for j in range(0, min(n, picked) + 1):
+            p = math.comb(n, j) * math.comb(groups - n, picked - j) / math.comb(groups, picked)
+            total += p * (1.0 - _p_none(pool, j * size, k))
+        return holders * total
+    return holders * (1.0 - _p_none(e, per, k))  # blocks straddle groups unevenly: ungrouped estimate
+
+
+def moe_dims(rs: ResolvedScenario) -> MoeDims | None:
+    """This rank's MoE shapes, or None for a dense model."""
+    s = rs.scenario
+    moe, m, p = s.model.moe, s.model, s.parallel
+    if moe is None:
+        return None
+    tokens = m.seq_len * p.micro_batch // (rs.tp if p.sp and rs.tp > 1 else 1)
+    ffn = moe.ffn_hidden // rs.etp
+    shared = (moe.shared_ffn_hidden or 0) // rs.tp
+    ep_per_node = max(1, rs.topology.gpus_per_node // rs.etp) if rs.ep * rs.etp > rs.topology.gpus_per_node else rs.ep
+    nodes = max(1, rs.ep // ep_per_node)
+    return MoeDims(
+        tokens=tokens, hidden=m.hidden, experts=moe.experts, local_experts=moe.experts // rs.ep, top_k=moe.top_k,
+        ffn=ffn, fc1_n=fc1_width(m.mlp, ffn), shared_ffn=shared, shared_fc1_n=fc1_width(m.mlp, shared),
+        tp=rs.tp, ep=rs.ep, etp=rs.etp, load=load_factor(moe), dispatcher=p.moe_dispatcher,
+        flex_backend=p.moe_flex_backend, mlp=m.mlp, sigmoid=moe.router == "sigmoid",
+        distinct_ranks=distinct_holders(moe, rs.ep), distinct_nodes=distinct_holders(moe, nodes),
+        dtype_bytes=m.dtype_bytes, grad_fusion=s.run.grad_accumulation_fusion, bias=has_linear_bias(m))
