@@ -20,6 +20,7 @@ from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, 
 from meshsim.scenarios.check_base import fmt_set as _fmt
 from meshsim.scenarios.check_base import rule_error as _err
 from meshsim.scenarios.moe_checks import MOE_RULES
+from meshsim.scenarios.pipeline_split import LAYOUT_SYMBOLS, expand_layout
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import unknown_name_error
 from meshsim.topologies.gpus import GPUS
@@ -94,8 +95,38 @@ def _uneven_split(s: Scenario, ctx: CheckContext) -> None:
                    "choose first/last_stage_layers so that the rest divides evenly over the other stages")
 
 
+def _explicit_layout(s: Scenario, ctx: CheckContext) -> None:
+    """A pipeline_layout string: only its symbols, whole repetitions, pp x vp segments, model.layers 't's,
+    'E' only at the start of the first segment and 'L' only at the end of the last, no other split option."""
+    p, text = s.parallel, s.parallel.pipeline_layout
+    try:
+        segments = expand_layout(text) if set(text.replace(" ", "")) <= LAYOUT_SYMBOLS | set("()*0123456789") else None
+    except ValueError as exc:
+        raise _err(ctx, "parallel.pipeline_layout", text[:60], f"It is too long: {exc}",
+                   "write at most model.layers layers") from None
+    problem = None
+    if segments is None or any(set(seg) - LAYOUT_SYMBOLS for seg in segments):
+        problem = "It may hold only t, E, m, L, '|' and '(...)*n' repetitions"
+    elif len(segments) != p.pp * p.vp:
+        problem = f"It has {len(segments)} segments and pp x vp = {p.pp * p.vp} virtual stages"
+    elif sum(seg.count("t") for seg in segments) != s.model.layers:
+        problem = f"Its segments hold {sum(seg.count('t') for seg in segments)} 't' layers, model.layers = {s.model.layers}"
+    elif "".join(segments).count("E") != 1 or not segments[0].startswith("E") or \
+            "".join(segments).count("L") != 1 or not segments[-1].endswith("L"):
+        problem = "The embedding 'E' must open the first segment and the loss 'L' close the last, once each"
+    elif p.first_stage_layers is not None or p.last_stage_layers is not None or \
+            p.account_for_embedding_in_split or p.account_for_loss_in_split:
+        problem = "A layout replaces first/last_stage_layers and the account_for_*_in_split options"
+    if problem is not None:
+        raise _err(ctx, "parallel.pipeline_layout", text, problem,
+                   "write one '|'-separated segment per virtual stage, e.g. Et|(tt|)*30mL for 32")
+
+
 def check_pipeline_layers(s: Scenario, ctx: CheckContext) -> None:
     p = s.parallel
+    if p.pipeline_layout is not None:
+        _explicit_layout(s, ctx)
+        return
     if p.first_stage_layers is not None or p.last_stage_layers is not None:
         _uneven_split(s, ctx)
         return

@@ -9,16 +9,48 @@ Virtual stage q = c p + r is chunk c of stage r (p stages, v chunks per stage).
   transformer layer fewer.
 - Uneven first/last stage (v = 1; Megatron --decoder-first/last-pipeline-num-layers): first_stage_layers
   on stage 0, last_stage_layers on stage p - 1, the rest split evenly over the others.
+- An explicit layout (Megatron --pipeline-model-parallel-layout, core/transformer/pipeline_parallel_layer_
+  layout.py): one segment per virtual stage separated by '|', 't' a transformer layer, 'E' the embedding
+  (first segment), 'L' the loss (last segment), 'm' a multi-token-prediction layer (not simulated),
+  '(...)*n' n repetitions: "Et|(tt|)*30mL" is DeepSeek-V3's H100 recipe over 32 virtual stages.
 The rules that make these splits exact are checked at load (scenarios/checks.py).
 """
 
 from __future__ import annotations
 
+import re
+
 from meshsim.scenarios.schema import ParallelConfig
+
+_REPEAT = re.compile(r"\(([^()]*)\)\*(\d+)")
+LAYOUT_SYMBOLS = frozenset("tEmL|")
+MAX_LAYOUT_CHARS = 100_000  # an expanded layout longer than this is refused (MAX_LAYERS is 1,000)
+
+
+def _repeat(match: re.Match) -> str:
+    body, times = match.group(1), int(match.group(2))
+    if len(body) * times > MAX_LAYOUT_CHARS:
+        raise ValueError(f"the layout expands past {MAX_LAYOUT_CHARS:,} characters")
+    return body * times
+
+
+def expand_layout(layout: str) -> list[str]:
+    """The segments of a Megatron pipeline layout string, repetitions expanded (innermost first)."""
+    text = layout.replace(" ", "")
+    for _ in range(32):  # nesting is bounded by the YAML string length; 32 levels is plenty
+        expanded = _REPEAT.sub(_repeat, text)
+        if len(expanded) > MAX_LAYOUT_CHARS:
+            raise ValueError(f"the layout expands past {MAX_LAYOUT_CHARS:,} characters")
+        if expanded == text:
+            break
+        text = expanded
+    return text.split("|")
 
 
 def virtual_stage_layers(parallel: ParallelConfig, layers: int) -> list[int]:
     """Transformer layers per virtual stage, in virtual-stage order."""
+    if parallel.pipeline_layout is not None:
+        return [seg.count("t") for seg in expand_layout(parallel.pipeline_layout)]
     p, v = parallel.pp, parallel.vp
     first, last = parallel.first_stage_layers, parallel.last_stage_layers
     if first is not None or last is not None:

@@ -162,6 +162,8 @@ class ParallelConfig(Frozen):
     last_stage_layers: int | None = Field(default=None, ge=0)  # ... and on the last stage
     account_for_embedding_in_split: bool = False  # the embedding counts as one layer of stage 0
     account_for_loss_in_split: bool = False  # the output layer + loss count as one layer of the last stage
+    # Megatron --pipeline-model-parallel-layout ("Et|(tt|)*30mL"): layers per virtual stage (scenarios/pipeline_split.py)
+    pipeline_layout: str | None = Field(default=None, min_length=1, max_length=4096)
     p2p_overlap: bool = True  # interleaved: isend/irecv overlapped with compute (Megatron --overlap-p2p-comm)
     dp: int | Literal["auto"] = "auto"
     gpus: int | None = Field(default=None, gt=0)  # default: every GPU of the topology

@@ -13,6 +13,18 @@ other elementwise work are not counted.
 
 Hardware FLOPs add what recompute runs again: full recompute one more layer forward (l F_layer per
 token); selective the attention core (4 s a d per token per layer).
+
+MoE and MLA models are counted as Megatron-LM's num_floating_point_operations does (megatron/training/
+training.py L802-1310 at d98e8a64), which Megatron-Bridge's "Model TFLOP/sec/GPU" follows (its
+Qwen3-30B-A3B rows: 23.0 GFLOP per token, 203 TFLOP/s at 8,826 tokens/s/GPU, reference section 1.3):
+active parameters only (top_k routed experts and the shared expert per token), the attention core
+causal-halved, the padded vocabulary, per token and layer x 3 (fwd + dgrad + wgrad) x 2 (FMA):
+    MLP      h f g (dense layers) | h (f_moe k + f_shared) g (MoE layers),   g = 3 swiglu, 2 otherwise
+    MHA/GQA  h (q + 2 kv) + q h (projections) + s q (core; q = heads x kv_channels, kv = groups x kv_channels)
+    MLA      q_lora (h + a (d_qk + d_rope) + 1) [or h a (d_qk + d_rope)] + kv_lora (h + a (d_qk + d_v) + 1)
+             + h d_rope + a d_v h (projections) + s a (d_qk + d_rope + d_v) / 2 (core)
+    logits   h V_padded
+(sliding windows are not discounted there either; multi-token prediction layers are not modeled).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig
 from meshsim.sim.schedule.model_family import mlp_flops_per_token
+from meshsim.sim.schedule.shapes import padded_vocab
 
 
 def layer_forward_flops_per_token(m: ModelConfig) -> float:
@@ -33,14 +46,52 @@ def attention_core_flops_per_token(m: ModelConfig) -> float:
     return 4.0 * m.seq_len * m.heads * m.kv_channels
 
 
+def megatron_convention(m: ModelConfig) -> bool:
+    """MoE and MLA models are counted as Megatron-LM / Megatron-Bridge count them (module docstring)."""
+    return m.moe is not None or m.mla is not None
+
+
+def _attention_terms(m: ModelConfig) -> tuple[float, float]:
+    """(projection, core per sequence position) multiply-accumulates per token of one layer, Megatron's count."""
+    h, s = m.hidden, m.seq_len
+    if m.mla is not None:
+        a, mla = m.heads, m.mla
+        rope_qk = mla.qk_head_dim + mla.qk_rope_head_dim
+        q = mla.q_lora_rank * (h + a * rope_qk + 1) if mla.q_lora_rank else h * a * rope_qk
+        kv = mla.kv_lora_rank * (h + a * (mla.qk_head_dim + mla.v_head_dim) + 1) + h * mla.qk_rope_head_dim
+        return q + kv + a * mla.v_head_dim * h, s * a * (rope_qk + mla.v_head_dim) / 2.0
+    q, kv = m.kv_channels * m.heads, m.kv_channels * m.num_kv_heads
+    return h * (q + 2 * kv) + q * h, s * q
+
+
+def megatron_flops_per_token(rs: ResolvedScenario) -> float:
+    """Model FLOPs per token, Megatron-LM's num_floating_point_operations (module docstring)."""
+    m = rs.scenario.model
+    g = 3 if m.mlp == "swiglu" else 2
+    moe_layers = sum(1 for layer in range(m.layers) if m.moe is not None and m.moe.is_moe_layer(layer))
+    mlp = m.hidden * m.ffn * g * (m.layers - moe_layers)
+    if m.moe is not None:
+        mlp += m.hidden * (m.moe.ffn_hidden * m.moe.top_k + (m.moe.shared_ffn_hidden or 0)) * g * moe_layers
+    proj, core = _attention_terms(m)
+    vocab = padded_vocab(m.vocab, rs.tp, m.vocab_divisible_by)
+    return 6.0 * (mlp + m.layers * (proj + core) + m.hidden * vocab)
+
+
 def model_flops_per_step(rs: ResolvedScenario) -> float:
     m = rs.scenario.model
     tokens = rs.scenario.parallel.global_batch * m.seq_len
+    if megatron_convention(m):
+        return tokens * megatron_flops_per_token(rs)
     return 3.0 * tokens * (m.layers * layer_forward_flops_per_token(m) + 2.0 * m.hidden * m.vocab)
 
 
 def hardware_flops_per_step(rs: ResolvedScenario) -> float:
     m, p = rs.scenario.model, rs.scenario.parallel
     tokens = p.global_batch * m.seq_len
+    if megatron_convention(m):
+        per_layer = megatron_flops_per_token(rs) / 3.0 / m.layers  # one forward, averaged over layers
+        core = 2.0 * _attention_terms(m)[1]
+        extra = {"full": per_layer, "selective": core}
+        return model_flops_per_step(rs) + tokens * m.layers * extra.get(p.recompute, 0.0)
     extra = {"full": layer_forward_flops_per_token(m), "selective": attention_core_flops_per_token(m)}
     return model_flops_per_step(rs) + tokens * m.layers * extra.get(p.recompute, 0.0)

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES, GB
+from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
+from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
 from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
@@ -71,12 +73,43 @@ class MemoryBreakdown:
     worst_stage: int = 0
 
 
+def kinded(rs: ResolvedScenario) -> bool:
+    """Whether the model's layers differ by kind (MoE, MLA): then memory is summed per layer kind."""
+    m = rs.scenario.model
+    return m.moe is not None or m.mla is not None
+
+
+def layers_memory(rs: ResolvedScenario, layers: list[int]) -> tuple[int, int, int, int]:
+    """(dense params, routed-expert params, activation bytes of one micro-batch, the largest layer's
+    activation bytes) of `layers` on one rank, per layer kind (sim/cost/layer_memory.py)."""
+    d = layer_dims(rs)
+    plan, model = layer_plan(rs, d), rs.scenario.model
+    dense = expert = acts = biggest = 0
+    for layer in layers:
+        kind = layer_kind(model, layer)
+        p_dense, p_expert = layer_params(plan, kind)
+        attn = mla_activation_bytes(plan) if plan.mla is not None else (
+            layer_activation_bytes(d) - dense_mlp_activation_bytes(d))
+        act = attn + (moe_activation_bytes(plan) if kind.moe else dense_mlp_activation_bytes(d))
+        dense, expert, acts, biggest = dense + p_dense, expert + p_expert, acts + act, max(biggest, act)
+    return dense, expert, acts, biggest
+
+
 def params_per_rank(rs: ResolvedScenario) -> int:
     """Parameters held by one rank (its TP shard, replicated pieces included; before DP sharding)."""
     d = layer_dims(rs)
     table = d.vocab * d.hidden
     head = table if rs.scenario.model.tied_embeddings else 2 * table
+    if kinded(rs):
+        dense, expert, _, _ = layers_memory(rs, list(range(rs.scenario.model.layers)))
+        return dense + expert + head + d.norm_params
     return rs.scenario.model.layers * d.layer_params + head + d.norm_params
+
+
+def dense_mlp_activation_bytes(d: LayerDims) -> int:
+    """A dense MLP block's share of layer_activation_bytes: ln2 and fc1 inputs (+ dropout mask) outside TP
+    regions, fc1 and activation outputs inside."""
+    return d.tokens_out * (4 * d.hidden + (d.hidden if d.dropout else 0)) + d.tokens * (2 * d.fc1_n + 2 * d.ffn)
 
 
 def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
@@ -93,11 +126,15 @@ def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
 
 
 def activation_bytes(rs: ResolvedScenario) -> int:
-    """All layers plus embedding/head, one micro-batch in flight."""
+    """All layers plus embedding/head, micro_batches_in_flight(rs) micro-batches."""
     d = layer_dims(rs)
     layers = rs.scenario.model.layers
-    if d.recompute == "full":
-        per_input = d.tokens_out * d.hidden * d.dtype_bytes
+    per_input = d.tokens_out * d.hidden * d.dtype_bytes
+    if kinded(rs):
+        _, _, acts, biggest = layers_memory(rs, list(range(layers)))
+        body = layers * per_input + biggest if d.recompute == "full" else acts
+        body *= overlap_in_flight(rs)
+    elif d.recompute == "full":
         body = layers * per_input + layer_activation_bytes(d, "none")
     else:
         body = layers * layer_activation_bytes(d)
@@ -115,21 +152,45 @@ def in_flight_micro_batches(rs: ResolvedScenario, stage: int) -> float:
     return min(warmup_forwards(PipelineShape(p, v, m, n, True), stage) + 1, v * m) / v
 
 
-def stage_params(rs: ResolvedScenario, stage: int) -> int:
-    """Parameters one rank of `stage` holds: its layers, the embedding (first stage), the final norm and
-    the output layer or its tied copy of the embedding (last stage)."""
+def overlap_in_flight(rs: ResolvedScenario) -> int:
+    """Without pipelining, Megatron's combined 1F1B (parallel.moe_ep_overlap) runs micro-batch i + 1's
+    forward during micro-batch i's backward: two micro-batches' activations at the peak."""
+    return 2 if rs.scenario.parallel.moe_ep_overlap and rs.pp == 1 and rs.micro_batches > 1 else 1
+
+
+def stage_layers(rs: ResolvedScenario, stage: int) -> list[int]:
+    return [layer for ch in pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)[stage] for layer in ch.layers]
+
+
+def stage_param_split(rs: ResolvedScenario, stage: int) -> tuple[int, int]:
+    """(dense, routed-expert) parameters one rank of `stage` holds: its layers, the embedding (first stage),
+    the final norm and the output layer or its tied copy of the embedding (last stage)."""
     d = layer_dims(rs)
-    layers = sum(len(ch.layers) for ch in pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)[stage])
+    layers = stage_layers(rs, stage)
     table = d.vocab * d.hidden
-    return layers * d.layer_params + (table if stage == 0 else 0) + (table + d.norm_params if stage == rs.pp - 1 else 0)
+    ends = (table if stage == 0 else 0) + (table + d.norm_params if stage == rs.pp - 1 else 0)
+    if kinded(rs):
+        dense, expert, _, _ = layers_memory(rs, layers)
+        return dense + ends, expert
+    return len(layers) * d.layer_params + ends, 0
+
+
+def stage_params(rs: ResolvedScenario, stage: int) -> int:
+    return sum(stage_param_split(rs, stage))
 
 
 def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
     d = layer_dims(rs)
-    chunks = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)[stage]
-    layers = sum(len(ch.layers) for ch in chunks)
+    layer_ids = stage_layers(rs, stage)
+    layers = len(layer_ids)
     flight = in_flight_micro_batches(rs, stage)
-    if d.recompute == "full":
+    if kinded(rs):
+        _, _, acts, biggest = layers_memory(rs, layer_ids)
+        if d.recompute == "full":
+            body = layers * d.tokens_out * d.hidden * d.dtype_bytes * flight + biggest
+        else:
+            body = acts * flight
+    elif d.recompute == "full":
         body = layers * d.tokens_out * d.hidden * d.dtype_bytes * flight + layer_activation_bytes(d, "none")
     else:
         body = layers * layer_activation_bytes(d) * flight
@@ -139,10 +200,13 @@ def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
     return int(body + embed + head)
 
 
-def _breakdown(rs: ResolvedScenario, params: int, activation_b: int) -> MemoryBreakdown:
-    shard = rs.dp if rs.scenario.parallel.distributed_optimizer else 1
-    weights, grads = params * WEIGHT_BYTES / GB, params * GRAD_BYTES / GB
-    optimizer, acts = params * ADAM_BYTES / shard / GB, activation_b / GB
+def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_params: int = 0) -> MemoryBreakdown:
+    """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp)."""
+    shard, eshard = (rs.dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
+    total_params = params + expert_params
+    weights, grads = total_params * WEIGHT_BYTES / GB, total_params * GRAD_BYTES / GB
+    optimizer = (params / shard + expert_params / eshard) * ADAM_BYTES / GB
+    acts = activation_b / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,
                            total <= rs.gpu.mem_gb)
@@ -150,7 +214,8 @@ def _breakdown(rs: ResolvedScenario, params: int, activation_b: int) -> MemoryBr
 
 def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
     """Every stage's memory; the worst stage's figures on top ("fits" is the worst stage's)."""
-    stages = tuple(_breakdown(rs, stage_params(rs, r), stage_activation_bytes(rs, r)) for r in range(rs.pp))
+    stages = tuple(_breakdown(rs, *stage_param_split(rs, r)[:1], stage_activation_bytes(rs, r),
+                              stage_param_split(rs, r)[1]) for r in range(rs.pp))
     worst = max(range(rs.pp), key=lambda r: stages[r].total_gb)
     w = stages[worst]
     return MemoryBreakdown(w.weights_gb, w.grads_gb, w.optimizer_gb, w.activations_gb, w.workspace_gb,
@@ -160,6 +225,9 @@ def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
 def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
     if rs.pp > 1:
         return pipeline_memory(rs)
+    if kinded(rs):
+        dense, expert = stage_param_split(rs, 0)
+        return _breakdown(rs, dense, activation_bytes(rs), expert)
     params = params_per_rank(rs)
     p = rs.scenario.parallel
     shard = rs.dp if p.distributed_optimizer else 1
