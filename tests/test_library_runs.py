@@ -28,10 +28,11 @@ def test_library_scenario_runs_and_is_consistent(name):
     # the busy time of the compute stream cannot exceed the step; critical-path shares are a partition
     b = d["breakdown_s"]
     assert b["compute_busy"] <= step * (1 + 1e-9)
-    assert b["exposed_comm"] <= b["tp_comm_busy"] + b["dp_comm_busy"] + b.get("pp_comm_busy", 0.0) + 1e-9
+    assert b["exposed_comm"] <= (b["tp_comm_busy"] + b["dp_comm_busy"] + b.get("pp_comm_busy", 0.0)
+                                 + b.get("ep_comm_busy", 0.0) + 1e-9)
     assert b["compute_busy"] + b["compute_waiting"] == pytest.approx(step, rel=1e-9)
-    waiting_parts = ("exposed_tp_comm", "exposed_dp_comm_only", "exposed_pp_comm_only", "pipeline_bubble",
-                     "nothing_running")
+    waiting_parts = ("exposed_tp_comm", "exposed_ep_comm", "exposed_dp_comm_only", "exposed_pp_comm_only",
+                     "pipeline_bubble", "nothing_running")
     assert sum(b.get(k, 0.0) for k in waiting_parts) == pytest.approx(b["compute_waiting"], rel=1e-9, abs=1e-12)
     assert sum(d["critical_path_share"].values()) == pytest.approx(1.0)
     # segments of an extrapolated step stand for `count` periods each (sim/results/steady_state.py)

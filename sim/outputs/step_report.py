@@ -38,12 +38,14 @@ from meshsim.sim.results.step_result import MEMORY_KEYS, StepResult
 OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "timeline.html"}
 OUTPUT_LEVELS = ("none", "results", "all")  # meshsim run --outputs: nothing, results.json, every file
 MEMORY_ROWS = tuple(k for k in MEMORY_KEYS if k not in ("total", "capacity", "fits"))  # the parts of the total
-WAITING_NAMES = {"exposed_tp_comm": "while TP comm runs", "exposed_dp_comm_only": "while only DP comm runs",
+WAITING_NAMES = {"exposed_tp_comm": "while TP comm runs", "exposed_ep_comm": "while EP comm runs",
+                 "exposed_dp_comm_only": "while only DP comm runs",
                  "exposed_pp_comm_only": "while only P2P transfers run",
                  "pipeline_bubble": "pipeline bubble (stage waits for a neighbour)",
                  "nothing_running": "while nothing runs", "compute_waiting_at_start": "before its first op"}
 STREAM_NAMES = {"compute_busy": "compute stream busy", "tp_comm_busy": "TP comm stream busy",
-                "dp_comm_busy": "DP comm stream busy", "pp_comm_busy": "P2P stream busy"}
+                "dp_comm_busy": "DP comm stream busy", "pp_comm_busy": "P2P stream busy",
+                "ep_comm_busy": "EP comm stream busy"}
 
 
 def _pct(x: float) -> str:
@@ -53,7 +55,8 @@ def _pct(x: float) -> str:
 def config_line(c) -> str:
     """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
     vp = f" vp={c['vp']}" if c.get("vp", 1) > 1 else ""
-    return (f"tp={c.get('tp')} pp={c.get('pp', 1)}{vp} sp={'on' if c.get('sp') else 'off'} dp={c.get('dp')}, "
+    ep = f" ep={c['ep']} etp={c['etp']} edp={c['edp']}" if "ep" in c else ""
+    return (f"tp={c.get('tp')} pp={c.get('pp', 1)}{vp} sp={'on' if c.get('sp') else 'off'} dp={c.get('dp')}{ep}, "
             f"{c.get('gpus')} x {c.get('gpu')} ({c.get('nodes')} x {c.get('topology')}), "
             f"micro-batch {c.get('micro_batch')} x {c.get('micro_batches')}, recompute {c.get('recompute')}")
 

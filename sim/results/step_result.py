@@ -135,7 +135,7 @@ def config_echo(rs: Any) -> dict[str, Any]:
         "gpus_per_node": rs.topology.gpus_per_node, "crosses_nodes": rs.crosses_nodes(),
         **({"vp": rs.vp} if rs.pp > 1 else {}),  # virtual stages only mean something with pp > 1
         **({"ep": rs.ep, "etp": rs.etp, "edp": rs.edp, "moe_dispatcher": par.moe_dispatcher,
-            "moe_ep_overlap": par.moe_ep_overlap} if sc.model.moe is not None else {}),
+            "moe_ep_overlap": par.moe_ep_overlap} if getattr(sc.model, "moe", None) is not None else {}),
     }
 
 
@@ -214,7 +214,7 @@ def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[
     """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
     breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates). The optional
     op_collectives / rank_groups feed the trace's and timeline's collective details."""
-    path_shares = shares(list(path), step_s, rs.pp > 1, moe=rs.scenario.model.moe is not None)
+    path_shares = shares(list(path), step_s, rs.pp > 1, moe=getattr(rs.scenario.model, "moe", None) is not None)
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
