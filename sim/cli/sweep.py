@@ -36,6 +36,8 @@ def sweep_command(
     micro_batch: str = typer.Option(None, "--micro-batch", help=f"micro-batch sizes, e.g. 1,2,4 ({AXIS_HELP})"),
     tp_comm_overlap: str = typer.Option(None, "--tp-comm-overlap", help="TP comm/GEMM overlap: on, off or both"),
     recompute: str = typer.Option(None, "--recompute", help="activation recompute modes: none,selective,full"),
+    ep: str = typer.Option(None, "--ep", help=f"expert-parallel degrees (MoE), e.g. 8,16,32 ({AXIS_HELP})"),
+    etp: str = typer.Option(None, "--etp", help=f"expert-tensor-parallel degrees (MoE), e.g. 1,2 ({AXIS_HELP})"),
     jobs: int = typer.Option(None, "--jobs", "-j", help="local worker processes (default: all cores; 1 = in-process)"),
     out: Path = typer.Option(None, "--out", help="directory for sweep.jsonl (resumable) and report.html"),
     json_path: Path = typer.Option(None, "--json", help="write configurations, skipped, sweet_spot, explanation"),
@@ -46,7 +48,7 @@ def sweep_command(
     if jobs is not None and not 1 <= jobs <= MAX_JOBS:
         raise UserError("--jobs", jobs, f"use --jobs 1 to {MAX_JOBS}")
     flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute,
-                 pp=pp, vp=vp)
+                 pp=pp, vp=vp, ep=ep, etp=etp)
     base, source = load_scenario(scenario)
     axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)

@@ -1,7 +1,7 @@
 """Sweep axes, their product, and one configuration's run (meshsim sweep).
 
-A sweep varies seven parallel-configuration axes of one scenario at its fixed GPU count:
-tp, sp, micro_batch, tp_comm_overlap, recompute, pp and vp. The data-parallel degree follows from tp and
+A sweep varies nine parallel-configuration axes of one scenario at its fixed GPU count:
+tp, sp, micro_batch, tp_comm_overlap, recompute, pp, vp, and for MoE models ep and etp (edp follows). The data-parallel degree follows from tp and
 pp (`parallel.dp = "auto"`: dp = gpus / (tp x pp)); a combination whose tp x pp does not divide the GPUs,
 or that breaks a pipeline rule (layers divisible by pp x vp, interleaving needs pp > 2, ...), is skipped
 with the rule. Axis values come, by priority, from command-line flags,
@@ -24,7 +24,7 @@ from meshsim.scenarios.load import referenced_files
 from meshsim.sim.core.errors import UserError, quote
 from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
 
-AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp")
+AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 SWITCH_VALUES = {"on": (True,), "off": (False,), "both": (False, True)}
 
@@ -72,6 +72,8 @@ PARSERS = {
     "recompute": parse_recompute,
     "pp": lambda t: parse_int_list("pp", t),
     "vp": lambda t: parse_int_list("vp", t),
+    "ep": lambda t: parse_int_list("ep", t),
+    "etp": lambda t: parse_int_list("etp", t),
 }
 
 
@@ -85,6 +87,8 @@ class SweepAxes:
     recompute: tuple[str, ...]
     pp: tuple[int, ...] = (1,)
     vp: tuple[int, ...] = (1,)
+    ep: tuple[int, ...] = (1,)
+    etp: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)
@@ -98,14 +102,17 @@ class SweepPoint:
     recompute: str
     pp: int = 1
     vp: int = 1
+    ep: int = 1
+    etp: int = 1
 
     @property
     def key(self) -> str:
         """Stable identifier, used to resume: 'tp=8,sp=on,mb=1,overlap=off,recompute=none' (+ ',pp=4,vp=2'
-        when pipelined)."""
+        when pipelined, + ',ep=16,etp=1' with expert parallelism)."""
         pipe = f",pp={self.pp},vp={self.vp}" if (self.pp, self.vp) != (1, 1) else ""
+        experts = f",ep={self.ep},etp={self.etp}" if (self.ep, self.etp) != (1, 1) else ""
         return (f"tp={self.tp},sp={_onoff(self.sp)},mb={self.micro_batch},"
-                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}{pipe}")
+                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}{pipe}{experts}")
 
     def overrides(self) -> dict[str, object]:
         """Dotted scenario overrides for scenarios.load.with_overrides; dp follows from tp."""

@@ -31,7 +31,7 @@ MAX_SENTENCES = 9
 BandOf = Callable[[SweepRecord], ErrorBand]
 SHARE_NAMES = CATEGORY_NAMES
 AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute",
-               "pp": "pp", "vp": "vp"}
+               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp"}
 
 
 # ----- selection ------------------------------------------------------------------------------------
@@ -118,7 +118,11 @@ def within_error_sentence(best: SweepRecord, records: list[SweepRecord], axes: l
 def path_sentence(best: SweepRecord) -> str:
     shares = best.result.critical_path_share
     parts = [f"{fmt_pct(shares[k])} {SHARE_NAMES[k]}" for k in SHARE_NAMES if shares.get(k, 0) >= 0.005]
-    if best.result["tp"] == 1:
+    if "ep" in best.result.config and best.result["ep"] > 1:
+        span = _ep_span(best)
+        where = (f"Its ep groups of {best.result['ep']} keep the all-to-all inside one NVLink domain" if span == 1
+                 else f"Its ep groups of {best.result['ep']} span {span} nodes (all-to-all over InfiniBand)")
+    elif best.result["tp"] == 1:
         where = "It has no TP communication"
     elif best.result["crosses_nodes"]:
         where = f"Its TP groups span {_nodes_spanned(best)} nodes and talk over InfiniBand"
@@ -182,9 +186,31 @@ def _grown_comm(res: StepResult, bres: StepResult) -> str:
     return max(("tp_comm", "dp_comm"), key=extra_s)
 
 
+def _ep_span(rec: SweepRecord) -> int:
+    """Nodes one ep group spans: ep x etp ranks, etp innermost, node-major ranks."""
+    res = rec.result
+    return max(1, -(-res["ep"] * res["etp"] // res["gpus_per_node"]))
+
+
+def ep_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | None:
+    """An ep / etp neighbour: where its all-to-all runs, and its EP share of the critical path."""
+    res, bres = rec.result, best.result
+    if "ep" not in res.config or (res["ep"], res["etp"]) == (bres["ep"], bres["etp"]):
+        return None
+    share, best_share = res.critical_path_share.get("ep_comm", 0.0), bres.critical_path_share.get("ep_comm", 0.0)
+    where = (f"its all-to-all crosses InfiniBand ({_ep_span(rec)} nodes per ep group)" if _ep_span(rec) > 1
+             else "its all-to-all stays inside NVLink")
+    return (f"{label(rec, axes)}: {where} and EP communication is {fmt_pct(share)} of the critical path "
+            f"(vs {fmt_pct(best_share)} at {label(best, axes)}, edp {res['edp']} vs {bres['edp']}); "
+            f"{_speed_delta(rec, best)}.")
+
+
 def contrast_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
     if not fits(rec):
         return does_not_fit_sentence(rec, best, axes)
+    text = ep_sentence(rec, best, axes)
+    if text is not None:
+        return text
     if rec.result["crosses_nodes"] and not best.result["crosses_nodes"]:
         return crossing_sentence(rec, best, axes)
     text = slower_sentence(rec, best, axes)
