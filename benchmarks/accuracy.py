@@ -19,7 +19,9 @@ sweep print it as "the model's error" for the scenario's group (sim/results/erro
 - scaling: ratios of two measured steps against the same simulated ratio (scaling.yaml);
 - collectives / collectives-small: nccl-tests all_reduce busbw points from 16 MiB up / below
   (collectives.yaml; targets: within 5% from 16 MiB, 15% below);
-- kernels: FLUX's GEMM and NCCL collective times of GPT-3 175B MLP shapes at TP 8 (kernels.yaml).
+- kernels: FLUX's GEMM and NCCL collective times of GPT-3 175B MLP shapes at TP 8 (kernels.yaml);
+- moe-layer: Megatron-LM's MoE layer benchmark, one MoELayer forward / backward on 8 H100 per dispatcher
+  (benchmarks/accuracy_moe.py); the end-to-end MoE runs are the `moe` step group.
 Error = simulated / measured - 1: negative means the simulation is too fast. Nothing here is asserted.
 
 Adding a step group (e.g. `fp8`): put its case files in benchmarks/accuracy/fp8/ (copy a dense case: the
@@ -40,6 +42,7 @@ from datetime import date
 from pathlib import Path
 
 import accuracy_cases as cases
+from accuracy_moe import layer_rows
 from accuracy_rows import Context, Row, curve_rows, kernel_row, ratio_rows, step_row
 
 from meshsim.sim.results.error_band import BANDS_FILE, STEP_GROUPS
@@ -78,6 +81,8 @@ GROUPS: tuple[Group, ...] = (
     Group("collectives", "nccl-tests busbw (>= 16 MiB)", "within 5% per point", _curves(small=False)),
     Group("collectives-small", "nccl-tests busbw (< 16 MiB)", "within 15% per point", _curves(small=True)),
     Group("kernels", "FLUX kernel-time", "", _kernels),
+    Group("moe-layer", "MoE layer-time (Megatron-LM moe_perf)", "<= 12% (max <= 20%)",
+          lambda ctx, done: layer_rows(Row, ctx.used)),
 )
 
 

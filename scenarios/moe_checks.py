@@ -147,6 +147,16 @@ def check_ep_overlap(s: Scenario, ctx: CheckContext) -> None:
                              f"all-to-all with another micro-batch's compute: {problem}", fix)
 
 
+def check_ep_overlap_simulated(s: Scenario, ctx: CheckContext) -> None:
+    """Megatron's combined 1F1B (the forward of one micro-batch interleaved with the backward of another,
+    models/common/model_chunk_schedule_plan.py run()) is not built by the schedule yet: refused rather than
+    silently simulated without the overlap."""
+    if s.parallel.moe_ep_overlap:
+        raise rule_error(ctx, "parallel.moe_ep_overlap", True, "The combined 1F1B schedule of "
+                         "--overlap-moe-expert-parallel-comm is not simulated yet (meshsim would ignore it)",
+                         "set parallel.moe_ep_overlap: false; the result is then the no-overlap upper bound")
+
+
 Rule = Callable[[Scenario, CheckContext], None]
 
 MOE_RULES: tuple[Rule, ...] = (
@@ -159,4 +169,5 @@ MOE_RULES: tuple[Rule, ...] = (
     check_expert_widths,
     check_moe_sequence_parallel,
     check_ep_overlap,
+    check_ep_overlap_simulated,
 )

@@ -42,6 +42,7 @@ class StepGroup:
 
 # first match wins; the default group last (it matches every scenario)
 STEP_GROUPS: tuple[StepGroup, ...] = (
+    StepGroup("moe", "iteration-time", lambda scenario: scenario.model.moe is not None),
     StepGroup(DEFAULT_GROUP, "iteration-time", lambda scenario: True),
 )
 

@@ -1,0 +1,98 @@
+"""The `moe-layer` accuracy group: Megatron-LM's MoE layer benchmark (reference/public-measurements-2.md
+section 1.5), simulated vs measured. Imported by benchmarks/accuracy.py; the end-to-end MoE runs are the
+`moe` step group (benchmarks/accuracy/moe/*.yaml, sim/results/error_band.py).
+
+Layer rows (section 1.5, tests/functional_tests/test_cases/common/moe_perf @d98e8a64): ONE MoELayer forward
+and backward on 8 H100 (tp 1, ep 8, seq 4096 x micro-batch 1, bf16, GELU experts, no shared expert,
+force-balanced routing), per dispatcher. Simulated: the MoE block's ops (sim/schedule/moe_ops.py, without
+its norm and residual add, which the benchmark does not time) priced by the compute model and the
+collective coster on the real ep group of one DGX H100, in program order (nothing inside the block
+overlaps). The FP8 rows need FP8 grouped GEMMs and dispatch (the fp8 precision plumbing) and are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from meshsim.scenarios.load import resolve, validate_scenario
+from meshsim.sim.results.simulate import CollectiveCoster, compute_fn
+from meshsim.sim.schedule.layer_ops import Template
+from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
+from meshsim.sim.schedule.moe_shapes import moe_dims
+from meshsim.sim.schedule.ops import Collective, Op
+from meshsim.sim.schedule.shapes import layer_dims
+
+NOT_TIMED = ("ln2", "mlp_res", "ln2_grad_add")  # the benchmark times MoELayer alone
+
+# section 1.5: proxy -> (hidden, moe_ffn, experts, top_k, groups, group_topk, sigmoid)
+PROXIES = {"mixtral": (4096, 14336, 8, 2, None, None, False), "deepseek": (7168, 2048, 32, 8, 8, 4, True)}
+# (proxy, dispatcher label) -> (fwd ms, bwd ms) as printed in baseline.json
+LAYER_MS = {
+    ("mixtral", "a2a"): (4.32688798904419, 7.684332823753357),
+    ("mixtral", "deepep"): (4.635550403594971, 7.854356813430786),
+    ("mixtral", "hybridep"): (4.342604804039001, 7.740782427787781),
+    ("deepseek", "a2a"): (7.119169592857361, 10.482670497894286),
+    ("deepseek", "deepep"): (5.681718397140503, 9.055137538909912),
+    ("deepseek", "hybridep"): (5.390828824043274, 8.795001602172851),
+}
+LAYER_FP8_MS = {
+    ("mixtral", "a2a"): (3.7876319885253906, 6.618246412277221),
+    ("mixtral", "deepep"): (4.101150441169739, 6.82720000743866),
+    ("mixtral", "hybridep"): (3.7007392168045046, 6.57167682647705),
+    ("deepseek", "a2a"): (7.609272027015686, 10.126460886001587),
+    ("deepseek", "deepep"): (6.034772801399231, 8.60211353302002),
+    ("deepseek", "hybridep"): (5.142886424064637, 7.6874864339828495),
+}
+DISPATCH = {"a2a": {"moe_dispatcher": "alltoall"}, "deepep": {"moe_dispatcher": "flex", "moe_flex_backend": "deepep"},
+            "hybridep": {"moe_dispatcher": "flex", "moe_flex_backend": "hybridep"}}
+def layer_scenario(proxy: str, dispatcher: str):
+    h, f, e, k, g, gk, sig = PROXIES[proxy]
+    moe = {"experts": e, "top_k": k, "ffn_hidden": f, "router": "sigmoid" if sig else "softmax"}
+    if g:
+        moe |= {"router_groups": g, "router_group_topk": gk}
+    data = {"name": f"moe-layer-{proxy}-{dispatcher}",
+            "model": {"layers": 1, "hidden": h, "heads": 8, "seq_len": 4096, "vocab": 1024, "mlp": "gelu",
+                      "bias": False, "dropout": False, "moe": moe},
+            "topology": {"preset": "dgx-h100"},
+            "parallel": {"tp": 1, "ep": 8, "global_batch": 8, **DISPATCH[dispatcher]}}
+    return resolve(validate_scenario(data, "benchmarks/accuracy_moe.py"), "benchmarks/accuracy_moe.py")
+
+
+def block_time_ms(rs, backward: bool) -> float:
+    """The MoE block's ops in program order: compute times plus collective times on the real groups."""
+    d = layer_dims(rs)
+    m = moe_dims(rs)
+    tpl = Template()
+    if backward:
+        moe_backward(tpl, replace(d, dropout=False), m, ("gin",))
+    else:
+        moe_forward(tpl, "fwd", d, m, ("in",))
+    compute, coster = compute_fn(rs), CollectiveCoster(rs)
+    total = 0.0
+    for i, t in enumerate(tpl.ops):
+        if t.suffix.split(".", 1)[1] in NOT_TIMED:
+            continue
+        op = Op(i, t.suffix, t.stream, t.category, t.phase, t.work)
+        if isinstance(t.work, Collective):
+            latency, bandwidth, _ = coster.cost(t.work, rs.group(t.work.group, 0))[0]
+            total += latency + bandwidth
+        else:
+            total += compute(op, 0)
+    return total * 1e3
+
+
+def layer_rows(row_type, used: dict[str, tuple[str, ...]]) -> list:
+    """One row per (proxy, dispatcher, phase): `row_type` is accuracy_rows.Row; `used` names the fits each
+    case was used in (benchmarks/accuracy/fits.yaml)."""
+    rows = []
+    for (proxy, disp), (fwd, bwd) in LAYER_MS.items():
+        rs = layer_scenario(proxy, disp)
+        for phase, ms, backward in (("forward", fwd, False), ("backward", bwd, True)):
+            name = f"moe-layer-{proxy}-{disp}-bf16-{phase}"
+            rows.append(row_type("moe-layer", name, f"layer {proxy} {disp} bf16 {phase} (ep 8, 1 DGX H100)", ms,
+                                 block_time_ms(rs, backward), "ms", used_in_fit=used.get(name, ())))
+    for (proxy, disp), (fwd, bwd) in LAYER_FP8_MS.items():
+        for phase, ms in (("forward", fwd), ("backward", bwd)):
+            name = f"moe-layer-{proxy}-{disp}-fp8-{phase}"
+            rows.append(row_type("moe-layer", name, f"layer {proxy} {disp} fp8 blockwise {phase}", ms, None, "ms",
+                                 note="needs the FP8 precision plumbing"))
+    return rows
