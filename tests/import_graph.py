@@ -21,6 +21,7 @@ LAYERS = (
     "meshsim.scenarios",
     "meshsim.sim.schedule",
     "meshsim.sim.cost",
+    "meshsim.sim.kineto",  # reads PyTorch-profiler traces: uses op keys and busbw factors, nothing above
     "meshsim.sim.engine",
     "meshsim.sim.results",
     "meshsim.sim.outputs",

@@ -25,6 +25,7 @@ COMMAND_MODULES = {  # command -> the module that registers it (each module regi
     "compare": "meshsim.sim.cli.sweep",
     "validate": "meshsim.sim.cli.validate",  # meshsim validate, meshsim calibrate (torch imported lazily)
     "calibrate": "meshsim.sim.cli.validate",
+    "trace": "meshsim.sim.cli.trace",  # meshsim trace summary (Kineto traces; no torch)
 }
 
 

@@ -1,0 +1,138 @@
+"""`meshsim trace summary PATH...`: what a PyTorch-profiler (Kineto) trace says about its training steps.
+
+One JSON (plain or .gz) per rank, or folders of them. Per (rank, step): step time, busy time by
+category (compute, communication, copies), communication not hidden by compute, idle, HTA's critical
+path by what bounds it; busy time by kernel class; collectives by size with their bus bandwidth; the
+GEMM shapes with their throughput. A progress bar (stderr) while a file is read on a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from meshsim.sim.core.console import make_console
+from meshsim.sim.core.fmt import fmt_bytes
+from meshsim.sim.core.userio import check_output_file
+from meshsim.sim.kineto.document import summary_document
+from meshsim.sim.kineto.ranks import RankData, load_ranks, summaries
+
+trace_app = typer.Typer(help="Read PyTorch-profiler (Kineto) traces: meshsim trace summary PATH...",
+                        no_args_is_help=True, add_completion=False)
+
+
+@contextmanager
+def progress_bars(enabled: bool):
+    """A factory path -> progress callback (bytes read), drawing one rich bar per file on stderr; a
+    factory of None when disabled or stderr is not a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda path: None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=make_console(stderr=True), transient=True) as bars:
+        def factory(path: Path) -> Callable[[int], None]:
+            task = bars.add_task(f"reading {path.name}", total=path.stat().st_size)
+            return lambda done: bars.update(task, completed=done)
+        yield factory
+
+
+def read_traces(paths: list[Path], progress: bool = True) -> list[RankData]:
+    with progress_bars(progress) as factory:
+        return load_ranks(paths, factory)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f}"
+
+
+def print_summary(doc: dict, console) -> None:
+    for r in doc["ranks"]:
+        kind = "CPU as the device" if r["cpu_device"] else r["device"]
+        console.print(f"rank {r['rank']} of {r['world_size'] or '?'} ({r['backend'] or '?'}, {kind}): {r['path']}, "
+                      f"{r['events']:,} events, {r['device_events']:,} device events", highlight=False)
+    steps = Table(title="Steps (ms): busy rows overlap; exposed comm = communication with no compute running",
+                  title_justify="left", header_style="bold")
+    for col in ("rank", "step", "step", "compute", "comm", "exposed comm", "copies", "idle", "kernels",
+                "CP cpu", "CP gpu compute", "CP gpu comm", "CP gaps"):
+        steps.add_column(col, justify="right")
+    for s in doc["steps"]:
+        cp = s["critical_path"]
+        gaps = cp.get("gpu_kernel_kernel_overhead", 0.0) + cp.get("gpu_kernel_launch_overhead", 0.0)
+        steps.add_row(str(s["rank"]), "-" if s["step"] is None else str(s["step"]), _ms(s["span_s"]),
+                      _ms(s["compute_busy_s"]), _ms(s["comm_busy_s"]), _ms(s["exposed_comm_s"]),
+                      _ms(s["memory_busy_s"]), _ms(s["idle_s"]), f"{sum(s['count'].values()):,}",
+                      _ms(cp.get("cpu_bound", 0.0)), _ms(cp.get("gpu_compute_bound", 0.0)),
+                      _ms(cp.get("gpu_communication_bound", 0.0)), _ms(gaps))
+    console.print(steps)
+    mean = doc["mean_step"]
+    classes = Table(title=f"Busy time by kernel class, mean per step (step {_ms(mean['span_s'])} ms)",
+                    title_justify="left", header_style="bold")
+    for col in ("class", "ms", "% of step", "kernels"):
+        classes.add_column(col, justify="right" if col != "class" else "left")
+    for cls, t in mean["busy_s"].items():
+        classes.add_row(cls, _ms(t), f"{100 * t / mean['span_s']:.1f}" if mean["span_s"] else "-",
+                        f"{mean['kernels_per_step'].get(cls, 0):,.0f}")
+    console.print(classes)
+    _print_collectives(doc, console)
+    _print_gemms(doc, console)
+
+
+def _print_collectives(doc: dict, console) -> None:
+    if not doc["collectives"]:
+        return
+    table = Table(title="Collectives by size (busbw = bytes / time x nccl-tests factor; * group size assumed)",
+                  title_justify="left", header_style="bold")
+    for col in ("op", "group", "bytes", "count", "mean us", "min us", "busbw GB/s", "algo"):
+        table.add_column(col, justify="left" if col in ("op", "algo") else "right")
+    for r in doc["collectives"]:
+        group = f"{r['group']}{'*' if r['assumed_group'] else ''}" if r["group"] else "?"
+        bw = f"{r['busbw_GBps']:.2f}" if r["busbw_GBps"] is not None else "-"
+        table.add_row(r["op"], group, fmt_bytes(r["bytes"]), str(r["count"]), f"{r['mean_us']:,.1f}",
+                      f"{r['min_us']:,.1f}", bw, f"{r['algo']} {r['protocol']}".strip())
+    console.print(table)
+
+
+def _print_gemms(doc: dict, console, top: int = 10) -> None:
+    if not doc["gemms"]:
+        return
+    table = Table(title=f"GEMMs by shape (from the launching operator's Input Dims; top {top} by time)",
+                  title_justify="left", header_style="bold")
+    for col in ("m x n x k (batch)", "count", "mean us", "TFLOP/s"):
+        table.add_column(col, justify="right")
+    for g in doc["gemms"][:top]:
+        shape = f"{g['m']}x{g['n']}x{g['k']}" + (f" ({g['batch']})" if g["batch"] > 1 else "")
+        table.add_row(shape, str(g["count"]), f"{g['mean_us']:,.1f}", f"{g['tflops']:.2f}")
+    console.print(table)
+
+
+@trace_app.command("summary")
+def summary_command(
+    paths: list[Path] = typer.Argument(..., help="trace files (.json / .json.gz, one per rank) or folders of them"),
+    step: int = typer.Option(None, "--step", help="only ProfilerStep#STEP (default: every traced step)"),
+    json_path: Path = typer.Option(None, "--json", help="write the summary as JSON here"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on a terminal"),
+    critical_path: bool = typer.Option(True, "--critical-path/--no-critical-path",
+                                       help="HTA's critical path per step (the slowest part on large traces)"),
+) -> None:
+    """Per rank and step: busy time by category and kernel class, exposed communication, idle, critical path;
+    collectives with their bus bandwidth; GEMMs with their throughput."""
+    check_output_file("--json", json_path)
+    ranks = read_traces(paths, progress)
+    doc = summary_document(ranks, summaries(ranks, step, critical=critical_path))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(doc, indent=1))
+    print_summary(doc, make_console())
+    if json_path is not None:
+        typer.echo(f"json: {json_path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(trace_app, name="trace")

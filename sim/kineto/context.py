@@ -1,0 +1,94 @@
+"""What launched each device event: the host operators around its launch.
+
+A GPU kernel is linked to the cuda_runtime call that launched it by their shared correlation id (what
+Kineto's `ac2g` flow arrows also draw). The host operators open on that call's thread at that moment,
+innermost first, say what the kernel is for:
+- the innermost operator that recorded `Input Dims` (aten::mm, aten::addmm, ...): a GEMM's shape;
+- the innermost `nccl:*` / `gloo:*` annotation or `record_param_comms` with collective args: which
+  collective, when the kernel itself carries no NCCL args (older PyTorch);
+- the innermost user annotation named like a meshsim op ("L0.mb0.fwd.qkv", sim/schedule/op_keys.py):
+  the schedule op it runs (`meshsim validate --trace` records them; a Megatron trace has none).
+In a CPU trace the device event is itself a host operator, so the same query runs at its own start.
+
+One sweep per thread over its events sorted by start (longest first on ties) with a stack of the open
+ones: O(n log n) for the sort, O(depth) per launch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from meshsim.sim.kineto.records import DeviceEvent, HostOp
+from meshsim.sim.schedule.op_keys import EMBED_BLOCK, HEAD_BLOCK, OPT_BLOCK, PP_BLOCK
+
+RUNTIME_CATS = frozenset(("cuda_runtime", "cuda_driver"))
+OP_LABEL = re.compile(rf"^(L\d+|{EMBED_BLOCK}|{HEAD_BLOCK}|{OPT_BLOCK}|{PP_BLOCK}|dp)\.[\w.+-]+$")
+COMM_ANNOTATION = re.compile(r"^(nccl|gloo):")
+
+
+class Launch(NamedTuple):
+    """The host side of one device event (any part may be missing)."""
+
+    ts: float  # the launch call's start (us); the event's own start in a CPU trace
+    tid: int
+    shape_op: HostOp | None
+    comm_op: HostOp | None
+    label: str | None
+
+
+NO_LAUNCH = Launch(-1.0, -1, None, None, None)
+
+
+def _launch_of(stack: Sequence[HostOp], ts: float, tid: int, own: HostOp | None = None) -> Launch:
+    shape = own if own is not None and own.dims else None
+    comm = label = None
+    for op in reversed(stack):
+        if shape is None and op.cat == "cpu_op" and op.dims:
+            shape = op
+        if comm is None and (COMM_ANNOTATION.match(op.name) or (op.args and "Collective name" in op.args)):
+            comm = op
+        if label is None and op.cat == "user_annotation" and OP_LABEL.match(op.name):
+            label = op.name
+    return Launch(ts, tid, shape, comm, label)
+
+
+def _sweep(ops: Iterable[HostOp], wanted) -> dict[int, Launch]:
+    """key -> Launch for every op `wanted(op)` returns a key for (ops of one thread, sorted by start)."""
+    found: dict[int, Launch] = {}
+    stack: list[HostOp] = []
+    for op in ops:
+        while stack and stack[-1].end <= op.ts:
+            stack.pop()
+        key = wanted(op)
+        if key is not None:
+            found[key] = _launch_of(stack, op.ts, op.tid, op if op.cat == "cpu_op" else None)
+        if op.cat not in RUNTIME_CATS:
+            stack.append(op)
+    return found
+
+
+def _by_thread(host: Sequence[HostOp]) -> list[list[HostOp]]:
+    threads: dict[int, list[HostOp]] = {}
+    for op in host:  # already sorted by (tid, ts, -dur)
+        threads.setdefault(op.tid, []).append(op)
+    return list(threads.values())
+
+
+def gpu_launches(host: Sequence[HostOp], device: Sequence[DeviceEvent]) -> list[Launch]:
+    """The Launch of each GPU event (NO_LAUNCH when its correlation matches no runtime call)."""
+    wanted = {ev.corr for ev in device if ev.corr >= 0}
+    found: dict[int, Launch] = {}
+    for ops in _by_thread(host):
+        found.update(_sweep(ops, lambda op: op.corr if op.cat in RUNTIME_CATS and op.corr in wanted else None))
+    return [found.get(ev.corr, NO_LAUNCH) if ev.corr >= 0 else NO_LAUNCH for ev in device]
+
+
+def cpu_launches(host: Sequence[HostOp], device: Sequence[DeviceEvent]) -> list[Launch]:
+    """A CPU trace: each device event's own operator and the annotations around it."""
+    index = {(ev.stream, ev.ts, ev.name): i for i, ev in enumerate(device)}
+    found: dict[int, Launch] = {}
+    for ops in _by_thread(host):
+        found.update(_sweep(ops, lambda op: index.get((op.tid, op.ts, op.name))))
+    return [found.get(i, Launch(ev.ts, ev.stream, None, None, None)) for i, ev in enumerate(device)]

@@ -1,0 +1,149 @@
+"""A set of per-rank traces: load them, check their clocks agree, summarize every (rank, step).
+
+Clock check (one UserError, exit 2, when it fails): Kineto stamps events with each host's own clock,
+so traces from different hosts are comparable only if those clocks agree. A collective cannot end on
+one rank before it has started on another (every rank's kernel runs while the last one arrives), so the
+k-th collective of the same (op, bytes) on two ranks must overlap in time:
+    max(start_a, start_b) <= min(end_a, end_b) + CLOCK_SLACK_US.
+When more than half of the matched collectives of a rank fail this against the lowest rank, its clock
+is off by about the median difference of their ends (the ends of a collective coincide). Without
+collectives, the same ProfilerStep#N must start within half a step on every rank.
+
+Bus bandwidth over several ranks: the k-th collective's time is the minimum over ranks of its kernel
+durations (the last rank to arrive waits for nobody, so its kernel time is the collective's own; what
+validate's timing does with its barrier'd runs, docs/validate.md section 5).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.kineto.critical_path import critical_path_breakdown
+from meshsim.sim.kineto.jsonstream import Progress
+from meshsim.sim.kineto.kernels import Kernel, classify_rank, clipped, kernels_in, step_windows, trace_steps
+from meshsim.sim.kineto.load import load_rank
+from meshsim.sim.kineto.records import RankTrace
+from meshsim.sim.kineto.step_summary import StepSummary, summarize_step
+
+CLOCK_SLACK_US = 50.0
+TRACE_SUFFIXES = (".json", ".json.gz")
+FIX_PATHS = "give trace files (.json or .json.gz) or folders of them, one file per rank"
+
+
+@dataclass(frozen=True)
+class RankData:
+    trace: RankTrace
+    kernels: tuple[Kernel, ...]
+
+
+def trace_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The trace files named: files as given, folders expanded to their *.json / *.json.gz files."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+            if not found:
+                raise UserError("trace", str(p), FIX_PATHS, problem="The folder holds no .json or .json.gz file")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise UserError("trace", str(p), FIX_PATHS, problem="No such file or folder")
+    return out
+
+
+def load_ranks(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None
+               ) -> list[RankData]:
+    """Every rank's trace, classified, sorted by rank; two files of one rank are refused."""
+    ranks: dict[int, RankData] = {}
+    for path in trace_files(paths):
+        rt = load_rank(path, progress(path) if progress else None)
+        if rt.rank in ranks:
+            raise UserError("trace", str(path), "give one trace file per rank",
+                            problem=f"Rank {rt.rank} is also in {ranks[rt.rank].trace.path}")
+        ranks[rt.rank] = RankData(rt, tuple(classify_rank(rt)))
+    checked = [ranks[r] for r in sorted(ranks)]
+    check_clocks(checked)
+    return checked
+
+
+def _collectives(data: RankData) -> list[Kernel]:
+    return [k for k in data.kernels if k.coll is not None and not k.coll.p2p]
+
+
+def _matched(a: Sequence[Kernel], b: Sequence[Kernel]) -> list[tuple[Kernel, Kernel]]:
+    """Pairs (k-th of a, k-th of b) when both ranks ran the same collectives in the same order."""
+    key = [(k.coll.op, k.coll.nbytes) for k in a]
+    return list(zip(a, b, strict=True)) if key == [(k.coll.op, k.coll.nbytes) for k in b] else []
+
+
+def check_clocks(ranks: Sequence[RankData]) -> None:
+    """Raise a UserError when a rank's clock disagrees with the lowest rank's (module docstring)."""
+    if len(ranks) < 2:
+        return
+    ref = ranks[0]
+    ref_coll = _collectives(ref)
+    for other in ranks[1:]:
+        pairs = _matched(ref_coll, _collectives(other))
+        if pairs:
+            bad = sum(max(a.ev.ts, b.ev.ts) > min(a.ev.end, b.ev.end) + CLOCK_SLACK_US for a, b in pairs)
+            if bad * 2 > len(pairs):
+                offset = statistics.median(b.ev.end - a.ev.end for a, b in pairs)
+                raise _skew(other, ref, f"{bad} of its {len(pairs)} collectives do not overlap rank {ref.trace.rank}'s "
+                            f"(its clock is about {offset / 1e3:+.3f} ms off)")
+            continue
+        steps = {s.number: s for s in ref.trace.steps}
+        for s in other.trace.steps:
+            mine = steps.get(s.number)
+            if mine is not None and abs(s.ts - mine.ts) > 0.5 * max(s.dur, mine.dur):
+                raise _skew(other, ref, f"its ProfilerStep#{s.number} starts {(s.ts - mine.ts) / 1e3:+.3f} ms from "
+                            f"rank {ref.trace.rank}'s")
+
+
+def _skew(other: RankData, ref: RankData, what: str) -> UserError:
+    return UserError("trace", other.trace.path, "trace ranks whose host clocks are synchronized (NTP / PTP), or "
+                     "summarize each rank's file on its own", problem=f"Clock-skewed ranks: rank {other.trace.rank}: {what}")
+
+
+def min_over_ranks_us(ranks: Sequence[RankData]) -> dict[int, list[float]] | None:
+    """rank -> the duration of each of its collectives replaced by the minimum over ranks (module
+    docstring), when every rank ran the same collectives; else None."""
+    seqs = [_collectives(r) for r in ranks]
+    if len(ranks) < 2 or any(not _matched(seqs[0], s) for s in seqs[1:]) or not seqs[0]:
+        return None
+    mins = [min(s[i].ev.dur for s in seqs) for i in range(len(seqs[0]))]
+    return {r.trace.rank: mins for r in ranks}
+
+
+def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool = True) -> list[StepSummary]:
+    """One StepSummary per (rank, step) (`step`: only ProfilerStep#step), with HTA's critical-path
+    breakdown unless `critical` is False (sim/kineto/critical_path.py)."""
+    mins = min_over_ranks_us(ranks)
+    out = []
+    for data in ranks:
+        steps = trace_steps(data.trace)
+        colls = _collectives(data)
+        index = {id(k): i for i, k in enumerate(colls)}
+        for st, window in zip(steps, step_windows(steps), strict=True):
+            if step is not None and st.number != step:
+                continue
+            started = kernels_in(data.kernels, window)
+            comm_us = None
+            if mins is not None:
+                comm_us = [mins[data.trace.rank][index[id(k)]] if id(k) in index else k.ev.dur
+                           for k in started if k.coll is not None]
+            summary = summarize_step(data.trace.rank, st.number, window, started, clipped(data.kernels, window),
+                                     comm_us)
+            if critical:
+                path = critical_path_breakdown(data.trace.host, started, data.kernels, window)
+                summary = replace(summary, critical_path=path)
+            out.append(summary)
+    if step is not None and not out:
+        found = sorted({s.number for d in ranks for s in d.trace.steps if s.number is not None})
+        raise UserError("--step", step, f"give one of the traced steps: {', '.join(map(str, found)) or 'none'}",
+                        problem="No such ProfilerStep in the trace")
+    return out
