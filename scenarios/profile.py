@@ -9,6 +9,9 @@ overrides the preset-derived defaults:
 - `elementwise_bw_gbps`: measured bandwidth of memory-bound kernels.
 - `collective_table`: measured collective times per (op, ranks, nbytes); for a group of that size the
   collective model interpolates in log(bytes) instead of using the analytic model.
+- `samples` (optional, on every table row, and `samples` by field name for the scalar entries): how many
+  measured kernels an entry rests on (`meshsim calibrate --from-trace` writes them; older profiles have
+  none, which reads as unknown).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class GemmPoint(Frozen):
     k: int = Field(gt=0)
     batch: int = Field(default=1, gt=0)
     tflops: float = Field(gt=0)
+    samples: int | None = Field(default=None, ge=0)
 
 
 class CollectivePoint(Frozen):
@@ -44,6 +48,7 @@ class CollectivePoint(Frozen):
     time_us: float = Field(gt=0)
     algbw_gbps: float = Field(ge=0)
     busbw_gbps: float = Field(ge=0)
+    samples: int | None = Field(default=None, ge=0)
 
 
 class KernelPoint(Frozen):
@@ -53,6 +58,7 @@ class KernelPoint(Frozen):
     bytes: int = Field(default=0, ge=0)
     flops: float = Field(default=0.0, ge=0)
     time_us: float = Field(gt=0)
+    samples: int | None = Field(default=None, ge=0)
 
 
 class HardwareProfile(Frozen):
@@ -65,6 +71,7 @@ class HardwareProfile(Frozen):
     elementwise_bw_gbps: float | None = Field(default=None, gt=0)
     kernel_table: list[KernelPoint] = []
     collective_table: list[CollectivePoint] = []
+    samples: dict[str, int] = {}  # scalar entry (elementwise_bw_gbps, compute.host_dispatch_us, ...) -> kernels behind it
 
 
 def load_profile(path: str | Path) -> HardwareProfile:

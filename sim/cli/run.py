@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
-from meshsim.scenarios.load import load_and_resolve, load_scenario
+from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, with_overrides
 from meshsim.sim.core.console import Column, fitted_table, make_console
 from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError
 from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
@@ -56,6 +56,8 @@ def run_command(
                                         "min(dp, 2) replicas with real rendezvous instead of one rank"),
     full: bool = typer.Option(False, "--full", help="simulate every micro-batch instead of extrapolating the "
                               "steady state (same figures; trace and timeline then hold every op)"),
+    profile: Path = typer.Option(None, "--profile", help="hardware profile YAML (meshsim calibrate, also "
+                                 "--from-trace) replacing the scenario's hardware.profile"),
 ) -> None:
     """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html.
 
@@ -64,7 +66,7 @@ def run_command(
     if outputs not in OUTPUT_LEVELS:
         raise UserError("--outputs", outputs, f"use one of {', '.join(OUTPUT_LEVELS)}")
     budget = _tokens(tokens)
-    rs = load_and_resolve(scenario or DEFAULT_SCENARIO)
+    rs = load_with_profile(scenario or DEFAULT_SCENARIO, profile)
     out_dir = _out_dir(out, rs.name) if outputs != "none" else None  # --outputs none touches no folder
     check_output_file("--json", json_path)
     if explicit_ranks:
@@ -86,6 +88,17 @@ def run_command(
         console.print(f"exit status {EXIT_DOES_NOT_FIT}: the configuration does not fit in GPU memory "
                       "(--allow-oom to exit 0)", highlight=False)
         raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def load_with_profile(scenario: str, profile: Path | None):
+    """The resolved scenario, with `profile` (a path from the working directory) as its hardware.profile."""
+    if profile is None:
+        return load_and_resolve(scenario)
+    if not profile.is_file():
+        raise UserError("--profile", str(profile), "give a profile YAML written by meshsim calibrate",
+                        problem="No such file")
+    sc, source = load_scenario(scenario)
+    return resolve(with_overrides(sc, {"hardware.profile": str(profile.resolve())}, source), source)
 
 
 SCENARIO_COLUMNS = (Column("name", "left", keep=True), Column("model", "left", rank=2),

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import typer
 
-from meshsim.scenarios.load import load_scenario
+from meshsim.scenarios.load import load_scenario, resolve
 from meshsim.scenarios.profile import save_profile
+from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.userio import check_output_dir, check_output_file, load_json, output_folder_name
+from meshsim.sim.kineto.calibrate import profile_from_trace
+from meshsim.sim.kineto.ranks import summaries
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 
 DEFAULT_CALIBRATION_SCENARIO = "tiny-2gpu"
 MAX_LOCAL_NPROC = 64  # processes spawned on this machine (more: torchrun / SLURM, docs/validate.md)
@@ -159,6 +163,10 @@ def validate_command(
                                       "SLURM and exit (docs/validate.md)"),
     from_results: Path = typer.Option(None, "--from-results", help="report from the results.json of a torchrun "
                                       "run of the dumped payload instead of spawning processes"),
+    trace: Path = typer.Option(None, "--trace", help="also record PyTorch-profiler traces of 3 more "
+                               "as-scheduled steps into this folder (rank<R>.json) with the shrunk "
+                               "scenario.yaml they ran (meshsim trace summary / compare --trace / calibrate "
+                               "--from-trace read them)"),
 ) -> None:
     """Run the scenario's TP/SP step for real: numerics (--check), or simulated vs measured step time."""
     if check:
@@ -169,12 +177,16 @@ def validate_command(
     per_rank = _results(from_results) if from_results is not None else None
     be = _results_backend(per_rank, backend, nproc) if per_rank is not None else _backend(backend, local)
     n = _nproc(nproc, be, local)
-    _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, per_rank))
+    check_output_dir("--trace", trace)
+    if trace is not None and not local:
+        raise UserError("--trace", str(trace), "drop --trace with --dump-payload / --from-results (the traces are "
+                        "recorded by processes this command spawns)")
+    _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, per_rank, trace))
 
 
 def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance: float | None,
                 json_path: Path | None, out: Path | None, repeats: int, dump: Path | None,
-                per_rank: list | None) -> int:
+                per_rank: list | None, trace: Path | None = None) -> int:
     # meshsim[validate] extra: these modules import torch
     from meshsim.validate.crosscheck.crosscheck import finish, run_crosscheck, timing_payload
     from meshsim.validate.printing import print_crosscheck
@@ -204,7 +216,10 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
         result = finish(shrunk, source, str(profile), variants_, measured, out_dir)
     else:
         result = run_crosscheck(sc, source, n, profile=str(profile) if profile else None, out_dir=out_dir,
-                                backend=be, repeats=repeats)
+                                backend=be, repeats=repeats, trace_dir=trace)
+        if trace is not None:
+            typer.echo(f"traces: {trace} (meshsim trace summary {trace}; meshsim compare {trace / 'scenario.yaml'} "
+                       f"--trace {trace})")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result.report, indent=2))
@@ -223,8 +238,16 @@ def calibrate_command(
                                       "SLURM and exit (docs/validate.md)"),
     from_results: Path = typer.Option(None, "--from-results", help="build the profile from the results.json of "
                                       "a torchrun run of the dumped payload"),
+    from_trace: list[Path] = typer.Option(None, "--from-trace", help="learn the profile from PyTorch-profiler "
+                                          "traces of the scenario's own step (files or folders, one file per "
+                                          "rank; repeatable); no processes are run, torch is not needed"),
+    scenario_opt: str = typer.Option(None, "--scenario", help="the scenario the trace ran (same as the argument)"),
+    step: int = typer.Option(None, "--step", help="with --from-trace: only ProfilerStep#STEP"),
 ) -> None:
     """Measure GEMMs, attention, memory-bound kernels and collectives; write a hardware profile."""
+    if from_trace:
+        _calibrate_from_trace(from_trace, scenario_opt or scenario, out, step)
+        return
     # meshsim[validate] extra: these modules import torch
     from meshsim.validate.calibrate.calibration import build_profile, calibrate, calibration_payload
     from meshsim.validate.printing import print_profile
@@ -248,6 +271,24 @@ def calibrate_command(
     else:
         profile = calibrate(shrunk, source, n, backend=be, out=path)
     print_profile(profile, path)
+
+
+def _calibrate_from_trace(paths: list[Path], scenario: str | None, out: Path | None, step: int | None) -> None:
+    """`calibrate --from-trace`: the profile of the traced steps, for the scenario's schedule (no torch)."""
+    if scenario is None:
+        raise UserError("--scenario", None, "name the scenario the trace ran: --scenario S (a YAML path or "
+                        "built-in name); the profile is learnt for its schedule's works")
+    sc, source = load_scenario(scenario)
+    path = out or _default_out(sc.name) / "profile.yaml"
+    check_output_file("--out", path)
+    schedule = build_stage_schedules(resolve(sc, source))[0]
+    ranks = read_traces(paths)
+    steps = summaries(ranks, step, critical=False)
+    profile = profile_from_trace(ranks, steps, schedule, f"{sc.name}-from-trace", sc.name)
+    save_profile(profile, path)
+    typer.echo(f"profile: {path} ({len(profile.gemm_table)} GEMM shapes, {len(profile.kernel_table)} kernels, "
+               f"{len(profile.collective_table)} collective sizes, from {len(steps)} traced rank-steps); use it "
+               f"with meshsim run {scenario} --profile {path}")
 
 
 def register(app: typer.Typer) -> None:

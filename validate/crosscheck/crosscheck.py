@@ -23,6 +23,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from meshsim.scenarios.library import source_dir
 from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.results.critical_path import critical_path, shares
@@ -132,15 +135,30 @@ def finish(shrunk: Scenario, source: str, profile: str, variants: list, measured
     return check
 
 
+def write_traced_scenario(shrunk: Scenario, source: str, trace_dir: Path) -> Path:
+    """trace_dir/scenario.yaml: the shrunk scenario the traced steps ran (a topology file made absolute)."""
+    data = shrunk.model_dump(mode="json", exclude_none=True)
+    if shrunk.topology.file is not None:
+        data["topology"]["file"] = str((source_dir(source) / shrunk.topology.file).resolve())
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    path = trace_dir / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str | None = None,
                    out_dir: str | Path | None = None, backend: str = "gloo", repeats: int = 5,
-                   numerics: bool = True) -> CrossCheck:
+                   numerics: bool = True, trace_dir: str | Path | None = None) -> CrossCheck:
     """Shrink -> calibrate (unless `profile`) -> run for real (with the numerics check of the scenario's
     own variant in the same processes) -> simulate with the profile -> compare. Writes profile.yaml (when
-    calibrated), trace_measured.json and trace_merged.json into out_dir."""
+    calibrated), trace_measured.json and trace_merged.json into out_dir; with trace_dir, Kineto traces of
+    extra as-scheduled steps (validate/timing/profiled.py) and the shrunk scenario they ran there."""
     out = Path(out_dir) if out_dir is not None else None
     shrunk, variants, payload = timing_payload(scenario, source, nproc, backend, repeats=repeats,
                                                numerics=numerics)
+    if trace_dir is not None:
+        payload["trace_dir"] = str(Path(trace_dir).resolve())
+        write_traced_scenario(shrunk, source, Path(trace_dir))
     if profile is None:
         if out is None:
             raise ValueError("run_crosscheck needs out_dir to write the calibrated profile into")

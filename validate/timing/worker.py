@@ -20,6 +20,7 @@ waits hung gloo there); on CUDA a batch runs on its own pp_comm stream and its d
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -34,6 +35,7 @@ from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.validate.numerics.worker import run_variants
 from meshsim.validate.stack.groups import build_mesh
 from meshsim.validate.timing.executor import Device, Pipeline, Runners
+from meshsim.validate.timing.profiled import profiled_steps
 
 
 class CpuClock:
@@ -79,8 +81,13 @@ def timed_step(schedule: Schedule, runners: Runners, clock, groups: dict) -> lis
     return [(clock.seconds(step, a), clock.seconds(a, b)) for a, b in marks]
 
 
-def scheduled_step_cpu(schedule: Schedule, runners: Runners) -> float:
-    """Seconds for one step issued as scheduled (collectives async, waited by their dependants)."""
+def _no_label(op) -> contextlib.nullcontext:
+    return contextlib.nullcontext()
+
+
+def scheduled_step_cpu(schedule: Schedule, runners: Runners, around=_no_label) -> float:
+    """Seconds for one step issued as scheduled (collectives async, waited by their dependants);
+    `around(op)` is a context each op runs in (validate/timing/profiled.py labels ops for the profiler)."""
     dist.barrier()
     start = time.perf_counter()
     pending: dict[int, object] = {}
@@ -90,7 +97,8 @@ def scheduled_step_cpu(schedule: Schedule, runners: Runners) -> float:
             if handle is not None:
                 handle.wait()
         is_comm = isinstance(op.work, Collective)
-        handle = runners(op.work)(is_comm)  # a P2P batch: waited here (module docstring)
+        with around(op):
+            handle = runners(op.work)(is_comm)  # a P2P batch: waited here (module docstring)
         if is_comm and handle is not None:
             pending[op.id] = handle
     for handle in pending.values():
@@ -98,7 +106,7 @@ def scheduled_step_cpu(schedule: Schedule, runners: Runners) -> float:
     return time.perf_counter() - start
 
 
-def scheduled_step_cuda(schedule: Schedule, runners: Runners) -> float:
+def scheduled_step_cuda(schedule: Schedule, runners: Runners, around=_no_label) -> float:
     """As scheduled on CUDA: one stream per schedule stream, dependencies as events, NCCL on its stream."""
     streams = {"compute": torch.cuda.current_stream(), "tp_comm": torch.cuda.Stream(),
                "dp_comm": torch.cuda.Stream(), "pp_comm": torch.cuda.Stream()}
@@ -110,7 +118,7 @@ def scheduled_step_cuda(schedule: Schedule, runners: Runners) -> float:
         stream = streams[op.stream]
         for dep in op.deps:
             stream.wait_event(done[dep])
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), around(op):
             is_comm = isinstance(op.work, Collective | P2P)
             handle = runners(op.work)(is_comm)
             if is_comm and handle is not None:
@@ -156,5 +164,7 @@ def timing_task(payload: dict) -> dict:
     for _ in range(payload.get("repeats", 5)):
         timed.append(timed_step(schedule, runners, clock, groups))
         steps.append(scheduled(schedule, runners))
+    if payload.get("trace_dir"):
+        profiled_steps(schedule, runners, scheduled, payload["trace_dir"], payload.get("trace_steps", 3), cuda)
     return {"rank": dist.get_rank(), "backend": dist.get_backend(), "timed": timed, "step_s": steps,
             "numerics": numerics}
