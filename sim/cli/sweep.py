@@ -8,11 +8,16 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from meshsim.scenarios.load import load_scenario, with_overrides
+from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.console import fitted_table, make_console
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.fmt import fmt_bytes
 from meshsim.sim.core.userio import check_output_dir, check_output_file
+from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
+from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.results.error_band import band_for
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
@@ -21,6 +26,8 @@ from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
 from meshsim.sim.sweep.report_page import write_report
 from meshsim.sim.sweep.runner import run_sweep
 from meshsim.sim.sweep.table import table_columns, table_rows
+from meshsim.sim.sweep.trace_compare import compare_trace, simulated_side
+from meshsim.sim.sweep.trace_compare_page import write_outputs as write_trace_outputs
 
 MAX_JOBS = 256  # local worker processes of one sweep
 
@@ -101,14 +108,89 @@ def print_results(records: list[SweepRecord], reasons: list[str], *, title: str,
 
 
 def compare_command(
-    a: Path = typer.Argument(..., help="first results.json (meshsim run --out DIR writes DIR/results.json)"),
-    b: Path = typer.Argument(..., help="second results.json"),
-    out: Path = typer.Option(None, "--out", help="write compare.json and a merged Perfetto trace.json here"),
+    a: Path = typer.Argument(..., help="first results.json (meshsim run --out DIR writes DIR/results.json); with "
+                             "--trace: a results.json or a scenario (path or built-in name)"),
+    b: Path = typer.Argument(None, help="second results.json (not with --trace)"),
+    out: Path = typer.Option(None, "--out", help="write compare.json and a merged Perfetto trace.json here (with "
+                             "--trace: compare_trace.json, compare_trace.html, trace.json)"),
+    trace: list[Path] = typer.Option(None, "--trace", help="compare with PyTorch-profiler traces of the same step "
+                                     "(files or folders, one file per rank; repeatable)"),
+    step: int = typer.Option(None, "--step", help="with --trace: only ProfilerStep#STEP"),
+    profile: Path = typer.Option(None, "--profile", help="with --trace: simulate with this hardware profile "
+                                 "(e.g. from meshsim calibrate --from-trace)"),
 ) -> None:
-    """Two results side by side: headline numbers, step time by category with deltas, merged timeline."""
+    """Two results side by side (headline, step time by category, merged timeline), or a simulated step
+    against a traced one (--trace)."""
     check_output_dir("--out", out)
+    if trace:
+        if b is not None:
+            raise UserError("b", str(b), "give one results.json or scenario with --trace")
+        if profile is not None and not profile.is_file():
+            raise UserError("--profile", str(profile), "give a profile YAML written by meshsim calibrate",
+                            problem="No such file")
+        compare_with_trace(str(a), trace, step, out, profile)
+        return
+    if b is None:
+        raise UserError("b", None, "give two results.json files, or one with --trace PATH")
     comparison = compare_files(a, b, out_dir=out)
     print_comparison(comparison, make_console())
+
+
+def compare_with_trace(target: str, paths: list[Path], step: int | None, out: Path | None,
+                       profile: Path | None = None) -> None:
+    """`compare TARGET --trace PATH`: structure first; rows only when it agrees (sim/sweep/trace_compare.py)."""
+    sim = simulated_side(target, profile)
+    ranks = read_traces(paths)
+    doc = compare_trace(sim, ranks, summaries(ranks, step, critical=False), step)
+    console = make_console()
+    print_trace_comparison(doc, console)
+    if out is not None:
+        data = ranks[0]
+        windows = [w for s, w in zip(trace_steps(data.trace), step_windows(trace_steps(data.trace)), strict=True)
+                   if step is None or s.number == step]
+        window = windows[len(windows) // 2]  # a middle step: the first ones carry warm-up
+        paths_out = write_trace_outputs(out, doc, sim, kernels_in(data.kernels, window), window[0], data.trace.rank)
+        for kind, path in paths_out.items():
+            console.print(f"{kind}: {path}", highlight=False)
+    if doc["structure_issues"]:
+        raise UserError("--trace", ", ".join(map(str, paths)), "give the scenario the trace ran (its layers, "
+                        "micro-batches, tp and collectives), or a trace of this scenario",
+                        problem="Trace and scenario disagree on structure, so their steps are not compared: "
+                                + "; ".join(doc["structure_issues"]))
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.4g}" if isinstance(value, float) else str(value)
+
+
+def print_trace_comparison(doc: dict, console: Console) -> None:
+    table = Table(title=f"Structure: {doc['simulated']} against traced rank {doc['rank']}", title_justify="left")
+    for col in ("", "simulated", "measured", "agrees"):
+        table.add_column(col, justify="left" if not col else "right")
+    for r in doc["structure"]:
+        table.add_row(r["what"], _cell(r["simulated"]), _cell(r["measured"]), "yes" if r["agrees"] else "NO")
+    console.print(table)
+    if not doc["rows"]:
+        return
+    rows = Table(title="Simulated vs measured, per step, largest difference first (busy rows overlap)",
+                 title_justify="left", header_style="bold")
+    for col in ("", "kind", "simulated ms", "measured ms", "sim - meas ms", "sim vs meas"):
+        rows.add_column(col, justify="left" if col in ("", "kind") else "right")
+    for r in doc["rows"]:
+        pct = "-" if r["delta_pct"] is None else f"{r['delta_pct']:+.1f}%"
+        rows.add_row(r["name"], r["kind"], f"{r['simulated_s'] * 1e3:,.3f}", f"{r['measured_s'] * 1e3:,.3f}",
+                     f"{r['delta_s'] * 1e3:+,.3f}", pct)
+    console.print(rows)
+    colls = Table(title="Collectives by size: measured bus bandwidth against meshsim's model", title_justify="left",
+                  header_style="bold")
+    for col in ("op", "group", "bytes", "count", "measured us", "model us", "measured GB/s", "model GB/s"):
+        colls.add_column(col, justify="left" if col == "op" else "right")
+    for r in doc["collectives"]:
+        colls.add_row(r["op"], _cell(r["group"]), fmt_bytes(r["bytes"]), str(r["count"]), _cell(r["mean_us"]),
+                      _cell(r["model_us"]), _cell(r["busbw_GBps"]), _cell(r["model_busbw_GBps"]))
+    console.print(colls)
 
 
 def register(app: typer.Typer) -> None:

@@ -15,13 +15,16 @@ simulator, costing the same works from the profile, spends the traced time on th
 - collectives: every measured (op, group, bytes), its mean time (min over ranks when several ranks were
   traced, sim/kineto/ranks.py), algbw and busbw.
 - launch gaps (compute.launch_overhead_us): the median gap between consecutive kernels of the busiest
-  stream while it had work queued (gaps < 1500 us, HTA's kernel-kernel delay). On a CPU trace the gap
-  between operators is host time the executor spends per op; it is added to each op's time instead
-  (the CPU is the device) and launch_overhead_us is 0.
+  stream while it had work queued (gaps < 1500 us, HTA's kernel-kernel delay). On a CPU trace the time
+  with nothing running (neither an operator nor a collective) is the executor's own time; spread over
+  the compute operators, it is added to each op's time instead (the CPU is the device), and
+  launch_overhead_us is 0.
 - host dispatch (compute.host_dispatch_us): the host's own time per step (top-level operators of the
   launching threads, less the blocking CUDA calls inside them) / schedule ops per step; 0 on a CPU trace
   (the host is the device, as `meshsim calibrate` on gloo writes).
-Every row says how many measured kernels it rests on (`samples`).
+When the trace names every compute op of the schedule (`meshsim validate --trace` wraps each op in a
+record_function of its name), each work is priced from its own ops' measured times instead
+(labelled_points). Every row says how many measured kernels it rests on (`samples`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from meshsim.sim.kineto.critical_path import BLOCKING_CALLS, KERNEL_KERNEL_DELAY
 from meshsim.sim.kineto.document import collective_table
 from meshsim.sim.kineto.ranks import RankData
 from meshsim.sim.kineto.step_summary import StepSummary
-from meshsim.sim.schedule.ops import Attention, Elementwise, Gemm, Op, Schedule
+from meshsim.sim.schedule.ops import Attention, Elementwise, Gemm, Op, OptimizerStep, Schedule
 
 PROFILE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
@@ -59,7 +62,9 @@ def _per_step(steps: Sequence[StepSummary], cls_of) -> dict[str, tuple[float, fl
 
 
 def _gap_per_op_us(steps: Sequence[StepSummary]) -> float:
-    """CPU trace: the host time between operators, per compute operator (idle / compute ops)."""
+    """CPU trace: the executor's own time per compute operator: the step's time with nothing running
+    (neither an operator nor a collective: waits for collectives are modelled by the simulator itself),
+    over the step's compute operators."""
     ops = _mean([sum(n for c, n in s.count.items() if category(c) == "compute") for s in steps])
     return _mean([s.idle_s for s in steps]) * 1e6 / ops if ops else 0.0
 
@@ -127,8 +132,9 @@ def _collective_points(steps: Sequence[StepSummary]) -> list[CollectivePoint]:
     return out
 
 
-def launch_gap_us(ranks: Sequence[RankData]) -> tuple[float, int]:
-    """(median gap, gaps) between consecutive kernels of the busiest stream while work was queued."""
+def launch_gap_us(ranks: Sequence[RankData], queued_only: bool = True) -> tuple[float, int]:
+    """(median gap, gaps) between consecutive kernels of the busiest stream while work was queued (any
+    gap under the threshold with `queued_only` False: a CPU trace, where nothing is queued)."""
     gaps = []
     for d in ranks:
         by_stream: dict[int, list] = defaultdict(list)
@@ -140,7 +146,8 @@ def launch_gap_us(ranks: Sequence[RankData]) -> tuple[float, int]:
         busiest = max(by_stream.values(), key=len)
         for a, b in zip(busiest, busiest[1:], strict=False):
             gap = b.ev.ts - a.ev.end
-            if 0 <= gap < KERNEL_KERNEL_DELAY_THRESHOLD_US and 0 <= b.launch.ts <= a.ev.end:
+            queued = 0 <= b.launch.ts <= a.ev.end or not queued_only
+            if 0 <= gap < KERNEL_KERNEL_DELAY_THRESHOLD_US and queued:
                 gaps.append(gap)
     return (statistics.median(gaps), len(gaps)) if gaps else (0.0, 0)
 
@@ -160,6 +167,48 @@ def host_busy_s(d: RankData, window: tuple[float, float]) -> float:
     return max(0.0, busy - blocked) * 1e-6
 
 
+def _label_times_us(steps: Sequence[StepSummary], gap_us: float) -> dict[str, tuple[float, int]]:
+    """schedule op name -> (its mean time per step in us, device events per run) over the steps: an op
+    name is one op of the step, its time the sum of its device events plus `gap_us` after each."""
+    acc: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for s in steps:
+        for name, (t, n) in s.labels.items():
+            acc[name].append((t * 1e6 + n * gap_us, n))
+    return {name: (_mean([t for t, _ in v]), round(_mean([n for _, n in v]))) for name, v in acc.items()}
+
+
+def labelled_points(ops: Sequence[Op], steps: Sequence[StepSummary], gap_us: float, launch_us: float):
+    """(gemm rows, kernel rows, elementwise GB/s) from each schedule op's own measured time, when the trace
+    names every compute op of the schedule (`meshsim validate --trace`); None otherwise.
+    GEMMs: TFLOP/s per shape (mean over the ops of that shape); attention and elementwise kernels: their
+    time at their FLOPs / bytes; elementwise_bw_gbps from the optimizer step (params x bytes per param
+    / its time less the launch overhead), the one memory-bound work without a table row."""
+    times = _label_times_us(steps, gap_us)
+    compute = [op for op in ops if category(work_class(op.work)) == "compute"]
+    if not compute or any(op.name not in times for op in compute):
+        return None
+    by_work: dict[object, list[float]] = defaultdict(list)
+    for op in compute:
+        by_work[op.work].append(times[op.name][0])
+    n = max(1, len(steps))
+    gemms = [GemmPoint(m=w.m, n=w.n, k=w.k, batch=w.batch, tflops=w.flops / (_mean(t) * 1e-6) / 1e12,
+                       samples=len(t) * n) for w, t in by_work.items() if isinstance(w, Gemm)]
+    kernels = []
+    for w, t in by_work.items():
+        if isinstance(w, Attention):
+            kernels.append(KernelPoint(kernel="flash_attention_bwd" if w.backward else "flash_attention_fwd",
+                                       flops=w.flops, time_us=_mean(t), samples=len(t) * n))
+        elif isinstance(w, Elementwise):
+            kernels.append(KernelPoint(kernel=w.kernel, bytes=w.bytes_read + w.bytes_written, time_us=_mean(t),
+                                       samples=len(t) * n))
+    opt = [(w, _mean(t)) for w, t in by_work.items() if isinstance(w, OptimizerStep)]
+    bw = None
+    if opt and opt[0][1] > launch_us:
+        w, t = opt[0]
+        bw = w.params * w.bytes_per_param / ((t - launch_us) * 1e-6) / 1e9
+    return gemms, kernels, bw
+
+
 def profile_from_trace(ranks: Sequence[RankData], steps: Sequence[StepSummary], schedule: Schedule,
                        name: str, scenario: str) -> HardwareProfile:
     """The HardwareProfile of the traced steps for `schedule` (module docstring)."""
@@ -167,28 +216,14 @@ def profile_from_trace(ranks: Sequence[RankData], steps: Sequence[StepSummary], 
     gap_us = _gap_per_op_us(steps) if cpu else 0.0
     launch_us, n_gaps = (0.0, 0) if cpu else launch_gap_us(ranks)
     ops = [op for op in schedule.ops]
-    by_class = _per_step(steps, lambda c: c)
-    fam = _per_step(steps, family)
-    classes = defaultdict(list)
-    for op in ops:
-        if not isinstance(op.work, Gemm | Attention):
-            classes[work_class(op.work)].append(op)
-    gemm_s, gemm_n = fam.get("gemm", (0.0, 0.0))
-    gemm_n_ops = sum(isinstance(op.work, Gemm) for op in ops)
-    gemms = _gemm_points(ops, steps, gemm_s + gap_us * 1e-6 * gemm_n_ops, int(gemm_n), gap_us)
-    kernels = _attention_points(ops, steps, ranks, gap_us)
     samples: dict[str, int] = {}
-    norm = [op.work for op in classes["norm"] if isinstance(op.work, Elementwise)]
-    norm_s, norm_n = by_class.get("norm", (0.0, 0.0))
-    norm_bw = _bandwidth(norm, norm_s + gap_us * 1e-6 * len(norm), int(norm_n), 0.0)
-    if norm_bw:
-        kernels += [KernelPoint(kernel=k, bytes=b, time_us=b / (norm_bw * 1e9) * 1e6, samples=int(norm_n))
-                    for k, b in {w.kernel: w.bytes_read + w.bytes_written for w in norm if w.kernel in NORM_KERNELS}.items()]
-    elem = [op.work for op in classes["elementwise"] if isinstance(op.work, Elementwise)]
-    elem_s, elem_n = by_class.get("elementwise", (0.0, 0.0))
-    elem_bw = _bandwidth(elem, elem_s + gap_us * 1e-6 * len(elem), int(elem_n), launch_us)
-    if elem_bw:
-        samples["elementwise_bw_gbps"] = int(elem_n)
+    labelled = labelled_points(ops, steps, gap_us, launch_us)
+    if labelled is not None:
+        gemms, kernels, elem_bw = labelled
+        if elem_bw:
+            samples["elementwise_bw_gbps"] = len({s.step for s in steps})
+    else:
+        gemms, kernels, elem_bw = _class_points(ops, steps, ranks, gap_us, launch_us, samples)
     dispatch = 0.0 if cpu else _dispatch_us(ranks, steps, len(ops))
     samples["compute.host_dispatch_us"] = sum(s.kernels for s in steps) // max(1, len(steps))
     samples["compute.launch_overhead_us"] = n_gaps
@@ -202,6 +237,33 @@ def profile_from_trace(ranks: Sequence[RankData], steps: Sequence[StepSummary], 
         compute=ComputeTuning(launch_overhead_us=launch_us, host_dispatch_us=dispatch),
         gemm_table=gemms, elementwise_bw_gbps=elem_bw, kernel_table=kernels,
         collective_table=_collective_points(steps), samples=samples)
+
+
+def _class_points(ops: Sequence[Op], steps: Sequence[StepSummary], ranks: Sequence[RankData], gap_us: float,
+                  launch_us: float, samples: dict[str, int]):
+    """(gemm rows, kernel rows, elementwise GB/s) from each kernel class's measured time (module docstring)."""
+    by_class, fam = _per_step(steps, lambda c: c), _per_step(steps, family)
+    classes = defaultdict(list)
+    for op in ops:
+        if not isinstance(op.work, Gemm | Attention):
+            classes[work_class(op.work)].append(op)
+    gemm_s, gemm_n = fam.get("gemm", (0.0, 0.0))
+    gemm_n_ops = sum(isinstance(op.work, Gemm) for op in ops)
+    gemms = _gemm_points(ops, steps, gemm_s + gap_us * 1e-6 * gemm_n_ops, int(gemm_n), gap_us)
+    kernels = _attention_points(ops, steps, ranks, gap_us)
+    norm = [op.work for op in classes["norm"] if isinstance(op.work, Elementwise)]
+    norm_s, norm_n = by_class.get("norm", (0.0, 0.0))
+    norm_bw = _bandwidth(norm, norm_s + gap_us * 1e-6 * len(norm), int(norm_n), 0.0)
+    if norm_bw:
+        kernels += [KernelPoint(kernel=k, bytes=b, time_us=b / (norm_bw * 1e9) * 1e6, samples=int(norm_n))
+                    for k, b in {w.kernel: w.bytes_read + w.bytes_written for w in norm
+                                 if w.kernel in NORM_KERNELS}.items()]
+    elem = [op.work for op in classes["elementwise"] if isinstance(op.work, Elementwise)]
+    elem_s, elem_n = by_class.get("elementwise", (0.0, 0.0))
+    elem_bw = _bandwidth(elem, elem_s + gap_us * 1e-6 * len(elem), int(elem_n), launch_us)
+    if elem_bw:
+        samples["elementwise_bw_gbps"] = int(elem_n)
+    return gemms, kernels, elem_bw
 
 
 def _dispatch_us(ranks: Sequence[RankData], steps: Sequence[StepSummary], ops_per_step: int) -> float:

@@ -86,9 +86,21 @@ def gpu_launches(host: Sequence[HostOp], device: Sequence[DeviceEvent]) -> list[
 
 
 def cpu_launches(host: Sequence[HostOp], device: Sequence[DeviceEvent]) -> list[Launch]:
-    """A CPU trace: each device event's own operator and the annotations around it."""
+    """A CPU trace: each device event's own operator and the annotations around it. A gloo span runs on
+    gloo's thread, away from the op that issued it: the k-th span (by start) takes the label of the k-th
+    `c10d::*` issue of the model's threads when both counts agree (gloo runs a group's collectives in
+    issue order)."""
     index = {(ev.stream, ev.ts, ev.name): i for i, ev in enumerate(device)}
+    issues: dict[int, Launch] = {}
     found: dict[int, Launch] = {}
     for ops in _by_thread(host):
         found.update(_sweep(ops, lambda op: index.get((op.tid, op.ts, op.name))))
-    return [found.get(i, Launch(ev.ts, ev.stream, None, None, None)) for i, ev in enumerate(device)]
+        issues.update(_sweep(ops, lambda op: id(op) if op.cat == "cpu_op" and op.name.startswith("c10d::")
+                             and not op.name.startswith("c10d::barrier") else None))
+    out = [found.get(i, Launch(ev.ts, ev.stream, None, None, None)) for i, ev in enumerate(device)]
+    spans = [i for i, ev in enumerate(device) if COMM_ANNOTATION.match(ev.name) and "barrier" not in ev.name]
+    issued = sorted(issues.values(), key=lambda launch: launch.ts)
+    if len(spans) == len(issued):
+        for i, launch in zip(spans, issued, strict=True):
+            out[i] = out[i]._replace(label=launch.label)
+    return out
