@@ -22,6 +22,7 @@ f4d0062); comm = collective, p2p; memory = memcpy, memset.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from meshsim.sim.schedule.ops import P2P, Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
 
@@ -57,8 +58,10 @@ def is_comm_name(name: str) -> bool:
     return _COMM.search(name) is not None
 
 
+@lru_cache(maxsize=1 << 16)
 def kernel_class(name: str, cat: str) -> str:
-    """The class of one measured kernel (or CPU operator) by its name and Kineto category."""
+    """The class of one measured kernel (or CPU operator) by its name and Kineto category (memoized: a
+    trace repeats a few hundred names millions of times)."""
     if cat == "gpu_memcpy":
         return "memcpy"
     if cat == "gpu_memset":

@@ -90,10 +90,16 @@ class _Collector:
 
 
 def _frozen(value: object) -> tuple:
-    """A list of lists as nested tuples (hashable, compact); anything else ()."""
-    if not isinstance(value, list):
+    """A list of lists as nested tuples (hashable, compact); anything else (). The common case, a list
+    of flat lists of ints, in one pass."""
+    if type(value) is not list:
         return ()
-    return tuple(_frozen(v) if isinstance(v, list) else v for v in value)
+    try:
+        out = tuple(tuple(v) if type(v) is list else v for v in value)
+        hash(out)
+        return out
+    except TypeError:  # a TensorList: lists nested deeper
+        return tuple(_frozen(v) if type(v) is list else v for v in value)
 
 
 def _steps(host: list[HostOp]) -> tuple[Step, ...]:

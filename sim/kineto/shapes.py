@@ -12,6 +12,7 @@ efficiency is not.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from math import prod
 from typing import NamedTuple
 
@@ -47,8 +48,10 @@ def _pair(a: Sequence[int], b: Sequence[int]) -> GemmShape | None:
     return GemmShape(a[-2], b[-1], a[-1], prod(b[:-2]))
 
 
+@lru_cache(maxsize=1 << 16)
 def gemm_shape(op_name: str, dims: tuple) -> GemmShape | None:
-    """(m, n, k, batch) of the GEMM operator `op_name` with recorded `Input Dims` (module docstring)."""
+    """(m, n, k, batch) of the GEMM operator `op_name` with recorded `Input Dims` (module docstring;
+    memoized: a step repeats its shapes)."""
     tensors = [_tensor(d) for d in dims]
     short = op_name.split("::")[-1]
     if short in ("mm", "bmm", "matmul") and len(tensors) >= 2 and tensors[0] and tensors[1]:

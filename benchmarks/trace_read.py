@@ -1,0 +1,107 @@
+"""Time and peak memory of `meshsim trace summary` on a large synthetic Kineto trace (default ~500 MB).
+
+    python benchmarks/trace_read.py [--mb 500] [--gz] [--critical-path] [--keep PATH]
+
+The trace is written the way torch.profiler writes one (M events, then cpu_op / cuda_runtime / kernel
+events with correlation ids, `Input Dims` on GEMM operators, NCCL args on collective kernels, one
+ProfilerStep#N per 2,000 kernels), streamed to disk. `meshsim trace summary --json` then runs in a child
+process; its wall time and peak RSS (getrusage of the child) are printed. Not run by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+KERNELS_PER_STEP = 2000
+
+
+def _step_events(step: int, t0: float, corr0: int) -> tuple[list[dict], float, int]:
+    """One step: per kernel a cpu op, its launch and the kernel; every 20th kernel an NCCL all-reduce."""
+    out = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": t0,
+            "dur": KERNELS_PER_STEP * 12.0, "args": {"External id": corr0}}]
+    t, corr = t0, corr0
+    for i in range(KERNELS_PER_STEP):
+        corr += 1
+        comm = i % 20 == 19
+        op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t, "dur": 8.0,
+              "args": {"External id": corr, "Record function id": 0, "Sequence number": corr,
+                       "Input Dims": [[4096, 4096], [4096, 1024]], "Input type": ["c10::BFloat16"] * 2}}
+        launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 2,
+                  "dur": 4.0, "args": {"External id": corr, "cbid": 211, "correlation": corr}}
+        args = {"External id": corr, "queued": 0, "device": 0, "context": 1, "stream": 20 if comm else 7,
+                "correlation": corr, "registers per thread": 128, "shared memory": 98304, "grid": [132, 1, 1],
+                "block": [384, 1, 1], "est. achieved occupancy %": 12}
+        if comm:
+            args.update({"Collective name": "allreduce", "In msg nelems": 1 << 22, "Out msg nelems": 1 << 22,
+                         "Group size": 8, "dtype": "BFloat16", "Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7]"})
+        name = ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)" if comm else
+                "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off")
+        kernel = {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": args["stream"], "ts": t + 10,
+                  "dur": 9.5, "args": args}
+        flow = {"ph": "s", "id": corr, "pid": 1, "tid": 1, "ts": t + 2, "cat": "ac2g", "name": "ac2g"}
+        out += [op, launch, kernel, flow]
+        t += 12.0
+    return out, t, corr
+
+
+def write_trace(path: Path, target_bytes: int, gz: bool) -> tuple[int, int]:
+    """Write steps until the file holds ~target_bytes of JSON; (events, steps)."""
+    opener = gzip.open if gz else open
+    written, events, step, t, corr = 0, 0, 0, 1.7e15, 0
+    with opener(path, "wt") as fh:
+        head = '{"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132}], '
+        head += '"distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8}, "traceEvents": ['
+        fh.write(head)
+        written += len(head)
+        first = True
+        while written < target_bytes:
+            batch, t, corr = _step_events(step, t, corr)
+            text = ("" if first else ", ") + ", ".join(json.dumps(e) for e in batch)
+            fh.write(text)
+            written += len(text)
+            events += len(batch)
+            step, first = step + 1, False
+        fh.write('], "traceName": "synthetic", "displayTimeUnit": "ms", "baseTimeNanoseconds": 1}')
+    return events, step
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=float, default=500.0, help="size of the JSON text (MB, 1e6 bytes)")
+    parser.add_argument("--gz", action="store_true", help="write it gzip-compressed")
+    parser.add_argument("--critical-path", action="store_true", help="also compute HTA's critical path per step")
+    parser.add_argument("--keep", type=Path, help="write the trace here and keep it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or Path(tmp) / ("trace.json.gz" if args.gz else "trace.json")
+        t = time.perf_counter()
+        events, steps = write_trace(path, int(args.mb * 1e6), args.gz)
+        print(f"wrote {path.stat().st_size / 1e6:,.0f} MB ({events:,} events, {steps} steps) in "
+              f"{time.perf_counter() - t:.1f} s")
+        cmd = [sys.executable, "-m", "meshsim.sim.cli.main", "trace", "summary", str(path), "--no-progress",
+               "--json", str(Path(tmp) / "summary.json")]
+        if not args.critical_path:
+            cmd.append("--no-critical-path")
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
+        wall = time.perf_counter() - t
+        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: KiB
+        if proc.returncode:
+            print(proc.stderr.strip())
+            return proc.returncode
+        print(f"meshsim trace summary: {wall:.1f} s wall, peak RSS {rss_mb:,.0f} MB "
+              f"({'with' if args.critical_path else 'without'} the critical path)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
