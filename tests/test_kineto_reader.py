@@ -49,7 +49,7 @@ def test_streaming_equals_json_load_at_any_chunk_boundary(tmp_path, monkeypatch,
 def test_real_trace_streams_as_json_load_reads_it(monkeypatch):
     monkeypatch.setattr(jsonstream, "CHUNK_CHARS", 4096)  # thousands of refills inside events
     members, events = _members_and_events(TWO_RANK)
-    whole = json.load(gzip.open(TWO_RANK))
+    whole = json.loads(gzip.decompress(TWO_RANK.read_bytes()))
     assert events == whole["traceEvents"] and members["distributedInfo"] == whole["distributedInfo"]
 
 
@@ -116,7 +116,7 @@ def test_critical_path_follows_htas_edges(tmp_path):
 
 
 def test_two_rank_trace_reads_its_collectives_and_steps(two_rank):
-    whole = json.load(gzip.open(TWO_RANK))
+    whole = json.loads(gzip.decompress(TWO_RANK.read_bytes()))
     nccl = [e for e in whole["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower()]
     (data,) = two_rank
     assert data.trace.world_size == 2 and data.trace.device_name == "NVIDIA A100-PG509-200"
