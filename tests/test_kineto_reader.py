@@ -14,7 +14,7 @@ from meshsim.sim.kineto.classify import kernel_class
 from meshsim.sim.kineto.collectives import normalize_op
 from meshsim.sim.kineto.jsonstream import iter_trace
 from meshsim.sim.kineto.load import load_rank
-from meshsim.sim.kineto.ranks import load_ranks, summaries
+from meshsim.sim.kineto.ranks import load_ranks, summaries, windowed
 from meshsim.sim.kineto.shapes import GemmShape, gemm_shape
 from meshsim.sim.kineto.step_summary import union_us
 from tests.kineto_traces import SIXTEEN_RANK, TWO_RANK, document, one_step, write
@@ -178,3 +178,21 @@ def test_collective_names(raw, op):
 ])
 def test_gemm_shapes(op, dims, shape):
     assert gemm_shape(op, dims) == shape
+
+
+def test_reading_in_step_windows_gives_the_whole_files_summaries(two_rank):
+    """The bounded-memory path (a first pass for the steps, then one step's window per batch) against
+    reading the file whole: the same summaries, step by step."""
+    whole = summaries(two_rank)
+    batches = list(windowed([TWO_RANK], budget=100))  # ~1 step of events per batch
+    assert [only for _, only in batches] == [{4}, {5}, {6}]
+    assert all(len(ranks[0].trace.device) < len(two_rank[0].trace.device) for ranks, _ in batches)
+    parts = [s for ranks, only in batches for s in summaries(ranks, only=only)]
+    assert parts == whole
+
+
+def test_a_step_is_read_alone_and_an_unknown_one_refused():
+    (ranks, only), = list(windowed([TWO_RANK], step=5))
+    assert only == {5} and [s.step for s in summaries(ranks, only=only)] == [5]
+    with pytest.raises(UserError, match="No such ProfilerStep"):
+        list(windowed([TWO_RANK], step=99))

@@ -140,7 +140,7 @@ def compare_with_trace(target: str, paths: list[Path], step: int | None, out: Pa
                        profile: Path | None = None) -> None:
     """`compare TARGET --trace PATH`: structure first; rows only when it agrees (sim/sweep/trace_compare.py)."""
     sim = simulated_side(target, profile)
-    ranks = read_traces(paths)
+    ranks = read_traces(paths, step=step)
     doc = compare_trace(sim, ranks, summaries(ranks, step, critical=False), step)
     console = make_console()
     print_trace_comparison(doc, console)

@@ -22,7 +22,7 @@ from meshsim.sim.core.console import make_console
 from meshsim.sim.core.fmt import fmt_bytes
 from meshsim.sim.core.userio import check_output_file
 from meshsim.sim.kineto.document import summary_document
-from meshsim.sim.kineto.ranks import RankData, load_ranks, summaries
+from meshsim.sim.kineto.ranks import RankData, all_summaries, load_for
 
 trace_app = typer.Typer(help="Read PyTorch-profiler (Kineto) traces: meshsim trace summary PATH...",
                         no_args_is_help=True, add_completion=False)
@@ -43,9 +43,10 @@ def progress_bars(enabled: bool):
         yield factory
 
 
-def read_traces(paths: list[Path], progress: bool = True) -> list[RankData]:
+def read_traces(paths: list[Path], progress: bool = True, step: int | None = None) -> list[RankData]:
+    """The traces (only ProfilerStep#step's window when `step` is given: bounded memory)."""
     with progress_bars(progress) as factory:
-        return load_ranks(paths, factory)
+        return load_for(paths, factory, step)
 
 
 def _ms(seconds: float) -> str:
@@ -124,8 +125,9 @@ def summary_command(
     """Per rank and step: busy time by category and kernel class, exposed communication, idle, critical path;
     collectives with their bus bandwidth; GEMMs with their throughput."""
     check_output_file("--json", json_path)
-    ranks = read_traces(paths, progress)
-    doc = summary_document(ranks, summaries(ranks, step, critical=critical_path))
+    with progress_bars(progress) as factory:
+        ranks, steps = all_summaries(paths, factory, step, critical=critical_path)
+    doc = summary_document(ranks, steps)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(doc, indent=1))

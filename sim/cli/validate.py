@@ -282,7 +282,7 @@ def _calibrate_from_trace(paths: list[Path], scenario: str | None, out: Path | N
     path = out or _default_out(sc.name) / "profile.yaml"
     check_output_file("--out", path)
     schedule = build_stage_schedules(resolve(sc, source))[0]
-    ranks = read_traces(paths)
+    ranks = read_traces(paths, step=step)
     steps = summaries(ranks, step, critical=False)
     profile = profile_from_trace(ranks, steps, schedule, f"{sc.name}-from-trace", sc.name)
     save_profile(profile, path)

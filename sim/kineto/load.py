@@ -9,7 +9,8 @@ Kept per event (everything else is dropped as it is read):
   `record_param_comms`;
 - thread names (ph "M"), ProfilerStep#N spans (user_annotation), distributedInfo (rank, world size,
   backend, process groups) and deviceProperties (name, SM count).
-Names are interned, so a name repeated a million times is held once.
+Names are interned and shape tuples shared, so a name or shape repeated a million times is held once;
+what is kept costs ~150 bytes per host event and ~200 per GPU event (benchmarks/trace_read.py).
 
 A trace without GPU activity is a CPU run when it has host operators (torch.profiler on gloo, e.g.
 `meshsim validate --trace` on CPU): its device events are then derived from the host
@@ -36,13 +37,18 @@ STEP = re.compile(r"^ProfilerStep#(\d+)$")
 RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
 
 
+Window = tuple[float, float]  # [from, to] in the trace's us: events starting outside it are dropped
+
+
 class _Collector:
-    def __init__(self) -> None:
+    def __init__(self, window: Window | None = None) -> None:
+        self.window = window
         self.device: list[DeviceEvent] = []
         self.host: list[HostOp] = []
         self.threads: dict[int, str] = {}
         self.members: dict[str, Any] = {}
         self.names: dict[str, str] = {}
+        self.shapes: dict[tuple, tuple] = {}  # Input Dims / Input type tuples, each distinct one kept once
         self.count = 0
 
     def name(self, text: object) -> str:
@@ -57,12 +63,20 @@ class _Collector:
         if not isinstance(ev, dict):
             return
         ph, cat = ev.get("ph"), ev.get("cat")
+        if self.window is not None and ph == "X" and not self._inside(ev):
+            return
         if ph == "X" and cat in GPU_CATS:
             self._device(ev, cat)
         elif ph == "X" and cat in HOST_CATS and type(ev.get("tid")) is int:
             self._host(ev, cat)
         elif ph == "M" and ev.get("name") == "thread_name" and type(ev.get("tid")) is int:
             self.threads[ev["tid"]] = str((ev.get("args") or {}).get("name", ""))
+
+    def _inside(self, ev: dict) -> bool:
+        ts = ev.get("ts")
+        if not isinstance(ts, int | float):
+            return False
+        return self.window[0] <= ts <= self.window[1] or str(ev.get("name", "")).startswith("ProfilerStep#")
 
     def _device(self, ev: dict, cat: str) -> None:
         args = ev.get("args") or {}
@@ -86,7 +100,12 @@ class _Collector:
         dims, types = args.get("Input Dims"), args.get("Input type")
         comm = {k: args[k] for k in NCCL_ARGS if k in args} or None
         self.host.append(HostOp(ts, dur, ev["tid"], self.name(ev.get("name", "")), cat,
-                                corr if type(corr) is int else -1, _frozen(dims), _frozen(types), comm))
+                                corr if type(corr) is int else -1, self.shared(_frozen(dims)),
+                                self.shared(_frozen(types)), comm))
+
+    def shared(self, value: tuple) -> tuple:
+        """One object per distinct tuple: a step repeats its shapes (hundreds of MB on a large trace)."""
+        return self.shapes.setdefault(value, value) if value else ()
 
 
 def _frozen(value: object) -> tuple:
@@ -125,10 +144,23 @@ def _device_figures(props: object, device: int) -> tuple[str, int | None]:
     return str(row.get("name", "")), sms if type(sms) is int else None
 
 
-def load_rank(path: str | Path, progress: Progress | None = None) -> RankTrace:
-    """Read one rank's trace (plain or gzip JSON) into a RankTrace."""
+def scan_steps(path: str | Path, progress: Progress | None = None) -> tuple[tuple[Step, ...], int]:
+    """A first pass that keeps nothing but the ProfilerStep spans: (steps, events in the file)."""
+    found, count = {}, 0
+    for kind, ev in iter_trace(path, progress):
+        if kind != "event":
+            continue
+        count += 1
+        if isinstance(ev, dict) and ev.get("cat") == "user_annotation" and (m := STEP.match(str(ev.get("name")))):
+            found.setdefault(int(m.group(1)), Step(int(m.group(1)), float(ev.get("ts", 0)), float(ev.get("dur", 0))))
+    return tuple(sorted(found.values(), key=lambda st: st.ts)), count
+
+
+def load_rank(path: str | Path, progress: Progress | None = None, window: Window | None = None) -> RankTrace:
+    """Read one rank's trace (plain or gzip JSON) into a RankTrace; with `window`, only the events that
+    start inside it (and every ProfilerStep span), so memory follows the window, not the file."""
     path = Path(path)
-    col = _Collector()
+    col = _Collector(window)
     for kind, item in iter_trace(path, progress):
         if kind == "event":
             col.add(item)

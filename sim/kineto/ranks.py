@@ -17,7 +17,7 @@ validate's timing does with its barrier'd runs, docs/validate.md section 5).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,8 +25,8 @@ from meshsim.sim.core.errors import UserError
 from meshsim.sim.kineto.critical_path import critical_path_breakdown
 from meshsim.sim.kineto.jsonstream import Progress
 from meshsim.sim.kineto.kernels import Kernel, classify_rank, clipped, kernels_in, step_windows, trace_steps
-from meshsim.sim.kineto.load import load_rank
-from meshsim.sim.kineto.records import RankTrace
+from meshsim.sim.kineto.load import Window, load_rank, scan_steps
+from meshsim.sim.kineto.records import RankTrace, Step
 from meshsim.sim.kineto.step_summary import StepSummary, summarize_step
 
 CLOCK_SLACK_US = 50.0
@@ -56,12 +56,13 @@ def trace_files(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def load_ranks(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None
-               ) -> list[RankData]:
-    """Every rank's trace, classified, sorted by rank; two files of one rank are refused."""
+def load_ranks(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
+               windows: Mapping[Path, Window] | None = None) -> list[RankData]:
+    """Every rank's trace, classified, sorted by rank; two files of one rank are refused. `windows`
+    limits what is kept of each file (sim/kineto/load.py)."""
     ranks: dict[int, RankData] = {}
     for path in trace_files(paths):
-        rt = load_rank(path, progress(path) if progress else None)
+        rt = load_rank(path, progress(path) if progress else None, (windows or {}).get(path))
         if rt.rank in ranks:
             raise UserError("trace", str(path), "give one trace file per rank",
                             problem=f"Rank {rt.rank} is also in {ranks[rt.rank].trace.path}")
@@ -119,7 +120,25 @@ def min_over_ranks_us(ranks: Sequence[RankData]) -> dict[int, list[float]] | Non
     return {r.trace.rank: mins for r in ranks}
 
 
-def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool = True) -> list[StepSummary]:
+def all_summaries(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
+                  step: int | None = None, critical: bool = True) -> tuple[list[RankData], list[StepSummary]]:
+    """(the last batch's ranks, every (rank, step) summary), the traces read in bounded batches (windowed)."""
+    ranks, out = [], []
+    for ranks, only in windowed(paths, progress, step):
+        out += summaries(ranks, step, critical, only)
+    return ranks, out
+
+
+def load_for(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
+             step: int | None = None) -> list[RankData]:
+    """The traces whole, or only ProfilerStep#step's window when a step is named (bounded memory)."""
+    if step is None:
+        return load_ranks(paths, progress)
+    return next(windowed(paths, progress, step))[0]
+
+
+def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool = True,
+              only: set[int] | None = None) -> list[StepSummary]:
     """One StepSummary per (rank, step) (`step`: only ProfilerStep#step), with HTA's critical-path
     breakdown unless `critical` is False (sim/kineto/critical_path.py)."""
     mins = min_over_ranks_us(ranks)
@@ -129,7 +148,7 @@ def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool
         colls = _collectives(data)
         index = {id(k): i for i, k in enumerate(colls)}
         for st, window in zip(steps, step_windows(steps), strict=True):
-            if step is not None and st.number != step:
+            if (step is not None and st.number != step) or (only is not None and st.number not in only):
                 continue
             started = kernels_in(data.kernels, window)
             comm_us = None
@@ -147,3 +166,45 @@ def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool
         raise UserError("--step", step, f"give one of the traced steps: {', '.join(map(str, found)) or 'none'}",
                         problem="No such ProfilerStep in the trace")
     return out
+
+
+MAX_KEPT_EVENTS = 1_000_000  # events held at once (~300 B each): larger traces are read in step windows
+
+
+def step_windows_of(files: Sequence[Path], numbers: Sequence[int], steps: Mapping[Path, Sequence[Step]]
+                    ) -> dict[Path, Window]:
+    """Per file, the span of the given steps, opened one step to the left (the kernels running into the
+    first step and the launches of its first kernels) and to the next step's start on the right."""
+    out = {}
+    for f in files:
+        mine = [s for s in steps[f] if s.number in numbers]
+        if mine:
+            later = [s.ts for s in steps[f] if s.ts > mine[-1].ts]
+            out[f] = (mine[0].ts - mine[0].dur, later[0] if later else mine[-1].end)
+    return out
+
+
+def windowed(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
+             step: int | None = None, budget: int = MAX_KEPT_EVENTS) -> Iterator[tuple[list[RankData], set[int] | None]]:
+    """The traces in batches of steps, each batch (its ranks, its step numbers) held alone, so that about
+    `budget` events are in memory whatever the files' size: a first pass finds the ProfilerStep spans and
+    counts events, then each batch re-reads the files keeping only its steps' windows. Traces small
+    enough (or without steps) come whole, in one batch (step numbers None: all)."""
+    files = trace_files(paths)
+    scans = {f: scan_steps(f, progress(f) if progress else None) for f in files} if len(files) and (
+        step is not None or sum(f.stat().st_size for f in files) > budget * 250) else {}
+    if not scans or any(not st for st, _ in scans.values()):
+        yield load_ranks(files, progress), None
+        return
+    numbers = sorted(set.intersection(*({s.number for s in st} for st, _ in scans.values())))
+    if step is not None:
+        if step not in numbers:
+            raise UserError("--step", step, f"give one of the traced steps: {', '.join(map(str, numbers)) or 'none'}",
+                            problem="No such ProfilerStep in every trace")
+        numbers = [step]
+    per_step = max(count / len(st) for st, count in scans.values()) * len(files)
+    size = max(1, int(budget // max(per_step, 1.0)))
+    steps = {f: scans[f][0] for f in files}
+    for i in range(0, len(numbers), size):
+        chunk = numbers[i:i + size]
+        yield load_ranks(files, progress, step_windows_of(files, chunk, steps)), set(chunk)
