@@ -169,6 +169,8 @@ def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool
 
 
 MAX_KEPT_EVENTS = 1_000_000  # events held at once (~300 B each): larger traces are read in step windows
+EVENT_BYTES = 250  # JSON bytes of a typical Kineto event (kernels with their args ~400, flows ~100)
+GZIP_RATIO = 10  # a Kineto trace compresses ten- to twentyfold (the two public ones: 13x, 19x)
 
 
 def step_windows_of(files: Sequence[Path], numbers: Sequence[int], steps: Mapping[Path, Sequence[Step]]
@@ -191,8 +193,8 @@ def windowed(paths: Sequence[str | Path], progress: Callable[[Path], Progress | 
     counts events, then each batch re-reads the files keeping only its steps' windows. Traces small
     enough (or without steps) come whole, in one batch (step numbers None: all)."""
     files = trace_files(paths)
-    scans = {f: scan_steps(f, progress(f) if progress else None) for f in files} if len(files) and (
-        step is not None or sum(f.stat().st_size for f in files) > budget * 250) else {}
+    big = sum(f.stat().st_size * (GZIP_RATIO if f.name.endswith(".gz") else 1) for f in files) > budget * EVENT_BYTES
+    scans = {f: scan_steps(f, progress(f) if progress else None) for f in files} if step is not None or big else {}
     if not scans or any(not st for st, _ in scans.values()):
         yield load_ranks(files, progress), None
         return
