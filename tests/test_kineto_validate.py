@@ -8,6 +8,7 @@ shared CPU, printed by benchmarks/trace_calibration.py, not asserted here."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.scenarios.profile import save_profile
@@ -65,3 +66,15 @@ def test_structure_agrees_and_calibration_closes_the_gap(traced, tmp_path):
     calibrated = with_overrides(sc, {"hardware.profile": str(tmp_path / "p.yaml")}, source)
     after = simulate(resolve(calibrated, source), full=True).step_time_s
     assert abs(after - traced_s) < abs(before - traced_s)
+
+
+def test_a_scenario_of_other_depth_is_named_not_compared(traced, tmp_path):
+    """Negative control: the same trace against the scenario with twice the layers."""
+    out, scenario_path, _ = traced
+    data = yaml.safe_load(scenario_path.read_text())
+    data["model"]["layers"] *= 2
+    deeper = tmp_path / "deeper.yaml"
+    deeper.write_text(yaml.safe_dump(data))
+    ranks = load_ranks([out])
+    doc = compare_trace(simulated_side(str(deeper)), ranks, summaries(ranks, critical=False))
+    assert doc["rows"] == [] and any("layers" in issue for issue in doc["structure_issues"])

@@ -6,6 +6,7 @@ lowest traced rank, every traced step (or --step), as sim/kineto/ reads it; rows
 
 First the structure (StructureCheck): a comparison of unlike steps would be noise, so the two must agree
 on what they run before any time is compared:
+- layers, when the trace names the schedule's ops (`meshsim validate --trace`): the distinct "L<i>" blocks;
 - TP degree: the group size of the trace's most frequent collective against the scenario's tp;
 - collectives per step (barriers and P2P left out) and attention cores per step (layers x micro-batches
   x passes) within STRUCTURE_TOLERANCE of the schedule's.
@@ -20,6 +21,7 @@ Then rows, each {name, simulated_s, measured_s, delta_s, delta_pct}, sorted by |
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ from meshsim.sim.schedule.ops import Attention, Collective, Schedule
 from meshsim.sim.sweep.compare import REPLAY_KEYS, load_results
 
 STRUCTURE_TOLERANCE = 0.10
+LAYER_BLOCK = re.compile(r"^L\d+\.")  # an op of a transformer layer (sim/schedule/op_keys.py layer_block)
 MODEL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
 
@@ -101,7 +104,14 @@ def structure(sim: SimSide, steps: Sequence[StepSummary], kernels: Sequence[Sequ
     rows = [{"what": "collectives per step", "simulated": sim_colls, "measured": len(colls) / n},
             {"what": "attention cores per step", "simulated": sim_attn, "measured": attn / n},
             {"what": "TP degree (most frequent collective's group size)", "simulated": sim.rs.tp, "measured": tp}]
+    layers = {name.split(".", 1)[0] for s in steps for name in s.labels if LAYER_BLOCK.match(name)}
+    if layers:  # the trace names the schedule's ops: count its layers
+        sim_layers = {op.name.split(".", 1)[0] for op in sim.schedule.ops if LAYER_BLOCK.match(op.name)}
+        rows.insert(0, {"what": "layers (from the traced op names)", "simulated": len(sim_layers),
+                        "measured": len(layers)})
     issues = []
+    if layers and len(layers) != len(sim_layers):
+        issues.append(f"the trace runs {len(layers)} layers, the scenario {len(sim_layers)}")
     if not _close(sim_colls, len(colls) / n):
         issues.append(f"the trace runs {len(colls) / n:g} collectives per step, the scenario {sim_colls}")
     if attn and not _close(sim_attn, attn / n):
