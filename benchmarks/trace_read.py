@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument("--gz", action="store_true", help="write it gzip-compressed")
     parser.add_argument("--critical-path", action="store_true", help="also compute HTA's critical path per step")
     parser.add_argument("--keep", type=Path, help="write the trace here and keep it")
+    parser.add_argument("--max-events", type=int, help="meshsim trace summary --max-events (default: its own)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / ("trace.json.gz" if args.gz else "trace.json")
@@ -91,6 +92,8 @@ def main() -> int:
                "--json", str(Path(tmp) / "summary.json")]
         if not args.critical_path:
             cmd.append("--no-critical-path")
+        if args.max_events:
+            cmd += ["--max-events", str(args.max_events)]
         t = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
         wall = time.perf_counter() - t

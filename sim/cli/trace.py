@@ -19,10 +19,11 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from meshsim.sim.core.console import make_console
+from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes
 from meshsim.sim.core.userio import check_output_file
 from meshsim.sim.kineto.document import summary_document
-from meshsim.sim.kineto.ranks import RankData, all_summaries, load_for
+from meshsim.sim.kineto.ranks import MAX_KEPT_EVENTS, RankData, all_summaries, load_for
 
 trace_app = typer.Typer(help="Read PyTorch-profiler (Kineto) traces: meshsim trace summary PATH...",
                         no_args_is_help=True, add_completion=False)
@@ -121,12 +122,16 @@ def summary_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on a terminal"),
     critical_path: bool = typer.Option(True, "--critical-path/--no-critical-path",
                                        help="HTA's critical path per step (the slowest part on large traces)"),
+    max_events: int = typer.Option(MAX_KEPT_EVENTS, "--max-events", help="events held in memory at once (~300 "
+                                   "bytes each); larger traces are read again per batch of steps"),
 ) -> None:
     """Per rank and step: busy time by category and kernel class, exposed communication, idle, critical path;
     collectives with their bus bandwidth; GEMMs with their throughput."""
     check_output_file("--json", json_path)
+    if max_events < 1:
+        raise UserError("--max-events", max_events, "give a positive number of events, e.g. 1000000")
     with progress_bars(progress) as factory:
-        ranks, steps = all_summaries(paths, factory, step, critical=critical_path)
+        ranks, steps = all_summaries(paths, factory, step, critical=critical_path, budget=max_events)
     doc = summary_document(ranks, steps)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

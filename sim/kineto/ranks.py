@@ -121,10 +121,11 @@ def min_over_ranks_us(ranks: Sequence[RankData]) -> dict[int, list[float]] | Non
 
 
 def all_summaries(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
-                  step: int | None = None, critical: bool = True) -> tuple[list[RankData], list[StepSummary]]:
+                  step: int | None = None, critical: bool = True, budget: int | None = None
+                  ) -> tuple[list[RankData], list[StepSummary]]:
     """(the last batch's ranks, every (rank, step) summary), the traces read in bounded batches (windowed)."""
     ranks, out = [], []
-    for ranks, only in windowed(paths, progress, step):
+    for ranks, only in windowed(paths, progress, step, budget or MAX_KEPT_EVENTS):
         out += summaries(ranks, step, critical, only)
     return ranks, out
 
