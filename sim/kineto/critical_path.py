@@ -102,12 +102,12 @@ def _cpu_edges(g: _Graph, cpu: Sequence[HostOp], remap: dict[int, int]) -> None:
             continue
         if v < n:
             open_starts.append(v)
-            continue
-        while open_starts:
-            s = open_starts.pop()
-            g.add(s, v, OP if s == i else DEP, i)
-        if last is not None and last >= n:
-            g.add(last, v, DEP, i)
+        else:
+            while open_starts:
+                s = open_starts.pop()
+                g.add(s, v, OP if s == i else DEP, i)
+            if last is not None and last >= n:  # the previous lock node was an end
+                g.add(last, v, DEP, i)
         last = v
 
     threads: dict[int, list[int]] = defaultdict(list)
