@@ -64,11 +64,14 @@ def figure(sim: SimSide, kernels: Sequence[Kernel], t0_us: float, title: str) ->
             data.append({"type": "scattergl", "mode": "lines", "x": typed_array(xs), "y": typed_array(ys),
                          "yaxis": axis, "name": cls, "legendgroup": cls, "showlegend": axis == "y",
                          "line": {"color": COLOURS.get(cls, "#aaaaaa"), "width": 14}, "hoverinfo": "x+name"})
+    split = len(bottom_names) / (len(top_names) + len(bottom_names)) if top_names or bottom_names else 0.5
+    gap = 0.06
     layout = {"template": template("plotly_white"), "title": {"text": title},
-              "xaxis": {"title": {"text": "ms from the step's start"}, "rangeslider": {"visible": True}},
-              "yaxis": {"domain": [0.55, 1.0], "tickvals": list(range(len(top_names))), "ticktext": top_names,
-                        "autorange": "reversed"},
-              "yaxis2": {"domain": [0.0, 0.45], "tickvals": list(range(len(bottom_names))),
+              "xaxis": {"title": {"text": "ms from the step's start"}, "anchor": "y2",
+                        "rangeslider": {"visible": True, "thickness": 0.06}},
+              "yaxis": {"domain": [min(1.0, split + gap / 2), 1.0], "tickvals": list(range(len(top_names))),
+                        "ticktext": top_names, "autorange": "reversed"},
+              "yaxis2": {"domain": [0.0, max(0.0, split - gap / 2)], "tickvals": list(range(len(bottom_names))),
                          "ticktext": bottom_names, "autorange": "reversed"}}
     return {"data": data, "layout": layout}
 
@@ -96,7 +99,8 @@ def write_outputs(out: Path, doc: dict, sim: SimSide, kernels: Sequence[Kernel],
     paths = {"json": out / "compare_trace.json", "page": out / "compare_trace.html", "trace": out / "trace.json"}
     paths["json"].write_text(json.dumps(doc, indent=1))
     title = f"{sim.label}: simulated (top) and traced rank {rank} (bottom)"
-    write_page(paths["page"], figure(sim, kernels, t0_us, title), 160 + LANE_PX * 12)
+    lanes = len({e.stream for e in sim.events}) + len({k.ev.stream for k in kernels})
+    write_page(paths["page"], figure(sim, kernels, t0_us, title), 260 + 2 * LANE_PX * lanes)
     t_sim = min((e.start_s for e in sim.events), default=0.0)
     sim_events = trace_events([e._replace(start_s=e.start_s - t_sim, end_s=e.end_s - t_sim) for e in sim.events],
                               (), result=sim.result)
