@@ -283,7 +283,7 @@ def _calibrate_from_trace(paths: list[Path], scenario: str | None, out: Path | N
     check_output_file("--out", path)
     schedule = build_stage_schedules(resolve(sc, source))[0]
     ranks = read_traces(paths, step=step)
-    steps = summaries(ranks, step, critical=False)
+    steps = summaries(ranks, step, critical=False, min_over_ranks=False)
     profile = profile_from_trace(ranks, steps, schedule, f"{sc.name}-from-trace", sc.name)
     save_profile(profile, path)
     typer.echo(f"profile: {path} ({len(profile.gemm_table)} GEMM shapes, {len(profile.kernel_table)} kernels, "

@@ -12,8 +12,9 @@ simulator, costing the same works from the profile, spends the traced time on th
 - norm: kernel_table rows for layernorm / layernorm_bwd at the schedule's bytes, one bandwidth for both
   (schedule bytes / measured norm time); elementwise_bw_gbps: the same for the other elementwise kernels.
   The optimizer step is costed from elementwise_bw_gbps by the compute model.
-- collectives: every measured (op, group, bytes), its mean time (min over ranks when several ranks were
-  traced, sim/kineto/ranks.py), algbw and busbw.
+- collectives: every measured (op, group, bytes), its mean time as the traced ranks saw it (pass
+  summaries with min_over_ranks=False: each rank's own kernel times, waits for a late peer included; the
+  simulated ranks are symmetric and would not produce those waits themselves), algbw and busbw.
 - launch gaps (compute.launch_overhead_us): the median gap between consecutive kernels of the busiest
   stream while it had work queued (gaps < 1500 us, HTA's kernel-kernel delay). On a CPU trace the time
   with nothing running (neither an operator nor a collective) is the executor's own time; spread over

@@ -139,10 +139,11 @@ def load_for(paths: Sequence[str | Path], progress: Callable[[Path], Progress | 
 
 
 def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool = True,
-              only: set[int] | None = None) -> list[StepSummary]:
+              only: set[int] | None = None, min_over_ranks: bool = True) -> list[StepSummary]:
     """One StepSummary per (rank, step) (`step`: only ProfilerStep#step), with HTA's critical-path
-    breakdown unless `critical` is False (sim/kineto/critical_path.py)."""
-    mins = min_over_ranks_us(ranks)
+    breakdown unless `critical` is False (sim/kineto/critical_path.py); collective rows from the minimum
+    over ranks (module docstring) unless `min_over_ranks` is False (each rank's own kernel times)."""
+    mins = min_over_ranks_us(ranks) if min_over_ranks else None
     out = []
     for data in ranks:
         steps = trace_steps(data.trace)
