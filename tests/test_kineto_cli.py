@@ -81,3 +81,11 @@ def test_compare_refuses_a_trace_of_another_structure(tmp_path, capsys):
 def test_compare_needs_two_results_or_a_trace(capsys):
     assert main(["compare", "a.json"]) == 2
     assert "with --trace" in capsys.readouterr().err
+
+
+def test_compare_reads_the_scenario_from_a_results_file(tmp_path, capsys):
+    assert main(["run", "tiny-2gpu", "--out", str(tmp_path / "r"), "--outputs", "results"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "r" / "results.json"), "--trace", str(TWO_RANK)]) == 2
+    out = capsys.readouterr().out
+    assert "Structure: tiny-2gpu against traced rank 0" in out
