@@ -57,7 +57,7 @@ def test_structure_agrees_and_calibration_closes_the_gap(traced, tmp_path):
     doc = compare_trace(simulated_side(str(scenario_path)), ranks, steps)
     assert doc["structure_issues"] == [] and all(r["agrees"] for r in doc["structure"])
     names = {r["name"] for r in doc["rows"]}
-    assert {"step", "compute busy", "class gemm", "fwd.qkv"} <= names
+    assert {"step", "compute busy", "TP communication busy", "class gemm", "fwd.qkv"} <= names
     sc, source = load_scenario(scenario_path)
     profile = profile_from_trace(ranks, steps, build_schedule(resolve(sc, source)), "p", sc.name)
     save_profile(profile, tmp_path / "p.yaml")

@@ -11,7 +11,8 @@ on what they run before any time is compared:
 - collectives per step (barriers and P2P left out) and attention cores per step (layers x micro-batches
   x passes) within STRUCTURE_TOLERANCE of the schedule's.
 Then rows, each {name, simulated_s, measured_s, delta_s, delta_pct}, sorted by |delta|:
-- categories: step, compute busy, communication busy, communication not hidden by compute, compute idle;
+- categories: step, compute busy, communication busy (and TP / DP / PP apart), communication not hidden
+  by compute, compute idle;
 - kernel classes (sim/kineto/classify.py work_class against kernel_class; attention variants as one);
 - op types: meshsim op types ("fwd.qkv") when the trace names the schedule's ops (`meshsim validate
   --trace`), GEMM shapes otherwise;
@@ -149,6 +150,29 @@ def category_rows(sim: SimSide, steps: Sequence[StepSummary]) -> list[dict[str, 
                  "category")]
 
 
+def comm_stream_rows(sim: SimSide, kernels: Sequence[Sequence[Kernel]]) -> list[dict[str, Any]]:
+    """TP and DP communication busy time apart: a traced collective is on the stream of the schedule op it
+    is labelled with, else on tp_comm when its group is the scenario's TP group size (tp > 1), dp_comm
+    otherwise (pipeline P2P on pp_comm)."""
+    stream_of = {op.name: op.stream for op in sim.schedule.ops}
+    n = len(kernels) or 1
+    meas: dict[str, float] = defaultdict(float)
+    for ks in kernels:
+        spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for k in ks:
+            if k.coll is None:
+                continue
+            tp_group = sim.rs.tp > 1 and k.coll.group == sim.rs.tp
+            stream = stream_of.get(k.label or "") or ("pp_comm" if k.coll.p2p else "tp_comm" if tp_group else "dp_comm")
+            spans[stream].append((k.ev.ts, k.ev.end))
+        for stream, sp in spans.items():
+            meas[stream] += union_us(sp) * 1e-6 / n
+    b = sim.result.breakdown_s
+    return [_row(f"{name} communication busy", b.get(f"{stream}_busy", 0.0), meas.get(stream, 0.0), "category")
+            for name, stream in (("TP", "tp_comm"), ("DP", "dp_comm"), ("PP", "pp_comm"))
+            if f"{stream}_busy" in b or meas.get(stream)]
+
+
 def _sim_class(sim: SimSide) -> dict[int, str]:
     return {op.id: family(work_class(op.work)) for op in sim.schedule.ops}
 
@@ -227,7 +251,8 @@ def compare_trace(sim: SimSide, ranks: Sequence[RankData], steps: Sequence[StepS
                            "structure_issues": list(check.issues), "rows": [], "collectives": []}
     if not check.ok:
         return doc
-    rows = category_rows(sim, mine) + class_rows(sim, mine) + op_type_rows(sim, mine, kernels)
+    rows = (category_rows(sim, mine) + comm_stream_rows(sim, kernels) + class_rows(sim, mine)
+            + op_type_rows(sim, mine, kernels))
     doc["rows"] = sorted(rows, key=lambda r: -abs(r["delta_s"]))
     doc["collectives"] = busbw_rows(sim, mine)
     return doc
