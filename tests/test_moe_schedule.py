@@ -67,7 +67,10 @@ def test_expert_tensor_parallel_and_other_dispatchers():
     rs = tiny({"parallel.ep": 2, "parallel.etp": 2})
     by = {n: op for n, op in zip(names(layer_ops(rs)), layer_ops(rs), strict=True)}
     rows = 128 * 2 * 2  # etp x T k
-    assert by["expert_gather"].work.group == "etp" and by["expert_gather"].work.nbytes == rows * (256 * 2 + 4)
+    assert by["expert_gather"].work.group == "etp" and by["expert_gather"].work.nbytes == rows * 256 * 2
+    assert by["expert_gather_probs"].work == Collective("all_gather", "etp", rows * 4, "expert_gather")  # fp32
+    bwd = {n: op for n, op in zip(names(layer_ops(rs, phase="bwd")), layer_ops(rs, phase="bwd"), strict=True)}
+    assert (bwd["expert_gather"].work.op, bwd["expert_gather_probs"].work.op) == ("reduce_scatter",) * 2
     assert by["expert_scatter"].work.op == "reduce_scatter" and by["expert_fc1"].work.n == 2 * 512 // 2
     gather = tiny({"parallel.ep": 4, "parallel.moe_dispatcher": "allgather"})
     g = {n: op for n, op in zip(names(layer_ops(gather)), layer_ops(gather), strict=True)}

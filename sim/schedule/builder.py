@@ -162,4 +162,5 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
         ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.dp, rs.edp))
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
-    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas)
+    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
+                    etp=rs.etp)

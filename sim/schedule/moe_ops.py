@@ -7,7 +7,8 @@ Forward (moe_layer.py L658-697; token_dispatcher.py MoEAlltoAllTokenDispatcher L
   -> router GEMM [T, h] x [h, E] -> top-k and score function (one fused kernel, moe_router_fusion)
   -> token counts all-gathered over etp x ep (preprocess, L557-576) -> permute (T k rows, moe_utils.permute)
   -> all-to-all of the rows and of their fp32 probabilities over ep (L705-725)
-  -> etp > 1: all-gather over etp (L741-751) -> sort the rows by local expert (L759-782, > 1 local expert)
+  -> etp > 1: all-gathers of the rows and of their probabilities over etp (L741-751)
+  -> sort the rows by local expert (L759-782, > 1 local expert)
   -> fc1, activation x probability, fc2 over the local experts (experts.py TEGroupedMLP: grouped GEMMs)
   -> unsort -> etp > 1: reduce-scatter over etp (L824-833) -> all-to-all back over ep (L864-870)
   -> unpermute (weighted sum of each token's k rows) -> + shared expert output -> residual add.
@@ -102,7 +103,7 @@ def shared_backward(tpl: Template, d: LayerDims, m: MoeDims, g: Deps) -> int:
     ready = gemm_then_comm(tpl, "bwd", "shared_fc1_dgrad", dgrad(fc1), (act,), K.SHARED_IN,
                            boundary_collective(d, entry, "bwd"), 1)
     w1 = tpl.add("bwd", "shared_fc1_wgrad", wgrad(fc1, d.grad_fusion), (act,) + regather)
-    tpl.grads += [(w2, fc2.k * fc2.n), (w1, fc1.k * fc1.n)]
+    tpl.grads += [(w2, d.params(fc2)), (w1, d.params(fc1))]  # weights and (add_bias_linear) biases
     return ready[-1]
 
 
@@ -135,9 +136,11 @@ def dispatch_forward(tpl: Template, phase: str, m: MoeDims, route: int, ln: int)
         x = tpl.add(phase, K.MOE_DISPATCH, _coll("all_to_all", "ep", m.dispatch_bytes, K.MOE_DISPATCH), (x,))
         tpl.add(phase, K.MOE_DISPATCH_PROBS, _coll("all_to_all", "ep", m.received_rows * PROB_BYTES,
                                                    K.MOE_DISPATCH), (x,))
-    if m.etp > 1:
-        x = tpl.add(phase, K.EXPERT_GATHER, _coll("all_gather", "etp", m.expert_rows * (m.row_bytes + PROB_BYTES),
-                                                  K.EXPERT_GATHER), (x,))
+    if m.etp > 1:  # rows and probabilities in two all-gathers (token_dispatcher.py L741-751)
+        x = tpl.add(phase, K.EXPERT_GATHER, _coll("all_gather", "etp", m.expert_rows * m.row_bytes, K.EXPERT_GATHER),
+                    (x,))
+        tpl.add(phase, K.EXPERT_GATHER_PROBS, _coll("all_gather", "etp", m.expert_rows * PROB_BYTES, K.EXPERT_GATHER),
+                (x,))
     if m.local_experts > 1:
         x = tpl.add(phase, "sort_chunks", _rows_kernel("moe_sort_chunks", m.expert_rows, m.expert_rows, m), (x,))
     return x
@@ -193,8 +196,10 @@ def dispatch_backward(tpl: Template, m: MoeDims, g: int, probs_g: int) -> int:
     if m.local_experts > 1:
         x = tpl.add("bwd", "sort_chunks", _rows_kernel("moe_sort_chunks", m.expert_rows, m.expert_rows, m), (x,))
     if m.etp > 1:
-        x = tpl.add("bwd", K.EXPERT_GATHER, _coll("reduce_scatter", "etp", m.expert_rows * (m.row_bytes + PROB_BYTES),
-                                                  K.EXPERT_GATHER), (x, probs_g))
+        tpl.add("bwd", K.EXPERT_GATHER_PROBS, _coll("reduce_scatter", "etp", m.expert_rows * PROB_BYTES,
+                                                    K.EXPERT_GATHER), (x, probs_g))
+        x = tpl.add("bwd", K.EXPERT_GATHER, _coll("reduce_scatter", "etp", m.expert_rows * m.row_bytes,
+                                                  K.EXPERT_GATHER), (x,))
     if m.ep > 1:
         tpl.add("bwd", K.MOE_DISPATCH_PROBS, _coll("all_to_all", "ep", m.received_rows * PROB_BYTES, K.MOE_DISPATCH),
                 (x, probs_g))

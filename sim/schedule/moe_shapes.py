@@ -26,12 +26,28 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import MoeConfig
+from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias
 from meshsim.sim.schedule.ops import Gemm
 
 ROUTING_MAP_BYTES = 1  # bool per (token, expert)
 PROB_BYTES = 4  # fp32 routing probabilities (Megatron keeps probs in fp32)
 COUNT_BYTES = 8  # int64 token counts per expert
+
+# What each alltoall-dispatcher collective of sim/schedule/moe_ops.py carries, by op key: token rows in the
+# model dtype, routing probabilities in fp32, token counts in int64 (validate turns bytes into elements).
+ROW_KEYS = (K.MOE_DISPATCH, K.MOE_COMBINE, K.EXPERT_GATHER, K.EXPERT_SCATTER, K.MOE_GATHER, K.MOE_SCATTER)
+PROB_KEYS = (K.MOE_DISPATCH_PROBS, K.EXPERT_GATHER_PROBS)
+COUNT_KEYS = (K.MOE_META,)
+
+
+def element_bytes(key: str, dtype_bytes: int) -> int | None:
+    """Bytes per element of the MoE collective with op key `key` (above); None for any other key."""
+    if key in ROW_KEYS:
+        return dtype_bytes
+    if key in PROB_KEYS:
+        return PROB_BYTES
+    return COUNT_BYTES if key in COUNT_KEYS else None
 
 
 @dataclass(frozen=True)
@@ -120,11 +136,18 @@ class MoeDims:
 
     @property
     def shared_params(self) -> int:
-        return self.hidden * self.shared_fc1_n + self.shared_ffn * self.hidden if self.shared_ffn else 0
+        """The shared expert's fc1 and fc2 shards on this TP rank, with their biases when the model has them
+        (SharedExpertMLP is a Megatron MLP: add_bias_linear; fc2's bias is replicated)."""
+        if not self.shared_ffn:
+            return 0
+        biases = self.shared_fc1_n + self.hidden if self.bias else 0
+        return self.hidden * self.shared_fc1_n + self.shared_ffn * self.hidden + biases
 
     @property
     def router_params(self) -> int:
-        return self.hidden * self.experts
+        """The router's replicated [experts, h] weight, and its [experts] bias with add_bias_linear (router.py
+        Router.__init__)."""
+        return self.hidden * self.experts + (self.experts if self.bias else 0)
 
 
 def load_factor(moe: MoeConfig) -> float:

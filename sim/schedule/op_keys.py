@@ -12,10 +12,10 @@ An op's name is "<block>.mb<m>.<phase>.<key>" inside a micro-batch ("L0.mb0.fwd.
   (pipeline: the tied word-embedding gradient over the first and last stage).
 MoE layers (sim/schedule/moe_ops.py) replace MLP_IN / MLP_OUT with the token dispatcher's collectives:
 MOE_DISPATCH / MOE_DISPATCH_PROBS / MOE_COMBINE (all-to-all over "ep", or the flex dispatcher's fused
-kernels), MOE_META (the token counts' all-gather), EXPERT_GATHER / EXPERT_SCATTER (over "etp", the
-alltoall dispatcher's post/pre-processing), MOE_GATHER / MOE_SCATTER (the allgather dispatcher, over
-"etp_ep"), and SHARED_IN / SHARED_OUT around the shared expert; after the backward EXPERT_GRAD reduces
-the experts' gradients over "edp".
+kernels), MOE_META (the token counts' all-gather), EXPERT_GATHER / EXPERT_GATHER_PROBS / EXPERT_SCATTER
+(over "etp", the alltoall dispatcher's post/pre-processing: rows and probabilities gathered apart),
+MOE_GATHER / MOE_SCATTER (the allgather dispatcher, over "etp_ep"), and SHARED_IN / SHARED_OUT around the
+shared expert; after the backward EXPERT_GRAD reduces the experts' gradients over "edp".
 Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
 """
 
@@ -33,7 +33,7 @@ EMBED_GRAD = "embed_grad"
 EMBED_BLOCK, HEAD_BLOCK, OPT_BLOCK = "embed", "head", "opt"
 PP_BLOCK = "pp"
 MOE_DISPATCH, MOE_DISPATCH_PROBS, MOE_COMBINE, MOE_META = "dispatch", "dispatch_probs", "combine", "dispatch_meta"
-EXPERT_GATHER, EXPERT_SCATTER = "expert_gather", "expert_scatter"
+EXPERT_GATHER, EXPERT_GATHER_PROBS, EXPERT_SCATTER = "expert_gather", "expert_gather_probs", "expert_scatter"
 MOE_GATHER, MOE_SCATTER = "moe_gather", "moe_scatter"
 SHARED_IN, SHARED_OUT = "shared_in", "shared_out"
 EXPERT_GRAD = "expert_grad"

@@ -193,6 +193,8 @@ class Schedule:
     kv_replicas: int = 1  # ranks of a TP group sharing one KV head (tp / kv_heads when kv_heads < tp)
     pp: int = 1  # pipeline stages (every stage has its own Schedule; sim/schedule/pipeline_builder.py)
     stage: int = 0  # the stage this schedule runs on
+    ep: int = 1  # expert parallel: the expert mesh etp x ep x edp of a stage (sim/core/mesh.py) names
+    etp: int = 1  # its groups "ep", "etp", "etp_ep" and "edp"
 
     def by_stream(self, stream: Stream) -> list[Op]:
         return [op for op in self.ops if op.stream == stream]

@@ -179,7 +179,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
             "grad_producers": sum(len(g) + len(e) for g, e in zip(st.grads, st.expert_grads, strict=True)),
             "layers": [list(ch.layers) for ch in chunks], "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
-                    stage=stage)
+                    stage=stage, ep=rs.ep, etp=rs.etp)
 
 
 def build_stage_schedules(rs: ResolvedScenario) -> tuple[Schedule, ...]:
