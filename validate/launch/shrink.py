@@ -12,7 +12,13 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
   pipelines: m' micro-batches);
 - dropout off (numerics compare deterministic math), tp_comm_overlap off and distributed_optimizer off
   (the real model issues neither); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
-  (topology.nodes grows when the topology has fewer than nproc GPUs).
+  (topology.nodes grows when the topology has fewer than nproc GPUs); model.head_dim is dropped (hidden'
+  / heads' = r.head_dim already);
+- MoE (model.moe): etp' = gcd(etp, S), ep' = gcd(ep, S / etp') on the S = nproc / pp' ranks of a stage;
+  `shrink_moe`: two local experts per ep rank (at least 4 experts), top-2, expert and shared FFN =
+  hidden', at most one leading dense layer, group-limited routing (when set) over 2 groups picking 1;
+  dropless (capacity factor, padding dropped) with imbalance 1.0, since validate routes for real; the
+  alltoall dispatcher (validate runs it; allgather and flex are simulated but not run), no EP overlap.
 
 Every size is a multiple of tp', so the shrunk scenario passes scenarios/checks.py.
 """
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshsim.scenarios.load import build_scenario_topology
-from meshsim.scenarios.schema import Scenario
+from meshsim.scenarios.schema import MoeConfig, Scenario
 from meshsim.sim.core.errors import UserError
 
 
@@ -97,6 +103,35 @@ def shrink_pipeline(pp: int, vp: int, overlap: bool, nproc: int, layers: int) ->
                 account_for_loss_in_split=False)
 
 
+MIN_EXPERTS = 4  # top-2 among at least 4 experts, 2 per group under group-limited routing
+SHRUNK_TOP_K = 2
+
+
+def moe_experts(ep: int) -> int:
+    """Experts of a shrunk MoE model on ep expert-parallel ranks: two local experts each, at least 4."""
+    return max(MIN_EXPERTS, 2 * ep)
+
+
+def shrink_moe(moe: MoeConfig, ep: int, hidden: int) -> MoeConfig:
+    """The shrunk model.moe (module docstring)."""
+    grouped = moe.router_groups is not None
+    return moe.model_copy(update=dict(
+        experts=moe_experts(ep), top_k=SHRUNK_TOP_K, ffn_hidden=hidden,
+        shared_ffn_hidden=hidden if moe.shared_ffn_hidden else None, dense_layers=min(moe.dense_layers, 1),
+        every=min(moe.every, 2), router_groups=2 if grouped else None, router_group_topk=1 if grouped else None,
+        capacity_factor=None, pad_to_capacity=False, imbalance=1.0))
+
+
+def _expert_fields(m, p, stage: int, hidden: int) -> tuple[dict, dict]:
+    """(model, parallel) updates of an MoE scenario (module docstring); none for a dense one."""
+    if m.moe is None:
+        return {}, {}
+    etp = math.gcd(p.etp, stage)
+    ep = math.gcd(p.ep, stage // etp)
+    return dict(moe=shrink_moe(m.moe, ep, hidden)), dict(
+        ep=ep, etp=etp, moe_dispatcher="alltoall", moe_ep_overlap=False, delay_wgrad_compute=False)
+
+
 def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: str = "") -> Scenario:
     """The shrunk scenario for `nproc` processes (module docstring)."""
     m, p = scenario.model, scenario.parallel
@@ -105,13 +140,15 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
     tp, dp = shrink_layout(p.tp, nproc // pipe["pp"])
     heads, kv = shrink_heads(m.heads, m.num_kv_heads, p.tp, tp)
     hidden = heads * rule.head_dim
+    moe_model, moe_parallel = _expert_fields(m, p, nproc // pipe["pp"], hidden)
     model = m.model_copy(update=dict(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv,
-        ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False))
+        layers=layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv, head_dim=None,
+        ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False,
+        **moe_model))
     parallel = p.model_copy(update=dict(
         tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch,
         global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=False,
-        **pipe))
+        **pipe, **moe_parallel))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
     return scenario.model_copy(update=dict(
         name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))

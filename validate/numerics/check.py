@@ -6,14 +6,21 @@ asserts with torch.testing.assert_close (TOLERANCES by dtype) that the loss, its
 parameter shard's gradient equal the reference's. A mismatch names the tensor, the rank and the max error.
 
 Variant specs join modifiers with "+": tp | sp, gelu | swiglu, mha | gqa (kv = tp/2, so KV heads are
-replicated when tp > 1), none | selective | full (recompute), tied, dp1 | dp2 (tp = nproc or nproc/2;
-default: the scenario's tp, shrunk; with a pipeline, tp = nproc / pp or nproc / 2pp), pipelines pp2 | pp4
-(1F1B), vp2 (interleaved), nooverlap (P2P not overlapped), and the negative controls swap_fg (entry and
-exit boundaries replaced by their conjugates), no_ln_allreduce (SP without the norm-gradient all-reduce),
-swap_p2p (each P2P batch issued in reverse order) and drop_mb_grad (the last micro-batch's weight
-gradients discarded); the pipeline faults need a pipeline. A pipeline variant runs each stage's chunks in
-the simulator's order (validate/stack/pipeline.py) and compares every rank's P2P calls with its stage
-schedule's, op by op.
+replicated when tp > 1), none | selective | full (recompute), tied, dp1 | dp2 | dp4 (tp = nproc, nproc/2
+or nproc/4; default: the scenario's tp, shrunk; with a pipeline, tp = nproc / pp, ...), pipelines pp2 |
+pp4 (1F1B), vp2 (interleaved), nooverlap (P2P not overlapped), and the negative controls swap_fg (entry
+and exit boundaries replaced by their conjugates), no_ln_allreduce (SP without the norm-gradient
+all-reduce), swap_p2p (each P2P batch issued in reverse order) and drop_mb_grad (the last micro-batch's
+weight gradients discarded); the pipeline faults need a pipeline. A pipeline variant runs each stage's
+chunks in the simulator's order (validate/stack/pipeline.py) and compares every rank's P2P calls with its
+stage schedule's, op by op.
+
+An MoE scenario (model.moe; validate/stack/moe.py runs its layers) takes the MoE modifiers ep1 | ep2 | ep4
+(parallel.ep, with launch/shrink.moe_experts experts), etp2, softmax | sigmoid (router), grouped
+(group-limited routing), shared (a shared expert), dense1 (the first layer dense), bias (biases on every
+linear), and the negative controls wrong_permute and wrong_combine (ep > 1; validate/stack/moe.py). Its
+default variants are MOE_SPECS[nproc]. Every variant is checked by the scenario rules before any process
+starts (scenarios/moe_checks.py: e.g. etp > 1 refuses biases).
 """
 
 from __future__ import annotations
@@ -28,19 +35,33 @@ from meshsim.sim.core.errors import UserError
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules, pipeline_shape
 from meshsim.validate.launch.launch import launch
-from meshsim.validate.launch.shrink import NUMERICS, shrink, with_changes
+from meshsim.validate.launch.shrink import NUMERICS, moe_experts, shrink, with_changes
 from meshsim.validate.numerics.opcount import (
     compare_p2p,
     compare_records,
+    mean_routed_sizes,
+    routing_imbalance,
     schedule_p2p_records,
     schedule_records,
 )
 from meshsim.validate.numerics.tolerances import TOLERANCES
 from meshsim.validate.numerics.worker import run_variants
 
-FAULTS = ("swap_fg", "no_ln_allreduce", "swap_p2p", "drop_mb_grad")
+MOE_FAULTS = ("wrong_permute", "wrong_combine")  # validate/stack/moe.py
+FAULTS = ("swap_fg", "no_ln_allreduce", "swap_p2p", "drop_mb_grad", *MOE_FAULTS)
 PIPELINE_FAULTS = ("swap_p2p", "drop_mb_grad")  # validate/stack/pipeline.py; need a pp token
-LAYOUTS = ("dp1", "dp2")
+LAYOUTS = {"dp1": 1, "dp2": 2, "dp4": 4}
+EXPERT_PARALLEL = {"ep1": 1, "ep2": 2, "ep4": 4}
+MOE_TOKENS = (*EXPERT_PARALLEL, "etp2", "softmax", "sigmoid", "grouped", "shared", "dense1", "bias")
+# the default variants of an MoE scenario: ep 2 and 4, etp 2, both routers, grouped routing, shared expert,
+# gelu with biases and swiglu, SP, full recompute, expert gradients over edp, and a pipeline
+MOE_SPECS = {
+    2: ["dp2+tp+swiglu+ep2", "dp2+tp+gelu+sigmoid+grouped+shared+ep2", "dp1+sp+swiglu+shared+full+ep2",
+        "dp2+tp+swiglu+ep1+etp2+sigmoid", "dp1+sp+swiglu+dense1+ep1"],
+    4: ["dp4+tp+swiglu+ep4", "dp2+sp+swiglu+sigmoid+shared+ep4", "dp2+sp+gelu+grouped+shared+full+ep2",
+        "dp4+tp+swiglu+ep2+etp2+grouped", "dp2+sp+swiglu+ep2+etp2+shared+sigmoid", "dp1+sp+gelu+dense1+ep4",
+        "pp2+dp1+sp+swiglu+shared+ep2"],
+}
 PIPELINES = {"pp2": {"pp": 2}, "pp4": {"pp": 4}, "vp2": {"vp": 2}, "nooverlap": {"p2p_overlap": False}}
 MATRIX = (("tp", "sp"), ("gelu", "swiglu"), ("mha", "gqa"), ("none", "selective", "full"))
 
@@ -61,6 +82,12 @@ class VariantResult:
     checked: int  # tensors compared over all ranks
     calls: list[dict]  # rank 0's counted collectives (opcount.CallRecord as dicts)
     op_diffs: list[str] | None  # differences from the schedule; None when not compared (error / compare_ops off)
+    imbalance: float | None = None  # MoE: max / mean rows the experts received (opcount.routing_imbalance)
+
+
+def moe_specs(nproc: int) -> list[str]:
+    """An MoE scenario's default variants: MOE_SPECS[nproc], else the scenario's own layout, shrunk."""
+    return MOE_SPECS.get(nproc, [""])
 
 
 def default_specs(nproc: int) -> list[str]:
@@ -91,9 +118,29 @@ def _token_changes(token: str, tp: int, heads: int) -> dict:
               "full": {"recompute": "full"}, "tied": {"tied_embeddings": True}, "mha": {"kv_heads": None},
               "gqa": {"kv_heads": max(1, tp // 2) if tp > 1 else max(1, heads // 2)}}
     if token not in simple:
-        raise UserError("--variants", token, "use modifiers " + ", ".join([*simple, *LAYOUTS, *PIPELINES, *FAULTS])
-                        + " joined with '+', e.g. sp+swiglu+gqa+full", problem="Unknown variant modifier")
+        raise UserError("--variants", token, "use modifiers " + ", ".join(
+            [*simple, *LAYOUTS, *PIPELINES, *MOE_TOKENS, *FAULTS]) + " joined with '+', e.g. sp+swiglu+gqa+full",
+            problem="Unknown variant modifier")
     return simple[token]
+
+
+def _moe_changes(tokens: list[str], s: Scenario, spec: str) -> dict:
+    """The model.moe / parallel changes of a spec's MoE modifiers (module docstring)."""
+    if not set(tokens) & set(MOE_TOKENS + MOE_FAULTS):
+        return {}
+    moe = s.model.moe
+    if moe is None:
+        raise UserError("--variants", spec, "use MoE modifiers with an MoE scenario (model.moe), e.g. "
+                        "mixtral-8x7b-h100-ep8", problem="The scenario has no MoE layers")
+    ep = next((EXPERT_PARALLEL[t] for t in tokens if t in EXPERT_PARALLEL), s.parallel.ep)
+    traits: dict = {"experts": moe_experts(ep)}
+    for token, change in (("softmax", {"router": "softmax"}), ("sigmoid", {"router": "sigmoid"}),
+                          ("grouped", {"router_groups": 2, "router_group_topk": 1}),
+                          ("shared", {"shared_ffn_hidden": s.model.hidden}), ("dense1", {"dense_layers": 1})):
+        if token in tokens:
+            traits.update(change)
+    changes = {"moe": moe.model_copy(update=traits), "ep": ep, "etp": 2 if "etp2" in tokens else s.parallel.etp}
+    return {**changes, "bias": True} if "bias" in tokens else changes
 
 
 def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Variant:
@@ -106,15 +153,15 @@ def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Var
     if nproc % stages:
         raise UserError("--variants", spec, f"use an --nproc that is a multiple of pp = {stages}",
                         problem="The pipeline stages do not divide the processes")
-    if "dp1" in tokens or "dp2" in tokens:
-        tp = nproc // stages if "dp1" in tokens else max(1, nproc // stages // 2)
-        base = with_changes(base, tp=tp, kv_heads=None)
+    layout = [LAYOUTS[t] for t in tokens if t in LAYOUTS]
+    if layout:
+        base = with_changes(base, tp=max(1, nproc // stages // layout[0]), kv_heads=None)
     s = shrink(base, nproc, NUMERICS, source)
     if set(tokens) & set(PIPELINE_FAULTS) and s.parallel.pp == 1:
         raise UserError("--variants", spec, "add pp2 or pp4 to the spec", problem="A pipeline fault needs pp > 1")
-    changes: dict = {}
+    changes: dict = _moe_changes(tokens, s, spec)
     for token in tokens:
-        if token not in FAULTS and token not in LAYOUTS and token not in PIPELINES:
+        if token not in FAULTS and token not in LAYOUTS and token not in PIPELINES and token not in MOE_TOKENS:
             changes.update(_token_changes(token, s.parallel.tp, s.model.heads))
     if changes.get("sp") and s.parallel.tp == 1:
         raise UserError("--variants", spec, "drop 'sp' or use a layout with tp > 1",
@@ -125,6 +172,15 @@ def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Var
 
 def _resolved(variant: Variant, source: str):
     return resolve(variant.scenario, source or f"builtin:{variant.scenario.name}")
+
+
+def _checked(variant: Variant, source: str) -> None:
+    """The variant passes the scenario rules (scenarios/checks.py), else one line naming the variant."""
+    try:
+        _resolved(variant, source)
+    except UserError as err:
+        raise UserError("--variants", variant.name or "(the scenario's own layout)", err.fix, problem=f"The shrunk "
+                        f"scenario breaks a rule ({err.field} = {err.value}: {err.problem})") from None
 
 
 def _op_diffs(variant: Variant, source: str, calls: list[dict]) -> list[str]:
@@ -155,6 +211,9 @@ def merge(variants: list[Variant], per_rank: list[list[dict]], source: str, *,
     out = []
     for i, v in enumerate(variants):
         rows = [ranks[i] for ranks in per_rank]
+        routed = mean_routed_sizes([r["calls"] for r in rows])
+        imbalance = routing_imbalance([r["calls"] for r in rows])
+        rows = [{**r, "calls": calls} for r, calls in zip(rows, routed, strict=True)]
         mismatches = sorted((m for r in rows for m in r["mismatches"]), key=lambda m: -m["max_abs_err"])
         errors = [f"rank {r['rank']}: {r['error']}" for r in rows if r.get("error")]
         calls = rows[0]["calls"]
@@ -168,7 +227,7 @@ def merge(variants: list[Variant], per_rank: list[list[dict]], source: str, *,
                 if [c["name"] for c in r["calls"]] != [c["name"] for c in calls]:
                     diffs.append(f"rank {r['rank']} issued a different sequence of collectives than rank 0")
         out.append(VariantResult(v.name, not mismatches and not errors, mismatches, errors,
-                                 sum(r["checked"] for r in rows), calls, diffs))
+                                 sum(r["checked"] for r in rows), calls, diffs, imbalance))
     return out
 
 
@@ -198,11 +257,15 @@ def numerics_payload(scenario: Scenario, source: str, nproc: int, specs: list[st
     scenario's own configuration, shrunk."""
     if dtype not in TOLERANCES:
         raise UserError("--dtype", dtype, f"use one of {', '.join(TOLERANCES)}")
-    variants = [_variant(scenario, spec, nproc, source, chosen=bool(specs)) for spec in (specs or default_specs(nproc))]
+    defaults = moe_specs(nproc) if scenario.model.moe is not None else default_specs(nproc)
+    variants = [_variant(scenario, spec, nproc, source, chosen=bool(specs)) for spec in (specs or defaults)]
     for v in variants:
         if "swap_fg" in v.faults and v.scenario.parallel.sp:
             raise UserError("--variants", v.name, "use swap_fg with 'tp' (no SP); under SP use no_ln_allreduce",
                             problem="swap_fg under SP changes tensor shapes instead of values")
+        if "wrong_combine" in v.faults and v.scenario.parallel.ep == 1:
+            raise UserError("--variants", v.name, "add ep2 or ep4", problem="wrong_combine needs an all-to-all")
+        _checked(v, source)
     payload = {"seed": seed, "dtype": dtype, "variants": [
         {"name": v.name or "scenario", "scenario": v.scenario.model_dump(mode="json"), "faults": list(v.faults),
          **({"pipeline": asdict(pipeline_shape(_resolved(v, source)))} if v.scenario.parallel.pp > 1 else {})}

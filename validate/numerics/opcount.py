@@ -5,7 +5,14 @@ A record's name follows the schedule's op names (sim/schedule/builder.py, sim/sc
 "<block>.mb<m>.<phase>.<key>" inside a micro-batch ("L0.mb0.fwd.attn_in", "head.mb0.bwd.head_in_regather"),
 "<block>.<key>" after backward ("opt.ln_grad", "dp.bucket0.all_reduce"). Sizes are compared in elements:
 the schedule counts activation collectives in the model dtype (2 bytes) and gradient / cross-entropy
-ones in fp32 (4 bytes), while the CPU run may use another dtype.
+ones in fp32 (4 bytes), MoE collectives by what they carry (sim/schedule/moe_shapes.element_bytes: rows
+in the model dtype, routing probabilities fp32, token counts int64), while the CPU run may use another
+dtype. An all-to-all's size is its send buffer (nccl-tests' count). The MoE dispatcher's sizes follow the
+routing, which differs from rank to rank; the schedule states them at model.moe.imbalance (1.0 in the
+shrunk scenario: every rank receives what it sends). `mean_routed_sizes` therefore compares their mean
+over the ranks that issue them, which equals the schedule's figure for any dropless routing (every rank
+sends its T k rows, so the rows received sum to the rows sent); `routing_imbalance` reports the real
+max / mean.
 """
 
 from __future__ import annotations
@@ -20,15 +27,19 @@ from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.core.units import FP32_BYTES
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import DUALITY
+from meshsim.sim.schedule.moe_shapes import PROB_KEYS, ROW_KEYS
+from meshsim.sim.schedule.moe_shapes import element_bytes as moe_element_bytes
 from meshsim.sim.schedule.ops import P2P, Collective, Schedule
-from meshsim.validate.stack.comm import current_tag
+from meshsim.validate.stack.comm import current_stand_in, current_tag
 
 # torch.distributed function -> schedule op name; numel is the total (gathered) size, as nccl-tests counts
 PATCHED = {
     "all_reduce": "all_reduce", "all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
     "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "broadcast": "broadcast", "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast", "all_to_all_single": "all_to_all", "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
 }
+LIST_ARG = {"all_gather": 0, "reduce_scatter": 1}  # list-of-tensors calls: the list's position
 
 
 @dataclass(frozen=True)
@@ -40,8 +51,13 @@ class CallRecord:
     numel: int
 
 
-def _numel(args: tuple, kwargs: dict) -> int:
-    """The largest tensor argument's size: the buffer (all-reduce) or the total gathered size."""
+def _numel(name: str, args: tuple, kwargs: dict) -> int:
+    """The buffer (all-reduce), the total gathered size (all-gather, reduce-scatter; a list call: the sum of
+    its list) or the send buffer (all-to-all)."""
+    if name == "all_to_all_single":
+        return (args[1] if len(args) > 1 else kwargs["input"]).numel()
+    if name in LIST_ARG:
+        return sum(t.numel() for t in args[LIST_ARG[name]])
     tensors = list(args[:2]) + [kwargs[k] for k in ("output", "output_tensor", "input", "input_tensor", "tensor")
                                 if k in kwargs]
     return max(t.numel() for t in tensors if hasattr(t, "numel"))
@@ -57,19 +73,26 @@ def op_name(tag, micro_batch: int = 0) -> str:
 @contextlib.contextmanager
 def count_collectives(group_names: dict[int, str], micro_batch: int = 0):
     """Wrap torch.distributed's collectives; yields the list the calls are appended to.
-    group_names maps id(process group) -> "tp" / "dp" / "kv". Nested calls (one API calling another)
-    count once."""
+    group_names maps id(process group) -> "tp" / "dp" / "kv" / an expert kind. Nested calls (one API calling
+    another) count once; the calls of a comm.counted_as block count as the one collective they stand for."""
     records: list[CallRecord] = []
     depth = [0]
     originals = {name: getattr(dist, name) for name in PATCHED if hasattr(dist, name)}
 
+    def record(name, args, kwargs):
+        group, stand = kwargs.get("group"), current_stand_in()
+        if stand is not None and stand.counted:
+            return
+        op, numel = (stand.op, stand.numel) if stand is not None else (PATCHED[name], _numel(name, args, kwargs))
+        records.append(CallRecord(op_name(current_tag(), micro_batch), op, group_names.get(id(group), "world"),
+                                  dist.get_world_size(group), numel))
+        if stand is not None:
+            stand.counted = True
+
     def wrap(name, fn):
         def wrapper(*args, **kwargs):
             if depth[0] == 0:
-                group = kwargs.get("group")
-                records.append(CallRecord(op_name(current_tag(), micro_batch), PATCHED[name],
-                                          group_names.get(id(group), "world"), dist.get_world_size(group),
-                                          _numel(args, kwargs)))
+                record(name, args, kwargs)
             depth[0] += 1
             try:
                 return fn(*args, **kwargs)
@@ -87,9 +110,19 @@ def count_collectives(group_names: dict[int, str], micro_batch: int = 0):
             setattr(dist, name, fn)
 
 
-def element_bytes(work: Collective, dtype_bytes: int) -> int:
-    """Bytes per element the schedule assumed: model dtype for boundary traffic, fp32 otherwise."""
+def element_bytes(work: Collective, dtype_bytes: int, key: str = "") -> int:
+    """Bytes per element the schedule assumed: an MoE collective's by its op key (moe_shapes.element_bytes),
+    the model dtype for boundary traffic, fp32 otherwise."""
+    moe = moe_element_bytes(key, dtype_bytes)
+    if moe is not None:
+        return moe
     return dtype_bytes if work.boundary in DUALITY or work.boundary == K.SP_REGATHER else FP32_BYTES
+
+
+def group_size(schedule: Schedule, kind: str) -> int:
+    """Ranks of a schedule's symbolic group, by sim/core/mesh.py's rule (every group of a kind has this size)."""
+    return len(mesh_group(kind, 0, schedule.tp, schedule.dp, schedule.kv_replicas, schedule.pp, schedule.ep,
+                          schedule.etp))
 
 
 def schedule_records(schedule: Schedule, dtype_bytes: int, micro_batch: int | None = 0) -> list[CallRecord]:
@@ -99,10 +132,41 @@ def schedule_records(schedule: Schedule, dtype_bytes: int, micro_batch: int | No
     for op in schedule.ops:
         if not isinstance(op.work, Collective) or op.micro_batch not in (None, micro_batch) and micro_batch is not None:
             continue
-        ranks = {"tp": schedule.tp, "dp": schedule.dp, "kv": schedule.kv_replicas, "embed": 2}[op.work.group]
-        out.append(CallRecord(op.name, op.work.op, op.work.group, ranks,
-                              op.work.nbytes // element_bytes(op.work, dtype_bytes)))
+        per = element_bytes(op.work, dtype_bytes, op.name.rsplit(".", 1)[-1])
+        out.append(CallRecord(op.name, op.work.op, op.work.group, group_size(schedule, op.work.group),
+                              op.work.nbytes // per))
     return out
+
+
+ROUTED_KEYS = frozenset(ROW_KEYS + PROB_KEYS)  # MoE collectives whose sizes follow the routing
+
+
+def _routed(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in ROUTED_KEYS
+
+
+def mean_routed_sizes(per_rank: list[list[dict]]) -> list[list[dict]]:
+    """Every rank's calls with each routed MoE collective's size replaced by its mean over the ranks that
+    issue it (module docstring); an uneven mean stays a float, so it differs from the schedule's."""
+    sizes: dict[str, list[int]] = {}
+    for calls in per_rank:
+        for c in calls:
+            if _routed(c["name"]):
+                sizes.setdefault(c["name"], []).append(c["numel"])
+    mean = {n: sum(v) // len(v) if sum(v) % len(v) == 0 else sum(v) / len(v) for n, v in sizes.items()}
+    return [[{**c, "numel": mean[c["name"]]} if c["name"] in mean else c for c in calls] for calls in per_rank]
+
+
+def routing_imbalance(per_rank: list[list[dict]]) -> float | None:
+    """Max over ranks / mean of the rows the experts received (each forward combine's send buffer), the worst
+    MoE layer's; None without an expert-parallel all-to-all."""
+    sizes: dict[str, list[int]] = {}
+    for calls in per_rank:
+        for c in calls:
+            if c["name"].endswith(f".fwd.{K.MOE_COMBINE}"):
+                sizes.setdefault(c["name"], []).append(c["numel"])
+    ratios = [max(v) * len(v) / sum(v) for v in sizes.values() if sum(v)]
+    return max(ratios) if ratios else None
 
 
 def compare_records(real: list[dict | CallRecord], planned: list[dict | CallRecord]) -> list[str]:

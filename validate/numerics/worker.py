@@ -1,6 +1,6 @@
 """Worker side of the numerics check: one variant's step on this rank and its comparisons.
 
-Process groups (validate/stack/groups.py) are created lazily per (tp, dp, kv) in variant order, which is the
+Process groups (validate/stack/groups.py) are created lazily per (tp, dp, pp, kv, ep/etp) in variant order, which is the
 same on every rank, as torch.distributed.new_group requires. The model's tensors are on the CPU, so its
 groups are gloo groups even when the default backend is NCCL (build_mesh(cpu=True)).
 """
@@ -20,6 +20,7 @@ from meshsim.validate.stack.comm import comm_tag
 from meshsim.validate.stack.groups import build_mesh
 from meshsim.validate.stack.layers import Mesh, Plan
 from meshsim.validate.stack.model import forward, init_full_weights, local_weights, make_batch, sync_grads
+from meshsim.validate.stack.moe_shard import MoeLayout
 from meshsim.validate.stack.pipeline import StageRun, stage_params
 from meshsim.validate.stack.reference import reference
 from meshsim.validate.stack.shard import kv_replica_groups, shard
@@ -31,11 +32,12 @@ class Meshes:
     def __init__(self):
         self.cache: dict[tuple, tuple[Mesh, dict[int, str]]] = {}
 
-    def get(self, d: ModelDims) -> tuple[Mesh, dict[int, str]]:
+    def get(self, d: ModelDims, moe: MoeLayout | None = None) -> tuple[Mesh, dict[int, str]]:
         kv_blocks = kv_replica_groups(d)
-        key = (d.tp, d.dp, d.pp, tuple(map(tuple, kv_blocks)))
+        experts = (moe.ep, moe.etp) if moe is not None else None
+        key = (d.tp, d.dp, d.pp, tuple(map(tuple, kv_blocks)), experts)
         if key not in self.cache:
-            self.cache[key] = build_mesh(d.tp, d.dp, kv_blocks, pp=d.pp, cpu=True)
+            self.cache[key] = build_mesh(d.tp, d.dp, kv_blocks, pp=d.pp, cpu=True, experts=experts)
         return self.cache[key]
 
 
@@ -87,24 +89,29 @@ def _judge(checks: list[tuple], dtype: torch.dtype, tol) -> list[dict]:
     return [m for m in found if m]
 
 
-def _reference(full: dict, tokens, labels, d: ModelDims, dtype: torch.dtype):
+def _reference(full: dict, tokens, labels, d: ModelDims, dtype: torch.dtype, moe: MoeLayout | None = None):
     """The single-process reference (float64 from the same weights under a scaled bound, e.g. bf16)."""
     scaled = SCALED_BOUND.get(str(dtype).removeprefix("torch."))
-    return reference({n: t.double() for n, t in full.items()} if scaled else full, tokens, labels, d)
+    return reference({n: t.double() for n, t in full.items()} if scaled else full, tokens, labels, d, moe)
+
+
+def _setup(scenario: Scenario, meshes: Meshes, seed: int, dtype: torch.dtype):
+    """(dims, MoE layout, mesh, group names, full weights, tokens, labels, reference) of one variant."""
+    d, moe = ModelDims.from_scenario(scenario), MoeLayout.from_scenario(scenario)
+    mesh, names = meshes.get(d, moe)
+    full = init_full_weights(d, seed, dtype, moe)
+    tokens, labels = make_batch(d, seed)
+    return d, moe, mesh, names, full, tokens, labels, _reference(full, tokens, labels, d, dtype, moe)
 
 
 def run_variant(v: dict, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> dict:
     scenario = Scenario.model_validate(v["scenario"])
     if scenario.parallel.pp > 1:
         return run_pipeline_variant(v, scenario, meshes, seed, dtype, tol)
-    d = ModelDims.from_scenario(scenario)
-    mesh, names = meshes.get(d)
-    full = init_full_weights(d, seed, dtype)
-    tokens, labels = make_batch(d, seed)
-    ref = _reference(full, tokens, labels, d, dtype)
-    w = local_weights(full, d, mesh.tp_rank)
+    d, moe, mesh, names, full, tokens, labels, ref = _setup(scenario, meshes, seed, dtype)
+    w = local_weights(full, d, mesh.tp_rank, moe, mesh.experts)
     cols = d.columns(mesh.dp_rank)
-    plan = Plan(d, frozenset(v["faults"]))
+    plan = Plan(d, frozenset(v["faults"]), moe)
     with count_collectives(names) as calls:
         with comm_tag(phase="fwd"):
             loss, logits = forward(w, tokens[:, cols], labels[:, cols], plan, mesh)
@@ -114,7 +121,7 @@ def run_variant(v: dict, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> 
     rows = d.vocab // d.tp
     checks = [("loss", loss.detach(), ref.token_losses[:, cols].mean()),
               ("logits", logits.detach(), ref.logits[:, cols, mesh.tp_rank * rows:(mesh.tp_rank + 1) * rows])]
-    checks += [(f"{n}.grad", t.grad, shard(n, ref.grads[n], d, mesh.tp_rank)) for n, t in w.items()]
+    checks += [(f"{n}.grad", t.grad, shard(n, ref.grads[n], d, mesh.tp_rank, mesh.experts)) for n, t in w.items()]
     return {"variant": v["name"], "rank": dist.get_rank(), "checked": len(checks),
             "mismatches": _judge(checks, dtype, tol), "calls": [c.__dict__ for c in calls]}
 
@@ -122,16 +129,12 @@ def run_variant(v: dict, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> 
 def run_pipeline_variant(v: dict, scenario: Scenario, meshes: Meshes, seed: int, dtype: torch.dtype, tol) -> dict:
     """One pipeline stage's step (validate/stack/pipeline.py): every micro-batch's loss and logits on the
     last stage, and the gradient of every parameter the stage holds, against the reference."""
-    d = ModelDims.from_scenario(scenario)
-    mesh, names = meshes.get(d)
-    full = init_full_weights(d, seed, dtype)
-    tokens, labels = make_batch(d, seed)
-    ref = _reference(full, tokens, labels, d, dtype)
+    d, moe, mesh, names, full, tokens, labels, ref = _setup(scenario, meshes, seed, dtype)
     chunks = pipeline_layout(scenario.parallel, d.layers)[mesh.stage]
-    local = local_weights(full, d, mesh.tp_rank)
-    w = {n: local[n] for n in stage_params(list(full), chunks, d.tied)}
+    local = local_weights(full, d, mesh.tp_rank, moe, mesh.experts)
+    w = {n: local[n] for n in stage_params(list(full), chunks, d.tied) if n in local}
     mine = slice(d.columns(mesh.dp_rank).start, d.columns(mesh.dp_rank, d.micro_batches - 1).stop)
-    plan = Plan(d, frozenset(v["faults"]))
+    plan = Plan(d, frozenset(v["faults"]), moe)
     run = StageRun(w, plan, mesh, PipelineShape(**v["pipeline"]), chunks, tokens[:, mine], labels[:, mine])
     with count_collectives(names) as calls, count_p2p() as p2p:
         run.run()
@@ -142,7 +145,7 @@ def run_pipeline_variant(v: dict, scenario: Scenario, meshes: Meshes, seed: int,
         cols = d.columns(mesh.dp_rank, mb)
         checks += [(f"loss.mb{mb}", loss, ref.token_losses[:, cols].mean()),
                    (f"logits.mb{mb}", logits, ref.logits[:, cols, rows])]
-    checks += [(f"{n}.grad", t.grad, shard(n, ref.grads[n], d, mesh.tp_rank)) for n, t in w.items()]
+    checks += [(f"{n}.grad", t.grad, shard(n, ref.grads[n], d, mesh.tp_rank, mesh.experts)) for n, t in w.items()]
     return {"variant": v["name"], "rank": dist.get_rank(), "stage": mesh.stage, "checked": len(checks),
             "mismatches": _judge(checks, dtype, tol), "calls": [c.__dict__ for c in calls],
             "p2p": [r.__dict__ for r in p2p]}

@@ -45,7 +45,7 @@ class CommTag:
 
 
 # A process-wide slot, not thread-local: CUDA autograd runs backward on its own thread.
-_STATE: dict[str, CommTag] = {"tag": CommTag()}
+_STATE: dict[str, object] = {"tag": CommTag(), "as": None}
 
 
 def current_tag() -> CommTag:
@@ -68,6 +68,31 @@ def comm_tag(block: str | None = None, key: str | None = None, phase: str | None
         yield _STATE["tag"]
     finally:
         _STATE["tag"] = old
+
+
+@dataclass
+class StandIn:
+    """One collective `op` of `numel` elements that the calls inside a `counted_as` block stand for."""
+
+    op: str
+    numel: int
+    counted: bool = False
+
+
+def current_stand_in() -> StandIn | None:
+    return _STATE["as"]
+
+
+@contextlib.contextmanager
+def counted_as(op: str, numel: int):
+    """The torch.distributed calls inside are an equivalent of ONE collective `op` of `numel` elements, built
+    from other calls where gloo lacks it; validate/numerics/opcount.py counts that collective, once."""
+    old = _STATE["as"]
+    _STATE["as"] = StandIn(op, numel)
+    try:
+        yield
+    finally:
+        _STATE["as"] = old
 
 
 def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:

@@ -7,7 +7,8 @@ sp_scatter) with SP (sim/schedule/duality.py region_boundaries). Under SP the La
 adds see s/t tokens of an [s, b, h] activation.
 
 Recompute (Korthikanti et al. 2022): "selective" checkpoints the attention core (QK^T, softmax, PV);
-"full" checkpoints the whole layer, so its forward collectives run again during backward.
+"full" checkpoints the whole layer (validate/stack/decoder.py), so its forward collectives run again
+during backward. An MoE layer's feed-forward block is validate/stack/moe.py's.
 Dropout is absent (numerics compare deterministic math).
 """
 
@@ -24,6 +25,7 @@ from meshsim.sim.schedule.duality import CONJUGATE, region_boundaries
 from meshsim.sim.schedule.model_family import is_gated
 from meshsim.sim.schedule.shapes import ModelDims
 from meshsim.validate.stack.comm import apply_boundary, column_linear, comm_tag, current_phase
+from meshsim.validate.stack.moe_shard import ExpertMesh, MoeLayout
 
 LN_EPS = 1e-5
 
@@ -42,6 +44,7 @@ class Mesh:
     pp: int = 1
     stage: int = 0  # pipeline stage: rank // (tp dp)
     embed_group: object = None  # first and last stage at this (tp, dp) position (tied embeddings, pp > 1)
+    experts: ExpertMesh | None = None  # the expert mesh (MoE models)
 
     def stage_rank(self, stage: int) -> int:
         """The global rank of `stage` at this rank's (tp, dp) position (sim/core/mesh.py: P2P peers)."""
@@ -52,6 +55,7 @@ class Mesh:
 class Plan:
     dims: ModelDims
     faults: frozenset[str] = field(default_factory=frozenset)
+    moe: MoeLayout | None = None  # the MoE layers (validate/stack/moe.py); None: a dense model
 
     @property
     def boundaries(self) -> tuple[str, str]:
@@ -123,14 +127,20 @@ def attention_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
     return x + _row_exit(ctx, w, pre + "attn.o", exit_, mesh, block, K.ATTN_OUT)
 
 
-def mlp_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
-    pre, block = f"layers.{i}.", K.layer_block(i)
+def tp_mlp(y, w: dict, prefix: str, plan: Plan, mesh: Mesh, block: str, keys: tuple[str, str]) -> torch.Tensor:
+    """A TP MLP on the normed input y: entry boundary + column-parallel fc1 (gate+up) -> activation ->
+    row-parallel fc2 -> exit boundary; its weights are `prefix` + fc1 / gate / up / fc2, its collectives
+    keyed keys = (entry key, exit key)."""
     entry, exit_ = plan.boundaries
+    names = [prefix + n for n in (("gate", "up") if is_gated(plan.dims.mlp) else ("fc1",))]
+    y = column_linear(entry, y, fused(w, names, "weight"), fused(w, names, "bias"), mesh.tp_group, block, keys[0])
+    return _row_exit(mlp_activation(plan.dims.mlp, y), w, prefix + "fc2", exit_, mesh, block, keys[1])
+
+
+def mlp_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
+    pre = f"layers.{i}."
     y = norm(x, w, pre + "ln2")
-    names = [pre + n for n in (("mlp.gate", "mlp.up") if is_gated(plan.dims.mlp) else ("mlp.fc1",))]
-    y = column_linear(entry, y, fused(w, names, "weight"), fused(w, names, "bias"), mesh.tp_group,
-                      block, K.MLP_IN)
-    return x + _row_exit(mlp_activation(plan.dims.mlp, y), w, pre + "mlp.fc2", exit_, mesh, block, K.MLP_OUT)
+    return x + tp_mlp(y, w, pre + "mlp.", plan, mesh, K.layer_block(i), (K.MLP_IN, K.MLP_OUT))
 
 
 def mlp_activation(mlp: str, y: torch.Tensor) -> torch.Tensor:
@@ -143,10 +153,3 @@ def mlp_activation(mlp: str, y: torch.Tensor) -> torch.Tensor:
         return torch.relu(y).square()
     return F.gelu(y)
 
-
-
-def transformer_layer(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
-    def body(t):
-        return mlp_block(attention_block(t, w, i, plan, mesh), w, i, plan, mesh)
-
-    return checkpointed(body, x) if plan.dims.recompute == "full" else body(x)

@@ -10,6 +10,10 @@ entry boundary (f / sp_gather) fused with the vocab-parallel head GEMM -> vocab-
   the ranks replicating each KV head (each holds only its own query heads' contribution);
 - "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_ops.bucket_bytes (dp_bucket_mib MiB, else Megatron-Core's default), in
   the order backward produces them (reverse parameter order); a bucket closes once it reaches the size;
+  MoE models: the routed experts' gradients in buckets of their own over the expert-data-parallel group
+  (edp > 1), summed there and scaled by 1 / dp like the dense ones (Megatron-Core DDP: expert
+  gradient_scaling_factor = 1 / data-parallel size), all buckets in the order backward completes them
+  (dp_ops.all_buckets, the simulator's rule);
 - "opt.embed_grad": pp > 1 with tied embeddings, the all-reduce of the embedding table's gradient between
   the first stage (input embedding) and the last (its copy used by the output layer).
 With pp > 1 `w` holds only the stage's parameters (validate/stack/pipeline.py) and each reduction covers those.
@@ -21,10 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.dp_ops import bucket_bytes, make_buckets
+from meshsim.sim.schedule.dp_ops import all_buckets, bucket_bytes, make_buckets
 from meshsim.sim.schedule.shapes import ModelDims
 from meshsim.validate.stack.comm import all_reduce_grads, apply_boundary, column_linear
-from meshsim.validate.stack.layers import Mesh, Plan, norm, transformer_layer
+from meshsim.validate.stack.decoder import transformer_layer
+from meshsim.validate.stack.layers import Mesh, Plan, norm
+from meshsim.validate.stack.moe_shard import ExpertMesh, MoeLayout, expert_of, holds
 from meshsim.validate.stack.shard import (
     full_shapes,
     kv_replica_groups,
@@ -34,12 +40,12 @@ from meshsim.validate.stack.shard import (
 from meshsim.validate.stack.xent import VocabParallelCrossEntropy
 
 
-def init_full_weights(d: ModelDims, seed: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
+def init_full_weights(d: ModelDims, seed: int, dtype=torch.float32, moe: MoeLayout | None = None) -> dict[str, torch.Tensor]:
     """The full model from `seed`: linear weights N(0, 1/fan_in), embeddings N(0, 1), norm weights
     1 + N(0, 0.1^2), every bias N(0, 0.1^2) (non-trivial, so their gradients are checked meaningfully)."""
     gen = torch.Generator().manual_seed(seed)
     weights = {}
-    for name, shape in full_shapes(d).items():
+    for name, shape in full_shapes(d, moe).items():
         t = torch.randn(shape, generator=gen, dtype=torch.float64)
         if name.endswith(".bias"):
             t = 0.1 * t
@@ -58,9 +64,12 @@ def make_batch(d: ModelDims, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:-1], ids[1:]
 
 
-def local_weights(full: dict[str, torch.Tensor], d: ModelDims, tp_rank: int) -> dict[str, torch.Tensor]:
-    """This TP rank's shards as fresh leaf tensors that require grad."""
-    return {n: shard(n, t, d, tp_rank).clone().requires_grad_() for n, t in full.items()}
+def local_weights(full: dict[str, torch.Tensor], d: ModelDims, tp_rank: int, moe: MoeLayout | None = None,
+                  experts: ExpertMesh | None = None) -> dict[str, torch.Tensor]:
+    """This rank's shards (by TP rank, and for MoE experts by place on the expert mesh; other ranks' experts
+    left out) as fresh leaf tensors that require grad."""
+    return {n: shard(n, t, d, tp_rank, experts).clone().requires_grad_() for n, t in full.items()
+            if holds(n, moe, experts)}
 
 
 def embed(tokens, w: dict, d: ModelDims, mesh: Mesh, exit_: str) -> torch.Tensor:
@@ -99,18 +108,36 @@ def dp_buckets(names: list[str], w: dict, nbytes: int) -> list[list[str]]:
     return [[order[i] for i in b.producers] for b in buckets]
 
 
+def grad_buckets(names: list[str], w: dict, nbytes: int, dp: int, edp: int) -> list[tuple[str, list[str]]]:
+    """(group, parameter names) of every gradient bucket: the dense ones over "dp" (dp > 1), the routed
+    experts' over "edp" (edp > 1), in the order backward (reverse parameter order) completes them."""
+    order = list(reversed(names))
+    dense = [(i, w[n].numel()) for i, n in enumerate(order) if expert_of(n) is None]
+    routed = [(i, w[n].numel()) for i, n in enumerate(order) if expert_of(n) is not None]
+    return [(b.group, [order[i] for i in b.producers]) for b in all_buckets(dense, routed, nbytes, dp, edp)]
+
+
+def _reduce_buckets(w: dict, mesh: Mesh, bucket_mib: float | None) -> None:
+    """The DP (and expert-DP) bucket all-reduces; the experts' gradients are then scaled by 1 / dp."""
+    edp = mesh.experts.edp if mesh.experts is not None else 1
+    for i, (group, bucket) in enumerate(grad_buckets(list(w), w, bucket_bytes(bucket_mib, mesh.dp), mesh.dp, edp)):
+        all_reduce_grads([w[n].grad for n in bucket], mesh.dp_group if group == "dp" else mesh.experts.edp_group,
+                         block=f"dp.bucket{i}", key="all_reduce", average=group == "dp")
+    if mesh.dp > 1:
+        for n, t in w.items():
+            if expert_of(n) is not None and t.grad is not None:
+                t.grad /= mesh.dp
+
+
 def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float | None = None) -> None:
     """The post-backward reductions of the module docstring, in that order."""
     d = plan.dims
     if d.sp and "no_ln_allreduce" not in plan.faults:
-        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d) if n in w], mesh.tp_group,
+        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d, plan.moe) if n in w], mesh.tp_group,
                          block=K.OPT_BLOCK, key=K.LN_GRAD)
     if kv_replica_groups(d):
         kv = [n for n in w if ".attn.k." in n or ".attn.v." in n]
         all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block=K.OPT_BLOCK, key=K.KV_GRAD)
-    if mesh.dp > 1:
-        for i, bucket in enumerate(dp_buckets(list(w), w, bucket_bytes(bucket_mib, mesh.dp))):
-            all_reduce_grads([w[n].grad for n in bucket], mesh.dp_group, block=f"dp.bucket{i}",
-                             key="all_reduce", average=True)
+    _reduce_buckets(w, mesh, bucket_mib)
     if d.tied and mesh.embed_group is not None and "embed.weight" in w:
         all_reduce_grads([w["embed.weight"].grad], mesh.embed_group, block=K.OPT_BLOCK, key=K.EMBED_GRAD)

@@ -28,7 +28,8 @@ import torch.distributed as dist
 from meshsim.sim.schedule.pipeline import Comm, Compute, PipelineShape, Transfer, peer, stage_order
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout
 from meshsim.validate.stack.comm import comm_tag, p2p_tag
-from meshsim.validate.stack.layers import Mesh, Plan, transformer_layer
+from meshsim.validate.stack.decoder import transformer_layer
+from meshsim.validate.stack.layers import Mesh, Plan
 from meshsim.validate.stack.model import embed, head_loss
 
 

@@ -10,6 +10,9 @@ Full tensors follow torch's Linear layout [out_features, in_features]:
 - biases (gelu models only): column-parallel ones (q, k, v, fc1) sliced like their weight's rows;
   row-parallel ones (o, fc2) and the norms' weights / biases replicated.
 
+MoE layers (model.moe.is_moe_layer) have a router, routed experts and a shared expert instead of the MLP:
+validate/stack/moe_shard.py names and slices them (experts by expert-parallel and expert-tensor position).
+
 The dimensions are sim/schedule/shapes.py's ModelDims (the whole model; the simulator's LayerDims is its
 per-rank view); model-family rules (norm kind, biases, gated MLP) are sim/schedule/model_family.py's.
 """
@@ -18,6 +21,14 @@ from __future__ import annotations
 
 from meshsim.sim.schedule.model_family import is_gated
 from meshsim.sim.schedule.shapes import ModelDims
+from meshsim.validate.stack.moe_shard import (
+    ExpertMesh,
+    MoeLayout,
+    is_moe_param,
+    moe_shapes,
+    moe_shard,
+    moe_sp_params,
+)
 
 
 def _norm(prefix: str, d: ModelDims) -> dict[str, tuple[int, ...]]:
@@ -36,8 +47,8 @@ def _linears(prefix: str, linears: dict[str, tuple[int, int]], d: ModelDims) -> 
     return out
 
 
-def full_shapes(d: ModelDims) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter of the full (unsharded) model."""
+def full_shapes(d: ModelDims, moe: MoeLayout | None = None) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of the full (unsharded) model; MoE layers per `moe`."""
     h, q, kv = d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim
     shapes: dict[str, tuple[int, ...]] = {"embed.weight": (d.vocab, h)}
     mlp_in = ("gate", "up") if is_gated(d.mlp) else ("fc1",)
@@ -46,6 +57,9 @@ def full_shapes(d: ModelDims) -> dict[str, tuple[int, ...]]:
         shapes.update(_norm(pre + "ln1", d))
         shapes.update(_linears(pre, {"attn.q": (q, h), "attn.k": (kv, h), "attn.v": (kv, h), "attn.o": (h, q)}, d))
         shapes.update(_norm(pre + "ln2", d))
+        if moe is not None and moe.is_moe(i):
+            shapes.update(moe_shapes(pre, moe.config, h, d.mlp, d.linear_bias))
+            continue
         mlp = {f"mlp.{n}": (d.ffn, h) for n in mlp_in}
         shapes.update(_linears(pre, {**mlp, "mlp.fc2": (h, d.ffn)}, d))
     shapes.update(_norm("final_ln", d))
@@ -75,19 +89,25 @@ def kv_replica_groups(d: ModelDims) -> list[list[int]]:
     return [list(range(k * per, (k + 1) * per)) for k in range(d.kv_heads)]
 
 
-def sequence_parallel_params(d: ModelDims) -> list[str]:
+def sequence_parallel_params(d: ModelDims, moe: MoeLayout | None = None) -> list[str]:
     """Replicated parameters living in the SP region (their gradients need a TP all-reduce under SP):
-    the norms and the row-parallel biases (added after the exit boundary, on s/t tokens)."""
-    return [n for n in full_shapes(d) if n.split(".")[-2] in ("ln1", "ln2", "final_ln")
-            or n.endswith(("attn.o.bias", "mlp.fc2.bias"))]
+    the norms and the row-parallel biases (added after the exit boundary, on s/t tokens), and MoE layers'
+    router and shared fc2 bias (moe_shard.moe_sp_params)."""
+    names = list(full_shapes(d, moe))
+    moe_sp = set(moe_sp_params(names))
+    return [n for n in names if n.split(".")[-2] in ("ln1", "ln2", "final_ln")
+            or n.endswith(("attn.o.bias", "mlp.fc2.bias")) or n in moe_sp]
 
 
 def _rows(full, part: range, unit: int):
     return full[part.start * unit: part.stop * unit]
 
 
-def shard(name: str, full, d: ModelDims, tp_rank: int):
-    """This TP rank's slice of the full tensor `name` (a view)."""
+def shard(name: str, full, d: ModelDims, tp_rank: int, experts: ExpertMesh | None = None):
+    """This rank's slice of the full tensor `name` (a view): by TP rank, and for MoE parameters by its place
+    on the expert mesh too (moe_shard.moe_shard)."""
+    if is_moe_param(name):
+        return moe_shard(name, full, d.tp, tp_rank, experts)
     key = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else name.split(".")[0]
     if name in ("embed.weight", "head.weight"):
         return _rows(full, range(tp_rank, tp_rank + 1), d.vocab // d.tp)
