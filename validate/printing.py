@@ -40,6 +40,10 @@ def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True,
         table.add_row(r.name or "scenario", status, str(r.checked), worst_txt, str(len(r.calls)),
                       _op_column(r, compare_ops))
     console.print(table)
+    routed = [f"{r.name or 'scenario'} {r.imbalance:.2f}" for r in results if r.imbalance is not None]
+    if routed:
+        console.print("MoE routing, rows the busiest rank's experts received / mean: " + ", ".join(routed)
+                      + " (the dispatcher's sizes are compared with the schedule as means over the ranks)")
     if results and results[0].calls:
         counts = per_block_counts(results[0].calls)
         console.print(f"collectives per block.phase ({results[0].name or 'scenario'}, rank 0): "

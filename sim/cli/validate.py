@@ -130,11 +130,23 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
     sc, source = load_scenario(scenario)
     check_output_file("--dump-payload", dump)
     variants_, payload = numerics_payload(sc, source, nproc, _specs(variants), dtype=dtype)
+    _moe_note(sc)
     if dump is not None:
         _dump(dump, "numerics", payload, nproc, "gloo")
         return 0
     per_rank = _results(results_path) if results_path else launch("numerics", payload, nproc, timeout_s=120.0)
     return print_numerics(merge(variants_, per_rank, source), nproc, dtype, compare_ops=ops)
+
+
+def _moe_note(sc) -> None:
+    """What of an MoE scenario --check does not run for real (validate/launch/shrink.py)."""
+    moe, p = sc.model.moe, sc.parallel
+    if moe is None:
+        return
+    left = ([f"the {p.moe_dispatcher} dispatcher (its layers run with alltoall)"] if p.moe_dispatcher != "alltoall"
+            else []) + (["token dropping (routing runs dropless)"] if moe.capacity_factor is not None else [])
+    if left:
+        typer.echo(f"MoE: simulated but not run for real: {'; '.join(left)}")
 
 
 def validate_command(

@@ -9,9 +9,9 @@ Each work becomes a prepared closure over preallocated operands (identical works
 - Elementwise: a memory-bound kernel touching the work's bytes: copy min(R, W) bytes, read the rest of
   R (sum) or write the rest of W (zero fill);
 - OptimizerStep: the same memory-bound kernel over params x bytes_per_param bytes, half read, half written;
-- Collective: the torch.distributed call on this rank's "tp", "dp", "kv" or "embed" group with the work's
-  nbytes (all-gather / reduce-scatter: nbytes is the gathered total, as in nccl-tests); a group of one is a
-  no-op;
+- Collective: the torch.distributed call on this rank's "tp", "dp", "kv", "embed" or expert-mesh ("ep",
+  "etp", "etp_ep", "edp") group with the work's nbytes (all-gather / reduce-scatter: nbytes is the gathered
+  total, as in nccl-tests; all-to-all: each rank's send buffer, equal splits); a group of one is a no-op;
 - P2P (a pipeline batch on the pp_comm stream): one dist.batch_isend_irecv of every transfer, each to the
   rank of its peer stage at this rank's (tp, dp) position (sim/core/mesh.py's "pp" group), nbytes each,
   tagged with validate/stack/comm.py's p2p_tag (the rendezvous key the simulator's engine matches on).

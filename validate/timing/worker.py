@@ -109,7 +109,7 @@ def scheduled_step_cpu(schedule: Schedule, runners: Runners, around=_no_label) -
 def scheduled_step_cuda(schedule: Schedule, runners: Runners, around=_no_label) -> float:
     """As scheduled on CUDA: one stream per schedule stream, dependencies as events, NCCL on its stream."""
     streams = {"compute": torch.cuda.current_stream(), "tp_comm": torch.cuda.Stream(),
-               "dp_comm": torch.cuda.Stream(), "pp_comm": torch.cuda.Stream()}
+               "dp_comm": torch.cuda.Stream(), "pp_comm": torch.cuda.Stream(), "ep_comm": torch.cuda.Stream()}
     done: dict[int, torch.cuda.Event] = {}
     torch.cuda.synchronize()
     dist.barrier()
@@ -139,9 +139,13 @@ def stage_setup(payload: dict) -> tuple[Schedule, dict, Pipeline]:
     rs = resolve(Scenario.model_validate(payload["scenario"]), payload["source"])
     schedule = build_stage_schedules(rs)[rs.stage_of(dist.get_rank())]
     rep = schedule.kv_replicas
+    experts = (rs.ep, rs.etp) if rs.scenario.model.moe is not None else None
     mesh, _ = build_mesh(schedule.tp, schedule.dp, [list(range(b, b + rep)) for b in range(0, schedule.tp, rep)],
-                         pp=rs.pp)
+                         pp=rs.pp, experts=experts)
     groups = {"tp": mesh.tp_group, "dp": mesh.dp_group, "kv": mesh.kv_group, "embed": mesh.embed_group}
+    if mesh.experts is not None:  # MoE: the dispatcher's and the experts' groups (sim/core/mesh.py)
+        e = mesh.experts
+        groups.update(ep=e.ep_group, etp=e.etp_group, etp_ep=e.etp_ep_group, edp=e.edp_group)
     pipe = Pipeline(mesh_group("pp", dist.get_rank(), rs.tp, rs.dp, pp=rs.pp), rs.pp * rs.vp)
     return schedule, groups, pipe
 
