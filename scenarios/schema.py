@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
+
 
 class Frozen(BaseModel):
     """Strict: `true` is not a count and 4.0 is not an int; .inf and .nan are refused in number fields."""
@@ -217,6 +219,7 @@ class RunConfig(Frozen):
     cuda_graphs: bool = False  # the step is captured as CUDA graphs: no per-op host dispatch
     # the input-gradient TP collective overlaps the weight-gradient GEMM (Megatron since 2021); False: 2020 code
     tp_grad_reduce_overlap: bool = True
+    engine: EngineName = DEFAULT_ENGINE  # the event loop (sim/engine/simpy_loop.py); identical figures
 
 
 class Scenario(Frozen):

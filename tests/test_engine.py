@@ -177,3 +177,21 @@ def test_deadlock_is_reported():
     ops = (comp(0, "a", deps=(1,)), comp(1, "b"))  # a waits for b, which is after a on the same stream
     with pytest.raises(ValueError, match="deadlock"):
         run(Schedule(ops, tp=1, dp=1, micro_batches=1), [0], lambda op, r: 1.0, lambda op, g: (0, 0, {}))
+
+
+# ----- symmetric-copy keys are per stage ---------------------------------------------------------------
+def test_collectives_of_two_stages_with_one_op_id_are_not_one_arbiter_job():
+    """Stage 0 runs collective op 0 on link 0; stage 1 runs its own op 0 and op 1, both on link 1. Stages
+    number their ops apart, so the two ops 0 are unrelated: stage 1's pair shares link 1 (rate 1/2 each,
+    2 x 1 s of work -> both end at 2 s) while stage 0's runs alone (ends at 1 s). Keyed by op id alone (the
+    bug behind issue 17's GPT-3 repro), stage 1's op 0 drained as a copy of stage 0's, at full speed."""
+    stage0 = Schedule((coll(0, "a"),), tp=1, dp=1, micro_batches=1, pp=2, stage=0)
+    stage1 = Schedule((coll(0, "b"), coll(1, "c", group="dp")), tp=1, dp=1, micro_batches=1, pp=2, stage=1)
+
+    def collective(op, group):
+        return 0.0, 1.0, {group[0]: 1.0}  # link = the rank
+
+    log = run([stage0, stage1], [0, 1], lambda op, r: 0.0, collective, lambda kind, rank: (rank,),
+              stage_of=lambda rank: rank, p2p=lambda *_: (0.0, 0.0, {}))
+    ends = {(e.rank, e.op_id): e.end_s for e in log.events}
+    assert ends == {(0, 0): pytest.approx(1.0), (1, 0): pytest.approx(2.0), (1, 1): pytest.approx(2.0)}

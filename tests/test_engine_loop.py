@@ -1,5 +1,5 @@
-"""The engine's event loop (sim/engine/loop.py): simpy's ordering rule on hand-built cases, and whole event
-logs bit-identical to the same engine run on simpy itself (the reference it replaced)."""
+"""The engine's event loops: loop.py's ordering rule on hand-built cases, and the engine option (native or
+simpy, sim/engine/simpy_loop.py): bit-identical event logs on real scenarios, pipelines and kappa > 0."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.engine import events
 from meshsim.sim.engine.loop import Loop
-from meshsim.sim.results.simulate import simulate_with_events
+from meshsim.sim.results.simulate import simulate, simulate_with_events
 
 
 def _recorder(loop, log, name, delay_s, wait=None):
@@ -60,53 +60,53 @@ def test_negative_delay_is_refused():
         Loop().timeout(-1e-9)
 
 
-class _SimpyLoop:
-    """simpy.Environment behind the Loop interface: the reference ordering."""
-
-    def __init__(self):
-        import simpy  # test-only reference (the engine no longer uses it)
-        self._env = simpy.Environment(initial_time=0.0)
-        self.event, self.timeout, self.all_of = self._env.event, self._env.timeout, self._env.all_of
-        self.run = self._env.run
-
-    @property
-    def now(self) -> float:
-        return self._env.now
-
-    def process(self, gen) -> None:
-        self._env.process(gen)
-
-    @staticmethod
-    def succeed(ev) -> None:
-        ev.succeed()
-
-
 def _tiny(**overrides):
     scenario, source = load_scenario("tiny-2gpu")
     return resolve(with_overrides(scenario, overrides, source), source)
 
 
+PIPE = {"parallel.tp": 1, "parallel.sp": False, "parallel.dp": "auto"}
 CASES = {
     # slow NVLink, long launches: bandwidth parts overlap compute and each other (arbiter), with interference
     "interference": (dict(**{"parallel.gpus": 4, "topology.nvlink_gbps": 1.0,
                              "hardware.compute.launch_overhead_us": 50.0,
                              "hardware.compute.comm_interference": 0.5, "parallel.sp": True,
                              "parallel.tp_comm_overlap": True}), True),
-    "interleaved-pp": (dict(**{"parallel.gpus": 8, "parallel.tp": 1, "parallel.sp": False, "parallel.dp": "auto",
-                               "model.layers": 8, "parallel.pp": 4, "parallel.vp": 2,
-                               "parallel.global_batch": 32}), False),
+    "1f1b-kappa": (dict(**PIPE, **{"parallel.gpus": 8, "model.layers": 4, "parallel.pp": 4,
+                                    "parallel.global_batch": 16, "hardware.compute.comm_interference": 0.3}), False),
+    "interleaved-pp": (dict(**PIPE, **{"parallel.gpus": 8, "model.layers": 8, "parallel.pp": 4, "parallel.vp": 2,
+                                        "parallel.global_batch": 32}), False),
     "pp-tp": (dict(**{"parallel.gpus": 8, "parallel.tp": 2, "parallel.sp": False, "parallel.dp": "auto",
                       "model.layers": 4, "parallel.pp": 2, "parallel.global_batch": 8}), True),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_event_log_equals_simpy_reference(case, monkeypatch):
-    pytest.importorskip("simpy")
+def test_simpy_and_native_engines_give_bit_identical_event_logs(case):
+    """The same engine (sim/engine/events.py) on either loop: every event, float for float, in completion
+    order, and every P2P transfer and arbiter job it records."""
     overrides, explicit = CASES[case]
     rs = _tiny(**overrides)
-    _, ours, _ = simulate_with_events(rs, explicit_ranks=explicit)
-    monkeypatch.setattr(events, "Loop", _SimpyLoop)
-    _, reference, _ = simulate_with_events(rs, explicit_ranks=explicit)
-    assert len(ours.events) > 100
-    assert ours.events == reference.events  # every field, floats bit for bit, in completion order
+    _, native, _ = simulate_with_events(rs, explicit_ranks=explicit, engine_name="native")
+    _, simpy_log, _ = simulate_with_events(rs, explicit_ranks=explicit, engine_name="simpy")
+    assert len(native.events) > 100
+    assert native.events == simpy_log.events and native.step_time_s == simpy_log.step_time_s
+    assert native.transfers == simpy_log.transfers
+    assert [j[:4] for j in native.jobs] == [j[:4] for j in simpy_log.jobs]
+
+
+def test_the_engine_is_a_scenario_option_and_the_figures_do_not_depend_on_it():
+    """run.engine in the scenario (and simulate(engine_name=...)): the whole result, the steady-state path
+    and its events included, is the same."""
+    overrides = {**CASES["1f1b-kappa"][0], "parallel.global_batch": 48, "run.cuda_graphs": True}
+    rs, on_simpy = _tiny(**overrides), _tiny(**overrides, **{"run.engine": "simpy"})
+    assert on_simpy.scenario.run.engine == "simpy" and rs.scenario.run.engine == "native"
+    native, simpy_result = simulate(rs), simulate(on_simpy)
+    assert native.steady_state["path"] == "extrapolated"
+    assert native == simpy_result and native.events == simpy_result.events
+    assert simulate(rs, engine_name="simpy").events == native.events
+
+
+def test_an_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match="unknown engine 'fast'"):
+        events.run(simulate_with_events(_tiny())[2], (0,), lambda op, r: 1e-6, None, engine="fast")

@@ -75,17 +75,17 @@ def test_kappa_zero_keeps_compute_off_the_arbiter(monkeypatch):
     keys = []
     drain = arbiter.Arbiter.drain
 
-    def spy(self, key, *args):
+    def spy(self, key, *args, **kwargs):
         keys.append(key)
-        return drain(self, key, *args)
+        return drain(self, key, *args, **kwargs)
 
     monkeypatch.setattr(arbiter.Arbiter, "drain", spy)
     log = overlap_log(3.0, 2.0, 0.0)
-    assert keys == [1]  # only the collective's bandwidth part; the GEMM is a plain timeout
+    assert keys == [(0, 1)]  # only the collective's bandwidth part (stage 0, op 1); the GEMM is a plain timeout
     assert [(e.name, e.start_s, e.end_s) for e in log.events] == [("ar", 0.0, 2.0), ("gemm", 0.0, 3.0)]
     keys.clear()
     overlap_log(3.0, 2.0, 0.5)
-    assert keys == [("compute", 0), 1]
+    assert keys == [("compute", 0), (0, 1)]
 
 
 def tiny(kappa=None, **overrides):

@@ -9,6 +9,7 @@ import typer
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, with_overrides
 from meshsim.sim.core.console import Column, fitted_table, make_console
+from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError
 from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
 from meshsim.sim.core.units import parse_count
@@ -58,6 +59,8 @@ def run_command(
                               "steady state (same figures; trace and timeline then hold every op)"),
     profile: Path = typer.Option(None, "--profile", help="hardware profile YAML (meshsim calibrate, also "
                                  "--from-trace) replacing the scenario's hardware.profile"),
+    engine: str = typer.Option(None, "--engine", help="discrete-event loop: native (default, faster) or simpy; "
+                               "same figures (default: the scenario's run.engine)"),
 ) -> None:
     """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html.
 
@@ -66,6 +69,7 @@ def run_command(
     if outputs not in OUTPUT_LEVELS:
         raise UserError("--outputs", outputs, f"use one of {', '.join(OUTPUT_LEVELS)}")
     budget = _tokens(tokens)
+    check_engine("--engine", engine)
     rs = load_with_profile(scenario or DEFAULT_SCENARIO, profile)
     out_dir = _out_dir(out, rs.name) if outputs != "none" else None  # --outputs none touches no folder
     check_output_file("--json", json_path)
@@ -75,7 +79,7 @@ def run_command(
                       "the same step on a symmetric mesh), or use a smaller tp", what="ranks simulated (tp x "
                       "min(dp, 2))")
     with gc_frozen():
-        result = simulate(rs, explicit_ranks=explicit_ranks, full=full)
+        result = simulate(rs, explicit_ranks=explicit_ranks, full=full, engine_name=engine)
         paths = write_outputs(result, result.events, out_dir, html=not no_html, level=outputs,
                               full_critical_path=full_critical_path)
     if json_path is not None:

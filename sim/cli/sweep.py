@@ -13,6 +13,7 @@ from rich.table import Table
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.console import fitted_table, make_console
+from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes
 from meshsim.sim.core.userio import check_output_dir, check_output_file
@@ -50,13 +51,18 @@ def sweep_command(
     json_path: Path = typer.Option(None, "--json", help="write configurations, skipped, sweet_spot, explanation"),
     ray: str = typer.Option(None, "--ray", help="run as Ray tasks: a cluster address, 'auto' or 'local'"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+    engine: str = typer.Option(None, "--engine", help="discrete-event loop of every simulation: native or "
+                               "simpy (same figures; default: the scenario's run.engine)"),
 ) -> None:
     """Sweep tp x pp x vp x sp x micro-batch x overlap x recompute at the scenario's GPU count; name the sweet spot."""
     if jobs is not None and not 1 <= jobs <= MAX_JOBS:
         raise UserError("--jobs", jobs, f"use --jobs 1 to {MAX_JOBS}")
     flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute,
                  pp=pp, vp=vp, ep=ep, etp=etp)
+    check_engine("--engine", engine)
     base, source = load_scenario(scenario)
+    if engine is not None:
+        base = with_overrides(base, {"run.engine": engine}, source)
     axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)
     check_output_dir("--out", out)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from meshsim.sim.cost.collectives.maxmin import maxmin_rates
 from meshsim.sim.engine.loop import Loop, Signal
@@ -119,6 +120,20 @@ class _Job:
     done: Signal
     own: LinkLoad | None = None  # loads private to this copy (merged over the jobs of its key)
     rate: float = 1.0
+    tag: Hashable = None  # what the job drains (the caller's name for it, kept in its record)
+    start_s: float = 0.0
+
+
+class Job(NamedTuple):
+    """One finished job: the caller's tag, its key, when it started and finished draining, its loads (the
+    very objects passed to drain: the rates it got depend only on the keys and loads draining with it)."""
+
+    tag: Hashable
+    key: Hashable
+    start_s: float
+    end_s: float
+    load: LinkLoad
+    own: LinkLoad | None
 
 
 class Arbiter:
@@ -133,12 +148,14 @@ class Arbiter:
         self._merged: dict[tuple[int, ...], tuple[list[LinkLoad], LinkLoad]] = {}
         self._jobs_of_key: dict[Hashable, int] = {}  # running jobs per key
         self._owning = 0  # running jobs with `own` loads
+        self.records: list[Job] = []  # every finished job, in finishing order
 
-    def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None) -> Signal:
+    def drain(self, key: Hashable, work_s: float, load: LinkLoad, own: LinkLoad | None = None,
+              tag: Hashable = None) -> Signal:
         """Start draining `work_s` standalone seconds; the returned event fires when it is done.
-        `own`: resource loads private to this copy of `key` (module docstring)."""
+        `own`: resource loads private to this copy of `key` (module docstring); `tag`: kept in its record."""
         self._advance()
-        job = _Job(key, work_s, load, self._env.event(), own)
+        job = _Job(key, work_s, load, self._env.event(), own, tag=tag, start_s=self._env.now)
         self._jobs.append(job)
         self._jobs_of_key[key] = self._jobs_of_key.get(key, 0) + 1
         if own:
@@ -214,8 +231,10 @@ class Arbiter:
         if not finished:  # round-off: the earliest job is a hair short; finish it now
             finished = [min(jobs, key=lambda job: job.remaining_s / job.rate)]
         self._jobs = [job for job in jobs if job not in finished] if len(finished) < len(jobs) else []
+        now = self._env.now
         for job in finished:
             self._forget(job)
+            self.records.append(Job(job.tag, job.key, job.start_s, now, job.load, job.own))
             self._env.succeed(job.done)
         if self._jobs:
             self._reschedule()

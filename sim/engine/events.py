@@ -1,6 +1,8 @@
 """Discrete-event engine: orders a Schedule's ops in time on the simulated ranks.
 
-It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
+`check_inputs` validates a run's inputs; `run` drives the processes (sim/engine/processes.py) on an event
+loop with loop.py's interface, meshsim's own (`engine="native"`) or simpy's (`"simpy"`,
+sim/engine/simpy_loop.py), which give bit-identical logs. It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
 `collective(op, group) -> (latency_s, bandwidth_s, link_load)` for collectives (`group` = the global
 ranks of the op's real TP or DP group, from `group_of`).
 
@@ -34,38 +36,40 @@ bandwidth part through the arbiter, with `p2p(src, dst, nbytes) -> (latency_s, b
 from the caller. A batch ends when its last transfer ends; the time it waited for the peer that posted
 last is its `wait_s` (a pipeline bubble when compute waits for it). A collective whose group spans
 stages (the tied-embedding all-reduce) meets its peers by op name, since stages number ops apart.
+Symmetric copies of one collective (explicit ranks) drain under one arbiter key, (stage, op id): op ids
+alone would merge unrelated collectives of two stages.
 
-Deterministic: processes are created in (rank, stream) order and the loop (sim/engine/loop.py, simpy's
-ordering) runs simultaneous events in the order they were triggered, so ties are broken by rank, then by
-schedule order (op id).
+Deterministic: processes are created in (rank, stream) order and the loop runs simultaneous events in
+the order they were triggered (simpy's rule); event times do not depend on that order, and neither do the
+labels (a collective's `peer` is the member that issued it last, ties to the highest rank). The log also
+keeps every P2P transfer and every arbiter job (`EventLog.transfers`, `.jobs`: what the steady-state
+proof, sim/results/period_proof.py, reads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
 from meshsim.sim.core.mesh import mesh_group
-from meshsim.sim.engine.arbiter import Arbiter
-from meshsim.sim.engine.loop import Loop, Signal
-from meshsim.sim.schedule.ops import (
-    FIFO_STREAMS,
-    P2P,
-    STREAMS,
-    Collective,
-    Elementwise,
-    Op,
-    OptimizerStep,
-    P2PTransfer,
-    Schedule,
+from meshsim.sim.engine.arbiter import Job
+from meshsim.sim.engine.processes import (
+    CollectiveFn,
+    CommTiming,
+    ComputeFn,
+    GroupFn,
+    Inputs,
+    P2PFn,
+    Processes,
+    Transfer,
 )
+from meshsim.sim.engine.simpy_loop import make_loop
+from meshsim.sim.schedule.ops import P2P, STREAMS, Collective, Elementwise, Op, OptimizerStep, Schedule
 
-CommTiming = tuple[float, float, Mapping[int, float]]
-ComputeFn = Callable[[Op, int], float]
-CollectiveFn = Callable[[Op, tuple[int, ...]], CommTiming]
-GroupFn = Callable[[str, int], tuple[int, ...]]
-P2PFn = Callable[[int, int, int], CommTiming]
+__all__ = ["CollectiveFn", "CommTiming", "ComputeFn", "Event", "EventLog", "GroupFn", "Job", "P2PFn", "Transfer",
+           "check_inputs", "run", "symmetric_groups", "work_bytes"]
 
 
 class Event(NamedTuple):
@@ -100,6 +104,9 @@ class EventLog:
     ranks: tuple[int, ...]
     step_time_s: float
     _index: dict = field(default_factory=dict, compare=False, repr=False)
+    # what the events summarise, for sim/results/steady_state.py: every P2P transfer and every arbiter job
+    transfers: tuple[Transfer, ...] = field(default=(), compare=False, repr=False)
+    jobs: tuple[Job, ...] = field(default=(), compare=False, repr=False)
 
     def get(self, rank: int, op_id: int) -> Event:
         """The event of op `op_id` on `rank` (index built on first use)."""
@@ -146,174 +153,6 @@ def work_bytes(op: Op) -> int:
 _new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling __new__: one call less per event
 
 
-@dataclass
-class _Rendezvous:
-    expected: int
-    done: Signal
-    arrived: int = 0
-    last: int = -1
-    start_s: float = 0.0
-    last_op: int = -1
-
-
-@dataclass
-class _Posted:
-    """A P2P transfer one end has posted; the other end's post starts it."""
-
-    done: Signal
-    rank: int
-    op_id: int
-    start_s: float = 0.0  # when the transfer started (both ends posted)
-    last: int = -1  # the rank that posted last
-    last_op: int = -1
-
-
-class _Sim:
-    """Mutable state of one run: finish times, dependency waiters, open rendezvous, the arbiter."""
-
-    def __init__(self, ranks: Sequence[int], compute_s: ComputeFn, collective: CollectiveFn,
-                 group_of: GroupFn, comm_interference: float = 0.0, issue_s: Mapping[int, Sequence[float]] | None = None,
-                 p2p: P2PFn | None = None):
-        self.env = Loop()
-        self.ranks = frozenset(ranks)
-        self.compute_s, self.collective, self.group_of = compute_s, collective, group_of
-        self.arbiter = Arbiter(self.env)
-        self.kappa = comm_interference
-        self.issue_of = issue_s or {}  # rank -> per op id: when the host has issued it; absent = at once
-        self.cpu_load = {r: {("cpu", r): 1.0} for r in ranks}  # a compute op's load on its rank
-        self.comm_cpu: dict[tuple[int, ...], dict] = {}  # group -> kappa on each simulated member
-        self.finished: dict[int, dict[int, float]] = {r: {} for r in ranks}
-        self.waiters: dict[tuple[int, int], Signal] = {}
-        self.open: dict[tuple[int, tuple[int, ...]], _Rendezvous] = {}
-        self.groups: dict[tuple[str, int], tuple[tuple[int, ...], int]] = {}
-        self.events: list[Event] = []
-        self.p2p = p2p
-        self.posted: dict[tuple, _Posted] = {}
-
-    def wait_for(self, rank: int, op_id: int) -> Signal:
-        key = (rank, op_id)
-        ev = self.waiters.get(key)
-        if ev is None:
-            ev = self.waiters[key] = self.env.event()
-        return ev
-
-    def finish(self, rank: int, op: Op, start_s: float, wait_s: float = 0.0, peer: int | None = None,
-               peer_op: int | None = None) -> None:
-        now, op_id = self.env.now, op.id
-        self.finished[rank][op_id] = now
-        ev = self.waiters.pop((rank, op_id), None)
-        if ev is not None:
-            self.env.succeed(ev)
-        self.events.append(_new_tuple(Event, (rank, op_id, op.name, op.stream, op.category, op.phase, op.layer,
-                                              op.micro_batch, start_s, now, wait_s, work_bytes(op), op.flops, peer,
-                                              peer_op)))
-
-    def stream(self, rank: int, ops: Sequence[Op]) -> Iterator[Signal]:
-        env, done, finish, timeout = self.env, self.finished[rank], self.finish, self.env.timeout
-        issue_s = self.issue_of.get(rank)
-        for op in ops:
-            for dep in op.deps:
-                if dep not in done:
-                    yield self.wait_for(rank, dep)
-            if issue_s and issue_s[op.id] > env.now:  # the host has not issued it yet
-                yield timeout(issue_s[op.id] - env.now)
-            start_s = env.now
-            if isinstance(op.work, Collective):
-                group, members = self.group(op.work.group, rank)
-                if members == 1:  # no simulated peer to wait for (the collapsed, symmetric case)
-                    yield from self.transfer(op, group)
-                    finish(rank, op, start_s, 0.0, rank)
-                else:
-                    rv = yield from self.rendezvous(rank, op, group, members)
-                    finish(rank, op, start_s, rv.start_s - start_s, rv.last, rv.last_op)
-            else:
-                dur_s = self.compute_s(op, rank)
-                if dur_s > 0:
-                    if self.kappa > 0:  # shares the rank's compute resource with overlapping collectives
-                        yield self.arbiter.drain(("compute", rank), dur_s, self.cpu_load[rank])
-                    else:
-                        yield timeout(dur_s)
-                finish(rank, op, start_s)
-
-    def p2p_batch(self, rank: int, op: Op) -> Iterator[Signal]:
-        """One P2P batch: wait for its deps, post every transfer, end when the last one ends."""
-        done = self.finished[rank]
-        for dep in op.deps:
-            if dep not in done:
-                yield self.wait_for(rank, dep)
-        start_s = self.env.now
-        posts = [self.post(rank, op, t) for t in op.work.transfers]
-        yield self.env.all_of([p.done for p in posts])
-        last = max(posts, key=lambda p: (p.start_s, p.last))
-        self.finish(rank, op, start_s, last.start_s - start_s, last.last, last.last_op)
-
-    def post(self, rank: int, op: Op, t: P2PTransfer) -> _Posted:
-        """Post one end of a transfer; the second end to post runs it (latency, then bandwidth)."""
-        other = self.group("pp", rank)[0][t.peer_stage]  # memoized: one lookup per transfer
-        if other not in self.ranks:
-            raise ValueError(f"op {op.id} ({op.name}) on rank {rank}: P2P peer rank {other} is not simulated")
-        src, dst = (rank, other) if t.send else (other, rank)
-        key = (src, dst, t.direction, t.micro_batch, t.sender_vstage)
-        mine = self.posted.pop(key, None)
-        if mine is None:
-            mine = self.posted[key] = _Posted(self.env.event(), rank, op.id)
-            return mine
-        mine.start_s, mine.last, mine.last_op = self.env.now, rank, op.id
-        self.env.process(self.transfer_p2p(mine, src, dst, t))
-        return mine
-
-    def transfer_p2p(self, posted: _Posted, src: int, dst: int, t: P2PTransfer) -> Iterator[Signal]:
-        latency_s, bandwidth_s, link_load = self.p2p(src, dst, t.nbytes)
-        if latency_s > 0:
-            yield self.env.timeout(latency_s)
-        if bandwidth_s > 0:  # symmetric copies (other tp/dp positions) share one arbiter key
-            yield self.arbiter.drain(("p2p", t.direction, t.micro_batch, t.sender_vstage), bandwidth_s, link_load)
-        self.env.succeed(posted.done)
-
-    def group(self, kind: str, rank: int) -> tuple[tuple[int, ...], int]:
-        """The real group of `rank` and how many of its members are simulated (memoized)."""
-        key = (kind, rank)
-        hit = self.groups.get(key)
-        if hit is None:
-            group = self.group_of(kind, rank)
-            hit = self.groups[key] = (group, sum(1 for r in group if r in self.ranks))
-        return hit
-
-    def transfer(self, op: Op, group: tuple[int, ...]) -> Iterator[Signal]:
-        """Fixed latency part, then the bandwidth part drained through the arbiter."""
-        latency_s, bandwidth_s, link_load = self.collective(op, group)
-        if latency_s > 0:
-            yield self.env.timeout(latency_s)
-        if bandwidth_s > 0:
-            yield self.arbiter.drain(op.id, bandwidth_s, link_load, self.comm_load(group))
-
-    def comm_load(self, group: tuple[int, ...]) -> dict | None:
-        """kappa on the compute resource of each simulated member of `group` (None when kappa = 0)."""
-        if self.kappa <= 0:
-            return None
-        load = self.comm_cpu.get(group)
-        if load is None:
-            load = self.comm_cpu[group] = {("cpu", r): self.kappa for r in group if r in self.ranks}
-        return load
-
-    def rendezvous(self, rank: int, op: Op, group: tuple[int, ...], members: int) -> Iterator[Signal]:
-        """Wait until every simulated member has issued the collective; the last one runs it."""
-        key = (op.name if op.work.group == "embed" else op.id, group)  # stages number their ops apart
-        rv = self.open.get(key)
-        if rv is None:
-            rv = self.open[key] = _Rendezvous(members, self.env.event())
-        rv.arrived += 1
-        rv.last, rv.last_op = rank, op.id
-        if rv.arrived < rv.expected:
-            yield rv.done
-            return rv
-        rv.start_s = self.env.now
-        yield from self.transfer(op, group)
-        del self.open[key]
-        self.env.succeed(rv.done)
-        return rv
-
-
 def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
     ids = {op.id for op in schedule.ops}
     if len(ids) != len(schedule.ops):
@@ -330,15 +169,10 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
                 raise ValueError(f"group_of({kind!r}, {rank}) does not contain rank {rank}")
 
 
-def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s: ComputeFn,
-        collective: CollectiveFn, group_of: GroupFn | None = None, comm_interference: float = 0.0,
-        issue_s: Sequence[float] | Sequence[Sequence[float]] = (), *, stage_of: Callable[[int], int] | None = None,
-        p2p: P2PFn | None = None) -> EventLog:
-    """Simulate `schedule` on every rank in `ranks` (each runs the same schedule), or with one schedule per
-    pipeline stage, rank r runs schedule[stage_of(r)]; return the event log. comm_interference: kappa in
-    [0, 1], the compute-resource load of a collective's bandwidth part. issue_s: per op id, the earliest
-    start the host allows (sim/cost/host_dispatch.py; one sequence per stage with several schedules);
-    () = no host limit. p2p: the P2P transfer coster."""
+def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], group_of: GroupFn | None = None,
+                 comm_interference: float = 0.0, issue_s: Sequence[float] | Sequence[Sequence[float]] = (),
+                 stage_of: Callable[[int], int] | None = None, p2p: P2PFn | None = None) -> Inputs:
+    """run()'s arguments checked (ValueError naming the problem) and put in the form the processes use."""
     if not 0.0 <= comm_interference <= 1.0:
         raise ValueError(f"comm_interference must be in [0, 1], got {comm_interference}")
     ranks = tuple(sorted(ranks))
@@ -346,8 +180,7 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     if len(stages) > 1 and (stage_of is None or p2p is None):
         raise ValueError("one schedule per stage needs stage_of and a p2p coster")
     stage_of = stage_of or (lambda rank: 0)
-    first = stages[0]
-    group_of = group_of or symmetric_groups(first.tp, first.dp, first.kv_replicas)
+    group_of = group_of or symmetric_groups(stages[0].tp, stages[0].dp, stages[0].kv_replicas)
     for stage, sched in enumerate(stages):
         _check(sched, [r for r in ranks if stage_of(r) == stage], group_of)
     per_stage_issue = ([issue_s] if isinstance(schedule, Schedule) else list(issue_s)) if len(issue_s) else []
@@ -355,21 +188,41 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
         if times and len(times) != len(sched.ops):
             raise ValueError(f"issue_s has {len(times)} entries for {len(sched.ops)} ops")
     issue_of = {r: per_stage_issue[stage_of(r)] for r in ranks if per_stage_issue and per_stage_issue[stage_of(r)]}
-    sim = _Sim(ranks, compute_s, collective, group_of, comm_interference, issue_of, p2p)
-    per_stream = [{s: sched.by_stream(s) for s in STREAMS} for sched in stages]
-    for rank in ranks:
-        streams = per_stream[stage_of(rank)]
-        for stream in FIFO_STREAMS:
-            if streams[stream]:
-                sim.env.process(sim.stream(rank, streams[stream]))
-        for op in streams["pp_comm"]:
-            sim.env.process(sim.p2p_batch(rank, op))
-    sim.env.run()
-    expected = sum(len(stages[stage_of(r)].ops) for r in ranks)
-    if len(sim.events) != expected:
-        stuck = sorted({(r, op.id, op.name) for r in ranks for op in stages[stage_of(r)].ops
-                        if op.id not in sim.finished[r]})[:3]
-        raise ValueError(f"deadlock: {expected - len(sim.events)} ops never ran, e.g. {stuck} "
+    per_stream = tuple({s: sched.by_stream(s) for s in STREAMS} for sched in stages)
+    return Inputs(ranks, stage_of, group_of, issue_of, comm_interference, per_stream)
+
+
+def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s: ComputeFn,
+        collective: CollectiveFn, group_of: GroupFn | None = None, comm_interference: float = 0.0,
+        issue_s: Sequence[float] | Sequence[Sequence[float]] = (), *, stage_of: Callable[[int], int] | None = None,
+        p2p: P2PFn | None = None, engine: EngineName = DEFAULT_ENGINE) -> EventLog:
+    """Simulate `schedule` on every rank in `ranks` (each runs the same schedule), or with one schedule per
+    pipeline stage, rank r runs schedule[stage_of(r)]; return the event log. comm_interference: kappa in
+    [0, 1], the compute-resource load of a collective's bandwidth part. issue_s: per op id, the earliest
+    start the host allows (sim/cost/host_dispatch.py; one sequence per stage with several schedules);
+    () = no host limit. p2p: the P2P transfer coster. engine: the event loop (sim/engine/simpy_loop.py)."""
+    inputs = check_inputs(schedule, ranks, group_of, comm_interference, issue_s, stage_of, p2p)
+    events: list[Event] = []
+    append = events.append
+
+    def record(rank: int, op: Op, start_s: float, end_s: float, wait_s: float, peer: int | None,
+               peer_op: int | None) -> None:
+        append(_new_tuple(Event, (rank, op.id, op.name, op.stream, op.category, op.phase, op.layer, op.micro_batch,
+                                  start_s, end_s, wait_s, work_bytes(op), op.flops, peer, peer_op)))
+
+    procs = Processes(inputs, make_loop(engine), compute_s, collective, p2p, record)
+    procs.start()
+    procs.env.run()
+    _check_all_ran(inputs, procs, len(events))
+    return EventLog(tuple(events), inputs.ranks, max((e.end_s for e in events), default=0.0),
+                    transfers=tuple(procs.transfers), jobs=tuple(procs.arbiter.records))
+
+
+def _check_all_ran(inputs: Inputs, procs: Processes, ran: int) -> None:
+    ops_of = [[op for ops in streams.values() for op in ops] for streams in inputs.per_stream]
+    expected = sum(len(ops_of[inputs.stage_of(r)]) for r in inputs.ranks)
+    if ran != expected:
+        stuck = sorted({(r, op.id, op.name) for r in inputs.ranks for op in ops_of[inputs.stage_of(r)]
+                        if op.id not in procs.finished[r]})[:3]
+        raise ValueError(f"deadlock: {expected - ran} ops never ran, e.g. {stuck} "
                          "(a dependency on a later op of the same stream, or a collective some peer never issues)")
-    step_s = max((e.end_s for e in sim.events), default=0.0)
-    return EventLog(tuple(sim.events), ranks, step_s)

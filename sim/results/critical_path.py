@@ -39,7 +39,12 @@ CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a2
 _INDEX = re.compile(r"^(L|mb)\d+$")  # builder naming: "L3.mb0.fwd.qkv", "dp.bucket7.reduce_scatter", "_c2" chunks
 _BUCKET = re.compile(r"^bucket\d+$")
 _CHUNK = re.compile(r"_c\d+$")
-_GAP_S = 1e-12  # gaps shorter than this are float round-off, not waits
+# Ends closer than this are one instant: float round-off (times repeat ~1e-15 relative apart), far below any
+# cost (>= ~1 us). Such near-ties are broken by op id, not by which rounding came out larger, so that a
+# walk over equal times takes the same route whatever the round-off (sim/results/period_path.py relies on
+# it); gaps shorter than this are not waits.
+TIE_S = 1e-10
+_GAP_S = TIE_S
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,17 @@ def _stream_prev(schedule: Schedule) -> dict[int, int]:
 
 _END_THEN_ID = itemgetter(9, 1)  # Event -> (end_s, op_id), the order that picks a predecessor (C speed)
 _END = itemgetter(9)  # Event -> end_s
+_OP_ID = itemgetter(1)
+
+
+def latest(events: Sequence[Event]) -> Event | None:
+    """The event that ends last; among those ending within TIE_S of it, the one of the largest op id."""
+    if not events:
+        return None
+    best = max(events, key=_END_THEN_ID)
+    top = best.end_s - TIE_S
+    tied = [e for e in events if e.end_s >= top]
+    return best if len(tied) == 1 else max(tied, key=_OP_ID)
 
 
 def _predecessor(events_of_rank: Mapping[int, Event], op: Op, prev: dict[int, int]) -> Event | None:
@@ -80,7 +96,7 @@ def _predecessor(events_of_rank: Mapping[int, Event], op: Op, prev: dict[int, in
     before = prev.get(op.id)
     if before is not None:
         ids = (*ids, before)
-    return max(map(events_of_rank.__getitem__, ids), key=_END_THEN_ID, default=None)
+    return latest(list(map(events_of_rank.__getitem__, ids)))
 
 
 def _waiting(rank: int, start_s: float, end_s: float, category: str = "waiting") -> Segment:
@@ -121,8 +137,11 @@ class _Stages:
             order = self._order[rank] = list(self.index[rank].values())
             self._ends[rank] = list(map(_END, order))
             self._pos[rank] = {op_id: i for i, op_id in enumerate(self.index[rank])}
-        i = bisect_right(self._ends[rank], t_s, 0, self._pos[rank][ev.op_id]) - 1
-        return self._order[rank][i] if i >= 0 else None
+        i = bisect_right(self._ends[rank], t_s, 0, self._pos[rank][ev.op_id])
+        if i == 0:
+            return None
+        j = bisect_right(self._ends[rank], self._ends[rank][i - 1] - TIE_S, 0, i)  # ties: by op id
+        return latest(self._order[rank][j:i])
 
 
 def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> list[Segment]:
@@ -132,8 +151,8 @@ def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> lis
         return []
     st = _Stages(schedule, log)
     index = st.index
-    last_end_s = max(map(_END, log.events))  # then (end_s, -rank, op_id) picks among the last to end
-    ev: Event | None = max((e for e in log.events if e.end_s == last_end_s), key=lambda e: (-e.rank, e.op_id))
+    last_end_s = max(map(_END, log.events))  # then (-rank, op_id) picks among the last to end
+    ev: Event | None = max((e for e in log.events if e.end_s >= last_end_s - TIE_S), key=lambda e: (-e.rank, e.op_id))
     path: list[Segment] = []
     while ev is not None:
         ops, prev = st.tables(ev.rank)

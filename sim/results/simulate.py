@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.core.engines import EngineName
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
 from meshsim.sim.cost.collectives.flex import flex_arguments
@@ -199,22 +200,25 @@ def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ..
 
 
 def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tuple[int, ...],
-               coster: CollectiveCoster) -> engine.EventLog:
-    """The engine over `ranks`, each running its stage's schedule."""
+               coster: CollectiveCoster, engine_name: EngineName | None = None) -> engine.EventLog:
+    """The engine over `ranks`, each running its stage's schedule, on the scenario's engine (run.engine)
+    unless `engine_name` says otherwise."""
+    loop = engine_name or rs.scenario.run.engine
     if rs.pp == 1:
-        return engine.run(schedules[0], ranks, compute_fn(rs), coster, rs.group,
+        return engine.run(schedules[0], ranks, compute_fn(rs), coster, rs.group, engine=loop,
                           comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedules[0]))
     # each stage's host issues its own ops (it does not wait at blocking P2P here: a lower bound)
     return engine.run(schedules, ranks, compute_fn(rs), coster, rs.group, comm_interference=comm_interference(rs),
-                      issue_s=[host_issue_times(rs, s) for s in schedules], stage_of=rs.stage_of, p2p=P2PCoster(rs))
+                      issue_s=[host_issue_times(rs, s) for s in schedules], stage_of=rs.stage_of, p2p=P2PCoster(rs),
+                      engine=loop)
 
 
-def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False
+def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, engine_name: EngineName | None = None
                          ) -> tuple[StepResult, engine.EventLog, Schedule]:
     """The step result, its event log and stage 0's schedule (the others: build_stage_schedules(rs))."""
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
-    log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster)
+    log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
     collectives = [row for s in schedules for row in coster.chosen(s, s.stage * rs.stage_size)]
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=collectives, explicit_ranks=explicit_ranks,
@@ -233,7 +237,8 @@ def steady_plan(rs: ResolvedScenario) -> steady_state.Plan:
     E = 1 for 1F1B). Stage 0 runs w = p - 1 (interleaved: 2 (p - 1) + (v - 1) N) warm-up forwards, and
     afterwards pairs forward entry k with backward entry k - w, so a period is steady once the backwards
     it is paired with are past the first period: g = ceil(w / E) periods of drain (the cool-down's w
-    backwards) and g + 1 periods of lead. 1F1B: lead p, tail p - 1."""
+    backwards) and g + 1 periods of lead. 1F1B: lead p, tail p - 1. The plan only places the run's cuts
+    and sizes it; whether the state there repeats is what the proof checks."""
     if rs.pp == 1:
         return steady_state.Plan()
     n = (rs.scenario.parallel.microbatch_group_size or rs.pp) if rs.vp > 1 else 1
@@ -246,92 +251,91 @@ def short_steady_plan(rs: ResolvedScenario) -> steady_state.Plan | None:
     """Interleaved pipelines: the plan with one lead period fewer (lead = tail = g periods), or None.
 
     The first g periods hold stage 0's warm-up forwards and the last g its cool-down backwards, so the
-    periods in between run only steady F/B pairs; whether their times have settled already in period g
-    depends on the stages' timing (GPT-3 pp 8: yes at v 12, no at v 4), which the periodicity check
-    decides. Used only when steady_plan's runs would cost as much as the whole step."""
+    periods in between run only steady F/B pairs; whether their state has settled already in period g
+    depends on the stages' timing, which the proof decides. Used only when steady_plan's run would be
+    too long to save time."""
     if rs.pp == 1 or rs.vp == 1:
         return None
     plan = steady_plan(rs)
     return replace(plan, lead=plan.lead - plan.unit)
 
 
-def plan_and_runs(rs: ResolvedScenario, force: bool) -> tuple[steady_state.Plan, tuple[int, int]] | None:
-    """steady_plan and its two short runs, else short_steady_plan's when those are cheaper than the whole
-    step (GPT-3 pp 8 v 12 at 96 micro-batches: runs of 40 and 48 instead of 48 and 56)."""
+def plan_and_run(rs: ResolvedScenario, force: bool) -> tuple[steady_state.Plan, int] | None:
+    """steady_plan and its run's micro-batches, else short_steady_plan's when that run is short enough."""
     for plan in (steady_plan(rs), short_steady_plan(rs)):
-        runs = plan.runs(rs.micro_batches, force) if plan is not None else None
-        if runs is not None:
-            return plan, runs
+        n_b = plan.run_length(rs.micro_batches, force) if plan is not None else None
+        if n_b is not None:
+            return plan, n_b
     return None
 
 
-def _short_plan_runs(rs: ResolvedScenario, runs: tuple[int, int], explicit_ranks: bool, coster: CollectiveCoster
-                     ) -> tuple[steady_state.Run, steady_state.Run] | None:
-    """(run A, run B) for short_steady_plan, run B first: None when its own periods do not repeat yet
-    (steady_state.repeats_inside; the lead is too short), so such a step costs one run more than the whole
-    simulation, not two. (Reusing B as steady_plan's run A would be cheaper, but steady_plan at that few
-    micro-batches is not always exact: GPT-3 pp 4 v 4 at 48 micro-batches is off by 2e-5 with `force`.)"""
-    run_b = _short_run(rs, runs[1], explicit_ranks, coster)
-    if not steady_state.repeats_inside(run_b, short_steady_plan(rs), rs.stage_of):
-        return None
-    return _short_run(rs, runs[0], explicit_ranks, coster), run_b
-
-
-def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, coster: CollectiveCoster
-               ) -> steady_state.Run:
-    """The step shortened to `micro_batches`, simulated whole (one of the two runs of simulate_steady)."""
+def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, coster: CollectiveCoster,
+               engine_name: EngineName | None) -> steady_state.Run:
+    """The step shortened to `micro_batches`, simulated whole (the run simulate_steady extrapolates)."""
     short = replace(rs, micro_batches=micro_batches)
     schedules = build_stage_schedules(short)
-    log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster)
+    log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
     rep = log.of_rank(log.ranks[0])
     path = critical_path(schedules, log)
     split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1)
     counts = Counter({(s.stage, *key): c for s in schedules for key, c in collective_counts(s).items()})
-    return steady_state.Run(schedules, log, path, split, counts)
+    issue = tuple(host_issue_times(short, s) for s in schedules)
+    return steady_state.Run(schedules, log, path, split, counts, issue, comm_interference(rs))
 
 
-def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force: bool = False
-                    ) -> StepResult | None:
-    """The step extrapolated from two short runs (sim/results/steady_state.py); None when the step is too short
-    to gain from it (unless `force`, which only needs one more period than the runs) or a periodicity
-    check fails."""
-    chosen = plan_and_runs(rs, force)
+def later_plan(plan: steady_state.Plan) -> steady_state.Plan:
+    """The plan with its cuts later in the step (lead 2 lead + 2 unit): for transients the first plan's
+    period has not seen settle (overlapped parameter gathers, a host still catching up with its GPU)."""
+    return replace(plan, lead=2 * plan.lead + 2 * plan.unit)
+
+
+def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force: bool = False,
+                    engine_name: EngineName | None = None) -> tuple[StepResult | None, str]:
+    """(The step extrapolated from one short run, "") (sim/results/steady_state.py), or (None, why not): the
+    step is too short to gain from it (unless `force`, which only needs one more period than the run) or
+    a premise of the proof fails, also with later_plan when the step is at least twice its run."""
+    chosen = plan_and_run(rs, force)
     if chosen is None:
-        return None
-    plan, runs = chosen
+        return None, f"{rs.micro_batches} micro-batches are too few to gain from extrapolating"
+    plan, n_b = chosen
     coster = CollectiveCoster(rs)
-    if plan == steady_plan(rs):
-        run_a, run_b = (_short_run(rs, n, explicit_ranks, coster) for n in runs)
-    else:
-        pair = _short_plan_runs(rs, runs, explicit_ranks, coster)
-        if pair is None:
-            return None
-        run_a, run_b = pair
-    ex = steady_state.extrapolate(run_a, run_b, plan, rs.micro_batches, rs.stage_of)
-    if ex is None:
-        return None
+    run = _short_run(rs, n_b, explicit_ranks, coster, engine_name)
+    ex = steady_state.extrapolate(run, plan, rs.micro_batches, rs.stage_of, pipeline=rs.pp > 1)
+    retry = later_plan(plan)
+    n_retry = retry.run_length(rs.micro_batches, force=True)
+    if isinstance(ex, str) and n_retry is not None and 2 * n_retry <= rs.micro_batches:
+        run = _short_run(rs, n_retry, explicit_ranks, coster, engine_name)
+        again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, pipeline=rs.pp > 1)
+        ex = again if not isinstance(again, str) else f"{ex}; with the cuts {retry.lead - plan.lead} " \
+                                                      f"micro-batches later: {again}"
+    if isinstance(ex, str):
+        return None, ex
     collectives = [row for stage in range(rs.pp) for row in coster.rows(
         Counter({key[1:]: c for key, c in ex.collective_counts.items() if key[0] == stage}),
         stage * rs.stage_size)]
-    ranks = run_b.log.ranks
+    ranks = run.log.ranks
     return assemble(rs, ex.step_s, [e for e in ex.events if e.rank == ranks[0]], ex.breakdown_s, ex.path,
                     memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs), collectives=collectives,
                     explicit_ranks=explicit_ranks, simulated_ranks=len(ranks),
                     ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state.to_dict(),
                     hardware_flops=hardware_flops_per_step(rs),
-                    op_collectives=rows_by_event(run_b.schedules, collectives, ranks, rs.stage_size),
-                    rank_groups=rank_groups(rs, run_b.schedules, ranks))
+                    op_collectives=rows_by_event(run.schedules, collectives, ranks, rs.stage_size),
+                    rank_groups=rank_groups(rs, run.schedules, ranks)), ""
 
 
-def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False) -> StepResult:
-    """Simulate one training step: extrapolated from its steady state when that is exact and cheaper
-    (sim/results/steady_state.py), else (or with full=True) every micro-batch. Events are kept in
-    `result.events` (the simulated ones only when extrapolated)."""
+def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False,
+             engine_name: EngineName | None = None) -> StepResult:
+    """Simulate one training step: extrapolated from its steady state when that is proven exact and
+    cheaper (sim/results/steady_state.py), else (or with full=True) every micro-batch; result.steady_state
+    says which. Events are kept in `result.events` (the simulated ones only when extrapolated).
+    engine_name: the event loop (default: the scenario's run.engine)."""
+    reason = "requested (--full)"
     if not full:
-        result = simulate_steady(rs, explicit_ranks=explicit_ranks)
+        result, reason = simulate_steady(rs, explicit_ranks=explicit_ranks, engine_name=engine_name)
         if result is not None:
             return result
-    return simulate_with_events(rs, explicit_ranks=explicit_ranks)[0]
+    result = simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name)[0]
+    return replace(result, steady_state=steady_state.SteadyState("full", reason).to_dict())
 
 
 @contextmanager

@@ -1,42 +1,83 @@
-"""Exact steady-state extrapolation: a step of M micro-batches from two short simulations.
+"""Steady-state extrapolation, proven: a step of M micro-batches from one run of n_b of them.
 
-In the middle of a step, consecutive micro-batches (pipelines: consecutive groups of `unit` of them,
-per stage) repeat the same events shifted by a period T. So meshsim simulates the warm-up, a few periods
-and the drain twice, with n_a and n_b = n_a + unit micro-batches (runs A and B), and checks, event by
-event, that B is A with one period inserted:
+Between its warm-up and its drain a step's schedule repeats with a period of `unit` micro-batches.
+meshsim simulates one run B of n_b = lead + 2 unit + tail micro-batches (`Plan`) and extrapolates the step
+only when the checks below prove that the step is B with n = (M - n_b) / unit periods inserted; otherwise
+it simulates the whole step, and results.json's "steady_state" says which path gave the figures and why.
 
-- every event of A's first `split` micro-batches (and every event of no micro-batch that is not
-  shifted) starts and ends at the same time in B;
-- every later event of A (micro-batch i >= split -> i + unit in B, and the drain's no-micro-batch ops)
-  starts and ends exactly T = step(B) - step(A) later in B;
-- inside B, the periods that are simulated twice match: micro-batch i + unit = micro-batch i + T for
-  lead <= i < split;
-- both critical paths: B's = A's prefix, one period X, then A's suffix shifted by T (the same ops, or
-  their symmetric copies on another simulated rank, with the same times).
+Notation. mu maps an op to the op one period later: the op of micro-batch mb + unit with the same ordinal
+among its micro-batch's ops, on the same rank. A stage's schedule is regular on ids [first_regular,
+end_regular) when each op there is mu of the op P ids before it (P: ops per period): same work (so the
+same cost), stream, phase, layer, deps and P2P transfers, each one period later (period_state.stage_map).
+Lemma S (the builder's construction: sim/schedule/builder.py stamps the same templates for every
+micro-batch, sim/schedule/pipeline.py's steady rounds differ only in their micro-batch): for m >= n_b, the
+schedule of m + unit micro-batches is that of m with one more period of regular ops at the end of its
+regular part, the drain after it renumbered by one period (tests/test_steady_state.py checks it). R_inf
+is the schedule whose regular part never ends.
 
-All comparisons use the tolerance REL_TOL x step(B) on times. When every check holds, the state at a
-period boundary repeats, so each further period adds exactly the same events shifted by T, and for any
-per-step sum Q (step time, busy time of each stream, each critical-path category, collective counts)
+State. The engine's future after a time c is a function of (a) which ops have finished; (b) for each op
+running at c, when it started, when its rendezvous completed, when its compute ends (kappa = 0), when its
+P2P transfers started and ended; (c) the work left to each arbiter job draining at c, which the keys and
+loads that drained with it since it started fix (rates depend on nothing else); (d) when the host issues
+each op not yet started; (e) the inputs of the ops not finished (costs, deps, streams, transfers). Not of
+the order in which the loop processes simultaneous events: every rule is a max of times, a time plus a
+cost, or an integral of rates of the jobs draining, and the labels are functions of times and ranks
+(sim/engine/processes.py). Shifting every time of a state and every issue time by T shifts the future by T.
 
-    Q(M) = Q(B) + n (Q(B) - Q(A)),   n = (M - n_b) / unit periods not simulated;
+Checks (sim/results/period_proof.py). T: from the first op of micro-batch `lead` to that of lead + unit on
+the first simulated rank; c1 a time in that period at least 4 tol from every time B's state changes at,
+and from every such time minus T; c2 = c1 + T.
+1. (a, b) Each op of the regular part and its image are in the same phase at c1 and c2, with every past
+   time one period apart; the ops before the regular part have finished by c1 (their images by c2).
+2. (c) Each arbiter job draining at some time in [w, c1] (w: the first start of a job draining at c1) has
+   an image with the same key (mapped) and load objects draining at the same times one period later, and
+   no other job drains in [w + T, c2]; so each job draining at c2 has its preimage's work left at c1.
+3. (d) Op i is issued at issue[i], its image at issue[i] + H (H = P x the dispatch time), not + T. If an
+   op from c1 on waited for its host, H = T. Otherwise, with s the least slack (ready time minus issue
+   time) of the ops from c1 on, s >= n (H - T): the host, moving H - T per period, never binds before the
+   step ends, and an issue time earlier than the ready time changes nothing (the engine only compares them).
+4. (causality) No op of the drain (ids >= end_regular) starts before c2, and each op of the regular part's
+   last period waits at c1 for an unfinished dep or stream predecessor.
 
-the critical path is A's prefix, X repeated n + 1 times ("period x count"), then the suffix shifted by
-n T. When a check fails (interference, stragglers, a schedule with no period), the caller simulates
-the whole step instead. The event log kept for the trace and timeline is B's, its events after the
-inserted period shifted by n T, with the gap summarised (`SteadyState`).
+Theorem. If 1-4 hold, the step's events are B's before c2, n copies of B's [c1, c2) one period apart,
+then B's after c2 shifted by nT (micro-batch mb standing for mb + n unit).
+Proof. (i) B and R_inf agree before c2: the ops B starts by then are regular (4), with the same inputs in
+R_inf (Lemma S), and the ops after the regular part are blocked in both: B's last regular period is
+blocked at c1 (4), so by 1 and induction on op ids its images are blocked at c2, and every later op of
+R_inf waits, through its stream or the P2P batch posted before it, for an op of the period before.
+(ii) Hence R_inf's state at c2 is mu of its state at c1 (1-2 give a-c, Lemma S gives e; d as in 3), so by
+determinism and shift invariance its events on [c2, c2 + T) are mu of those on [c1, c2) shifted by T and
+its state at c2 + T is mu^2 of the state at c1: by induction every period, the slack in 3 covering the
+j-th (s + j (T - H) >= 0 for j <= n). (iii) The step agrees with R_inf before c2 + nT (as in i, its drain
+n periods later by Lemma S); its state there is mu^n of B's at c2, the drain renumbered, the host nH later
+(3): so its events after c2 + nT are B's after c2, shifted by nT.
+
+Consequences: step(M) = step(B) + nT. A per-step sum that integrates over time a function of which streams
+are busy (sim/results/breakdown.py: busy, exposed, bubble, waiting times) is Q(B) + n (Q(B+) - Q(B)), B+
+being B with one period inserted (built from B's events). Collective counts and ops per rank gain n
+times those of one regular period. The critical path: sim/results/period_path.py.
+
+The theorem is exact in real arithmetic. The engine computes in floating point, where shifted times
+round differently, so every comparison allows tol = REL_TOL x step(B); the differential test
+(tests/test_steady_state.py) measures, but does not prove, that this suffices. When a check fails (a host
+catching up with its GPU, interference not yet settled, a straggler, no period), meshsim simulates the
+whole step and records the failed check.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshsim.sim.engine.events import Event, EventLog
+from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.critical_path import Segment
-from meshsim.sim.schedule.ops import Schedule
+from meshsim.sim.results.period_path import extend_path, inside_an_op
+from meshsim.sim.results.period_proof import REL_TOL, Proof, prove
+from meshsim.sim.schedule.ops import Collective, Schedule
 
-REL_TOL = 1e-9  # allowed relative deviation of any simulated time from its periodic image
+__all__ = ["REL_TOL", "Extrapolated", "Plan", "Run", "SteadyState", "expanded", "extrapolate", "linear"]
 
 
 @dataclass(frozen=True)
@@ -47,46 +88,49 @@ class Plan:
     tail: int = 1  # the last micro-batch's backward overlaps the DP gradient reduction
     unit: int = 1
 
-    def runs(self, micro_batches: int, force: bool = False) -> tuple[int, int] | None:
-        """(n_a, n_b) micro-batches of the two short runs (M - n_b a whole number of periods), or None when
-        they would cost as much as the whole step (with `force`: only when M <= n_b)."""
-        n_a = self.lead + self.unit + self.tail
-        n_a += (micro_batches - n_a - self.unit) % self.unit
-        n_b = n_a + self.unit
-        return (n_a, n_b) if micro_batches > (n_b if force else n_a + n_b) else None
-
-    def split(self) -> int:
-        """Run A's micro-batches below this index keep their times in B; the rest move one period later."""
-        return self.lead + self.unit
+    def run_length(self, micro_batches: int, force: bool = False) -> int | None:
+        """Micro-batches of the one run (M minus it a whole number of periods), or None when the step is
+        too short for it to save time (with `force`: only when no period is left to extrapolate)."""
+        n_b = self.lead + 2 * self.unit + self.tail
+        n_b += (micro_batches - n_b) % self.unit
+        least = n_b + (self.unit if force else max(self.unit, n_b // 4))
+        return n_b if micro_batches >= least else None
 
 
 @dataclass(frozen=True)
 class SteadyState:
-    """How a result was extrapolated (results.json "steady_state")."""
+    """Which path produced a result (results.json "steady_state"): "extrapolated" with its period, or
+    "full" with the reason (requested, too short, or the check that failed)."""
 
-    micro_batches: int  # of the real step
-    simulated_micro_batches: int  # run B
-    unit: int  # micro-batches per period
-    period_s: float
-    periods: int  # periods not simulated (n)
-    gap_start_s: float  # where the extrapolated periods start on B's shifted timeline
+    path: str
+    reason: str = ""
+    micro_batches: int = 0  # of the real step
+    simulated_micro_batches: int = 0  # the run
+    unit: int = 0  # micro-batches per period
+    period_s: float = 0.0
+    periods: int = 0  # periods not simulated (n)
+    gap_start_s: float = 0.0  # where they start on the shown timeline (the second cut)
 
     def to_dict(self) -> dict:
-        return {"micro_batches": self.micro_batches, "simulated_micro_batches": self.simulated_micro_batches,
-                "unit": self.unit, "period_s": self.period_s, "periods": self.periods,
-                "gap_start_s": self.gap_start_s}
+        if self.path != "extrapolated":
+            return {"path": self.path, "reason": self.reason}
+        return {"path": self.path, "micro_batches": self.micro_batches,
+                "simulated_micro_batches": self.simulated_micro_batches, "unit": self.unit,
+                "period_s": self.period_s, "periods": self.periods, "gap_start_s": self.gap_start_s}
 
 
 @dataclass(frozen=True)
 class Run:
-    """One short simulation: its schedules (one per pipeline stage), events, critical path, the
-    representative rank's breakdown and the collective counts (per stage, summed)."""
+    """The simulated run: its schedules (one per pipeline stage), events, critical path, the first rank's
+    breakdown, collective counts (per stage), host issue times (per stage) and kappa."""
 
     schedules: tuple[Schedule, ...]
     log: EventLog
     path: list[Segment]
     breakdown_s: Mapping[str, float]
     counts: Counter
+    issue_s: tuple[Sequence[float], ...]
+    kappa: float
 
 
 @dataclass(frozen=True)
@@ -94,204 +138,99 @@ class Extrapolated:
     step_s: float
     breakdown_s: dict[str, float]
     path: list[Segment]  # the period's segments carry count = n + 1
-    events: tuple[Event, ...]  # run B's, shifted
+    events: tuple[Event, ...]  # the run's, those after the second cut shifted
     collective_counts: Counter
     ops_per_rank: int
     state: SteadyState
 
 
-def op_keys(schedule: Schedule) -> dict[int, tuple[int | None, int]]:
-    """op id -> (micro-batch, ordinal among the ops of that micro-batch in schedule order)."""
-    seen: Counter = Counter()
-    keys = {}
-    for op in schedule.ops:
-        keys[op.id] = (op.micro_batch, seen[op.micro_batch])
-        seen[op.micro_batch] += 1
-    return keys
-
-
-class _Mismatch(Exception):
-    """An op of one run has no counterpart in the other (the schedules are not one period apart)."""
-
-
-class _Mapping:
-    """Maps run A's ops onto run B's (micro-batch i >= split -> i + unit) and B's onto its own next period,
-    per pipeline stage (each simulated rank runs its stage's schedule; `stage_of(rank)`)."""
-
-    def __init__(self, scheds_a: Sequence[Schedule], scheds_b: Sequence[Schedule], plan: Plan,
-                 stage_of: Callable[[int], int]):
-        self.keys_a = [op_keys(s) for s in scheds_a]
-        self.keys_b = [op_keys(s) for s in scheds_b]
-        self.id_b = [{key: op_id for op_id, key in keys.items()} for keys in self.keys_b]
-        self.stage_of = stage_of if len(scheds_a) > 1 else (lambda rank: 0)
-        self.split, self.unit, self.lead = plan.split(), plan.unit, plan.lead
-
-    def _b(self, stage: int, key: tuple[int | None, int]) -> int:
-        op_id = self.id_b[stage].get(key)
-        if op_id is None:
-            raise _Mismatch(key)
-        return op_id
-
-    def a_to_b(self, rank: int, op_id: int) -> tuple[int, bool | None]:
-        """(B's op id, late?) for A's op; late is None for ops of no micro-batch (either is allowed)."""
-        stage = self.stage_of(rank)
-        mb, k = self.keys_a[stage][op_id]
-        if mb is None:
-            return self._b(stage, (None, k)), None
-        late = mb >= self.split
-        return self._b(stage, (mb + self.unit if late else mb, k)), late
-
-    def images(self, rank: int, op_id: int) -> set[int]:
-        """B's ops that the event checks show at A's op's times (or one period later): the same op, its
-        a_to_b image, and, from the lead on, the op one period later (a pipeline round pairs micro-batches
-        w apart, so a critical path crosses periods between a micro-batch's forward and backward)."""
-        stage = self.stage_of(rank)
-        mb, k = self.keys_a[stage][op_id]
-        ids = self.id_b[stage]
-        keys = [(mb, k)] + ([(mb + self.unit, k)] if mb is not None and mb >= self.lead else [])
-        return {ids[key] for key in keys if key in ids} | {self.a_to_b(rank, op_id)[0]}
-
-    def next_period(self, rank: int, op_id: int) -> int | None:
-        """B's op one period later, for ops of the doubly simulated periods (lead <= mb < split)."""
-        stage = self.stage_of(rank)
-        mb, k = self.keys_b[stage][op_id]
-        if mb is None or not self.lead <= mb < self.split:
-            return None
-        return self._b(stage, (mb + self.unit, k))
-
-
-def _same(a: Event, b: Event, shift_s: float, tol_s: float) -> bool:
-    return (abs(b.start_s - a.start_s - shift_s) <= tol_s and abs(b.end_s - a.end_s - shift_s) <= tol_s
-            and abs(b.wait_s - a.wait_s) <= tol_s)
-
-
-def late_ops(log_a: EventLog, log_b: EventLog, m: _Mapping, period_s: float, tol_s: float
-             ) -> set[tuple[int, int]] | None:
-    """(rank, B op id) of B's events that A has one period earlier; None if any event breaks the pattern."""
-    by_b = {(e.rank, e.op_id): e for e in log_b.events}
-    late: set[tuple[int, int]] = set()
-    for ea in log_a.events:
-        op_b, is_late = m.a_to_b(ea.rank, ea.op_id)
-        eb = by_b.get((ea.rank, op_b))
-        if eb is None:
-            return None
-        if is_late is None:
-            is_late = _same(ea, eb, period_s, tol_s) and not _same(ea, eb, 0.0, tol_s)
-        if not _same(ea, eb, period_s if is_late else 0.0, tol_s):
-            return None
-        if is_late:
-            late.add((ea.rank, op_b))
-    return late if _repeats(log_b, by_b, m, period_s, tol_s) else None
-
-
-def _repeats(log_b: EventLog, by_b: Mapping[tuple[int, int], Event], m: _Mapping, period_s: float | None,
-             tol_s: float) -> bool:
-    """The periods B simulates twice repeat with period T (None: T is the first pair's shift of start)."""
-    for eb in log_b.events:
-        nxt = m.next_period(eb.rank, eb.op_id)
-        if nxt is None:
-            continue
-        other = by_b.get((eb.rank, nxt))
-        if other is None:
-            return False
-        if period_s is None:
-            period_s = other.start_s - eb.start_s
-        if not _same(eb, other, period_s, tol_s):
-            return False
-    return period_s is not None
-
-
-def repeats_inside(run: Run, plan: Plan, stage_of: Callable[[int], int] = lambda rank: 0) -> bool:
-    """From one run alone: its micro-batches lead <= i < lead + unit recur in i + unit, every event shifted
-    by one common period. A necessary condition of `extrapolate` with this run as B (which also checks
-    the period against the other run), so a plan whose lead is too short is rejected before run A."""
-    try:
-        m = _Mapping(run.schedules, run.schedules, plan, stage_of)
-        by_op = {(e.rank, e.op_id): e for e in run.log.events}
-        return _repeats(run.log, by_op, m, None, REL_TOL * run.log.step_time_s)
-    except _Mismatch:
-        return False
-
-
-def _seg_same(sa: Segment, sb: Segment, m: _Mapping, shift_us: float, tol_us: float) -> bool:
-    """Same op (one of its images, or a wait), category, stage and times. The rank itself is not compared:
-    with explicit ranks the path may pass through any of the symmetric copies of an op that finish together,
-    a tie broken by round-off."""
-    if sa.category != sb.category:
-        return False
-    if m.stage_of(sa.rank) != m.stage_of(sb.rank) or (sa.op_id is None) != (sb.op_id is None):
-        return False
-    if sa.op_id is not None and sb.op_id not in m.images(sa.rank, sa.op_id):
-        return False
-    return abs(sb.start_us - sa.start_us - shift_us) <= tol_us and abs(sb.dur_us - sa.dur_us) <= tol_us
-
-
-def period_of_path(path_a: Sequence[Segment], path_b: Sequence[Segment], m: _Mapping, period_s: float,
-                   tol_s: float) -> tuple[int, int] | None:
-    """(i, j): path_b = path_a[:i] + path_b[i:j] (one period) + path_a[i:] shifted by T; None if not."""
-    tol_us, shift_us = tol_s * 1e6, period_s * 1e6
-    i = 0
-    while i < len(path_a) and _seg_same(path_a[i], path_b[i], m, 0.0, tol_us):
-        i += 1
-    j = len(path_b) - (len(path_a) - i)
-    if j < i or not all(_seg_same(sa, sb, m, shift_us, tol_us) for sa, sb in zip(path_a[i:], path_b[j:], strict=True)):
-        return None
-    if abs(sum(s.dur_us for s in path_b[i:j]) - shift_us) > tol_us * max(1, j - i):
-        return None
-    return i, j
-
-
-def _shifted(seg: Segment, dt_s: float, count: int = 1) -> Segment:
-    return Segment(seg.name, seg.category, seg.rank, seg.start_us + dt_s * 1e6, seg.dur_us, seg.op_id, count)
-
-
-def extrapolate(run_a: Run, run_b: Run, plan: Plan, micro_batches: int,
-                stage_of: Callable[[int], int] = lambda rank: 0) -> Extrapolated | None:
-    """The step of `micro_batches` from runs A and B (module docstring), or None if a check fails.
-    `stage_of(rank)` picks a simulated rank's schedule among the runs' per-stage schedules."""
-    try:
-        return _extrapolate(run_a, run_b, plan, micro_batches, stage_of)
-    except _Mismatch:
-        return None
-
-
-def _extrapolate(run_a: Run, run_b: Run, plan: Plan, micro_batches: int,
-                 stage_of: Callable[[int], int]) -> Extrapolated | None:
-    log_a, path_a, log_b, path_b = run_a.log, run_a.path, run_b.log, run_b.path
-    n_b = run_b.schedules[0].micro_batches
-    period_s = log_b.step_time_s - log_a.step_time_s
-    tol_s = REL_TOL * log_b.step_time_s
-    n = (micro_batches - n_b) // plan.unit
-    if period_s <= tol_s or n < 0 or (micro_batches - n_b) % plan.unit or len(log_a.ranks) != len(log_b.ranks):
-        return None
-    m = _Mapping(run_a.schedules, run_b.schedules, plan, stage_of)
-    late = late_ops(log_a, log_b, m, period_s, tol_s)
-    cut = period_of_path(path_a, path_b, m, period_s, tol_s) if late is not None else None
-    if cut is None:
-        return None
-    i, j = cut
-    shift_s = n * period_s
-    path = [*path_b[:i], *(_shifted(s, 0.0, n + 1) for s in path_b[i:j]), *(_shifted(s, shift_s) for s in path_b[j:])]
-    step_s = log_b.step_time_s + shift_s
-    if abs(sum(s.dur_us * s.count for s in path) * 1e-6 - step_s) > tol_s * (n + 1) * max(1, len(path)):
-        return None
-    events = tuple(e._replace(start_s=e.start_s + shift_s, end_s=e.end_s + shift_s)
-                   if (e.rank, e.op_id) in late else e for e in log_b.events)
-    gap_s = min((e.start_s for e in log_b.events if (e.rank, e.op_id) in late), default=log_b.step_time_s)
-    ca, cb = run_a.counts, run_b.counts
+def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[int], int] = lambda rank: 0,
+                pipeline: bool = False) -> Extrapolated | str:
+    """The step of `micro_batches` from the run (module docstring), or the first check that fails."""
+    proof = prove(run.schedules, run.log, plan.lead, plan.unit, micro_batches, stage_of, run.issue_s, run.kappa,
+                  inside_an_op(run.path))
+    if isinstance(proof, str):
+        return proof
+    path = extend_path(run.path, run.schedules, run.log, proof)
+    if isinstance(path, str):
+        return path
+    shown = stepped_events(run.log, proof, proof.periods)
+    if isinstance(shown, str):
+        return shown
+    plus = stepped_events(run.log, proof, 1, rank=run.log.ranks[0])
+    if isinstance(plus, str):
+        return plus
+    cut, n, log = proof.cut, proof.periods, run.log
+    plus_split = breakdown(plus, log.step_time_s + cut.period_s, pipeline=pipeline)
+    per_period = Counter({(s, *key): c for s, m in enumerate(proof.maps)
+                          for key, c in _collectives(m.ops[m.end_regular - m.period_ops:m.end_regular]).items()})
+    state = SteadyState("extrapolated", micro_batches=micro_batches,
+                        simulated_micro_batches=run.schedules[0].micro_batches, unit=plan.unit,
+                        period_s=cut.period_s, periods=n, gap_start_s=cut.c2)
     return Extrapolated(
-        step_s=step_s, breakdown_s=linear(run_a.breakdown_s, run_b.breakdown_s, n), path=path, events=events,
-        collective_counts=Counter({k: cb[k] + n * (cb[k] - ca.get(k, 0)) for k in cb}),
-        ops_per_rank=max(len(sb.ops) + n * (len(sb.ops) - len(sa.ops))
-                         for sa, sb in zip(run_a.schedules, run_b.schedules, strict=True)),
-        state=SteadyState(micro_batches, n_b, plan.unit, period_s, n, gap_s))
+        step_s=log.step_time_s + n * cut.period_s, breakdown_s=linear(run.breakdown_s, plus_split, n),
+        path=path, events=shown,
+        collective_counts=Counter({k: run.counts[k] + n * per_period[k] for k in run.counts}),
+        ops_per_rank=max(len(m.ops) + n * m.period_ops for m in proof.maps), state=state)
+
+
+def _collectives(ops) -> Counter:
+    return Counter((op.work.op, op.work.group, op.work.nbytes) for op in ops if isinstance(op.work, Collective))
+
+
+def stepped_events(log: EventLog, proof: Proof, n: int, rank: int | None = None) -> tuple[Event, ...] | str:
+    """The events of the run with n periods inserted at the second cut, as far as the run holds them: ops
+    started before c2 keep their times (one still running at c2 ends when its image k periods earlier
+    ended, plus kT), later ones move by nT; with n = 1 the inserted period's events (the run's from
+    [c1, c2), one period later) are included, so that per-step sums of one more period can be taken.
+    `rank`: that rank's events only."""
+    cut, by = proof.cut, log.by_rank()
+    c1, c2, t = cut.c1, cut.c2, cut.period_s
+    out: list[Event] = []
+    for e in (log.events if rank is None else by[rank].values()):
+        if e.start_s >= c2:
+            out.append(_moved(e, n * t))
+            continue
+        if n == 1 and rank is not None and e.start_s >= c1:
+            out.append(_moved(e, t))
+        if e.end_s <= c2:
+            out.append(e)
+            continue
+        end = _end_after(e, by[e.rank], proof.map_of(e.rank), cut, n)
+        if end is None:
+            return f"{e.name} (rank {e.rank}) runs across the second cut and has no image to end with"
+        out.append(e._replace(end_s=end))
+    return tuple(out)
+
+
+_new_tuple = tuple.__new__
+
+
+def _moved(e: Event, dt_s: float) -> Event:
+    """e, dt_s later (Event(...) without NamedTuple's keyword handling: ~10^4 of these per step)."""
+    return _new_tuple(Event, (*e[:8], e.start_s + dt_s, e.end_s + dt_s, *e[10:]))
+
+
+def _end_after(e: Event, events: Mapping[int, Event], m, cut, n: int) -> float | None:
+    """When an op running at c2 in the run ends in the step: its image k <= n periods earlier ended before
+    c2 (where the run is R_inf), plus kT; if none did, its image n periods earlier is running at c2 and the
+    step ends it as the run does, plus nT."""
+    cur = e
+    for k in range(1, n + 1):
+        pre = m.mu_inv(cur.op_id)
+        if pre is None or pre == cur.op_id:
+            return None
+        cur = events[pre]
+        if cur.end_s <= cut.c2:
+            return cur.end_s + k * cut.period_s
+    return cur.end_s + n * cut.period_s
 
 
 def linear(q_a: Mapping[str, float], q_b: Mapping[str, float], n: int) -> dict[str, float]:
-    """Q(B) + n (Q(B) - Q(A)) for each key."""
-    return {k: v + n * (v - q_a[k]) for k, v in q_b.items()}
+    """Q(A) + n (Q(B) - Q(A)) for each key."""
+    return {k: q_a[k] + n * (v - q_a[k]) for k, v in q_b.items()}
 
 
-def expanded(path: Iterable[Mapping]) -> float:
+def expanded(path) -> float:
     """Total microseconds of a path whose segments may stand for `count` periods."""
     return sum(s["dur_us"] * s.get("count", 1) for s in path)
