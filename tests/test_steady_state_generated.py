@@ -93,7 +93,7 @@ def _no_pp(overrides: dict, host_mode: tuple) -> dict:
     return {**o, **host(o, *host_mode)}
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=160, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(overrides=no_pp, host_mode=HOST, extra=st.integers(0, 2))
 def test_default_equals_full_on_generated_scenarios_without_pipelines(overrides, host_mode, extra):
     check(_no_pp(overrides, host_mode), extra)
@@ -109,7 +109,7 @@ def test_default_equals_full_on_generated_longer_steps(overrides, host_mode):
 pipelined = st.fixed_dictionaries({
     "parallel.pp": st.sampled_from([2, 3, 4]),
     "parallel.vp": st.sampled_from([1, 1, 2]),
-    "layers_per_chunk": st.sampled_from([1, 1, 2]),
+    "layers_per_chunk": st.sampled_from([1, 1, 1, 2]),
     "uneven": st.booleans(),
     "model.hidden": st.sampled_from([256, 1024]),
     "model.seq_len": st.sampled_from([128, 512]),
@@ -125,10 +125,11 @@ pipelined = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=90, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(overrides=pipelined, host_mode=HOST, extra=st.integers(0, 1))
 def test_default_equals_full_on_generated_pipelines(overrides, host_mode, extra):
     o = dict(overrides)
+    extra = extra if o["parallel.vp"] == 1 else 0  # interleaved periods are N micro-batches: one is plenty
     if o["parallel.vp"] > 1:
         o["parallel.pp"] = min(o["parallel.pp"], 3)  # interleaved: small enough for CI
     pp, vp, tp, dp, uneven = o["parallel.pp"], o["parallel.vp"], o["parallel.tp"], o.pop("dp"), o.pop("uneven")

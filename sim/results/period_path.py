@@ -97,26 +97,31 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     images are regular, and so is the drain, renumbered by nP), and a visited op
     of the first period has the image of its stream predecessor as its image's."""
     by = log.by_rank()
-    prevs = proof.prevs
+    prevs, c1, c2 = proof.prevs, proof.cut.c1, proof.cut.c2
     order: dict[int, list[Event]] = {}  # per rank, by end (for P2P steps)
     for _, last in spans:
         seg = path[last]
-        ev = by[seg.rank][seg.op_id]
+        events = by[seg.rank]
+        ev = events[seg.op_id]
         stage = proof.stage_of(seg.rank)
         op, prev, m = schedules[stage].ops[seg.op_id], prevs[stage], proof.maps[stage]
         if isinstance(op.work, P2P):
             if seg.rank not in order:
-                order[seg.rank] = sorted(by[seg.rank].values(), key=lambda e: e.end_s)
+                order[seg.rank] = sorted(events.values(), key=lambda e: e.end_s)
             cands = _before(order[seg.rank], ev, ev.start_s + ev.wait_s, proof.cut.tol_s)
-            if cands and cands[-1].end_s <= proof.cut.c1:
+            if cands and cands[-1].end_s <= c1:
                 return f"critical path at {ev.name} (rank {seg.rank}): the rank idles across the first cut"
         else:
-            cands = [by[seg.rank][d] for d in (*op.deps, *([] if prev[op.id] is None else [prev[op.id]]))]
-            later = m.mu(op.id)
-            if ev.start_s < proof.cut.c2 and (later is None or not m.first_regular <= later < m.end_regular
-                                              or _mu(m, prev[op.id]) != prev[later]):
-                return f"critical path at {ev.name} (rank {seg.rank}): its image has another stream predecessor"
-        reason = _choice_repeats(cands, proof, seg.rank, by[seg.rank])
+            cands = [events[d] for d in op.deps]
+            if prev[op.id] is not None:
+                cands.append(events[prev[op.id]])
+            if ev.start_s < c2:
+                later = m.mu(op.id)
+                if later is None or not m.first_regular <= later < m.end_regular or _mu(m, prev[op.id]) != prev[later]:
+                    return f"critical path at {ev.name} (rank {seg.rank}): its image has another stream predecessor"
+        if all(e.end_s >= c1 for e in cands):
+            continue  # all periodic, ids from first_regular - P on (older ops are done by c1): same choice
+        reason = _choice_repeats(cands, proof, seg.rank, events)
         if reason is not None:
             return f"critical path at {ev.name} (rank {seg.rank}): {reason}"
     return None
@@ -151,8 +156,6 @@ def _choice_repeats(cands: Sequence[Event], proof: Proof, rank: int, events: dic
     tied = [e for e in cands if top - e.end_s <= TIE_S / 4]
     if len(tied) > 1 and min(e.op_id for e in tied) < m.first_regular - m.period_ops:
         return "candidates tie, and not all of their ids move by one period"
-    if all(e.end_s >= cut.c1 for e in cands):
-        return None  # all periodic: the same gaps one period later
     if any(TIE_S / 4 < top - e.end_s < 4 * TIE_S for e in cands):
         return "a candidate ends near the tie threshold"
     for e in cands:

@@ -97,7 +97,7 @@ def _drain_after_cut(proof: Proof, log: EventLog, issue) -> str | None:
         return "the run's last op starts before the second cut"
     for rank in log.ranks:
         m, ev, prev = proof.map_of(rank), by[rank], proof.prevs[proof.stage_of(rank)]
-        late = next((e for e in ev.values() if e.start_s < c2 and e.op_id >= m.end_regular), None)
+        late = next((ev[i] for i in range(m.end_regular, len(m.ops)) if ev[i].start_s < c2), None)
         if late is not None:
             return f"{late.name} (rank {rank}) of the drain starts before the second cut"
         for i in range(m.end_regular - m.period_ops, m.end_regular):
@@ -137,9 +137,8 @@ def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str 
             continue
         m, ev, prev = proof.maps[stage], by[rank], proof.prevs[stage]
         i0 = m.first_regular
-        host_s = times[i0 + m.period_ops] - times[i0]
-        slack_s = min((_reach(ev, m.ops[e.op_id].deps, prev[e.op_id]) - times[e.op_id]
-                       for e in ev.values() if e.start_s > cut.c1 and e.stream != "pp_comm"), default=0.0)
+        host_s = times[i0 - 1 + m.period_ops] - times[i0 - 1]
+        slack_s = _least_slack(ev, m.ops, prev, times, cut.c1)
         if slack_s < -cut.tol_s and abs(host_s - cut.period_s) > cut.tol_s:
             return (f"rank {rank} waits for its host after the first cut while the host issues a period in "
                     f"{host_s * 1e6:.4g} us and the GPU runs one in {cut.period_s * 1e6:.4g} us")
@@ -149,12 +148,21 @@ def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str 
     return None
 
 
-def _reach(ev: Mapping[int, Event], deps: tuple[int, ...], prev: int | None) -> float:
-    """When an op's deps and stream predecessor had all finished (the host check comes after)."""
-    ends = [ev[d].end_s for d in deps]
-    if prev is not None:
-        ends.append(ev[prev].end_s)
-    return max(ends, default=0.0)
+def _least_slack(ev: Mapping[int, Event], ops, prev: list[int | None], times: Sequence[float], c1: float) -> float:
+    """min over the FIFO ops starting after c1 of (when deps and stream predecessor had finished, which
+    the engine waits for before it asks the host) - (when the host issued the op)."""
+    least = float("inf")
+    for e in ev.values():
+        if e.start_s <= c1 or e.stream == "pp_comm":
+            continue
+        op_id = e.op_id
+        ready = max([ev[d].end_s for d in ops[op_id].deps], default=0.0)
+        before = prev[op_id]
+        if before is not None and ev[before].end_s > ready:
+            ready = ev[before].end_s
+        if ready - times[op_id] < least:
+            least = ready - times[op_id]
+    return 0.0 if least == float("inf") else least
 
 
 __all__ = ["DONE", "REL_TOL", "Proof", "prove", "stream_prev"]

@@ -69,12 +69,12 @@ class StageMap:
         return op_id if key[0] is None else self.id_of.get(later(key, -self.unit))
 
 
-def _same_inputs(a: Op, b: Op, keys: list[Key], unit: int) -> bool:
-    """b is a one period later (micro-batches + unit): what the engine reads of them is the same."""
+def _same_inputs(a: Op, b: Op, keys: list[Key], shifted: list[Key], unit: int) -> bool:
+    """b is a one period later (shifted[i] = later(keys[i])): what the engine reads of them is the same."""
     if a.stream != b.stream or a.phase != b.phase or a.layer != b.layer or len(a.deps) != len(b.deps):
         return False
     for da, db in zip(a.deps, b.deps, strict=True):
-        if keys[db] != later(keys[da], unit):
+        if keys[db] != shifted[da]:
             return False
     wa, wb = a.work, b.work
     if wa is wb:
@@ -95,11 +95,11 @@ def stage_map(schedule: Schedule, lead: int, unit: int) -> StageMap | str:
     if first is None or second is None:
         return f"stage {schedule.stage} has no micro-batch {lead + unit}"
     p, ops = second - first, schedule.ops
+    shifted = [later(key, unit) for key in keys]
 
     def regular(i: int) -> bool:
-        ka = keys[i - p]
-        return (i >= p and ka[0] is not None and keys[i] == later(ka, unit)
-                and _same_inputs(ops[i - p], ops[i], keys, unit))
+        return (i >= p and keys[i - p][0] is not None and keys[i] == shifted[i - p]
+                and _same_inputs(ops[i - p], ops[i], keys, shifted, unit))
 
     end = second
     while end < len(keys) and regular(end):
@@ -142,20 +142,23 @@ def time_values(log: EventLog, lo: float, hi: float) -> list[float]:
 
 def choose_cut(log: EventLog, lo: float, period_s: float, tol_s: float,
                good: Callable[[float], bool] = lambda c: True) -> float | None:
-    """A time c in [lo, lo + T) at least 4 tol from every state change, with c + T too, preferring the
-    widest gaps between changes and times `good` accepts (None if none)."""
+    """A time c in [lo, lo + T) at least 4 tol from every state change, with c + T too: the middle of the
+    widest gap between changes that `good` accepts, else of the widest gap (None if none is wide enough)."""
     vals = time_values(log, lo, lo + 2 * period_s + tol_s)
     inside = [v for v in vals if v < lo + period_s] + [lo + period_s]
     gaps = sorted(((b - a, (a + b) / 2) for a, b in zip([lo, *inside], inside, strict=False)), reverse=True)
-    clear = []
+    fallback = None
     for width, c in gaps:
         if width < 8 * tol_s:
             break
         i = bisect_left(vals, c + period_s)
         near = [abs(vals[j] - c - period_s) for j in (i - 1, i) if 0 <= j < len(vals)]
-        if min(near, default=period_s) > 4 * tol_s:
-            clear.append(c)
-    return next((c for c in clear if good(c)), clear[0] if clear else None)
+        if min(near, default=period_s) <= 4 * tol_s:
+            continue
+        if good(c):
+            return c
+        fallback = c if fallback is None else fallback
+    return fallback
 
 
 DONE, RUNNING, TODO = 0, 1, 2

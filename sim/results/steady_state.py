@@ -59,9 +59,10 @@ times those of one regular period. The critical path: sim/results/period_path.py
 
 The theorem is exact in real arithmetic. The engine computes in floating point, where shifted times
 round differently, so every comparison allows tol = REL_TOL x step(B); the differential test
-(tests/test_steady_state.py) measures, but does not prove, that this suffices. When a check fails (a host
-catching up with its GPU, interference not yet settled, a straggler, no period), meshsim simulates the
-whole step and records the failed check.
+(tests/test_steady_state*.py) measures, but does not prove, that this suffices. When a check fails (a
+host catching up with its GPU, gathers or interference not yet settled, a straggler, no period), meshsim
+tries once more with the cuts later (sim/results/simulate.py later_plan, when the step is at least twice
+that run), then simulates the whole step and records the failed check.
 """
 
 from __future__ import annotations
