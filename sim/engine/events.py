@@ -6,7 +6,7 @@ sim/engine/simpy_loop.py), which give bit-identical logs. It never computes a co
 `collective(op, group) -> (latency_s, bandwidth_s, link_load)` for collectives (`group` = the global
 ranks of the op's real TP or DP group, from `group_of`).
 
-Rules (schedule.py): each simulated rank has three streams (compute, tp_comm, dp_comm); a stream runs its
+Rules (schedule.py): each simulated rank has FIFO streams (compute, tp_comm, dp_comm, ep_comm); a stream runs its
 ops FIFO in schedule order, an op starting once its stream is free, all its deps have finished and the
 host has issued it (`issue_s`, given by the caller: sim/cost/host_dispatch.py).
 A collective starts when every simulated member of its group has issued it: early ranks wait, as NCCL

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -136,7 +136,12 @@ def collective_key(work: Collective) -> tuple:
 
 def collective_counts(schedule: Schedule) -> Counter:
     """collective_key -> how many times the schedule issues it."""
-    return Counter(collective_key(op.work) for op in schedule.ops if isinstance(op.work, Collective))
+    return count_collectives(schedule.ops)
+
+
+def count_collectives(ops: Iterable[Op]) -> Counter:
+    """collective_key -> how many of `ops` are that collective."""
+    return Counter(collective_key(op.work) for op in ops if isinstance(op.work, Collective))
 
 
 class P2PCoster:
@@ -300,12 +305,12 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
     plan, n_b = chosen
     coster = CollectiveCoster(rs)
     run = _short_run(rs, n_b, explicit_ranks, coster, engine_name)
-    ex = steady_state.extrapolate(run, plan, rs.micro_batches, rs.stage_of, pipeline=rs.pp > 1)
+    ex = steady_state.extrapolate(run, plan, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives)
     retry = later_plan(plan)
     n_retry = retry.run_length(rs.micro_batches, force=True)
     if isinstance(ex, str) and n_retry is not None and 2 * n_retry <= rs.micro_batches:
         run = _short_run(rs, n_retry, explicit_ranks, coster, engine_name)
-        again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, pipeline=rs.pp > 1)
+        again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives)
         ex = again if not isinstance(again, str) else f"{ex}; with the cuts {retry.lead - plan.lead} " \
                                                       f"micro-batches later: {again}"
     if isinstance(ex, str):

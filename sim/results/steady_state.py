@@ -68,7 +68,7 @@ that run), then simulates the whole step and records the failed check.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshsim.sim.engine.events import Event, EventLog
@@ -76,7 +76,7 @@ from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.critical_path import Segment
 from meshsim.sim.results.period_path import extend_path, inside_an_op
 from meshsim.sim.results.period_proof import REL_TOL, Proof, prove
-from meshsim.sim.schedule.ops import Collective, Schedule
+from meshsim.sim.schedule.ops import Op, Schedule
 
 __all__ = ["REL_TOL", "Extrapolated", "Plan", "Run", "SteadyState", "expanded", "extrapolate", "linear"]
 
@@ -146,8 +146,10 @@ class Extrapolated:
 
 
 def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[int], int] = lambda rank: 0,
-                pipeline: bool = False) -> Extrapolated | str:
-    """The step of `micro_batches` from the run (module docstring), or the first check that fails."""
+                pipeline: bool = False, count: Callable[[Iterable[Op]], Counter] = lambda ops: Counter()
+                ) -> Extrapolated | str:
+    """The step of `micro_batches` from the run (module docstring), or the first check that fails;
+    `count(ops)`: their collectives by key, as the run's `counts` were taken."""
     proof = prove(run.schedules, run.log, plan.lead, plan.unit, micro_batches, stage_of, run.issue_s, run.kappa,
                   inside_an_op(run.path))
     if isinstance(proof, str):
@@ -164,7 +166,7 @@ def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[in
     cut, n, log = proof.cut, proof.periods, run.log
     plus_split = breakdown(plus, log.step_time_s + cut.period_s, pipeline=pipeline)
     per_period = Counter({(s, *key): c for s, m in enumerate(proof.maps)
-                          for key, c in _collectives(m.ops[m.end_regular - m.period_ops:m.end_regular]).items()})
+                          for key, c in count(m.ops[m.end_regular - m.period_ops:m.end_regular]).items()})
     state = SteadyState("extrapolated", micro_batches=micro_batches,
                         simulated_micro_batches=run.schedules[0].micro_batches, unit=plan.unit,
                         period_s=cut.period_s, periods=n, gap_start_s=cut.c2)
@@ -173,10 +175,6 @@ def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[in
         path=path, events=shown,
         collective_counts=Counter({k: run.counts[k] + n * per_period[k] for k in run.counts}),
         ops_per_rank=max(len(m.ops) + n * m.period_ops for m in proof.maps), state=state)
-
-
-def _collectives(ops) -> Counter:
-    return Counter((op.work.op, op.work.group, op.work.nbytes) for op in ops if isinstance(op.work, Collective))
 
 
 def stepped_events(log: EventLog, proof: Proof, n: int, rank: int | None = None) -> tuple[Event, ...] | str:
