@@ -4,7 +4,7 @@
 
     scenario, source = load_scenario("llama2-70b-h100-tp8")        # a YAML path or a built-in name
     result = simulate(resolve(scenario, source))                     # -> StepResult
-    result.steady_state                                              # {"path": "extrapolated", ...} or full + reason
+    result.steady_state                                              # SteadyState("extrapolated", ...) or "full" + reason
     simulate(resolve(scenario, source), full=True, engine_name="simpy")  # every micro-batch, on simpy's loop
     records = sweep(scenario, source, {"tp": "2,4,8", "sp": "both"})  # -> list of SweepRecord
 """

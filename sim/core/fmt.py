@@ -115,12 +115,10 @@ def fmt_duration_long(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def rank_label(rank: int, config) -> str:
+def rank_label(rank: int, tp: int = 1, dp: int = 1, pp: int = 1, per_node: int = 0) -> str:
     """'rank 9 (tp 1, dp 1, node 1)' on the TP-innermost mesh (scenarios/resolved.py): tp rank = r mod tp,
     dp rank = (r div tp) mod dp, pp stage = r div (tp dp) (outermost, Megatron's default order; shown
-    when pp > 1), node = r div gpus_per_node. `config` is a result's config echo."""
-    tp, dp = int(config.get("tp", 1) or 1), int(config.get("dp", 1) or 1)
-    pp, per_node = int(config.get("pp", 1) or 1), int(config.get("gpus_per_node", 0) or 0)
+    when pp > 1), node = r div per_node (GPUs per node; 0: not shown)."""
     parts = [f"tp {rank % tp}", f"dp {rank // tp % dp}"]
     if pp > 1:
         parts.append(f"pp {rank // (tp * dp)}")

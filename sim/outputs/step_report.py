@@ -33,6 +33,7 @@ from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
 from meshsim.sim.results.critical_path import CATEGORY_NAMES, top_op_types
 from meshsim.sim.results.error_band import ErrorBand
+from meshsim.sim.results.records import CollectiveRow, ConfigEcho
 from meshsim.sim.results.step_result import MEMORY_KEYS, StepResult
 
 OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "timeline.html"}
@@ -52,13 +53,13 @@ def _pct(x: float) -> str:
     return fmt_pct(x, 1)
 
 
-def config_line(c) -> str:
+def config_line(c: ConfigEcho) -> str:
     """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
-    vp = f" vp={c['vp']}" if c.get("vp", 1) > 1 else ""
-    ep = f" ep={c['ep']} etp={c['etp']} edp={c['edp']}" if "ep" in c else ""
-    return (f"tp={c.get('tp')} pp={c.get('pp', 1)}{vp} sp={'on' if c.get('sp') else 'off'} dp={c.get('dp')}{ep}, "
-            f"{c.get('gpus')} x {c.get('gpu')} ({c.get('nodes')} x {c.get('topology')}), "
-            f"micro-batch {c.get('micro_batch')} x {c.get('micro_batches')}, recompute {c.get('recompute')}")
+    vp = f" vp={c.vp}" if (c.vp or 1) > 1 else ""
+    ep = f" ep={c.ep} etp={c.etp} edp={c.edp}" if c.has("ep") else ""
+    return (f"tp={c.tp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
+            f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
+            f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}")
 
 
 def band_line(band: ErrorBand) -> str:
@@ -84,8 +85,8 @@ def not_fit_banner(r: StepResult) -> Panel | None:
     if r.fits:
         return None
     m = r.memory_gb
-    return Panel(f"[bold]DOES NOT FIT[/bold]: needs {fmt_gb_as_gib(m['total'])} per GPU, the GPU has "
-                 f"{fmt_gb_as_gib(m['capacity'])} (activations {fmt_gb_as_gib(m['activations'])}). "
+    return Panel(f"[bold]DOES NOT FIT[/bold]: needs {fmt_gb_as_gib(m.total)} per GPU, the GPU has "
+                 f"{fmt_gb_as_gib(m.capacity)} (activations {fmt_gb_as_gib(m.activations)}). "
                  "The timings below are for a run that could not start. Try recompute, sequence "
                  "parallelism, pipeline stages (parallel.pp), a smaller micro-batch, a larger tp or more GPUs.",
                  style="bold red", title="memory", title_align="left")
@@ -96,12 +97,13 @@ def memory_table(r: StepResult) -> Table:
     t = Table(title="memory per GPU", title_justify="left")
     for col, just in (("", "left"), ("GiB", "right"), ("% of capacity", "right")):
         t.add_column(col, justify=just)
-    cap = m.get("capacity", 0.0) or 0.0
+    cap = m.capacity
     for key in MEMORY_ROWS:
-        t.add_row(key, fmt_gib(gb_to_gib(m.get(key, 0.0))), _pct(m.get(key, 0.0) / cap) if cap else "-")
+        part = getattr(m, key)
+        t.add_row(key, fmt_gib(gb_to_gib(part)), _pct(part / cap) if cap else "-")
     t.add_section()
     verdict = "[green]fits[/green]" if r.fits else "[bold red]DOES NOT FIT[/bold red]"
-    t.add_row(f"total ({verdict})", fmt_gib(gb_to_gib(m.get("total", 0.0))), _pct(m.get("total", 0.0) / cap) if cap else "-")
+    t.add_row(f"total ({verdict})", fmt_gib(gb_to_gib(m.total)), _pct(m.total / cap) if cap else "-")
     t.add_row("capacity", fmt_gib(gb_to_gib(cap)), "")
     return t
 
@@ -160,17 +162,18 @@ def _span(lo: float, hi: float, fmt) -> str:
     return a if a == b else f"{a}-{b}"
 
 
-def collective_groups(rows) -> list[dict]:
-    """Distinct collectives grouped by (op, group, ranks, algo, protocol, source): size/time/busbw ranges."""
-    groups: dict[tuple, list] = {}
+def collective_groups(rows: Iterable[CollectiveRow]) -> list[dict]:
+    """Distinct collectives grouped by (op, group, ranks, algo, protocol, source): size/time/busbw ranges
+    (the report's table rows)."""
+    groups: dict[tuple, list[CollectiveRow]] = {}
     for c in rows:
-        key = tuple(c.get(k) for k in ("op", "group", "ranks", "algo", "protocol", "source"))
+        key = (c.op, c.group, c.ranks, c.algo, c.protocol, c.source)
         groups.setdefault(key, []).append(c)
     out = []
     for key, items in groups.items():
         out.append({**dict(zip(("op", "group", "ranks", "algo", "protocol", "source"), key, strict=True)),
-                    "count": sum(int(c.get("count", 0)) for c in items),
-                    **{f"{k}_{end}": fn(float(c.get(k, 0.0)) for c in items)
+                    "count": sum(c.count for c in items),
+                    **{f"{k}_{end}": fn(float(getattr(c, k)) for c in items)
                        for k in ("nbytes", "time_us", "busbw_gbps") for end, fn in (("min", min), ("max", max))}})
     return out
 

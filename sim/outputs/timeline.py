@@ -28,11 +28,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from meshsim.sim.core.fmt import fmt_bytes, fmt_gbps, fmt_s, rank_label
+from meshsim.sim.core.fmt import fmt_bytes, fmt_gbps, fmt_s
 from meshsim.sim.engine.events import STREAMS, Event
 from meshsim.sim.outputs.plotly_page import template, typed_array, write_page
 from meshsim.sim.results.breakdown import middle_layer
-from meshsim.sim.results.critical_path import CATEGORY_COLORS, critical_ops
+from meshsim.sim.results.critical_path import CATEGORY_COLORS, Segment, critical_ops
+from meshsim.sim.results.records import CollectiveRow
+from meshsim.sim.results.steady_state import SteadyState
+from meshsim.sim.results.step_result import StepResult
 
 COLOURS = CATEGORY_COLORS
 BAR_PX = 16
@@ -46,15 +49,15 @@ def _lane_names(events: Sequence[Event]) -> dict[tuple[int, str], int]:
     return {k: i for i, k in enumerate(keys)}
 
 
-def _hover_detail(ev: Event, critical: bool, row: Mapping[str, Any] | None) -> str:
+def _hover_detail(ev: Event, critical: bool, row: CollectiveRow | None) -> str:
     """The hover text after the op's name: duration, wait, collective or bytes, FLOPs. Kept short: every
     '<' and '>' costs 6 bytes in the HTML (plotly escapes them)."""
     text = f"{fmt_s(ev.dur_s)}{' critical' if critical else ''}"
     if ev.wait_s > 0:
         text += f" (waited {fmt_s(ev.wait_s)})"
     if row is not None:
-        text += (f"<br>{row.get('op')} {row.get('algo')}/{row.get('protocol')} on {row.get('group')}"
-                 f"[{row.get('ranks')}], {fmt_bytes(ev.bytes)}, busbw {fmt_gbps(float(row.get('busbw_gbps', 0.0)))}")
+        text += (f"<br>{row.op} {row.algo}/{row.protocol} on {row.group}"
+                 f"[{row.ranks}], {fmt_bytes(ev.bytes)}, busbw {fmt_gbps(float(row.busbw_gbps))}")
     elif ev.bytes:
         text += f", {fmt_bytes(ev.bytes)}"
     if ev.flops:
@@ -148,30 +151,30 @@ def _category_traces(category: str, events: Sequence[Event], lanes: dict, hover_
     return [bars, hover]
 
 
-def _steady_state_band(layout: dict, steady_state: Mapping | None) -> None:
+def _steady_state_band(layout: dict, steady_state: SteadyState | None) -> None:
     """A shaded band over the periods an extrapolated step did not simulate (sim/results/steady_state.py)."""
-    if not steady_state or not steady_state.get("periods"):
+    if steady_state is None or not steady_state.periods:
         return
-    start_ms = steady_state["gap_start_s"] * 1e3
-    span_ms = steady_state["periods"] * steady_state["period_s"] * 1e3
+    start_ms = steady_state.gap_start_s * 1e3
+    span_ms = steady_state.periods * steady_state.period_s * 1e3
     layout["shapes"] = [{"type": "rect", "xref": "x", "yref": "y domain", "x0": start_ms, "x1": start_ms + span_ms,
                          "y0": 0, "y1": 1, "fillcolor": "#dddddd", "opacity": 0.5, "line": {"width": 0}}]
-    layout["annotations"] = [{"text": f"{steady_state['periods']} x {steady_state['period_s'] * 1e3:.4g} ms periods "
+    layout["annotations"] = [{"text": f"{steady_state.periods} x {steady_state.period_s * 1e3:.4g} ms periods "
                               "extrapolated", "x": start_ms, "xref": "x", "xanchor": "left", "y": 1,
                               "yref": "y domain", "yanchor": "top", "showarrow": False}]
 
 
-def timeline_spec(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "",
-                  result: Any = None, steady_state: Mapping | None = None) -> dict[str, Any]:
+def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = (), title: str = "",
+                  result: StepResult | None = None, steady_state: SteadyState | None = None) -> dict[str, Any]:
     """The figure as a plotly.js dict {"data": [...], "layout": {...}}. `result` (the run's StepResult,
     optional) adds collective details to the hover, mesh positions to the lane labels and, for an
     extrapolated step, the band of periods not simulated (or give `steady_state`)."""
-    if steady_state is None:
-        steady_state = getattr(result, "steady_state", None)
+    if steady_state is None and result is not None:
+        steady_state = result.steady_state
     events = list(events)
     lanes = _lane_names(events)
     crit = critical_ops(critical_path)
-    by_op = getattr(result, "op_collectives", {}) if result is not None else {}
+    by_op = result.op_collectives if result is not None else {}
     hovered = _with_hover(events)
     data: list[dict] = []
     by_category: dict[str, list[int]] = {}
@@ -187,7 +190,7 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Mapping] = ()
         x, y = _segments(on_path, lanes)
         data.append({"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": "#222222", "width": 3},
                      "name": "critical path", "hoverinfo": "skip", "connectgaps": False})
-    config = getattr(result, "config", None)
+    config = result.config if result is not None else None
     zoom = zoom_range_ms(events)
     layout: dict[str, Any] = {
         "template": template("plotly_white"), "title": {"text": title}, "hovermode": "closest",
@@ -195,22 +198,22 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Mapping] = ()
         "xaxis": {"title": {"text": "time (ms)"}, "rangeslider": {"visible": True, "thickness": 0.08},
                   **({"range": list(zoom)} if zoom else {})},
         "yaxis": {"tickvals": list(lanes.values()),
-                  "ticktext": [f"{rank_label(r, config) if config else f'rank {r}'} · {s}" for r, s in lanes],
+                  "ticktext": [f"{config.rank_label(r) if config is not None else f'rank {r}'} · {s}" for r, s in lanes],
                   "autorange": "reversed", "zeroline": False, "showgrid": False, "fixedrange": True}}
     _steady_state_band(layout, steady_state)
     return {"data": data, "layout": layout}
 
 
-def timeline_figure(events: Iterable[Event], critical_path: Sequence[Mapping] = (), title: str = "",
-                    result: Any = None, steady_state: Mapping | None = None):
+def timeline_figure(events: Iterable[Event], critical_path: Sequence[Segment] = (), title: str = "",
+                    result: StepResult | None = None, steady_state: SteadyState | None = None):
     """timeline_spec as a plotly Figure (validated), for notebooks and tests."""
     import plotly.graph_objects as go  # heavy (~0.3 s): only for callers who want a Figure object
 
     return go.Figure(timeline_spec(events, critical_path, title, result, steady_state))
 
 
-def write_timeline(path: str | Path, events: Iterable[Event], critical_path: Sequence[Mapping] = (),
-                   title: str = "", result: Any = None, steady_state: Mapping | None = None) -> Path:
+def write_timeline(path: str | Path, events: Iterable[Event], critical_path: Sequence[Segment] = (),
+                   title: str = "", result: StepResult | None = None, steady_state: SteadyState | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     spec = timeline_spec(events, critical_path, title, result, steady_state)

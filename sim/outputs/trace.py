@@ -34,9 +34,11 @@ from json.encoder import encode_basestring_ascii as _ascii
 from pathlib import Path
 from typing import Any
 
-from meshsim.sim.core.fmt import rank_label
 from meshsim.sim.engine.events import STREAMS, Event
-from meshsim.sim.results.critical_path import critical_ops
+from meshsim.sim.results.critical_path import Segment, critical_ops
+from meshsim.sim.results.records import CollectiveRow, ConfigEcho
+from meshsim.sim.results.steady_state import SteadyState
+from meshsim.sim.results.step_result import StepResult
 
 TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}
 STEADY_TID = len(STREAMS) + 1  # the thread summarising extrapolated steady-state periods
@@ -49,9 +51,9 @@ def _ns(t_s: float) -> int:
     return int(t_s * 1e9 + 0.5)
 
 
-def _metadata(pid: int, rank: int, process_prefix: str, streams: Iterable[str], config: Mapping | None = None
+def _metadata(pid: int, rank: int, process_prefix: str, streams: Iterable[str], config: ConfigEcho | None = None
               ) -> list[dict]:
-    name = rank_label(rank, config) if config else f"rank {rank}"
+    name = config.rank_label(rank) if config is not None else f"rank {rank}"
     out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
             "args": {"name": f"{process_prefix} {name}".strip()}},
            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
@@ -62,12 +64,11 @@ def _metadata(pid: int, rank: int, process_prefix: str, streams: Iterable[str], 
     return out
 
 
-def collective_args(row: Mapping[str, Any], ranks: Sequence[int] | None) -> dict[str, Any]:
+def collective_args(row: CollectiveRow, ranks: Sequence[int] | None) -> dict[str, Any]:
     """PyTorch-profiler-style args of one collective (row: a result's collective row)."""
-    return {"Collective name": row.get("op"), "Process Group Name": row.get("group"),
-            "Process Group Ranks": list(ranks) if ranks is not None else None, "Group size": row.get("ranks"),
-            "algorithm": row.get("algo"), "protocol": row.get("protocol"),
-            "busbw (GB/s)": round(float(row.get("busbw_gbps", 0.0)), 3)}
+    return {"Collective name": row.op, "Process Group Name": row.group,
+            "Process Group Ranks": list(ranks) if ranks is not None else None, "Group size": row.ranks,
+            "algorithm": row.algo, "protocol": row.protocol, "busbw (GB/s)": round(float(row.busbw_gbps), 3)}
 
 
 def _slices(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | None = None, device: int = 0) -> list[dict]:
@@ -145,15 +146,14 @@ def _slices_json(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | 
     return op + f'"args":{{{args}}}}},' + wait
 
 
-def _hops(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event]) -> list[tuple[Event, Event]]:
+def _hops(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event]) -> list[tuple[Event, Event]]:
     """Consecutive critical-path ops (a, b) where the path changes lane (rank or stream): one arrow each;
     along one lane the `critical` arg says it and an arrow would add nothing but bytes."""
-    chain = [by_key[(s["rank"], s["op_id"])] for s in path
-             if s.get("op_id") is not None and (s["rank"], s["op_id"]) in by_key]
+    chain = [by_key[(s.rank, s.op_id)] for s in path if s.op_id is not None and (s.rank, s.op_id) in by_key]
     return [(a, b) for a, b in zip(chain, chain[1:], strict=False) if (a.rank, a.stream) != (b.rank, b.stream)]
 
 
-def _flows(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
+def _flows(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
            flow_id_base: int) -> list[dict]:
     """Arrows (ph "s" -> "f") between the ops of each hop of the critical path (_hops)."""
     out = []
@@ -166,7 +166,7 @@ def _flows(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event], pid
     return out
 
 
-def _flows_json(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
+def _flows_json(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
                 flow_id_base: int) -> Iterator[str]:
     """The JSON texts of `_flows`, written from the hops."""
     for i, (a, b) in enumerate(_hops(path, by_key)):
@@ -177,38 +177,39 @@ def _flows_json(path: Sequence[Mapping], by_key: Mapping[tuple[int, int], Event]
                f'"tid":{TID[b.stream]}}}')
 
 
-def _steady_state_slices(ranks: Iterable[int], steady_state: Mapping | None, pid_offset: int) -> list[dict]:
+def _steady_state_slices(ranks: Iterable[int], steady_state: SteadyState | None, pid_offset: int) -> list[dict]:
     """One slice per rank on its own thread covering the periods that were extrapolated, not simulated."""
-    if not steady_state or not steady_state.get("periods"):
+    if steady_state is None or not steady_state.periods:
         return []
-    start_ns = _ns(steady_state["gap_start_s"])
-    dur_ns = _ns(steady_state["gap_start_s"] + steady_state["periods"] * steady_state["period_s"]) - start_ns
-    label = (f"{steady_state['periods']} x {steady_state['period_s'] * 1e3:.4g} ms periods "
-             f"({steady_state['periods'] * steady_state['unit']} micro-batches) extrapolated")
+    ss = steady_state
+    start_ns = _ns(ss.gap_start_s)
+    dur_ns = _ns(ss.gap_start_s + ss.periods * ss.period_s) - start_ns
+    label = f"{ss.periods} x {ss.period_s * 1e3:.4g} ms periods ({ss.periods * ss.unit} micro-batches) extrapolated"
     out = []
     for rank in ranks:
         pid = pid_offset + rank
         out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": STEADY_TID, "args": {"name": "steady state"}})
         out.append({"name": label, "cat": "extrapolated", "ph": "X", "ts": start_ns / 1e3, "dur": dur_ns / 1e3,
-                    "pid": pid, "tid": STEADY_TID, "args": dict(steady_state)})
+                    "pid": pid, "tid": STEADY_TID, "args": ss.to_json()})
     return out
 
 
-def _result_parts(result: Any) -> tuple[Mapping[int, Mapping], Mapping, Mapping | None]:
+def _result_parts(result: StepResult | None) -> tuple[Mapping[tuple[int, int], CollectiveRow],
+                                                     Mapping[tuple[str, int], tuple[int, ...]], ConfigEcho | None]:
     """((rank, op id) -> collective row, (group kind, rank) -> ranks, config echo) of a StepResult, if given."""
     if result is None:
         return {}, {}, None
-    return getattr(result, "op_collectives", {}), getattr(result, "rank_groups", {}), getattr(result, "config", None)
+    return result.op_collectives, result.rank_groups, result.config
 
 
 class _Context:
     """What every slice of one run needs: the critical ops, collective rows, mesh positions and the
     collective args per (row, rank), built once and shared by the dict and the text encodings."""
 
-    def __init__(self, events: Sequence[Event], critical_path: Sequence[Mapping], result: Any) -> None:
+    def __init__(self, events: Sequence[Event], critical_path: Sequence[Segment], result: StepResult | None) -> None:
         self.crit = critical_ops(critical_path)
         self.by_op, self.groups, self.config = _result_parts(result)
-        self.per_node = int(self.config.get("gpus_per_node", 0) or 0) if self.config else 0
+        self.per_node = (self.config.gpus_per_node or 0) if self.config is not None else 0
         self.streams: dict[int, set[str]] = {}
         for ev in events:
             self.streams.setdefault(ev.rank, set()).add(ev.stream)
@@ -222,7 +223,7 @@ class _Context:
         key = (id(row), ev.rank)
         found = self._infos.get(key)
         if found is None:
-            info = collective_args(row, self.groups.get((row.get("group"), ev.rank)))
+            info = collective_args(row, self.groups.get((row.group, ev.rank)))
             found = self._infos[key] = (info, ("," + _ENCODE(info)[1:-1]) if info else "")
         return found
 
@@ -239,13 +240,13 @@ def _by_key(events: Iterable[Event]) -> dict[tuple[int, int], Event]:
     return {(ev.rank, ev.op_id): ev for ev in events}
 
 
-def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Mapping] = (), *, pid_offset: int = 0,
+def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Segment] = (), *, pid_offset: int = 0,
                       process_prefix: str = "sim", flow_id_base: int = 0,
-                      steady_state: Mapping | None = None, result: Any = None) -> Iterator[dict]:
+                      steady_state: SteadyState | None = None, result: StepResult | None = None) -> Iterator[dict]:
     """The trace events one at a time (metadata, slices, steady-state summary, critical-path flows).
     `result` (the run's StepResult) adds collective args and mesh positions."""
-    if steady_state is None:
-        steady_state = getattr(result, "steady_state", None)
+    if steady_state is None and result is not None:
+        steady_state = result.steady_state
     ctx = _Context(events, critical_path, result)
     yield from ctx.head(pid_offset, process_prefix)
     for ev in events:
@@ -255,13 +256,13 @@ def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Mapping] 
     yield from _flows(critical_path, _by_key(events), pid_offset, flow_id_base)
 
 
-def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Mapping] = (), *, pid_offset: int = 0,
+def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Segment] = (), *, pid_offset: int = 0,
                     process_prefix: str = "sim", flow_id_base: int = 0,
-                    steady_state: Mapping | None = None, result: Any = None) -> Iterator[str]:
+                    steady_state: SteadyState | None = None, result: StepResult | None = None) -> Iterator[str]:
     """iter_trace_events as compact JSON texts, the same bytes json writes for each dict; op slices are
     written straight from the event (_slices_json) without building their dicts (3x cheaper)."""
-    if steady_state is None:
-        steady_state = getattr(result, "steady_state", None)
+    if steady_state is None and result is not None:
+        steady_state = result.steady_state
     ctx = _Context(events, critical_path, result)
     yield from map(_ENCODE, ctx.head(pid_offset, process_prefix))
     crit = ctx.crit
@@ -272,7 +273,7 @@ def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Mapping] = 
     yield from _flows_json(critical_path, _by_key(events), pid_offset, flow_id_base)
 
 
-def trace_events(events: Iterable[Event], critical_path: Sequence[Mapping] = (), **kw) -> list[dict]:
+def trace_events(events: Iterable[Event], critical_path: Sequence[Segment] = (), **kw) -> list[dict]:
     """Trace events of one run: pids are pid_offset + rank, processes named '<prefix> rank N (tp .., dp ..)'
     (kw: pid_offset, process_prefix, flow_id_base, steady_state, result)."""
     return list(iter_trace_events(list(events), critical_path, **kw))
@@ -285,15 +286,14 @@ def trace_document(trace_events_: list[dict], distributed: Mapping[str, Any] | N
     return doc
 
 
-def distributed_info(result: Any, rank: int = 0) -> dict[str, Any] | None:
+def distributed_info(result: StepResult | None, rank: int = 0) -> dict[str, Any] | None:
     """HTA's `distributedInfo`: backend, the trace's (representative) rank and the world size."""
-    config = getattr(result, "config", None)
-    if not config:
+    if result is None:
         return None
-    return {"backend": "nccl", "rank": rank, "world_size": config.get("gpus"), "simulated": True}
+    return {"backend": "nccl", "rank": rank, "world_size": result.config.gpus, "simulated": True}
 
 
-def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequence[Mapping] = (),
+def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequence[Segment] = (),
                 **kw) -> Path:
     """Write the trace JSON of one run, streamed: events are encoded and written BATCH at a time, never
     held as one document (kw: pid_offset, process_prefix, flow_id_base, steady_state, result)."""

@@ -57,9 +57,15 @@ class Segment:
     op_id: int | None = None  # None for a waiting segment
     count: int = 1  # > 1: the segment recurs in `count` consecutive periods (sim/results/steady_state.py)
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
+        """The results-JSON row (`meshsim run --full-critical-path`)."""
         return {"name": self.name, "category": self.category, "rank": self.rank, "start_us": self.start_us,
                 "dur_us": self.dur_us, "op_id": self.op_id, "count": self.count}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Segment:
+        return cls(data["name"], data["category"], data["rank"], data["start_us"], data["dur_us"],
+                   data.get("op_id"), data.get("count", 1))
 
 
 def _stream_prev(schedule: Schedule) -> dict[int, int]:
@@ -207,9 +213,9 @@ def shares(path: list[Segment], step_time_s: float, pipeline: bool = False, moe:
     return {c: t / (step_time_s * 1e6) for c, t in total_us.items()}
 
 
-def critical_ops(path: Iterable[Mapping]) -> set[tuple[int, int]]:
-    """(rank, op id) of every op on the path (segment dicts; for trace / timeline highlighting)."""
-    return {(s["rank"], s["op_id"]) for s in path if s.get("op_id") is not None}
+def critical_ops(path: Iterable[Segment]) -> set[tuple[int, int]]:
+    """(rank, op id) of every op on the path (for trace / timeline highlighting)."""
+    return {(s.rank, s.op_id) for s in path if s.op_id is not None}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -224,13 +230,13 @@ def op_type(name: str) -> str:
     return ".".join(t for t in map(_type_part, name.split(".")) if t)
 
 
-def top_op_types(path: Iterable[Mapping], n: int = 8) -> list[tuple[str, str, float, int]]:
+def top_op_types(path: Iterable[Segment], n: int = 8) -> list[tuple[str, str, float, int]]:
     """(op type, category, total us, count) of the op types holding the most critical-path time."""
     acc: dict[tuple[str, str], list[float]] = {}
     for seg in path:
-        count = seg.get("count", 1)
-        slot = acc.setdefault((op_type(seg["name"]), seg["category"]), [0.0, 0])
-        slot[0] += seg["dur_us"] * count
+        count = seg.count
+        slot = acc.setdefault((op_type(seg.name), seg.category), [0.0, 0])
+        slot[0] += seg.dur_us * count
         slot[1] += count
     rows = [(k, c, t, int(cnt)) for (k, c), (t, cnt) in acc.items()]
     return sorted(rows, key=lambda r: (-r[2], r[0]))[:n]

@@ -32,7 +32,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.engines import EngineName
@@ -48,6 +47,7 @@ from meshsim.sim.engine import events as engine
 from meshsim.sim.results import steady_state
 from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.critical_path import critical_path
+from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.results.step_result import StepResult, assemble, build_result, rows_by_event
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -68,12 +68,12 @@ class CollectiveCoster:
     def __init__(self, rs: ResolvedScenario):
         self.rs = rs
         self.tuning = network_tuning(rs)
-        self.memo: dict[tuple[str, tuple[int, ...], int], tuple[engine.CommTiming, dict[str, Any]]] = {}
+        self.memo: dict[tuple[str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
 
     def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
         return self.cost(op.work, group)[0]
 
-    def cost(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
+    def cost(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
         key = (work.op, group, work.nbytes, work.kernel)
         hit = self.memo.get(key)
         if hit is None:
@@ -83,13 +83,10 @@ class CollectiveCoster:
     def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         return tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)
 
-    def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, dict[str, Any]]:
-        info: dict[str, Any] = {"op": work.op, "group": work.group, "ranks": len(group), "nbytes": work.nbytes}
-        if work.kernel != "nccl":
-            info["kernel"] = work.kernel
+    def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
+        row = CollectiveRow(work.op, work.group, len(group), work.nbytes, work.kernel)
         if len(group) < 2 or work.nbytes == 0:
-            return (0.0, 0.0, {}), {**info, "algo": "none", "protocol": "none", "time_us": 0.0,
-                                    "busbw_gbps": 0.0, "algbw_gbps": 0.0, "source": "trivial"}
+            return (0.0, 0.0, {}), replace(row, algo="none", protocol="none", source="trivial")
 
         # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
         c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
@@ -102,9 +99,9 @@ class CollectiveCoster:
             bandwidth_s, source = measured_s - latency_s, "calibrated"
         total_s = latency_s + bandwidth_s
         algbw = work.nbytes / total_s / 1e9 if total_s > 0 else 0.0
-        info.update(algo=c.algo, protocol=c.protocol, time_us=total_s * 1e6, algbw_gbps=algbw,
-                    busbw_gbps=c.busbw_gbps * (c.time_s / total_s) if total_s > 0 else 0.0, source=source)
-        return (latency_s, max(0.0, bandwidth_s), dict(c.link_load)), info
+        row = replace(row, algo=c.algo, protocol=c.protocol, time_us=total_s * 1e6, algbw_gbps=algbw,
+                      busbw_gbps=c.busbw_gbps * (c.time_s / total_s) if total_s > 0 else 0.0, source=source)
+        return (latency_s, max(0.0, bandwidth_s), dict(c.link_load)), row
 
     def _measured_s(self, work: Collective, ranks: int) -> float | None:
         if self.rs.profile is None or not self.rs.profile.collective_table:
@@ -112,19 +109,19 @@ class CollectiveCoster:
 
         return table_collective_time_s(self.rs.profile, work.op, ranks, work.nbytes)
 
-    def chosen(self, schedule: Schedule, rank: int = 0) -> list[dict[str, Any]]:
+    def chosen(self, schedule: Schedule, rank: int = 0) -> list[CollectiveRow]:
         """One row per distinct collective of the representative rank, with its count per step."""
         return self.rows(collective_counts(schedule), rank)
 
-    def rows(self, counts: Mapping[tuple, int], rank: int = 0) -> list[dict[str, Any]]:
+    def rows(self, counts: Mapping[tuple, int], rank: int = 0) -> list[CollectiveRow]:
         """One row per (op, group, nbytes[, kernel]) with its count per step."""
         group_of = self.rs.group  # rank -> its real TP, DP or KV group
         rows = []
         for key, n in sorted(counts.items()):
             kind, gname, nbytes = key[:3]
             kernel = key[3] if len(key) > 3 else "nccl"
-            _, info = self.cost(Collective(kind, gname, nbytes, kernel=kernel), group_of(gname, rank))
-            rows.append({**info, "count": n})
+            _, row = self.cost(Collective(kind, gname, nbytes, kernel=kernel), group_of(gname, rank))
+            rows.append(replace(row, count=n))
         return rows
 
 
@@ -218,9 +215,10 @@ def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tup
                       engine=loop)
 
 
-def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, engine_name: EngineName | None = None
-                         ) -> tuple[StepResult, engine.EventLog, Schedule]:
-    """The step result, its event log and stage 0's schedule (the others: build_stage_schedules(rs))."""
+def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, engine_name: EngineName | None = None,
+                         path: steady_state.SteadyState | None = None) -> tuple[StepResult, engine.EventLog, Schedule]:
+    """The whole step simulated: its result, its event log and stage 0's schedule (the others:
+    build_stage_schedules(rs)); `path` is what the result's steady_state says about it."""
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
@@ -228,7 +226,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, 
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=collectives, explicit_ranks=explicit_ranks,
                           hardware_flops=hardware_flops_per_step(rs),
-                          rank_groups=rank_groups(rs, schedules, log.ranks))
+                          rank_groups=rank_groups(rs, schedules, log.ranks), steady_state=path)
     return result, log, schedules[0]
 
 
@@ -322,7 +320,7 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
     return assemble(rs, ex.step_s, [e for e in ex.events if e.rank == ranks[0]], ex.breakdown_s, ex.path,
                     memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs), collectives=collectives,
                     explicit_ranks=explicit_ranks, simulated_ranks=len(ranks),
-                    ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state.to_dict(),
+                    ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state,
                     hardware_flops=hardware_flops_per_step(rs),
                     op_collectives=rows_by_event(run.schedules, collectives, ranks, rs.stage_size),
                     rank_groups=rank_groups(rs, run.schedules, ranks)), ""
@@ -339,8 +337,8 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
         result, reason = simulate_steady(rs, explicit_ranks=explicit_ranks, engine_name=engine_name)
         if result is not None:
             return result
-    result = simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name)[0]
-    return replace(result, steady_state=steady_state.SteadyState("full", reason).to_dict())
+    return simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name,
+                                path=steady_state.SteadyState("full", reason))[0]
 
 
 @contextmanager

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results.breakdown import breakdown
@@ -112,12 +112,17 @@ class SteadyState:
     periods: int = 0  # periods not simulated (n)
     gap_start_s: float = 0.0  # where they start on the shown timeline (the second cut)
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
         if self.path != "extrapolated":
             return {"path": self.path, "reason": self.reason}
         return {"path": self.path, "micro_batches": self.micro_batches,
                 "simulated_micro_batches": self.simulated_micro_batches, "unit": self.unit,
                 "period_s": self.period_s, "periods": self.periods, "gap_start_s": self.gap_start_s}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> SteadyState:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,6 @@ def linear(q_a: Mapping[str, float], q_b: Mapping[str, float], n: int) -> dict[s
     return {k: q_a[k] + n * (v - q_a[k]) for k, v in q_b.items()}
 
 
-def expanded(path) -> float:
+def expanded(path: Iterable[Segment]) -> float:
     """Total microseconds of a path whose segments may stand for `count` periods."""
-    return sum(s["dur_us"] * s.get("count", 1) for s in path)
+    return sum(s.dur_us * s.count for s in path)

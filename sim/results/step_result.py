@@ -13,29 +13,40 @@ of the stage that sets the step, and memory_gb gains the per-stage figures (sim/
 The results JSON says its units in its keys: seconds `_s`, `memory_gb` in GB (1e9 B; reports show GiB),
 bandwidth `_GBps` in GB/s (1e9 B/s). Files written before a key was renamed are read through
 `upgrade_result_dict` (old `*_gbps` collective keys, old breakdown keys).
+
+The blocks are typed records (sim/results/records.py, critical_path.Segment, steady_state.SteadyState);
+`to_dict` / `from_dict` are the JSON boundary. Every StepResult is built by `assemble`, from a simulated
+run (`build_result` reads the pieces off its event log) or an extrapolated one (simulate.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
 
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.cost.memory import MemoryBreakdown
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results import breakdown as bd
 from meshsim.sim.results.critical_path import Segment, critical_path, shares, top_op_types
+from meshsim.sim.results.records import (
+    COLLECTIVE_JSON_KEYS,
+    CONFIG_KEYS,
+    MEMORY_KEYS,
+    CollectiveRow,
+    ConfigEcho,
+    JsonDict,
+    MemoryGB,
+    PipelineSummary,
+)
+from meshsim.sim.results.steady_state import SteadyState
 from meshsim.sim.schedule.ops import Collective, Schedule
 
-CONFIG_KEYS = ("tp", "pp", "sp", "dp", "gpus", "micro_batch", "micro_batches", "global_batch", "seq_len",
-               "recompute", "tp_comm_overlap", "topology", "nodes", "gpu", "gpus_per_node", "crosses_nodes")
-MOE_CONFIG_KEYS = ("ep", "etp", "edp", "moe_dispatcher", "moe_ep_overlap")  # echoed for MoE models
-PIPELINE_CONFIG_KEYS = ("pp", "vp")  # echoed when pp > 1
 HEADLINE_KEYS = ("scenario", "fits", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu",
                  "mfu", "hfu")
-# collective rows: in-memory key -> results-JSON key (the JSON spells GB/s; old files used the left names)
-JSON_KEYS = {"busbw_gbps": "busbw_GBps", "algbw_gbps": "algbw_GBps"}
+JSON_KEYS = COLLECTIVE_JSON_KEYS  # collective rows: in-memory key -> results-JSON key
 TOP_OP_TYPES = 10
-MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "workspace", "total", "capacity", "fits")
+__all__ = ["CONFIG_KEYS", "HEADLINE_KEYS", "MEMORY_KEYS", "StepResult", "assemble", "build_result"]
 
 
 @dataclass(frozen=True)
@@ -47,71 +58,74 @@ class StepResult:
     tokens_per_s: float
     tflops_per_gpu: float
     mfu: float
-    memory_gb: Mapping[str, Any]  # MEMORY_KEYS; "fits" is a bool
+    memory_gb: MemoryGB
     breakdown_s: Mapping[str, float]  # BREAKDOWN_KEYS (sim/results/breakdown.py)
-    critical_path: tuple[Mapping[str, Any], ...]  # {name, category, rank, start_us, dur_us, op_id}
-    critical_path_share: Mapping[str, float]  # compute, tp_comm, dp_comm, waiting
-    config: Mapping[str, Any]  # CONFIG_KEYS; flattened into the top level of to_dict()
-    collectives: tuple[Mapping[str, Any], ...] = ()  # one per distinct collective: algo, protocol, busbw
+    critical_path: tuple[Segment, ...]
+    critical_path_share: Mapping[str, float]  # compute, tp_comm, dp_comm, waiting (+ pp_comm, ...)
+    config: ConfigEcho  # flattened into the top level of to_dict()
+    collectives: tuple[CollectiveRow, ...] = ()  # one per distinct collective: algo, protocol, busbw
     source: str = ""
     explicit_ranks: bool = False
     simulated_ranks: int = 1
     ops_per_rank: int = 0
-    steady_state: Mapping[str, Any] | None = None  # how it was extrapolated (sim/results/steady_state.py); None: whole step
-    pipeline: Mapping[str, Any] = field(default_factory=dict)  # pp > 1: pp, vp, bubble_fraction, p2p_share
+    steady_state: SteadyState | None = None  # which path gave the figures (sim/results/steady_state.py)
+    pipeline: PipelineSummary | None = None  # pp > 1
     hfu: float = 0.0
     events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
     # not serialized, for trace and timeline: (rank, op id) -> its collective row; (group kind, rank) -> ranks
-    op_collectives: Mapping[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+    op_collectives: Mapping[tuple[int, int], CollectiveRow] = field(default_factory=dict, compare=False, repr=False)
     rank_groups: Mapping[tuple[str, int], tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
-        return bool(self.memory_gb.get("fits", True))
+        return self.memory_gb.fits
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         """result["tp"] reads a config echo, result["mfu"] a headline field."""
-        return self.config[key] if key in self.config else getattr(self, key)
+        return getattr(self.config, key) if self.config.has(key) else getattr(self, key)
 
-    def to_dict(self, *, full_critical_path: bool = True) -> dict[str, Any]:
+    def to_dict(self, *, full_critical_path: bool = True) -> JsonDict:
         """The public results JSON: headline numbers, the config echo (flat), then the detail blocks.
         The critical path is summarised (`critical_path_top`); its op-by-op list only if asked for."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in HEADLINE_KEYS}
-        out.update(self.config)
-        out.update(memory_gb=dict(self.memory_gb), breakdown_s=dict(self.breakdown_s),
+        out: JsonDict = {k: getattr(self, k) for k in HEADLINE_KEYS}
+        out.update(self.config.to_json())
+        out.update(memory_gb=self.memory_gb.to_json(), breakdown_s=dict(self.breakdown_s),
                    critical_path_share=dict(self.critical_path_share),
                    critical_path_top=critical_path_top(self.critical_path), source=self.source,
                    explicit_ranks=self.explicit_ranks, simulated_ranks=self.simulated_ranks,
-                   ops_per_rank=self.ops_per_rank, steady_state=self.steady_state,
-                   collectives=[{JSON_KEYS.get(k, k): v for k, v in c.items()} for c in self.collectives])
-        if self.pipeline:
-            out["pipeline"] = dict(self.pipeline)
+                   ops_per_rank=self.ops_per_rank,
+                   steady_state=self.steady_state.to_json() if self.steady_state is not None else None,
+                   collectives=[c.to_json() for c in self.collectives])
+        if self.pipeline is not None:
+            out["pipeline"] = self.pipeline.to_json()
         if full_critical_path:
-            out["critical_path"] = [dict(seg) for seg in self.critical_path]
+            out["critical_path"] = [seg.to_json() for seg in self.critical_path]
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StepResult:
+    def from_dict(cls, data: Mapping[str, object]) -> StepResult:
         """Inverse of to_dict (events are not saved); old files are upgraded first."""
         data = upgrade_result_dict(data)
-        names = {f.name for f in fields(cls)} - {"events", "config", "op_collectives", "rank_groups"}
+        names = {f.name for f in fields(cls)} - {"events", "op_collectives", "rank_groups"}
         kw = {k: data[k] for k in names if k in data}
         kw.setdefault("layer_fwd_ms", 0.0)  # absent from partial files (compare reads them): not shown there
         kw.setdefault("layer_bwd_ms", 0.0)
-        kw["critical_path"] = tuple(dict(s) for s in data.get("critical_path", ()))
-        inverse = {v: k for k, v in JSON_KEYS.items()}
-        kw["collectives"] = tuple({inverse.get(k, k): v for k, v in c.items()} for c in data.get("collectives", ()))
-        kw["config"] = {k: data[k] for k in CONFIG_KEYS + PIPELINE_CONFIG_KEYS + MOE_CONFIG_KEYS if k in data}
+        kw["memory_gb"] = MemoryGB.from_json(data["memory_gb"])
+        kw["critical_path"] = tuple(Segment.from_json(s) for s in data.get("critical_path", ()))
+        kw["collectives"] = tuple(CollectiveRow.from_json(c) for c in data.get("collectives", ()))
+        kw["config"] = ConfigEcho.from_json(data)
+        kw["steady_state"] = SteadyState.from_json(data["steady_state"]) if data.get("steady_state") else None
+        kw["pipeline"] = PipelineSummary.from_json(data["pipeline"]) if data.get("pipeline") else None
         return cls(**kw)
 
 
-def critical_path_top(path: Sequence[Mapping[str, Any]], n: int = TOP_OP_TYPES) -> list[dict[str, Any]]:
+def critical_path_top(path: Sequence[Segment], n: int = TOP_OP_TYPES) -> list[JsonDict]:
     """The op types holding the most critical-path time: [{op_type, category, total_s, count}]."""
     return [{"op_type": kind, "category": cat, "total_s": total_us * 1e-6, "count": count}
             for kind, cat, total_us, count in top_op_types(path, n)]
 
 
-def upgrade_result_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+def upgrade_result_dict(data: Mapping[str, object]) -> JsonDict:
     """A results dict from any meshsim version -> the current keys (old `*_gbps` collective keys, old
     breakdown keys compute/tp_comm/dp_comm/idle, no top-level `fits`)."""
     out = dict(data)
@@ -124,97 +138,86 @@ def upgrade_result_dict(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def config_echo(rs: Any) -> dict[str, Any]:
-    """The scenario settings a reader needs next to the numbers (rs: ResolvedScenario)."""
+def config_echo(rs: ResolvedScenario) -> ConfigEcho:
+    """The scenario settings a reader needs next to the numbers."""
     sc, par = rs.scenario, rs.scenario.parallel
-    return {
-        "tp": rs.tp, "pp": rs.pp, "sp": par.sp, "dp": rs.dp, "gpus": rs.gpus, "micro_batch": par.micro_batch,
-        "micro_batches": rs.micro_batches, "global_batch": par.global_batch, "seq_len": sc.model.seq_len,
-        "recompute": par.recompute, "tp_comm_overlap": par.tp_comm_overlap,
-        "topology": sc.topology.preset or rs.topology.name, "nodes": rs.topology.nodes, "gpu": rs.gpu.name,
-        "gpus_per_node": rs.topology.gpus_per_node, "crosses_nodes": rs.crosses_nodes(),
-        **({"vp": rs.vp} if rs.pp > 1 else {}),  # virtual stages only mean something with pp > 1
-        **({"ep": rs.ep, "etp": rs.etp, "edp": rs.edp, "moe_dispatcher": par.moe_dispatcher,
-            "moe_ep_overlap": par.moe_ep_overlap} if getattr(sc.model, "moe", None) is not None else {}),
-    }
+    moe = sc.model.moe is not None
+    return ConfigEcho(
+        tp=rs.tp, pp=rs.pp, sp=par.sp, dp=rs.dp, gpus=rs.gpus, micro_batch=par.micro_batch,
+        micro_batches=rs.micro_batches, global_batch=par.global_batch, seq_len=sc.model.seq_len,
+        recompute=par.recompute, tp_comm_overlap=par.tp_comm_overlap,
+        topology=sc.topology.preset or rs.topology.name, nodes=rs.topology.nodes, gpu=rs.gpu.name,
+        gpus_per_node=rs.topology.gpus_per_node, crosses_nodes=rs.crosses_nodes(),
+        vp=rs.vp if rs.pp > 1 else None,  # virtual stages only mean something with pp > 1
+        ep=rs.ep if moe else None, etp=rs.etp if moe else None, edp=rs.edp if moe else None,
+        moe_dispatcher=par.moe_dispatcher if moe else None, moe_ep_overlap=par.moe_ep_overlap if moe else None,
+    )
 
 
-def memory_echo(mem: Any) -> dict[str, Any]:
-    """MemoryBreakdown (sim/cost/memory.py) -> the results-JSON memory_gb block (pipeline: the worst stage's
-    figures, plus `worst_stage` and `stages`, one block per stage)."""
-    out = {
-        "weights": mem.weights_gb, "grads": mem.grads_gb, "optimizer": mem.optimizer_gb,
-        "activations": mem.activations_gb, "workspace": mem.workspace_gb, "total": mem.total_gb,
-        "capacity": mem.capacity_gb,
-        "fits": bool(mem.fits),
-    }
-    stages = getattr(mem, "stages", ())
-    if stages:
-        out["worst_stage"] = mem.worst_stage
-        out["stages"] = [{"stage": i, "weights": s.weights_gb, "grads": s.grads_gb, "optimizer": s.optimizer_gb,
-                          "activations": s.activations_gb, "total": s.total_gb} for i, s in enumerate(stages)]
-    return out
-
-
-def pipeline_summary(rs: Any, path_shares: Mapping[str, float], breakdown: Mapping[str, float]) -> dict:
+def pipeline_summary(rs: ResolvedScenario, path_shares: Mapping[str, float],
+                     breakdown: Mapping[str, float]) -> PipelineSummary | None:
     """pp > 1: the bubble fraction and P2P share of the critical path (the stage that sets the step)."""
     if rs.pp == 1:
-        return {}
+        return None
     p = rs.scenario.parallel
-    return {"pp": rs.pp, "vp": rs.vp, "microbatch_group_size": p.microbatch_group_size or rs.pp,
-            "bubble_fraction": path_shares.get("pipeline_bubble", 0.0), "p2p_share": path_shares.get("pp_comm", 0.0),
-            "ideal_bubble_fraction": (rs.pp - 1) / (rs.vp * rs.micro_batches + rs.pp - 1),
-            "rank0_bubble_s": breakdown.get("pipeline_bubble", 0.0)}
+    return PipelineSummary(
+        pp=rs.pp, vp=rs.vp, microbatch_group_size=p.microbatch_group_size or rs.pp,
+        bubble_fraction=path_shares.get("pipeline_bubble", 0.0), p2p_share=path_shares.get("pp_comm", 0.0),
+        ideal_bubble_fraction=(rs.pp - 1) / (rs.vp * rs.micro_batches + rs.pp - 1),
+        rank0_bubble_s=breakdown.get("pipeline_bubble", 0.0))
 
 
-def op_collectives(schedule: Schedule, collectives: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
-    """op id -> the row of `collectives` (op, group, nbytes, algo, protocol, busbw ...) it runs."""
-    rows = {(c["op"], c["group"], c["nbytes"], c.get("kernel", "nccl")): c for c in collectives}
+def op_collectives(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
+    """op id -> the row of `collectives` it runs."""
+    rows = {c.key: c for c in collectives}
     return {op.id: rows[key] for op in schedule.ops if isinstance(op.work, Collective)
             and (key := (op.work.op, op.work.group, op.work.nbytes, op.work.kernel)) in rows}
 
 
-def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[Mapping[str, Any]], ranks: Sequence[int],
-                  stage_size: int) -> dict[tuple[int, int], Mapping[str, Any]]:
+def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
+                  stage_size: int) -> dict[tuple[int, int], CollectiveRow]:
     """(simulated rank, op id) -> its collective row; rank r runs the schedule of stage r // stage_size
     (pipeline stages outermost; one schedule: every rank runs it)."""
     per_stage = [op_collectives(s, collectives) for s in schedules]
-    out: dict[tuple[int, int], Mapping[str, Any]] = {}
+    out: dict[tuple[int, int], CollectiveRow] = {}
     for rank in ranks:
         stage = min(rank // stage_size, len(per_stage) - 1) if len(per_stage) > 1 else 0
         out.update({(rank, op_id): row for op_id, row in per_stage[stage].items()})
     return out
 
 
-def build_result(rs: Any, schedule: Schedule | Sequence[Schedule], log: EventLog, *, memory: Any,
-                 model_flops: float, collectives: Sequence[Mapping[str, Any]] = (),
+def build_result(rs: ResolvedScenario, schedule: Schedule | Sequence[Schedule], log: EventLog, *,
+                 memory: MemoryBreakdown, model_flops: float, collectives: Sequence[CollectiveRow] = (),
                  explicit_ranks: bool = False, hardware_flops: float | None = None,
-                 rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> StepResult:
-    """Assemble a StepResult from the event log and the cost-model side results (`schedule`: one, or one
-    per pipeline stage)."""
+                 rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None,
+                 steady_state: SteadyState | None = None) -> StepResult:
+    """`assemble` with the pieces read off a whole simulated step's event log (`schedule`: one, or one per
+    pipeline stage)."""
     schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
     pipeline = len(schedules) > 1
     step_s = log.step_time_s
     rep = log.of_rank(log.ranks[0])
     path = critical_path(schedules, log)
     breakdown_s = bd.breakdown(rep, step_s, pipeline=pipeline)
-    by_op = rows_by_event(schedules, collectives, log.ranks, getattr(rs, "stage_size", rs.gpus))
+    by_op = rows_by_event(schedules, collectives, log.ranks, rs.stage_size)
     return assemble(rs, step_s, rep, breakdown_s, path, memory=memory, model_flops=model_flops,
                     collectives=collectives, explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks),
-                    ops_per_rank=max(len(s.ops) for s in schedules), events=log.events,
+                    ops_per_rank=max(len(s.ops) for s in schedules), events=log.events, steady_state=steady_state,
                     hardware_flops=hardware_flops, op_collectives=by_op, rank_groups=rank_groups)
 
 
-def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float], path: Sequence[Segment],
-             *, memory: Any, model_flops: float, collectives: Sequence[Mapping[str, Any]], explicit_ranks: bool,
-             simulated_ranks: int, ops_per_rank: int, events: tuple[Event, ...],
-             steady_state: Mapping[str, Any] | None = None, hardware_flops: float | None = None,
-             op_collectives: Mapping[tuple[int, int], Mapping[str, Any]] | None = None,
+def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float],
+             path: Sequence[Segment], *, memory: MemoryBreakdown, model_flops: float,
+             collectives: Sequence[CollectiveRow], explicit_ranks: bool, simulated_ranks: int, ops_per_rank: int,
+             events: tuple[Event, ...], steady_state: SteadyState | None = None,
+             hardware_flops: float | None = None,
+             op_collectives: Mapping[tuple[int, int], CollectiveRow] | None = None,
              rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> StepResult:
-    """A StepResult from a step time, the representative rank's events (layer spans of micro-batch 0), its
-    breakdown and the critical path (the pieces sim/results/steady_state.py extrapolates). The optional
+    """The one constructor of a StepResult, from a step time, the representative rank's events (layer
+    spans of micro-batch 0), its breakdown and the critical path: those of a whole simulated step
+    (build_result) or of an extrapolated one (sim/results/simulate.py, steady_state.py). The optional
     op_collectives / rank_groups feed the trace's and timeline's collective details."""
-    path_shares = shares(list(path), step_s, rs.pp > 1, moe=getattr(rs.scenario.model, "moe", None) is not None)
+    path_shares = shares(list(path), step_s, rs.pp > 1, moe=rs.scenario.model.moe is not None)
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
@@ -226,8 +229,8 @@ def assemble(rs: Any, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[
         layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
         tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops, hfu=hw_tflops / rs.datasheet_peak_tflops,
-        memory_gb=memory_echo(memory), breakdown_s=dict(breakdown_s),
-        critical_path=tuple(seg.to_dict() for seg in path), critical_path_share=path_shares,
+        memory_gb=MemoryGB.of(memory), breakdown_s=dict(breakdown_s),
+        critical_path=tuple(path), critical_path_share=path_shares,
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,

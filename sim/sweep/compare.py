@@ -33,6 +33,7 @@ from meshsim.sim.outputs.step_report import OUTPUT_FILES
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
 from meshsim.sim.results.critical_path import CATEGORIES
+from meshsim.sim.results.records import ConfigEcho
 from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.compare_page import fmt_value, write_page
@@ -91,8 +92,12 @@ def config_rows(a: StepResult, b: StepResult) -> list[dict]:
     """The configuration side by side, differing keys first: {name, a, b, differs} (rows of the JSON and
     HTML comparison)."""
     ca, cb = a.config, b.config
-    rows = [{"name": k, "a": ca.get(k, 1 if k == "pp" else None), "b": cb.get(k, 1 if k == "pp" else None)}
-            for k in CONFIG_DIFF_KEYS if k in ca or k in cb or k == "pp"]
+
+    def echoed(c: ConfigEcho, k: str) -> object:
+        return getattr(c, k) if c.has(k) else (1 if k == "pp" else None)
+
+    rows = [{"name": k, "a": echoed(ca, k), "b": echoed(cb, k)}
+            for k in CONFIG_DIFF_KEYS if ca.has(k) or cb.has(k) or k == "pp"]
     for row in rows:
         row["differs"] = row["a"] != row["b"]
     return sorted(rows, key=lambda r: not r["differs"])
@@ -105,7 +110,7 @@ def _row(name: str, a: float | None, b: float | None) -> dict:
 
 
 def _per_gpu(r: StepResult) -> float:
-    gpus = r.config.get("gpus")
+    gpus = r.config.gpus
     return r.tokens_per_s / gpus if gpus else 0.0
 
 
@@ -116,7 +121,7 @@ def headline_rows(a: StepResult, b: StepResult) -> list[dict]:
 
     rows = [_row(name, value(a, key, scale), value(b, key, scale)) for name, key, scale in HEADLINE]
     rows.insert(2, _row("tokens/s per GPU", _per_gpu(a), _per_gpu(b)))
-    rows.append(_row("memory per GPU (GiB)", gb_to_gib(a.memory_gb["total"]), gb_to_gib(b.memory_gb["total"])))
+    rows.append(_row("memory per GPU (GiB)", gb_to_gib(a.memory_gb.total), gb_to_gib(b.memory_gb.total)))
     return rows
 
 
@@ -178,21 +183,26 @@ def resimulate_events(result: StepResult) -> list[dict]:
 
     Raises UserError if the results do not say where their scenario came from, or if the replay's step
     time differs from the recorded one (the scenario file changed, or `run` had overrides not echoed)."""
-    source, config = result.source, result.config
+    source = result.source
     if not source or not isinstance(source, str):
         raise UserError("results", result.scenario or "?", "run `meshsim run --out DIR` to write trace.json",
                         problem="No trace.json beside it and no scenario source to re-simulate")
 
     name = source.removeprefix(BUILTIN_PREFIX)
     scenario, src = load_scenario(name)
-    overrides = {f"parallel.{k}": config[k] for k in REPLAY_KEYS if k in config}
-    overrides.update({"parallel.dp": "auto", "parallel.gpus": config["gpus"]} if "gpus" in config else {})
-    replay, log, _ = simulate_with_events(resolve(with_overrides(scenario, overrides, src), src))
+    replay, log, _ = simulate_with_events(resolve(with_overrides(scenario, replay_overrides(result.config), src), src))
     if abs(replay.step_time_s - result.step_time_s) > 1e-9 * max(1.0, result.step_time_s):
         raise UserError("results", source, "re-run `meshsim run --out DIR` so that trace.json is written",
                         problem=f"Re-simulating gives step time {replay.step_time_s:.6f} s, not the recorded "
                                 f"{result.step_time_s:.6f} s")
     return trace_events(log.events, replay.critical_path, result=replay)
+
+
+def replay_overrides(config: ConfigEcho) -> dict[str, object]:
+    """The scenario overrides that re-run a result from its config echo (REPLAY_KEYS, and its GPU count)."""
+    overrides: dict[str, object] = {f"parallel.{k}": getattr(config, k) for k in REPLAY_KEYS if config.has(k)}
+    overrides.update({"parallel.dp": "auto", "parallel.gpus": config.gpus} if config.gpus is not None else {})
+    return overrides
 
 
 def timeline_events(result: StepResult, results_path: Path) -> list[dict]:

@@ -13,12 +13,13 @@ first tp that leaves the NVLink domain, and every other value of the other axes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gb_as_gib, fmt_pct, fmt_s, fmt_tokens
 from meshsim.sim.cost.collectives.cost import busbw_factor
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.error_band import DEFAULT_GROUP, ErrorBand, load_bands
+from meshsim.sim.results.records import CollectiveRow, MemoryGB
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import AXES
 from meshsim.sim.sweep.record import SweepRecord
@@ -52,7 +53,7 @@ def sweet_spot(records: list[SweepRecord]) -> SweepRecord | None:
 def smallest_overflow(records: list[SweepRecord]) -> SweepRecord | None:
     """Among configurations that ran but do not fit, the one with the least memory per GPU."""
     over = [r for r in records if ok(r) and not fits(r)]
-    return min(over, key=lambda r: r.result.memory_gb["total"]) if over else None
+    return min(over, key=lambda r: r.result.memory_gb.total) if over else None
 
 
 # ----- formatting -----------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def label(record: SweepRecord, axes: list[str]) -> str:
     return ", ".join(parts)
 
 
-def _memory(rec: SweepRecord) -> dict:
+def _memory(rec: SweepRecord) -> MemoryGB:
     return rec.result.memory_gb
 
 
@@ -97,8 +98,8 @@ def winner_sentence(best: SweepRecord, records: list[SweepRecord], axes: list[st
     n_fit = sum(fits(r) for r in records)
     n_ran = sum(ok(r) for r in records)
     return (f"The sweet spot is {label(best, axes)}: {fmt_tokens(res.tokens_per_s)} tokens/s, "
-            f"MFU {fmt_pct(res.mfu)}, step {fmt_s(res.step_time_s)}, {fmt_gb(mem['total'])} of "
-            f"{fmt_gb(mem['capacity'])} GiB per GPU; the fastest of the {n_fit} configurations that fit "
+            f"MFU {fmt_pct(res.mfu)}, step {fmt_s(res.step_time_s)}, {fmt_gb(mem.total)} of "
+            f"{fmt_gb(mem.capacity)} GiB per GPU; the fastest of the {n_fit} configurations that fit "
             f"({n_ran} ran, {len(records) - n_ran} skipped).")
 
 
@@ -118,7 +119,7 @@ def within_error_sentence(best: SweepRecord, records: list[SweepRecord], axes: l
 def path_sentence(best: SweepRecord) -> str:
     shares = best.result.critical_path_share
     parts = [f"{fmt_pct(shares[k])} {SHARE_NAMES[k]}" for k in SHARE_NAMES if shares.get(k, 0) >= 0.005]
-    if "ep" in best.result.config and best.result["ep"] > 1:
+    if best.result.config.has("ep") and best.result["ep"] > 1:
         span = _ep_span(best)
         where = (f"Its ep groups of {best.result['ep']} keep the all-to-all inside one NVLink domain" if span == 1
                  else f"Its ep groups of {best.result['ep']} span {span} nodes (all-to-all over InfiniBand)")
@@ -136,16 +137,16 @@ def no_fit_sentence(records: list[SweepRecord], axes: list[str]) -> str:
     if over is None:
         return f"No configuration could run: all {len(records)} were skipped (reasons in the table)."
     mem = _memory(over)
-    return (f"No configuration fits in {fmt_gb(mem['capacity'])} GiB per GPU; the smallest overflow is "
-            f"{label(over, axes)}: {fmt_gb(mem['total'])} GiB ({fmt_gb(mem['total'] - mem['capacity'])} GiB over). "
+    return (f"No configuration fits in {fmt_gb(mem.capacity)} GiB per GPU; the smallest overflow is "
+            f"{label(over, axes)}: {fmt_gb(mem.total)} GiB ({fmt_gb(mem.total - mem.capacity)} GiB over). "
             f"Try recompute=selective or full, sequence parallelism, pipeline stages (--pp), a smaller "
             f"micro-batch or more GPUs.")
 
 
 def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
     mem = _memory(rec)
-    text = (f"{label(rec, axes)} does not fit: {fmt_gb(mem['total'])} GiB of {fmt_gb(mem['capacity'])} GiB "
-            f"per GPU (activations {fmt_gb(mem['activations'])} GiB)")
+    text = (f"{label(rec, axes)} does not fit: {fmt_gb(mem.total)} GiB of {fmt_gb(mem.capacity)} GiB "
+            f"per GPU (activations {fmt_gb(mem.activations)} GiB)")
     if best is not None and rec.result.tokens_per_s > best.result.tokens_per_s:
         text += f"; it would otherwise give {_speed_delta(rec, best)}"
     return text + "."
@@ -195,7 +196,7 @@ def _ep_span(rec: SweepRecord) -> int:
 def ep_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | None:
     """An ep / etp neighbour: where its all-to-all runs, and its EP share of the critical path."""
     res, bres = rec.result, best.result
-    if "ep" not in res.config or (res["ep"], res["etp"]) == (bres["ep"], bres["etp"]):
+    if not res.config.has("ep") or (res["ep"], res["etp"]) == (bres["ep"], bres["etp"]):
         return None
     share, best_share = res.critical_path_share.get("ep_comm", 0.0), bres.critical_path_share.get("ep_comm", 0.0)
     where = (f"its all-to-all crosses InfiniBand ({_ep_span(rec)} nodes per ep group)" if _ep_span(rec) > 1
@@ -215,20 +216,20 @@ def contrast_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> s
         return crossing_sentence(rec, best, axes)
     text = slower_sentence(rec, best, axes)
     pipe = rec.result.pipeline
-    if pipe and rec.point.pp != best.point.pp:
-        text = text[:-1] + (f" (pipeline bubble {fmt_pct(pipe['bubble_fraction'])}, P2P "
-                            f"{fmt_pct(pipe['p2p_share'])} of its critical path).")
+    if pipe is not None and rec.point.pp != best.point.pp:
+        text = text[:-1] + (f" (pipeline bubble {fmt_pct(pipe.bubble_fraction)}, P2P "
+                            f"{fmt_pct(pipe.p2p_share)} of its critical path).")
     return text
 
 
 def pipeline_sentence(best: SweepRecord) -> str | None:
     """The sweet spot's pipeline: its bubble fraction and P2P share (critical path), against the ideal."""
     pipe = best.result.pipeline
-    if not pipe:
+    if pipe is None:
         return None
-    return (f"Its pipeline of {pipe['pp']} stages (vp={pipe['vp']}) spends {fmt_pct(pipe['bubble_fraction'])} "
+    return (f"Its pipeline of {pipe.pp} stages (vp={pipe.vp}) spends {fmt_pct(pipe.bubble_fraction)} "
             f"of the step in the pipeline bubble (ideal (p-1)/(v m + p - 1) = "
-            f"{fmt_pct(pipe['ideal_bubble_fraction'])}) and {fmt_pct(pipe['p2p_share'])} in P2P transfers "
+            f"{fmt_pct(pipe.ideal_bubble_fraction)}) and {fmt_pct(pipe.p2p_share)} in P2P transfers "
             f"on its critical path.")
 
 
@@ -240,7 +241,7 @@ def pp_enables_sentence(records: list[SweepRecord], best: SweepRecord, axes: lis
     if not same_tp or fits(same_tp[0]):
         return None
     mem = _memory(same_tp[0])
-    text = (f"Without PP, tp={best.point.tp} needs {fmt_gb(mem['total'])} of {fmt_gb(mem['capacity'])} GiB "
+    text = (f"Without PP, tp={best.point.tp} needs {fmt_gb(mem.total)} of {fmt_gb(mem.capacity)} GiB "
             f"per GPU; pp={best.point.pp} is what makes it fit")
     flat = [r for r in records if fits(r) and r.point.pp == 1]
     if flat:
@@ -249,23 +250,23 @@ def pp_enables_sentence(records: list[SweepRecord], best: SweepRecord, axes: lis
     return text + "."
 
 
-def tp_wire_gb(collectives: Sequence[Mapping]) -> float | None:
+def tp_wire_gb(collectives: Sequence[CollectiveRow]) -> float | None:
     """GB each GPU sends in TP collectives per step, from the chosen collectives' sizes and counts.
 
     Per-rank wire bytes follow nccl-tests' bus-bandwidth convention (busbw_factor): all-reduce
     2(n-1)/n x size; all-gather, reduce-scatter and all-to-all (n-1)/n x the total size; broadcast 1 x.
     """
-    rows = [c for c in collectives if c.get("group") == "tp"]
+    rows = [c for c in collectives if c.group == "tp"]
     if not rows:
         return None
-    return sum(busbw_factor(c["op"], c["ranks"]) * c["nbytes"] * c.get("count", 1) for c in rows) / 1e9
+    return sum(busbw_factor(c.op, c.ranks) * c.nbytes * c.count for c in rows) / 1e9
 
 
 def sp_sentence(on: SweepRecord, off: SweepRecord) -> str | None:
     """What sequence parallelism changes between two otherwise identical configurations."""
     if not (ok(on) and ok(off)):
         return None
-    act_on, act_off = _memory(on)["activations"], _memory(off)["activations"]
+    act_on, act_off = _memory(on).activations, _memory(off).activations
     ron, roff = on.result, off.result
     text = (f"At tp={on.point.tp}, sp=on saves {fmt_gb(act_off - act_on)} GiB of activations per GPU "
             f"({fmt_gb(act_off)} -> {fmt_gb(act_on)} GiB)")

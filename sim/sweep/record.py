@@ -39,7 +39,7 @@ class SweepRecord:
 
     @property
     def fits(self) -> bool:
-        return self.ok and bool(self.result.memory_gb["fits"])
+        return self.ok and self.result.memory_gb.fits
 
     @classmethod
     def ran(cls, point: SweepPoint, digest: str, result: StepResult) -> SweepRecord:

@@ -44,7 +44,7 @@ def _hover(rec: SweepRecord, axes: list[str]) -> str:
     r = rec.result
     state = "fits" if fits(rec) else "does NOT fit"
     return (f"{label(rec, axes)}<br>{fmt_count(r.tokens_per_s)} tokens/s, MFU {100 * r.mfu:.1f}%<br>"
-            f"step {fmt_s(r.step_time_s)}<br>{fmt_gb_as_gib(r.memory_gb['total'])} per GPU ({state})")
+            f"step {fmt_s(r.step_time_s)}<br>{fmt_gb_as_gib(r.memory_gb.total)} per GPU ({state})")
 
 
 def throughput_figure(records: list[SweepRecord]) -> go.Figure:
@@ -99,16 +99,16 @@ def memory_figure(records: list[SweepRecord]) -> go.Figure:
     axes, best = varying_axes(records), sweet_spot(records)
     for i, (name, recs) in enumerate(_series(records).items()):
         fig.add_trace(go.Scatter(
-            x=[r.point.tp for r in recs], y=[gb_to_gib(r.result.memory_gb["total"]) for r in recs],
+            x=[r.point.tp for r in recs], y=[gb_to_gib(r.result.memory_gb.total) for r in recs],
             mode="lines+markers", name=name, line=dict(color=_color(i)),
             hovertext=[_memory_hover(r, axes) for r in recs], hoverinfo="text"))
     ran = [r for r in records if ok(r)]
     if ran:
-        capacity = ran[0].result.memory_gb["capacity"]
+        capacity = ran[0].result.memory_gb.capacity
         fig.add_hline(y=gb_to_gib(capacity), line_dash="dash", line_color="red",
                       annotation_text=f"capacity {fmt_gb_as_gib(capacity)}", annotation_position="top left")
     if best is not None:
-        fig.add_trace(go.Scatter(x=[best.point.tp], y=[gb_to_gib(best.result.memory_gb["total"])],
+        fig.add_trace(go.Scatter(x=[best.point.tp], y=[gb_to_gib(best.result.memory_gb.total)],
                                  mode="markers", name="sweet spot", hovertext=[_memory_hover(best, axes)],
                                  hoverinfo="text", marker=dict(symbol="star", size=18, color="gold",
                                                                line=dict(color="black", width=1))))
@@ -119,9 +119,8 @@ def memory_figure(records: list[SweepRecord]) -> go.Figure:
 
 def _memory_hover(rec: SweepRecord, axes: list[str]) -> str:
     m = rec.result.memory_gb
-    parts = ", ".join(f"{k} {fmt_gb_as_gib(m[k])}" for k in ("weights", "grads", "optimizer", "activations", "workspace")
-                      if k in m)
-    return f"{label(rec, axes)}<br>total {fmt_gb_as_gib(m['total'])} of {fmt_gb_as_gib(m['capacity'])}<br>{parts}"
+    parts = ", ".join(f"{k} {fmt_gb_as_gib(getattr(m, k))}" for k in ("weights", "grads", "optimizer", "activations", "workspace"))
+    return f"{label(rec, axes)}<br>total {fmt_gb_as_gib(m.total)} of {fmt_gb_as_gib(m.capacity)}<br>{parts}"
 
 
 def _color(i: int) -> str:

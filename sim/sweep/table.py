@@ -50,7 +50,7 @@ def table_rows(records: list[SweepRecord]) -> list[list[str]]:
             continue
         mem, share, b = res.memory_gb, res.critical_path_share, res.breakdown_s
         rows.append(head + [str(res["dp"]), fmt_step(res.step_time_s), fmt_tokens(res.tokens_per_s),
-                            f"{res.tflops_per_gpu:.0f}", fmt_pct(res.mfu), f"{fmt_gb(mem['total'])}/{fmt_gb(mem['capacity'])}",
-                            "yes" if mem["fits"] else "NO", fmt_pct(b.get("compute_waiting", 0.0) / res.step_time_s)]
+                            f"{res.tflops_per_gpu:.0f}", fmt_pct(res.mfu), f"{fmt_gb(mem.total)}/{fmt_gb(mem.capacity)}",
+                            "yes" if mem.fits else "NO", fmt_pct(b.get("compute_waiting", 0.0) / res.step_time_s)]
                     + [fmt_pct(share.get(k, 0.0)) for k in CATEGORIES])
     return rows

@@ -42,7 +42,7 @@ from meshsim.sim.results.critical_path import op_type
 from meshsim.sim.results.simulate import CollectiveCoster, simulate_with_events
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.schedule.ops import Attention, Collective, Schedule
-from meshsim.sim.sweep.compare import REPLAY_KEYS, load_results
+from meshsim.sim.sweep.compare import load_results, replay_overrides
 
 STRUCTURE_TOLERANCE = 0.10
 LAYER_BLOCK = re.compile(r"^L\d+\.")  # an op of a transformer layer (sim/schedule/op_keys.py layer_block)
@@ -65,9 +65,7 @@ def simulated_side(target: str | Path, profile: Path | None = None) -> SimSide:
     if path.suffix == ".json" and path.is_file():
         recorded = load_results(path)
         scenario, src = load_scenario(recorded.source.removeprefix(BUILTIN_PREFIX))
-        config = recorded.config
-        overrides = {f"parallel.{k}": config[k] for k in REPLAY_KEYS if k in config}
-        overrides.update({"parallel.dp": "auto", "parallel.gpus": config["gpus"]} if "gpus" in config else {})
+        overrides = replay_overrides(recorded.config)
     else:
         scenario, src = load_scenario(target)
         overrides = {}
@@ -227,8 +225,8 @@ def busbw_rows(sim: SimSide, steps: Sequence[StepSummary]) -> list[dict[str, Any
             kind = "tp" if g == sim.rs.tp else "dp"
             group = sim.rs.group(kind, 0)
             group = group if len(group) == g else tuple(range(g))
-            _, info = coster.cost(Collective(r["op"], kind, r["bytes"]), group)
-            row.update(model_us=info["time_us"], model_busbw_GBps=info["busbw_gbps"])
+            _, model = coster.cost(Collective(r["op"], kind, r["bytes"]), group)
+            row.update(model_us=model.time_us, model_busbw_GBps=model.busbw_gbps)
         out.append(row)
     return out
 

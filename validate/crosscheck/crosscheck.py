@@ -20,6 +20,7 @@ Reported (and written with --json):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,9 @@ import yaml
 from meshsim.scenarios.library import source_dir
 from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.results.critical_path import critical_path, shares
+from meshsim.sim.results.critical_path import Segment, critical_path, shares
 from meshsim.sim.results.simulate import simulate
+from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.schedule.ops import STREAMS
 from meshsim.validate.calibrate.calibration import calibrate
 from meshsim.validate.launch.launch import launch
@@ -47,8 +49,8 @@ def jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-def path_names(path) -> set[str]:
-    return {seg["name"] for seg in path if seg.get("op_id") is not None}
+def path_names(path: Iterable[Segment]) -> set[str]:
+    return {seg.name for seg in path if seg.op_id is not None}
 
 
 def busy_by_stage(sim_events, measured: Measured) -> dict[int, dict[str, float]]:
@@ -80,18 +82,18 @@ def category_times(sim_events, measured: Measured) -> dict[str, dict]:
 @dataclass(frozen=True)
 class CrossCheck:
     report: dict  # the --json document
-    sim_path: list[dict]
-    measured_path: list[dict]
+    sim_path: tuple[Segment, ...]
+    measured_path: tuple[Segment, ...]
 
 
-def compare(result, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
+def compare(result: StepResult, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
     """result: the StepResult of simulating the same shrunk scenario with the calibrated profile."""
     replay = measured.replay()
     pipeline = len(measured.schedules) > 1
     m_crit = critical_path(measured.schedules, replay)
-    m_path = [seg.to_dict() for seg in m_crit]
+    m_path = tuple(m_crit)
     m_share = shares(m_crit, replay.step_time_s, pipeline)
-    s_path = [dict(seg) for seg in result.critical_path]
+    s_path = result.critical_path
     a, b = path_names(s_path), path_names(m_path)
     share = {c: {"simulated": result.critical_path_share.get(c, 0.0), "measured": m_share.get(c, 0.0)}
              for c in (*STREAMS, *(("pipeline_bubble",) if pipeline else ()), "waiting")}

@@ -8,22 +8,23 @@ they never collide). Open it in https://ui.perfetto.dev.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.trace import trace_document, trace_events, write_trace
+from meshsim.sim.results.critical_path import Segment
 
 MEASURED_PID_OFFSET = 1000
 MEASURED_FLOW_BASE = 1_000_000
 
 
-def write_measured_trace(path: str | Path, events: Iterable[Event], critical_path: Sequence[Mapping] = ()) -> Path:
+def write_measured_trace(path: str | Path, events: Iterable[Event], critical_path: Sequence[Segment] = ()) -> Path:
     return write_trace(path, events, critical_path, process_prefix="measured")
 
 
-def write_merged_trace(path: str | Path, sim_events: Iterable[Event], sim_path: Sequence[Mapping],
-                       measured: Iterable[Event], measured_path: Sequence[Mapping]) -> Path:
+def write_merged_trace(path: str | Path, sim_events: Iterable[Event], sim_path: Sequence[Segment],
+                       measured: Iterable[Event], measured_path: Sequence[Segment]) -> Path:
     """One trace: simulated (pids 0..) above measured (pids MEASURED_PID_OFFSET..)."""
     events = trace_events(sim_events, sim_path, process_prefix="sim")
     events += trace_events(measured, measured_path, pid_offset=MEASURED_PID_OFFSET, process_prefix="measured",
