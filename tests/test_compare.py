@@ -7,6 +7,7 @@ import json
 import pytest
 
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.results.step_result import StepResult, upgrade_result_dict
 from meshsim.sim.sweep.compare import category_rows, compare_files, headline_rows, load_results, merge_traces
 
@@ -33,10 +34,11 @@ def trace(pids, flow_ids, prefix="sim"):
 def test_rows_and_deltas_from_files_with_the_old_key_names():
     """The fixtures use the keys results had before the breakdown and GB/s renames: still read."""
     a, b = result("x", 2.0, 1.5, 0.4, 0.1), result("y", 2.5, 1.6, 0.8, 0.1, mem=90.0)
-    a["collectives"] = [{"op": "all_reduce", "busbw_gbps": 100.0, "algbw_gbps": 50.0}]
-    assert upgrade_result_dict(a)["collectives"] == [{"op": "all_reduce", "busbw_GBps": 100.0, "algbw_GBps": 50.0}]
+    row = {"op": "all_reduce", "group": "tp", "ranks": 8, "nbytes": 1024}
+    a["collectives"] = [{**row, "busbw_gbps": 100.0, "algbw_gbps": 50.0}]
+    assert upgrade_result_dict(a)["collectives"] == [{**row, "busbw_GBps": 100.0, "algbw_GBps": 50.0}]
     a, b = StepResult.from_dict(a), StepResult.from_dict(b)  # from_dict upgrades old keys itself
-    assert a.collectives == ({"op": "all_reduce", "busbw_gbps": 100.0, "algbw_gbps": 50.0},)
+    assert a.collectives == (CollectiveRow("all_reduce", "tp", 8, 1024, busbw_gbps=100.0, algbw_gbps=50.0),)
     cats = {r["name"]: r for r in category_rows(a, b)}
     assert cats["busy: compute_busy"]["delta"] == pytest.approx(1.6 - 1.5)
     assert cats["busy: compute_waiting"]["a"] == pytest.approx(2.0 - 1.5)  # step - compute busy

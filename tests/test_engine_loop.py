@@ -102,7 +102,7 @@ def test_the_engine_is_a_scenario_option_and_the_figures_do_not_depend_on_it():
     rs, on_simpy = _tiny(**overrides), _tiny(**overrides, **{"run.engine": "simpy"})
     assert on_simpy.scenario.run.engine == "simpy" and rs.scenario.run.engine == "native"
     native, simpy_result = simulate(rs), simulate(on_simpy)
-    assert native.steady_state["path"] == "extrapolated"
+    assert native.steady_state.path == "extrapolated"
     assert native == simpy_result and native.events == simpy_result.events
     assert simulate(rs, engine_name="simpy").events == native.events
 

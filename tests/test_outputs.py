@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
+from meshsim.sim.cost.memory import MemoryBreakdown
 from meshsim.sim.engine.events import run
 from meshsim.sim.outputs.step_report import print_report, write_outputs
 from meshsim.sim.outputs.timeline import timeline_figure
@@ -42,14 +43,16 @@ def step_schedule(layers: int, tp: int = 2) -> Schedule:
 
 def fake_rs():
     par = SimpleNamespace(global_batch=8, sp=True, micro_batch=1, recompute="none", tp_comm_overlap=False)
-    scenario = SimpleNamespace(parallel=par, model=SimpleNamespace(seq_len=1024), topology=SimpleNamespace(preset="x"))
-    return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1, micro_batches=1,
+    scenario = SimpleNamespace(parallel=par, model=SimpleNamespace(seq_len=1024, moe=None),
+                               topology=SimpleNamespace(preset="x"))
+    return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1,
+                           micro_batches=1, stage_size=4,
                            gpu=SimpleNamespace(name="h100-sxm", peak_tflops=989.0), datasheet_peak_tflops=989.0,
                            topology=SimpleNamespace(name="x", nodes=1, gpus_per_node=8), crosses_nodes=lambda: False)
 
 
-MEMORY = SimpleNamespace(weights_gb=1.0, grads_gb=2.0, optimizer_gb=3.0, activations_gb=4.0, workspace_gb=0.5, total_gb=10.5,
-                         capacity_gb=80.0, fits=True)
+MEMORY = MemoryBreakdown(weights_gb=1.0, grads_gb=2.0, optimizer_gb=3.0, activations_gb=4.0, workspace_gb=0.5,
+                         total_gb=10.5, capacity_gb=80.0, fits=True)
 
 
 def simulated(layers: int = 3, ranks=(0,)):
@@ -121,7 +124,7 @@ def test_trace_schema_nesting_and_flows(tmp_path):
     starts = {e["id"] for e in events if e["ph"] == "s"}
     finishes = {e["id"] for e in events if e["ph"] == "f" and e["bp"] == "e"}
     by_key = {(e.rank, e.op_id): e for e in log.events}
-    chain = [by_key[(s["rank"], s["op_id"])] for s in result.critical_path if s["op_id"] is not None]
+    chain = [by_key[(s.rank, s.op_id)] for s in result.critical_path if s.op_id is not None]
     lane_changes = sum((a.rank, a.stream) != (b.rank, b.stream) for a, b in zip(chain, chain[1:], strict=False))
     assert starts == finishes and len(starts) == lane_changes > 0
 
@@ -224,4 +227,4 @@ def test_trace_file_is_the_compact_json_of_trace_events(tmp_path):
         doc = trace_document(trace_events(events, result.critical_path, result=result), distributed_info(result))
         assert text.startswith('{"traceEvents":' + json.dumps(doc["traceEvents"], separators=(",", ":")) + ",")
         assert json.loads(text) == doc
-    assert kinds == {"wait", "pipeline bubble"} and pipeline.steady_state["path"] == "extrapolated"  # both waits
+    assert kinds == {"wait", "pipeline bubble"} and pipeline.steady_state.path == "extrapolated"  # both waits

@@ -174,11 +174,11 @@ def test_one_rank_per_stage_agrees_with_explicit_ranks():
 def test_pipeline_result_names_bubble_and_p2p():
     rs = rs_with(**{"model.layers": 8, "parallel.pp": 4, "parallel.vp": 2, "parallel.global_batch": 16})
     r = simulate(rs)
-    assert r.pipeline["bubble_fraction"] > 0 and r.pipeline["p2p_share"] > 0
+    assert r.pipeline.bubble_fraction > 0 and r.pipeline.p2p_share > 0
     assert set(r.critical_path_share) >= {"pipeline_bubble", "pp_comm"}
     assert sum(r.critical_path_share.values()) == pytest.approx(1.0)
     assert r.breakdown_s["pipeline_bubble"] > 0
-    assert r.to_dict()["pp"] == 4 and r.memory_gb["stages"][0]["stage"] == 0
+    assert r.to_dict()["pp"] == 4 and r.memory_gb.stages[0].stage == 0
 
 
 def test_tied_embedding_gradient_all_reduce_on_first_and_last_stage_only():

@@ -72,13 +72,13 @@ def test_simulate_result_is_consistent_with_its_event_log():
     result, log, schedule = simulate_with_events(tiny())
     assert result.step_time_s == max(e.end_s for e in log.events)
     assert len(log.events) == len(schedule.ops)
-    assert sum(seg["dur_us"] for seg in result.critical_path) == pytest.approx(result.step_time_s * 1e6, rel=1e-9)
+    assert sum(seg.dur_us for seg in result.critical_path) == pytest.approx(result.step_time_s * 1e6, rel=1e-9)
     assert sum(result.critical_path_share.values()) == pytest.approx(1.0)
     b = result.breakdown_s
     assert b["compute_busy"] + b["exposed_comm"] + b["nothing_running"] == pytest.approx(result.step_time_s, rel=1e-9)
     assert b["compute_waiting"] == pytest.approx(b["exposed_tp_comm"] + b["exposed_dp_comm_only"] + b["nothing_running"])
     assert StepResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
-    assert {c["op"] for c in result.collectives} <= {"all_reduce", "all_gather", "reduce_scatter"}
+    assert {c.op for c in result.collectives} <= {"all_reduce", "all_gather", "reduce_scatter"}
 
 
 def test_measured_collective_table_replaces_the_model():
@@ -92,4 +92,4 @@ def test_measured_collective_table_replaces_the_model():
     result, log, _ = simulate_with_events(replace(tiny(), profile=HardwareProfile(name="m", collective_table=points)))
     comm = [e for e in log.events if e.stream == "tp_comm"]
     assert comm and all(e.dur_s == pytest.approx(measured_us * 1e-6, rel=1e-9) for e in comm)
-    assert {c["source"] for c in result.collectives} == {"calibrated"}
+    assert {c.source for c in result.collectives} == {"calibrated"}

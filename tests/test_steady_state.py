@@ -15,10 +15,10 @@ from meshsim.scenarios.library import builtin_scenarios
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.outputs.step_report import write_outputs
 from meshsim.sim.results import simulate as sim_glue
-from meshsim.sim.results.critical_path import op_type
+from meshsim.sim.results.critical_path import Segment, op_type
 from meshsim.sim.results.period_state import later, stage_map
 from meshsim.sim.results.simulate import simulate, simulate_steady
-from meshsim.sim.results.steady_state import Plan
+from meshsim.sim.results.steady_state import Plan, SteadyState
 from meshsim.sim.schedule.ops import P2P
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 
@@ -45,15 +45,15 @@ def resolved(name: str, overrides: dict | None = None, micro_batches: int | None
     return rs
 
 
-def expand(path: list[dict], period_us: float) -> list[dict]:
+def expand(path: list[Segment], period_us: float) -> list[Segment]:
     """The op-by-op critical path: the run of segments of count c (one period) repeated c times, one
     period apart."""
-    block = [i for i, seg in enumerate(path) if seg["count"] > 1]
+    block = [i for i, seg in enumerate(path) if seg.count > 1]
     if not block:
         return path
-    i, j, count = block[0], block[-1] + 1, path[block[0]]["count"]
-    assert block == list(range(i, j)) and all(seg["count"] == count for seg in path[i:j])
-    repeated = [{**seg, "start_us": seg["start_us"] + k * period_us, "count": 1}
+    i, j, count = block[0], block[-1] + 1, path[block[0]].count
+    assert block == list(range(i, j)) and all(seg.count == count for seg in path[i:j])
+    repeated = [replace(seg, start_us=seg.start_us + k * period_us, count=1)
                 for k in range(count) for seg in path[i:j]]
     return path[:i] + repeated + path[j:]
 
@@ -62,7 +62,7 @@ def assert_same_step(ex, full) -> None:
     """Extrapolated vs whole: step, breakdown and critical-path shares to EQUAL_REL of the step; the
     critical path, expanded, is the whole one segment by segment (op types, ranks, categories, times)."""
     state = ex.steady_state
-    assert state["path"] == "extrapolated" and full.steady_state["path"] == "full"
+    assert state.path == "extrapolated" and full.steady_state.path == "full"
     tol_s = EQUAL_REL * full.step_time_s
     assert ex.step_time_s == pytest.approx(full.step_time_s, rel=0, abs=tol_s)
     for key, value in full.breakdown_s.items():
@@ -72,12 +72,12 @@ def assert_same_step(ex, full) -> None:
     assert (ex.layer_fwd_ms, ex.layer_bwd_ms) == pytest.approx((full.layer_fwd_ms, full.layer_bwd_ms), rel=1e-12)
     assert ex.ops_per_rank == full.ops_per_rank and ex.collectives == full.collectives
     assert (ex.memory_gb, ex.config) == (full.memory_gb, full.config)
-    path = expand(list(ex.critical_path), state["period_s"] * 1e6)
+    path = expand(list(ex.critical_path), state.period_s * 1e6)
     assert len(path) == len(full.critical_path)
     tol_us = tol_s * 1e6
     for a, b in zip(path, full.critical_path, strict=True):  # plain comparisons: ~50k segments
-        assert (op_type(a["name"]), a["category"], a["rank"]) == (op_type(b["name"]), b["category"], b["rank"]), (a, b)
-        assert abs(a["start_us"] - b["start_us"]) <= tol_us and abs(a["dur_us"] - b["dur_us"]) <= tol_us, (a, b)
+        assert (op_type(a.name), a.category, a.rank) == (op_type(b.name), b.category, b.rank), (a, b)
+        assert abs(a.start_us - b.start_us) <= tol_us and abs(a.dur_us - b.dur_us) <= tol_us, (a, b)
 
 
 @pytest.mark.parametrize("name", sorted(set(builtin_scenarios()) - {"gpt3-175b-a100-pp8"}))
@@ -104,9 +104,9 @@ def test_library_scenarios_extrapolate_by_default_and_say_so():
     """The default run of a library scenario takes the proven path (the two that are too short say why)."""
     for name in ("llama2-70b-h100-tp8", "tiny-2gpu"):
         state = simulate(resolved(name, micro_batches=16 if name != "tiny-2gpu" else 2)).steady_state
-        assert state["path"] == ("extrapolated" if name != "tiny-2gpu" else "full"), state
-    assert simulate(resolved("tiny-2gpu", micro_batches=2)).steady_state["reason"].endswith("to gain from extrapolating")
-    assert simulate(resolved("tiny-2gpu"), full=True).steady_state == {"path": "full", "reason": "requested (--full)"}
+        assert state.path == ("extrapolated" if name != "tiny-2gpu" else "full"), state
+    assert simulate(resolved("tiny-2gpu", micro_batches=2)).steady_state.reason.endswith("to gain from extrapolating")
+    assert simulate(resolved("tiny-2gpu"), full=True).steady_state == SteadyState("full", "requested (--full)")
 
 
 HOSTSLACK = {"model.layers": 4, "model.hidden": 1024, "model.heads": 16, "model.seq_len": 1024,
@@ -127,10 +127,10 @@ def test_hostslack_a_host_catching_up_with_its_gpu_is_simulated_whole(dispatch_u
     result, full = simulate(rs), simulate(rs, full=True)
     if dispatch_us in (9.6, 10.8):
         assert_same_step(result, full)
-        assert result.steady_state["simulated_micro_batches"] == (4 if dispatch_us == 9.6 else 7)
+        assert result.steady_state.simulated_micro_batches == (4 if dispatch_us == 9.6 else 7)
     else:
-        assert result.steady_state["path"] == "full", result.steady_state
-        assert "lead runs out" in result.steady_state["reason"]
+        assert result.steady_state.path == "full", result.steady_state
+        assert "lead runs out" in result.steady_state.reason
         assert result.step_time_s == full.step_time_s
     if dispatch_us in (10.0, 10.4):  # what the old event-time check extrapolated: 1% and 4.8% short
         short = [simulate(resolved("tiny-2gpu", {**HOSTSLACK, "hardware.compute.host_dispatch_us": dispatch_us},
@@ -193,7 +193,7 @@ def test_a_straggler_breaks_the_period_and_the_whole_step_is_simulated(monkeypat
     ex, why = simulate_steady(rs, force=True)
     assert ex is None and "one period later" in why
     result = simulate(rs)
-    assert result.steady_state == {"path": "full", "reason": why}
+    assert result.steady_state == SteadyState("full", why)
     assert result.step_time_s == simulate(rs, full=True).step_time_s
 
 
@@ -201,11 +201,11 @@ def test_an_extrapolated_trace_shows_the_simulated_micro_batches_and_summarises_
     rs = resolved("tiny-2gpu", {"run.cuda_graphs": True}, micro_batches=10)  # 4 simulated, 6 periods
     result = simulate(rs)
     state = result.steady_state
-    assert state["path"] == "extrapolated" and state["periods"] == 6 and state["simulated_micro_batches"] == 4
+    assert state.path == "extrapolated" and state.periods == 6 and state.simulated_micro_batches == 4
     write_outputs(result, result.events, tmp_path, html=False)
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     summary = [e for e in events if e.get("cat") == "extrapolated"]
-    assert len(summary) == 1 and summary[0]["dur"] == pytest.approx(6 * state["period_s"] * 1e6, abs=1e-3)
+    assert len(summary) == 1 and summary[0]["dur"] == pytest.approx(6 * state.period_s * 1e6, abs=1e-3)
     ops = [e for e in events if e["ph"] == "X" and e["cat"] == "kernel"]
     assert {e["args"]["micro_batch"] for e in ops} == {None, 0, 1, 2, 3}
     # the last op ends at the whole step's end: ops after the gap sit where the whole step puts them

@@ -15,6 +15,7 @@ import pytest
 
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.results.error_band import ErrorBand, load_bands
+from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.sweep import explain as ex
 from meshsim.sim.sweep.axes import (
     SweepAxes,
@@ -136,9 +137,9 @@ def test_sp_sentence_reports_activation_saving():
 def test_tp_wire_volume_follows_bus_convention():
     mb = 2**20
     collectives = [
-        {"op": "all_reduce", "group": "tp", "ranks": 8, "nbytes": 64 * mb, "count": 4},
-        {"op": "all_gather", "group": "tp", "ranks": 8, "nbytes": 64 * mb, "count": 2},
-        {"op": "all_reduce", "group": "dp", "ranks": 4, "nbytes": 512 * mb, "count": 1}]
+        CollectiveRow("all_reduce", "tp", 8, 64 * mb, count=4),
+        CollectiveRow("all_gather", "tp", 8, 64 * mb, count=2),
+        CollectiveRow("all_reduce", "dp", 4, 512 * mb, count=1)]
     expected = (2 * 7 / 8 * 64 * mb * 4 + 7 / 8 * 64 * mb * 2) / 1e9
     assert ex.tp_wire_gb(collectives) == pytest.approx(expected, rel=1e-12)
 
@@ -282,18 +283,18 @@ def test_fastest_that_does_not_fit_is_never_the_sweet_spot(small, small_sweep):
     points, records = small_sweep
     ran = [r for r in records if r.ok]
     fastest = max(ran, key=lambda r: r.result.tokens_per_s)
-    need = fastest.result.memory_gb["total"]
-    smaller = [r for r in ran if r.result.memory_gb["total"] < need]
+    need = fastest.result.memory_gb.total
+    smaller = [r for r in ran if r.result.memory_gb.total < need]
     assert smaller, "the fastest configuration also uses the least memory: no case to construct"
-    cap = (need + max(r.result.memory_gb["total"] for r in smaller)) / 2
+    cap = (need + max(r.result.memory_gb.total for r in smaller)) / 2
     tight = with_overrides(scenario, {"hardware.mem_gb": cap}, source)
     records2 = run_sweep(tight, source, points, progress=False)
     best = ex.sweet_spot(records2)
     assert best.key != fastest.key
-    fitting = [r for r in records2 if r.ok and r.result.memory_gb["total"] <= cap]
+    fitting = [r for r in records2 if r.ok and r.result.memory_gb.total <= cap]
     assert best.key == max(fitting, key=lambda r: r.result.tokens_per_s).key
     slow = {r.key: r for r in records2}[fastest.key]
-    assert not slow.result.memory_gb["fits"]
+    assert not slow.result.memory_gb.fits
 
 
 def test_tp_beyond_one_node_is_reported_as_crossing_nvlink_domain():
