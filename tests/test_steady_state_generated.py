@@ -56,12 +56,12 @@ def check(overrides: dict, micro_batches_over: int, long: bool = False) -> None:
     rs = resolved("tiny-2gpu", overrides, m)
     result, full = simulate(rs), simulate(rs, full=True)
     state = result.steady_state
-    if state["path"] == "extrapolated":
+    if state.path == "extrapolated":
         fallbacks["extrapolated"] += 1
         assert_same_step(result, full)
     else:
-        fallbacks[state["reason"].split(":")[-1].split(" (")[0][:40]] += 1
-        assert state["reason"] != "requested (--full)"
+        fallbacks[state.reason.split(":")[-1].split(" (")[0][:40]] += 1
+        assert state.reason != "requested (--full)"
         assert replace(result, steady_state=None) == replace(full, steady_state=None)
 
 
