@@ -44,7 +44,6 @@ from meshsim.sim.schedule.ops import Collective, Schedule
 
 HEADLINE_KEYS = ("scenario", "fits", "step_time_s", "layer_fwd_ms", "layer_bwd_ms", "tokens_per_s", "tflops_per_gpu",
                  "mfu", "hfu")
-JSON_KEYS = COLLECTIVE_JSON_KEYS  # collective rows: in-memory key -> results-JSON key
 TOP_OP_TYPES = 10
 __all__ = ["CONFIG_KEYS", "HEADLINE_KEYS", "MEMORY_KEYS", "StepResult", "assemble", "build_result"]
 
@@ -132,7 +131,7 @@ def upgrade_result_dict(data: Mapping[str, object]) -> JsonDict:
     if isinstance(out.get("breakdown_s"), Mapping):
         out["breakdown_s"] = bd.upgrade_breakdown(out["breakdown_s"], float(out.get("step_time_s", 0.0)))
     if isinstance(out.get("collectives"), list):
-        out["collectives"] = [{JSON_KEYS.get(k, k): v for k, v in c.items()} for c in out["collectives"]]
+        out["collectives"] = [{COLLECTIVE_JSON_KEYS.get(k, k): v for k, v in c.items()} for c in out["collectives"]]
     if "fits" not in out and isinstance(out.get("memory_gb"), Mapping):
         out["fits"] = bool(out["memory_gb"].get("fits", True))
     return out

@@ -84,8 +84,9 @@ def load_results(path: str | Path) -> StepResult:
         raise UserError("results", str(path), RESULTS_FIX, problem=problem)
     try:
         return StepResult.from_dict(data)
-    except (TypeError, ValueError, AttributeError) as err:
-        raise UserError("results", str(path), RESULTS_FIX, problem=f"Not a results file ({err})") from None
+    except (TypeError, ValueError, AttributeError, KeyError) as err:
+        why = f"missing key {err}" if isinstance(err, KeyError) else str(err)
+        raise UserError("results", str(path), RESULTS_FIX, problem=f"Not a results file ({why})") from None
 
 
 def config_rows(a: StepResult, b: StepResult) -> list[dict]:
