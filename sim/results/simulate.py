@@ -216,9 +216,11 @@ def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tup
 
 
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, engine_name: EngineName | None = None,
-                         path: steady_state.SteadyState | None = None) -> tuple[StepResult, engine.EventLog, Schedule]:
+                         state: steady_state.SteadyState | None = None
+                         ) -> tuple[StepResult, engine.EventLog, Schedule]:
     """The whole step simulated: its result, its event log and stage 0's schedule (the others:
-    build_stage_schedules(rs)); `path` is what the result's steady_state says about it."""
+    build_stage_schedules(rs)); `state` is what the result's steady_state says about it (simulate: why
+    the step was not extrapolated)."""
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
@@ -226,7 +228,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, 
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=collectives, explicit_ranks=explicit_ranks,
                           hardware_flops=hardware_flops_per_step(rs),
-                          rank_groups=rank_groups(rs, schedules, log.ranks), steady_state=path)
+                          rank_groups=rank_groups(rs, schedules, log.ranks), steady_state=state)
     return result, log, schedules[0]
 
 
@@ -338,7 +340,7 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
         if result is not None:
             return result
     return simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name,
-                                path=steady_state.SteadyState("full", reason))[0]
+                                state=steady_state.SteadyState("full", reason))[0]
 
 
 @contextmanager
