@@ -21,6 +21,7 @@ from meshsim.scenarios.checks import (
     data_parallel,
     gpus_used,
 )
+from meshsim.scenarios.fp8_checks import check_fp8
 from meshsim.scenarios.library import builtin_scenarios, builtin_source, source_dir
 from meshsim.scenarios.limits import check_model_size
 from meshsim.scenarios.pipeline_split import most_stage_layers
@@ -35,7 +36,7 @@ from meshsim.topologies import registry
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 
-GPU_FIGURES = ("peak_tflops", "mem_bw_gbps", "mem_gb")
+GPU_FIGURES = ("peak_tflops", "fp8_peak_tflops", "mem_bw_gbps", "mem_gb")
 
 
 # ----- loading -----------------------------------------------------------------------------------
@@ -160,8 +161,10 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     p = scenario.parallel
     micro_batches = p.global_batch // (p.micro_batch * dp)
     check_work(most_stage_layers(p, scenario.model.layers), micro_batches, source=source)
+    gpu = gpu_spec(scenario, topology, profile, source)
+    check_fp8(scenario, gpu, source)
     return ResolvedScenario(
-        scenario=scenario, source=source, gpu=gpu_spec(scenario, topology, profile, source),
+        scenario=scenario, source=source, gpu=gpu,
         topology=topology, gpus=gpus, tp=p.tp, dp=dp, micro_batches=micro_batches, profile=profile, pp=p.pp,
         vp=p.vp, ep=p.ep, etp=p.etp,
     )

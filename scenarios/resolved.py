@@ -77,8 +77,8 @@ class ResolvedScenario:
         return self.all_groups("kv")
 
     def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
-        """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp", "embed" or an expert kind
-        ("etp", "ep", "etp_ep", "edp")."""
+        """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp", "embed", "stage" or an expert
+        kind ("etp", "ep", "etp_ep", "edp")."""
         return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp, self.ep, self.etp)
 
     def all_groups(self, kind: str, rank: int = 0) -> tuple[tuple[int, ...], ...]:
@@ -89,7 +89,7 @@ class ResolvedScenario:
             return tuple(self.group("embed", r) for r in range(self.stage_size))
         if kind == "kv":
             return tuple(self.kv_group(base + r) for r in range(0, self.stage_size, self.kv_replicas))
-        if kind in EXPERT_KINDS:
+        if kind in EXPERT_KINDS or kind == "stage":
             return tuple(dict.fromkeys(self.group(kind, base + r) for r in range(self.stage_size)))
         step = self.tp if kind == "tp" else 1
         count = self.dp if kind == "tp" else self.tp

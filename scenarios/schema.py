@@ -107,6 +107,8 @@ class ComputeTuning(Frozen):
     """Compute cost-model knobs; defaults and their sources are in sim/cost/compute.py and docs/cost-models.md."""
 
     gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # large-GEMM fraction of peak
+    # large FP8 GEMM fraction of the FP8 peak; default by GPU generation (sim/cost/fp8_gemm.py)
+    fp8_gemm_efficiency: float | None = Field(default=None, gt=0, le=1)
     mem_bw_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of HBM bandwidth
     # fraction of HBM bandwidth Megatron's elementwise kernels reach (norms, dropout, activations, softmax)
     elementwise_efficiency: float | None = Field(default=None, gt=0, le=1)
@@ -132,6 +134,7 @@ class HardwareConfig(Frozen):
     gpu: str | None = None  # GPU preset; default: the topology preset's GPU
     profile: str | None = None  # path to a calibration profile YAML (meshsim calibrate); relative to the scenario
     peak_tflops: float | None = Field(default=None, gt=0)
+    fp8_peak_tflops: float | None = Field(default=None, gt=0)  # FP8 dense TFLOP/s; default: the GPU preset's
     mem_bw_gbps: float | None = Field(default=None, gt=0)
     mem_gb: float | None = Field(default=None, gt=0)
     compute: ComputeTuning = ComputeTuning()
@@ -207,6 +210,7 @@ class SweepConfig(Frozen):
     recompute: list[Literal["none", "selective", "full"]] | None = None
     ep: list[int] | None = None
     etp: list[int] | None = None
+    fp8: list[Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8"]] | None = None
 
 
 class RunConfig(Frozen):
@@ -220,6 +224,21 @@ class RunConfig(Frozen):
     # the input-gradient TP collective overlaps the weight-gradient GEMM (Megatron since 2021); False: 2020 code
     tp_grad_reduce_overlap: bool = True
     engine: EngineName = DEFAULT_ENGINE  # the event loop (sim/engine/simpy_loop.py); identical figures
+    # FP8 training through Transformer Engine (sim/schedule/fp8_rules.py documents each rule and its source):
+    # Megatron --fp8-recipe; off = 16-bit GEMMs
+    fp8: Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8"] = "off"
+    fp8_format: Literal["hybrid", "e4m3"] = "hybrid"  # --fp8-format: hybrid = E4M3 forward, E5M2 gradients
+    fp8_param_gather: bool = False  # --fp8-param-gather: FP8 primary weights, 1-byte DP parameter all-gather
+    fp8_attention: bool = False  # --fp8-dot-product-attention: the attention core in FP8 too
+    fp8_wgrad: bool = True  # --no-fp8-wgrad sets False: weight-gradient GEMMs in 16 bit
+    fp8_amax_history_len: int = Field(default=1, gt=0, le=65536)  # --fp8-amax-history-len (delayed)
+    fp8_amax_compute_algo: Literal["most_recent", "max"] = "most_recent"  # --fp8-amax-compute-algo (delayed)
+    fp8_margin: int = Field(default=0, ge=0, le=64)  # --fp8-margin: scale = fp8_max / amax / 2^margin
+    tp_only_amax_reduction: bool = False  # --tp-only-amax-red: delayed scaling reduces amaxes over TP only
+
+    @property
+    def fp8_on(self) -> bool:
+        return self.fp8 != "off"
 
 
 class Scenario(Frozen):

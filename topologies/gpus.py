@@ -5,6 +5,14 @@ HBM capacity: the datasheets' "80GB" / "141GB" are binary sizes (an A100 80GB re
 nvidia-smi, a V100 32GB 32768 MiB), so the presets give them in GiB and store them in GB (1e9 B), the
 memory model's unit: `gib(80)` = 85.9 GB.
 
+FP8 dense peaks (no sparsity; the datasheets print the sparse figure, twice the dense one): H100 SXM and
+H200 SXM 1,979 TFLOP/s (datasheets: "FP8 Tensor Core 3,958 teraFLOPS*", * with sparsity); B200 (HGX B200
+datasheet, 8 GPUs: "FP8 72 PFLOPS" sparse) 4,500; GB200 (GB200 NVL72 datasheet, per superchip of two GPUs:
+"FP8 20 PFLOPS" sparse, HBM3e 372 GB at 16 TB/s; bf16 "10 PFLOPS" sparse) 5,000 FP8 and 2,500 bf16 per GPU,
+186 GB and 8 TB/s. These FP8 figures are not in ../shared/reference/hardware-facts.md: they are the public
+NVIDIA datasheet figures, quoted from the datasheets' product tables. V100 and A100 have no FP8 tensor cores
+(fp8_peak_tflops 0). compute_capability: sm_70 V100, sm_80 A100, sm_90 H100/H200, sm_100 B200/GB200.
+
 These are peaks. Achieved fractions (GEMM efficiency, HBM efficiency) live in the cost models
 (`sim/cost/compute.py`), documented there and overridable per scenario or by a calibration profile.
 """
@@ -31,16 +39,26 @@ class GpuSpec:
     nvlink_links: int  # number of NVLink links per GPU
     sm_count: int  # streaming multiprocessors (GEMM wave quantization)
     description: str = ""
+    fp8_peak_tflops: float = 0.0  # FP8 dense matrix TFLOP/s (0 = no FP8 tensor cores)
+    compute_capability: tuple[int, int] = (0, 0)  # CUDA sm_XY: which FP8 recipes run (sim/schedule/fp8_rules.py)
 
 
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec("v100-sxm2", 125.0, gib(32.0), 900.0, 150.0, 6, 80, "NVIDIA V100 SXM2 32GB (fp16 tensor cores)"),
-        GpuSpec("a100-40gb", 312.0, gib(40.0), 1555.0, 300.0, 12, 108, "NVIDIA A100 SXM 40GB"),
-        GpuSpec("a100-80gb", 312.0, gib(80.0), 2039.0, 300.0, 12, 108, "NVIDIA A100 SXM 80GB"),
-        GpuSpec("h100-sxm", 989.0, gib(80.0), 3350.0, 450.0, 18, 132, "NVIDIA H100 SXM5 80GB"),
-        GpuSpec("h200-sxm", 989.0, gib(141.0), 4800.0, 450.0, 18, 132, "NVIDIA H200 SXM 141GB"),
-        GpuSpec("b200", 2250.0, gib(180.0), 8000.0, 900.0, 18, 148, "NVIDIA B200 (HGX, 1000 W)"),
+        GpuSpec("v100-sxm2", 125.0, gib(32.0), 900.0, 150.0, 6, 80, "NVIDIA V100 SXM2 32GB (fp16 tensor cores)",
+                compute_capability=(7, 0)),
+        GpuSpec("a100-40gb", 312.0, gib(40.0), 1555.0, 300.0, 12, 108, "NVIDIA A100 SXM 40GB",
+                compute_capability=(8, 0)),
+        GpuSpec("a100-80gb", 312.0, gib(80.0), 2039.0, 300.0, 12, 108, "NVIDIA A100 SXM 80GB",
+                compute_capability=(8, 0)),
+        GpuSpec("h100-sxm", 989.0, gib(80.0), 3350.0, 450.0, 18, 132, "NVIDIA H100 SXM5 80GB",
+                fp8_peak_tflops=1979.0, compute_capability=(9, 0)),
+        GpuSpec("h200-sxm", 989.0, gib(141.0), 4800.0, 450.0, 18, 132, "NVIDIA H200 SXM 141GB",
+                fp8_peak_tflops=1979.0, compute_capability=(9, 0)),
+        GpuSpec("b200", 2250.0, gib(180.0), 8000.0, 900.0, 18, 148, "NVIDIA B200 (HGX, 1000 W)",
+                fp8_peak_tflops=4500.0, compute_capability=(10, 0)),
+        GpuSpec("gb200", 2500.0, gib(186.0), 8000.0, 900.0, 18, 148, "NVIDIA GB200 (one Blackwell GPU of a "
+                "Grace Blackwell superchip, NVL72, 1200 W)", fp8_peak_tflops=5000.0, compute_capability=(10, 0)),
     )
 }

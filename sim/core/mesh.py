@@ -7,7 +7,9 @@ stage r // (tp dp): r = tp_rank + tp (dp_rank + dp stage). Its groups:
 - "kv": the kv_replicas consecutive ranks of r's TP group that replicate one KV head (GQA with
   kv_heads < tp; kv_replicas = tp / kv_heads);
 - "pp": the pp ranks at r's (tp, dp) position, one per stage, in stage order (P2P peers);
-- "embed": the first and last of those (the tied-embedding gradient all-reduce).
+- "embed": the first and last of those (the tied-embedding gradient all-reduce);
+- "stage": all tp x dp ranks of r's pipeline stage (FP8 delayed scaling's amax reduction group,
+  Megatron-Core parallel_state.get_amax_reduction_group: the tensor-and-data-parallel group).
 
 Experts live on a second mesh over the same ranks, Megatron-Core's "parallel folding"
 (megatron/core/parallel_state.py L859-907 at Megatron-LM d98e8a64: a decoder RankGenerator over
@@ -57,6 +59,9 @@ def mesh_group(kind: str, rank: int, tp: int, dp: int, kv_replicas: int = 1, pp:
         first = rank // kv_replicas * kv_replicas
         return tuple(range(first, first + kv_replicas))
     stage_size = tp * dp
+    if kind == "stage":
+        base = rank // stage_size * stage_size
+        return tuple(range(base, base + stage_size))
     if kind == "pp":
         return tuple(rank % stage_size + s * stage_size for s in range(pp))
     if kind == "embed":

@@ -27,6 +27,11 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
   (assumption, a few microseconds; `meshsim calibrate` measures it).
 - tiles: best of 128x256, 256x128, 128x128 per shape unless tile_m / tile_n are set (sim/cost/gemm_efficiency.py).
 
+FP8 GEMMs (Gemm.fp8, run.fp8) and FP8 attention (Attention.fp8): the same formulas at the GPU's FP8 peak,
+with 1-byte A and B, the FP8 large-GEMM ceiling (sim/cost/fp8_gemm.py) and k_fill from the FP8 peak (the
+ridge point doubles, so skinny-k FP8 GEMMs reach less of their peak than 16-bit ones). A profile's
+gemm_table is 16-bit: FP8 GEMMs use the model.
+
 A profile also supplies: gemm_table (nearest measured shape by log-distance in m, n, k, batch: its
 TFLOP/s is used for this GEMM's FLOPs), elementwise_bw_gbps (replaces bw x eff for memory-bound
 kernels), kernel_table (measured kernels by name, scaled by bytes, or by FLOPs for attention). Profile
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
+from meshsim.sim.cost.fp8_gemm import FP8_OPERAND_BYTES, fp8_gemm_ceiling, fp8_peak_tflops
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
@@ -160,22 +166,27 @@ class ComputeModel:
         raise TypeError(f"unknown work {work!r}")
 
     def gemm_efficiency(self, g: Gemm) -> float:
+        """Fraction of the GEMM's peak (the FP8 peak for an FP8 GEMM: sim/cost/fp8_gemm.py)."""
         k = self.knobs
         tiles = DEFAULT_TILES
         if k.tile_m or k.tile_n:
             tiles = ((k.tile_m or DEFAULT_TILES[0][0], k.tile_n or DEFAULT_TILES[0][1]),)
-        return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=k.gemm_efficiency, tiles=tiles,
+        peak_tflops = fp8_peak_tflops(self.gpu) if g.fp8 else self.gpu.peak_tflops
+        ceiling = fp8_gemm_ceiling(self.gpu.name, k.fp8_gemm_efficiency) if g.fp8 else k.gemm_efficiency
+        return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=ceiling, tiles=tiles,
                                sm_count=self.gpu.sm_count,
-                               k_fill=self.gpu.peak_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)
+                               k_fill=peak_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)
 
     def gemm_s(self, g: Gemm) -> float:
         if g.flops == 0:
             return 0.0
-        if self.profile is not None and self.profile.gemm_table:
+        if self.profile is not None and self.profile.gemm_table and not g.fp8:  # the table is 16-bit
             point = nearest_gemm(self.profile.gemm_table, g)
             return g.flops / (point.tflops * TFLOPS)
-        nbytes = (2.0 * (g.m * g.k + g.k * g.n) + g.out_bytes * g.m * g.n) * g.batch
-        compute = g.flops / (self.peak_flops * self.gemm_efficiency(g))
+        operand = FP8_OPERAND_BYTES if g.fp8 else 2.0
+        nbytes = (operand * (g.m * g.k + g.k * g.n) + g.out_bytes * g.m * g.n) * g.batch
+        peak = fp8_peak_tflops(self.gpu) * TFLOPS if g.fp8 else self.peak_flops
+        compute = g.flops / (peak * self.gemm_efficiency(g))
         memory = nbytes / self.mem_bw_bytes_s
         return max(compute, memory) + self.launch_s
 
@@ -186,7 +197,8 @@ class ComputeModel:
             if point is not None:
                 return _scaled_us(point, a.flops, "flops") * US
         ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
-        rate = self.peak_flops * self.knobs.attention_efficiency * _wave(ctas, self.gpu.sm_count)
+        peak = fp8_peak_tflops(self.gpu) * TFLOPS if a.fp8 else self.peak_flops
+        rate = peak * self.knobs.attention_efficiency * _wave(ctas, self.gpu.sm_count)
         slowdown = self.knobs.deterministic_attention_slowdown if a.backward and a.deterministic else 1.0
         return a.flops * slowdown / rate + self.launch_s
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, bucket_bytes, step_end_ops
+from meshsim.sim.schedule.dp_ops import PARAM_BYTES, DpConfig, all_buckets, bucket_bytes, step_end_ops
+from meshsim.sim.schedule.fp8_ops import amax_reduce_ops
+from meshsim.sim.schedule.fp8_rules import FP8_BYTES, weight_cast_work
 from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
 from meshsim.sim.schedule.layer_kinds import (
     PLAIN,
@@ -55,6 +57,7 @@ class Templates:
         self.fwd, self.bwd = self.of(PLAIN) if plan is not None else (forward_template(d), backward_template(d))
         self.embed_fwd, self.embed_bwd = embedding_forward(d), embedding_backward(d)
         self.head_fwd, self.head_bwd = head_forward(d), head_backward(d, tied)
+        self.amax: tuple[Template, Template] | None = None  # delayed FP8 scaling (fp8_amax_templates)
 
     def of(self, kind: LayerKind) -> tuple[Template, Template]:
         hit = self._kinds.get(kind)
@@ -78,9 +81,13 @@ def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int, grads: list[
     for layer in range(layers):
         fwd = t.layer_fwd(layer)
         x = stamp(fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + fwd.marks["out"]
+    if t.amax is not None:
+        x = stamp(t.amax[0], ops, f"{K.FP8_BLOCK}.mb{mb}.", {"in": x}, None, mb) + t.amax[0].marks["out"]
     base = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb)
     blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)]
     blocks += [(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(range(layers))]
+    if t.amax is not None:
+        blocks.append((t.amax[1], f"{K.FP8_BLOCK}.mb{mb}.", None))
     blocks.append((t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None))
     g = base + t.head_fwd.marks["out"]
     ext = "loss"
@@ -102,12 +109,27 @@ def _grad_params(t: Templates, layers: int, expert: bool = False) -> list[int]:
     return [n for _, n in t.head_bwd.grads] + per_layer + [n for _, n in t.embed_bwd.grads]
 
 
+def fp8_amax_templates(rs: ResolvedScenario, layers: int) -> tuple[Template, Template] | None:
+    """Delayed FP8 scaling's per-pass amax reduction and update (sim/schedule/fp8_ops.amax_reduce_ops) over
+    the amax group: the stage's tp x dp ranks, or tp with run.tp_only_amax_reduction; None for other recipes."""
+    r = rs.scenario.run
+    if r.fp8 != "delayed":
+        return None
+    group, size = ("tp", rs.tp) if r.tp_only_amax_reduction else ("stage", rs.tp * rs.dp)
+    tpls = (Template(), Template())
+    for backward, tpl in enumerate(tpls):
+        tpl.marks["out"] = amax_reduce_ops(tpl, layers, bool(backward), r.fp8_amax_history_len,
+                                           group if size > 1 else None)
+    return tpls
+
+
 def step_templates(rs: ResolvedScenario, d: LayerDims, tied: bool) -> Templates:
     """The templates of `rs`'s step: per layer kind for MoE / MLA / windowed models, the plain ones else."""
     m = rs.scenario.model
-    if m.moe is None and m.mla is None and m.sliding_window is None:
-        return Templates(d, tied)
-    return Templates(d, tied, layer_plan(rs, d), m)
+    t = Templates(d, tied) if m.moe is None and m.mla is None and m.sliding_window is None else \
+        Templates(d, tied, layer_plan(rs, d), m)
+    t.amax = fp8_amax_templates(rs, m.layers) if rs.pp == 1 else None
+    return t
 
 
 def dp_bucket_bytes(rs: ResolvedScenario) -> int:
@@ -124,6 +146,33 @@ def layers_dp_params(rs: ResolvedScenario, t: Templates, layers: list[int], head
     return (sp if d.sp else 0), kv
 
 
+def fp8_linear_params(d: LayerDims, layers: int) -> int:
+    """Weights of the FP8 linears (qkv, proj, fc1, fc2; no biases) on one rank over `layers` layers."""
+    if not d.fp8.on:
+        return 0
+    return layers * sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm(), d.fc1_gemm(), d.fc2_gemm()))
+
+
+def gather_param_bytes(rs: ResolvedScenario, d: LayerDims, params: int, layers: int) -> float:
+    """Bytes per parameter of the DP parameter all-gather: 2, or with run.fp8_param_gather the average of
+    1 byte per FP8 linear weight and 2 per other parameter (fp8_rules.py)."""
+    if not rs.scenario.run.fp8_param_gather or params == 0:
+        return PARAM_BYTES
+    fp8 = fp8_linear_params(d, layers)
+    return (PARAM_BYTES * (params - fp8) + FP8_BYTES * fp8) / params
+
+
+def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: int, step_op: int, next_id: int) -> list[Op]:
+    """FP8: the linear weights' once-per-step cast (and transpose) after the optimizer step (fp8_rules.py)."""
+    linear = fp8_linear_params(d, layers)
+    if not linear:
+        return []
+    p = rs.scenario.parallel
+    owned = -(-linear // rs.dp) if p.distributed_optimizer else linear
+    work = weight_cast_work(linear, owned, rs.scenario.run.fp8_param_gather)
+    return [Op(next_id, f"{K.OPT_BLOCK}.{K.FP8_WEIGHT_CAST}", "compute", "compute", "opt", work, (step_op,))]
+
+
 def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: int = 0) -> DpConfig:
     p, layers = rs.scenario.parallel, rs.scenario.model.layers
     sp, kv = layers_dp_params(rs, t, list(range(layers)), head=True)
@@ -131,7 +180,7 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
                     gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
-                    expert_params=expert_params)
+                    expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, layers))
 
 
 def gathers_overlap(rs: ResolvedScenario) -> bool:
@@ -156,10 +205,12 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
         last = mb == rs.micro_batches - 1
         _micro_batch(ops, t, model.layers, mb, grads if last else None, expert_grads if last else None)
     params, expert_params = sum(n for _, n in grads), sum(n for _, n in expert_grads)
-    ops += step_end_ops(len(ops), grads, len(ops) - 1, dp_config(rs, t, params, expert_params),
-                        expert_producers=expert_grads)
+    cfg = dp_config(rs, t, params, expert_params)
+    ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, expert_producers=expert_grads)
+    step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
+    ops += weight_cast_op(rs, d, model.layers, step_op, len(ops))
     if overlap_gather:
-        ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.dp, rs.edp))
+        ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.dp, rs.edp), cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,

@@ -64,6 +64,9 @@ class DpConfig:
     gather_overlap: bool | None = None  # param all-gather overlaps the next forward (param_gather.py); None: overlap
     edp: int = 1  # expert data parallel: the routed experts' gradients reduce (and shard) over edp
     expert_params: int = 0  # routed-expert parameters this rank holds (not in `params`)
+    # bytes per parameter of the distributed optimizer's all-gather: 2 (bf16), less with run.fp8_param_gather
+    # (the FP8 linear weights move 1 byte: sim/schedule/fp8_rules.py; the step's average, applied per bucket)
+    param_bytes: float = PARAM_BYTES
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,10 @@ def all_buckets(producers: list[tuple[int, int]], expert_producers: list[tuple[i
     return buckets
 
 
-def param_gather(bucket: Bucket) -> Collective:
-    """The distributed optimizer's all-gather of one bucket's updated bf16 parameters over its group."""
-    return Collective("all_gather", bucket.group, bucket.params * PARAM_BYTES, K.DP_PARAM)
+def param_gather(bucket: Bucket, param_bytes: float = PARAM_BYTES) -> Collective:
+    """The distributed optimizer's all-gather of one bucket's updated parameters over its group: bf16, 2 bytes
+    per parameter; with FP8 primary weights (run.fp8_param_gather) the step's average `param_bytes`."""
+    return Collective("all_gather", bucket.group, round(bucket.params * param_bytes), K.DP_PARAM)
 
 
 class _Emitter:
@@ -157,5 +161,5 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
     gather_overlap = cfg.overlap if cfg.gather_overlap is None else cfg.gather_overlap
     if cfg.distributed_optimizer and not gather_overlap:  # overlapped: sim/schedule/param_gather.py, next fwd
         for i, b in enumerate(buckets):
-            em.add(f"dp.bucket{i}.all_gather", "opt", param_gather(b), (step,))
+            em.add(f"dp.bucket{i}.all_gather", "opt", param_gather(b, cfg.param_bytes), (step,))
     return em.ops

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
 from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Collective, Elementwise, Gemm, Work, stream_of
@@ -118,12 +119,14 @@ def gemm_then_comm(tpl: Template, phase: str, gkey: str, gemm: Gemm, deps: Deps,
 
 
 def dgrad(g: Gemm) -> Gemm:
-    return Gemm(g.m, g.k, g.n, g.batch)
+    return Gemm(g.m, g.k, g.n, g.batch, fp8=g.fp8)
 
 
-def wgrad(g: Gemm, fused_accumulation: bool = False) -> Gemm:
-    """dW = X^T dY; with gradient-accumulation fusion the GEMM accumulates into the fp32 main grad."""
-    return Gemm(g.k, g.n, g.m, g.batch, FUSED_WGRAD_OUT_BYTES if fused_accumulation else 2)
+def wgrad(g: Gemm, fused_accumulation: bool = False, fp8: bool | None = None) -> Gemm:
+    """dW = X^T dY; with gradient-accumulation fusion the GEMM accumulates into the fp32 main grad. In FP8
+    when the forward GEMM is (`fp8` None) or as given (run.fp8_wgrad false: 16-bit)."""
+    return Gemm(g.k, g.n, g.m, g.batch, FUSED_WGRAD_OUT_BYTES if fused_accumulation else 2,
+                fp8=g.fp8 if fp8 is None else fp8)
 
 
 # ----- elementwise kernels (bytes read / written; 16-bit activations, 1-byte dropout masks) -----------
@@ -240,9 +243,11 @@ def block_forward(tpl: Template, phase: str, d: LayerDims, blk: Block, inp: Deps
     """Forward of one block; returns the residual-add op (the block output)."""
     entry, exit_ = region_boundaries(d.sp)
     ln = tpl.add(phase, blk.norm, norm_fwd(d), inp)
-    coll = boundary_collective(d, entry, "fwd")
-    _, col = comm_then_gemm(tpl, phase, blk.entry, coll, blk.col, blk.col_gemm, (ln,), d.chunks)
+    q = fp8.quantize(tpl, phase, d, blk.col, d.tokens_out * d.hidden, d.sp, (ln,), d.fp8.wgrad)
+    coll = fp8.fp8_gather(d, boundary_collective(d, entry, "fwd"))
+    _, col = comm_then_gemm(tpl, phase, blk.entry, coll, blk.col, blk.col_gemm, q, d.chunks)
     mid = blk.middle_fwd(tpl, phase, d, col)
+    mid = fp8.quantize(tpl, phase, d, blk.row, d.tokens * blk.row_gemm.k, False, mid, d.fp8.wgrad)
     out = gemm_then_comm(tpl, phase, blk.row, blk.row_gemm, mid, blk.exit,
                          boundary_collective(d, exit_, "fwd"), d.chunks)
     return tpl.add(phase, blk.res, residual_fwd(d), out + inp)
@@ -252,19 +257,24 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     """Backward of one block; returns the op that completes the gradient of the block input (the residual add)."""
     entry, exit_ = region_boundaries(d.sp)
     g: Deps = (tpl.add("bwd", blk.res, dropout_bwd(d), gin),) if d.dropout else gin
-    coll = boundary_collective(d, exit_, "bwd")
+    g = fp8.quantize(tpl, "bwd", d, blk.row, d.tokens_out * d.hidden, d.sp, g, d.fp8.wgrad)
+    coll = fp8.fp8_gather(d, boundary_collective(d, exit_, "bwd"))
     cs, dg = comm_then_gemm(tpl, "bwd", blk.exit, coll, f"{blk.row}_dgrad", dgrad(blk.row_gemm), g, d.chunks)
-    row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm, d.grad_fusion), cs or g)
+    row_dy = fp8.transpose_after_gather(tpl, d, blk.row, d.tokens * d.hidden, cs or g)
+    row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad), row_dy)
     mid = blk.middle_bwd(tpl, d, dg)
+    mid = fp8.quantize(tpl, "bwd", d, blk.col, d.tokens * blk.col_gemm.n, False, mid, d.fp8.wgrad)
     regather: tuple[int, ...] = ()
     if d.sp:
-        regather = (tpl.add("bwd", blk.entry + K.REGATHER, regather_collective(d), mid),)
+        regather = (tpl.add("bwd", blk.entry + K.REGATHER, fp8.fp8_gather(d, regather_collective(d)), mid),)
+        regather = fp8.transpose_after_gather(tpl, d, blk.col, d.tokens * d.hidden, regather)
     coll = boundary_collective(d, entry, "bwd")
     if d.tp_grad_overlap or coll is None:  # bulk-overlapped with wgrad
         ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry, coll, 1)
     else:
         dg_col = tpl.add("bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid)
-    col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm, d.grad_fusion), mid + regather)
+    col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad),
+                    mid + regather)
     row_w = bias_grad(tpl, d, blk.row, blk.row_gemm, main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm)))
     col_w = bias_grad(tpl, d, blk.col, blk.col_gemm, main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm)))
     tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]

@@ -16,6 +16,10 @@ kernels), MOE_META (the token counts' all-gather), EXPERT_GATHER / EXPERT_GATHER
 (over "etp", the alltoall dispatcher's post/pre-processing: rows and probabilities gathered apart),
 MOE_GATHER / MOE_SCATTER (the allgather dispatcher, over "etp_ep"), and SHARED_IN / SHARED_OUT around the
 shared expert; after the backward EXPERT_GRAD reduces the experts' gradients over "edp".
+FP8 (sim/schedule/fp8_ops.py): "<gemm>_" + FP8_QUANT (a quantize / cast-transpose kernel before an FP8
+GEMM), FP8_AMAX (tensorwise's amax pass; + ALL_REDUCE its TP reduction under SP), FP8_TRANSPOSE (the
+transpose of a gathered FP8 tensor); per micro-batch FP8_AMAX_REDUCE (delayed scaling's amax all-reduce,
+"<FP8_BLOCK>.mb<m>.fwd.fp8_amax_reduce") and FP8_AMAX_UPDATE; per step FP8_WEIGHT_CAST ("opt.fp8_weight_cast").
 Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
 """
 
@@ -37,6 +41,9 @@ EXPERT_GATHER, EXPERT_GATHER_PROBS, EXPERT_SCATTER = "expert_gather", "expert_ga
 MOE_GATHER, MOE_SCATTER = "moe_gather", "moe_scatter"
 SHARED_IN, SHARED_OUT = "shared_in", "shared_out"
 EXPERT_GRAD = "expert_grad"
+FP8_QUANT, FP8_AMAX, FP8_TRANSPOSE = "fp8_quant", "fp8_amax", "fp8_transpose"
+FP8_AMAX_REDUCE, FP8_AMAX_UPDATE, FP8_WEIGHT_CAST = "fp8_amax_reduce", "fp8_amax_update", "fp8_weight_cast"
+FP8_BLOCK = "fp8"
 
 
 def layer_block(layer: int) -> str:

@@ -33,13 +33,15 @@ class Gemm:
 
     out_bytes: bytes per element of C the epilogue moves: 2 (writes a 16-bit C); FUSED_WGRAD_OUT_BYTES
     = 8 for a weight-gradient GEMM that accumulates into the fp32 main grad (reads and writes 4-byte C:
-    Megatron's gradient-accumulation fusion, C = C + X^T dY with beta = 1)."""
+    Megatron's gradient-accumulation fusion, C = C + X^T dY with beta = 1).
+    fp8: A and B are FP8 (1 byte per element), run at the GPU's FP8 peak (sim/schedule/fp8_rules.py)."""
 
     m: int
     n: int
     k: int
     batch: int = 1
     out_bytes: int = 2
+    fp8: bool = False
 
     @property
     def flops(self) -> float:
@@ -64,6 +66,7 @@ class Attention:
     deterministic: bool = False  # run.deterministic: no atomic dQ accumulation (sim/schedule/run_settings.py)
     window: int | None = None  # sliding-window attention: each query sees the last `window` keys (causal)
     v_head_dim: int | None = None  # V's head width when it differs from Q/K's (MLA: 128 vs 192)
+    fp8: bool = False  # run.fp8_attention: FP8 dot-product attention at the FP8 peak
 
     @property
     def flops(self) -> float:
@@ -101,7 +104,7 @@ class Collective:
     """
 
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
-    group: Literal["tp", "dp", "kv", "embed", "ep", "etp", "etp_ep", "edp"]
+    group: Literal["tp", "dp", "kv", "embed", "ep", "etp", "etp_ep", "edp", "stage"]
     nbytes: int
     boundary: str = ""
     # who moves the bytes: "nccl", or a fused expert-parallel kernel of the flex dispatcher ("deepep",
@@ -148,9 +151,10 @@ class OptimizerStep:
 
 def comm_stream(group: str) -> Stream:
     """The stream (and category) of a collective on `group`: DP traffic (the expert gradients' too, and the
-    tied-embedding gradient all-reduce between the first and last pipeline stage) on dp_comm, the MoE
+    tied-embedding gradient all-reduce between the first and last pipeline stage, and FP8 delayed scaling's
+    amax all-reduce over the whole stage) on dp_comm, the MoE
     dispatch / combine and expert-TP collectives on ep_comm, TP and KV on tp_comm."""
-    if group in ("dp", "embed", "edp"):
+    if group in ("dp", "embed", "edp", "stage"):
         return "dp_comm"
     return "ep_comm" if group in EP_GROUPS else "tp_comm"
 

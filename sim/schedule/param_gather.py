@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshsim.sim.schedule.dp_ops import Bucket, make_buckets, param_gather
+from meshsim.sim.schedule.dp_ops import PARAM_BYTES, Bucket, make_buckets, param_gather
 from meshsim.sim.schedule.ops import Op
 
 
@@ -48,7 +48,7 @@ def reserved_gathers(grad_params: list[int], bucket_bytes: int, expert_params: l
     return dense + experts
 
 
-def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket]) -> list[Op]:
+def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket], param_bytes: float = PARAM_BYTES) -> list[Op]:
     """Fill the reserved slots ops[0:len(buckets)] (None) with the buckets' all-gathers in forward order,
     and make each bucket's first forward consumers depend on its gather (module docstring). Only the
     gated ops are rebuilt: ids stay list positions."""
@@ -57,7 +57,8 @@ def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket]) -> list[Op]:
     first = _first_forward_use(ops[n:])
     gates: dict[int, list[int]] = {}
     for new_id, (i, bucket) in enumerate(reversed(list(enumerate(buckets)))):
-        ops[new_id] = Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", param_gather(bucket))
+        gather = param_gather(bucket, param_bytes)
+        ops[new_id] = Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", gather)
         for consumer in sorted({first[_owner(ops[p])] for p in bucket.producers}):
             gates.setdefault(consumer, []).append(new_id)
     for consumer, gathers in gates.items():

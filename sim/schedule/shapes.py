@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
+from meshsim.sim.schedule.fp8_rules import Fp8Plan
 from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias, norm_has_bias, norm_params
 from meshsim.sim.schedule.ops import Attention, Gemm
 
@@ -48,6 +49,7 @@ class LayerDims:
     deterministic: bool = False  # run.deterministic
     tp_grad_overlap: bool = True  # run.tp_grad_reduce_overlap (sim/schedule/run_settings.py)
     window: int | None = None  # sliding-window attention on this layer (model.sliding_window)
+    fp8: Fp8Plan = Fp8Plan()  # run.fp8: the four linears' GEMMs in FP8 (sim/schedule/fp8_rules.py)
 
     @property
     def tokens(self) -> int:
@@ -68,20 +70,20 @@ class LayerDims:
         return fc1_width(self.mlp, self.ffn)
 
     def qkv_gemm(self) -> Gemm:
-        return Gemm(self.tokens, (self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden)
+        return Gemm(self.tokens, (self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden, fp8=self.fp8.on)
 
     def proj_gemm(self) -> Gemm:
-        return Gemm(self.tokens, self.hidden, self.heads * self.head_dim)
+        return Gemm(self.tokens, self.hidden, self.heads * self.head_dim, fp8=self.fp8.on)
 
     def fc1_gemm(self) -> Gemm:
-        return Gemm(self.tokens, self.fc1_n, self.hidden)
+        return Gemm(self.tokens, self.fc1_n, self.hidden, fp8=self.fp8.on)
 
     def fc2_gemm(self) -> Gemm:
-        return Gemm(self.tokens, self.hidden, self.ffn)
+        return Gemm(self.tokens, self.hidden, self.ffn, fp8=self.fp8.on)
 
     def attention(self, backward: bool) -> Attention:
         return Attention(self.micro_batch, self.heads, self.kv_heads, self.seq, self.head_dim, True, backward,
-                         backward and self.deterministic, self.window)
+                         backward and self.deterministic, self.window, fp8=self.fp8.attention)
 
     def params(self, g: Gemm) -> int:
         """Weight [k, n] of a linear, plus its bias [n] (n = h for row-parallel: replicated)."""
@@ -166,7 +168,8 @@ class ModelDims:
             chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
             bias=self.linear_bias, norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
-            tp_grad_overlap=s.run.tp_grad_reduce_overlap)
+            tp_grad_overlap=s.run.tp_grad_reduce_overlap,
+            fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention))
 
 
 def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:

@@ -1,0 +1,88 @@
+"""FP8 scenario checks (run.fp8 and its knobs): one small rule each, one line naming the field and the fix.
+
+`check_fp8(scenario, gpu, source)` runs after the GPU is resolved (scenarios/load.resolve), because what
+an FP8 recipe needs is a property of the GPU generation. Sources (commits of the snapshots read):
+- FP8 tensor cores: Transformer Engine transformer_engine/pytorch/quantization.py `_compute_fp8_support`
+  (TransformerEngine d0067d0d): compute capability >= 8.9 (Ada, Hopper and later); V100 (7.0) and A100
+  (8.0) have none.
+- `_compute_fp8_block_scaling_support` (same file): blockwise needs compute capability >= 9.0 (Hopper or
+  later, CUDA >= 12.9); `_compute_mxfp8_support`: MXFP8 needs compute capability 10.x (Blackwell data
+  centre parts; 12.0+ refused there).
+- Megatron-LM megatron/training/arguments.py L1095-1097 (Megatron-LM d98e8a64): --fp8-param-gather only
+  with the distributed optimizer (or FSDP, which meshsim does not model).
+- FP8 dot-product attention is a fused-attention backend (TE DotProductAttention with fp8_dpa): it needs
+  model.attention: flash (meshsim's name for the fused kernels).
+"""
+
+from __future__ import annotations
+
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.core.errors import UserError
+from meshsim.topologies.gpus import GpuSpec
+
+FP8_MIN_CC = (8, 9)
+BLOCKWISE_MIN_CC = (9, 0)
+MXFP8_CC_MAJOR = 10
+
+
+def _err(source: str, field: str, value: object, problem: str, fix: str) -> UserError:
+    return UserError(field, value, fix, source=source, problem=problem)
+
+
+def _needs_fp8(s: Scenario, source: str) -> None:
+    """Knobs that only mean something with run.fp8 on."""
+    r = s.run
+    for field, value, default in (("fp8_param_gather", r.fp8_param_gather, False),
+                                  ("fp8_attention", r.fp8_attention, False)):
+        if value != default and not r.fp8_on:
+            raise _err(source, f"run.{field}", value, "It applies to FP8 training, and run.fp8 is off",
+                       "set run.fp8 (delayed, tensorwise, blockwise or mxfp8), or remove the field")
+
+
+def _delayed_only(s: Scenario, source: str) -> None:
+    r = s.run
+    for field, value, default in (("fp8_amax_history_len", r.fp8_amax_history_len, 1),
+                                  ("fp8_amax_compute_algo", r.fp8_amax_compute_algo, "most_recent"),
+                                  ("tp_only_amax_reduction", r.tp_only_amax_reduction, False)):
+        if value != default and r.fp8 != "delayed":
+            raise _err(source, f"run.{field}", value, f"It sets delayed scaling's amax history, and run.fp8 is "
+                       f"{r.fp8}", "set run.fp8: delayed, or remove the field")
+
+
+def _layers_and_modes(s: Scenario, source: str) -> None:
+    r, p = s.run, s.parallel
+    if r.fp8_on and (s.model.moe is not None or s.model.mla is not None):
+        field = "model.moe" if s.model.moe is not None else "model.mla"
+        raise _err(source, "run.fp8", r.fp8, f"FP8 is modeled for dense attention / MLP layers only, and {field} "
+                   "is set", "set run.fp8: off for MoE / MLA models")
+    if r.fp8_param_gather and not p.distributed_optimizer:
+        raise _err(source, "run.fp8_param_gather", True, "Megatron keeps FP8 primary weights only with the "
+                   "distributed optimizer", "set parallel.distributed_optimizer: true, or drop run.fp8_param_gather")
+    if r.fp8_attention and s.model.attention != "flash":
+        raise _err(source, "run.fp8_attention", True, "FP8 attention is a fused-attention kernel, and "
+                   "model.attention is unfused", "set model.attention: flash, or drop run.fp8_attention")
+
+
+def _gpu_supports(s: Scenario, gpu: GpuSpec, source: str) -> None:
+    r, cc = s.run, gpu.compute_capability
+    if not r.fp8_on:
+        return
+    if cc < FP8_MIN_CC or gpu.fp8_peak_tflops <= 0:
+        raise _err(source, "run.fp8", r.fp8, f"The {gpu.name} has no FP8 tensor cores (compute capability "
+                   f"{cc[0]}.{cc[1]}; FP8 needs 8.9 or later: H100, H200, B200, GB200)",
+                   "set run.fp8: off, or use an FP8 GPU (hardware.gpu / topology.preset)")
+    if r.fp8 == "blockwise" and cc < BLOCKWISE_MIN_CC:
+        raise _err(source, "run.fp8", r.fp8, f"Blockwise FP8 GEMMs need compute capability 9.0 or later, the "
+                   f"{gpu.name} has {cc[0]}.{cc[1]}", "use run.fp8: delayed or tensorwise")
+    if r.fp8 == "mxfp8" and cc[0] != MXFP8_CC_MAJOR:
+        raise _err(source, "run.fp8", r.fp8, f"MXFP8 needs a Blackwell GPU (compute capability 10.x), the "
+                   f"{gpu.name} has {cc[0]}.{cc[1]}", "use run.fp8: tensorwise, delayed or blockwise, or a "
+                   "B200 / GB200")
+
+
+def check_fp8(s: Scenario, gpu: GpuSpec, source: str) -> None:
+    """Every FP8 rule in order; the first violation is raised as a UserError."""
+    _needs_fp8(s, source)
+    _delayed_only(s, source)
+    _layers_and_modes(s, source)
+    _gpu_supports(s, gpu, source)

@@ -1,0 +1,40 @@
+"""FP8 GEMM cost constants: the FP8 peak a GEMM runs against and the large-FP8-GEMM ceiling per generation.
+
+An FP8 GEMM (sim/schedule/ops.Gemm with fp8) is priced by sim/cost/compute.py with the same shape model as a
+16-bit one (sim/cost/gemm_efficiency.py: tile padding, wave quantization, skinny k) against
+`fp8_peak_tflops(gpu)`, with 1-byte A and B operands (FP8_OPERAND_BYTES) and the 16-bit output epilogue.
+Because the FP8 peak is twice the 16-bit one at the same HBM bandwidth, k_fill (peak / bandwidth, the
+epilogue's cost in k-steps) doubles: a GEMM with k = 4096 on an H100 loses 4096 / (4096 + 590) vs
+4096 / (4096 + 295) of its tile time, so small and skinny FP8 GEMMs reach less of their peak than bf16 ones,
+as the shape model predicts without a separate constant.
+
+FP8_GEMM_CEILING_BY_GPU: the fraction of the FP8 peak an 8192^3 FP8 GEMM reaches (the reference shape of
+the shape model). No FP8 GEMM measurement is in this project's reference set, and this machine has no
+GPU, so the Hopper value is fitted: on the NeMo 24.07 Llama 2 7B FP8 row (8 H100, tp 1, the calibration
+set's one compute-bound FP8 case; benchmarks/accuracy/fits.yaml names it), which the model reproduces at
+0.60; B200 takes the same fraction (no Blackwell FP8 row is used to fit it; benchmarks/accuracy.py's fp8
+group reports how far that holds on the B200 / GB200 rows). Override with hardware.compute.fp8_gemm_efficiency
+or measure it (`meshsim calibrate` on a GPU: validate/calibrate/fp8_gemm.py, torch._scaled_mm).
+"""
+
+from __future__ import annotations
+
+from meshsim.topologies.gpus import GpuSpec
+
+FP8_OPERAND_BYTES = 1.0
+FP8_GEMM_CEILING_BY_GPU = {"h100": 0.60, "h200": 0.60, "b200": 0.60, "gb200": 0.60}
+DEFAULT_FP8_CEILING = 0.60
+
+
+def fp8_peak_tflops(gpu: GpuSpec) -> float:
+    """The GPU's FP8 dense peak (topologies/gpus.py); a GPU without FP8 is refused at load (scenarios/fp8_checks.py)."""
+    if gpu.fp8_peak_tflops <= 0:
+        raise ValueError(f"{gpu.name} has no FP8 peak; scenarios/fp8_checks.py should have refused run.fp8")
+    return gpu.fp8_peak_tflops
+
+
+def fp8_gemm_ceiling(gpu_name: str, stated: float | None = None) -> float:
+    """hardware.compute.fp8_gemm_efficiency if stated, else the generation's FP8_GEMM_CEILING_BY_GPU."""
+    if stated is not None:
+        return stated
+    return next((v for k, v in FP8_GEMM_CEILING_BY_GPU.items() if gpu_name.startswith(k)), DEFAULT_FP8_CEILING)

@@ -1,0 +1,137 @@
+"""FP8 training as Transformer Engine runs it under Megatron-Core: which GEMMs run in FP8, what the
+quantize kernels read and write, what crosses the wire in FP8, and the amax bookkeeping per recipe.
+
+Sources (snapshot commits): Transformer Engine d0067d0d (TE), Megatron-LM d98e8a64 (MLM).
+
+Recipes (MLM megatron/core/fp8_utils.py L768-790, `get_fp8_recipe`; TE transformer_engine/common/recipe/
+__init__.py): delayed = DelayedScaling (one scale per tensor from an amax history), tensorwise =
+Float8CurrentScaling (one scale per tensor from this tensor's own amax), blockwise = Float8BlockScaling
+(fp32 scale per 1 x 128 block of activations and gradients, per 128 x 128 block of weights), mxfp8 =
+MXFP8BlockScaling (one E8M0 byte per 32 consecutive values, rowwise and columnwise apart).
+Format (MLM transformer_config.py `fp8`): hybrid = E4M3 activations and weights, E5M2 gradients; e4m3
+everywhere. The format changes the numerics (validate/numerics/fp8_emulation.py), not the time.
+
+Which GEMMs: the four TE linears of a layer (qkv and fc1 are LayerNormLinear, proj and fc2 Linear),
+forward, dgrad and wgrad (wgrad in 16 bit with run.fp8_wgrad false: MLM passes
+override_linear_precision=(False, False, not fp8_wgrad)). The attention core stays 16-bit unless
+run.fp8_attention (TE fp8_dpa); the embedding, the output layer (LM head), norms, softmax and the
+cross-entropy stay 16-bit. (Megatron's --first-last-layers-bf16 is not modeled: every layer runs FP8.)
+
+Quantize kernels (TE module/linear.py `_linear_forward_impl` / backward, L340-440 and L800-1000):
+- every FP8 GEMM input that is not already FP8 is quantized: the linear input (forward), the output
+  gradient dY (backward). The copies written: rowwise (for the GEMM that consumes it now) plus, when the
+  backward needs the tensor, columnwise (the transpose, for wgrad): TE's cast-transpose kernel writes
+  both in one pass (read 2 B, write 1 B per copy per element);
+- under SP the column-parallel input is quantized on its sequence shard and all-gathered in FP8
+  (`gather_along_first_dim(..., quantizer=input_quantizer)`), and so is the row-parallel layer's dY in
+  backward (TE L1156). For delayed / tensorwise (Float8Quantizer / Float8CurrentScalingQuantizer)
+  "All-gather is not supported with FP8 column-wise data": the shard is quantized rowwise only and the
+  gathered tensor transposed again for wgrad (an FP8 transpose: read 1 B, write 1 B per element);
+  blockwise and MXFP8 quantize both directions on the shard and gather the columnwise copy in backward;
+- tensorwise computes the tensor's amax in a separate pass before the cast (read 2 B); where the tensor
+  is sequence-sharded (SP: the column-parallel input, the row-parallel dY) its amax is all-reduced over
+  the TP group first (TE `set_quantizer_amax_reduction_group(..., tp_group if sequence_parallel ...)`);
+- delayed scaling records the amax inside the cast kernel and reduces the whole region's amaxes in one
+  all-reduce (MAX) when the autocast region ends (TE quantization.py `autocast_exit` ->
+  `reduce_and_update_fp8_tensors(forward=True)`, `async_op=False`) over the amax group: tp x dp of the
+  stage (MLM parallel_state.get_amax_reduction_group), tp only with run.tp_only_amax_reduction. Megatron
+  wraps the whole layer stack in one region for delayed scaling (MLM transformer_block.py L619-629),
+  so one forward and one backward reduction per micro-batch; 4 bytes per amax, 3 per FP8 GEMM forward
+  (input, weight, output) and 2 backward (grad output, grad input) (TE base.py fp8_meta sizes). The
+  history update (fused_amax_and_scale_update_after_reduction) reads and writes the history:
+  run.fp8_amax_history_len x amaxes x 4 bytes;
+- blockwise / MXFP8 compute their scales in the quantize kernel and write them: 4 B per 128 values
+  (blockwise 1 x 128) or 1 B per 32 values (MXFP8) per copy. No amax reduction.
+- weights: cast (and transposed) once per step, on the first micro-batch (TE `update_workspace =
+  is_first_microbatch`): read 2 B, write 2 x 1 B per parameter, modeled as one kernel per step after the
+  optimizer step (op key FP8_WEIGHT_CAST). With run.fp8_param_gather the primary weights are FP8: the
+  optimizer writes them from the fp32 master shard (read 4 B, write 1 B per owned parameter) and the
+  DP parameter all-gather moves 1 B per linear weight; the transpose is made after the gather.
+What stays 16-bit on the wire: reduce-scatters and all-reduces of GEMM outputs (TE's GEMM output is 16-bit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.sim.schedule.ops import Elementwise
+
+FP8_BYTES = 1
+AMAX_BYTES = 4  # fp32 amax per tensor
+BLOCKWISE_BLOCK, BLOCKWISE_SCALE_BYTES = 128, 4  # Float8BlockScaling: fp32 scale per 1 x 128 block
+MXFP8_BLOCK, MXFP8_SCALE_BYTES = 32, 1  # MXFP8BlockScaling: E8M0 scale per 32 values
+AMAX_PER_GEMM_FWD, AMAX_PER_GEMM_BWD = 3, 2  # TE fp8_meta: (input, weight, output), (grad out, grad in)
+LINEARS_PER_LAYER = 4  # qkv, proj, fc1, fc2
+# kernel names (Elementwise.kernel) of the quantize work, defined once
+QUANTIZE, CAST_TRANSPOSE, TRANSPOSE, AMAX, AMAX_UPDATE, WEIGHT_CAST = (
+    "fp8_quantize", "fp8_cast_transpose", "fp8_transpose", "fp8_amax", "fp8_amax_update", "fp8_weight_cast")
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """A layer's FP8 settings (run.fp8...), carried by LayerDims."""
+
+    recipe: str = "off"  # off | delayed | tensorwise | blockwise | mxfp8
+    wgrad: bool = True
+    attention: bool = False
+
+    @property
+    def on(self) -> bool:
+        return self.recipe != "off"
+
+    @property
+    def tensor_scaled(self) -> bool:
+        """One scale per tensor (delayed, tensorwise): a sharded gather carries rowwise data only."""
+        return self.recipe in ("delayed", "tensorwise")
+
+
+def scale_bytes(elements: int, recipe: str) -> int:
+    """Scale bytes written with one copy of `elements` quantized values (per-tensor scales: none counted)."""
+    if recipe == "blockwise":
+        return -(-elements // BLOCKWISE_BLOCK) * BLOCKWISE_SCALE_BYTES
+    if recipe == "mxfp8":
+        return -(-elements // MXFP8_BLOCK) * MXFP8_SCALE_BYTES
+    return 0
+
+
+def fp8_tensor_bytes(elements: int, recipe: str) -> int:
+    """Bytes of one FP8 copy of a tensor: 1 B per value plus its scales (what an FP8 all-gather moves)."""
+    return elements * FP8_BYTES + scale_bytes(elements, recipe)
+
+
+def quantize_works(elements: int, copies: int, plan: Fp8Plan, src_bytes: int = 2) -> tuple[Elementwise, ...]:
+    """The kernels that quantize a 16-bit tensor of `elements` values into `copies` FP8 copies (1 rowwise,
+    2 rowwise + columnwise): tensorwise first reads it once for its amax."""
+    cast = CAST_TRANSPOSE if copies > 1 else QUANTIZE
+    q = Elementwise(cast, src_bytes * elements, copies * fp8_tensor_bytes(elements, plan.recipe))
+    if plan.recipe == "tensorwise":
+        return (Elementwise(AMAX, src_bytes * elements, AMAX_BYTES), q)
+    return (q,)
+
+
+def transpose_work(elements: int) -> Elementwise:
+    """FP8 transpose of a gathered rowwise tensor for wgrad (delayed / tensorwise under SP)."""
+    return Elementwise(TRANSPOSE, elements * FP8_BYTES, elements * FP8_BYTES)
+
+
+def amax_reduce_bytes(fp8_layers: int, backward: bool) -> int:
+    """Bytes of delayed scaling's per-pass amax all-reduce over `fp8_layers` layers of a stage."""
+    per_gemm = AMAX_PER_GEMM_BWD if backward else AMAX_PER_GEMM_FWD
+    return fp8_layers * LINEARS_PER_LAYER * per_gemm * AMAX_BYTES
+
+
+def amax_update_work(fp8_layers: int, backward: bool, history_len: int) -> Elementwise:
+    """The fused amax-history and scale update after the reduction: reads and writes the history and scales."""
+    n = amax_reduce_bytes(fp8_layers, backward) // AMAX_BYTES
+    nbytes = n * (history_len + 1) * AMAX_BYTES
+    return Elementwise(AMAX_UPDATE, nbytes, nbytes)
+
+
+def weight_cast_work(linear_params: int, owned_params: int, param_gather: bool) -> Elementwise:
+    """Once per step: the linear weights' FP8 rowwise + columnwise copies. Without fp8_param_gather, from the
+    16-bit weights (read 2 B, write 2 x 1 B per parameter); with it, the optimizer casts its fp32 master shard
+    (read 4 B, write 1 B per owned parameter) and the gathered weights are transposed (read 1 B, write 1 B)."""
+    if param_gather:
+        return Elementwise(WEIGHT_CAST, 4 * owned_params + linear_params, owned_params + linear_params)
+    return Elementwise(WEIGHT_CAST, 2 * linear_params, 2 * linear_params)
+
