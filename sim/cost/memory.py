@@ -36,6 +36,10 @@ stage 0 holds (v p + p - 1) / v = p (1 + (p - 1)/(v p)) micro-batches' worth of 
 dropout mask follows the same count; the output layer's activations and logits belong to one
 micro-batch in flight (its backward follows its forward on the last stage). "fits" uses the worst stage.
 
+FP8 (run.fp8; sim/cost/fp8_memory.py): +2 bytes per linear weight for the FP8 rowwise and transposed copies
+(weights; with run.fp8_param_gather the bf16 copy of those weights goes, -2), and the four linears' saved
+inputs at 1 byte (activations).
+
 Workspace 1.0 GB: CUDA context (~0.5 GB), NCCL buffers for the tp and dp communicators (4 MiB Simple +
 LL128 + LL buffers per channel, ~10 MiB x up to 32 channels each, ~0.3-0.6 GB), cuBLAS workspace.
 An estimate; allocator fragmentation is not modeled.
@@ -47,6 +51,7 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES, GB
+from meshsim.sim.cost.fp8_memory import fp8_activation_savings, fp8_weight_extra_bytes
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
@@ -122,7 +127,8 @@ def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
     scores = 0
     if not d.flash and recompute == "none":
         scores = (5 if d.dropout else 2) * d.heads * d.seq
-    return d.tokens_out * outside + d.tokens * (attn + mlp + scores)
+    fp8 = fp8_activation_savings(d) if recompute != "full" else 0  # FP8-saved linear inputs (fp8_memory.py)
+    return d.tokens_out * outside + d.tokens * (attn + mlp + scores) - fp8
 
 
 def activation_bytes(rs: ResolvedScenario) -> int:
@@ -200,11 +206,18 @@ def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
     return int(body + embed + head)
 
 
-def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_params: int = 0) -> MemoryBreakdown:
-    """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp)."""
+def fp8_weights_gb(rs: ResolvedScenario, layers: int) -> float:
+    """GB the FP8 weight copies add to `layers` layers' 16-bit weights (sim/cost/fp8_memory.py)."""
+    return fp8_weight_extra_bytes(layer_dims(rs), layers, rs.scenario.run.fp8_param_gather) / GB
+
+
+def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_params: int = 0,
+               layers: int = 0) -> MemoryBreakdown:
+    """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp); `layers`
+    transformer layers (their FP8 weight copies)."""
     shard, eshard = (rs.dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
     total_params = params + expert_params
-    weights, grads = total_params * WEIGHT_BYTES / GB, total_params * GRAD_BYTES / GB
+    weights, grads = total_params * WEIGHT_BYTES / GB + fp8_weights_gb(rs, layers), total_params * GRAD_BYTES / GB
     optimizer = (params / shard + expert_params / eshard) * ADAM_BYTES / GB
     acts = activation_b / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
@@ -215,7 +228,7 @@ def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_para
 def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
     """Every stage's memory; the worst stage's figures on top ("fits" is the worst stage's)."""
     stages = tuple(_breakdown(rs, *stage_param_split(rs, r)[:1], stage_activation_bytes(rs, r),
-                              stage_param_split(rs, r)[1]) for r in range(rs.pp))
+                              stage_param_split(rs, r)[1], len(stage_layers(rs, r))) for r in range(rs.pp))
     worst = max(range(rs.pp), key=lambda r: stages[r].total_gb)
     w = stages[worst]
     return MemoryBreakdown(w.weights_gb, w.grads_gb, w.optimizer_gb, w.activations_gb, w.workspace_gb,
@@ -231,7 +244,7 @@ def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
     params = params_per_rank(rs)
     p = rs.scenario.parallel
     shard = rs.dp if p.distributed_optimizer else 1
-    weights = params * WEIGHT_BYTES / GB
+    weights = params * WEIGHT_BYTES / GB + fp8_weights_gb(rs, rs.scenario.model.layers)
     grads = params * GRAD_BYTES / GB
     optimizer = params * ADAM_BYTES / shard / GB
     acts = activation_bytes(rs) / GB
