@@ -59,7 +59,8 @@ def config_line(c: ConfigEcho) -> str:
     ep = f" ep={c.ep} etp={c.etp} edp={c.edp}" if c.has("ep") else ""
     return (f"tp={c.tp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
-            f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}")
+            f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}"
+            + (f", FP8 {c.fp8} ({c.fp8_format}; MFU on the 16-bit peak)" if c.fp8 not in (None, "off") else ""))
 
 
 def band_line(band: ErrorBand) -> str:

@@ -68,6 +68,10 @@ class ConfigEcho:
     edp: int | None = None
     moe_dispatcher: str | None = None
     moe_ep_overlap: bool | None = None
+    fp8: str | None = None  # run.fp8, "off" included (None: a file written before FP8 existed)
+    fp8_format: str | None = None  # with FP8 on: fp8_format .. fp8_attention
+    fp8_param_gather: bool | None = None
+    fp8_attention: bool | None = None
 
     def to_json(self) -> JsonDict:
         return _present(self)

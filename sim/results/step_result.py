@@ -3,7 +3,10 @@
 - tokens_per_s = global_batch * seq_len / step_time_s
 - tflops_per_gpu = model FLOPs per step / step_time_s / GPUs / 1e12 (model FLOPs: no recompute,
   Narayanan et al. 2021 convention; sim/cost/flops.py)
-- mfu = tflops_per_gpu / GPU peak dense bf16 TFLOP/s (topologies/gpus.py)
+- mfu = tflops_per_gpu / GPU peak dense bf16 TFLOP/s (topologies/gpus.py), with FP8 training too: the
+  sources (NeMo / Megatron-Bridge performance tables) report model TFLOP/s per GPU counted as Megatron
+  counts them (the 16-bit formula, whatever precision the GEMMs ran in), and MFU against the 16-bit peak;
+  so an FP8 run's MFU is never quoted on the FP8 peak
 - hfu = hardware FLOPs per step (recompute included, sim/cost/flops.py) / step_time_s / GPUs / peak
 The breakdown and layer spans are those of the representative rank (the lowest simulated rank: with
 pipeline parallelism, a rank of the first stage). With pp > 1 the breakdown and critical-path shares gain
@@ -139,7 +142,7 @@ def upgrade_result_dict(data: Mapping[str, object]) -> JsonDict:
 
 def config_echo(rs: ResolvedScenario) -> ConfigEcho:
     """The scenario settings a reader needs next to the numbers."""
-    sc, par = rs.scenario, rs.scenario.parallel
+    sc, par, run = rs.scenario, rs.scenario.parallel, rs.scenario.run
     moe = sc.model.moe is not None
     return ConfigEcho(
         tp=rs.tp, pp=rs.pp, sp=par.sp, dp=rs.dp, gpus=rs.gpus, micro_batch=par.micro_batch,
@@ -150,6 +153,9 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         vp=rs.vp if rs.pp > 1 else None,  # virtual stages only mean something with pp > 1
         ep=rs.ep if moe else None, etp=rs.etp if moe else None, edp=rs.edp if moe else None,
         moe_dispatcher=par.moe_dispatcher if moe else None, moe_ep_overlap=par.moe_ep_overlap if moe else None,
+        fp8=run.fp8, fp8_format=run.fp8_format if run.fp8_on else None,
+        fp8_param_gather=run.fp8_param_gather if run.fp8_on else None,
+        fp8_attention=run.fp8_attention if run.fp8_on else None,
     )
 
 
