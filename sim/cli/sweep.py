@@ -46,6 +46,7 @@ def sweep_command(
     recompute: str = typer.Option(None, "--recompute", help="activation recompute modes: none,selective,full"),
     ep: str = typer.Option(None, "--ep", help=f"expert-parallel degrees (MoE), e.g. 8,16,32 ({AXIS_HELP})"),
     etp: str = typer.Option(None, "--etp", help=f"expert-tensor-parallel degrees (MoE), e.g. 1,2 ({AXIS_HELP})"),
+    fp8: str = typer.Option(None, "--fp8", help=f"FP8 recipes (run.fp8), e.g. off,delayed ({AXIS_HELP})"),
     jobs: int = typer.Option(None, "--jobs", "-j", help="local worker processes (default: all cores; 1 = in-process)"),
     out: Path = typer.Option(None, "--out", help="directory for sweep.jsonl (resumable) and report.html"),
     json_path: Path = typer.Option(None, "--json", help="write configurations, skipped, sweet_spot, explanation"),
@@ -58,7 +59,7 @@ def sweep_command(
     if jobs is not None and not 1 <= jobs <= MAX_JOBS:
         raise UserError("--jobs", jobs, f"use --jobs 1 to {MAX_JOBS}")
     flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute,
-                 pp=pp, vp=vp, ep=ep, etp=etp)
+                 pp=pp, vp=vp, ep=ep, etp=etp, fp8=fp8)
     check_engine("--engine", engine)
     base, source = load_scenario(scenario)
     if engine is not None:

@@ -1,7 +1,8 @@
 """Sweep axes, their product, and one configuration's run (meshsim sweep).
 
 A sweep varies nine parallel-configuration axes of one scenario at its fixed GPU count:
-tp, sp, micro_batch, tp_comm_overlap, recompute, pp, vp, and for MoE models ep and etp (edp follows). The data-parallel degree follows from tp and
+tp, sp, micro_batch, tp_comm_overlap, recompute, pp, vp, and for MoE models ep and etp (edp follows), and
+one run setting, the FP8 recipe (`run.fp8`: off, delayed, tensorwise, blockwise, mxfp8; RUN_AXES). The data-parallel degree follows from tp and
 pp (`parallel.dp = "auto"`: dp = gpus / (tp x pp)); a combination whose tp x pp does not divide the GPUs,
 or that breaks a pipeline rule (layers divisible by pp x vp, interleaving needs pp > 2, ...), is skipped
 with the rule. Axis values come, by priority, from command-line flags,
@@ -24,8 +25,10 @@ from meshsim.scenarios.load import referenced_files
 from meshsim.sim.core.errors import UserError, quote
 from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
 
-AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp")
+AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp", "fp8")
+RUN_AXES = ("fp8",)  # axes that set scenario run.<name> (the others set parallel.<name>)
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+FP8_CHOICES = ("off", "delayed", "tensorwise", "blockwise", "mxfp8")
 SWITCH_VALUES = {"on": (True,), "off": (False,), "both": (False, True)}
 
 
@@ -64,6 +67,19 @@ def parse_recompute(text: str) -> tuple[str, ...]:
     return tuple(values)
 
 
+def parse_fp8(text: str) -> tuple[str, ...]:
+    """'off,delayed' -> ('off', 'delayed'): FP8 recipes (run.fp8)."""
+    values: list[str] = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if part not in FP8_CHOICES:
+            raise UserError("--fp8", text, f"use a comma-separated subset of {', '.join(FP8_CHOICES)}",
+                            problem=f"{part!r} is not an FP8 recipe")
+        if part not in values:
+            values.append(part)
+    return tuple(values)
+
+
 PARSERS = {
     "tp": lambda t: parse_int_list("tp", t),
     "sp": lambda t: parse_switch("sp", t),
@@ -74,6 +90,7 @@ PARSERS = {
     "vp": lambda t: parse_int_list("vp", t),
     "ep": lambda t: parse_int_list("ep", t),
     "etp": lambda t: parse_int_list("etp", t),
+    "fp8": parse_fp8,
 }
 
 
@@ -89,6 +106,7 @@ class SweepAxes:
     vp: tuple[int, ...] = (1,)
     ep: tuple[int, ...] = (1,)
     etp: tuple[int, ...] = (1,)
+    fp8: tuple[str, ...] = ("off",)
 
 
 @dataclass(frozen=True)
@@ -104,19 +122,21 @@ class SweepPoint:
     vp: int = 1
     ep: int = 1
     etp: int = 1
+    fp8: str = "off"
 
     @property
     def key(self) -> str:
         """Stable identifier, used to resume: 'tp=8,sp=on,mb=1,overlap=off,recompute=none' (+ ',pp=4,vp=2'
-        when pipelined, + ',ep=16,etp=1' with expert parallelism)."""
+        when pipelined, + ',ep=16,etp=1' with expert parallelism, + ',fp8=delayed' with FP8)."""
         pipe = f",pp={self.pp},vp={self.vp}" if (self.pp, self.vp) != (1, 1) else ""
         experts = f",ep={self.ep},etp={self.etp}" if (self.ep, self.etp) != (1, 1) else ""
+        fp8 = f",fp8={self.fp8}" if self.fp8 != "off" else ""
         return (f"tp={self.tp},sp={_onoff(self.sp)},mb={self.micro_batch},"
-                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}{pipe}{experts}")
+                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}{pipe}{experts}{fp8}")
 
     def overrides(self) -> dict[str, object]:
         """Dotted scenario overrides for scenarios.load.with_overrides; dp follows from tp."""
-        fields = {f"parallel.{name}": value for name, value in asdict(self).items()}
+        fields = {f"{'run' if name in RUN_AXES else 'parallel'}.{name}": value for name, value in asdict(self).items()}
         return {**fields, "parallel.dp": "auto"}
 
 
@@ -136,7 +156,7 @@ def sweep_axes(scenario, flags: dict[str, str | None] | None = None) -> SweepAxe
         elif block is not None and getattr(block, axis):
             values[axis] = tuple(dict.fromkeys(getattr(block, axis)))
         else:
-            values[axis] = (getattr(scenario.parallel, axis),)
+            values[axis] = (getattr(scenario.run if axis in RUN_AXES else scenario.parallel, axis),)
     return SweepAxes(**values)
 
 
@@ -152,7 +172,9 @@ def scenario_digest(scenario, source: str = "") -> str:
     """Hash of everything a configuration's result depends on besides its point: the scenario without its
     sweep block and without the fields every point overrides, plus the bytes of every file it references
     (topology.file, hardware.profile; a missing file hashes as missing). Resumed records must match it."""
-    digest = hashlib.sha256(scenario.model_dump_json(exclude={"sweep": True, "parallel": {*AXES, "dp"}}).encode())
+    parallel_axes = {a for a in AXES if a not in RUN_AXES} | {"dp"}
+    exclude = {"sweep": True, "parallel": parallel_axes, "run": set(RUN_AXES)}
+    digest = hashlib.sha256(scenario.model_dump_json(exclude=exclude).encode())
     for name, path in sorted(referenced_files(scenario, source).items()):
         try:
             content = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -22,6 +22,7 @@ from meshsim.sim.results.error_band import DEFAULT_GROUP, ErrorBand, load_bands
 from meshsim.sim.results.records import CollectiveRow, MemoryGB
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import AXES
+from meshsim.sim.sweep.fp8_explain import fp8_sentence
 from meshsim.sim.sweep.record import SweepRecord
 
 MAX_SENTENCES = 9
@@ -32,7 +33,7 @@ MAX_SENTENCES = 9
 BandOf = Callable[[SweepRecord], ErrorBand]
 SHARE_NAMES = CATEGORY_NAMES
 AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute",
-               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp"}
+               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp", "fp8": "fp8"}
 
 
 # ----- selection ------------------------------------------------------------------------------------
@@ -334,7 +335,8 @@ def explain(records: list[SweepRecord], band_of: BandOf | None = None) -> list[s
         return [no_fit_sentence(records, axes)] + _skipped_summary(skipped, axes)
     band = (band_of or default_band)(best)
     sentences = [winner_sentence(best, records, axes), within_error_sentence(best, records, axes, band),
-                 path_sentence(best), pipeline_sentence(best), pp_enables_sentence(records, best, axes)]
+                 path_sentence(best), fp8_sentence(records, best, axes, label, _differs), pipeline_sentence(best),
+                 pp_enables_sentence(records, best, axes)]
     sentences += [contrast_sentence(r, best, axes) for r in neighbours(records, best)]
     for axis, describe in (("sp", sp_sentence), ("tp_comm_overlap", overlap_sentence)):
         other = _flipped(records, best, axis)

@@ -12,7 +12,7 @@ from meshsim.sim.results.critical_path import CATEGORIES
 from meshsim.sim.sweep.explain import AXIS_LABELS, fmt_gb, ok, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
 
-TABLE_AXES = ("tp", "pp", "vp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "ep", "etp")  # the table's axis order
+TABLE_AXES = ("tp", "pp", "vp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "ep", "etp", "fp8")  # the table's axis order
 PINNED_AXES = ("tp", "pp", "sp")  # shown at any width, with the axes that vary
 
 
