@@ -45,6 +45,7 @@ def _variant(name: str, parallel: dict, topology: dict, out: Path) -> str:
 
 def cases(tmp: Path) -> dict[str, str]:
     out = {"default": DEFAULT_SCENARIO,
+           "llama3-8b-h100-fp8": "llama3-8b-h100-fp8",  # issue 18: FP8 library scenario, <= 1.5x the default
            "gpt3-gb1536-overlap": _variant("gpt3-175b-a100-16node",
                                            {"global_batch": 1536, "tp_comm_overlap": True}, {}, tmp),
            # issue 9 item 10: GPT-3 175B-class step, tp 8, pp 8, v 12 (one layer per chunk), 1,024 A100
