@@ -1,0 +1,231 @@
+"""FP8 (run.fp8): closed-form GEMM times, quantize bytes, wire bytes, memory, the delayed amax reduction,
+the sweep axis, and one check test per FP8 error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshsim.scenarios.fp8_checks import check_fp8
+from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.scenarios.schema import Scenario
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.units import GB
+from meshsim.sim.cost.compute import ComputeModel
+from meshsim.sim.cost.fp8_memory import fp8_activation_savings, linear_weights
+from meshsim.sim.cost.memory import memory_per_gpu
+from meshsim.sim.schedule import op_keys as K
+from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.fp8_rules import Fp8Plan, amax_reduce_bytes, quantize_works
+from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm
+from meshsim.sim.schedule.shapes import layer_dims
+from meshsim.sim.sweep.axes import SweepPoint, parse_fp8
+from meshsim.topologies.gpus import GPUS
+from meshsim.topologies.model import Topology
+
+H100 = GPUS["h100-sxm"]
+L, H, A, S, B = 2, 256, 8, 128, 2
+MODEL = dict(layers=L, hidden=H, heads=A, kv_heads=4, ffn_hidden=512, seq_len=S, vocab=1000, mlp="swiglu",
+             dropout=False, attention="flash")
+
+
+def make_rs(parallel: dict, run: dict, *, dp: int = 1, model: dict | None = None, gpu: str = "h100-sxm"
+            ) -> ResolvedScenario:
+    par = {"micro_batch": B, "global_batch": B * dp, **parallel}
+    s = Scenario.model_validate({"name": "t", "model": model or MODEL, "topology": {"preset": "dgx-h100"},
+                                 "parallel": par, "run": run})
+    tp = s.parallel.tp
+    topo = Topology("trivial", gpu, 1, tp * dp, (), ())
+    return ResolvedScenario(s, "test", GPUS[gpu], topo, tp * dp, tp, dp, 1)
+
+
+# ----- GEMM time ----------------------------------------------------------------------------------------
+def test_large_fp8_gemm_runs_at_the_fp8_ceiling_of_the_fp8_peak():
+    """8192^3 is the shape model's reference: efficiency = the H100 FP8 ceiling 0.60 exactly, at 1,979 TFLOP/s."""
+    cm = ComputeModel(H100)
+    g = Gemm(8192, 8192, 8192, fp8=True)
+    assert cm.gemm_efficiency(g) == pytest.approx(0.60, rel=1e-12)
+    assert cm.gemm_s(g) == pytest.approx(2 * 8192**3 / (1979e12 * 0.60) + 3e-6, rel=1e-12)
+    bf16 = cm.gemm_s(Gemm(8192, 8192, 8192))
+    assert bf16 / cm.gemm_s(g) == pytest.approx((2 * 8192**3 / (989e12 * 0.75) + 3e-6) /
+                                                (2 * 8192**3 / (1979e12 * 0.60) + 3e-6), rel=1e-12)
+
+
+def test_skinny_fp8_gemm_reaches_less_of_its_peak_than_bf16():
+    """k = 256: the epilogue costs k_fill = peak / bw k-steps, about twice as many at the FP8 peak, so relative
+    to its own ceiling (the 8192^3 reference) the FP8 GEMM keeps less: k / (k + k_fill8) vs k / (k + k_fill)."""
+    cm = ComputeModel(H100)
+    fp8 = cm.gemm_efficiency(Gemm(8192, 8192, 256, fp8=True)) / 0.60
+    bf16 = cm.gemm_efficiency(Gemm(8192, 8192, 256)) / 0.75
+    k_fill, k_fill8 = 989e3 / 3350.0, 1979e3 / 3350.0
+    assert bf16 == pytest.approx(256 / (256 + k_fill) / (8192 / (8192 + k_fill)), rel=1e-9)
+    assert fp8 == pytest.approx(256 / (256 + k_fill8) / (8192 / (8192 + k_fill8)), rel=1e-9)
+    assert fp8 < bf16
+
+
+def test_fp8_attention_uses_the_fp8_peak():
+    d = layer_dims(make_rs({}, {"fp8": "delayed", "fp8_attention": True}))
+    cm = ComputeModel(H100)
+    att = d.attention(backward=False)
+    assert att.fp8
+    assert (cm.attention_s(dataclasses.replace(att, fp8=False)) - 3e-6) / (cm.attention_s(att) - 3e-6) == \
+        pytest.approx(1979 / 989, rel=1e-12)
+
+
+# ----- quantize kernels -----------------------------------------------------------------------------------
+def test_quantize_bytes_per_recipe():
+    n = 4096
+    (q,) = quantize_works(n, 2, Fp8Plan("delayed"))
+    assert (q.kernel, q.bytes_read, q.bytes_written) == ("fp8_cast_transpose", 2 * n, 2 * n)
+    amax, q = quantize_works(n, 1, Fp8Plan("tensorwise"))
+    assert (amax.kernel, amax.bytes_read, q.bytes_read, q.bytes_written) == ("fp8_amax", 2 * n, 2 * n, n)
+    (q,) = quantize_works(n, 2, Fp8Plan("mxfp8"))
+    assert q.bytes_written == 2 * (n + n // 32)
+    (q,) = quantize_works(n, 1, Fp8Plan("blockwise"))
+    assert q.bytes_written == n + n // 128 * 4
+
+
+def _ops(rs):
+    return build_schedule(rs).ops
+
+
+def test_off_adds_no_op_and_delayed_adds_quantize_ops_per_linear():
+    off = _ops(make_rs({}, {}))
+    on = _ops(make_rs({}, {"fp8": "delayed"}))
+    assert not any("fp8" in op.name for op in off)
+    fwd_quant = [op for op in on if op.name.startswith("L0.mb0.fwd.") and op.name.endswith(K.FP8_QUANT)]
+    bwd_quant = [op for op in on if op.name.startswith("L0.mb0.bwd.") and op.name.endswith(K.FP8_QUANT)]
+    assert [op.name for op in fwd_quant] == [f"L0.mb0.fwd.{g}_fp8_quant" for g in ("qkv", "proj", "fc1", "fc2")]
+    assert len(bwd_quant) == 4
+    gemms = [op.work for op in on if op.name.startswith("L0.mb0.") and isinstance(op.work, Gemm)]
+    assert len(gemms) == 12 and all(g.fp8 for g in gemms)  # 4 linears x (fwd, dgrad, wgrad)
+    head = [op.work for op in on if op.name.startswith("head.") and isinstance(op.work, Gemm)]
+    assert head and not any(g.fp8 for g in head)  # the LM head stays 16-bit
+
+
+def test_fp8_wgrad_false_keeps_wgrad_16_bit():
+    ops = _ops(make_rs({}, {"fp8": "delayed", "fp8_wgrad": False}))
+    wgrads = [op.work for op in ops if op.name.startswith("L0.mb0.bwd.") and op.name.endswith("_wgrad")]
+    assert len(wgrads) == 4 and not any(g.fp8 for g in wgrads)
+
+
+# ----- wire bytes ---------------------------------------------------------------------------------------
+def test_sp_all_gathers_move_fp8_and_reduce_scatters_stay_16_bit():
+    rs = make_rs({"tp": 2, "sp": True}, {"fp8": "delayed"})
+    ops = _ops(rs)
+    tokens_h = S * B * H
+    gathers = {op.name: op.work.nbytes for op in ops if op.name.startswith("L0.mb0.")
+               and isinstance(op.work, Collective) and op.work.op == "all_gather"}
+    assert gathers["L0.mb0.fwd.attn_in"] == tokens_h  # 1 byte per value (per-tensor scale)
+    assert gathers["L0.mb0.bwd.attn_out"] == tokens_h  # row-parallel dY gather
+    assert gathers["L0.mb0.bwd.attn_in_regather"] == tokens_h
+    rs_ops = [op.work for op in ops if op.name.startswith("L0.mb0.") and isinstance(op.work, Collective)
+              and op.work.op == "reduce_scatter"]
+    assert rs_ops and all(w.nbytes == 2 * tokens_h for w in rs_ops)
+    transposes = [op for op in ops if op.name.startswith("L0.mb0.bwd.") and op.name.endswith(K.FP8_TRANSPOSE)]
+    assert len(transposes) == 4  # per-tensor recipes: each gathered rowwise tensor transposed for wgrad
+
+
+def test_tensorwise_reduces_the_amax_of_sequence_sharded_tensors_over_tp():
+    ops = _ops(make_rs({"tp": 2, "sp": True}, {"fp8": "tensorwise"}))
+    amax = [op for op in ops if op.name.startswith("L0.mb0.") and op.name.endswith(K.FP8_AMAX + K.ALL_REDUCE)]
+    # the column-parallel inputs (qkv, fc1) forward, the row-parallel dY (proj, fc2) backward
+    assert sorted(op.name for op in amax) == ["L0.mb0.bwd.fc2_fp8_amax_ar", "L0.mb0.bwd.proj_fp8_amax_ar",
+                                              "L0.mb0.fwd.fc1_fp8_amax_ar", "L0.mb0.fwd.qkv_fp8_amax_ar"]
+    assert all(op.work.group == "tp" and op.work.nbytes == 4 for op in amax)
+
+
+def test_delayed_amax_all_reduce_once_per_pass_over_the_stage():
+    ops = _ops(make_rs({"tp": 2, "sp": True}, {"fp8": "delayed"}, dp=2))
+    reds = [op for op in ops if op.name.endswith(K.FP8_AMAX_REDUCE)]
+    assert [op.name for op in reds] == ["fp8.mb0.fwd.fp8_amax_reduce", "fp8.mb0.bwd.fp8_amax_reduce"]
+    assert [op.work.nbytes for op in reds] == [L * 4 * 3 * 4, L * 4 * 2 * 4] == \
+        [amax_reduce_bytes(L, False), amax_reduce_bytes(L, True)]
+    assert all(op.work.group == "stage" for op in reds)
+    tp_only = _ops(make_rs({"tp": 2, "sp": True}, {"fp8": "delayed", "tp_only_amax_reduction": True}, dp=2))
+    assert {op.work.group for op in tp_only if op.name.endswith(K.FP8_AMAX_REDUCE)} == {"tp"}
+
+
+def test_fp8_param_gather_moves_one_byte_per_linear_weight():
+    par = {"distributed_optimizer": True, "dp_overlap": False}
+    rs16 = make_rs(par, {"fp8": "delayed"}, dp=2)
+    rs8 = make_rs(par, {"fp8": "delayed", "fp8_param_gather": True}, dp=2)
+
+    def gathered(rs):
+        return sum(op.work.nbytes for op in _ops(rs) if isinstance(op.work, Collective)
+                   and op.work.boundary == K.DP_PARAM)
+    params = build_schedule(rs16).meta["params_per_rank"]
+    linear = L * linear_weights(layer_dims(rs16))
+    assert gathered(rs16) == 2 * params
+    assert gathered(rs8) == pytest.approx(2 * params - linear, abs=len(_ops(rs8)))  # rounding per bucket
+    cast = [op.work for op in _ops(rs8) if op.name == f"opt.{K.FP8_WEIGHT_CAST}"]
+    assert cast == [Elementwise("fp8_weight_cast", 4 * (linear // 2) + linear, linear // 2 + linear)]
+
+
+# ----- memory -------------------------------------------------------------------------------------------
+def test_memory_fp8_weight_copies_and_saved_activations():
+    off, on = make_rs({}, {}), make_rs({}, {"fp8": "delayed"})
+    gather = make_rs({"distributed_optimizer": True}, {"fp8": "delayed", "fp8_param_gather": True})
+    base = make_rs({"distributed_optimizer": True}, {})
+    d = layer_dims(on)
+    linear = L * linear_weights(d)
+    m_off, m_on = memory_per_gpu(off), memory_per_gpu(on)
+    assert m_on.weights_gb - m_off.weights_gb == pytest.approx(2 * linear / GB, rel=1e-12)
+    assert memory_per_gpu(gather).weights_gb == pytest.approx(memory_per_gpu(base).weights_gb, rel=1e-12)
+    # linear inputs at 1 byte: qkv and fc1 inputs (2 x tokens x h) and proj / fc2 inputs (tokens x (a d + f))
+    saved = S * B * (2 * H + A * (H // A) + 512)
+    assert fp8_activation_savings(d) == saved
+    assert (m_off.activations_gb - m_on.activations_gb) == pytest.approx(L * saved / GB, rel=1e-9)
+
+
+# ----- sweep ----------------------------------------------------------------------------------------------
+def test_sweep_axis_sets_run_fp8():
+    assert parse_fp8("off,delayed,off") == ("off", "delayed")
+    with pytest.raises(UserError):
+        parse_fp8("fp4")
+    p = SweepPoint(2, True, 1, False, "none", fp8="delayed")
+    assert p.overrides()["run.fp8"] == "delayed" and p.key.endswith(",fp8=delayed")
+    assert "fp8" not in SweepPoint(2, True, 1, False, "none").key
+
+
+# ----- checks: one per error ------------------------------------------------------------------------------
+def _library(overrides: dict):
+    s, src = load_scenario("llama3-8b-h100-fp8")
+    return resolve(with_overrides(s, overrides, src), src)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"topology.preset": "dgx-a100", "parallel.tp": 2}, "run.fp8"),  # A100: no FP8 tensor cores
+    ({"run.fp8": "mxfp8"}, "run.fp8"),  # MXFP8 needs Blackwell
+    ({"run.fp8": "off", "run.fp8_attention": True}, "run.fp8_attention"),
+    ({"run.fp8_amax_history_len": 1024}, "run.fp8_amax_history_len"),  # tensorwise: no history
+    ({"run.tp_only_amax_reduction": True}, "run.tp_only_amax_reduction"),
+    ({"run.fp8_param_gather": True, "parallel.distributed_optimizer": False}, "run.fp8_param_gather"),
+    ({"run.fp8_attention": True, "model.attention": "unfused"}, "run.fp8_attention"),
+])
+def test_check_errors_name_the_field(overrides, field):
+    with pytest.raises(UserError) as err:
+        _library(overrides)
+    assert err.value.field == field
+
+
+def test_blockwise_needs_hopper_and_fp8_needs_fp8_tensor_cores():
+    s, src = load_scenario("llama3-8b-h100-fp8")
+    ada = dataclasses.replace(H100, name="ada", compute_capability=(8, 9))
+    with pytest.raises(UserError) as err:
+        check_fp8(with_overrides(s, {"run.fp8": "blockwise"}, src), ada, src)
+    assert err.value.field == "run.fp8" and "9.0" in err.value.problem
+    check_fp8(with_overrides(s, {"run.fp8": "blockwise"}, src), H100, src)  # Hopper: fine
+    with pytest.raises(UserError):
+        check_fp8(s, GPUS["v100-sxm2"], src)
+
+
+def test_fp8_refused_for_moe_models():
+    moe = dict(MODEL, moe={"experts": 4, "top_k": 2, "ffn_hidden": 256})
+    s = Scenario.model_validate({"name": "t", "model": moe, "topology": {"preset": "dgx-h100"},
+                                 "parallel": {"global_batch": 8}, "run": {"fp8": "delayed"}})
+    with pytest.raises(UserError) as err:
+        check_fp8(s, H100, "test")
+    assert err.value.field == "run.fp8"
