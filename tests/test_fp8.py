@@ -229,3 +229,16 @@ def test_fp8_refused_for_moe_models():
     with pytest.raises(UserError) as err:
         check_fp8(s, H100, "test")
     assert err.value.field == "run.fp8"
+
+
+def test_pipeline_stages_reduce_amaxes_per_chunk_pass_and_cast_their_weights():
+    from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+
+    s, src = load_scenario("llama2-70b-h100-pp4")
+    rs = resolve(with_overrides(s, {"run.fp8": "delayed"}, src), src)
+    for st in build_stage_schedules(rs):
+        reds = [op for op in st.ops if op.name.endswith(K.FP8_AMAX_REDUCE)]
+        assert len(reds) == 2 * rs.vp * rs.micro_batches  # forward and backward of every chunk pass
+        layers = len(st.meta["layers"][0])
+        assert {op.work.nbytes for op in reds} == {amax_reduce_bytes(layers, False), amax_reduce_bytes(layers, True)}
+        assert sum(op.name == f"opt.{K.FP8_WEIGHT_CAST}" for op in st.ops) == 1

@@ -125,7 +125,7 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
     # meshsim[validate] extra: these modules import torch
     from meshsim.validate.launch.launch import launch
     from meshsim.validate.numerics.check import merge, numerics_payload
-    from meshsim.validate.numerics.fp8_emulation import check_fp8_run, without_fp8  # torch (meshsim[validate])
+    from meshsim.validate.numerics.fp8_emulation import check_fp8_run, without_fp8  # torch
     from meshsim.validate.printing import print_numerics  # torch, via validate
 
     sc, source = load_scenario(scenario)

@@ -28,10 +28,13 @@ from meshsim.sim.schedule.builder import (
     Templates,
     build_schedule,
     dp_bucket_bytes,
+    fp8_amax_templates,
+    gather_param_bytes,
     gathers_overlap,
     layers_dp_params,
     stamp,
     step_templates,
+    weight_cast_op,
 )
 from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
 from meshsim.sim.schedule.ops import P2P, Op, P2PTransfer, Schedule
@@ -70,6 +73,8 @@ class _Stage:
         self.expert_grads: list[list[tuple[int, int]]] = [[] for _ in chunks]
         self.last_item: int | None = None
         self.last_compute: int | None = None
+        # delayed FP8 scaling: one amax reduction per chunk pass (Megatron's region is the chunk's layer stack)
+        self.amax = {len(ch.layers): fp8_amax_templates(rs, len(ch.layers)) for ch in chunks if ch.layers}
         self.nbytes = p2p_bytes(layer_dims(rs))
 
     def comm(self, step: Comm) -> None:
@@ -109,6 +114,9 @@ class _Stage:
         for layer in ch.layers:
             fwd = t.layer_fwd(layer)
             x = stamp(fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + fwd.marks["out"]
+        amax = self.amax.get(len(ch.layers))
+        if amax is not None:
+            x = stamp(amax[0], ops, f"{K.FP8_BLOCK}.c{ch.chunk}.mb{mb}.", {"in": x}, None, mb) + amax[0].marks["out"]
         if ch.head:
             x = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb) + t.head_fwd.marks["out"]
             self.loss[(mb, ch.chunk)] = x
@@ -118,6 +126,8 @@ class _Stage:
         t = self.t
         blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)] if ch.head else []
         blocks += [(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(ch.layers)]
+        amax = self.amax.get(len(ch.layers))
+        blocks += [(amax[1], f"{K.FP8_BLOCK}.c{ch.chunk}.mb{mb}.", None)] if amax is not None else []
         blocks += [(t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None)] if ch.embedding else []
         ext, g = ("loss", self.loss[(mb, ch.chunk)]) if ch.head else ("gin", g)
         record = mb == self.rs.micro_batches - 1  # DP reduces the last micro-batch's gradients
@@ -153,7 +163,8 @@ def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout
                     gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, embed_grad_params=d.vocab * d.hidden if tied else 0,
-                    grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp, expert_params=expert_params)
+                    grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp, expert_params=expert_params,
+                    param_bytes=gather_param_bytes(rs, d, params, sum(len(ch.layers) for ch in chunks)))
 
 
 def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates) -> Schedule:
@@ -172,9 +183,12 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
                for b in all_buckets(st.grads[c], st.expert_grads[c], size, rs.dp, rs.edp)]
     params = sum(n for grads in st.grads for _, n in grads)
     expert_params = sum(n for grads in st.expert_grads for _, n in grads)
-    ops += step_end_ops(len(ops), [], len(ops) - 1, stage_dp_config(rs, t, chunks, params, expert_params), buckets)
+    cfg = stage_dp_config(rs, t, chunks, params, expert_params)
+    ops += step_end_ops(len(ops), [], len(ops) - 1, cfg, buckets)
+    step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
+    ops += weight_cast_op(rs, d, sum(len(ch.layers) for ch in chunks), step_op, len(ops))
     if overlap_gather:
-        ops = fill_param_gathers(ops, buckets)
+        ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": sum(len(g) + len(e) for g, e in zip(st.grads, st.expert_grads, strict=True)),
             "layers": [list(ch.layers) for ch in chunks], "expert_params_per_rank": expert_params}
