@@ -63,9 +63,9 @@ def test_mxfp8_scales_each_32_value_block_by_a_power_of_two():
 
 
 def test_check_run_reports_and_scenario_without_fp8():
-    ok, lines = check_fp8_run("tensorwise", "hybrid", 1)
-    assert ok and "fails, as it must" in lines[1]
     sc, _ = load_scenario("llama3-8b-h100-fp8")
+    ok, lines = check_fp8_run(sc.run)
+    assert ok and "fails, as it must" in lines[1]
     assert sc.run.fp8 == "tensorwise" and without_fp8(sc).run.fp8 == "off"
 
 

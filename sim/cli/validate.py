@@ -132,7 +132,7 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
     check_output_file("--dump-payload", dump)
     fp8_ok = True
     if sc.run.fp8_on:  # the gloo stack is 16-bit: FP8 numerics are emulated apart, the TP/SP step in 16 bit
-        fp8_ok, lines = check_fp8_run(sc.run.fp8, sc.run.fp8_format, sc.run.fp8_amax_history_len)
+        fp8_ok, lines = check_fp8_run(sc.run)
         typer.echo("\n".join(lines) + "\nthe TP/SP step below runs with run.fp8 off (16-bit stack)")
         sc = without_fp8(sc)
     variants_, payload = numerics_payload(sc, source, nproc, _specs(variants), dtype=dtype)

@@ -156,13 +156,14 @@ def _mlp(x, w1, w2, linear1=None, linear2=None):
 
 
 def check_fp8_mlp(recipe: str, fmt: str = "hybrid", *, steps: int = 3, tokens: int = 64, hidden: int = 128,
-                  ffn: int = 256, history_len: int = 4, scale_error: float = 1.0, seed: int = 0) -> float:
+                  ffn: int = 256, history_len: int = 4, algo: str = "max", margin: int = 0,
+                  scale_error: float = 1.0, seed: int = 0) -> float:
     """Worst relative error (max |fp8 - ref| / max |ref| over output, dX, dW1, dW2) of `steps` FP8 steps of a
     two-linear MLP against float64 (module docstring)."""
     gen = torch.Generator().manual_seed(seed)
     w1 = torch.randn(hidden, ffn, generator=gen, dtype=torch.float64) / math.sqrt(hidden)
     w2 = torch.randn(ffn, hidden, generator=gen, dtype=torch.float64) / math.sqrt(ffn)
-    cfg = Fp8Config(recipe, fmt, history_len=history_len, algo="max", scale_error=scale_error)
+    cfg = Fp8Config(recipe, fmt, margin=margin, history_len=history_len, algo=algo, scale_error=scale_error)
     worst = 0.0
     lin1, lin2 = Fp8Linear(w1.requires_grad_(), cfg), Fp8Linear(w2.requires_grad_(), cfg)
     for _ in range(steps):
@@ -191,11 +192,14 @@ def without_fp8(scenario):
     return scenario.model_copy(update={"run": type(run)(**run.model_dump(exclude=set(FP8_RUN_FIELDS)))})
 
 
-def check_fp8_run(recipe: str, fmt: str, history_len: int) -> tuple[bool, list[str]]:
-    """The scenario's recipe and format emulated (check_fp8_mlp) within FP8_TOLERANCE, and the negative
-    control (scale off by CONTROL_SCALE_ERROR) outside it: (ok, report lines)."""
-    err = check_fp8_mlp(recipe, fmt, history_len=history_len)
-    bad = check_fp8_mlp(recipe, fmt, history_len=history_len, scale_error=CONTROL_SCALE_ERROR)
+def check_fp8_run(run) -> tuple[bool, list[str]]:
+    """The scenario's recipe, format, amax history, algorithm and margin (`run`: scenario.run) emulated
+    (check_fp8_mlp) within FP8_TOLERANCE, and the negative control (scale off by CONTROL_SCALE_ERROR)
+    outside it: (ok, report lines)."""
+    recipe, fmt = run.fp8, run.fp8_format
+    kw = dict(history_len=run.fp8_amax_history_len, algo=run.fp8_amax_compute_algo, margin=run.fp8_margin)
+    err = check_fp8_mlp(recipe, fmt, **kw)
+    bad = check_fp8_mlp(recipe, fmt, **kw, scale_error=CONTROL_SCALE_ERROR)
     ok = err <= FP8_TOLERANCE < bad
     return ok, [f"FP8 {recipe} ({fmt}) emulated on CPU (torch float8): worst relative error {err:.3f} vs float64, "
                 f"tolerance {FP8_TOLERANCE} -> {'ok' if err <= FP8_TOLERANCE else 'FAIL'}",
