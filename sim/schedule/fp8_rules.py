@@ -23,8 +23,9 @@ Quantize kernels (TE module/linear.py `_linear_forward_impl` / backward, L340-44
   backward needs the tensor, columnwise (the transpose, for wgrad): TE's cast-transpose kernel writes
   both in one pass (read 2 B, write 1 B per copy per element);
 - under SP the column-parallel input is quantized on its sequence shard and all-gathered in FP8
-  (`gather_along_first_dim(..., quantizer=input_quantizer)`), and so is the row-parallel layer's dY in
-  backward (TE L1156). For delayed / tensorwise (Float8Quantizer / Float8CurrentScalingQuantizer)
+  (`gather_along_first_dim(..., quantizer=input_quantizer)`, linear.py L408; the backward re-gather for
+  wgrad likewise, L993), and so is the row-parallel layer's dY in backward (module/base.py
+  `grad_output_preprocess` L1720-1750: "FP8 with all-gather: ... fused cast + transpose"). For delayed / tensorwise (Float8Quantizer / Float8CurrentScalingQuantizer)
   "All-gather is not supported with FP8 column-wise data": the shard is quantized rowwise only and the
   gathered tensor transposed again for wgrad (an FP8 transpose: read 1 B, write 1 B per element);
   blockwise and MXFP8 quantize both directions on the shard and gather the columnwise copy in backward;
