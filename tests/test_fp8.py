@@ -242,3 +242,13 @@ def test_pipeline_stages_reduce_amaxes_per_chunk_pass_and_cast_their_weights():
         layers = len(st.meta["layers"][0])
         assert {op.work.nbytes for op in reds} == {amax_reduce_bytes(layers, False), amax_reduce_bytes(layers, True)}
         assert sum(op.name == f"opt.{K.FP8_WEIGHT_CAST}" for op in st.ops) == 1
+
+
+def test_mxfp8_gathers_scales_and_both_copies_of_dy():
+    rs = make_rs({"tp": 2, "sp": True}, {"fp8": "mxfp8"}, gpu="b200")
+    gathers = {op.name: op.work.nbytes for op in _ops(rs) if op.name.startswith("L0.mb0.")
+               and isinstance(op.work, Collective) and op.work.op == "all_gather"}
+    n = S * B * H
+    assert gathers["L0.mb0.fwd.attn_in"] == n + n // 32  # 1 byte per value + 1 E8M0 byte per 32
+    assert gathers["L0.mb0.bwd.attn_out"] == 2 * (n + n // 32)  # dY: rowwise (dgrad) and columnwise (wgrad)
+    assert not any(op.name.endswith(K.FP8_TRANSPOSE) for op in _ops(rs))

@@ -52,11 +52,14 @@ def quantize(tpl: Any, phase: str, d: LayerDims, key: str, elements: int, sharde
     return x
 
 
-def fp8_gather(d: LayerDims, coll: Collective | None) -> Collective | None:
-    """An SP all-gather of an FP8-quantized tensor moves 1 byte per value plus scales instead of 2 bytes."""
+def fp8_gather(d: LayerDims, coll: Collective | None, both_copies: bool = False) -> Collective | None:
+    """An SP all-gather of an FP8-quantized tensor moves 1 byte per value plus scales instead of 2 bytes;
+    `both_copies`: the rowwise and the columnwise copy travel (blockwise / MXFP8 dY, which dgrad and wgrad
+    both need and which cannot be transposed after the gather)."""
     if coll is None or not d.fp8.on or coll.op != "all_gather":
         return coll
-    return replace(coll, nbytes=fp8_tensor_bytes(coll.nbytes // d.dtype_bytes, d.fp8.recipe))
+    copies = 2 if both_copies and not d.fp8.tensor_scaled and d.fp8.wgrad else 1
+    return replace(coll, nbytes=copies * fp8_tensor_bytes(coll.nbytes // d.dtype_bytes, d.fp8.recipe))
 
 
 def transpose_after_gather(tpl: Any, d: LayerDims, key: str, elements: int, deps: Deps) -> Deps:

@@ -28,7 +28,8 @@ Quantize kernels (TE module/linear.py `_linear_forward_impl` / backward, L340-44
   `grad_output_preprocess` L1720-1750: "FP8 with all-gather: ... fused cast + transpose"). For delayed / tensorwise (Float8Quantizer / Float8CurrentScalingQuantizer)
   "All-gather is not supported with FP8 column-wise data": the shard is quantized rowwise only and the
   gathered tensor transposed again for wgrad (an FP8 transpose: read 1 B, write 1 B per element);
-  blockwise and MXFP8 quantize both directions on the shard and gather the columnwise copy in backward;
+  blockwise and MXFP8 quantize both directions on the shard and gather the columnwise copy of the input
+  in backward, and both copies of dY (dgrad and wgrad each need their own direction);
 - tensorwise computes the tensor's amax in a separate pass before the cast (read 2 B); where the tensor
   is sequence-sharded (SP: the column-parallel input, the row-parallel dY) its amax is all-reduced over
   the TP group first (TE `set_quantizer_amax_reduction_group(..., tp_group if sequence_parallel ...)`);

@@ -258,7 +258,7 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     entry, exit_ = region_boundaries(d.sp)
     g: Deps = (tpl.add("bwd", blk.res, dropout_bwd(d), gin),) if d.dropout else gin
     g = fp8.quantize(tpl, "bwd", d, blk.row, d.tokens_out * d.hidden, d.sp, g, d.fp8.wgrad)
-    coll = fp8.fp8_gather(d, boundary_collective(d, exit_, "bwd"))
+    coll = fp8.fp8_gather(d, boundary_collective(d, exit_, "bwd"), both_copies=True)
     cs, dg = comm_then_gemm(tpl, "bwd", blk.exit, coll, f"{blk.row}_dgrad", dgrad(blk.row_gemm), g, d.chunks)
     row_dy = fp8.transpose_after_gather(tpl, d, blk.row, d.tokens * d.hidden, cs or g)
     row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad), row_dy)
