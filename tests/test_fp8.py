@@ -252,3 +252,35 @@ def test_mxfp8_gathers_scales_and_both_copies_of_dy():
     assert gathers["L0.mb0.fwd.attn_in"] == n + n // 32  # 1 byte per value + 1 E8M0 byte per 32
     assert gathers["L0.mb0.bwd.attn_out"] == 2 * (n + n // 32)  # dY: rowwise (dgrad) and columnwise (wgrad)
     assert not any(op.name.endswith(K.FP8_TRANSPOSE) for op in _ops(rs))
+
+
+def _rec(tp: int, fp8: str, *, tokens: float, compute_s: float, tp_share: float):
+    from dataclasses import asdict
+
+    from meshsim.sim.sweep.record import SweepRecord
+
+    point = SweepPoint(tp, True, 1, False, "none", fp8=fp8)
+    result = {"scenario": "hand-made", "layer_fwd_ms": 1.0, "layer_bwd_ms": 2.0, "tp": tp, "sp": True,
+              "dp": 64 // tp, "gpus_per_node": 8, "crosses_nodes": False, "tokens_per_s": tokens, "mfu": 0.4,
+              "tflops_per_gpu": 400.0, "step_time_s": 1.0, "fp8": fp8,
+              "memory_gb": {"weights": 1.0, "grads": 1.0, "optimizer": 1.0, "activations": 1.0, "total": 10.0,
+                            "capacity": 80.0, "fits": True},
+              "breakdown_s": {"compute_busy": compute_s, "tp_comm_busy": 0.2, "dp_comm_busy": 0.05,
+                              "exposed_comm": 0.1, "nothing_running": 0.0, "compute_waiting": 1.0 - compute_s},
+              "critical_path_share": {"compute": 1 - tp_share, "tp_comm": tp_share, "dp_comm": 0.0, "waiting": 0.0},
+              "collectives": []}
+    return SweepRecord.from_json({"key": point.key, "config": asdict(point), "scenario_digest": "",
+                                  "status": "ok", "result": result})
+
+
+def test_fp8_sentence_says_what_fp8_changed_and_that_the_sweet_spot_moved():
+    from meshsim.sim.sweep import explain as ex
+
+    records = [_rec(4, "off", tokens=90.0, compute_s=0.8, tp_share=0.2),
+               _rec(4, "delayed", tokens=120.0, compute_s=0.5, tp_share=0.38),
+               _rec(8, "off", tokens=100.0, compute_s=0.6, tp_share=0.3),
+               _rec(8, "delayed", tokens=110.0, compute_s=0.4, tp_share=0.5)]
+    text = " ".join(ex.explain(records))
+    assert "FP8 (delayed) shortens compute 1.60x (800 ms -> 500 ms busy per step)" in text
+    assert "TP communication is now 38% of the critical path (vs 20% in 16 bit)" in text
+    assert "so with FP8 tp=4 beats tp=8, the fastest in 16 bit." in text

@@ -47,6 +47,6 @@ def fp8_sentence(records: list[SweepRecord], best: SweepRecord, axes: list[str],
     moved = [a for a in differs(best_on, best_off) if a != "fp8"] if best_on and best_off else []
     if moved:
         others = [a for a in axes if a != "fp8"]
-        text += (f", so with FP8 {label(best_on, moved)} beats {label(best_off, moved)}, the fastest in 16 bit "
-                 f"({label(best_off, others)})")
+        text += f", so with FP8 {label(best_on, moved)} beats {label(best_off, moved)}, the fastest in 16 bit"
+        text += f" ({label(best_off, others)})" if set(others) != set(moved) else ""
     return text + "."
