@@ -33,7 +33,7 @@ from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import P2P, Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.validate.numerics.worker import run_variants
-from meshsim.validate.stack.groups import build_mesh
+from meshsim.validate.stack.groups import build_mesh, new_groups
 from meshsim.validate.timing.executor import Device, Pipeline, Runners
 from meshsim.validate.timing.profiled import profiled_steps
 
@@ -146,6 +146,11 @@ def stage_setup(payload: dict) -> tuple[Schedule, dict, Pipeline]:
     if mesh.experts is not None:  # MoE: the dispatcher's and the experts' groups (sim/core/mesh.py)
         e = mesh.experts
         groups.update(ep=e.ep_group, etp=e.etp_group, etp_ep=e.etp_ep_group, edp=e.edp_group)
+    run = rs.scenario.run
+    if run.fp8 == "delayed" and not run.tp_only_amax_reduction:  # the same on every rank: groups created alike
+        # FP8 delayed scaling's amax all-reduce over the whole stage (sim/core/mesh.py "stage")
+        blocks = [list(range(s * rs.stage_size, (s + 1) * rs.stage_size)) for s in range(rs.pp)]
+        groups["stage"] = new_groups(blocks, dist.get_rank()) if rs.stage_size > 1 else None
     pipe = Pipeline(mesh_group("pp", dist.get_rank(), rs.tp, rs.dp, pp=rs.pp), rs.pp * rs.vp)
     return schedule, groups, pipe
 
