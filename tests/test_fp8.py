@@ -14,7 +14,7 @@ from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.units import GB
 from meshsim.sim.cost.compute import ComputeModel
-from meshsim.sim.cost.fp8_memory import fp8_activation_savings, linear_weights
+from meshsim.sim.cost.fp8_memory import fp8_activation_savings
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.builder import build_schedule
@@ -157,7 +157,7 @@ def test_fp8_param_gather_moves_one_byte_per_linear_weight():
         return sum(op.work.nbytes for op in _ops(rs) if isinstance(op.work, Collective)
                    and op.work.boundary == K.DP_PARAM)
     params = build_schedule(rs16).meta["params_per_rank"]
-    linear = L * linear_weights(layer_dims(rs16))
+    linear = L * layer_dims(rs16).linear_weights
     assert gathered(rs16) == 2 * params
     assert gathered(rs8) == pytest.approx(2 * params - linear, abs=len(_ops(rs8)))  # rounding per bucket
     cast = [op.work for op in _ops(rs8) if op.name == f"opt.{K.FP8_WEIGHT_CAST}"]
@@ -170,7 +170,7 @@ def test_memory_fp8_weight_copies_and_saved_activations():
     gather = make_rs({"distributed_optimizer": True}, {"fp8": "delayed", "fp8_param_gather": True})
     base = make_rs({"distributed_optimizer": True}, {})
     d = layer_dims(on)
-    linear = L * linear_weights(d)
+    linear = L * d.linear_weights
     m_off, m_on = memory_per_gpu(off), memory_per_gpu(on)
     assert m_on.weights_gb - m_off.weights_gb == pytest.approx(2 * linear / GB, rel=1e-12)
     assert memory_per_gpu(gather).weights_gb == pytest.approx(memory_per_gpu(base).weights_gb, rel=1e-12)

@@ -23,11 +23,6 @@ BF16_BYTES = 2
 BLOCKWISE_WEIGHT_BLOCK = 128 * 128  # Float8BlockScaling: one fp32 scale per 128 x 128 weight block
 
 
-def linear_weights(d: LayerDims) -> int:
-    """Weights (no biases) of one layer's four linears on this rank."""
-    return sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm(), d.fc1_gemm(), d.fc2_gemm()))
-
-
 def weight_copy_bytes(d: LayerDims) -> float:
     """Bytes per linear weight of the FP8 rowwise + columnwise copies with their scales."""
     recipe = d.fp8.recipe
@@ -43,7 +38,7 @@ def fp8_weight_extra_bytes(d: LayerDims, layers: int, param_gather: bool) -> flo
     FP8 primary weights replace."""
     if not d.fp8.on:
         return 0.0
-    n = layers * linear_weights(d)
+    n = layers * d.linear_weights
     return n * weight_copy_bytes(d) - (n * BF16_BYTES if param_gather else 0)
 
 

@@ -148,9 +148,7 @@ def layers_dp_params(rs: ResolvedScenario, t: Templates, layers: list[int], head
 
 def fp8_linear_params(d: LayerDims, layers: int) -> int:
     """Weights of the FP8 linears (qkv, proj, fc1, fc2; no biases) on one rank over `layers` layers."""
-    if not d.fp8.on:
-        return 0
-    return layers * sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm(), d.fc1_gemm(), d.fc2_gemm()))
+    return layers * d.linear_weights if d.fp8.on else 0
 
 
 def gather_param_bytes(rs: ResolvedScenario, d: LayerDims, params: int, layers: int) -> float:

@@ -90,6 +90,11 @@ class LayerDims:
         return g.k * g.n + (g.n if self.bias else 0)
 
     @property
+    def linear_weights(self) -> int:
+        """Weights (no biases) of the layer's four linears on this rank: what FP8 quantizes and caches."""
+        return sum(g.k * g.n for g in (self.qkv_gemm(), self.proj_gemm(), self.fc1_gemm(), self.fc2_gemm()))
+
+    @property
     def norm_params_per_layer(self) -> int:
         return 2 * self.norm_params
 
