@@ -56,8 +56,10 @@ def test_sweep_table_keeps_the_key_columns(width, tmp_path, capsys, monkeypatch)
     cells = [c.strip() for c in header.strip("┃ ").split("┃")]
     assert cells[:2] == ["tp", "pp"] and {"sp", "dp", "tokens/s", "MFU", "fits"} <= set(cells)
     assert [c for c in cells if c.startswith("step (")] in (["step (s)"], ["step (ms)"], ["step (us)"])
-    rows = [line for line in text.splitlines() if line.startswith("│")]
-    assert len(rows) == 3 and all(row.split("│")[1].strip() in {"1", "2"} for row in rows)  # tp readable; tp=1 sp=on skipped
+    first_table = text[:text.index("└")]  # the results; the critical-path table follows
+    rows = [line for line in first_table.splitlines() if line.startswith("│")]
+    assert len(rows) == 3 and all(row.split("│")[2].strip() in {"1", "2"} for row in rows)  # tp readable; tp=1 sp=on skipped
+    assert [row.split("│")[1].strip() for row in rows].count("*") == 1  # the sweet spot, marked without colour
     assert ("not shown at 80 columns" in text) == (width == 80)
 
 

@@ -1,7 +1,9 @@
 """The `meshsim` command line. Each command lives in its own module exposing `register(app)`;
 this file only assembles them and turns every error into one line without a traceback: user errors (and
 usage errors) exit 2, a command that could not finish (CommandFailed: a worker died, a signal) exits with
-its own status, 1 by default."""
+its own status, 1 by default. A command that needs an optional extra that is not installed (torch for
+`validate` / `calibrate`) is a user error too: one line naming the `pip install` that adds it, exit 2.
+`meshsim --version` prints the installed package's version."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ import importlib
 import os
 import sys
 import threading
+from importlib import metadata
 from typing import NoReturn
 
 import typer
 
-from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError
+from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError, missing_extra
 
 COMMAND_MODULES = {  # command -> the module that registers it (each module registers all of its commands)
     "topologies": "meshsim.sim.cli.topologies",
@@ -29,7 +32,22 @@ COMMAND_MODULES = {  # command -> the module that registers it (each module regi
 }
 
 
-def _group() -> None:
+def version_text() -> str:
+    """'meshsim 0.1.0': the installed distribution's version (pyproject.toml's project.version)."""
+    try:
+        return f"meshsim {metadata.version('meshsim')}"
+    except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+        return "meshsim (not installed: pip install .)"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
+def _group(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                        help="print meshsim's version and exit")) -> None:
     """Always a command group, even with one command module loaded (typer would run a lone command
     as the whole program)."""
 
@@ -40,6 +58,8 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
     every module (help, usage errors and close-match suggestions list every command)."""
     args = sys.argv[1:] if argv is None else argv
     wanted = COMMAND_MODULES.get(args[0]) if args else None
+    if args[:1] == ["--version"]:
+        wanted = ""  # no command module: the version needs none of their imports
     app = typer.Typer(
         name="meshsim",
         help="Simulate tensor/sequence-parallel training steps and collectives on a device mesh.",
@@ -64,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     except CommandFailed as err:
         typer.echo(f"error: {err}", err=True)
         return err.exit_code
+    except ModuleNotFoundError as err:
+        extra = missing_extra(err.name)
+        if extra is None:
+            raise
+        typer.echo(f"error: {extra}", err=True)
+        return EXIT_USER_ERROR
     except typer.Exit as exc:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):

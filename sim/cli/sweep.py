@@ -22,11 +22,18 @@ from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.results.error_band import band_for
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
-from meshsim.sim.sweep.explain import explain, ok, sweet_spot
+from meshsim.sim.sweep.explain import explain, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
 from meshsim.sim.sweep.report_page import write_report
 from meshsim.sim.sweep.runner import run_sweep
-from meshsim.sim.sweep.table import table_columns, table_rows
+from meshsim.sim.sweep.table import (
+    SWEET_MARK,
+    share_columns,
+    share_legend,
+    share_rows,
+    table_columns,
+    table_rows,
+)
 from meshsim.sim.sweep.trace_compare import compare_trace, simulated_side
 from meshsim.sim.sweep.trace_compare_page import write_outputs as write_trace_outputs
 
@@ -98,20 +105,35 @@ def write_sweep_json(path: Path, records: list[SweepRecord], reasons: list[str])
 
 
 def print_results(records: list[SweepRecord], reasons: list[str], *, title: str, console: Console | None = None) -> None:
+    """The results table, the critical-path table with its legend, one line per skipped configuration,
+    then the explanation (which does not repeat the skipped ones)."""
     console = console or make_console()
-    best = sweet_spot(records)
     ran = [rec for rec in records if ok(rec)]
-    table, note = fitted_table(title + " (bold green: the sweet spot)", table_columns(ran), table_rows(ran),
-                               console.width, row_styles=["bold green" if rec is best else None for rec in ran])
-    console.print(table)
-    if note:
-        console.print(note, highlight=False)
-    for rec in records:
-        if not ok(rec):
-            console.print(f"[yellow]skipped[/yellow] {rec.key}: {rec.reason}", highlight=False)
+    best = sweet_spot(records)
+    styles = ["bold green" if rec is best else None for rec in ran]
+    for heading, columns, rows in ((f"{title} ({SWEET_MARK} = the sweet spot)", table_columns(ran), table_rows(ran)),
+                                   ("critical path, % of each step", share_columns(ran), share_rows(ran))):
+        if not rows:
+            continue
+        table, note = fitted_table(heading, columns, rows, console.width, row_styles=styles)
+        console.print(table)
+        if note:
+            console.print(note, highlight=False)
+    if ran:
+        console.print(share_legend(ran), highlight=False)
+    skipped = [skipped_line(rec, records) for rec in records if not ok(rec)]
+    for line in skipped:  # one line each, cut to the width: every reason in full is in --json and sweep.jsonl
+        console.print(line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis", crop=True)
+    if any(len(line) > console.width for line in skipped):
+        console.print(f"(skip reasons cut at {console.width} columns: --json PATH has each in full)", highlight=False)
     console.print()
     for sentence in reasons:
         console.print(f"- {sentence}", highlight=False)
+
+
+def skipped_line(rec: SweepRecord, records: list[SweepRecord]) -> str:
+    """'skipped tp=3, pp=2: <why>' on one line: the axes that vary, and the reason as one line."""
+    return f"skipped {label(rec, varying_axes(records)) or rec.key}: {' '.join(rec.reason.split())}"
 
 
 def compare_command(

@@ -60,3 +60,18 @@ def unknown_name_error(field: str, value: str, choices: Iterable[str], *, source
     hint = f"did you mean {guess!r}? " if guess else ""
     return UserError(field, value, f"{hint}valid values: {', '.join(choices)}", source=source,
                      problem="Unknown name")
+
+
+# optional dependencies -> the pyproject.toml extra that installs them (project.optional-dependencies)
+EXTRAS = {"torch": "validate", "ray": "ray"}
+
+
+def missing_extra(module: str | None) -> str | None:
+    """The one line for an optional dependency that is not installed ('torch', or a submodule of it), naming
+    the extra that installs it; None when `module` belongs to no extra (a real bug: let it raise)."""
+    top = (module or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return (f"this command needs {top}, which is not installed. Fix: pip install 'meshsim[{extra}]' "
+            f"(or, from a checkout, pip install '.[{extra}]')")

@@ -103,8 +103,21 @@ def fmt_tokens(per_s: float) -> str:
     return f"{per_s / 1e3:.1f}k" if per_s >= 1e3 else f"{per_s:.0f}"
 
 
-def fmt_pct(fraction: float, decimals: int = 0) -> str:
-    return f"{100 * fraction:.{decimals}f}%"
+MAX_PCT_DECIMALS = 4
+
+
+def fmt_pct(fraction: float, decimals: int = 0, *, signed: bool = False) -> str:
+    """A fraction as a percentage with `decimals` decimals (`signed`: '+' on positive values). A value that
+    is not zero never reads as zero: it gets the decimals its first significant digit needs, up to
+    MAX_PCT_DECIMALS (0.0007 -> '0.07%', 0.004 -> '0.4%', signed '+0.07%'; below 0.0001% it is '<0.0001%')."""
+    pct = 100 * fraction
+    sign = "+" if signed else ""
+    places = decimals
+    if pct and round(pct, decimals) == 0:  # its first significant digit, 10^-places, shown
+        places = -math.floor(math.log10(abs(pct)))
+        if places > MAX_PCT_DECIMALS:
+            return f"{'-' if pct < 0 else sign}<{10.0 ** -MAX_PCT_DECIMALS:.{MAX_PCT_DECIMALS}f}%"
+    return f"{pct:{sign}.{places}f}%"
 
 
 def fmt_duration_long(seconds: float) -> str:

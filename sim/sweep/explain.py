@@ -88,9 +88,11 @@ def _nodes_spanned(rec: SweepRecord) -> int:
 
 
 def _speed_delta(rec: SweepRecord, best: SweepRecord) -> str:
-    """'23% fewer tokens/s' relative to the sweet spot."""
+    """"23% fewer tokens/s" relative to the sweet spot ("0.07% more", never "0% more")."""
     ratio = rec.result.tokens_per_s / best.result.tokens_per_s
-    return f"{fmt_pct(1 - ratio)} fewer tokens/s" if ratio <= 1 else f"{fmt_pct(ratio - 1)} more tokens/s"
+    if ratio == 1:
+        return "the same tokens/s"
+    return f"{fmt_pct(1 - ratio)} fewer tokens/s" if ratio < 1 else f"{fmt_pct(ratio - 1)} more tokens/s"
 
 
 # ----- sentences ------------------------------------------------------------------------------------
@@ -136,7 +138,7 @@ def path_sentence(best: SweepRecord) -> str:
 def no_fit_sentence(records: list[SweepRecord], axes: list[str]) -> str:
     over = smallest_overflow(records)
     if over is None:
-        return f"No configuration could run: all {len(records)} were skipped (reasons in the table)."
+        return f"No configuration could run: all {len(records)} were skipped (each is listed with its reason)."
     mem = _memory(over)
     return (f"No configuration fits in {fmt_gb(mem.capacity)} GiB per GPU; the smallest overflow is "
             f"{label(over, axes)}: {fmt_gb(mem.total)} GiB ({fmt_gb(mem.total - mem.capacity)} GiB over). "
@@ -273,7 +275,7 @@ def sp_sentence(on: SweepRecord, off: SweepRecord) -> str | None:
             f"({fmt_gb(act_off)} -> {fmt_gb(act_on)} GiB)")
     wire_on, wire_off = tp_wire_gb(ron.collectives), tp_wire_gb(roff.collectives)
     if wire_on is not None and wire_off is not None:
-        change = f"{100 * (wire_on / wire_off - 1):+.0f}%" if wire_off else "n/a"
+        change = fmt_pct(wire_on / wire_off - 1, signed=True) if wire_off else "n/a"
         text += (f"; each GPU sends {fmt_bytes(wire_on * 1e9)} in TP collectives per step vs "
                  f"{fmt_bytes(wire_off * 1e9)} with sp=off ({change})")
     return text + (f"; TP communication time {fmt_s(ron.breakdown_s['tp_comm_busy'])} vs "
@@ -316,7 +318,7 @@ def neighbours(records: list[SweepRecord], best: SweepRecord) -> list[SweepRecor
         first = min(crossing, key=lambda r: r.point.tp)
         chosen += [first] if first not in chosen else []
     chosen += [r for r in records if len(_differs(r, best)) == 1 and _differs(r, best) != ["tp"]]
-    return [r for r in chosen if ok(r)]  # skipped ones are listed once, by _skipped_summary
+    return [r for r in chosen if ok(r)]  # skipped ones are listed once, one line each, beside the table
 
 
 def default_band(record: SweepRecord) -> ErrorBand:
@@ -330,9 +332,8 @@ def explain(records: list[SweepRecord], band_of: BandOf | None = None) -> list[s
         return ["The sweep has no configurations."]
     axes = varying_axes(records)
     best = sweet_spot(records)
-    skipped = [r for r in records if not ok(r)]
     if best is None:
-        return [no_fit_sentence(records, axes)] + _skipped_summary(skipped, axes)
+        return [no_fit_sentence(records, axes)]
     band = (band_of or default_band)(best)
     sentences = [winner_sentence(best, records, axes), within_error_sentence(best, records, axes, band),
                  path_sentence(best), fp8_sentence(records, best, axes, label, _differs), pipeline_sentence(best),
@@ -343,13 +344,4 @@ def explain(records: list[SweepRecord], band_of: BandOf | None = None) -> list[s
         if other is not None:
             on, off = (best, other) if getattr(best.point, axis) else (other, best)
             sentences.append(describe(on, off))
-    sentences = [s for s in sentences if s][:MAX_SENTENCES]
-    return sentences + _skipped_summary(skipped, axes)
-
-
-def _skipped_summary(skipped: list[SweepRecord], axes: list[str]) -> list[str]:
-    if not skipped:
-        return []
-    first = skipped[0]
-    return [f"{len(skipped)} configuration(s) were skipped as invalid for this model, e.g. "
-            f"{label(first, axes)}: {first.reason}"]
+    return [s for s in sentences if s][:MAX_SENTENCES]  # skipped configurations: one line each, not here

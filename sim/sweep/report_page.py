@@ -19,7 +19,7 @@ from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_s, gb_to_gib
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
 from meshsim.sim.sweep.explain import fits, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
-from meshsim.sim.sweep.table import table_columns, table_rows
+from meshsim.sim.sweep.table import report_columns, report_rows
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -136,10 +136,10 @@ def report_html(records: list[SweepRecord], explanation: list[str], title: str) 
     """One self-contained page: explanation, figures (plotly.js embedded once) and the table."""
     best = sweet_spot(records)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures(records))]
-    header = "".join(f"<th>{html.escape(c.header)}</th>" for c in table_columns(records))
+    header = "".join(f"<th>{html.escape(c)}</th>" for c in report_columns(records))
     rows = "".join(
         ("<tr class='best'>" if r is best else "<tr>") + "".join(f"<td>{html.escape(v)}</td>" for v in row)
-        + "</tr>" for r, row in zip(records, table_rows(records), strict=True))
+        + "</tr>" for r, row in zip(records, report_rows(records), strict=True))
     reasons = "".join(f"<li>{html.escape(s)}</li>" for s in explanation)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
