@@ -39,12 +39,13 @@ def test_rows_and_deltas_from_files_with_the_old_key_names():
     assert upgrade_result_dict(a)["collectives"] == [{**row, "busbw_GBps": 100.0, "algbw_GBps": 50.0}]
     a, b = StepResult.from_dict(a), StepResult.from_dict(b)  # from_dict upgrades old keys itself
     assert a.collectives == (CollectiveRow("all_reduce", "tp", 8, 1024, busbw_gbps=100.0, algbw_gbps=50.0),)
-    cats = {r["name"]: r for r in category_rows(a, b)}
-    assert cats["busy: compute_busy"]["delta"] == pytest.approx(1.6 - 1.5)
-    assert cats["busy: compute_waiting"]["a"] == pytest.approx(2.0 - 1.5)  # step - compute busy
+    cats = {r["key"]: r for r in category_rows(a, b)}
+    assert cats["busy.compute_busy"]["delta"] == pytest.approx(1.6 - 1.5)
+    assert cats["busy.compute_waiting"]["a"] == pytest.approx(2.0 - 1.5)  # step - compute busy
     assert cats["step"]["delta_pct"] == pytest.approx(100 * (2.5 - 2.0) / 2.0)
-    assert cats["critical path: tp_comm"]["a"] == pytest.approx(0.2 * 2.0)
-    cp = [r for r in category_rows(a, b) if r["name"].startswith("critical path")]
+    assert cats["critical_path.tp_comm"]["a"] == pytest.approx(0.2 * 2.0)
+    assert cats["critical_path.tp_comm"]["name"] == "critical path: exposed TP communication"  # for people
+    cp = [r for r in category_rows(a, b) if r["key"].startswith("critical_path.")]
     assert sum(r["b"] for r in cp) == pytest.approx(cats["step"]["b"])  # the critical-path rows add up
     head = {r["name"]: r for r in headline_rows(a, b)}
     assert head["tokens/s"]["delta_pct"] == pytest.approx(100 * (1e6 / 2.5 - 1e6 / 2.0) / (1e6 / 2.0))

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from meshsim.sim.core.console import make_console
+from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
 from meshsim.sim.core.fmt import fmt_bytes, fmt_count
 from meshsim.sim.core.limits import MAX_COLLECTIVE_BYTES, MAX_SIZE_ROWS, check_at_most
@@ -68,14 +67,15 @@ def _ranks(requested: int | None, num_gpus: int, name: str) -> list[int]:
     return list(range(n))
 
 
+COLUMNS = (Column("size", keep=True), Column("bytes", rank=0), Column("time (us)", keep=True),
+           Column("algbw GB/s", rank=1), Column("busbw GB/s", keep=True), Column("algorithm", "left", keep=True))
+
+
 def print_table(rows: Sequence[Row], title: str) -> None:
-    table = Table(title=title)
-    for col in ("size", "bytes", "time (us)", "algbw GB/s", "busbw GB/s", "algorithm"):
-        table.add_column(col, justify="left" if col == "algorithm" else "right")
-    for r in rows:
-        table.add_row(fmt_bytes(r.bytes), fmt_count(r.bytes), f"{r.time_us:,.2f}", f"{r.algbw_gbps:.2f}",
-                      f"{r.busbw_gbps:.2f}", r.algorithm)
-    make_console().print(table)
+    cells = [[fmt_bytes(r.bytes), fmt_count(r.bytes), f"{r.time_us:,.2f}", f"{r.algbw_gbps:.2f}", f"{r.busbw_gbps:.2f}",
+              r.algorithm] for r in rows]
+    console = make_console()
+    print_fitted(console, fitted_table(title, COLUMNS, cells, console.width))
 
 
 def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_bytes: str, max_bytes: str,

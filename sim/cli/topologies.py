@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from meshsim.sim.core.console import make_console
+from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.sim.core.userio import check_output_file
 from meshsim.topologies.gpus import GB_PER_GIB, GPUS
@@ -38,17 +38,18 @@ def preset_rows() -> list[dict]:
     return rows
 
 
-def _table(rows: list[dict]) -> Table:
-    table = Table(title="Topology presets (per node; NVLink GB/s per GPU per direction)")
-    table.add_column("preset", no_wrap=True, min_width=max(len(r["preset"]) for r in rows))
-    table.add_column("GPU", no_wrap=True, min_width=max(len(r["gpu"]) for r in rows))
-    for col in ("GPUs/node", "NVLink GB/s", "in-switch reduction", "NICs x Gb/s", "HBM GiB", "peak TFLOP/s"):
-        table.add_column(col, justify="right", no_wrap=col == "NICs x Gb/s")
-    for r in rows:
-        table.add_row(r["preset"], r["gpu"], str(r["gpus_per_node"]), f"{r['nvlink_gbps_per_gpu']:g}",
-                      "yes" if r["in_switch_reduction"] else "no", f"{r['nics_per_node']} x {r['nic_gbitps']:g}",
-                      f"{r['hbm_gib']:g}", f"{r['peak_tflops']:g}")
-    return table
+PRESET_COLUMNS = (Column("preset", "left", keep=True), Column("GPU", "left", keep=True), Column("GPUs", keep=True),
+                  Column("NVLink GB/s", keep=True), Column("NVLS", keep=True), Column("NICs x Gb/s", keep=True),
+                  Column("HBM GiB", keep=True), Column("peak TFLOP/s", rank=0))
+
+
+def _table(rows: list[dict], width: int) -> tuple[Table, str]:
+    cells = [[r["preset"], r["gpu"], str(r["gpus_per_node"]), f"{r['nvlink_gbps_per_gpu']:g}",
+              "yes" if r["in_switch_reduction"] else "no", f"{r['nics_per_node']} x {r['nic_gbitps']:g}",
+              f"{r['hbm_gib']:g}", f"{r['peak_tflops']:g}"] for r in rows]
+    title = ("Topology presets, per node: GPUs, NVLink GB/s per GPU per direction, NVLS = in-switch "
+             "reduction (NVLink SHARP), NICs, HBM per GPU, dense BF16 peak per GPU")
+    return fitted_table(title, PRESET_COLUMNS, cells, width)
 
 
 def summary_lines(topo: Topology) -> list[str]:
@@ -88,7 +89,7 @@ def topologies(
             console.print(line, highlight=False)
     rows = preset_rows()
     if not show:
-        console.print(_table(rows))
+        print_fitted(console, _table(rows, console.width))
     if json_path:
         json_path.write_text(json.dumps(rows, indent=2) + "\n")
         console.print(f"wrote {json_path}")

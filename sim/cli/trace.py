@@ -16,9 +16,8 @@ from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
-from meshsim.sim.core.console import make_console
+from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes
 from meshsim.sim.core.userio import check_output_file
@@ -54,64 +53,68 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f}"
 
 
+STEP_COLUMNS = (Column("rank", keep=True), Column("step", keep=True), Column("ms", keep=True),
+                Column("compute", keep=True), Column("comm", keep=True), Column("exposed comm", keep=True),
+                Column("copies", rank=3), Column("idle", keep=True), Column("kernels", rank=2),
+                Column("path: cpu", rank=1), Column("path: gpu compute", rank=1), Column("path: gpu comm", rank=1),
+                Column("path: gaps", rank=0))
+
+
+def _step_row(s: dict) -> list[str]:
+    cp = s["critical_path"]
+    gaps = cp.get("gpu_kernel_kernel_overhead", 0.0) + cp.get("gpu_kernel_launch_overhead", 0.0)
+    return [str(s["rank"]), "-" if s["step"] is None else str(s["step"]), _ms(s["span_s"]), _ms(s["compute_busy_s"]),
+            _ms(s["comm_busy_s"]), _ms(s["exposed_comm_s"]), _ms(s["memory_busy_s"]), _ms(s["idle_s"]),
+            f"{sum(s['count'].values()):,}", _ms(cp.get("cpu_bound", 0.0)), _ms(cp.get("gpu_compute_bound", 0.0)),
+            _ms(cp.get("gpu_communication_bound", 0.0)), _ms(gaps)]
+
+
 def print_summary(doc: dict, console) -> None:
     for r in doc["ranks"]:
         kind = "CPU as the device" if r["cpu_device"] else r["device"]
         console.print(f"rank {r['rank']} of {r['world_size'] or '?'} ({r['backend'] or '?'}, {kind}): {r['path']}, "
                       f"{r['events']:,} events, {r['device_events']:,} device events", highlight=False)
-    steps = Table(title="Steps (ms): busy rows overlap; exposed comm = communication with no compute running",
-                  title_justify="left", header_style="bold")
-    for col in ("rank", "step", "step", "compute", "comm", "exposed comm", "copies", "idle", "kernels",
-                "CP cpu", "CP gpu compute", "CP gpu comm", "CP gaps"):
-        steps.add_column(col, justify="right")
-    for s in doc["steps"]:
-        cp = s["critical_path"]
-        gaps = cp.get("gpu_kernel_kernel_overhead", 0.0) + cp.get("gpu_kernel_launch_overhead", 0.0)
-        steps.add_row(str(s["rank"]), "-" if s["step"] is None else str(s["step"]), _ms(s["span_s"]),
-                      _ms(s["compute_busy_s"]), _ms(s["comm_busy_s"]), _ms(s["exposed_comm_s"]),
-                      _ms(s["memory_busy_s"]), _ms(s["idle_s"]), f"{sum(s['count'].values()):,}",
-                      _ms(cp.get("cpu_bound", 0.0)), _ms(cp.get("gpu_compute_bound", 0.0)),
-                      _ms(cp.get("gpu_communication_bound", 0.0)), _ms(gaps))
-    console.print(steps)
+    title = ("Steps (ms): busy rows overlap; exposed comm = communication with no compute running; path: = "
+             "HTA's critical path by what bounds it")
+    print_fitted(console, fitted_table(title, STEP_COLUMNS, [_step_row(s) for s in doc["steps"]], console.width))
     mean = doc["mean_step"]
-    classes = Table(title=f"Busy time by kernel class, mean per step (step {_ms(mean['span_s'])} ms)",
-                    title_justify="left", header_style="bold")
-    for col in ("class", "ms", "% of step", "kernels"):
-        classes.add_column(col, justify="right" if col != "class" else "left")
-    for cls, t in mean["busy_s"].items():
-        classes.add_row(cls, _ms(t), f"{100 * t / mean['span_s']:.1f}" if mean["span_s"] else "-",
-                        f"{mean['kernels_per_step'].get(cls, 0):,.0f}")
-    console.print(classes)
+    rows = [[cls, _ms(t), f"{100 * t / mean['span_s']:.1f}" if mean["span_s"] else "-",
+             f"{mean['kernels_per_step'].get(cls, 0):,.0f}"] for cls, t in mean["busy_s"].items()]
+    columns = (Column("class", "left", keep=True), Column("ms", keep=True), Column("% of step", keep=True),
+               Column("kernels", keep=True))
+    print_fitted(console, fitted_table(f"Busy time by kernel class, mean per step (step {_ms(mean['span_s'])} ms)",
+                                       columns, rows, console.width))
     _print_collectives(doc, console)
     _print_gemms(doc, console)
+
+
+COLLECTIVE_COLUMNS = (Column("op", "left", keep=True), Column("group", keep=True), Column("bytes", keep=True),
+                      Column("count", rank=1), Column("mean us", keep=True), Column("min us", rank=0),
+                      Column("busbw GB/s", keep=True), Column("algo", "left", rank=2))
 
 
 def _print_collectives(doc: dict, console) -> None:
     if not doc["collectives"]:
         return
-    table = Table(title="Collectives by size (busbw = bytes / time x nccl-tests factor; * group size assumed)",
-                  title_justify="left", header_style="bold")
-    for col in ("op", "group", "bytes", "count", "mean us", "min us", "busbw GB/s", "algo"):
-        table.add_column(col, justify="left" if col in ("op", "algo") else "right")
+    rows = []
     for r in doc["collectives"]:
         group = f"{r['group']}{'*' if r['assumed_group'] else ''}" if r["group"] else "?"
         bw = f"{r['busbw_GBps']:.2f}" if r["busbw_GBps"] is not None else "-"
-        table.add_row(r["op"], group, fmt_bytes(r["bytes"]), str(r["count"]), f"{r['mean_us']:,.1f}",
-                      f"{r['min_us']:,.1f}", bw, f"{r['algo']} {r['protocol']}".strip())
-    console.print(table)
+        rows.append([r["op"], group, fmt_bytes(r["bytes"]), str(r["count"]), f"{r['mean_us']:,.1f}",
+                     f"{r['min_us']:,.1f}", bw, f"{r['algo']} {r['protocol']}".strip()])
+    title = "Collectives by size (busbw = bytes / time x nccl-tests factor; * group size assumed)"
+    print_fitted(console, fitted_table(title, COLLECTIVE_COLUMNS, rows, console.width))
 
 
 def _print_gemms(doc: dict, console, top: int = 10) -> None:
     if not doc["gemms"]:
         return
-    table = Table(title=f"GEMMs by shape (from the launching operator's Input Dims; top {top} by time)",
-                  title_justify="left", header_style="bold")
-    for col in ("m x n x k (batch)", "count", "mean us", "TFLOP/s"):
-        table.add_column(col, justify="right")
-    for g in doc["gemms"][:top]:
-        shape = f"{g['m']}x{g['n']}x{g['k']}" + (f" ({g['batch']})" if g["batch"] > 1 else "")
-        table.add_row(shape, str(g["count"]), f"{g['mean_us']:,.1f}", f"{g['tflops']:.2f}")
-    console.print(table)
+    rows = [[f"{g['m']}x{g['n']}x{g['k']}" + (f" ({g['batch']})" if g["batch"] > 1 else ""), str(g["count"]),
+             f"{g['mean_us']:,.1f}", f"{g['tflops']:.2f}"] for g in doc["gemms"][:top]]
+    columns = (Column("m x n x k (batch)", keep=True), Column("count", keep=True), Column("mean us", keep=True),
+               Column("TFLOP/s", keep=True))
+    title = f"GEMMs by shape (from the launching operator's Input Dims; top {top} by time)"
+    print_fitted(console, fitted_table(title, columns, rows, console.width))
 
 
 @trace_app.command("summary")

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from meshsim.sim.core.console import Column, fitted_table, make_console
+from meshsim.sim.core.console import SECTION, Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.fmt import (
     fmt_bytes_range,
     fmt_count,
@@ -47,6 +47,18 @@ WAITING_NAMES = {"exposed_tp_comm": "while TP comm runs", "exposed_ep_comm": "wh
 STREAM_NAMES = {"compute_busy": "compute stream busy", "tp_comm_busy": "TP comm stream busy",
                 "dp_comm_busy": "DP comm stream busy", "pp_comm_busy": "P2P stream busy",
                 "ep_comm_busy": "EP comm stream busy"}
+
+
+def path_row_name(key: str) -> str:
+    """How a report names a critical-path category: 'compute', 'exposed TP communication', 'pipeline bubble'
+    (CATEGORY_NAMES; a category it does not name, in words)."""
+    name = CATEGORY_NAMES.get(key, key.replace("_", " "))
+    return f"exposed {name}" if key.endswith("_comm") else name
+
+
+def stream_row_name(key: str) -> str:
+    """How a report names a busy or waiting time of rank 0: 'compute stream busy', 'compute stream waiting'."""
+    return STREAM_NAMES.get(key) or ("compute stream waiting" if key == "compute_waiting" else key.replace("_", " "))
 
 
 def _pct(x: float) -> str:
@@ -93,69 +105,53 @@ def not_fit_banner(r: StepResult) -> Panel | None:
                  style="bold red", title="memory", title_align="left")
 
 
-def memory_table(r: StepResult) -> Table:
+def memory_table(r: StepResult, width: int) -> tuple[Table, str]:
     m = r.memory_gb
-    t = Table(title="memory per GPU", title_justify="left")
-    for col, just in (("", "left"), ("GiB", "right"), ("% of capacity", "right")):
-        t.add_column(col, justify=just)
     cap = m.capacity
-    for key in MEMORY_ROWS:
-        part = getattr(m, key)
-        t.add_row(key, fmt_gib(gb_to_gib(part)), _pct(part / cap) if cap else "-")
-    t.add_section()
+    columns = (Column("", "left", keep=True), Column("GiB", keep=True), Column("% of capacity", keep=True))
+    rows: list = [[key, fmt_gib(gb_to_gib(getattr(m, key))), _pct(getattr(m, key) / cap) if cap else "-"]
+                  for key in MEMORY_ROWS]
     verdict = "[green]fits[/green]" if r.fits else "[bold red]DOES NOT FIT[/bold red]"
-    t.add_row(f"total ({verdict})", fmt_gib(gb_to_gib(m.total)), _pct(m.total / cap) if cap else "-")
-    t.add_row("capacity", fmt_gib(gb_to_gib(cap)), "")
-    return t
+    rows += [SECTION, [f"total ({verdict})", fmt_gib(gb_to_gib(m.total)),
+                       _pct(m.total / cap) if cap else "-"], ["capacity", fmt_gib(gb_to_gib(cap)), ""]]
+    return fitted_table("memory per GPU", columns, rows, width)
 
 
-def critical_path_table(r: StepResult) -> Table:
+def _time_columns(unit: str) -> tuple[Column, ...]:
+    return Column("", "left", keep=True), Column(unit, keep=True), Column("% of step", keep=True)
+
+
+def critical_path_table(r: StepResult, width: int) -> tuple[Table, str]:
     """The step split along the critical path: its categories tile [0, step], so the rows add up."""
     unit, fmt = time_column([r.step_time_s])
-    t = Table(title="step along the critical path (adds up)", title_justify="left")
-    for col, just in (("", "left"), (unit, "right"), ("% of step", "right")):
-        t.add_column(col, justify=just)
+    rows: list = []
     for key, share in r.critical_path_share.items():
-        name = CATEGORY_NAMES.get(key, key.replace("_", " "))
-        name = f"exposed {name}" if key.endswith("_comm") else name
-        t.add_row(name, fmt(share * r.step_time_s), _pct(share))
-    t.add_section()
-    t.add_row("step", fmt(r.step_time_s), _pct(sum(r.critical_path_share.values())))
-    return t
+        rows.append([path_row_name(key), fmt(share * r.step_time_s), _pct(share)])
+    rows += [SECTION, ["step", fmt(r.step_time_s), _pct(sum(r.critical_path_share.values()))]]
+    return fitted_table("step along the critical path (adds up)", _time_columns(unit), rows, width)
 
 
-def stream_table(r: StepResult) -> Table:
+def stream_table(r: StepResult, width: int) -> tuple[Table, str]:
     """Busy time per stream of the representative rank (they overlap), and how long compute waits."""
     b = r.breakdown_s
     unit, fmt = time_column([r.step_time_s])
-    t = Table(title="busy time per stream, rank 0 (overlaps)", title_justify="left")
-    for col, just in (("", "left"), (unit, "right"), ("% of step", "right")):
-        t.add_column(col, justify=just)
     step = r.step_time_s or 1.0
-    for key, name in STREAM_NAMES.items():
-        if key not in b:
-            continue
-        t.add_row(name, fmt(b.get(key, 0.0)), _pct(b.get(key, 0.0) / step))
-    t.add_section()
-    t.add_row("compute stream waiting", fmt(b.get("compute_waiting", 0.0)),
-              _pct(b.get("compute_waiting", 0.0) / step))
-    for key, name in WAITING_NAMES.items():
-        if key in b:
-            t.add_row(f"  {name}", fmt(b[key]), _pct(b[key] / step))
-    return t
+    rows: list = [[name, fmt(b.get(key, 0.0)), _pct(b.get(key, 0.0) / step)]
+                  for key, name in STREAM_NAMES.items() if key in b]
+    rows += [SECTION, [stream_row_name("compute_waiting"), fmt(b.get("compute_waiting", 0.0)),
+                       _pct(b.get("compute_waiting", 0.0) / step)]]
+    rows += [[f"  {name}", fmt(b[key]), _pct(b[key] / step)] for key, name in WAITING_NAMES.items() if key in b]
+    return fitted_table("busy time per stream, rank 0 (overlaps)", _time_columns(unit), rows, width)
 
 
-def top_ops_table(r: StepResult, n: int = 8) -> Table:
-    rows = top_op_types(r.critical_path, n)
-    unit, fmt = time_column([total_us * 1e-6 for _, _, total_us, _ in rows])
-    t = Table(title="top critical-path op types", title_justify="left")
-    for col, just in (("op type", "left"), ("category", "left"), (unit, "right"), ("count", "right"),
-                      ("% of step", "right")):
-        t.add_column(col, justify=just)
-    for kind, cat, total_us, count in rows:
-        share = total_us / (r.step_time_s * 1e6) if r.step_time_s else 0.0
-        t.add_row(kind, cat, fmt(total_us * 1e-6), fmt_count(count), _pct(share))
-    return t
+def top_ops_table(r: StepResult, width: int, n: int = 8) -> tuple[Table, str]:
+    found = top_op_types(r.critical_path, n)
+    unit, fmt = time_column([total_us * 1e-6 for _, _, total_us, _ in found])
+    columns = (Column("op type", "left", keep=True), Column("category", "left", rank=0), Column(unit, keep=True),
+               Column("count", rank=1), Column("% of step", keep=True))
+    rows = [[kind, CATEGORY_NAMES.get(cat, cat), fmt(total_us * 1e-6), fmt_count(count),
+             _pct(total_us / (r.step_time_s * 1e6) if r.step_time_s else 0.0)] for kind, cat, total_us, count in found]
+    return fitted_table("top critical-path op types", columns, rows, width)
 
 
 def _span(lo: float, hi: float, fmt) -> str:
@@ -208,17 +204,13 @@ def print_report(r: StepResult, console: Console | None = None, *, tokens: float
     if banner is not None:
         console.print(banner)
     console.print(headline(r, tokens, band))
-    console.print(memory_table(r))
-    console.print(critical_path_table(r))
+    for make in (memory_table, critical_path_table):
+        print_fitted(console, make(r, console.width))
     console.print("The rows above add up to the step; the streams below run at the same time, so their busy "
                   "times overlap and do not add up. The compute stream waits whenever it has nothing it may run.",
                   highlight=False)
-    for table in (stream_table(r), top_ops_table(r)):
-        console.print(table)
-    table, note = collectives_table(r, console.width)
-    console.print(table)
-    if note:
-        console.print(note, highlight=False)
+    for make in (stream_table, top_ops_table, collectives_table):
+        print_fitted(console, make(r, console.width))
 
 
 def results_json_text(r: StepResult, *, full_critical_path: bool = False) -> str:

@@ -22,26 +22,34 @@ import json
 import math
 from pathlib import Path
 
-from rich.table import Table
-
 from meshsim.scenarios.library import BUILTIN_PREFIX
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.sim.core.console import Column, fitted_table, print_fitted
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import gb_to_gib
 from meshsim.sim.core.userio import load_json
-from meshsim.sim.outputs.step_report import OUTPUT_FILES
+from meshsim.sim.outputs.step_report import OUTPUT_FILES, STREAM_NAMES, path_row_name, stream_row_name
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
-from meshsim.sim.results.critical_path import CATEGORIES
+from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.records import ConfigEcho
 from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.results.step_result import StepResult
-from meshsim.sim.sweep.compare_page import fmt_value, write_page
+from meshsim.sim.sweep.compare_page import (
+    COMPARED_HEAD,
+    COMPARED_TABLES,
+    compared_cells,
+    fmt_value,
+    section_rows,
+    write_page,
+)
 
 HEADLINE = (("step time (s)", "step_time_s", 1.0), ("tokens/s", "tokens_per_s", 1.0),
             ("TFLOP/s per GPU", "tflops_per_gpu", 1.0), ("MFU (%)", "mfu", 100.0), ("HFU (%)", "hfu", 100.0))
-BUSY_ROWS = tuple(k for k in BREAKDOWN_KEYS if k.endswith("_busy")) + ("compute_waiting",)
-SHARES = CATEGORIES  # critical-path rows, in their defined order
+HEADLINE_KINDS = {"step_time_s": "time", "tokens_per_s": "count", "tokens_per_gpu": "count"}  # else "decimal"
+BUSY_ROWS = tuple(k for k in {**dict.fromkeys(BREAKDOWN_KEYS), **STREAM_NAMES} if k.endswith("_busy")) + ("compute_waiting",)
+SHARES = tuple(CATEGORY_NAMES)  # critical-path rows, in the one category list's order
+PATH_SECTION, BUSY_SECTION = "critical path", "rank 0 streams"
 OPTIONAL_HEADLINE = ("hfu",)  # absent from results written before it existed: shown as "-"
 CONFIG_DIFF_KEYS = ("gpus", "gpu", "topology", "nodes", "tp", "pp", "dp", "sp", "recompute", "micro_batch",
                     "micro_batches", "global_batch", "seq_len", "tp_comm_overlap")
@@ -104,10 +112,13 @@ def config_rows(a: StepResult, b: StepResult) -> list[dict]:
     return sorted(rows, key=lambda r: not r["differs"])
 
 
-def _row(name: str, a: float | None, b: float | None) -> dict:
+def _row(name: str, a: float | None, b: float | None, *, key: str, kind: str = "decimal", section: str = "") -> dict:
+    """One compared figure: `key` names it for programs, `name` for people; `kind` picks its one number
+    format (compare_page.row_formats); `section` groups rows under a heading."""
+    base = {"key": key, "name": name, "kind": kind, "section": section, "a": a, "b": b}
     if a is None or b is None:
-        return {"name": name, "a": a, "b": b, "delta": None, "delta_pct": None}
-    return {"name": name, "a": a, "b": b, "delta": b - a, "delta_pct": 100 * (b - a) / a if a else None}
+        return {**base, "delta": None, "delta_pct": None}
+    return {**base, "delta": b - a, "delta_pct": 100 * (b - a) / a if a else None}
 
 
 def _per_gpu(r: StepResult) -> float:
@@ -120,9 +131,11 @@ def headline_rows(a: StepResult, b: StepResult) -> list[dict]:
         number = getattr(r, key)
         return number * scale if _number(number) and (number or key not in OPTIONAL_HEADLINE) else None
 
-    rows = [_row(name, value(a, key, scale), value(b, key, scale)) for name, key, scale in HEADLINE]
-    rows.insert(2, _row("tokens/s per GPU", _per_gpu(a), _per_gpu(b)))
-    rows.append(_row("memory per GPU (GiB)", gb_to_gib(a.memory_gb.total), gb_to_gib(b.memory_gb.total)))
+    rows = [_row(name, value(a, key, scale), value(b, key, scale), key=key, kind=HEADLINE_KINDS.get(key, "decimal"))
+            for name, key, scale in HEADLINE]
+    rows.insert(2, _row("tokens/s per GPU", _per_gpu(a), _per_gpu(b), key="tokens_per_gpu", kind="count"))
+    rows.append(_row("memory per GPU (GiB)", gb_to_gib(a.memory_gb.total), gb_to_gib(b.memory_gb.total),
+                     key="memory_gib"))
     return rows
 
 
@@ -131,10 +144,12 @@ def category_rows(a: StepResult, b: StepResult) -> list[dict]:
     of rank 0 (these overlap) and how long its compute stream waits."""
     sa, sb = a.critical_path_share, b.critical_path_share
     keys = [k for k in SHARES if k in sa or k in sb] + [k for k in {**sa, **sb} if k not in SHARES]
-    rows = [_row(f"critical path: {k}", sa.get(k, 0.0) * a.step_time_s, sb.get(k, 0.0) * b.step_time_s)
-            for k in keys]
-    rows.append(_row("step", a.step_time_s, b.step_time_s))
-    rows += [_row(f"busy: {k}", a.breakdown_s.get(k, 0.0), b.breakdown_s.get(k, 0.0)) for k in BUSY_ROWS]
+    rows = [_row(f"{PATH_SECTION}: {path_row_name(k)}", sa.get(k, 0.0) * a.step_time_s, sb.get(k, 0.0) * b.step_time_s,
+                 key=f"critical_path.{k}", kind="time", section=PATH_SECTION) for k in keys]
+    rows.append(_row("step", a.step_time_s, b.step_time_s, key="step", kind="time"))
+    busy = [k for k in BUSY_ROWS if k in a.breakdown_s or k in b.breakdown_s]
+    rows += [_row(f"{BUSY_SECTION}: {stream_row_name(k)}", a.breakdown_s.get(k, 0.0), b.breakdown_s.get(k, 0.0),
+                  key=f"busy.{k}", kind="time", section=BUSY_SECTION) for k in busy]
     return rows
 
 
@@ -239,28 +254,25 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
     return comparison
 
 
-def print_comparison(comparison: dict, console) -> None:
-    """What differs first, then two tables (headline, step time), and where the files went."""
+CONFIG_COLUMNS = (Column("", "left", keep=True), Column("A", "left", keep=True), Column("B", "left", keep=True))
+COMPARED_COLUMNS = (Column("", "left", keep=True, wrap=True), *(Column(h, keep=True) for h in COMPARED_HEAD))
 
+
+def print_comparison(comparison: dict, console) -> None:
+    """Which is A and which B, what differs first, then two tables (headline, step time), and where the
+    files went. Every table fits the console (sim/core/console.py fitted_table)."""
     label_a, label_b = comparison["labels"]
-    config = Table(title="Configuration (differences first, marked *)", header_style="bold")
-    for col in ("", label_a, label_b):
-        config.add_column(col)
-    for row in comparison.get("config", []):
-        mark = "* " if row["differs"] else "  "
-        config.add_row(mark + row["name"], fmt_value(row["a"], ""), fmt_value(row["b"], ""),
-                       style="bold" if row["differs"] else None)
-    console.print(config)
-    for title, key in (("Headline", "headline"), ("Step time (s): critical path rows add up to 'step'; "
-                                                   "busy rows overlap", "categories")):
-        table = Table(title=title, header_style="bold")
-        for col in ("", label_a, label_b, "B - A", "B vs A"):
-            table.add_column(col, justify="right" if col else "left")
-        for row in comparison[key]:
-            pct = "-" if row["delta_pct"] is None else f"{row['delta_pct']:+.1f}%"
-            table.add_row(row["name"], fmt_value(row["a"], row["name"]), fmt_value(row["b"], row["name"]),
-                          fmt_value(row["delta"], row["name"]), pct)
-        console.print(table)
+    console.print(f"{label_a}\n{label_b}", highlight=False, markup=False)
+    config = [[("* " if row["differs"] else "  ") + row["name"], fmt_value(row["a"]), fmt_value(row["b"])]
+              for row in comparison.get("config", [])]
+    styles = ["bold" if row["differs"] else None for row in comparison.get("config", [])]
+    print_fitted(console, fitted_table("Configuration (differences first, marked *)", CONFIG_COLUMNS, config,
+                                       console.width, row_styles=styles))
+    for title, key in COMPARED_TABLES:
+        unit, cells = compared_cells(comparison[key])
+        rows = section_rows(comparison[key], cells)
+        print_fitted(console, fitted_table(title.format(unit=unit), COMPARED_COLUMNS, [c for c, _ in rows],
+                                           console.width, row_styles=["bold" if h else None for _, h in rows]))
     fits = ["fits" if f else "does NOT fit" for f in comparison["fits"]]
     console.print(f"memory: A {fits[0]}, B {fits[1]}", highlight=False)
     if comparison["trace"]:
