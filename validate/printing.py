@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
-
-from meshsim.sim.core.console import make_console
+from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.validate.numerics.opcount import per_block_counts
 
 MAX_LINES = 8  # findings printed per variant (worst first)
+NUMERICS_COLUMNS = (Column("variant", "left", keep=True), Column("result", "left", keep=True),
+                    Column("tensors", keep=True), Column("worst mismatch", "left", rank=0, wrap=True),
+                    Column("collectives /step", keep=True), Column("vs schedule", "left", keep=True))
+CATEGORY_COLUMNS = (Column("category", "left", keep=True), Column("simulated ms", keep=True),
+                    Column("measured ms", keep=True), Column("error", keep=True), Column("path sim", keep=True),
+                    Column("path measured", keep=True))
 
 
 def _fmt_err(value: float | None) -> str:
@@ -27,9 +31,7 @@ def _op_column(r, compare_ops: bool) -> str:
 def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True, console=None) -> int:
     """Variant table, then every mismatch / error / op-count difference; 0 when all pass, else 1."""
     console = console or make_console()
-    table = Table(title=f"numerics vs single process ({nproc} processes, {dtype})", title_justify="left")
-    for col in ("variant", "result", "tensors", "worst mismatch", "collectives/step", "vs schedule"):
-        table.add_column(col)
+    rows = []
     failed = 0
     for r in results:
         ops_bad = compare_ops and bool(r.op_diffs)
@@ -37,9 +39,9 @@ def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True,
         worst = r.mismatches[0] if r.mismatches else None
         worst_txt = f"{worst['tensor']} rank {worst['rank']} max|err| {worst['max_abs_err']:.3g}" if worst else "-"
         status = "[green]ok[/]" if r.ok else "[red]FAIL[/]"
-        table.add_row(r.name or "scenario", status, str(r.checked), worst_txt, str(len(r.calls)),
-                      _op_column(r, compare_ops))
-    console.print(table)
+        rows.append([r.name or "scenario", status, str(r.checked), worst_txt, str(len(r.calls)), _op_column(r, compare_ops)])
+    print_fitted(console, fitted_table(f"numerics vs single process ({nproc} processes, {dtype})", NUMERICS_COLUMNS,
+                                       rows, console.width))
     routed = [f"{r.name or 'scenario'} {r.imbalance:.2f}" for r in results if r.imbalance is not None]
     if routed:
         console.print("MoE routing, rows the busiest rank's experts received / mean: " + ", ".join(routed)
@@ -72,14 +74,11 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
     console.print(f"simulated without any overlap {report['simulated_serial_s'] * 1e3:.2f} ms (error "
                   f"{_fmt_err(report['error_serial_pct'])}); measured ops replayed on the simulator's engine "
                   f"{report['replayed_step_s'] * 1e3:.2f} ms")
-    table = Table(title="busy time per category", title_justify="left")
-    for col in ("category", "simulated ms", "measured ms", "error", "crit. share sim", "crit. share measured"):
-        table.add_column(col, justify="right")
     share = report["critical_path_agreement"]["share"]
-    for cat, row in report["categories"].items():
-        table.add_row(cat, f"{row['simulated_s'] * 1e3:.2f}", f"{row['measured_s'] * 1e3:.2f}",
-                      _fmt_err(row["error_pct"]), f"{share[cat]['simulated']:.1%}", f"{share[cat]['measured']:.1%}")
-    console.print(table)
+    rows = [[cat, f"{row['simulated_s'] * 1e3:.2f}", f"{row['measured_s'] * 1e3:.2f}", _fmt_err(row["error_pct"]),
+             f"{share[cat]['simulated']:.1%}", f"{share[cat]['measured']:.1%}"] for cat, row in report["categories"].items()]
+    print_fitted(console, fitted_table("busy time per category (path: share of the critical path)", CATEGORY_COLUMNS,
+                                       rows, console.width))
     if "pipeline_bubble" in share:  # pp > 1 (measured: the replay's waits for a P2P peer)
         console.print(f"pipeline bubble on the critical path: simulated {share['pipeline_bubble']['simulated']:.1%}, "
                       f"measured {share['pipeline_bubble']['measured']:.1%} ({report.get('pp', 1)} stages)")

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.cli.trace import read_traces
-from meshsim.sim.core.console import fitted_table, make_console
+from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.core.fmt import fmt_bytes
+from meshsim.sim.core.fmt import fmt_bytes, fmt_pct
 from meshsim.sim.core.userio import check_output_dir, check_output_file
 from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import summaries
@@ -24,7 +23,7 @@ from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import explain, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
-from meshsim.sim.sweep.report_page import write_report
+from meshsim.sim.sweep.report_page import sweep_title, write_report
 from meshsim.sim.sweep.runner import run_sweep
 from meshsim.sim.sweep.table import (
     SWEET_MARK,
@@ -77,10 +76,11 @@ def sweep_command(
     check_output_file("--json", json_path)
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
-    reasons = explain(records, lambda rec: band_for(with_overrides(base, rec.point.overrides(), source)))
+    reasons = explain(records, lambda rec: band_for(with_overrides(base, rec.point.overrides(), source)),
+                      settings={"distributed_optimizer": base.parallel.distributed_optimizer})
     written = {}  # files first, so that `meshsim sweep ... | head` still writes them
     if out is not None:
-        written["report"] = write_report(records, reasons, f"TP sweep of {base.name}", out)
+        written["report"] = write_report(records, reasons, sweep_title(records, base.name), out)
         written["results"] = Path(out) / "sweep.jsonl"
     if json_path is not None:
         write_sweep_json(json_path, records, reasons)
@@ -194,32 +194,31 @@ def _cell(value: object) -> str:
     return f"{value:,.4g}" if isinstance(value, float) else str(value)
 
 
+STRUCTURE_COLUMNS = (Column("", "left", keep=True, wrap=True), Column("simulated", keep=True),
+                     Column("measured", keep=True), Column("agrees", keep=True))
+GAP_COLUMNS = (Column("", "left", keep=True, wrap=True), Column("kind", "left", rank=0), Column("simulated ms", keep=True),
+               Column("measured ms", keep=True), Column("sim - meas ms", rank=1), Column("sim vs meas", keep=True))
+TRACE_COLLECTIVE_COLUMNS = (Column("op", "left", keep=True), Column("group", keep=True), Column("bytes", keep=True),
+                            Column("count", rank=0), Column("measured us", keep=True), Column("model us", keep=True),
+                            Column("measured GB/s", rank=1), Column("model GB/s", rank=1))
+
+
 def print_trace_comparison(doc: dict, console: Console) -> None:
-    table = Table(title=f"Structure: {doc['simulated']} against traced rank {doc['rank']}", title_justify="left")
-    for col in ("", "simulated", "measured", "agrees"):
-        table.add_column(col, justify="left" if not col else "right")
-    for r in doc["structure"]:
-        table.add_row(r["what"], _cell(r["simulated"]), _cell(r["measured"]), "yes" if r["agrees"] else "NO")
-    console.print(table)
+    rows = [[r["what"], _cell(r["simulated"]), _cell(r["measured"]), "yes" if r["agrees"] else "NO"]
+            for r in doc["structure"]]
+    print_fitted(console, fitted_table(f"Structure: {doc['simulated']} against traced rank {doc['rank']}",
+                                       STRUCTURE_COLUMNS, rows, console.width))
     if not doc["rows"]:
         return
-    rows = Table(title="Simulated vs measured, per step, largest difference first (busy rows overlap)",
-                 title_justify="left", header_style="bold")
-    for col in ("", "kind", "simulated ms", "measured ms", "sim - meas ms", "sim vs meas"):
-        rows.add_column(col, justify="left" if col in ("", "kind") else "right")
-    for r in doc["rows"]:
-        pct = "-" if r["delta_pct"] is None else f"{r['delta_pct']:+.1f}%"
-        rows.add_row(r["name"], r["kind"], f"{r['simulated_s'] * 1e3:,.3f}", f"{r['measured_s'] * 1e3:,.3f}",
-                     f"{r['delta_s'] * 1e3:+,.3f}", pct)
-    console.print(rows)
-    colls = Table(title="Collectives by size: measured bus bandwidth against meshsim's model", title_justify="left",
-                  header_style="bold")
-    for col in ("op", "group", "bytes", "count", "measured us", "model us", "measured GB/s", "model GB/s"):
-        colls.add_column(col, justify="left" if col == "op" else "right")
-    for r in doc["collectives"]:
-        colls.add_row(r["op"], _cell(r["group"]), fmt_bytes(r["bytes"]), str(r["count"]), _cell(r["mean_us"]),
-                      _cell(r["model_us"]), _cell(r["busbw_GBps"]), _cell(r["model_busbw_GBps"]))
-    console.print(colls)
+    rows = [[r["name"], r["kind"], f"{r['simulated_s'] * 1e3:,.3f}", f"{r['measured_s'] * 1e3:,.3f}",
+             f"{r['delta_s'] * 1e3:+,.3f}", "-" if r["delta_pct"] is None else fmt_pct(r["delta_pct"] / 100, 1, signed=True)]
+            for r in doc["rows"]]
+    print_fitted(console, fitted_table("Simulated vs measured, per step, largest difference first (busy rows overlap)",
+                                       GAP_COLUMNS, rows, console.width))
+    rows = [[r["op"], _cell(r["group"]), fmt_bytes(r["bytes"]), str(r["count"]), _cell(r["mean_us"]),
+             _cell(r["model_us"]), _cell(r["busbw_GBps"]), _cell(r["model_busbw_GBps"])] for r in doc["collectives"]]
+    print_fitted(console, fitted_table("Collectives by size: measured bus bandwidth against meshsim's model",
+                                       TRACE_COLLECTIVE_COLUMNS, rows, console.width))
 
 
 def register(app: typer.Typer) -> None:

@@ -9,8 +9,9 @@ op types; the collective algorithms chosen. Every table fits the console's width
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
@@ -29,6 +30,7 @@ from meshsim.sim.core.fmt import (
     time_column,
 )
 from meshsim.sim.engine.events import Event
+from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
 from meshsim.sim.results.critical_path import CATEGORY_NAMES, top_op_types
@@ -93,15 +95,16 @@ def headline(r: StepResult, tokens: float | None = None, band: ErrorBand | None 
     return text
 
 
-def not_fit_banner(r: StepResult) -> Panel | None:
-    """A red panel when the configuration needs more memory than the GPU has; None when it fits."""
+def not_fit_banner(r: StepResult, settings: Mapping[str, Any] | None = None) -> Panel | None:
+    """A red panel when the configuration needs more memory than the GPU has; None when it fits. It
+    suggests only what is not already set (sim/outputs/advice.py): `settings` adds what the config echo
+    lacks (distributed_optimizer)."""
     if r.fits:
         return None
     m = r.memory_gb
     return Panel(f"[bold]DOES NOT FIT[/bold]: needs {fmt_gb_as_gib(m.total)} per GPU, the GPU has "
                  f"{fmt_gb_as_gib(m.capacity)} (activations {fmt_gb_as_gib(m.activations)}). "
-                 "The timings below are for a run that could not start. Try recompute, sequence "
-                 "parallelism, pipeline stages (parallel.pp), a smaller micro-batch, a larger tp or more GPUs.",
+                 f"The timings below are for a run that could not start. {fixes_sentence({**r.config.to_json(), **(settings or {})})}",
                  style="bold red", title="memory", title_align="left")
 
 
@@ -197,10 +200,11 @@ def collectives_table(r: StepResult, width: int) -> tuple[Table, str]:
 
 
 def print_report(r: StepResult, console: Console | None = None, *, tokens: float | None = None,
-                 band: ErrorBand | None = None) -> None:
-    """The report; `band` (sim/results/error_band.py) adds the model's error next to the headline figures."""
+                 band: ErrorBand | None = None, settings: Mapping[str, Any] | None = None) -> None:
+    """The report; `band` (sim/results/error_band.py) adds the model's error next to the headline figures;
+    `settings` what the out-of-memory banner needs beyond the config echo (not_fit_banner)."""
     console = console or make_console()
-    banner = not_fit_banner(r)
+    banner = not_fit_banner(r, settings)
     if banner is not None:
         console.print(banner)
     console.print(headline(r, tokens, band))

@@ -3,7 +3,8 @@
 One horizontal lane per (rank, stream), labelled with the rank's tp/dp/pp/node position; each op is a
 bar from its start to its end, coloured by category. Critical-path ops carry a thin dark line through
 their bar ("critical path" legend entry, toggleable). The page opens zoomed on the forward pass of one
-representative layer (the middle layer, micro-batch 0); a range slider under the plot reaches the rest
+representative layer (the middle layer, micro-batch 0; with a pipeline, past the warm-up, where every stage
+is busy); a range slider under the plot reaches the rest
 of the step. Hovering a bar's centre shows the op, its duration and whether it is on the critical path;
 a collective adds its kind, algorithm/protocol, group, size and busbw; a compute op its FLOPs.
 
@@ -96,16 +97,60 @@ def _with_hover(events: Sequence[Event]) -> set[int]:
     return set(first[:HOVER_OPS])
 
 
+def _layer_forward(events: Sequence[Event], rank: int, after_s: float = 0.0) -> list[Event]:
+    """The forward ops of `rank`'s middle layer in the first micro-batch whose forward there starts at or
+    after `after_s` (micro-batch 0, or the ops outside micro-batches, when after_s is 0)."""
+    mine = [e for e in events if e.rank == rank]
+    layer = middle_layer(mine)
+    fwd = [e for e in mine if e.layer == layer and e.phase == "fwd"]
+    if not after_s:
+        return [e for e in fwd if e.micro_batch in (0, None)]
+    starts: dict[int | None, float] = {}
+    for e in fwd:
+        starts[e.micro_batch] = min(starts.get(e.micro_batch, e.start_s), e.start_s)
+    later = [mb for mb, t in starts.items() if t >= after_s - MERGE_GAP_S]
+    first = min(later, key=lambda mb: starts[mb]) if later else None
+    return [e for e in fwd if e.micro_batch == first] if later else []
+
+
+def pipeline_stages(events: Sequence[Event]) -> list[int]:
+    """One rank per pipeline stage (the lowest of the ranks that hold the same layers), in stage order;
+    one rank when the step has no pipeline."""
+    layers: dict[int, set] = {}
+    for e in events:
+        if e.layer is not None:
+            layers.setdefault(e.rank, set()).add(e.layer)
+    stages: dict[frozenset, int] = {}
+    for rank in sorted(layers):
+        stages.setdefault(frozenset(layers[rank]), rank)
+    return sorted(stages.values(), key=lambda r: min(layers[r]))
+
+
 def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
-    """[start, end] (ms) of the middle layer's forward ops of micro-batch 0 on the lowest rank, padded."""
-    rank = min((e.rank for e in events), default=None)
-    layer = middle_layer([e for e in events if e.rank == rank])
-    sel = [e for e in events if e.rank == rank and e.layer == layer and e.phase == "fwd" and e.micro_batch in (0, None)]
-    if layer is None or not sel:
+    """[start, end] (ms) of the window the timeline opens on, padded by ZOOM_MARGIN: without a pipeline,
+    the middle layer's forward ops of micro-batch 0 on the lowest rank. With one, a window where every
+    stage is busy: from the moment the last stage starts computing (the warm-up is over), the middle
+    layer's forward of the next micro-batch on that stage, widened until every stage has run a compute
+    op in it."""
+    stages = pipeline_stages(events)
+    if not stages:
         return None
-    lo, hi = min(e.start_s for e in sel) * 1e3, max(e.end_s for e in sel) * 1e3
-    pad = (hi - lo) * ZOOM_MARGIN
-    return lo - pad, hi + pad
+    if len(stages) == 1:
+        sel, lo = _layer_forward(events, stages[0]), None
+    else:
+        first = {r: min((e.start_s for e in events if e.rank == r and e.category == "compute"), default=0.0)
+                 for r in stages}
+        lo = max(first.values())
+        sel = _layer_forward(events, max(first, key=first.get), lo)
+        for r in stages:  # each stage's first compute op to end inside the window
+            later = [e for e in events if e.rank == r and e.category == "compute" and e.end_s > lo]
+            sel = sel + ([min(later, key=lambda e: e.end_s)] if later else [])
+    if not sel:
+        return None
+    lo_ms = (min(e.start_s for e in sel) if lo is None else lo) * 1e3
+    hi_ms = max(e.end_s for e in sel) * 1e3
+    pad = (hi_ms - lo_ms) * ZOOM_MARGIN
+    return lo_ms - pad, hi_ms + pad
 
 
 def merged_runs(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> list[tuple[int, float, float]]:

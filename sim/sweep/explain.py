@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gb_as_gib, fmt_pct, fmt_s, fmt_tokens
 from meshsim.sim.cost.collectives.cost import busbw_factor
+from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.error_band import DEFAULT_GROUP, ErrorBand, load_bands
 from meshsim.sim.results.records import CollectiveRow, MemoryGB
@@ -135,15 +136,16 @@ def path_sentence(best: SweepRecord) -> str:
     return f"{where}; its critical path is " + ", ".join(parts) + "."
 
 
-def no_fit_sentence(records: list[SweepRecord], axes: list[str]) -> str:
+def no_fit_sentence(records: list[SweepRecord], axes: list[str], settings: Mapping | None = None) -> str:
+    """No configuration fits: the smallest overflow, and what it does not already set that saves memory
+    (sim/outputs/advice.py; `settings` adds what a config echo lacks, e.g. distributed_optimizer)."""
     over = smallest_overflow(records)
     if over is None:
         return f"No configuration could run: all {len(records)} were skipped (each is listed with its reason)."
     mem = _memory(over)
     return (f"No configuration fits in {fmt_gb(mem.capacity)} GiB per GPU; the smallest overflow is "
             f"{label(over, axes)}: {fmt_gb(mem.total)} GiB ({fmt_gb(mem.total - mem.capacity)} GiB over). "
-            f"Try recompute=selective or full, sequence parallelism, pipeline stages (--pp), a smaller "
-            f"micro-batch or more GPUs.")
+            + fixes_sentence({**over.result.config.to_json(), **(settings or {})}))
 
 
 def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
@@ -325,15 +327,16 @@ def default_band(record: SweepRecord) -> ErrorBand:
     return load_bands()[DEFAULT_GROUP]
 
 
-def explain(records: list[SweepRecord], band_of: BandOf | None = None) -> list[str]:
+def explain(records: list[SweepRecord], band_of: BandOf | None = None, settings: Mapping | None = None) -> list[str]:
     """Short sentences on why the sweet spot wins and what limits its neighbours; `band_of(record)` gives
-    the model's error for a configuration (default: the default accuracy group's)."""
+    the model's error for a configuration (default: the default accuracy group's); `settings` the
+    scenario settings a config echo lacks (no_fit_sentence)."""
     if not records:
         return ["The sweep has no configurations."]
     axes = varying_axes(records)
     best = sweet_spot(records)
     if best is None:
-        return [no_fit_sentence(records, axes)]
+        return [no_fit_sentence(records, axes, settings)]
     band = (band_of or default_band)(best)
     sentences = [winner_sentence(best, records, axes), within_error_sentence(best, records, axes, band),
                  path_sentence(best), fp8_sentence(records, best, axes, label, _differs), pipeline_sentence(best),

@@ -3,7 +3,7 @@
 - throughput_figure: tokens/s and MFU against tp, one line per setting of the other axes (sp, overlap,
   micro-batch, recompute); configurations that do not fit drawn as open markers; the sweet spot starred.
 - breakdown_figure: step time per configuration split along the critical path
-  (critical_path_share x step_time_s: compute, TP communication, DP communication, waiting).
+  (critical_path_share x step_time_s, every category), one horizontal bar per configuration.
 - memory_figure: memory per GPU against tp with the GPU capacity as a dashed line.
 - report_html: the three figures, the results table and the explanation in one HTML file that embeds
   plotly.js exactly once (no network needed to open it).
@@ -15,11 +15,12 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_s, gb_to_gib
-from meshsim.sim.results.critical_path import CATEGORY_COLORS, CATEGORY_NAMES
-from meshsim.sim.sweep.explain import fits, label, ok, sweet_spot, varying_axes
+from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_s, gb_to_gib, time_unit
+from meshsim.sim.results.critical_path import CATEGORY_COLORS
+from meshsim.sim.sweep.axes import AXES
+from meshsim.sim.sweep.explain import AXIS_LABELS, fits, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
-from meshsim.sim.sweep.table import report_columns, report_rows
+from meshsim.sim.sweep.table import category_name, report_columns, report_rows, share_categories
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -75,18 +76,28 @@ def throughput_figure(records: list[SweepRecord]) -> go.Figure:
     return fig
 
 
+BAR_PX = 24  # height per configuration of the breakdown: a label per bar, whatever their number
+BAR_MARGIN_PX = 160  # title, legend and axis
+
+
 def breakdown_figure(records: list[SweepRecord]) -> go.Figure:
-    """Stacked step time per configuration, split by the critical path's categories."""
+    """Stacked step time per configuration, split by the critical path's categories (the one category list,
+    then any other a result carries), in the time unit of the table's step column. Horizontal bars, one
+    row of BAR_PX per configuration, labels on the y axis: every label stays readable at 40 bars or 400."""
     import plotly.graph_objects as go  # heavy (~0.3 s): imported only when a sweep report is drawn
 
     axes, best = varying_axes(records), sweet_spot(records)
     ran = [r for r in records if ok(r)]
     names = [label(r, axes) + (" *" if r is best else "") for r in ran]
+    unit, scale = time_unit([r.result.step_time_s for r in ran] or [1.0])
     fig = go.Figure()
-    for cat, color in CATEGORY_COLORS.items():
-        values = [r.result.step_time_s * r.result.critical_path_share.get(cat, 0.0) for r in ran]
-        fig.add_trace(go.Bar(x=names, y=values, name=CATEGORY_NAMES[cat], marker_color=color))
-    fig.update_layout(barmode="stack", height=430, yaxis_title="step time (s)",
+    for cat in share_categories(ran):
+        values = [r.result.step_time_s * r.result.critical_path_share.get(cat, 0.0) / scale for r in ran]
+        fig.add_trace(go.Bar(y=names, x=values, orientation="h", name=category_name(cat),
+                             marker_color=CATEGORY_COLORS.get(cat, "#888888")))
+    fig.update_yaxes(autorange="reversed", automargin=True, type="category")
+    fig.update_layout(barmode="stack", height=BAR_MARGIN_PX + BAR_PX * max(1, len(ran)),
+                      xaxis_title=f"step time ({unit})",
                       title="Step time along the critical path per configuration (* = sweet spot)")
     return fig
 
@@ -145,6 +156,13 @@ def report_html(records: list[SweepRecord], explanation: list[str], title: str) 
             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             f"<h2>Why</h2><ul>{reasons}</ul>" + "".join(f"<div class='fig'>{p}</div>" for p in parts)
             + f"<h2>All configurations</h2><table><tr>{header}</tr>{rows}</table></body></html>")
+
+
+def sweep_title(records: list[SweepRecord], name: str) -> str:
+    """'tp x pp x sp sweep of NAME': the axes that take more than one value (sweep order), not a fixed word."""
+    swept = [AXIS_LABELS[a] for a in AXES if len({getattr(r.point, a) for r in records}) > 1]
+    what = " x ".join(swept) + " sweep" if swept else f"{len(records)}-configuration sweep"
+    return f"{what} of {name}"
 
 
 def write_report(records: list[SweepRecord], explanation: list[str], title: str, out_dir: str | Path) -> Path:

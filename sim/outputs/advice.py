@@ -1,0 +1,48 @@
+"""What to change when a configuration does not fit in GPU memory, from what it already sets.
+
+One rule for every report that says "does not fit" (the `meshsim run` banner, a sweep's explanation): each
+knob that lowers memory per GPU is suggested only when it is not already at the setting that saves the
+most, with the scenario field that sets it:
+- activation recompute: none -> selective or full; selective -> full; full -> nothing to add;
+- sequence parallelism (tp > 1 only: it shards activations over the tp group);
+- the distributed optimizer (shards optimizer state and master weights over dp; known off only);
+- a smaller micro-batch (activations scale with it), when it is above 1;
+- a larger tp, while the tp group stays inside one node (beyond it, TP runs over InfiniBand);
+- more pipeline stages (weights, gradients, optimizer state and most activations shrink by 1/pp);
+- more GPUs: more dp shards the distributed optimizer's state, so only when it is on or unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def memory_fixes(settings: Mapping[str, Any]) -> list[str]:
+    """The suggestions, in the order above. `settings`: a results config echo (tp, pp, sp, recompute,
+    micro_batch, gpus_per_node), with `distributed_optimizer` when the caller knows it."""
+    tp, pp = int(settings.get("tp", 1) or 1), int(settings.get("pp", 1) or 1)
+    recompute, dist_opt = settings.get("recompute", "none"), settings.get("distributed_optimizer")
+    fixes = {"none": ["activation recompute (parallel.recompute: selective, or full)"],
+             "selective": ["full activation recompute (parallel.recompute: full; it is selective)"]}.get(recompute, [])
+    if tp > 1 and not settings.get("sp"):
+        fixes.append("sequence parallelism (parallel.sp: true)")
+    if dist_opt is False:
+        fixes.append("the distributed optimizer (parallel.distributed_optimizer: true)")
+    micro_batch = int(settings.get("micro_batch", 1) or 1)
+    if micro_batch > 1:
+        fixes.append(f"a smaller micro-batch (parallel.micro_batch, now {micro_batch})")
+    per_node = int(settings.get("gpus_per_node", 0) or 0)
+    if per_node and tp < per_node:
+        fixes.append(f"a larger tp (parallel.tp, now {tp}; up to {per_node} stays inside one node)")
+    fixes.append(f"more pipeline stages (parallel.pp, now {pp})")
+    if dist_opt is not False:
+        fixes.append("more GPUs (a larger dp shards the distributed optimizer's state)")
+    return fixes
+
+
+def fixes_sentence(settings: Mapping[str, Any]) -> str:
+    """'Try A, B or C.' from memory_fixes."""
+    fixes = memory_fixes(settings)
+    listed = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
+    return f"Try {listed}."
