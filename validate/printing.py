@@ -103,5 +103,8 @@ def print_profile(profile, path: Path, console=None) -> None:
                   f"{best:.3g} TFLOP/s), memory {profile.elementwise_bw_gbps or 0:.3g} GB/s, "
                   f"launch {profile.compute.launch_overhead_us or 0:.3g} us, {len(profile.kernel_table)} kernels, "
                   f"{len(profile.collective_table)} collective points, comm/compute interference "
-                  f"kappa {profile.compute.comm_interference or 0:.2f}")
+                  f"kappa {profile.compute.comm_interference or 0:.2f}", highlight=False)
+    measured = profile.measured_on.get("comm_interference")
+    if measured:  # the times kappa comes from, and what they mean (validate/calibrate/interference.py)
+        console.print(f"kappa measured: {measured}", highlight=False, markup=False)
     console.print(f"written: {path}  (use it with hardware: {{profile: {path}}})")

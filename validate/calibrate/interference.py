@@ -62,6 +62,29 @@ def kappa_from_times(g_s: float, c_s: float, both_s: float) -> float:
     return min(1.0, max(0.0, (both_s - hi) / lo))
 
 
+def kappa_note(g_s: float, c_s: float, both_s: float) -> str:
+    """What the three medians say, in words, beside the kappa they give (kappa_from_times): a clamped
+    kappa is named as such, with what the measurement showed instead of a bare 0 or 1."""
+    lo, hi = min(g_s, c_s), max(g_s, c_s)
+    kappa = kappa_from_times(g_s, c_s, both_s)
+    if lo <= 0:
+        return "kappa 0: a part took no measurable time, so there was no overlap to measure"
+    if both_s < c_s:
+        return (f"the overlapped run ({both_s * 1e3:.3f} ms) was faster than the collective alone "
+                f"({c_s * 1e3:.3f} ms): overlapping slowed nothing measurably, so kappa is 0 (the simulator "
+                "overlaps compute and communication at full speed); the collective's own time varies by more "
+                "than the effect (gloo's times are heavy-tailed on a loaded CPU)")
+    if both_s < hi:
+        return (f"the overlapped run ({both_s * 1e3:.3f} ms) was faster than its longer part alone "
+                f"({hi * 1e3:.3f} ms): no measurable interference, so kappa is 0 (full-speed overlap)")
+    if (both_s - hi) / lo > 1:
+        return (f"the overlapped run ({both_s * 1e3:.3f} ms) was slower than both parts back to back "
+                f"({(g_s + c_s) * 1e3:.3f} ms): kappa is clamped to 1 (the two share the compute resource "
+                "fully: overlapping gains nothing)")
+    return (f"kappa {kappa:.3f}: while they overlap, compute and communication each run at 1/(1 + kappa) = "
+            f"{100 / (1 + kappa):.0f}% of their speed alone")
+
+
 def representative(schedule: Schedule) -> tuple[Gemm, str, str, int] | None:
     """(largest GEMM, collective kind, group name, starting nbytes) or None when nothing can overlap:
     the most frequent collective kind of the TP group (else the DP group), at its largest size."""
@@ -155,5 +178,6 @@ def reduce_interference(per_rank: list[dict | None]) -> tuple[float, dict[str, f
     m, n, k, batch = r0["gemm"]
     record = (f"gemm {batch}x{m}x{n}x{k} x{r0['gemms']} {rounds['g_s'] * 1e3:.3f} ms, {r0['op']} on {r0['ranks']} ranks "
               f"{r0['nbytes']} B {rounds['c_s'] * 1e3:.3f} ms, overlapped {rounds['both_s'] * 1e3:.3f} ms "
-              f"-> kappa {kappa:.3f} (medians of {len(r0['samples'][0])} rounds)")
+              f"-> kappa {kappa:.3f} (medians of {len(r0['samples'][0])} rounds); "
+              + kappa_note(rounds["g_s"], rounds["c_s"], rounds["both_s"]))
     return kappa, rounds, record
