@@ -25,7 +25,9 @@ extrapolated periods go.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ BAR_PX = 16
 HOVER_OPS = 20_000
 ZOOM_MARGIN = 0.05  # of the zoomed span, either side
 MERGE_GAP_S = 1e-9  # ops closer than this on one lane are drawn as one bar
+NEAR_BEST = 0.9  # a pipeline opens on the first window whose least busy stage is this close to the best
 
 
 def _lane_names(events: Sequence[Event]) -> dict[tuple[int, str], int]:
@@ -97,22 +100,6 @@ def _with_hover(events: Sequence[Event]) -> set[int]:
     return set(first[:HOVER_OPS])
 
 
-def _layer_forward(events: Sequence[Event], rank: int, after_s: float = 0.0) -> list[Event]:
-    """The forward ops of `rank`'s middle layer in the first micro-batch whose forward there starts at or
-    after `after_s` (micro-batch 0, or the ops outside micro-batches, when after_s is 0)."""
-    mine = [e for e in events if e.rank == rank]
-    layer = middle_layer(mine)
-    fwd = [e for e in mine if e.layer == layer and e.phase == "fwd"]
-    if not after_s:
-        return [e for e in fwd if e.micro_batch in (0, None)]
-    starts: dict[int | None, float] = {}
-    for e in fwd:
-        starts[e.micro_batch] = min(starts.get(e.micro_batch, e.start_s), e.start_s)
-    later = [mb for mb, t in starts.items() if t >= after_s - MERGE_GAP_S]
-    first = min(later, key=lambda mb: starts[mb]) if later else None
-    return [e for e in fwd if e.micro_batch == first] if later else []
-
-
 def pipeline_stages(events: Sequence[Event]) -> list[int]:
     """One rank per pipeline stage (the lowest of the ranks that hold the same layers), in stage order;
     one rank when the step has no pipeline."""
@@ -126,31 +113,70 @@ def pipeline_stages(events: Sequence[Event]) -> list[int]:
     return sorted(stages.values(), key=lambda r: min(layers[r]))
 
 
+class _Busy:
+    """A rank's compute time inside any window [a, b], from its merged compute intervals and their prefix
+    sums (bisect: O(log n) a query)."""
+
+    def __init__(self, events: Sequence[Event]):
+        runs: list[list[float]] = []
+        for start, end in sorted((e.start_s, e.end_s) for e in events if e.category == "compute"):
+            if runs and start <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], end)
+            else:
+                runs.append([start, end])
+        self.starts = [r[0] for r in runs]
+        self.ends = [r[1] for r in runs]
+        self.before = list(accumulate((e - s for s, e in runs), initial=0.0))
+
+    def _upto(self, t: float) -> float:
+        """Compute time in [0, t]."""
+        i = bisect_right(self.starts, t)
+        return self.before[i] - max(0.0, self.ends[i - 1] - t) if i else 0.0
+
+    def within(self, a: float, b: float) -> float:
+        return self._upto(b) - self._upto(a)
+
+
+def _spans(mine: Sequence[Event]) -> list[tuple[float, float]]:
+    """[start, end] of the middle layer's ops among one rank's events, per (micro-batch, phase), in time order."""
+    layer = middle_layer(mine)
+    spans: dict[tuple, list[float]] = {}
+    for e in mine:
+        if e.layer == layer and e.phase in ("fwd", "bwd"):
+            span = spans.setdefault((e.micro_batch, e.phase), [e.start_s, e.end_s])
+            span[0], span[1] = min(span[0], e.start_s), max(span[1], e.end_s)
+    return sorted((a, b) for a, b in spans.values() if b > a)
+
+
 def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
-    """[start, end] (ms) of the window the timeline opens on, padded by ZOOM_MARGIN: without a pipeline,
+    """[start, end] (ms) of the window the timeline opens on, padded by ZOOM_MARGIN. Without a pipeline,
     the middle layer's forward ops of micro-batch 0 on the lowest rank. With one, a window where every
-    stage is busy: from the moment the last stage starts computing (the warm-up is over), the middle
-    layer's forward of the next micro-batch on that stage, widened until every stage has run a compute
-    op in it."""
+    stage is busy: among the spans of the last stage's middle layer (one per micro-batch and phase), the
+    earliest where the least busy stage computes at least NEAR_BEST of the largest such fraction: never
+    the warm-up, where the later stages have not started."""
     stages = pipeline_stages(events)
     if not stages:
         return None
     if len(stages) == 1:
-        sel, lo = _layer_forward(events, stages[0]), None
+        rank, layer = stages[0], middle_layer([e for e in events if e.rank == stages[0]])
+        sel = [e for e in events if e.rank == rank and e.layer == layer and e.phase == "fwd"
+               and e.micro_batch in (0, None)]
+        if not sel:
+            return None
+        lo, hi = min(e.start_s for e in sel), max(e.end_s for e in sel)
     else:
-        first = {r: min((e.start_s for e in events if e.rank == r and e.category == "compute"), default=0.0)
-                 for r in stages}
-        lo = max(first.values())
-        sel = _layer_forward(events, max(first, key=first.get), lo)
-        for r in stages:  # each stage's first compute op to end inside the window
-            later = [e for e in events if e.rank == r and e.category == "compute" and e.end_s > lo]
-            sel = sel + ([min(later, key=lambda e: e.end_s)] if later else [])
-    if not sel:
-        return None
-    lo_ms = (min(e.start_s for e in sel) if lo is None else lo) * 1e3
-    hi_ms = max(e.end_s for e in sel) * 1e3
-    pad = (hi_ms - lo_ms) * ZOOM_MARGIN
-    return lo_ms - pad, hi_ms + pad
+        by_rank: dict[int, list[Event]] = {r: [] for r in stages}
+        for e in events:
+            if e.rank in by_rank:
+                by_rank[e.rank].append(e)
+        busy = [_Busy(by_rank[r]) for r in stages]
+        windows = _spans(by_rank[stages[-1]])
+        if not windows:
+            return None
+        score = [min(b.within(*w) for b in busy) / (w[1] - w[0]) for w in windows]
+        lo, hi = next(w for w, sc in zip(windows, score, strict=True) if sc >= NEAR_BEST * max(score))
+    pad = (hi - lo) * ZOOM_MARGIN
+    return (lo - pad) * 1e3, (hi + pad) * 1e3
 
 
 def merged_runs(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> list[tuple[int, float, float]]:

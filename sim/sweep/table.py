@@ -93,8 +93,10 @@ def category_name(key: str) -> str:
 
 def share_header(key: str) -> str:
     """A short column header: the category's name without ' communication', its last word ('TP', 'P2P',
-    'bubble', 'compute', 'waiting')."""
-    return category_name(key).removesuffix(" communication").split()[-1]
+    'bubble', 'compute', 'waiting'); the key itself for a category CATEGORY_NAMES does not name."""
+    if key not in CATEGORY_NAMES:
+        return key
+    return CATEGORY_NAMES[key].removesuffix(" communication").split()[-1]
 
 
 def whole_percents(shares: Sequence[float]) -> list[int]:
