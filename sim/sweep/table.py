@@ -145,7 +145,8 @@ def share_legend(records: list[SweepRecord]) -> str:
     named = [share_header(k) if share_header(k) == full[k] else f"{share_header(k)} = {full[k]}" for k in cats]
     return (f"{SWEET_MARK} = the sweet spot. Critical path, % of each step (rows add up to 100%): "
             + ", ".join(named) + f". '{COMPUTE_WAITS}' (results table) is something else: the time rank 0's "
-            "compute stream has nothing to run, % of the step; it overlaps communication and the bubble.")
+            "compute stream has nothing to run, % of the step; it overlaps communication"
+            + (" and the bubble." if "pipeline_bubble" in cats else "."))
 
 
 def report_columns(records: list[SweepRecord]) -> list[str]:
