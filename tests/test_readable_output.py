@@ -201,10 +201,10 @@ def test_compare_one_format_per_row_kind_and_human_labels(tmp_path):
     cmp = compare_files(*_two_results(tmp_path))
     for key in ("headline", "categories"):
         unit, cells = compared_cells(cmp[key])
-        by_kind: dict[str, set[int]] = {}
+        by_kind: dict[str, set[int]] = {}  # kind -> the numbers of decimals its cells show
         for row, cell in zip(cmp[key], cells, strict=True):
             decimals = {len(c.split(".")[1]) if "." in c else 0 for c in cell[1:4] if c != "-"}
-            by_kind.setdefault((row["kind"], row["key"] if row["kind"] == "decimal" else ""), set()).update(decimals)
+            by_kind.setdefault(row["kind"], set()).update(decimals)
             assert "_" not in row["name"], row["name"]  # people read names, programs read keys
         assert all(len(d) == 1 for d in by_kind.values()), by_kind
     names = [r["name"] for r in cmp["categories"]]
@@ -242,9 +242,6 @@ def test_report_title_and_bars_follow_the_sweep():
     assert len(set(labels)) == 40 and all(t.orientation == "h" for t in fig.data)
     assert fig.layout.height >= 40 * BAR_PX and fig.layout.yaxis.automargin
     assert fig.layout.xaxis.title.text == "step time (s)"  # the table's step column's unit
-
-
-RECOMPUTE_NAMES = {"none": "activation recompute", "selective": "full activation recompute"}
 
 
 @pytest.mark.parametrize("recompute, sp, dist_opt, micro_batch, tp",
