@@ -51,8 +51,11 @@ SECTION = None  # a row that is SECTION draws a rule across the table (rich's ad
 def cell_len(text: object) -> int:
     """Width of a cell on the terminal: rich markup ('[green]ok[/]') takes no room; text that is not
     valid markup counts as it is."""
+    text = str(text)
+    if text.isascii() and "[" not in text:  # the common case, without parsing (tables of 1,000 rows)
+        return len(text)
     try:
-        return Text.from_markup(str(text)).cell_len
+        return Text.from_markup(text).cell_len
     except MarkupError:
         return Text(str(text)).cell_len
 
