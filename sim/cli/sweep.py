@@ -115,10 +115,7 @@ def print_results(records: list[SweepRecord], reasons: list[str], *, title: str,
                                    ("critical path, % of each step", share_columns(ran), share_rows(ran))):
         if not rows:
             continue
-        table, note = fitted_table(heading, columns, rows, console.width, row_styles=styles)
-        console.print(table)
-        if note:
-            console.print(note, highlight=False)
+        print_fitted(console, fitted_table(heading, columns, rows, console.width, row_styles=styles))
     if ran:
         console.print(share_legend(ran), highlight=False)
     skipped = [skipped_line(rec, records) for rec in records if not ok(rec)]
@@ -215,8 +212,12 @@ def print_trace_comparison(doc: dict, console: Console) -> None:
             for r in doc["rows"]]
     print_fitted(console, fitted_table("Simulated vs measured, per step, largest difference first (busy rows overlap)",
                                        GAP_COLUMNS, rows, console.width))
-    rows = [[r["op"], _cell(r["group"]), fmt_bytes(r["bytes"]), str(r["count"]), _cell(r["mean_us"]),
-             _cell(r["model_us"]), _cell(r["busbw_GBps"]), _cell(r["model_busbw_GBps"])] for r in doc["collectives"]]
+    def fixed(value: float | None, decimals: int) -> str:  # one number format per column
+        return "-" if value is None else f"{value:,.{decimals}f}"
+
+    rows = [[r["op"], _cell(r["group"]), fmt_bytes(r["bytes"]), str(r["count"]), fixed(r["mean_us"], 1),
+             fixed(r["model_us"], 1), fixed(r["busbw_GBps"], 2), fixed(r["model_busbw_GBps"], 2)]
+            for r in doc["collectives"]]
     print_fitted(console, fitted_table("Collectives by size: measured bus bandwidth against meshsim's model",
                                        TRACE_COLLECTIVE_COLUMNS, rows, console.width))
 
