@@ -13,7 +13,7 @@ first tp that leaves the NVLink domain, and every other value of the other axes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gb_as_gib, fmt_pct, fmt_s, fmt_tokens
 from meshsim.sim.cost.collectives.cost import busbw_factor
