@@ -132,3 +132,46 @@ def test_host_dispatch_delays_short_kernels_not_long_ones():
     assert long.step_time_s == pytest.approx(310e-6)
     assert engine.run(sched, (0,), lambda op, r: 1e-6, None).step_time_s == pytest.approx(3e-6)
     assert issue_times_s(replace(sched), 0.0) == ()
+
+
+def test_deterministic_fill_bytes_closed_form():
+    """PyTorch's NaN fill under deterministic algorithms (sim/cost/deterministic_fill.py): a new 16-bit C,
+    none for a GEMM accumulating into the fp32 main grad, O + fp32 statistics forward, dQ dK dV backward,
+    an elementwise kernel's writes unless it runs in place."""
+    from meshsim.sim.cost.deterministic_fill import fill_bytes
+    from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Attention, OptimizerStep
+    assert fill_bytes(Gemm(64, 32, 16, batch=3)) == 64 * 32 * 3 * 2
+    assert fill_bytes(Gemm(64, 32, 16, out_bytes=FUSED_WGRAD_OUT_BYTES)) == 0
+    fwd = Attention(batch=2, heads=8, kv_heads=2, seq=128, head_dim=64)
+    assert fill_bytes(fwd) == 2 * 8 * 128 * (64 * 2 + 4)
+    assert fill_bytes(replace(fwd, backward=True)) == 2 * 8 * 128 * 64 * 2 + 2 * 2 * 128 * 128 * 2
+    assert fill_bytes(Elementwise("gelu", 100, 40)) == 40
+    assert fill_bytes(Elementwise("main_grad_add", 100, 40)) == 0  # main_grad.add_: in place
+    assert fill_bytes(OptimizerStep(1000)) == 0
+
+
+def test_deterministic_fill_adds_one_write_pass_and_a_launch_per_fresh_output():
+    """fill_s = bytes / (bw x mem_bw_eff) + launch, only with fill_uninitialized (run.deterministic);
+    a kernel that allocates nothing costs the same either way (negative control)."""
+    from meshsim.sim.cost.compute import ComputeModel
+    gpu = GPUS["h100-sxm"]
+    plain, det = ComputeModel(gpu), ComputeModel(gpu, fill_uninitialized=True)
+    e = Elementwise("gelu", 1 << 24, 1 << 24)
+    fill = (1 << 24) / (gpu.mem_bw_gbps * 1e9 * 0.90) + 3e-6
+    assert det.time_s(e) == pytest.approx(plain.time_s(e) + fill, rel=1e-12)
+    inplace = Elementwise("main_grad_add", 1 << 24, 1 << 24)
+    assert det.time_s(inplace) == plain.time_s(inplace)
+
+
+def test_deterministic_run_fills_outputs_in_the_simulated_step():
+    """The step of a deterministic run is longer than the same run without it by the fills' sum at least
+    (run.deterministic also slows the attention backward); without it nothing is filled."""
+    from meshsim.sim.results.simulate import compute_fn
+    rs = make_rs(GPT, {"tp": 1}, {"deterministic": True})
+    sched = build_schedule(rs)
+    cost = compute_fn(rs)
+    plain = compute_fn(make_rs(GPT, {"tp": 1}))
+    works = [op for op in sched.ops if op.stream == "compute"]
+    assert sum(cost(op, 0) for op in works) > sum(plain(op, 0) for op in works)
+    gemm = next(op for op in works if isinstance(op.work, Gemm))
+    assert cost(gemm, 0) > plain(gemm, 0)

@@ -22,6 +22,8 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
   512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the backward too (more GEMMs per exp, but
   atomic dQ accumulation).
 - deterministic_attention_slowdown 1.25: attention backward under run.deterministic (sim/schedule/run_settings.py).
+- fill_uninitialized (run.deterministic): every fresh output is first filled by PyTorch's deterministic
+  mode, + fill_bytes / (bw x mem_bw_eff) + launch per op (sim/cost/deterministic_fill.py).
 - host_dispatch_us: CPU time to issue one op (sim/cost/host_dispatch.py; used by the engine, not here).
 - launch_overhead_us 3.0: a dependent kernel's launch and ramp gap on the GPU when the host runs ahead
   (assumption, a few microseconds; `meshsim calibrate` measures it).
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field
 from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
+from meshsim.sim.cost.deterministic_fill import fill_bytes
 from meshsim.sim.cost.fp8_gemm import FP8_OPERAND_BYTES, fp8_gemm_ceiling, fp8_peak_tflops
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
@@ -109,6 +112,7 @@ class ComputeModel:
     gpu: GpuSpec
     tuning: ComputeTuning | None = None
     profile: HardwareProfile | None = None
+    fill_uninitialized: bool = False  # run.deterministic: PyTorch fills fresh outputs (deterministic_fill.py)
     knobs: ComputeTuning = field(init=False)
     _memo: dict = field(init=False, default_factory=dict, repr=False)
 
@@ -149,8 +153,14 @@ class ComputeModel:
     def time_s(self, work: Work) -> float:
         hit = self._memo.get(work)
         if hit is None:
-            hit = self._memo[work] = self._time_s(work)
+            hit = self._memo[work] = self._time_s(work) + (self.fill_s(work) if self.fill_uninitialized else 0.0)
         return hit
+
+    def fill_s(self, work: Work) -> float:
+        """Deterministic mode's NaN fill of `work`'s fresh outputs: fill_bytes / (bw x mem_bw_eff) + launch,
+        0 when it allocates nothing (sim/cost/deterministic_fill.py)."""
+        nbytes = fill_bytes(work)
+        return nbytes / self.mem_bw_bytes_s + self.launch_s if nbytes > 0 else 0.0
 
     def _time_s(self, work: Work) -> float:
         if isinstance(work, Gemm):

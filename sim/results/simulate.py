@@ -164,7 +164,8 @@ class P2PCoster:
 
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
     """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item."""
-    model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile)  # memoizes per work itself
+    model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile,  # memoizes per work itself
+                         fill_uninitialized=rs.scenario.run.deterministic)
 
     def compute_s(op: Op, rank: int) -> float:
         return model.time_s(op.work)
