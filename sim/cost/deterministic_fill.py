@@ -33,10 +33,11 @@ from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES
 from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Attention, Elementwise, Gemm, Work
 
 # Elementwise kernels that write into tensors that already exist: the fp32 main-grad accumulation
-# (main_grad.add_ in Megatron's DDP hooks) and the cross-entropy's softmax, which Megatron's
-# VocabParallelCrossEntropy computes in place (exp_logits.div_(sum_exp_logits),
-# megatron/core/tensor_parallel/cross_entropy.py).
-IN_PLACE_KERNELS = frozenset({"main_grad_add", "xent_loss"})
+# (main_grad.add_ in Megatron's DDP hooks) and the cross-entropy's exp and softmax, which Megatron's
+# VocabParallelCrossEntropy computes in place on its fp32 logits (logits -= max; torch.exp(logits,
+# out=logits); exp_logits.div_(sum), megatron/core/tensor_parallel/cross_entropy.py @d98e8a64; the
+# fp32 copy itself, xent_max's .float(), and the backward's cast to bf16 are fresh tensors).
+IN_PLACE_KERNELS = frozenset({"main_grad_add", "xent_exp", "xent_loss"})
 
 
 def fill_bytes(work: Work) -> int:

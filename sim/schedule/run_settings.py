@@ -12,7 +12,9 @@
   (FlashAttention-2's deterministic backward orders the KV-block CTAs' dQ updates; cuDNN's deterministic
   algorithm likewise). Modeled as a slowdown of the attention backward kernel by
   hardware.compute.deterministic_attention_slowdown (default DETERMINISTIC_ATTENTION_SLOWDOWN 1.25, an
-  assumption: no public figure in our calibration set).
+  assumption: no public figure in our calibration set). It also calls torch.use_deterministic_algorithms(True),
+  under which PyTorch fills every fresh output with NaN first: priced by the compute model
+  (sim/cost/deterministic_fill.py).
 - CUDA graphs (`run.cuda_graphs`): the step replays captured graphs, so no per-op host dispatch
   (sim/cost/host_dispatch.py).
 - Overlap of the input-gradient TP collective with the weight-gradient GEMM (`run.tp_grad_reduce_overlap`,
