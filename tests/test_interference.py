@@ -148,6 +148,25 @@ def test_calibration_formula_recovers_kappa(g, c, kappa):
     assert kappa_from_times(g, c, g + c + 0.1) == 1.0  # slower than serial: clamped
 
 
+def test_kappa_is_written_in_the_units_of_the_collective_table():
+    """The engine multiplies kappa by the table's mean collective time; with a heavy tail (mean 3x the
+    median) the same measured extra gives a third of the median-based kappa, so kappa x c_mean is the
+    extra; steady collectives (mean = median) give kappa_from_times exactly (negative control)."""
+    pytest.importorskip("torch")
+    from meshsim.validate.calibrate.interference import kappa_for_table, kappa_from_times, reduce_interference
+
+    g, c_med, extra = 2.0, 0.5, 0.4
+    assert kappa_for_table(g, c_med, c_med, g + extra) == pytest.approx(kappa_from_times(g, c_med, g + extra))
+    assert kappa_for_table(g, c_med, 3 * c_med, g + extra) == pytest.approx(extra / (3 * c_med))
+    # two ranks, 5 rounds: c's min over ranks per round = [0.5, 0.5, 0.5, 0.5, 5.5] (median 0.5, mean 1.5)
+    c_rounds = [0.5, 0.5, 0.5, 0.5, 5.5]
+    rank = {"gemm": [1, 1, 1, 1], "gemms": 1, "op": "all_reduce", "ranks": 2, "nbytes": 8,
+            "samples": [[g] * 5, c_rounds, [g + extra] * 5]}
+    kappa, rounds, record = reduce_interference([rank, rank])
+    assert (rounds["c_s"], rounds["c_mean_s"]) == (0.5, pytest.approx(1.5))
+    assert kappa == pytest.approx(extra / 1.5) and "of the mean" in record
+
+
 def test_reduction_over_ranks_and_rounds():
     pytest.importorskip("torch")
     from meshsim.validate.calibrate.interference import reduce_interference
