@@ -62,11 +62,12 @@ def kappa_from_times(g_s: float, c_s: float, both_s: float) -> float:
     return min(1.0, max(0.0, (both_s - hi) / lo))
 
 
-def kappa_note(g_s: float, c_s: float, both_s: float) -> str:
-    """What the three medians say, in words, beside the kappa they give (kappa_from_times): a clamped
-    kappa is named as such, with what the measurement showed instead of a bare 0 or 1."""
+def kappa_note(g_s: float, c_s: float, both_s: float, kappa: float | None = None) -> str:
+    """What the three medians say, in words, beside the kappa written to the profile (`kappa`; default
+    kappa_from_times of the medians): a clamped kappa is named as such, with what the measurement showed
+    instead of a bare 0 or 1."""
     lo, hi = min(g_s, c_s), max(g_s, c_s)
-    kappa = kappa_from_times(g_s, c_s, both_s)
+    kappa = kappa_from_times(g_s, c_s, both_s) if kappa is None else kappa
     if lo <= 0:
         return "kappa 0: a part took no measurable time, so there was no overlap to measure"
     if both_s < c_s:
@@ -201,5 +202,5 @@ def reduce_interference(per_rank: list[dict | None]) -> tuple[float, dict[str, f
               f"{r0['nbytes']} B {rounds['c_s'] * 1e3:.3f} ms (mean {rounds['c_mean_s'] * 1e3:.3f}), overlapped "
               f"{rounds['both_s'] * 1e3:.3f} ms -> kappa {median_kappa:.3f} of the median, {kappa:.3f} of the mean "
               f"(medians of {len(r0['samples'][0])} rounds); "
-              + kappa_note(rounds["g_s"], rounds["c_s"], rounds["both_s"]))
+              + kappa_note(rounds["g_s"], rounds["c_s"], rounds["both_s"], kappa))
     return kappa, rounds, record
