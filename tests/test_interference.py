@@ -177,7 +177,8 @@ def test_reduction_over_ranks_and_rounds():
     r1 = {**r0, "samples": [[2.0, 2.0, 1.0], [3.0, 1.1, 0.9], [2.4, 3.0, 2.5]]}
     kappa, med, record = reduce_interference([r0, r1])
     g, c, both = 2.1, 1.0, 2.5  # medians of (2, 2.1, 5), (1, 1.1, 0.9), (2.4, 2.6, 2.5)
-    assert med == pytest.approx({"g_s": g, "c_s": c, "both_s": both})
+    # c's mean over the same rounds (the collective table's statistic) is 1.0 too: kappa unchanged
+    assert med == pytest.approx({"g_s": g, "c_s": c, "both_s": both, "c_mean_s": 1.0})
     assert kappa == pytest.approx((both - g) / c)
-    assert "kappa 0.400" in record and "x2" in record
+    assert "kappa 0.400 of the median, 0.400 of the mean" in record and "x2" in record
     assert reduce_interference([r0, None]) is None
