@@ -164,7 +164,7 @@ def test_kappa_is_written_in_the_units_of_the_collective_table():
             "samples": [[g] * 5, c_rounds, [g + extra] * 5]}
     kappa, rounds, record = reduce_interference([rank, rank])
     assert (rounds["c_s"], rounds["c_mean_s"]) == (0.5, pytest.approx(1.5))
-    assert kappa == pytest.approx(extra / 1.5) and "of the mean" in record
+    assert kappa == pytest.approx(extra / 1.5) and f"kappa {kappa:.3f} over c's mean" in record
 
 
 def test_reduction_over_ranks_and_rounds():
@@ -180,5 +180,5 @@ def test_reduction_over_ranks_and_rounds():
     # c's mean over the same rounds (the collective table's statistic) is 1.0 too: kappa unchanged
     assert med == pytest.approx({"g_s": g, "c_s": c, "both_s": both, "c_mean_s": 1.0})
     assert kappa == pytest.approx((both - g) / c)
-    assert "kappa 0.400 of the median, 0.400 of the mean" in record and "x2" in record
+    assert "kappa 0.400 over c's mean (0.400 over its median" in record and "x2" in record
     assert reduce_interference([r0, None]) is None

@@ -200,7 +200,7 @@ def reduce_interference(per_rank: list[dict | None]) -> tuple[float, dict[str, f
     m, n, k, batch = r0["gemm"]
     record = (f"gemm {batch}x{m}x{n}x{k} x{r0['gemms']} {rounds['g_s'] * 1e3:.3f} ms, {r0['op']} on {r0['ranks']} ranks "
               f"{r0['nbytes']} B {rounds['c_s'] * 1e3:.3f} ms (mean {rounds['c_mean_s'] * 1e3:.3f}), overlapped "
-              f"{rounds['both_s'] * 1e3:.3f} ms -> kappa {median_kappa:.3f} of the median, {kappa:.3f} of the mean "
-              f"(medians of {len(r0['samples'][0])} rounds); "
+              f"{rounds['both_s'] * 1e3:.3f} ms -> kappa {kappa:.3f} over c's mean ({median_kappa:.3f} over its median; "
+              f"medians of {len(r0['samples'][0])} rounds); "
               + kappa_note(rounds["g_s"], rounds["c_s"], rounds["both_s"], kappa))
     return kappa, rounds, record
