@@ -20,6 +20,7 @@ from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, 
 from meshsim.scenarios.check_base import fmt_set as _fmt
 from meshsim.scenarios.check_base import rule_error as _err
 from meshsim.scenarios.moe_checks import MOE_RULES
+from meshsim.scenarios.optimizer_checks import OPTIMIZER_RULES
 from meshsim.scenarios.pipeline_split import LAYOUT_SYMBOLS, expand_layout
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import unknown_name_error
@@ -281,6 +282,7 @@ RULES: tuple[Rule, ...] = (
     check_sequence_parallel,
     check_param_gather_overlap,
     *MOE_RULES,
+    *OPTIMIZER_RULES,
 )
 
 

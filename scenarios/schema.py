@@ -241,6 +241,24 @@ class RunConfig(Frozen):
         return self.fp8 != "off"
 
 
+class OptimizerConfig(Frozen):
+    """Adam's state precision and placement (Megatron-Core OptimizerConfig, megatron/core/optimizer/
+    optimizer_config.py @d98e8a64); memory and step cost in sim/cost/optimizer_states.py."""
+
+    precision_aware: bool = False  # --use-precision-aware-optimizer (TE FusedAdam)
+    main_grads_dtype: Literal["fp32", "bf16"] = "fp32"  # --main-grads-dtype
+    main_params_dtype: Literal["fp32", "fp16"] = "fp32"  # --main-params-dtype
+    exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"] = "fp32"  # --exp-avg-dtype
+    exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"] = "fp32"  # --exp-avg-sq-dtype
+    store_param_remainders: bool = True  # OptimizerConfig.store_param_remainders (TE >= 2.1)
+    cpu_offload: bool = False  # --optimizer-cpu-offload
+    offload_fraction: float = Field(default=1.0, ge=0, le=1)  # --optimizer-offload-fraction
+    overlap_cpu_d2h_h2d: bool = False  # --overlap-cpu-optimizer-d2h-h2d
+    # achieved per-GPU figures of the offloaded step; unset: sim/cost/optimizer_states.py's defaults
+    pcie_gbps: float | None = Field(default=None, gt=0)  # GPU <-> pinned host copies, each direction
+    host_mem_gbps: float | None = Field(default=None, gt=0)  # host DRAM bandwidth one rank's CPU Adam gets
+
+
 class Scenario(Frozen):
     name: str
     description: str = ""
@@ -249,4 +267,5 @@ class Scenario(Frozen):
     topology: TopologyConfig
     parallel: ParallelConfig
     run: RunConfig = RunConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
     sweep: SweepConfig | None = None

@@ -7,7 +7,8 @@
                  halving and the 2.5x backward are already there). wave = CTA wave quantization with
                  one CTA per (batch, head, 128-query block).
     Elementwise  (bytes_read + bytes_written) / (bw x elementwise_eff) + launch
-    OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch
+    OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch, plus the host-updated share under
+                 optimizer.cpu_offload (offload_step_s)
 
 Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
 - gemm_efficiency: by GPU generation (sim/gemm_efficiency.GEMM_CEILING_BY_GPU: A100 0.82, H100 0.75 and
@@ -54,6 +55,7 @@ from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gem
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
+from meshsim.sim.schedule.optimizer_states import HOST_ADAM_TRAFFIC_BYTES, OFFLOAD_COPY_BYTES
 from meshsim.sim.schedule.run_settings import DETERMINISTIC_ATTENTION_SLOWDOWN
 from meshsim.topologies.gpus import GpuSpec
 
@@ -170,7 +172,8 @@ class ComputeModel:
         if isinstance(work, Elementwise):
             return self.elementwise_s(work)
         if isinstance(work, OptimizerStep):
-            return work.params * work.bytes_per_param / self.optimizer_bw_bytes_s + self.launch_s
+            gpu = work.params * work.bytes_per_param / self.optimizer_bw_bytes_s + self.launch_s
+            return gpu + (offload_step_s(work) if work.host_params else 0.0)
         if isinstance(work, Collective):
             raise TypeError("collectives are costed by sim/collectives, not the compute model")
         raise TypeError(f"unknown work {work!r}")
@@ -219,3 +222,12 @@ class ComputeModel:
             if point is not None:
                 return _scaled_us(point, nbytes, "bytes") * US
         return nbytes / self.elementwise_bw_bytes_s + self.launch_s
+
+
+def offload_step_s(w: OptimizerStep) -> float:
+    """Seconds of the host-updated share (sim/schedule/optimizer_states.py): gradients D2H and parameters
+    H2D as fp32 over PCIe, the CPU Adam's 28 B per parameter of host DRAM traffic; serial, or pipelined
+    over tensors with --overlap-cpu-optimizer-d2h-h2d (the largest of the three)."""
+    d2h = h2d = w.host_params * OFFLOAD_COPY_BYTES / w.pcie_bytes_s
+    cpu = w.host_params * HOST_ADAM_TRAFFIC_BYTES / w.host_bytes_s
+    return max(d2h, cpu, h2d) if w.host_overlap else d2h + cpu + h2d

@@ -9,7 +9,9 @@ embedding when tied) and the final norm.
 Model states (Megatron mixed precision): bf16 weights 2 B/param; fp32 main gradients 4 B/param (bf16
 training accumulates and reduces gradients in fp32; wgrad GEMMs accumulate straight into them, so no
 bf16 gradient copy exists); Adam 12 B/param (fp32 master weight + two fp32 moments), divided by dp
-with the distributed optimizer.
+with the distributed optimizer. The scenario's `optimizer` section (precision-aware states, bf16 main
+gradients, CPU offload) changes these per sim/schedule/optimizer_states.py; offloaded states are
+reported as host_gb, outside the GPU total.
 
 Activations (Korthikanti et al. 2022, 16-bit activations, 1-byte dropout masks), per layer per token:
   outside TP regions (/t under SP): ln1 input 2h, qkv input 2h, attention dropout mask h, ln2 input 2h,
@@ -50,17 +52,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES, GB
+from meshsim.sim.core.units import BF16_BYTES, GB
 from meshsim.sim.cost.fp8_memory import fp8_activation_savings, fp8_weight_extra_bytes
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
+from meshsim.sim.schedule.optimizer_states import main_grad_bytes, state_bytes
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
 from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 
 WEIGHT_BYTES = BF16_BYTES
-GRAD_BYTES = FP32_BYTES
-ADAM_BYTES = 12
 WORKSPACE_GB = 1.0
 
 
@@ -76,6 +77,7 @@ class MemoryBreakdown:
     fits: bool
     stages: tuple[MemoryBreakdown, ...] = ()  # pp > 1: every stage; the fields above are the worst one's
     worst_stage: int = 0
+    host_gb: float = 0.0  # optimizer.cpu_offload: the offloaded optimizer states in host memory (not in total)
 
 
 def kinded(rs: ResolvedScenario) -> bool:
@@ -211,18 +213,25 @@ def fp8_weights_gb(rs: ResolvedScenario, layers: int) -> float:
     return fp8_weight_extra_bytes(layer_dims(rs), layers, rs.scenario.run.fp8_param_gather) / GB
 
 
+def _states(rs: ResolvedScenario, params: int, owned: float) -> tuple[float, float, float, float]:
+    """(weights, grads, GPU optimizer, host optimizer) GB for `params` held and `owned` optimizer-owned
+    parameters (optimizer section: sim/schedule/optimizer_states.py)."""
+    opt, bf16 = rs.scenario.optimizer, rs.scenario.model.dtype == "bf16"
+    gpu_opt, host_opt = state_bytes(opt, bf16, owned)
+    return params * WEIGHT_BYTES / GB, params * main_grad_bytes(opt) / GB, gpu_opt / GB, host_opt / GB
+
+
 def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_params: int = 0,
                layers: int = 0) -> MemoryBreakdown:
     """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp); `layers`
     transformer layers (their FP8 weight copies)."""
     shard, eshard = (rs.dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
-    total_params = params + expert_params
-    weights, grads = total_params * WEIGHT_BYTES / GB + fp8_weights_gb(rs, layers), total_params * GRAD_BYTES / GB
-    optimizer = (params / shard + expert_params / eshard) * ADAM_BYTES / GB
+    weights, grads, optimizer, host = _states(rs, params + expert_params, params / shard + expert_params / eshard)
+    weights += fp8_weights_gb(rs, layers)
     acts = activation_b / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,
-                           total <= rs.gpu.mem_gb)
+                           total <= rs.gpu.mem_gb, host_gb=host)
 
 
 def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
@@ -232,7 +241,7 @@ def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
     worst = max(range(rs.pp), key=lambda r: stages[r].total_gb)
     w = stages[worst]
     return MemoryBreakdown(w.weights_gb, w.grads_gb, w.optimizer_gb, w.activations_gb, w.workspace_gb,
-                           w.total_gb, w.capacity_gb, w.fits, stages, worst)
+                           w.total_gb, w.capacity_gb, w.fits, stages, worst, w.host_gb)
 
 
 def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
@@ -242,12 +251,10 @@ def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
         dense, expert = stage_param_split(rs, 0)
         return _breakdown(rs, dense, activation_bytes(rs), expert)
     params = params_per_rank(rs)
-    p = rs.scenario.parallel
-    shard = rs.dp if p.distributed_optimizer else 1
-    weights = params * WEIGHT_BYTES / GB + fp8_weights_gb(rs, rs.scenario.model.layers)
-    grads = params * GRAD_BYTES / GB
-    optimizer = params * ADAM_BYTES / shard / GB
+    shard = rs.dp if rs.scenario.parallel.distributed_optimizer else 1
+    weights, grads, optimizer, host = _states(rs, params, params / shard)
+    weights += fp8_weights_gb(rs, rs.scenario.model.layers)
     acts = activation_bytes(rs) / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,
-                           total <= rs.gpu.mem_gb)
+                           total <= rs.gpu.mem_gb, host_gb=host)

@@ -117,6 +117,8 @@ def memory_table(r: StepResult, width: int) -> tuple[Table, str]:
     verdict = "[green]fits[/green]" if r.fits else "[bold red]DOES NOT FIT[/bold red]"
     rows += [SECTION, [f"total ({verdict})", fmt_gib(gb_to_gib(m.total)),
                        _pct(m.total / cap) if cap else "-"], ["capacity", fmt_gib(gb_to_gib(cap)), ""]]
+    if m.host_optimizer:
+        rows.append(["host memory (offloaded optimizer)", fmt_gib(gb_to_gib(m.host_optimizer)), ""])
     return fitted_table("memory per GPU", columns, rows, width)
 
 

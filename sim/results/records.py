@@ -128,6 +128,7 @@ class MemoryGB:
     fits: bool = True
     worst_stage: int | None = None  # pp > 1
     stages: tuple[StageMemory, ...] | None = None  # pp > 1
+    host_optimizer: float | None = None  # optimizer.cpu_offload: the offloaded states in host memory
 
     @classmethod
     def of(cls, mem: MemoryBreakdown) -> MemoryGB:
@@ -135,7 +136,8 @@ class MemoryGB:
         stages = tuple(StageMemory(i, s.weights_gb, s.grads_gb, s.optimizer_gb, s.activations_gb, s.total_gb)
                        for i, s in enumerate(mem.stages)) or None
         return cls(mem.weights_gb, mem.grads_gb, mem.optimizer_gb, mem.activations_gb, mem.workspace_gb,
-                   mem.total_gb, mem.capacity_gb, bool(mem.fits), mem.worst_stage if stages else None, stages)
+                   mem.total_gb, mem.capacity_gb, bool(mem.fits), mem.worst_stage if stages else None, stages,
+                   mem.host_gb or None)
 
     def to_json(self) -> JsonDict:
         out = _present(self)
@@ -151,7 +153,8 @@ class MemoryGB:
         return cls(**kw)
 
 
-MEMORY_KEYS = tuple(f.name for f in fields(MemoryGB))[:-2]  # every scenario's (not worst_stage, stages)
+OPTIONAL_MEMORY_KEYS = ("worst_stage", "stages", "host_optimizer")
+MEMORY_KEYS = tuple(f.name for f in fields(MemoryGB) if f.name not in OPTIONAL_MEMORY_KEYS)  # every scenario's
 
 # collective rows: field -> results-JSON key (the JSON spells GB/s; old files used the field names)
 COLLECTIVE_JSON_KEYS = {"busbw_gbps": "busbw_GBps", "algbw_gbps": "algbw_GBps"}

@@ -29,6 +29,7 @@ from meshsim.sim.schedule.layer_kinds import (
 )
 from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
 from meshsim.sim.schedule.ops import Op, Schedule
+from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
@@ -178,7 +179,8 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
                     gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
-                    expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, layers))
+                    expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, layers),
+                    step=step_plan(rs))
 
 
 def gathers_overlap(rs: ResolvedScenario) -> bool:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.ops import Collective, Op, OptimizerStep, Work, stream_of
+from meshsim.sim.schedule.ops import Collective, Op, Work, stream_of
+from meshsim.sim.schedule.optimizer_states import StepPlan
 
 GRAD_BYTES = FP32_BYTES  # fp32 main gradient per parameter
 PARAM_BYTES = BF16_BYTES  # bf16 parameter (all-gathered after a distributed-optimizer step)
@@ -67,6 +68,7 @@ class DpConfig:
     # bytes per parameter of the distributed optimizer's all-gather: 2 (bf16), less with run.fp8_param_gather
     # (the FP8 linear weights move 1 byte: sim/schedule/fp8_rules.py; the step's average, applied per bucket)
     param_bytes: float = PARAM_BYTES
+    step: StepPlan = StepPlan()  # the optimizer step's bytes and host offload (sim/schedule/optimizer_states.py)
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
         before_opt.append(em.add(f"{K.OPT_BLOCK}.{K.EMBED_GRAD}", "bwd", embed, tuple(before_opt)))
     shard, eshard = (cfg.dp, cfg.edp) if cfg.distributed_optimizer else (1, 1)
     owned = -(-cfg.params // shard) + -(-cfg.expert_params // eshard)
-    step = em.add("opt.step", "opt", OptimizerStep(owned), tuple(before_opt))
+    step = em.add("opt.step", "opt", cfg.step.work(owned), tuple(before_opt))
     gather_overlap = cfg.overlap if cfg.gather_overlap is None else cfg.gather_overlap
     if cfg.distributed_optimizer and not gather_overlap:  # overlapped: sim/schedule/param_gather.py, next fwd
         for i, b in enumerate(buckets):

@@ -143,6 +143,12 @@ class OptimizerStep:
 
     params: int
     bytes_per_param: int = 32  # read+write: fp32 master, two moments, fp32 grad, bf16 weight
+    # optimizer.cpu_offload: parameters the host updates after the GPU share, and the achieved bytes/s of
+    # their PCIe copies and of the CPU Adam's DRAM traffic (sim/schedule/optimizer_states.py)
+    host_params: int = 0
+    pcie_bytes_s: float = 0.0
+    host_bytes_s: float = 0.0
+    host_overlap: bool = False  # --overlap-cpu-optimizer-d2h-h2d
 
     @property
     def flops(self) -> float:

@@ -38,6 +38,7 @@ from meshsim.sim.schedule.builder import (
 )
 from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
 from meshsim.sim.schedule.ops import P2P, Op, P2PTransfer, Schedule
+from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.pipeline import Comm, Compute, PipelineShape, peer, stage_order
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
@@ -164,7 +165,8 @@ def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, embed_grad_params=d.vocab * d.hidden if tied else 0,
                     grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp, expert_params=expert_params,
-                    param_bytes=gather_param_bytes(rs, d, params, sum(len(ch.layers) for ch in chunks)))
+                    param_bytes=gather_param_bytes(rs, d, params, sum(len(ch.layers) for ch in chunks)),
+                    step=step_plan(rs))
 
 
 def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates) -> Schedule:

@@ -40,7 +40,9 @@ DETERMINISTIC_ATTENTION_SLOWDOWN = 1.25
 
 
 def grad_reduce_bytes(s: Scenario) -> int:
-    """Bytes per parameter of the DP gradient reduction: run.grad_reduce_dtype, else fp32 for bf16 runs
-    and fp16 for fp16 runs (Megatron-LM defaults)."""
-    dtype = s.run.grad_reduce_dtype or ("fp32" if s.model.dtype == "bf16" else "fp16")
+    """Bytes per parameter of the DP gradient reduction: run.grad_reduce_dtype, else bf16 with
+    optimizer.main_grads_dtype bf16 (the DDP buffer is bf16, sim/schedule/optimizer_states.py), else fp32
+    for bf16 runs and fp16 for fp16 runs (Megatron-LM defaults)."""
+    default = "bf16" if s.optimizer.main_grads_dtype == "bf16" else ("fp32" if s.model.dtype == "bf16" else "fp16")
+    dtype = s.run.grad_reduce_dtype or default
     return DTYPE_BYTES[dtype]
