@@ -254,6 +254,23 @@ def check_sequence_parallel(s: Scenario, ctx: CheckContext) -> None:
                    "ranks", f"use seq_len a multiple of {p.tp} (e.g. {lower or p.tp}), or parallel.sp: false")
 
 
+def check_recompute_modules(s: Scenario, ctx: CheckContext) -> None:
+    """Megatron-LM reads --recompute-modules only under --recompute-granularity selective; mla_up_proj
+    needs MLA and moe_act an MoE layer to act on."""
+    p, m = s.parallel, s.model
+    mods = p.recompute_modules
+    if mods is None:
+        return
+    if p.recompute != "selective":
+        raise _err(ctx, "parallel.recompute_modules", mods, "Recompute modules apply to selective recompute",
+                   "set parallel.recompute: selective, or remove parallel.recompute_modules")
+    for name, present, what in (("mla_up_proj", m.mla is not None, "model.mla"), ("moe_act", m.moe is not None,
+                                                                                 "model.moe")):
+        if name in mods and not present:
+            raise _err(ctx, "parallel.recompute_modules", mods, f"{name} recomputes a part the model lacks",
+                       f"remove {name}, or add {what}")
+
+
 def check_param_gather_overlap(s: Scenario, ctx: CheckContext) -> None:
     """Megatron-LM: --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce."""
     p = s.parallel
@@ -280,6 +297,7 @@ RULES: tuple[Rule, ...] = (
     check_global_batch,
     check_interleaved_micro_batches,
     check_sequence_parallel,
+    check_recompute_modules,
     check_param_gather_overlap,
     *MOE_RULES,
     *OPTIMIZER_RULES,

@@ -157,6 +157,9 @@ class TopologyConfig(Frozen):
     nvlink_gbps: float | None = Field(default=None, gt=0)  # override NVLink bandwidth per GPU (what-ifs)
 
 
+RecomputeModule = Literal["core_attn", "mla_up_proj", "mlp", "moe_act"]
+
+
 class ParallelConfig(Frozen):
     tp: int = Field(default=1, gt=0)
     sp: bool = False
@@ -175,6 +178,9 @@ class ParallelConfig(Frozen):
     micro_batch: int = Field(default=1, gt=0)
     global_batch: int = Field(gt=0)
     recompute: Literal["none", "selective", "full"] = "none"
+    # selective: the modules recomputed in backward (Megatron --recompute-modules; unset: ["core_attn"], its
+    # default); sim/schedule/shapes.RECOMPUTE_MODULES says what each drops and re-runs
+    recompute_modules: list[RecomputeModule] | None = None
     tp_comm_overlap: bool = False
     dp_overlap: bool = True
     # distributed optimizer: the updated parameters' all-gather overlaps the next step's forward (Megatron

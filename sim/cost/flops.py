@@ -12,7 +12,9 @@ s x s score matrix (no causal halving), as that formula does. Embedding lookups,
 other elementwise work are not counted.
 
 Hardware FLOPs add what recompute runs again: full recompute one more layer forward (l F_layer per
-token); selective the attention core (4 s a d per token per layer).
+token); selective the attention core (4 s a d per token per layer) when core_attn is among
+parallel.recompute_modules (the default). The other modules' recomputed GEMMs (mla_up_proj, mlp) are not
+added here (the schedule runs them; HFU understates them).
 
 MoE and MLA models are counted as Megatron-LM's num_floating_point_operations does (megatron/training/
 training.py L802-1310 at d98e8a64), which Megatron-Bridge's "Model TFLOP/sec/GPU" follows (its
@@ -30,9 +32,9 @@ causal-halved, the padded vocabulary, per token and layer x 3 (fwd + dgrad + wgr
 from __future__ import annotations
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.scenarios.schema import ModelConfig
+from meshsim.scenarios.schema import ModelConfig, ParallelConfig
 from meshsim.sim.schedule.model_family import mlp_flops_per_token
-from meshsim.sim.schedule.shapes import padded_vocab
+from meshsim.sim.schedule.shapes import padded_vocab, recompute_modules
 
 
 def layer_forward_flops_per_token(m: ModelConfig) -> float:
@@ -85,13 +87,19 @@ def model_flops_per_step(rs: ResolvedScenario) -> float:
     return 3.0 * tokens * (m.layers * layer_forward_flops_per_token(m) + 2.0 * m.hidden * m.vocab)
 
 
+def _recomputes_core(p: ParallelConfig) -> bool:
+    """Selective recompute re-runs the attention core (Megatron's default module list)."""
+    return "core_attn" in recompute_modules(p)
+
+
 def hardware_flops_per_step(rs: ResolvedScenario) -> float:
     m, p = rs.scenario.model, rs.scenario.parallel
     tokens = p.global_batch * m.seq_len
     if megatron_convention(m):
         per_layer = megatron_flops_per_token(rs) / 3.0 / m.layers  # one forward, averaged over layers
         core = 2.0 * _attention_terms(m)[1]
-        extra = {"full": per_layer, "selective": core}
+        extra = {"full": per_layer, "selective": core if _recomputes_core(p) else 0.0}
         return model_flops_per_step(rs) + tokens * m.layers * extra.get(p.recompute, 0.0)
-    extra = {"full": layer_forward_flops_per_token(m), "selective": attention_core_flops_per_token(m)}
+    extra = {"full": layer_forward_flops_per_token(m),
+             "selective": attention_core_flops_per_token(m) if _recomputes_core(p) else 0.0}
     return model_flops_per_step(rs) + tokens * m.layers * extra.get(p.recompute, 0.0)

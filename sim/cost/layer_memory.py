@@ -10,12 +10,13 @@ Activations kept for backward, per micro-batch (16-bit activations, fp32 routing
 - MLA attention, per token outside TP regions (/t under SP): ln1 input 2h, its output (the down
   projections' input) 2h, the two latents before and after their norms 2 (2 q_lora + 2 kv_lora); inside
   (this rank's heads): Q 2 a_t (d_qk + d_rope), K as much, V 2 a_t d_v, the output projection's input
-  2 a_t d_v (flash attention keeps no scores).
+  2 a_t d_v (flash attention keeps no scores); recompute of mla_up_proj keeps only the last (Q, K, V are
+  computed again before the attention backward).
 - MoE block: ln2 input 2h and its output 2h per token (/t under SP), the dropout mask h; the router's
   probabilities and routing map, T E (4 + 1); per routed row the experts keep fc1's input 2h, fc1's output
   2 fc1_n, the activation's output 2 f_e and the row's probability 4 (expert_rows rows; the probabilities
   multiply the activation inside the experts, experts.py activation_func_with_probs, so the unpermute is
-  a plain scatter-add that keeps nothing); the shared expert keeps its fc1 output and activation output on the gathered
+  a plain scatter-add that keeps nothing; recompute of moe_act drops the activation's output); the shared expert keeps its fc1 output and activation output on the gathered
   tokens, 2 (shared_fc1_n + f_s) per token x tp.
 """
 
@@ -45,7 +46,8 @@ def layer_params(plan: LayerPlan, kind: LayerKind) -> tuple[int, int]:
 def mla_activation_bytes(plan: LayerPlan) -> int:
     d, a = plan.d, plan.mla
     outside = 4 * d.hidden + 4 * ((a.q_lora or 0) + a.kv_lora) + (d.hidden if d.dropout else 0)
-    inside = 2 * a.heads * (2 * (a.qk + a.rope) + 2 * a.v)
+    qkv = 2 * a.heads * (2 * (a.qk + a.rope) + a.v)
+    inside = 2 * a.heads * a.v + (0 if d.recomputes("mla_up_proj") else qkv)
     return d.tokens_out * outside + d.tokens * inside
 
 
@@ -53,6 +55,7 @@ def moe_activation_bytes(plan: LayerPlan) -> int:
     d, m = plan.d, plan.moe
     outside = 4 * d.hidden + (d.hidden if d.dropout else 0)
     router = m.tokens * m.experts * (PROB_BYTES + ROUTING_MAP_BYTES)
-    experts = m.expert_rows * (2 * m.hidden + 2 * m.fc1_n + 2 * m.ffn + PROB_BYTES)
+    act_out = 0 if d.recomputes("moe_act") else 2 * m.ffn
+    experts = m.expert_rows * (2 * m.hidden + 2 * m.fc1_n + act_out + PROB_BYTES)
     shared = m.tokens * m.tp * 2 * (m.shared_fc1_n + m.shared_ffn) if m.shared_ffn else 0
     return d.tokens_out * outside + router + experts + shared

@@ -25,6 +25,10 @@ Activations (Korthikanti et al. 2022, 16-bit activations, 1-byte dropout masks),
   Flash attention never stores the scores (its per-row softmax statistics, 4 a_t bytes per token, are
   neglected). Full recompute keeps each layer's input (2sbh, /t under SP) plus, while one layer is being
   recomputed, that layer's full activations (Korthikanti's 2sbhL omits this one-layer working set).
+Selective recompute (parallel.recompute_modules, sim/schedule/shapes.RECOMPUTE_MODULES): core_attn drops
+the scores (the default above), mlp a dense MLP's fc1 and activation outputs, mla_up_proj and moe_act as
+sim/cost/layer_memory.py says. The one layer being recomputed holds its dropped tensors again for a
+moment; that working set (at most one layer's Q, K, V or MLP outputs) is neglected.
 Gradient accumulation frees a micro-batch's activations after its backward: one micro-batch in flight.
 Head: embedding dropout mask sbh, final-norm input 2sbh, logits-GEMM input 2sbh (all /t under SP) and
 the fp32 logits/softmax the cross-entropy keeps, 4 s b V_pad / t.
@@ -116,7 +120,8 @@ def params_per_rank(rs: ResolvedScenario) -> int:
 def dense_mlp_activation_bytes(d: LayerDims) -> int:
     """A dense MLP block's share of layer_activation_bytes: ln2 and fc1 inputs (+ dropout mask) outside TP
     regions, fc1 and activation outputs inside."""
-    return d.tokens_out * (4 * d.hidden + (d.hidden if d.dropout else 0)) + d.tokens * (2 * d.fc1_n + 2 * d.ffn)
+    inside = 0 if d.recomputes("mlp") else d.tokens * (2 * d.fc1_n + 2 * d.ffn)
+    return d.tokens_out * (4 * d.hidden + (d.hidden if d.dropout else 0)) + inside
 
 
 def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
@@ -125,9 +130,10 @@ def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
     h, masks = d.hidden, (2 * d.hidden if d.dropout else 0)
     outside = 8 * h + masks  # per token_out (sequence-sharded under SP)
     attn = 2 * (2 * d.heads + 2 * d.kv_heads) * d.head_dim
-    mlp = 2 * d.fc1_n + 2 * d.ffn  # fc1 output (gate+up when gated) and the activation output
+    # fc1 output (gate+up when gated) and the activation output; recompute of mlp keeps only its input
+    mlp = 0 if recompute == "selective" and d.recomputes("mlp") else 2 * d.fc1_n + 2 * d.ffn
     scores = 0
-    if not d.flash and recompute == "none":
+    if not d.flash and (recompute == "none" or (recompute == "selective" and not d.recomputes("core_attn"))):
         scores = (5 if d.dropout else 2) * d.heads * d.seq
     fp8 = fp8_activation_savings(d) if recompute != "full" else 0  # FP8-saved linear inputs (fp8_memory.py)
     return d.tokens_out * outside + d.tokens * (attn + mlp + scores) - fp8

@@ -35,8 +35,8 @@ class Boundary:
     dim: str | None  # "seq" for the SP pair (dimension 0 of an [s, b, h] activation); None otherwise
 
     def op(self, phase: str) -> CommOp:
-        """The collective this boundary issues in phase 'fwd' or 'bwd'."""
-        return self.forward if phase == "fwd" else self.backward
+        """The collective this boundary issues in phase 'fwd', 'recompute' (the forward again) or 'bwd'."""
+        return self.backward if phase == "bwd" else self.forward
 
 
 F = Boundary("f", CommOp.IDENTITY, CommOp.ALL_REDUCE, None)

@@ -79,6 +79,8 @@ def kind_templates(plan: LayerPlan, kind: LayerKind) -> tuple[Template, Template
         kind_forward(bwd, "recompute", plan, kind, ())
     dw = replace(d, window=kind.window) if kind.window else d
     attn, mlp = blocks(dw)
+    if not kind.moe and d.recomputes("mlp"):
+        block_forward(bwd, "recompute", dw, mlp, ())
     g = moe_backward(bwd, dw, plan.moe, ("gin",)) if kind.moe else block_backward(bwd, dw, mlp, ("gin",))
     out = mla_backward(bwd, dw, plan.mla, (g,)) if plan.mla else block_backward(bwd, dw, attn, (g,))
     bwd.grads.append((out, d.norm_params_per_layer))

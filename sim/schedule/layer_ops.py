@@ -204,8 +204,8 @@ def core_forward(tpl: Template, phase: str, d: LayerDims, deps: Deps) -> tuple[i
 
 
 def core_backward(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
-    """Gradient of the core; selective recompute first re-runs the core forward (phase 'recompute')."""
-    if d.recompute == "selective":
+    """Gradient of the core; selective recompute of core_attn first re-runs the core forward (phase 'recompute')."""
+    if d.recomputes("core_attn"):
         core_forward(tpl, "recompute", d, ())
     if d.flash:
         return (tpl.add("bwd", "attn", d.attention(backward=True), deps),)
@@ -339,6 +339,8 @@ def backward_template(d: LayerDims) -> Template:
     if d.recompute == "full":
         layer_forward(tpl, "recompute", d, ())
     attn, mlp = blocks(d)
+    if d.recomputes("mlp"):
+        block_forward(tpl, "recompute", d, mlp, ())
     g = block_backward(tpl, d, mlp, ("gin",))
     out = block_backward(tpl, d, attn, (g,))
     tpl.grads.append((out, d.norm_params_per_layer))

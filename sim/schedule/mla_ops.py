@@ -96,6 +96,20 @@ def _up_gemms(d: LayerDims, a: MlaDims) -> tuple[Gemm, Gemm]:
     return (Gemm(d.tokens, a.q_width, a.q_lora or d.hidden), Gemm(d.tokens, a.heads * (a.qk + a.v), a.kv_lora))
 
 
+def up_projections(tpl: Template, phase: str, d: LayerDims, a: MlaDims) -> int:
+    """The query and key-value up projections (with their entry operators on the latents, and the rotary
+    key part's) and RoPE: what selective recompute of mla_up_proj re-runs before the attention backward."""
+    q_up, kv_up = _up_gemms(d, a)
+    q_key = "q_up" if a.q_lora else "q_proj"
+    _, q = comm_then_gemm(tpl, phase, K.ATTN_IN + "_q", _entry(d, a.q_lora or d.hidden, phase, K.ATTN_IN), q_key,
+                          q_up, (), 1)
+    rope_in = _entry(d, a.rope, phase, K.ATTN_IN)
+    rope_dep = (tpl.add(phase, K.ATTN_IN + "_rope", rope_in, ()),) if rope_in is not None else ()
+    _, kv = comm_then_gemm(tpl, phase, K.ATTN_IN + "_kv", _entry(d, a.kv_lora, phase, K.ATTN_IN), "kv_up", kv_up,
+                           (), 1)
+    return tpl.add(phase, "rope", _rope(d, a), q + kv + rope_dep)
+
+
 def mla_forward(tpl: Template, phase: str, d: LayerDims, a: MlaDims, inp: Deps) -> int:
     ln = tpl.add(phase, "ln1", norm_fwd(d), inp)
     q_up, kv_up = _up_gemms(d, a)
@@ -149,7 +163,9 @@ def mla_backward(tpl: Template, d: LayerDims, a: MlaDims, gin: Deps) -> int:
     proj = Gemm(d.tokens, d.hidden, a.heads * a.v)
     cs, dg = comm_then_gemm(tpl, "bwd", K.ATTN_OUT, coll, "proj_dgrad", dgrad(proj), g, 1)
     _wgrad(tpl, d, "proj", proj, cs or g)
-    if d.recompute == "selective":  # the attention core's forward runs again first
+    if d.recomputes("mla_up_proj"):  # the up projections and RoPE again (sim/schedule/shapes.RECOMPUTE_MODULES)
+        up_projections(tpl, "recompute", d, a)
+    if d.recomputes("core_attn"):  # the attention core's forward runs again first
         tpl.add("recompute", "attn", _core(d, a, False), ())
     core = tpl.add("bwd", "attn", _core(d, a, True), dg)
     r = tpl.add("bwd", "rope", _rope(d, a), (core,))

@@ -247,6 +247,8 @@ def experts_backward(tpl: Template, d: LayerDims, m: MoeDims, g: int) -> tuple[i
     """Grouped dgrad then wgrad of fc2, the activation's backward, fc1; returns (input-gradient op,
     probability-gradient op, the two wgrad ops)."""
     fc1, fc2 = m.fc1_gemm(), m.fc2_gemm()
+    if d.recomputes("moe_act"):  # the activation output fc2's wgrad needs, again
+        tpl.add("recompute", "expert_act", _act(m, m.expert_rows, m.fc1_n, m.ffn, False, True), ())
     dg2 = tpl.add("bwd", "expert_fc2_dgrad", dgrad(fc2), (g,))
     w2 = tpl.add("bwd", "expert_fc2_wgrad", wgrad(fc2, d.grad_fusion), (g,))
     act = tpl.add("bwd", "expert_act", _act(m, m.expert_rows, m.fc1_n, m.ffn, True, True), (dg2,))

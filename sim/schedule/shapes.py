@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.scenarios.schema import Scenario
+from meshsim.scenarios.schema import ParallelConfig, Scenario
 from meshsim.sim.schedule.fp8_rules import Fp8Plan
 from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias, norm_has_bias, norm_params
 from meshsim.sim.schedule.ops import Attention, Gemm
@@ -19,6 +19,23 @@ from meshsim.sim.schedule.ops import Attention, Gemm
 # the collective exposed; past 4 chunks the gain (1/4 -> 1/8 of one collective) is small while each
 # chunk pays the collective latency again and the schedule (and simulation) grows by 2 ops per chunk.
 MAX_OVERLAP_CHUNKS = 4
+
+
+# Megatron-Core's --recompute-modules under --recompute-granularity selective (megatron/core/transformer/
+# moe/README.md "Fine-grained Recomputation"; transformer_config.py recompute_modules, default ["core_attn"]):
+# what each one stops keeping for backward and re-runs there (sim/cost/layer_memory.py, the templates):
+# - core_attn: the attention core (unfused: its scores; flash keeps none) - its forward again;
+# - mla_up_proj: MLA's query / key-value up projections and RoPE (Q, K, V) - the up GEMMs (with their SP
+#   gathers of the latents) and RoPE again before the attention backward;
+# - mlp: a dense layer's MLP (fc1 and activation outputs; standard checkpointing) - its forward again
+#   (modeled with its norm and residual, a few elementwise kernels more than Megatron's checkpoint);
+# - moe_act: the experts' activation output - the activation again before the fc2 backward.
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+
+
+def recompute_modules(p: ParallelConfig) -> frozenset[str]:
+    return frozenset(DEFAULT_RECOMPUTE_MODULES if p.recompute_modules is None else p.recompute_modules)
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,11 @@ class LayerDims:
     tp_grad_overlap: bool = True  # run.tp_grad_reduce_overlap (sim/schedule/run_settings.py)
     window: int | None = None  # sliding-window attention on this layer (model.sliding_window)
     fp8: Fp8Plan = Fp8Plan()  # run.fp8: the four linears' GEMMs in FP8 (sim/schedule/fp8_rules.py)
+    recompute_modules: frozenset[str] = frozenset({"core_attn"})  # recompute "selective": parallel.recompute_modules
+
+    def recomputes(self, module: str) -> bool:
+        """Selective recompute re-runs `module` in backward (RECOMPUTE_MODULES)."""
+        return self.recompute == "selective" and module in self.recompute_modules
 
     @property
     def tokens(self) -> int:
@@ -174,7 +196,8 @@ class ModelDims:
             bias=self.linear_bias, norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
             tp_grad_overlap=s.run.tp_grad_reduce_overlap,
-            fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention))
+            fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention),
+            recompute_modules=recompute_modules(p))
 
 
 def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:
