@@ -82,11 +82,23 @@ def band_line(band: ErrorBand) -> str:
     return f"model's error {band.sentence()} (benchmarks/accuracy.py)"
 
 
+def ep_line(r: StepResult) -> str:
+    """One MoE layer's dispatch and combine times, and their share of the step on the critical path."""
+    ms, path = r.ep_comm.layer_ms, r.ep_comm.critical_path_s
+    parts = [f"{k.replace('.', ' ')} {fmt_s(v / 1e3)}" for k, v in ms.items()]
+    on_path = sum(path.values())
+    share = f"; on the critical path {fmt_s(on_path)} per step ({_pct(on_path / r.step_time_s)})" \
+        if r.step_time_s > 0 else ""
+    return "one MoE layer's all-to-all: " + ", ".join(parts) + share
+
+
 def headline(r: StepResult, tokens: float | None = None, band: ErrorBand | None = None) -> str:
     text = (f"[bold]{r.scenario}[/bold]  {config_line(r.config)}\n"
             f"step [bold]{fmt_s(r.step_time_s)}[/bold]   {fmt_count(r.tokens_per_s)} tokens/s   "
             f"{r.tflops_per_gpu:.1f} TFLOP/s per GPU   MFU [bold]{_pct(r.mfu)}[/bold]   HFU {_pct(r.hfu)}\n"
             f"one layer: forward {fmt_s(r.layer_fwd_ms / 1e3)}, backward {fmt_s(r.layer_bwd_ms / 1e3)}")
+    if r.ep_comm is not None:
+        text += "\n" + ep_line(r)
     if band is not None:
         text += "\n" + band_line(band)
     if tokens:

@@ -125,3 +125,20 @@ def layer_span_ms(events: Iterable[Event], layer: int | None, phases: tuple[str,
     if layer is None or not sel:
         return 0.0
     return (max(ev.end_s for ev in sel) - min(ev.start_s for ev in sel)) * 1e3
+
+
+EP_OPS = ("fwd.dispatch", "fwd.combine", "bwd.dispatch", "bwd.combine")  # op types (sim/schedule/op_keys.py)
+
+
+def ep_layer_ms(events: Iterable[Event]) -> dict[str, float]:
+    """One MoE layer's token all-to-alls (ms, rendezvous wait excluded): the middle layer that has them,
+    micro-batch 0, per op type of EP_OPS ({} for a model without them)."""
+    ep = [ev for ev in events if ev.layer is not None and ev.name.split(".", 2)[-1] in EP_OPS]
+    layer = middle_layer(ep)
+    sel = [ev for ev in ep if ev.layer == layer]
+    sel = [ev for ev in sel if ev.micro_batch == 0] or sel
+    out: dict[str, float] = {}
+    for ev in sel:
+        key = ev.name.split(".", 2)[-1]
+        out[key] = out.get(key, 0.0) + (ev.dur_s - ev.wait_s) * 1e3
+    return {k: out[k] for k in EP_OPS if k in out}

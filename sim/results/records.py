@@ -7,6 +7,7 @@ back, so that `Record.from_json(r.to_json()) == r`.
 - MemoryGB / StageMemory: the memory_gb block (GB, 1e9 B), per stage with pipeline parallelism
 - CollectiveRow: one row of `collectives` per distinct collective (op, group, bytes, kernel)
 - PipelineSummary: the `pipeline` block (pp > 1)
+- EpComm: the `ep_comm` block (MoE models: per-layer dispatch / combine, their critical-path seconds)
 The critical-path segments (critical_path.Segment) and the steady-state block (steady_state.SteadyState)
 are records of their own modules with the same to_json / from_json pair.
 
@@ -213,3 +214,20 @@ class PipelineSummary:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PipelineSummary:
         return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class EpComm:
+    """MoE models: one MoE layer's token all-to-alls in ms (the middle layer that has them, micro-batch 0,
+    rendezvous wait excluded; sim/results/breakdown.ep_layer_ms) and the seconds each of those op types
+    holds on the step's critical path."""
+
+    layer_ms: Mapping[str, float]  # fwd.dispatch, fwd.combine, bwd.dispatch, bwd.combine
+    critical_path_s: Mapping[str, float]
+
+    def to_json(self) -> JsonDict:
+        return {"layer_ms": dict(self.layer_ms), "critical_path_s": dict(self.critical_path_s)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EpComm:
+        return cls(dict(data.get("layer_ms", {})), dict(data.get("critical_path_s", {})))

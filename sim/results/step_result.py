@@ -38,6 +38,7 @@ from meshsim.sim.results.records import (
     MEMORY_KEYS,
     CollectiveRow,
     ConfigEcho,
+    EpComm,
     JsonDict,
     MemoryGB,
     PipelineSummary,
@@ -73,6 +74,7 @@ class StepResult:
     steady_state: SteadyState | None = None  # which path gave the figures (sim/results/steady_state.py)
     pipeline: PipelineSummary | None = None  # pp > 1
     hfu: float = 0.0
+    ep_comm: EpComm | None = None  # MoE: one layer's dispatch / combine and their critical-path seconds
     events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
     # not serialized, for trace and timeline: (rank, op id) -> its collective row; (group kind, rank) -> ranks
     op_collectives: Mapping[tuple[int, int], CollectiveRow] = field(default_factory=dict, compare=False, repr=False)
@@ -100,6 +102,8 @@ class StepResult:
                    collectives=[c.to_json() for c in self.collectives])
         if self.pipeline is not None:
             out["pipeline"] = self.pipeline.to_json()
+        if self.ep_comm is not None:
+            out["ep_comm"] = self.ep_comm.to_json()
         if full_critical_path:
             out["critical_path"] = [seg.to_json() for seg in self.critical_path]
         return out
@@ -118,6 +122,7 @@ class StepResult:
         kw["config"] = ConfigEcho.from_json(data)
         kw["steady_state"] = SteadyState.from_json(data["steady_state"]) if data.get("steady_state") else None
         kw["pipeline"] = PipelineSummary.from_json(data["pipeline"]) if data.get("pipeline") else None
+        kw["ep_comm"] = EpComm.from_json(data["ep_comm"]) if data.get("ep_comm") else None
         return cls(**kw)
 
 
@@ -240,4 +245,14 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
         op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
+        ep_comm=ep_comm_summary(rep, path),
     )
+
+
+def ep_comm_summary(rep: Sequence[Event], path: Sequence[Segment]) -> EpComm | None:
+    """The MoE token all-to-alls: one layer's times (ms) and their critical-path seconds per op type."""
+    layer = bd.ep_layer_ms(rep)
+    if not layer:
+        return None
+    on_path = {kind: total_us * 1e-6 for kind, _, total_us, _ in top_op_types(path, 10**6) if kind in bd.EP_OPS}
+    return EpComm(layer, {k: on_path.get(k, 0.0) for k in bd.EP_OPS if k in layer})

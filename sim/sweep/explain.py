@@ -127,6 +127,7 @@ def path_sentence(best: SweepRecord) -> str:
         span = _ep_span(best)
         where = (f"Its ep groups of {best.result['ep']} keep the all-to-all inside one NVLink domain" if span == 1
                  else f"Its ep groups of {best.result['ep']} span {span} nodes (all-to-all over InfiniBand)")
+        where += _a2a_clause(best)
     elif best.result["tp"] == 1:
         where = "It has no TP communication"
     elif best.result["crosses_nodes"]:
@@ -198,6 +199,22 @@ def _ep_span(rec: SweepRecord) -> int:
     return max(1, -(-res["ep"] * res["etp"] // res["gpus_per_node"]))
 
 
+def _a2a_clause(rec: SweepRecord) -> str:
+    """', its combine is 31% of the step (1.29 ms per layer forward)': the token all-to-all (dispatch or
+    combine, forward and backward together) holding the most critical-path time, from results' ep_comm."""
+    res = rec.result
+    if res.ep_comm is None:
+        return ""
+    path, layer = res.ep_comm.critical_path_s, res.ep_comm.layer_ms
+    totals = {kind: sum(v for k, v in path.items() if k.endswith(kind)) for kind in ("dispatch", "combine")}
+    kind = max(totals, key=lambda k: (totals[k], k))
+    if not path or totals[kind] <= 0 or res.step_time_s <= 0:
+        return ""
+    per_layer = layer.get(f"fwd.{kind}")
+    detail = f" ({fmt_s(per_layer / 1e3)} per layer forward)" if per_layer else ""
+    return f", its {kind} is {fmt_pct(totals[kind] / res.step_time_s)} of the step{detail}"
+
+
 def ep_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | None:
     """An ep / etp neighbour: where its all-to-all runs, and its EP share of the critical path."""
     res, bres = rec.result, best.result
@@ -206,6 +223,7 @@ def ep_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | N
     share, best_share = res.critical_path_share.get("ep_comm", 0.0), bres.critical_path_share.get("ep_comm", 0.0)
     where = (f"its all-to-all crosses InfiniBand ({_ep_span(rec)} nodes per ep group)" if _ep_span(rec) > 1
              else "its all-to-all stays inside NVLink")
+    where += _a2a_clause(rec)
     return (f"{label(rec, axes)}: {where} and EP communication is {fmt_pct(share)} of the critical path "
             f"(vs {fmt_pct(best_share)} at {label(best, axes)}, edp {res['edp']} vs {bres['edp']}); "
             f"{_speed_delta(rec, best)}.")
