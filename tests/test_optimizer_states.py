@@ -105,3 +105,10 @@ def test_optimizer_rules(overrides, field, words):
     with pytest.raises(UserError) as err:
         tiny(overrides)
     assert err.value.field == field and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_results_echo_the_optimizer_fields_set():
+    from meshsim.sim.results.step_result import config_echo
+    echo = config_echo(tiny(OFFLOAD))
+    assert echo.optimizer == {"precision_aware": True, "cpu_offload": True} and echo.has("optimizer")
+    assert config_echo(tiny({})).optimizer is None and "optimizer" not in config_echo(tiny({})).to_json()

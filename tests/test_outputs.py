@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from meshsim.scenarios.schema import RunConfig
+from meshsim.scenarios.schema import OptimizerConfig, RunConfig
 from meshsim.sim.cost.memory import MemoryBreakdown
 from meshsim.sim.engine.events import run
 from meshsim.sim.outputs.step_report import print_report, write_outputs
@@ -43,9 +43,10 @@ def step_schedule(layers: int, tp: int = 2) -> Schedule:
 
 
 def fake_rs():
-    par = SimpleNamespace(global_batch=8, sp=True, micro_batch=1, recompute="none", tp_comm_overlap=False)
+    par = SimpleNamespace(global_batch=8, sp=True, micro_batch=1, recompute="none", tp_comm_overlap=False,
+                          recompute_modules=None)
     scenario = SimpleNamespace(parallel=par, model=SimpleNamespace(seq_len=1024, moe=None),
-                               topology=SimpleNamespace(preset="x"), run=RunConfig())
+                               topology=SimpleNamespace(preset="x"), run=RunConfig(), optimizer=OptimizerConfig())
     return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1,
                            micro_batches=1, stage_size=4,
                            gpu=SimpleNamespace(name="h100-sxm", peak_tflops=989.0), datasheet_peak_tflops=989.0,

@@ -73,6 +73,8 @@ class ConfigEcho:
     fp8_format: str | None = None  # with FP8 on: fp8_format .. fp8_attention
     fp8_param_gather: bool | None = None
     fp8_attention: bool | None = None
+    recompute_modules: list[str] | None = None  # parallel.recompute_modules, when set
+    optimizer: dict[str, Any] | None = None  # the optimizer section's fields a scenario sets (not defaults)
 
     def to_json(self) -> JsonDict:
         return _present(self)

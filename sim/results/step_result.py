@@ -161,6 +161,8 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         fp8=run.fp8, fp8_format=run.fp8_format if run.fp8_on else None,
         fp8_param_gather=run.fp8_param_gather if run.fp8_on else None,
         fp8_attention=run.fp8_attention if run.fp8_on else None,
+        recompute_modules=list(par.recompute_modules) if par.recompute_modules is not None else None,
+        optimizer=sc.optimizer.model_dump(exclude_defaults=True) or None,
     )
 
 
