@@ -35,6 +35,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from meshsim.sim.cost.collectives.maxmin import maxmin_rates
 from meshsim.sim.engine.loop import Loop, Signal
 
@@ -55,7 +57,7 @@ def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
     for load in loads:
         for lk, w in load.items():
             total[lk] = total.get(lk, 0.0) + w
-    hot = {lk for lk, w in total.items() if w > 1.0 + 1e-12}
+    hot = {lk for lk, w in total.items() if w > _HOT}
     if not hot:
         return [1.0] * len(loads)
     demands = [{**{lk: load[lk] for lk in hot if load.get(lk, 0.0) > 0}, -(j + 1): 1.0}
@@ -68,6 +70,26 @@ _LOAD_NUMBERS: dict[tuple, int] = {}  # a load mapping's items, in order -> its 
 _NEXT_NUMBER = itertools.count()
 _FAIR_RATES_BY_NUMBERS: dict[tuple[int, ...], list[float]] = {}  # shared by every MemoRates of fair_rates
 _MAX_ENTRIES = 1 << 16  # per table; a full table is emptied (a sweep of many scenarios)
+_HOT = 1.0 + 1e-12  # fair_rates' test of a link that can bind
+_RESOURCE_INDEX: dict[Hashable, int] = {}  # a load's resource key -> a dense index (never reused)
+
+
+def _load_arrays(load: LinkLoad) -> tuple[np.ndarray, np.ndarray]:
+    """A load mapping's resources as dense indices and their loads, in the mapping's item order."""
+    idx = [_RESOURCE_INDEX.setdefault(lk, len(_RESOURCE_INDEX)) for lk in load]
+    return np.asarray(idx, dtype=np.intp), np.asarray(list(load.values()), dtype=np.float64)
+
+
+def all_below_capacity(arrays: Sequence[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether no resource's summed load exceeds fair_rates' threshold, the sums taken as fair_rates takes
+    them: np.bincount adds the weights into zeros in array order (numpy's arr_bincount loop), i.e. per
+    resource in job order, each job's load once, the same IEEE additions as fair_rates' dict loop (0.0 + w,
+    then + each later job's w). So this is True exactly when fair_rates returns all ones."""
+    idx = np.concatenate([a[0] for a in arrays])
+    if not len(idx):
+        return True
+    total = np.bincount(idx, weights=np.concatenate([a[1] for a in arrays]))
+    return not bool((total > _HOT).any())
 
 
 class MemoRates:
@@ -81,6 +103,7 @@ class MemoRates:
         self._rates = rates
         self._memo: dict[tuple[int, ...], tuple[Sequence[LinkLoad], list[float]]] = {}
         self._number_of: dict[int, tuple[LinkLoad, int]] = {}  # id -> (the mapping, kept alive; its number)
+        self._arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # number -> _load_arrays (fair_rates only)
         self._by_numbers: dict[tuple[int, ...], list[float]] = _FAIR_RATES_BY_NUMBERS if rates is fair_rates else {}
 
     def __call__(self, loads: Sequence[LinkLoad]) -> list[float]:
@@ -108,8 +131,21 @@ class MemoRates:
         if rates is None:
             if len(self._by_numbers) >= _MAX_ENTRIES:
                 self._by_numbers.clear()
-            rates = self._by_numbers[numbers] = self._rates(loads)
+            if self._rates is fair_rates and len(loads) > 1 and all_below_capacity(self._arrays_of(loads, numbers)):
+                rates = [1.0] * len(loads)  # what fair_rates returns then (all_below_capacity)
+            else:
+                rates = self._rates(loads)
+            self._by_numbers[numbers] = rates
         return rates
+
+    def _arrays_of(self, loads: Sequence[LinkLoad], numbers: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+        out = []
+        for load, number in zip(loads, numbers, strict=True):
+            arrays = self._arrays.get(number)
+            if arrays is None:
+                arrays = self._arrays[number] = _load_arrays(load)
+            out.append(arrays)
+        return out
 
 
 @dataclass(eq=False, slots=True)
