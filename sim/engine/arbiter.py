@@ -60,6 +60,11 @@ def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
     hot = {lk for lk, w in total.items() if w > _HOT}
     if not hot:
         return [1.0] * len(loads)
+    return _rates_of_hot(loads, hot)
+
+
+def _rates_of_hot(loads: Sequence[LinkLoad], hot: set) -> list[float]:
+    """fair_rates' filling once its binding candidates `hot` are known."""
     demands = [{**{lk: load[lk] for lk in hot if load.get(lk, 0.0) > 0}, -(j + 1): 1.0}
                for j, load in enumerate(loads)]
     capacity = {lk: 1.0 for d in demands for lk in d}
@@ -72,24 +77,43 @@ _FAIR_RATES_BY_NUMBERS: dict[tuple[int, ...], list[float]] = {}  # shared by eve
 _MAX_ENTRIES = 1 << 16  # per table; a full table is emptied (a sweep of many scenarios)
 _HOT = 1.0 + 1e-12  # fair_rates' test of a link that can bind
 _RESOURCE_INDEX: dict[Hashable, int] = {}  # a load's resource key -> a dense index (never reused)
+_RESOURCES: list[Hashable] = []  # the inverse: index -> resource key
 
 
 def _load_arrays(load: LinkLoad) -> tuple[np.ndarray, np.ndarray]:
     """A load mapping's resources as dense indices and their loads, in the mapping's item order."""
-    idx = [_RESOURCE_INDEX.setdefault(lk, len(_RESOURCE_INDEX)) for lk in load]
+    idx = []
+    for lk in load:
+        i = _RESOURCE_INDEX.get(lk)
+        if i is None:
+            i = _RESOURCE_INDEX[lk] = len(_RESOURCES)
+            _RESOURCES.append(lk)
+        idx.append(i)
     return np.asarray(idx, dtype=np.intp), np.asarray(list(load.values()), dtype=np.float64)
 
 
-def all_below_capacity(arrays: Sequence[tuple[np.ndarray, np.ndarray]]) -> bool:
-    """Whether no resource's summed load exceeds fair_rates' threshold, the sums taken as fair_rates takes
-    them: np.bincount adds the weights into zeros in array order (numpy's arr_bincount loop), i.e. per
-    resource in job order, each job's load once, the same IEEE additions as fair_rates' dict loop (0.0 + w,
-    then + each later job's w). So this is True exactly when fair_rates returns all ones."""
+def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+    """fair_rates(loads) with its summed loads taken by numpy (`arrays`: _load_arrays of each load).
+
+    np.bincount adds the weights into zeros in array order (numpy's arr_bincount loop): per resource in
+    job order, each job's load once, the same IEEE additions as fair_rates' dict loop (0.0 + w, then + each
+    later job's w), so the same links pass the threshold. They are put in the hot set in the order of
+    their first appearance (the dict's insertion order), so the set, built by the same insertions into an
+    empty set, iterates as fair_rates' does, and the demands, capacities and maxmin_rates call that follow
+    are fair_rates' own: the same floats."""
+    if len(loads) == 1:
+        return [1.0]
     idx = np.concatenate([a[0] for a in arrays])
-    if not len(idx):
-        return True
-    total = np.bincount(idx, weights=np.concatenate([a[1] for a in arrays]))
-    return not bool((total > _HOT).any())
+    total = np.bincount(idx, weights=np.concatenate([a[1] for a in arrays])) if len(idx) else np.zeros(0)
+    over = np.flatnonzero(total > _HOT)
+    if not len(over):
+        return [1.0] * len(loads)
+    present, first = np.unique(idx, return_index=True)  # sorted resources, each one's first position in idx
+    order = over[np.argsort(first[np.searchsorted(present, over)])]  # first positions are distinct
+    hot = set()
+    for k in order.tolist():
+        hot.add(_RESOURCES[k])
+    return _rates_of_hot(loads, hot)
 
 
 class MemoRates:
@@ -131,8 +155,8 @@ class MemoRates:
         if rates is None:
             if len(self._by_numbers) >= _MAX_ENTRIES:
                 self._by_numbers.clear()
-            if self._rates is fair_rates and len(loads) > 1 and all_below_capacity(self._arrays_of(loads, numbers)):
-                rates = [1.0] * len(loads)  # what fair_rates returns then (all_below_capacity)
+            if self._rates is fair_rates:  # the same floats (fair_rates_of_arrays)
+                rates = fair_rates_of_arrays(loads, self._arrays_of(loads, numbers))
             else:
                 rates = self._rates(loads)
             self._by_numbers[numbers] = rates
