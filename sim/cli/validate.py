@@ -146,14 +146,17 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
 
 
 def _moe_note(sc) -> None:
-    """What of an MoE scenario --check does not run for real (validate/launch/shrink.py)."""
+    """What of a scenario --check does not run for real (validate/launch/shrink.py): an MoE scenario's
+    dispatcher and token dropping; the optimizer section and the recompute modules (numerics checks the
+    forward and backward, not the optimizer; recompute runs the variants' own settings)."""
     moe, p = sc.model.moe, sc.parallel
-    if moe is None:
-        return
-    left = ([f"the {p.moe_dispatcher} dispatcher (its layers run with alltoall)"] if p.moe_dispatcher != "alltoall"
-            else []) + (["token dropping (routing runs dropless)"] if moe.capacity_factor is not None else [])
+    left = ([f"the {p.moe_dispatcher} dispatcher (its layers run with alltoall)"]
+            if moe is not None and p.moe_dispatcher != "alltoall" else [])
+    left += ["token dropping (routing runs dropless)"] if moe is not None and moe.capacity_factor is not None else []
+    left += ["parallel.recompute_modules"] if p.recompute_modules is not None else []
+    left += ["the optimizer section"] if sc.optimizer.model_dump(exclude_defaults=True) else []
     if left:
-        typer.echo(f"MoE: simulated but not run for real: {'; '.join(left)}")
+        typer.echo(f"simulated but not run for real: {'; '.join(left)}")
 
 
 def validate_command(
