@@ -4,6 +4,8 @@ Cases (issue 10's targets):
 - default: the built-in default scenario (Llama-2 70B, tp 8 + SP, 64 H100), target < 0.6 s;
 - gpt3-gb1536-overlap: GPT-3 175B on 128 A100 (gpt3-175b-a100-16node) with GPT-3's published global
   batch of 1,536 sequences (96 micro-batches per replica) and tp_comm_overlap on, target < 1.5 s, < 300 MB;
+- deepseek-v3: the built-in deepseek-v3-h100-ep64 (Megatron-Bridge's H100 recipe, 1,024 GPUs, 256 micro-batches
+  per replica), target <= 3x the default case (issue 19);
 - llama70b-<gpus>: the default scenario on 64 ... 16,384 H100 (tp 8, dp = gpus / 8) with 8 micro-batches
   per replica (global batch = 8 x dp), target < 1 s at 16,384 and flat within 20% from 64.
 
@@ -50,7 +52,9 @@ def cases(tmp: Path) -> dict[str, str]:
                                            {"global_batch": 1536, "tp_comm_overlap": True}, {}, tmp),
            # issue 9 item 10: GPT-3 175B-class step, tp 8, pp 8, v 12 (one layer per chunk), 1,024 A100
            "gpt3-pp8-v12-1024gpu": _variant("gpt3-175b-a100-pp8", {"vp": 12, "global_batch": 1536},
-                                            {"nodes": 128}, tmp)}
+                                            {"nodes": 128}, tmp),
+           # issue 19: DeepSeek-V3 with its H100 recipe's layout (1,024 GPUs), target <= 3x the default's cost
+           "deepseek-v3": "deepseek-v3-h100-ep64"}
     for gpus in LLAMA_GPUS:
         out[f"llama70b-{gpus}"] = _variant(DEFAULT_SCENARIO, {"global_batch": 8 * gpus // 8},
                                            {"nodes": gpus // 8}, tmp)
