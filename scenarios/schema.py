@@ -173,6 +173,9 @@ class ParallelConfig(Frozen):
     # Megatron --pipeline-model-parallel-layout ("Et|(tt|)*30mL"): layers per virtual stage (scenarios/pipeline_split.py)
     pipeline_layout: str | None = Field(default=None, min_length=1, max_length=4096)
     p2p_overlap: bool = True  # interleaved: isend/irecv overlapped with compute (Megatron --overlap-p2p-comm)
+    # 2021-2022 Megatron-LM --scatter-gather-tensors-in-pipeline (on by default there; not in Megatron-Core): each TP
+    # rank sends 1/tp of the P2P tensor, the receiver all-gathers it over TP; ignored under SP or at tp 1
+    p2p_scatter_gather: bool = False
     dp: int | Literal["auto"] = "auto"
     gpus: int | None = Field(default=None, gt=0)  # default: every GPU of the topology
     micro_batch: int = Field(default=1, gt=0)

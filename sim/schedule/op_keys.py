@@ -21,6 +21,8 @@ GEMM), FP8_AMAX (tensorwise's amax pass; + ALL_REDUCE its TP reduction under SP)
 transpose of a gathered FP8 tensor); per micro-batch FP8_AMAX_REDUCE (delayed scaling's amax all-reduce,
 "<FP8_BLOCK>.mb<m>.fwd.fp8_amax_reduce") and FP8_AMAX_UPDATE; per step FP8_WEIGHT_CAST ("opt.fp8_weight_cast").
 Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
+With parallel.p2p_scatter_gather each received 1/tp chunk is all-gathered over "tp" by
+"<PP_BLOCK>.<PP_GATHER>_<fwd|bwd>_c<chunk>.mb<m>" (purpose PP_GATHER).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ LN_GRAD, KV_GRAD, DP_GRAD, DP_PARAM = "ln_grad", "kv_grad", "dp_grad", "dp_param
 EMBED_GRAD = "embed_grad"
 EMBED_BLOCK, HEAD_BLOCK, OPT_BLOCK = "embed", "head", "opt"
 PP_BLOCK = "pp"
+PP_GATHER = "pp_gather"
 MOE_DISPATCH, MOE_DISPATCH_PROBS, MOE_COMBINE, MOE_META = "dispatch", "dispatch_probs", "combine", "dispatch_meta"
 EXPERT_GATHER, EXPERT_GATHER_PROBS, EXPERT_SCATTER = "expert_gather", "expert_gather_probs", "expert_scatter"
 MOE_GATHER, MOE_SCATTER = "moe_gather", "moe_scatter"

@@ -10,7 +10,12 @@ Dependencies: a block's input is the P2P batch that receives it (or the embeddin
 the step before it on the stage; with overlap a block waits only for the batch holding its receive, and
 a batch is posted right after the compute block before it.
 
-The P2P tensor is [s/(t if SP), b, h] in the model dtype. Step end per stage (sim/schedule/dp_ops.py): SP and KV
+The P2P tensor is [s/(t if SP), b, h] in the model dtype. With `parallel.p2p_scatter_gather` (Megatron-LM
+2021-2022, --scatter-gather-tensors-in-pipeline, on by default from 72e4230bb5 until Megatron-Core; megatron/
+p2p_communication.py `_communicate` @5942af978a: only without SP and when tp divides the tensor) each TP rank
+sends 1/t of it (`split_tensor_into_1d_equal_chunks`), and after the batch the receiver all-gathers the t
+chunks over its TP group (`gather_split_1d_tensor`, a synchronous all-gather) before the block uses it:
+the receiving block depends on that gather, not on the batch. Step end per stage (sim/schedule/dp_ops.py): SP and KV
 gradient all-reduces of the stage's layers, DP buckets per model chunk (each made of the chunk's last
 micro-batch gradients, so with dp_overlap a chunk's buckets reduce as its last backward produces them),
 the tied-embedding all-reduce between the first and last stage (the last stage holds the output
@@ -37,7 +42,7 @@ from meshsim.sim.schedule.builder import (
     weight_cast_op,
 )
 from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
-from meshsim.sim.schedule.ops import P2P, Op, P2PTransfer, Schedule
+from meshsim.sim.schedule.ops import P2P, Collective, Op, P2PTransfer, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.pipeline import Comm, Compute, PipelineShape, peer, stage_order
@@ -54,6 +59,12 @@ def pipeline_shape(rs: ResolvedScenario) -> PipelineShape:
 def p2p_bytes(d: LayerDims) -> int:
     """[s/(t if SP), b, h] in the model dtype."""
     return d.tokens_out * d.hidden * d.dtype_bytes
+
+
+def scatter_gather(rs: ResolvedScenario, d: LayerDims) -> bool:
+    """Megatron's P2P scatter-gather applies: asked for, tp > 1, no SP, and tp divides the tensor."""
+    return rs.scenario.parallel.p2p_scatter_gather and rs.tp > 1 and not rs.scenario.parallel.sp \
+        and p2p_bytes(d) % (rs.tp * d.dtype_bytes) == 0
 
 
 def _gate(ops: list[Op], op_id: int, gate: int | None) -> None:
@@ -76,7 +87,9 @@ class _Stage:
         self.last_compute: int | None = None
         # delayed FP8 scaling: one amax reduction per chunk pass (Megatron's region is the chunk's layer stack)
         self.amax = {len(ch.layers): fp8_amax_templates(rs, len(ch.layers)) for ch in chunks if ch.layers}
-        self.nbytes = p2p_bytes(layer_dims(rs))
+        d = layer_dims(rs)
+        self.gather_bytes = p2p_bytes(d) if scatter_gather(rs, d) else 0  # the whole tensor, gathered over tp
+        self.nbytes = p2p_bytes(d) // rs.tp if self.gather_bytes else p2p_bytes(d)
 
     def comm(self, step: Comm) -> None:
         transfers = []
@@ -90,10 +103,22 @@ class _Stage:
         op_id = len(self.ops)
         self.ops.append(Op(op_id, name, "pp_comm", "pp_comm", first.direction, P2P(tuple(transfers)),
                            () if before is None else (before,), None, first.micro_batch))
+        self.last_item = op_id
         for tr in step.transfers:
             if not tr.send:
-                self.received[(tr.direction, tr.micro_batch, tr.chunk)] = op_id
-        self.last_item = op_id
+                self.received[(tr.direction, tr.micro_batch, tr.chunk)] = self.gather(tr, op_id)
+
+    def gather(self, tr, batch_id: int) -> int:
+        """The receive's input op: the batch itself, or (scatter-gather) the TP all-gather after it."""
+        if not self.gather_bytes:
+            return batch_id
+        op_id = len(self.ops)
+        name = f"{K.PP_BLOCK}.{K.PP_GATHER}_{tr.direction}_c{tr.chunk}.mb{tr.micro_batch}"
+        work = Collective("all_gather", "tp", self.gather_bytes, K.PP_GATHER)
+        self.ops.append(Op(op_id, name, "tp_comm", "tp_comm", tr.direction, work, (batch_id,), None, tr.micro_batch))
+        if self.shape.blocking:  # _communicate returns after the gather: the next item waits for it
+            self.last_item = op_id
+        return op_id
 
     def compute(self, step: Compute) -> None:
         direction = "fwd" if step.kind == "F" else "bwd"
