@@ -32,9 +32,9 @@ def gpus_used(scenario: Scenario, topology_gpus: int) -> int:
 
 
 def data_parallel(scenario: Scenario, gpus: int) -> int:
-    """dp as given, or gpus / (tp x pp) when 'auto'."""
+    """dp as given, or gpus / (tp x cp x pp) when 'auto'."""
     p = scenario.parallel
-    return gpus // (p.tp * p.pp) if p.dp == "auto" else p.dp
+    return gpus // (p.tp * p.cp * p.pp) if p.dp == "auto" else p.dp
 
 
 def fmt_set(values: list[int]) -> str:

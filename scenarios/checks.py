@@ -19,6 +19,7 @@ from collections.abc import Callable
 from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, gpus_used
 from meshsim.scenarios.check_base import fmt_set as _fmt
 from meshsim.scenarios.check_base import rule_error as _err
+from meshsim.scenarios.cp_checks import CP_RULES
 from meshsim.scenarios.moe_checks import MOE_RULES
 from meshsim.scenarios.optimizer_checks import OPTIMIZER_RULES
 from meshsim.scenarios.pipeline_split import LAYOUT_SYMBOLS, expand_layout
@@ -216,17 +217,21 @@ def check_tp_kv_heads(s: Scenario, ctx: CheckContext) -> None:
 
 def check_dp_matches_gpus(s: Scenario, ctx: CheckContext) -> None:
     p, gpus = s.parallel, gpus_used(s, ctx.topology_gpus)
+    model = p.tp * p.cp * p.pp
+    names = "tp x cp x pp" if p.cp > 1 else "tp x pp"
+    sizes = f"{p.tp} x {p.cp} x {p.pp}" if p.cp > 1 else f"{p.tp} x {p.pp}"
     if p.dp == "auto":
         if gpus % p.tp:
             raise _err(ctx, "parallel.tp", p.tp, f"dp = auto needs tp to divide the {gpus} GPUs used",
                        f"use tp in {_fmt(valid_tp(s, gpus))}, or parallel.gpus a multiple of {p.tp}")
-        if gpus % (p.tp * p.pp):
-            raise _err(ctx, "parallel.pp", p.pp, f"dp = auto needs tp x pp = {p.tp} x {p.pp} to divide the "
-                       f"{gpus} GPUs used (tp x pp x dp = GPUs)",
-                       f"use pp in {_fmt([d for d in divisors(gpus // p.tp)])}, or other GPUs")
-    elif p.tp * p.pp * p.dp != gpus:
-        model = p.tp * p.pp
-        raise _err(ctx, "parallel.dp", p.dp, f"tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = {model * p.dp} but "
+        if gpus % model:
+            field, value = ("parallel.cp", p.cp) if p.cp > 1 and gpus % (p.tp * p.pp) == 0 else ("parallel.pp", p.pp)
+            raise _err(ctx, field, value, f"dp = auto needs {names} = {sizes} to divide the "
+                       f"{gpus} GPUs used ({names} x dp = GPUs)",
+                       f"use pp in {_fmt([d for d in divisors(gpus // p.tp)])}, or other GPUs" if field == "parallel.pp"
+                       else f"use cp in {_fmt(divisors(gpus // (p.tp * p.pp)))}, or other GPUs")
+    elif model * p.dp != gpus:
+        raise _err(ctx, "parallel.dp", p.dp, f"{names} x dp = {sizes} x {p.dp} = {model * p.dp} but "
                    f"{gpus} GPUs are used", f"set parallel.dp: auto, or parallel.dp: {gpus // model}, or "
                    f"parallel.gpus: {model * p.dp}")
 
@@ -301,6 +306,7 @@ RULES: tuple[Rule, ...] = (
     check_param_gather_overlap,
     *MOE_RULES,
     *OPTIMIZER_RULES,
+    *CP_RULES,
 )
 
 

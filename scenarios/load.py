@@ -166,7 +166,7 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     return ResolvedScenario(
         scenario=scenario, source=source, gpu=gpu,
         topology=topology, gpus=gpus, tp=p.tp, dp=dp, micro_batches=micro_batches, profile=profile, pp=p.pp,
-        vp=p.vp, ep=p.ep, etp=p.etp,
+        vp=p.vp, ep=p.ep, etp=p.etp, cp=p.cp,
     )
 
 

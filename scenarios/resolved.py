@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshsim.scenarios.cp_checks import a2a_size
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.core.mesh import EXPERT_KINDS, mesh_group
+from meshsim.sim.core.mesh import CP_KINDS, EXPERT_KINDS, mesh_group
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 
@@ -20,7 +21,7 @@ class ResolvedScenario:
     source: str  # file path or "builtin:NAME"; used in messages
     gpu: GpuSpec  # preset with hardware overrides and profile figures applied
     topology: Topology  # the whole machine (all nodes)
-    gpus: int  # GPUs used: the first `gpus` ranks of the topology, TP innermost, then DP, then PP
+    gpus: int  # GPUs used: the first `gpus` ranks of the topology, TP innermost, then CP, then DP, then PP
     tp: int
     dp: int
     micro_batches: int  # gradient-accumulation steps per DP rank = global_batch / (micro_batch * dp)
@@ -29,6 +30,22 @@ class ResolvedScenario:
     vp: int = 1  # virtual stages (model chunks) per rank
     ep: int = 1  # expert parallel (the experts' mesh etp x ep x edp x pp, sim/core/mesh.py)
     etp: int = 1  # expert tensor parallel
+    cp: int = 1  # context parallel: the sequence over cp ranks (sim/core/mesh.py)
+
+    @property
+    def cp_comm(self) -> str:
+        """parallel.cp_comm (p2p, a2a, allgather or a2a+p2p)."""
+        return self.scenario.parallel.cp_comm
+
+    @property
+    def cp_a2a(self) -> int:
+        """Ranks of the all-to-all level of context parallelism: cp for a2a, hierarchical_cp[0] for a2a+p2p."""
+        return a2a_size(self.scenario)
+
+    @property
+    def grad_dp(self) -> int:
+        """Ranks that reduce one gradient and shard the distributed optimizer: dp x cp (Megatron's dp-cp group)."""
+        return self.dp * self.cp
 
     @property
     def edp(self) -> int:
@@ -37,8 +54,8 @@ class ResolvedScenario:
 
     @property
     def stage_size(self) -> int:
-        """Ranks per pipeline stage: tp x dp."""
-        return self.tp * self.dp
+        """Ranks per pipeline stage: tp x cp x dp."""
+        return self.tp * self.cp * self.dp
 
     def stage_of(self, rank: int) -> int:
         return rank // self.stage_size
@@ -49,11 +66,11 @@ class ResolvedScenario:
 
     def tp_group(self, index: int = 0) -> tuple[int, ...]:
         """Global ranks of TP group `index` (TP innermost: ranks index*tp ... index*tp+tp-1)."""
-        return mesh_group("tp", index * self.tp, self.tp, self.dp)
+        return mesh_group("tp", index * self.tp, self.tp, self.dp, cp=self.cp)
 
     def dp_group(self, tp_rank: int = 0) -> tuple[int, ...]:
-        """Global ranks of the DP group holding (stage 0's) rank `tp_rank`: tp_rank, tp_rank+tp, ..."""
-        return mesh_group("dp", tp_rank, self.tp, self.dp)
+        """Global ranks of the DP (x CP) group holding (stage 0's) rank `tp_rank`: tp_rank, tp_rank+tp, ..."""
+        return mesh_group("dp", tp_rank, self.tp, self.dp, cp=self.cp)
 
     @property
     def datasheet_peak_tflops(self) -> float:
@@ -71,15 +88,16 @@ class ResolvedScenario:
 
     def kv_group(self, rank: int = 0) -> tuple[int, ...]:
         """The ranks replicating `rank`'s KV head: a block of kv_replicas consecutive ranks of its TP group."""
-        return mesh_group("kv", rank, self.tp, self.dp, self.kv_replicas)
+        return mesh_group("kv", rank, self.tp, self.dp, self.kv_replicas, cp=self.cp)
 
     def all_kv_groups(self) -> tuple[tuple[int, ...], ...]:
         return self.all_groups("kv")
 
     def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
-        """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp", "embed", "stage" or an expert
-        kind ("etp", "ep", "etp_ep", "edp")."""
-        return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp, self.ep, self.etp)
+        """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp", "embed", "stage", an expert
+        kind ("etp", "ep", "etp_ep", "edp") or a context-parallel kind ("cp", "cp_a2a", "cp_p2p")."""
+        return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp, self.ep, self.etp, self.cp,
+                          self.cp_a2a)
 
     def all_groups(self, kind: str, rank: int = 0) -> tuple[tuple[int, ...], ...]:
         """Every group of that kind in `rank`'s pipeline stage: the symmetric copies that run a collective
@@ -89,10 +107,10 @@ class ResolvedScenario:
             return tuple(self.group("embed", r) for r in range(self.stage_size))
         if kind == "kv":
             return tuple(self.kv_group(base + r) for r in range(0, self.stage_size, self.kv_replicas))
-        if kind in EXPERT_KINDS or kind == "stage":
+        if kind in EXPERT_KINDS or kind == "stage" or kind in CP_KINDS:
             return tuple(dict.fromkeys(self.group(kind, base + r) for r in range(self.stage_size)))
         step = self.tp if kind == "tp" else 1
-        count = self.dp if kind == "tp" else self.tp
+        count = self.dp * self.cp if kind == "tp" else self.tp
         return tuple(self.group(kind, base + i * step) for i in range(count))
 
     def all_tp_groups(self) -> tuple[tuple[int, ...], ...]:

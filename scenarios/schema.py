@@ -6,7 +6,7 @@ Cross-field checks (tp divides heads, ...) live in scenarios/checks.py; loading 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -200,6 +200,11 @@ class ParallelConfig(Frozen):
     moe_flex_sms: int | None = Field(default=None, gt=0)  # --moe-flex-dispatcher-num-sms; default per backend
     moe_ep_overlap: bool = False  # --overlap-moe-expert-parallel-comm
     delay_wgrad_compute: bool = False  # --delay-wgrad-compute (with moe_ep_overlap)
+    # context parallel (Megatron --context-parallel-size): the sequence split over cp ranks (tp-cp-dp-pp order)
+    cp: int = Field(default=1, gt=0)
+    cp_comm: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"  # --cp-comm-type
+    # --hierarchical-context-parallel-sizes for a2a+p2p: [a2a size (inner), p2p ring size (outer)]
+    hierarchical_cp: list[Annotated[int, Field(gt=0)]] | None = Field(default=None, min_length=2, max_length=2)
 
     @property
     def param_gather_overlapped(self) -> bool:
@@ -220,6 +225,7 @@ class SweepConfig(Frozen):
     ep: list[int] | None = None
     etp: list[int] | None = None
     fp8: list[Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8"]] | None = None
+    cp: list[int] | None = None
 
 
 class RunConfig(Frozen):

@@ -74,7 +74,7 @@ def run_command(
     out_dir = _out_dir(out, rs.name) if outputs != "none" else None  # --outputs none touches no folder
     check_output_file("--json", json_path)
     if explicit_ranks:
-        ranks = rs.tp * min(rs.dp, 2)
+        ranks = rs.tp * rs.cp * min(rs.dp, 2)
         check_at_most("--explicit-ranks", ranks, MAX_EXPLICIT_RANKS, "drop --explicit-ranks (rank 0 alone gives "
                       "the same step on a symmetric mesh), or use a smaller tp", what="ranks simulated (tp x "
                       "min(dp, 2))")

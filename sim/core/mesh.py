@@ -1,14 +1,23 @@
-"""The device mesh's groups: Megatron's rank order with TP innermost, then DP, then PP.
+"""The device mesh's groups: Megatron's rank order with TP innermost, then CP, then DP, then PP.
 
-A rank r of a tp x dp x pp mesh sits at tp position r mod tp, dp position (r // tp) mod dp and pipeline
-stage r // (tp dp): r = tp_rank + tp (dp_rank + dp stage). Its groups:
+A rank r of a tp x cp x dp x pp mesh sits at tp position r mod tp, cp position (r // tp) mod cp, dp
+position (r // (tp cp)) mod dp and pipeline stage r // (tp cp dp): r = tp_rank + tp (cp_rank + cp (dp_rank
++ dp stage)) (Megatron-Core's RankGenerator order "tp-cp-ep-dp-pp", megatron/core/parallel_state.py L617
+at Megatron-LM d98e8a64; ep folds away on the decoder mesh). Its groups:
 - "tp": the tp consecutive ranks r // tp * tp ... (+tp - 1);
-- "dp": the ranks of r's stage congruent to r mod tp, one per DP replica;
+- "cp": the cp ranks of r's block of tp cp consecutive ranks congruent to r mod tp (L1117, get_ranks('cp'));
+  the KV ring runs over them in cp order, rank i sending to i + 1 (TE context_parallel.py L1418);
+- "cp_a2a" / "cp_p2p" (cp_comm a2a+p2p, hierarchical sizes [a, cp / a]): the a consecutive members of the
+  cp group around r (the all-to-all level) and the cp / a members at stride a (the ring level), Megatron's
+  create_hierarchical_groups (L378-400) with the first size innermost;
+- "dp": the ranks of r's stage congruent to r mod tp, one per (DP replica, CP rank): Megatron's data-parallel
+  group with context parallelism ("dp-cp", L963), over which gradients are reduced and the distributed
+  optimizer shards (with cp = 1 the plain DP group);
 - "kv": the kv_replicas consecutive ranks of r's TP group that replicate one KV head (GQA with
   kv_heads < tp; kv_replicas = tp / kv_heads);
 - "pp": the pp ranks at r's (tp, dp) position, one per stage, in stage order (P2P peers);
 - "embed": the first and last of those (the tied-embedding gradient all-reduce);
-- "stage": all tp x dp ranks of r's pipeline stage (FP8 delayed scaling's amax reduction group,
+- "stage": all tp x cp x dp ranks of r's pipeline stage (FP8 delayed scaling's amax reduction group,
   Megatron-Core parallel_state.get_amax_reduction_group: the tensor-and-data-parallel group).
 
 Experts live on a second mesh over the same ranks, Megatron-Core's "parallel folding"
@@ -27,6 +36,22 @@ The scenario (scenarios/resolved.py), the engine and validate's process groups a
 from __future__ import annotations
 
 EXPERT_KINDS = ("etp", "ep", "etp_ep", "edp")
+CP_KINDS = ("cp", "cp_a2a", "cp_p2p")
+
+
+def cp_group(kind: str, rank: int, tp: int, cp: int, cp_a2a: int = 1) -> tuple[int, ...]:
+    """`rank`'s group of a context-parallel kind ("cp", "cp_a2a" or "cp_p2p"; module docstring)."""
+    block = tp * cp
+    base = rank // block * block + rank % tp
+    pos = rank // tp % cp
+    if kind == "cp":
+        return tuple(base + i * tp for i in range(cp))
+    if kind == "cp_a2a":
+        first = pos // cp_a2a * cp_a2a
+        return tuple(base + (first + i) * tp for i in range(cp_a2a))
+    if kind == "cp_p2p":
+        return tuple(base + (pos % cp_a2a + j * cp_a2a) * tp for j in range(cp // cp_a2a))
+    raise ValueError(f"unknown context-parallel group kind {kind!r}")
 
 
 def expert_group(kind: str, rank: int, stage_size: int, ep: int, etp: int) -> tuple[int, ...]:
@@ -47,9 +72,12 @@ def expert_group(kind: str, rank: int, stage_size: int, ep: int, etp: int) -> tu
 
 
 def mesh_group(kind: str, rank: int, tp: int, dp: int, kv_replicas: int = 1, pp: int = 1, ep: int = 1,
-               etp: int = 1) -> tuple[int, ...]:
-    """`rank`'s group of a symbolic kind ("tp", "dp", "kv", "pp", "embed" or an expert kind) on the mesh
-    (module docstring)."""
+               etp: int = 1, cp: int = 1, cp_a2a: int = 1) -> tuple[int, ...]:
+    """`rank`'s group of a symbolic kind ("tp", "dp", "kv", "pp", "embed", a context-parallel or an expert
+    kind) on the mesh (module docstring)."""
+    if kind in CP_KINDS:
+        return cp_group(kind, rank, tp, cp, cp_a2a)
+    dp = dp * cp  # the stage's replicas of a tp group: its dp x cp positions
     if kind in EXPERT_KINDS:
         return expert_group(kind, rank, tp * dp, ep, etp)
     if kind == "tp":

@@ -231,7 +231,7 @@ def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_para
                layers: int = 0) -> MemoryBreakdown:
     """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp); `layers`
     transformer layers (their FP8 weight copies)."""
-    shard, eshard = (rs.dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
+    shard, eshard = (rs.grad_dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
     weights, grads, optimizer, host = _states(rs, params + expert_params, params / shard + expert_params / eshard)
     weights += fp8_weights_gb(rs, layers)
     acts = activation_b / GB
@@ -257,7 +257,7 @@ def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
         dense, expert = stage_param_split(rs, 0)
         return _breakdown(rs, dense, activation_bytes(rs), expert)
     params = params_per_rank(rs)
-    shard = rs.dp if rs.scenario.parallel.distributed_optimizer else 1
+    shard = rs.grad_dp if rs.scenario.parallel.distributed_optimizer else 1
     weights, grads, optimizer, host = _states(rs, params, params / shard)
     weights += fp8_weights_gb(rs, rs.scenario.model.layers)
     acts = activation_bytes(rs) / GB

@@ -126,12 +126,12 @@ class EventLog:
         return [e for e in self.events if e.rank == rank]
 
 
-def symmetric_groups(tp: int, dp: int, kv_replicas: int = 1) -> GroupFn:
+def symmetric_groups(tp: int, dp: int, kv_replicas: int = 1, cp: int = 1) -> GroupFn:
     """TP innermost (scenarios/resolved.py): the TP group of rank r is number r // tp; its DP group holds
     the ranks congruent to r mod tp; its KV group the block of kv_replicas consecutive ranks around it."""
 
     def group_of(kind: str, rank: int) -> tuple[int, ...]:
-        return mesh_group(kind, rank, tp, dp, kv_replicas)
+        return mesh_group(kind, rank, tp, dp, kv_replicas, cp=cp)
 
     return group_of
 
@@ -180,7 +180,7 @@ def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], 
     if len(stages) > 1 and (stage_of is None or p2p is None):
         raise ValueError("one schedule per stage needs stage_of and a p2p coster")
     stage_of = stage_of or (lambda rank: 0)
-    group_of = group_of or symmetric_groups(stages[0].tp, stages[0].dp, stages[0].kv_replicas)
+    group_of = group_of or symmetric_groups(stages[0].tp, stages[0].dp, stages[0].kv_replicas, cp=stages[0].cp)
     for stage, sched in enumerate(stages):
         _check(sched, [r for r in ranks if stage_of(r) == stage], group_of)
     per_stage_issue = ([issue_s] if isinstance(schedule, Schedule) else list(issue_s)) if len(issue_s) else []

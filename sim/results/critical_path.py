@@ -116,7 +116,7 @@ class _Stages:
 
     def __init__(self, schedule: Schedule | Sequence[Schedule], log: EventLog):
         self.schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
-        self.size = self.schedules[0].tp * self.schedules[0].dp
+        self.size = self.schedules[0].tp * self.schedules[0].cp * self.schedules[0].dp
         self.single = len(self.schedules) == 1
         self.index = log.by_rank()  # per rank, in completion order (events are appended as they finish)
         self._tables: dict[int, tuple[dict[int, Op], dict[int, int]]] = {}

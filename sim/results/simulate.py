@@ -198,7 +198,7 @@ def rank_groups(rs: ResolvedScenario, schedules: Sequence[Schedule], ranks: tupl
 
 def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ...]:
     """Per pipeline stage: its first rank alone, or one TP group times min(dp, 2) replicas."""
-    per_stage = range(rs.tp * min(rs.dp, 2)) if explicit_ranks else range(1)
+    per_stage = range(rs.tp * rs.cp * min(rs.dp, 2)) if explicit_ranks else range(1)
     return tuple(stage * rs.stage_size + r for stage in range(rs.pp) for r in per_stage)
 
 

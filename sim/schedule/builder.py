@@ -135,7 +135,7 @@ def step_templates(rs: ResolvedScenario, d: LayerDims, tied: bool) -> Templates:
 
 def dp_bucket_bytes(rs: ResolvedScenario) -> int:
     """DP gradient bucket size (sim/schedule/dp_ops.bucket_bytes)."""
-    return bucket_bytes(rs.scenario.parallel.dp_bucket_mib, rs.dp)
+    return bucket_bytes(rs.scenario.parallel.dp_bucket_mib, rs.grad_dp)
 
 
 def layers_dp_params(rs: ResolvedScenario, t: Templates, layers: list[int], head: bool) -> tuple[int, int]:
@@ -175,7 +175,7 @@ def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: int, step_op: int
 def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: int = 0) -> DpConfig:
     p, layers = rs.scenario.parallel, rs.scenario.model.layers
     sp, kv = layers_dp_params(rs, t, list(range(layers)), head=True)
-    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
+    return DpConfig(dp=rs.grad_dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
                     gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
@@ -186,7 +186,7 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
 def gathers_overlap(rs: ResolvedScenario) -> bool:
     """The distributed optimizer's parameter all-gathers open the step (sim/schedule/param_gather.py)."""
     p = rs.scenario.parallel
-    return (rs.dp > 1 or rs.edp > 1) and p.distributed_optimizer and p.param_gather_overlapped
+    return (rs.grad_dp > 1 or rs.edp > 1) and p.distributed_optimizer and p.param_gather_overlapped
 
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:
@@ -197,7 +197,7 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     overlap_gather = gathers_overlap(rs)
     bucket_bytes = dp_bucket_bytes(rs)
     reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes, _grad_params(t, model.layers, True),
-                                rs.dp, rs.edp) if overlap_gather else 0
+                                rs.grad_dp, rs.edp) if overlap_gather else 0
     ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
     grads: list[tuple[int, int]] = []
     expert_grads: list[tuple[int, int]] = []
@@ -210,8 +210,8 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
     ops += weight_cast_op(rs, d, model.layers, step_op, len(ops))
     if overlap_gather:
-        ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.dp, rs.edp), cfg.param_bytes)
+        ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.grad_dp, rs.edp), cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
-                    etp=rs.etp)
+                    etp=rs.etp, cp=rs.cp)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
+from meshsim.sim.schedule.cp_ops import core_backward_cp, core_forward_cp
 from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
 from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Collective, Elementwise, Gemm, Work, stream_of
 from meshsim.sim.schedule.run_settings import MAIN_GRAD_ADD_BYTES
@@ -189,7 +190,10 @@ def scores(d: LayerDims, kernel: str, read_b: int, write_b: int) -> Elementwise:
 
 # ----- the attention core -----------------------------------------------------------------------------
 def core_forward(tpl: Template, phase: str, d: LayerDims, deps: Deps) -> tuple[int, ...]:
-    """Flash: one Attention. Unfused: QK^T, fused scale+mask+softmax, dropout, scores x V."""
+    """Flash: one Attention. Unfused: QK^T, fused scale+mask+softmax, dropout, scores x V. Context parallel:
+    sim/schedule/cp_ops.py."""
+    if d.cp > 1:
+        return core_forward_cp(tpl, phase, d, deps)
     if d.flash:
         return (tpl.add(phase, "attn", d.attention(backward=False), deps),)
     qk = tpl.add(phase, "qk", Gemm(d.seq, d.seq, d.head_dim, d.micro_batch * d.heads), deps)
@@ -207,6 +211,8 @@ def core_backward(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
     """Gradient of the core; selective recompute of core_attn first re-runs the core forward (phase 'recompute')."""
     if d.recomputes("core_attn"):
         core_forward(tpl, "recompute", d, ())
+    if d.cp > 1:
+        return core_backward_cp(tpl, d, deps)
     if d.flash:
         return (tpl.add("bwd", "attn", d.attention(backward=True), deps),)
     bh = d.micro_batch * d.heads

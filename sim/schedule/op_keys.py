@@ -20,6 +20,11 @@ FP8 (sim/schedule/fp8_ops.py): "<gemm>_" + FP8_QUANT (a quantize / cast-transpos
 GEMM), FP8_AMAX (tensorwise's amax pass; + ALL_REDUCE its TP reduction under SP), FP8_TRANSPOSE (the
 transpose of a gathered FP8 tensor); per micro-batch FP8_AMAX_REDUCE (delayed scaling's amax all-reduce,
 "<FP8_BLOCK>.mb<m>.fwd.fp8_amax_reduce") and FP8_AMAX_UPDATE; per step FP8_WEIGHT_CAST ("opt.fp8_weight_cast").
+Context parallelism (sim/schedule/cp_ops.py) adds, inside the attention core: CP_RING + "_c<step>" (the
+KV ring's send/recv shifts, over "cp" or, for a2a+p2p, "cp_p2p"), CP_A2A + "_q"/"_k"/"_v"/"_out" and, in
+backward, "_dout"/"_dq"/"_dk"/"_dv" (the all-to-alls over "cp_a2a"), CP_GATHER + "_k"/"_v" and CP_SCATTER
++ "_dk"/"_dv" (allgather's KV all-gathers and dK/dV reduce-scatters over "cp"); the core's attention
+kernels are "attn_c<step>" (a ring step or an all-gathered chunk).
 Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
 With parallel.p2p_scatter_gather each received 1/tp chunk is all-gathered over "tp" by
 "<PP_BLOCK>.<PP_GATHER>_<fwd|bwd>_c<chunk>.mb<m>" (purpose PP_GATHER).
@@ -47,6 +52,7 @@ EXPERT_GRAD = "expert_grad"
 FP8_QUANT, FP8_AMAX, FP8_TRANSPOSE = "fp8_quant", "fp8_amax", "fp8_transpose"
 FP8_AMAX_REDUCE, FP8_AMAX_UPDATE, FP8_WEIGHT_CAST = "fp8_amax_reduce", "fp8_amax_update", "fp8_weight_cast"
 FP8_BLOCK = "fp8"
+CP_RING, CP_A2A, CP_GATHER, CP_SCATTER = "cp_ring", "cp_a2a", "cp_gather", "cp_scatter"
 
 
 def layer_block(layer: int) -> str:

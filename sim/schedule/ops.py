@@ -18,12 +18,14 @@ from typing import Literal
 
 FUSED_WGRAD_OUT_BYTES = 4 + 4  # fp32 main grad read + written per element of dW (gradient-accumulation fusion)
 
-Stream = Literal["compute", "tp_comm", "dp_comm", "pp_comm", "ep_comm"]
+Stream = Literal["compute", "tp_comm", "dp_comm", "pp_comm", "ep_comm", "cp_comm"]
 # every rank has the first three; pp_comm (pipeline P2P batches, not FIFO) only when pp > 1; ep_comm (the MoE
-# token dispatch / combine and the expert-tensor-parallel collectives) only with MoE layers
-STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "pp_comm", "ep_comm")
-FIFO_STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "ep_comm")  # run in list order
+# token dispatch / combine and the expert-tensor-parallel collectives) only with MoE layers; cp_comm (context
+# parallelism's KV ring, all-to-alls and KV all-gathers: TE's cp_stream) only with cp > 1
+STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "pp_comm", "ep_comm", "cp_comm")
+FIFO_STREAMS: tuple[Stream, ...] = ("compute", "tp_comm", "dp_comm", "ep_comm", "cp_comm")  # run in list order
 EP_GROUPS = ("ep", "etp", "etp_ep")  # expert-mesh groups whose collectives run on ep_comm
+CP_GROUPS = ("cp", "cp_a2a", "cp_p2p")  # context-parallel groups whose collectives run on cp_comm
 Phase = Literal["fwd", "bwd", "recompute", "opt"]
 
 
@@ -67,11 +69,23 @@ class Attention:
     window: int | None = None  # sliding-window attention: each query sees the last `window` keys (causal)
     v_head_dim: int | None = None  # V's head width when it differs from Q/K's (MLA: 128 vs 192)
     fp8: bool = False  # run.fp8_attention: FP8 dot-product attention at the FP8 peak
+    # keys when they differ from the `seq` queries (context parallelism's ring steps and all-gathered KV);
+    # causal then means the queries are the last `seq` of the `kv_seq` positions (a bottom-right mask)
+    kv_seq: int | None = None
+
+    @property
+    def score_pairs(self) -> float:
+        """Query-key pairs with kv_seq set: seq kv_seq, less seq^2 / 2 under the causal mask (the
+        continuous count the s^2 / 2 of the square case uses)."""
+        kv = self.kv_seq if self.kv_seq is not None else self.seq
+        return self.seq * kv - (self.seq * self.seq / 2.0 if self.causal else 0.0)
 
     @property
     def flops(self) -> float:
         """QK^T at head_dim and PV at v_head_dim: 2 b pairs heads (head_dim + v_head_dim) forward."""
         width = 2.0 * (self.head_dim + (self.v_head_dim or self.head_dim))
+        if self.kv_seq is not None:
+            return width * self.batch * self.score_pairs * self.heads * (2.5 if self.backward else 1.0)
         if self.window is not None and self.window < self.seq:
             # causal window w: query i sees min(i + 1, w) keys, sum = s w - w (w - 1) / 2 score pairs
             pairs = self.seq * self.window - self.window * (self.window - 1) / 2.0
@@ -103,8 +117,8 @@ class Collective:
     purpose such as "ln_grad", "dp_grad", "dp_param", "xent_max", "xent_sum".
     """
 
-    op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
-    group: Literal["tp", "dp", "kv", "embed", "ep", "etp", "etp_ep", "edp", "stage"]
+    op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
+    group: Literal["tp", "dp", "kv", "embed", "ep", "etp", "etp_ep", "edp", "stage", "cp", "cp_a2a", "cp_p2p"]
     nbytes: int
     boundary: str = ""
     # who moves the bytes: "nccl", or a fused expert-parallel kernel of the flex dispatcher ("deepep",
@@ -158,10 +172,12 @@ class OptimizerStep:
 def comm_stream(group: str) -> Stream:
     """The stream (and category) of a collective on `group`: DP traffic (the expert gradients' too, and the
     tied-embedding gradient all-reduce between the first and last pipeline stage, and FP8 delayed scaling's
-    amax all-reduce over the whole stage) on dp_comm, the MoE
-    dispatch / combine and expert-TP collectives on ep_comm, TP and KV on tp_comm."""
+    amax all-reduce over the whole stage) on dp_comm, the MoE dispatch / combine and expert-TP collectives on
+    ep_comm, context parallelism's on cp_comm, TP and KV on tp_comm."""
     if group in ("dp", "embed", "edp", "stage"):
         return "dp_comm"
+    if group in CP_GROUPS:
+        return "cp_comm"
     return "ep_comm" if group in EP_GROUPS else "tp_comm"
 
 
@@ -205,6 +221,7 @@ class Schedule:
     stage: int = 0  # the stage this schedule runs on
     ep: int = 1  # expert parallel: the expert mesh etp x ep x edp of a stage (sim/core/mesh.py) names
     etp: int = 1  # its groups "ep", "etp", "etp_ep" and "edp"
+    cp: int = 1  # context parallel: a stage holds tp x cp x dp ranks (groups "cp", "cp_a2a", "cp_p2p")
 
     def by_stream(self, stream: Stream) -> list[Op]:
         return [op for op in self.ops if op.stream == stream]

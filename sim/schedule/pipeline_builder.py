@@ -185,7 +185,7 @@ def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout
     head = any(ch.head for ch in chunks)
     sp, kv = layers_dp_params(rs, t, [layer for ch in chunks for layer in ch.layers], head)
     tied = rs.scenario.model.tied_embeddings and (head or any(ch.embedding for ch in chunks))
-    return DpConfig(dp=rs.dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
+    return DpConfig(dp=rs.grad_dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
                     gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, embed_grad_params=d.vocab * d.hidden if tied else 0,
@@ -199,7 +199,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     d = layer_dims(rs)
     overlap_gather = gathers_overlap(rs)
     size = dp_bucket_bytes(rs)
-    reserved = sum(reserved_gathers(_chunk_grad_params(t, ch), size, _chunk_grad_params(t, ch, True), rs.dp,
+    reserved = sum(reserved_gathers(_chunk_grad_params(t, ch), size, _chunk_grad_params(t, ch, True), rs.grad_dp,
                                     rs.edp) for ch in chunks) if overlap_gather else 0
     st = _Stage(rs, stage, chunks, t, reserved)
     for step in stage_order(st.shape, stage):
@@ -207,7 +207,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     ops = st.ops
     # buckets chunk v-1 first: the backward finishes chunks in reverse, and the gathers run in reverse
     buckets = [b for c in reversed(range(len(chunks)))
-               for b in all_buckets(st.grads[c], st.expert_grads[c], size, rs.dp, rs.edp)]
+               for b in all_buckets(st.grads[c], st.expert_grads[c], size, rs.grad_dp, rs.edp)]
     params = sum(n for grads in st.grads for _, n in grads)
     expert_params = sum(n for grads in st.expert_grads for _, n in grads)
     cfg = stage_dp_config(rs, t, chunks, params, expert_params)
@@ -220,7 +220,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
             "grad_producers": sum(len(g) + len(e) for g, e in zip(st.grads, st.expert_grads, strict=True)),
             "layers": [list(ch.layers) for ch in chunks], "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
-                    stage=stage, ep=rs.ep, etp=rs.etp)
+                    stage=stage, ep=rs.ep, etp=rs.etp, cp=rs.cp)
 
 
 def build_stage_schedules(rs: ResolvedScenario) -> tuple[Schedule, ...]:

@@ -3,12 +3,16 @@ LayerDims (one TP rank's shapes, which every op template and the memory model us
 
 t = tp. Heads, KV heads (replicated when kv_heads < t: each rank keeps max(1, kv_heads / t)), FFN width
 and the (padded) vocabulary are sharded by t; under SP the norm/dropout/residual kernels see s*b/t tokens.
+Context parallelism (cp > 1) gives each rank s / cp tokens of every sequence (chunks i and 2 cp - 1 - i of
+2 cp, sim/schedule/cp_ops.py): LayerDims.seq is that local length, so every op outside the attention core
+runs on s / cp tokens, and the core's own ops (cp_ops.py) see the whole sequence through `cp`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshsim.scenarios.cp_checks import a2a_size
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ParallelConfig, Scenario
 from meshsim.sim.schedule.fp8_rules import Fp8Plan
@@ -72,6 +76,9 @@ class LayerDims:
     def recomputes(self, module: str) -> bool:
         """Selective recompute re-runs `module` in backward (RECOMPUTE_MODULES)."""
         return self.recompute == "selective" and module in self.recompute_modules
+    cp: int = 1  # context parallel: `seq` is this rank's s / cp tokens of each sequence
+    cp_comm: str = "p2p"  # parallel.cp_comm
+    cp_a2a: int = 1  # ranks of the all-to-all level (cp for a2a, hierarchical_cp[0] for a2a+p2p, else 1)
 
     @property
     def tokens(self) -> int:
@@ -162,6 +169,7 @@ class ModelDims:
     recompute: str
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # per DP rank and step (> 1 only with pp > 1: the pipeline's m)
+    cp: int = 1  # context parallel: each rank holds seq / cp tokens of a sequence
 
     @classmethod
     def from_scenario(cls, s: Scenario, dp: int | None = None) -> ModelDims:
@@ -170,7 +178,8 @@ class ModelDims:
         micro_batches = p.global_batch // (p.micro_batch * dp) if p.pp > 1 else 1
         return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.kv_channels, m.ffn, m.mlp,
                    has_linear_bias(m), norm_has_bias(m), m.seq_len,
-                   m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute, p.pp, micro_batches)
+                   m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute, p.pp, micro_batches,
+                   p.cp)
 
     @property
     def batch(self) -> int:
@@ -188,7 +197,7 @@ class ModelDims:
         m, p = s.model, s.parallel
         t = self.tp if tp is None else tp
         return LayerDims(
-            seq=self.seq, micro_batch=self.micro_batch, hidden=self.hidden, tp=t, sp=self.sp and t > 1,
+            seq=self.seq // self.cp, micro_batch=self.micro_batch, hidden=self.hidden, tp=t, sp=self.sp and t > 1,
             heads=self.heads // t, kv_heads=max(1, self.kv_heads // t), head_dim=self.head_dim,
             ffn=self.ffn // t, vocab=padded_vocab(self.vocab, t, m.vocab_divisible_by) // t, mlp=self.mlp,
             flash=m.attention == "flash", dropout=m.dropout, recompute=self.recompute,
@@ -197,7 +206,8 @@ class ModelDims:
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
             tp_grad_overlap=s.run.tp_grad_reduce_overlap,
             fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention),
-            recompute_modules=recompute_modules(p))
+            recompute_modules=recompute_modules(p), cp=self.cp, cp_comm=p.cp_comm,
+            cp_a2a=a2a_size(s) if self.cp > 1 else 1)
 
 
 def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:

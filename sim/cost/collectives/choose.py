@@ -20,14 +20,15 @@ from meshsim.sim.cost.collectives.nvls import NVLS_OPS, nvls_switches, topology_
 from meshsim.sim.cost.collectives.protocols import IDEAL, protocols_for
 from meshsim.topologies.model import Topology
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+# send_recv: the ring shift of context parallelism's KV ring (direct.shift_plan)
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 ALGOS = ("ring", "tree", "nvls", "hierarchical", "direct")
 PROTOCOL_NAMES = ("ll", "ll128", "simple", IDEAL)
 
 
 def algorithms_for(topo: Topology, op: str, ranks: Sequence[int]) -> list[str]:
     """Algorithms that can run `op` on this group, in preference order for ties."""
-    if op == "all_to_all":
+    if op in ("all_to_all", "send_recv"):
         return ["direct"]
     algos = ["ring"]
     if op == "all_reduce":

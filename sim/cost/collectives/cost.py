@@ -32,7 +32,7 @@ from meshsim.sim.core.units import GB
 from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.channels import group_channels
 from meshsim.sim.cost.collectives.choose import OPS, candidates
-from meshsim.sim.cost.collectives.direct import direct_plan
+from meshsim.sim.cost.collectives.direct import direct_plan, shift_plan
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.nvls import nvls_plan
@@ -65,14 +65,14 @@ class CollectiveCost:
 
 def busbw_factor(op: str, n: int) -> float:
     """nccl-tests: busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all),
-    1 (broadcast, reduce). hardware-facts.md."""
+    1 (broadcast, reduce, and a ring shift "send_recv": each rank moves its whole buffer once). hardware-facts.md."""
     if n < 1:
         raise ValueError(f"group size must be >= 1, got {n}")
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
-    if op in ("broadcast", "reduce"):
+    if op in ("broadcast", "reduce", "send_recv"):
         return 1.0
     raise ValueError(f"unknown op {op!r}")
 
@@ -87,7 +87,7 @@ def build_plan(topo: Topology, algo: str, op: str, ranks: Sequence[int]) -> Plan
     if algo == "hierarchical":
         return hierarchical_plan(topo, ranks)
     if algo == "direct":
-        return direct_plan(topo, ranks)
+        return shift_plan(topo, ranks) if op == "send_recv" else direct_plan(topo, ranks)
     raise ValueError(f"unknown algorithm {algo!r}")
 
 
