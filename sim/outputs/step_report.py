@@ -42,13 +42,14 @@ OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "t
 OUTPUT_LEVELS = ("none", "results", "all")  # meshsim run --outputs: nothing, results.json, every file
 MEMORY_ROWS = tuple(k for k in MEMORY_KEYS if k not in ("total", "capacity", "fits"))  # the parts of the total
 WAITING_NAMES = {"exposed_tp_comm": "while TP comm runs", "exposed_ep_comm": "while EP comm runs",
+                 "exposed_cp_comm": "while CP comm runs",
                  "exposed_dp_comm_only": "while only DP comm runs",
                  "exposed_pp_comm_only": "while only P2P transfers run",
                  "pipeline_bubble": "pipeline bubble (stage waits for a neighbour)",
                  "nothing_running": "while nothing runs", "compute_waiting_at_start": "before its first op"}
 STREAM_NAMES = {"compute_busy": "compute stream busy", "tp_comm_busy": "TP comm stream busy",
                 "dp_comm_busy": "DP comm stream busy", "pp_comm_busy": "P2P stream busy",
-                "ep_comm_busy": "EP comm stream busy"}
+                "ep_comm_busy": "EP comm stream busy", "cp_comm_busy": "CP comm stream busy"}
 
 
 def path_row_name(key: str) -> str:
@@ -71,7 +72,8 @@ def config_line(c: ConfigEcho) -> str:
     """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
     vp = f" vp={c.vp}" if (c.vp or 1) > 1 else ""
     ep = f" ep={c.ep} etp={c.etp} edp={c.edp}" if c.has("ep") else ""
-    return (f"tp={c.tp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
+    cp = f" cp={c.cp} ({c.cp_comm})" if (c.cp or 1) > 1 else ""
+    return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
             f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}"
             + (f", FP8 {c.fp8} ({c.fp8_format}; MFU on the 16-bit peak)" if c.fp8 not in (None, "off") else ""))

@@ -12,6 +12,9 @@ compute stream has nothing it may run):
 - exposed_ep_comm (MoE layers): |ep U tp U compute| - |tp U compute|: the expert-parallel dispatch /
   combine (and expert-TP collectives) run while compute waits and no TP collective does; the DP term is
   then measured past them (|dp U ep U tp U compute| - |ep U tp U compute|);
+- exposed_cp_comm (cp > 1): |cp U ep U tp U compute| - |ep U tp U compute|: context parallelism's KV ring,
+  all-to-alls or KV all-gathers run while compute waits and no TP or EP collective does; the DP term is
+  then measured past them too;
 - exposed_pp_comm_only (pp > 1): only P2P transfers run;
 - pipeline_bubble (pp > 1): nothing runs while the stage waits for a neighbour: while one of its P2P
   batches waits for the peer to post, and the tail from the rank's last op to the step's end;
@@ -36,6 +39,7 @@ BREAKDOWN_KEYS = ("compute_busy", "tp_comm_busy", "dp_comm_busy", "compute_waiti
                   "exposed_comm", "exposed_tp_comm", "exposed_dp_comm_only", "nothing_running")
 PIPELINE_BREAKDOWN_KEYS = BREAKDOWN_KEYS + ("pp_comm_busy", "exposed_pp_comm_only", "pipeline_bubble")
 EP_BREAKDOWN_KEYS = ("ep_comm_busy", "exposed_ep_comm")  # present when the step has MoE layers
+CP_BREAKDOWN_KEYS = ("cp_comm_busy", "exposed_cp_comm")  # present when cp > 1
 # results written before these names: old key -> new key (read by compare and sweeps for old files)
 LEGACY_KEYS = {"compute": "compute_busy", "tp_comm": "tp_comm_busy", "dp_comm": "dp_comm_busy",
                "pp_comm": "pp_comm_busy", "idle": "nothing_running"}
@@ -93,19 +97,22 @@ def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = F
     events = list(events)
     iv = _busy_intervals(events, pipeline)
     compute, tp, dp = iv["compute"], iv["tp_comm"], iv["dp_comm"]
-    ep = iv.get("ep_comm")
+    ep, cp = iv.get("ep_comm"), iv.get("cp_comm")
     busy_compute = union_s(compute)
     with_tp = union_s(tp + compute)
     with_ep = union_s(ep + tp + compute) if ep else with_tp
-    with_dp = union_s(dp + (ep or []) + tp + compute)
+    with_cp = union_s(cp + (ep or []) + tp + compute) if cp else with_ep
+    with_dp = union_s(dp + (cp or []) + (ep or []) + tp + compute)
     all_busy = union_s([i for ivs in iv.values() for i in ivs])
     first_compute_s = min((start for start, _ in compute), default=step_time_s)
     out = {"compute_busy": busy_compute, "tp_comm_busy": union_s(tp), "dp_comm_busy": union_s(dp),
            "compute_waiting": max(0.0, step_time_s - busy_compute), "compute_waiting_at_start": first_compute_s,
            "exposed_comm": all_busy - busy_compute, "exposed_tp_comm": with_tp - busy_compute,
-           "exposed_dp_comm_only": with_dp - with_ep}
+           "exposed_dp_comm_only": with_dp - with_cp}
     if ep:
         out.update(ep_comm_busy=union_s(ep), exposed_ep_comm=with_ep - with_tp)
+    if cp:
+        out.update(cp_comm_busy=union_s(cp), exposed_cp_comm=with_cp - with_ep)
     if not pipeline:
         return {**out, "nothing_running": max(0.0, step_time_s - all_busy)}
     with_gaps = union_s([i for ivs in iv.values() for i in ivs] + _neighbour_waits(events, step_time_s))

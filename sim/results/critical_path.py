@@ -30,12 +30,13 @@ from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
 PIPELINE_CATEGORIES = ("pp_comm", "pipeline_bubble")  # present when pp > 1
 EP_CATEGORIES = ("ep_comm",)  # present when the step has MoE layers (the dispatch / combine and expert-TP)
+CP_CATEGORIES = ("cp_comm",)  # present when cp > 1 (the KV ring, all-to-alls and KV all-gathers)
 # how every report, plot and sentence names and colours them
 CATEGORY_NAMES = {"compute": "compute", "tp_comm": "TP communication", "dp_comm": "DP communication",
                   "waiting": "waiting", "pp_comm": "P2P communication", "pipeline_bubble": "pipeline bubble",
-                  "ep_comm": "EP communication"}
+                  "ep_comm": "EP communication", "cp_comm": "CP communication"}
 CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "dp_comm": "#54a24b", "waiting": "#bab0ac",
-                   "pp_comm": "#b279a2", "pipeline_bubble": "#e45756", "ep_comm": "#72b7b2"}
+                   "pp_comm": "#b279a2", "pipeline_bubble": "#e45756", "ep_comm": "#72b7b2", "cp_comm": "#eeca3b"}
 _INDEX = re.compile(r"^(L|mb)\d+$")  # builder naming: "L3.mb0.fwd.qkv", "dp.bucket7.reduce_scatter", "_c2" chunks
 _BUCKET = re.compile(r"^bucket\d+$")
 _CHUNK = re.compile(r"_c\d+$")
@@ -196,18 +197,22 @@ def _p2p_step(ev: Event, st: _Stages, path: list[Segment]) -> Event | None:
     return pred
 
 
-def category_us(path: Iterable[Segment], pipeline: bool = False, moe: bool = False) -> dict[str, float]:
+def category_us(path: Iterable[Segment], pipeline: bool = False, moe: bool = False,
+                cp: bool = False) -> dict[str, float]:
     """Microseconds each category holds on the critical path (a segment counts `count` times; with
-    pipeline: the P2P and pipeline-bubble categories too; with moe: EP communication)."""
-    total_us = {c: 0.0 for c in CATEGORIES + (PIPELINE_CATEGORIES if pipeline else ()) + (EP_CATEGORIES if moe else ())}
+    pipeline: the P2P and pipeline-bubble categories too; with moe: EP communication; with cp: CP
+    communication)."""
+    total_us = {c: 0.0 for c in CATEGORIES + (PIPELINE_CATEGORIES if pipeline else ()) + (EP_CATEGORIES if moe else ())
+                + (CP_CATEGORIES if cp else ())}
     for seg in path:
         total_us[seg.category] = total_us.get(seg.category, 0.0) + seg.dur_us * seg.count
     return total_us
 
 
-def shares(path: list[Segment], step_time_s: float, pipeline: bool = False, moe: bool = False) -> dict[str, float]:
+def shares(path: list[Segment], step_time_s: float, pipeline: bool = False, moe: bool = False,
+           cp: bool = False) -> dict[str, float]:
     """Fraction of the step time each category holds on the critical path."""
-    total_us = category_us(path, pipeline, moe)
+    total_us = category_us(path, pipeline, moe, cp)
     if step_time_s <= 0:
         return {c: 0.0 for c in total_us}
     return {c: t / (step_time_s * 1e6) for c, t in total_us.items()}

@@ -75,6 +75,8 @@ class ConfigEcho:
     fp8_attention: bool | None = None
     recompute_modules: list[str] | None = None  # parallel.recompute_modules, when set
     optimizer: dict[str, Any] | None = None  # the optimizer section's fields a scenario sets (not defaults)
+    cp: int | None = None  # parallel.cp (None: a file written before CP existed); cp_comm with cp > 1
+    cp_comm: str | None = None
 
     def to_json(self) -> JsonDict:
         return _present(self)

@@ -163,6 +163,7 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         fp8_attention=run.fp8_attention if run.fp8_on else None,
         recompute_modules=list(par.recompute_modules) if par.recompute_modules is not None else None,
         optimizer=sc.optimizer.model_dump(exclude_defaults=True) or None,
+        cp=rs.cp, cp_comm=par.cp_comm if rs.cp > 1 else None,
     )
 
 
@@ -229,7 +230,7 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
     spans of micro-batch 0), its breakdown and the critical path: those of a whole simulated step
     (build_result) or of an extrapolated one (sim/results/simulate.py, steady_state.py). The optional
     op_collectives / rank_groups feed the trace's and timeline's collective details."""
-    path_shares = shares(list(path), step_s, rs.pp > 1, moe=rs.scenario.model.moe is not None)
+    path_shares = shares(list(path), step_s, rs.pp > 1, moe=rs.scenario.model.moe is not None, cp=rs.cp > 1)
     layer = bd.middle_layer(rep)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
