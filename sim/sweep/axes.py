@@ -1,9 +1,10 @@
 """Sweep axes, their product, and one configuration's run (meshsim sweep).
 
-A sweep varies nine parallel-configuration axes of one scenario at its fixed GPU count:
-tp, sp, micro_batch, tp_comm_overlap, recompute, pp, vp, and for MoE models ep and etp (edp follows), and
-one run setting, the FP8 recipe (`run.fp8`: off, delayed, tensorwise, blockwise, mxfp8; RUN_AXES). The data-parallel degree follows from tp and
-pp (`parallel.dp = "auto"`: dp = gpus / (tp x pp)); a combination whose tp x pp does not divide the GPUs,
+A sweep varies ten parallel-configuration axes of one scenario at its fixed GPU count:
+tp, sp, micro_batch, tp_comm_overlap, recompute, pp, vp, for MoE models ep and etp (edp follows), cp
+(context parallel), and one run setting, the FP8 recipe (`run.fp8`: off, delayed, tensorwise, blockwise,
+mxfp8; RUN_AXES). The data-parallel degree follows from tp, cp and
+pp (`parallel.dp = "auto"`: dp = gpus / (tp x cp x pp)); a combination whose tp x cp x pp does not divide the GPUs,
 or that breaks a pipeline rule (layers divisible by pp x vp, interleaving needs pp > 2, ...), is skipped
 with the rule. Axis values come, by priority, from command-line flags,
 the scenario's `sweep:` block, then the scenario's own single value.
@@ -25,7 +26,7 @@ from meshsim.scenarios.load import referenced_files
 from meshsim.sim.core.errors import UserError, quote
 from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
 
-AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp", "fp8")
+AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp", "cp", "fp8")
 RUN_AXES = ("fp8",)  # axes that set scenario run.<name> (the others set parallel.<name>)
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 FP8_CHOICES = ("off", "delayed", "tensorwise", "blockwise", "mxfp8")
@@ -90,6 +91,7 @@ PARSERS = {
     "vp": lambda t: parse_int_list("vp", t),
     "ep": lambda t: parse_int_list("ep", t),
     "etp": lambda t: parse_int_list("etp", t),
+    "cp": lambda t: parse_int_list("cp", t),
     "fp8": parse_fp8,
 }
 
@@ -106,6 +108,7 @@ class SweepAxes:
     vp: tuple[int, ...] = (1,)
     ep: tuple[int, ...] = (1,)
     etp: tuple[int, ...] = (1,)
+    cp: tuple[int, ...] = (1,)
     fp8: tuple[str, ...] = ("off",)
 
 
@@ -122,17 +125,20 @@ class SweepPoint:
     vp: int = 1
     ep: int = 1
     etp: int = 1
+    cp: int = 1
     fp8: str = "off"
 
     @property
     def key(self) -> str:
         """Stable identifier, used to resume: 'tp=8,sp=on,mb=1,overlap=off,recompute=none' (+ ',pp=4,vp=2'
-        when pipelined, + ',ep=16,etp=1' with expert parallelism, + ',fp8=delayed' with FP8)."""
+        when pipelined, + ',ep=16,etp=1' with expert parallelism, + ',cp=2' with context parallelism, +
+        ',fp8=delayed' with FP8)."""
         pipe = f",pp={self.pp},vp={self.vp}" if (self.pp, self.vp) != (1, 1) else ""
         experts = f",ep={self.ep},etp={self.etp}" if (self.ep, self.etp) != (1, 1) else ""
+        context = f",cp={self.cp}" if self.cp != 1 else ""
         fp8 = f",fp8={self.fp8}" if self.fp8 != "off" else ""
         return (f"tp={self.tp},sp={_onoff(self.sp)},mb={self.micro_batch},"
-                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}{pipe}{experts}{fp8}")
+                f"overlap={_onoff(self.tp_comm_overlap)},recompute={self.recompute}{pipe}{experts}{context}{fp8}")
 
     def overrides(self) -> dict[str, object]:
         """Dotted scenario overrides for scenarios.load.with_overrides; dp follows from tp."""

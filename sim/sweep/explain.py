@@ -34,7 +34,7 @@ MAX_SENTENCES = 9
 BandOf = Callable[[SweepRecord], ErrorBand]
 SHARE_NAMES = CATEGORY_NAMES
 AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute",
-               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp", "fp8": "fp8"}
+               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp", "cp": "cp", "fp8": "fp8"}
 
 
 # ----- selection ------------------------------------------------------------------------------------
@@ -229,10 +229,31 @@ def ep_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | N
             f"{_speed_delta(rec, best)}.")
 
 
+def _cp_span(res: StepResult) -> int:
+    """Nodes one cp group spans: cp ranks at stride tp, node-major ranks."""
+    return max(1, -(-res["tp"] * res.config.get("cp", 1) // res["gpus_per_node"]))
+
+
+def cp_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | None:
+    """A cp neighbour: where its CP traffic runs, its CP share of the critical path and its activations."""
+    res, bres = rec.result, best.result
+    cp, bcp = res.config.get("cp", 1), bres.config.get("cp", 1)
+    if cp == bcp:
+        return None
+    where = ("it has no context parallelism" if cp == 1 else
+             f"its {res.config.get('cp_comm', 'p2p')} CP traffic crosses InfiniBand ({_cp_span(res)} nodes per cp "
+             "group)" if _cp_span(res) > 1 else f"its {res.config.get('cp_comm', 'p2p')} CP traffic stays inside NVLink")
+    share, best_share = res.critical_path_share.get("cp_comm", 0.0), bres.critical_path_share.get("cp_comm", 0.0)
+    mem, bmem = res.memory_gb, bres.memory_gb
+    return (f"{label(rec, axes)}: {where}; CP communication is {fmt_pct(share)} of the critical path (vs "
+            f"{fmt_pct(best_share)} at {label(best, axes)}) and activations take {fmt_gb(mem['activations'])} vs "
+            f"{fmt_gb(bmem['activations'])} GiB per GPU (each rank holds s/cp tokens); {_speed_delta(rec, best)}.")
+
+
 def contrast_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
     if not fits(rec):
         return does_not_fit_sentence(rec, best, axes)
-    text = ep_sentence(rec, best, axes)
+    text = ep_sentence(rec, best, axes) or cp_sentence(rec, best, axes)
     if text is not None:
         return text
     if rec.result["crosses_nodes"] and not best.result["crosses_nodes"]:

@@ -22,7 +22,8 @@ from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.sweep.explain import AXIS_LABELS, fmt_gb, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
 
-TABLE_AXES = ("tp", "pp", "vp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "ep", "etp", "fp8")  # the table's axis order
+# the table's axis order
+TABLE_AXES = ("tp", "pp", "vp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "ep", "etp", "cp", "fp8")
 PINNED_AXES = ("tp", "pp", "sp")  # shown at any width, with the axes that vary
 SWEET_MARK = "*"
 MARK_COLUMN = Column("", "left", keep=True)
