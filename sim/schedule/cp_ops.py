@@ -15,10 +15,13 @@ p2p (cp_comm p2p; the ring level of a2a+p2p): a ring of n ranks, rank i sends to
   half of the KV when i - j < i, the second half of the queries x all the KV otherwise; this module takes
   rank 0's shapes, c queries x 2c keys, since every rank runs the same schedule here). n - 1 ring shifts of
   the local K and V (`kv_bytes`); then the per-step outputs are merged (softmax-lse correction).
-- Backward, n steps (L2459-2497): step 0 sends KV, steps 1 .. n-2 send KV with the dK/dV accumulated so
-  far (two buffers' worth), the last step sends only dK/dV, so a block's gradient travels back round the
-  ring to its owner; each shift waits for the previous step's gradient correction. The last shift is
-  therefore overlapped by one attention step only.
+- Backward, n steps (L2459-2497), the ring reversed (rank i sends to i - 1, L2229-2230) and starting from
+  the block the forward received last (rank i + 1's, saved at L2087), so step j holds rank i + 1 + j's
+  block and the diagonal is the last step: step 0 sends KV, steps 1 .. n-2 send KV with the dK/dV
+  accumulated so far (two buffers' worth), the last step sends only dK/dV, so each block's gradient
+  arrives at its owner with the last shift; each shift carries the dK/dV corrected after the previous step
+  (L2716-2727: a step's correction waits for its own shift), so the last shift is overlapped by one
+  attention step only.
 a2a (Ulysses; L4170): all-to-alls over the a2a group turn [s/cp tokens, h heads] into [s tokens, h/cp
 heads] for Q, K and V before the core and back for the output (one all_to_all_single per tensor,
 flash_attn_a2a_communicate L387-480), and the reverse in backward (dO before, dQ dK dV after); the core
@@ -107,7 +110,7 @@ def ring_backward(tpl, d: LayerDims, sh: CoreShape, n: int, group: str, deps: De
         size = kv if j in (0, n - 1) else 2 * kv
         after = deps if comm is None else (comm,) + ((fixed,) if fixed is not None else ())
         shift = tpl.add("bwd", f"{K.CP_RING}_c{j}", Collective("send_recv", group, size, K.CP_RING), after)
-        work = _attn(d, sh, sh.tokens, None, True, True) if j == 0 else \
+        work = _attn(d, sh, sh.tokens, None, True, True) if j == n - 1 else \
             _attn(d, sh, sh.tokens // 2, sh.tokens, False, True)
         attn = tpl.add("bwd", f"attn_c{j}", work, deps if comm is None else (comm,))
         fixed = tpl.add("bwd", f"cp_grad_correction_c{j}", add, (attn, shift))
