@@ -42,6 +42,7 @@ from meshsim.validate.stack.groups import set_timeout as set_group_timeout
 
 TASKS = {
     "numerics": "meshsim.validate.numerics.check:numerics_task",
+    "cp_numerics": "meshsim.validate.numerics.cp_check:cp_task",
     "timing": "meshsim.validate.timing.worker:timing_task",
     "calibrate": "meshsim.validate.calibrate.calibration:calibrate_task",
     "selftest": "meshsim.validate.launch.launch:selftest_task",
