@@ -55,6 +55,9 @@ def cases(tmp: Path) -> dict[str, str]:
                                             {"nodes": 128}, tmp),
            # issue 19: DeepSeek-V3 with its H100 recipe's layout (1,024 GPUs), target <= 3x the default's cost
            "deepseek-v3": "deepseek-v3-h100-ep64"}
+    # issue 18: the context-parallel library scenarios (target: at most 1.5x the default's cost)
+    out["llama3-70b-cp2"] = "llama3-70b-h100-cp2"
+    out["llama3-8b-128k-cp4"] = "llama3-8b-128k-h100-cp4"
     for gpus in LLAMA_GPUS:
         out[f"llama70b-{gpus}"] = _variant(DEFAULT_SCENARIO, {"global_batch": 8 * gpus // 8},
                                            {"nodes": gpus // 8}, tmp)
