@@ -80,7 +80,7 @@ def test_every_library_scenario_loads_and_resolves(name):
     assert source == f"builtin:{name}"
     r = resolve(scenario, source)
     p = scenario.parallel
-    assert r.tp * r.pp * r.dp == r.gpus <= r.topology.num_gpus
+    assert r.tp * r.cp * r.pp * r.dp == r.gpus <= r.topology.num_gpus
     assert r.micro_batches * p.micro_batch * r.dp == p.global_batch
     if name in MACHINES:
         preset, nodes = MACHINES[name]
