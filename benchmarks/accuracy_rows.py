@@ -15,6 +15,7 @@ from typing import Any
 from accuracy_cases import MIB, Assumption, Curve, KernelCase, Ratio, StepCase
 
 from meshsim.scenarios.load import resolve, validate_scenario, with_overrides
+from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulate
@@ -67,11 +68,38 @@ def _profiled(scenario, source: str, profile: str | None):
     return with_overrides(scenario, {"hardware.profile": str(Path(profile).resolve())}, source) if profile else scenario
 
 
+def has_field(dotted: str) -> bool:
+    """Whether the scenario schema has this dotted field (e.g. "run.fp8")."""
+    model = Scenario
+    for part in dotted.split("."):
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return False
+        model = info.annotation
+    return True
+
+
+def _pending(case: StepCase):
+    """The case's scenario with its pending settings applied, or the fields this schema lacks."""
+    missing = [f for f, _ in case.pending if not has_field(f)]
+    if missing:
+        return None, missing
+    return with_overrides(case.scenario, dict(case.pending), str(case.path)), []
+
+
 def step_row(case: StepCase, ctx: Context) -> Row:
     base = Row(case.group, case.name, case.name, case.measured_s, None, "s", None, ctx.used.get(case.name, ()),
                case.assumptions)
+    scenario, missing = _pending(case)
+    if missing:  # the measured run used a setting meshsim cannot express yet: show the stand-in, do not score
+        try:
+            stand_in = simulate(resolve(case.scenario, str(case.path))).step_time_s
+            note = f"needs {', '.join(missing)}; without it {stand_in:.3f} s, not scored"
+        except UserError as err:
+            note = f"needs {', '.join(missing)}; refused: {err.field}"
+        return replace(base, note=note)
     try:
-        rs = resolve(_profiled(case.scenario, str(case.path), ctx.profile), str(case.path))
+        rs = resolve(_profiled(scenario, str(case.path), ctx.profile), str(case.path))
         memory = memory_per_gpu(rs)
         step_s = simulate(rs).step_time_s
     except UserError as err:

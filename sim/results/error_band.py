@@ -43,6 +43,7 @@ class StepGroup:
 # first match wins; the default group last (it matches every scenario)
 STEP_GROUPS: tuple[StepGroup, ...] = (
     StepGroup("moe", "iteration-time", lambda scenario: scenario.model.moe is not None),
+    StepGroup("cp", "iteration-time", lambda scenario: scenario.parallel.cp > 1),
     StepGroup("fp8", "iteration-time", lambda scenario: scenario.run.fp8 != "off"),
     StepGroup(DEFAULT_GROUP, "iteration-time", lambda scenario: True),
 )
