@@ -128,13 +128,14 @@ def fmt_duration_long(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def rank_label(rank: int, tp: int = 1, dp: int = 1, pp: int = 1, per_node: int = 0) -> str:
-    """'rank 9 (tp 1, dp 1, node 1)' on the TP-innermost mesh (scenarios/resolved.py): tp rank = r mod tp,
-    dp rank = (r div tp) mod dp, pp stage = r div (tp dp) (outermost, Megatron's default order; shown
-    when pp > 1), node = r div per_node (GPUs per node; 0: not shown)."""
-    parts = [f"tp {rank % tp}", f"dp {rank // tp % dp}"]
+def rank_label(rank: int, tp: int = 1, dp: int = 1, pp: int = 1, per_node: int = 0, cp: int = 1) -> str:
+    """'rank 9 (tp 1, dp 1, node 1)' on the TP-innermost mesh (sim/core/mesh.py): tp rank = r mod tp, cp
+    rank = (r div tp) mod cp (shown when cp > 1), dp rank = (r div (tp cp)) mod dp, pp stage = r div (tp cp
+    dp) (outermost, Megatron's default order; shown when pp > 1), node = r div per_node (GPUs per node; 0:
+    not shown)."""
+    parts = [f"tp {rank % tp}"] + ([f"cp {rank // tp % cp}"] if cp > 1 else []) + [f"dp {rank // (tp * cp) % dp}"]
     if pp > 1:
-        parts.append(f"pp {rank // (tp * dp)}")
+        parts.append(f"pp {rank // (tp * cp * dp)}")
     if per_node:
         parts.append(f"node {rank // per_node}")
     return f"rank {rank} ({', '.join(parts)})"

@@ -92,7 +92,7 @@ class ConfigEcho:
 
     def rank_label(self, rank: int) -> str:
         """'rank 9 (tp 1, dp 1, node 1)': the rank's mesh position under this configuration."""
-        return rank_label(rank, self.tp or 1, self.dp or 1, self.pp or 1, self.gpus_per_node or 0)
+        return rank_label(rank, self.tp or 1, self.dp or 1, self.pp or 1, self.gpus_per_node or 0, self.cp or 1)
 
 
 KEYS = tuple(f.name for f in fields(ConfigEcho))

@@ -134,6 +134,11 @@ def path_sentence(best: SweepRecord) -> str:
         where = f"Its TP groups span {_nodes_spanned(best)} nodes and talk over InfiniBand"
     else:
         where = f"Its TP groups of {best.result['tp']} stay inside one NVLink domain"
+    cp = (best.result.config.cp or 1)
+    if cp > 1:
+        span = _cp_span(best.result)
+        where += (f"; its cp groups of {cp} ({best.result.config.cp_comm}) "
+                  + ("stay on NVLink" if span == 1 else f"span {span} nodes (CP traffic over InfiniBand)"))
     return f"{where}; its critical path is " + ", ".join(parts) + "."
 
 
@@ -231,23 +236,23 @@ def ep_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | N
 
 def _cp_span(res: StepResult) -> int:
     """Nodes one cp group spans: cp ranks at stride tp, node-major ranks."""
-    return max(1, -(-res["tp"] * res.config.get("cp", 1) // res["gpus_per_node"]))
+    return max(1, -(-res["tp"] * (res.config.cp or 1) // res["gpus_per_node"]))
 
 
 def cp_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | None:
     """A cp neighbour: where its CP traffic runs, its CP share of the critical path and its activations."""
     res, bres = rec.result, best.result
-    cp, bcp = res.config.get("cp", 1), bres.config.get("cp", 1)
+    cp, bcp = res.config.cp or 1, bres.config.cp or 1
     if cp == bcp:
         return None
     where = ("it has no context parallelism" if cp == 1 else
-             f"its {res.config.get('cp_comm', 'p2p')} CP traffic crosses InfiniBand ({_cp_span(res)} nodes per cp "
-             "group)" if _cp_span(res) > 1 else f"its {res.config.get('cp_comm', 'p2p')} CP traffic stays inside NVLink")
+             f"its {res.config.cp_comm} CP traffic crosses InfiniBand ({_cp_span(res)} nodes per cp "
+             "group)" if _cp_span(res) > 1 else f"its {res.config.cp_comm} CP traffic stays inside NVLink")
     share, best_share = res.critical_path_share.get("cp_comm", 0.0), bres.critical_path_share.get("cp_comm", 0.0)
     mem, bmem = res.memory_gb, bres.memory_gb
     return (f"{label(rec, axes)}: {where}; CP communication is {fmt_pct(share)} of the critical path (vs "
-            f"{fmt_pct(best_share)} at {label(best, axes)}) and activations take {fmt_gb(mem['activations'])} vs "
-            f"{fmt_gb(bmem['activations'])} GiB per GPU (each rank holds s/cp tokens); {_speed_delta(rec, best)}.")
+            f"{fmt_pct(best_share)} at {label(best, axes)}) and activations take {fmt_gb(mem.activations)} vs "
+            f"{fmt_gb(bmem.activations)} GiB per GPU (each rank holds s/cp tokens); {_speed_delta(rec, best)}.")
 
 
 def contrast_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
