@@ -137,6 +137,7 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
         sc = without_fp8(sc)
     variants_, payload = numerics_payload(sc, source, nproc, _specs(variants), dtype=dtype)
     _moe_note(sc)
+    _cp_note(sc)
     if dump is not None:
         _dump(dump, "numerics", payload, nproc, "gloo")
         return 0
@@ -157,6 +158,13 @@ def _moe_note(sc) -> None:
     left += ["the optimizer section"] if sc.optimizer.model_dump(exclude_defaults=True) else []
     if left:
         typer.echo(f"simulated but not run for real: {'; '.join(left)}")
+
+
+def _cp_note(sc) -> None:
+    """Context parallelism is not part of the whole-model run (validate/launch/shrink.py)."""
+    if sc.parallel.cp > 1:
+        typer.echo(f"CP: the whole-model run uses cp = 1; the {sc.parallel.cp_comm} context-parallel attention "
+                   "runs for real in the cp_numerics check (validate/numerics/cp_check.py, tests/test_validate_cp.py)")
 
 
 def validate_command(

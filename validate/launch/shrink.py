@@ -18,7 +18,9 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
   `shrink_moe`: two local experts per ep rank (at least 4 experts), top-2, expert and shared FFN =
   hidden', at most one leading dense layer, group-limited routing (when set) over 2 groups picking 1;
   dropless (capacity factor, padding dropped) with imbalance 1.0, since validate routes for real; the
-  alltoall dispatcher (validate runs it; allgather and flex are simulated but not run), no EP overlap.
+  alltoall dispatcher (validate runs it; allgather and flex are simulated but not run), no EP overlap;
+- context parallelism is dropped (cp' = 1): the whole-model run has no CP attention; TE's ring and
+  all-to-all attention run for real in validate/numerics/cp_check.py (task "cp_numerics").
 
 Every size is a multiple of tp', so the shrunk scenario passes scenarios/checks.py.
 """
@@ -148,7 +150,7 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
     parallel = p.model_copy(update=dict(
         tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch,
         global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=False,
-        **pipe, **moe_parallel))
+        cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
     return scenario.model_copy(update=dict(
         name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))
