@@ -112,7 +112,8 @@ def group_lines(group: Group, rows: list[Row]) -> list[str]:
     line = summary_line("", group.metric, every) + (f"; target {group.target}" if group.target else "")
     unscored = [r for r in rows if not r.scored]
     if unscored:
-        line += f"; {len(unscored)} not scored ({', '.join(sorted({r.note for r in unscored}))})"
+        reasons = sorted({r.note.split(" (")[0] for r in unscored})  # a note's "(...)" tail is per case
+        line += f"; {len(unscored)} not scored ({', '.join(reasons)})"
     return [f"[{group.name}] {line}", f"[{group.name}] " + summary_line("out-of-fit ", group.metric, out)]
 
 

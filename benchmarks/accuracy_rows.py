@@ -94,7 +94,7 @@ def step_row(case: StepCase, ctx: Context) -> Row:
     if missing:  # the measured run used a setting meshsim cannot express yet: show the stand-in, do not score
         try:
             stand_in = simulate(resolve(case.scenario, str(case.path))).step_time_s
-            note = f"needs {', '.join(missing)}; without it {stand_in:.3f} s, not scored"
+            note = f"needs {', '.join(missing)}, not scored (without it: {stand_in:.3f} s)"
         except UserError as err:
             note = f"needs {', '.join(missing)}; refused: {err.field}"
         return replace(base, note=note)

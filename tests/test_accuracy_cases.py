@@ -81,3 +81,22 @@ def test_error_band_is_the_scenario_groups_and_falls_back_when_it_has_none(monke
     assert (band.group, band.mape, band.scenario_group) == ("dense", 0.05, "new")
     assert band.sentence().startswith("±5.0% (max 10.0%): the dense group's out-of-fit")
     assert band.sentence().endswith("(the new group has no figures yet)")
+
+
+def test_cp_cases_are_context_parallel_and_wait_for_their_pending_fields():
+    """Every cp case has cp > 1 and states the FP8 recipe it ran as accuracy.pending; a case whose pending
+    field the schema lacks is shown, not scored; a pending field the schema has is applied."""
+    from dataclasses import replace
+
+    import accuracy_rows as rows
+
+    cp_cases = [c for c in STEP_CASES if c.group == "cp"]
+    assert cp_cases and all(c.scenario.parallel.cp > 1 and eb.group_of(c.scenario) == "cp" for c in cp_cases)
+    assert all(dict(c.pending).keys() == {"run.fp8"} for c in cp_cases)
+    assert rows.has_field("parallel.cp") and not rows.has_field("parallel.no_such_field")
+    case = min(cp_cases, key=lambda c: c.scenario.model.seq_len)
+    waiting = replace(case, pending=(("run.no_such_field", 1),))
+    row = rows.step_row(waiting, rows.Context())
+    assert row.simulated is None and not row.scored and row.note.startswith("needs run.no_such_field")
+    applied = rows.step_row(replace(case, pending=(("parallel.cp_comm", "a2a"),)), rows.Context())
+    assert applied.scored and applied.simulated > 0
