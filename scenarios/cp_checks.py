@@ -2,7 +2,8 @@
 at NVIDIA/Megatron-LM d98e8a64 and NVIDIA/TransformerEngine d0067d0):
 
 - seq_len a multiple of 2 x cp: causal load balancing cuts each sequence into 2 cp chunks
-  (megatron/training/arguments.py L1336-1338; TE dot_product_attention/utils.py L1168);
+  (megatron/training/arguments.py L1336-1338; TE dot_product_attention/utils.py L1168); with sequence
+  parallelism tp divides each rank's s / cp tokens (the SP split of its activations);
 - no context parallelism with unfused attention: TE's UnfusedDotProductAttention has none
   (utils.py L1169-1171), so Megatron runs CP only through TE's fused (cuDNN) or flash backends;
 - a2a (and the a2a level of a2a+p2p) moves heads: this rank's query heads and KV heads must each divide
@@ -38,6 +39,16 @@ def check_cp_sequence(s: Scenario, ctx: CheckContext) -> None:
         raise rule_error(ctx, "model.seq_len", seq, f"Context parallelism with causal load balancing cuts the "
                          f"sequence into 2 x cp = {step} chunks", f"use seq_len a multiple of {step} "
                          f"(e.g. {max(step, seq // step * step)}), or another parallel.cp")
+
+
+def check_cp_sequence_parallel(s: Scenario, ctx: CheckContext) -> None:
+    """Sequence parallelism splits each rank's s / cp tokens over tp."""
+    p, seq = s.parallel, s.model.seq_len
+    if p.cp > 1 and p.sp and seq % (2 * p.cp) == 0 and (seq // p.cp) % p.tp:
+        step = 2 * p.cp * p.tp // math.gcd(2, p.tp)
+        raise rule_error(ctx, "model.seq_len", seq, f"With cp = {p.cp} each rank holds {seq // p.cp} tokens, and "
+                         f"sequence parallelism splits them over tp = {p.tp}", f"use seq_len a multiple of {step}, "
+                         "or another parallel.cp / parallel.tp")
 
 
 def check_cp_attention(s: Scenario, ctx: CheckContext) -> None:
@@ -81,5 +92,5 @@ def check_cp_heads(s: Scenario, ctx: CheckContext) -> None:
 
 
 Rule = Callable[[Scenario, CheckContext], None]
-CP_RULES: tuple[Rule, ...] = (check_cp_sequence, check_cp_attention, check_cp_modeled, check_cp_hierarchy,
+CP_RULES: tuple[Rule, ...] = (check_cp_sequence, check_cp_sequence_parallel, check_cp_attention, check_cp_modeled, check_cp_hierarchy,
                               check_cp_heads)

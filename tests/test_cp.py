@@ -185,6 +185,13 @@ def test_check_seq_len_divisible_by_2cp():
     assert refused(**{"model.seq_len": 130}).field == "model.seq_len"
 
 
+def test_check_sp_splits_the_local_tokens():
+    # seq 24: a multiple of 2 cp = 4 and of tp = 8, but the 12 tokens per cp rank are not a multiple of 8
+    err = refused(**{"parallel.tp": 8, "parallel.sp": True, "parallel.cp": 2, "parallel.gpus": 16,
+                     "topology.nodes": 2, "model.seq_len": 24, "model.heads": 8, "model.hidden": 512})
+    assert err.field == "model.seq_len"
+
+
 def test_check_unfused_attention_refused():
     assert refused(**{"model.attention": "unfused"}).field == "model.attention"
 

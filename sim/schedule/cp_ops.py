@@ -43,6 +43,7 @@ from meshsim.sim.schedule.ops import Attention, Collective, Elementwise
 from meshsim.sim.schedule.shapes import LayerDims
 
 Deps = tuple[int | str, ...]
+LSE_BYTES = 4  # one fp32 log-sum-exp per query and head (softmax_lse, flash / cuDNN attention)
 
 
 def rank_chunks(rank: int, cp: int) -> tuple[int, int]:
@@ -95,8 +96,8 @@ def ring_forward(tpl, phase: str, d: LayerDims, sh: CoreShape, n: int, group: st
         work = _attn(d, sh, sh.tokens, None, True, False) if j == 0 else \
             _attn(d, sh, sh.tokens // 2, sh.tokens, False, False)
         attns.append(tpl.add(phase, f"attn_c{j}", work, recv))
-    out = q_bytes(d, sh)
-    merge = Elementwise("cp_out_correction", n * out + 8 * n * sh.tokens * d.micro_batch * sh.heads, out)
+    out = q_bytes(d, sh)  # the merge reads n partial outputs and their fp32 log-sum-exps, writes the output
+    merge = Elementwise("cp_out_correction", n * out + LSE_BYTES * n * sh.tokens * d.micro_batch * sh.heads, out)
     return (tpl.add(phase, "cp_out_correction", merge, tuple(attns)),)
 
 
