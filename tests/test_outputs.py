@@ -47,7 +47,7 @@ def fake_rs():
                           recompute_modules=None)
     scenario = SimpleNamespace(parallel=par, model=SimpleNamespace(seq_len=1024, moe=None),
                                topology=SimpleNamespace(preset="x"), run=RunConfig(), optimizer=OptimizerConfig())
-    return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1,
+    return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1, cp=1,
                            micro_batches=1, stage_size=4,
                            gpu=SimpleNamespace(name="h100-sxm", peak_tflops=989.0), datasheet_peak_tflops=989.0,
                            topology=SimpleNamespace(name="x", nodes=1, gpus_per_node=8), crosses_nodes=lambda: False)
