@@ -53,52 +53,36 @@ class SweepInterrupted(CommandFailed):
                          f"kept{where}", exit_code=128 + signum)
 
 
-class _Deferral:
-    """Signals that arrive while a store write is in progress: remembered, raised when it ends.
-
-    Masking the signal (pthread_sigmask) in the main thread does not defer it: the kernel delivers a
-    process-directed SIGTERM to any thread that does not block it (the pool's manager and feeder
-    threads), and CPython then runs the Python handler in the main thread at its next bytecode, inside
-    the write. So the handler itself looks at this flag instead."""
-
-    depth = 0  # > 0: inside a _signals_deferred block (main thread only)
-    pending: int | None = None  # the first signal that arrived meanwhile
-
-
 @contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """Turn SIGTERM and SIGINT into SweepInterrupted in this (main) thread for the block's duration
-    (held back while a _signals_deferred block runs)."""
+    """Turn SIGTERM and SIGINT into SweepInterrupted in this (main) thread for the block's duration."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        if _Deferral.depth:
-            _Deferral.pending = _Deferral.pending or signum
-            return
         raise SweepInterrupted(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        _Deferral.pending = None
         for sig, old in previous.items():
             signal.signal(sig, old)
 
 
 @contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold SIGTERM and SIGINT (raised when the block ends) so the block is not cut in two."""
-    _Deferral.depth += 1
+    """Hold SIGTERM and SIGINT (delivered when the block ends) so the block is not cut in two."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield
     finally:
-        _Deferral.depth -= 1
-    if not _Deferral.depth and _Deferral.pending is not None:
-        signum, _Deferral.pending = _Deferral.pending, None
-        raise SweepInterrupted(signum)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _worker_init(parent_pid: int) -> None:
