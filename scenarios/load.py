@@ -31,7 +31,7 @@ from meshsim.scenarios.schema import Scenario
 from meshsim.scenarios.schema_errors import schema_error
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.sim.core.limits import check_work
-from meshsim.sim.core.userio import load_yaml
+from meshsim.sim.core.userio import is_file, load_yaml
 from meshsim.topologies import registry
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
@@ -103,7 +103,7 @@ def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
         if t.preset is not None:
             return registry.build_topology(t.preset, t.nodes, source=source, **kwargs)
         path = source_dir(source) / t.file
-        if not path.is_file():
+        if not is_file(path):
             raise UserError("topology.file", t.file, "give a topology YAML path relative to the scenario "
                             "file, or use topology.preset", source=source, problem=f"No such file: {path}")
         nodes = t.nodes if "nodes" in t.model_fields_set else None
@@ -118,7 +118,7 @@ def load_scenario_profile(scenario: Scenario, source: str) -> HardwareProfile | 
     if ref is None:
         return None
     path = source_dir(source) / ref
-    if not path.is_file():
+    if not is_file(path):
         raise UserError("hardware.profile", ref, "run `meshsim calibrate` to write one, or fix the path "
                         "(relative to the scenario file)", source=source, problem=f"No such file: {path}")
     try:

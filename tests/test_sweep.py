@@ -178,7 +178,7 @@ def test_report_page_is_self_contained_with_all_figures(tmp_path):
 calls_seen: list[str] = []
 
 
-def fake_runner(scenario, source, point, digest=""):
+def fake_runner(scenario, source, point, digest="", files=None):
     calls_seen.append(point.key)
     return dataclasses.replace(rec(point.tp, point.sp, tokens=1000.0 * point.tp, mem=10.0), scenario_digest=digest)
 
@@ -374,19 +374,19 @@ def test_formatting_helpers():
     assert [ex.fmt_s(v) for v in (4.26281, 0.0123, 0.000685, 2.5e-6)] == ["4.263 s", "12.3 ms", "685 us", "2.5 us"]
 
 
-def interrupted_after_two(scenario, source, point, digest=""):
+def interrupted_after_two(scenario, source, point, digest="", files=None):
     """The real runner, but the third configuration 'kills' the sweep."""
 
     calls_seen.append(point.key)
     if len(calls_seen) == 3:
         raise KeyboardInterrupt
-    return run_point(scenario, source, point, digest)
+    return run_point(scenario, source, point, digest, files)
 
 
-def counting_runner(scenario, source, point, digest=""):
+def counting_runner(scenario, source, point, digest="", files=None):
 
     calls_seen.append(point.key)
-    return run_point(scenario, source, point, digest)
+    return run_point(scenario, source, point, digest, files)
 
 
 def test_interrupted_real_sweep_resumes_to_the_same_table(tmp_path, small, small_sweep):

@@ -26,7 +26,7 @@ SUBPROCESS_TIMEOUT_S = 300  # generous bounds on subprocess sweeps; no duration 
 calls: list[str] = []
 
 
-def fake_runner(scenario, source, point: SweepPoint, digest: str = "") -> SweepRecord:
+def fake_runner(scenario, source, point: SweepPoint, digest: str = "", files=None) -> SweepRecord:
     """A complete ok record whose figures come from the point (no simulation): the record of a real run of
     tiny-2gpu at tp 1 (computed once) with its step time and throughput replaced."""
     calls.append(point.key)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.sim.core.limits import MAX_DEVICES, MAX_LINKS, MAX_TRANSIT_GPUS, check_at_most
 from meshsim.sim.core.units import gbit_to_gbps
-from meshsim.sim.core.userio import load_yaml
+from meshsim.sim.core.userio import is_file, parse_yaml, read_text
 from meshsim.topologies.fabric import check_fabric_args, with_fabric
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Device, Link, Topology
@@ -183,8 +183,8 @@ def parse_topology(data: object, source: str) -> tuple[Topology, int]:
 
 
 @lru_cache(maxsize=64)
-def _load(path: str, mtime: float, nodes: int | None, fabric: tuple) -> Topology:
-    node, file_nodes = parse_topology(load_yaml(path, field="topology.file"), path)
+def _load(path: str, text: str, nodes: int | None, fabric: tuple) -> Topology:
+    node, file_nodes = parse_topology(parse_yaml(text, path), path)
     return with_fabric(node, file_nodes if nodes is None else nodes, *fabric, source=path)
 
 
@@ -192,10 +192,12 @@ def load_topology_file(path: str, nodes: int | None = None, *, nic_gbitps: float
                        switch_latency_us: float = 0.5, oversubscription: float = 1.0,
                        nvlink_gbps: float | None = None) -> Topology:
     """Load and validate a custom topology YAML; `nodes` (default: the file's, else 1) > 1 adds the fabric.
-    Memoized on (path, modification time, arguments)."""
-    if not os.path.isfile(path):
+    Memoized on (path, the file's text, arguments): the text is read once per call (pinned during a sweep,
+    sim/core/userio.py), so an edit is never hidden by the memo."""
+    if not is_file(path):
         raise UserError("topology.file", path, "give the path of an existing topology YAML "
                         "(relative paths are relative to the scenario file)", problem="No such file")
     check_fabric_args(1 if nodes is None else nodes, nic_gbitps, switch_latency_us, oversubscription, nvlink_gbps, path)
     fabric = (nic_gbitps, switch_latency_us, oversubscription, nvlink_gbps)
-    return _load(os.path.abspath(path), os.path.getmtime(path), nodes, fabric)
+    text = read_text(path, field="topology.file")
+    return _load(os.path.abspath(path), text, nodes, fabric)

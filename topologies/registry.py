@@ -65,6 +65,6 @@ def load_topology_file(path: str, nodes: int | None = None, *, nic_gbitps: float
                        switch_latency_us: float = 0.5, oversubscription: float = 1.0,
                        nvlink_gbps: float | None = None) -> Topology:
     """A custom topology YAML (custom.py), optionally multiplied into `nodes` nodes (default: the file's
-    `nodes`, else 1). Memoized on the file's path and modification time."""
+    `nodes`, else 1). Memoized on the file's path and text."""
     return _load(path, nodes, nic_gbitps=nic_gbitps, switch_latency_us=switch_latency_us,
                  oversubscription=oversubscription, nvlink_gbps=nvlink_gbps)

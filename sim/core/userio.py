@@ -7,6 +7,9 @@
 - `check_output_file` / `check_output_dir`: run before any work starts, so a bad --json/--out/--plot
   never throws away a finished computation.
 - `output_folder_name`: a scenario name made safe to use as one folder name (the name is a label only).
+- `snapshot_files` / `pinned_files`: a sweep reads every referenced file once; inside `pinned_files` every
+  read of those paths (and `is_file`) sees the snapshot's bytes, so each configuration is computed from
+  exactly the content its digest describes, even if the file is edited while the sweep runs.
 """
 
 from __future__ import annotations
@@ -15,29 +18,85 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+from types import MappingProxyType
 
 import yaml
 
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.limits import MAX_JSON_BYTES, MAX_NESTING, MAX_YAML_BYTES, MAX_YAML_NODES
 
-
 # ----- reading ---------------------------------------------------------------------------------------
+FileSnapshot = Mapping[str, bytes | None]  # normalized path -> its bytes, or None: missing when read
+_NOTHING_PINNED: FileSnapshot = MappingProxyType({})
+_PINNED: ContextVar[FileSnapshot] = ContextVar("meshsim_pinned_files", default=_NOTHING_PINNED)
+
+
+def _key(path: str | Path) -> str:
+    return os.path.normpath(str(path))
+
+
+def snapshot_files(paths: Iterable[str | Path], max_bytes: int = MAX_YAML_BYTES) -> dict[str, bytes | None]:
+    """Each path's bytes, read once now (None when it cannot be read; an oversized file keeps its first
+    max_bytes + 1 bytes so that read_text still refuses it with the size)."""
+    snapshot: dict[str, bytes | None] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                snapshot[_key(path)] = fh.read(max_bytes + 1)
+        except OSError:
+            snapshot[_key(path)] = None
+    return snapshot
+
+
+@contextmanager
+def pinned_files(snapshot: FileSnapshot | None) -> Iterator[None]:
+    """Inside the block, reads of the snapshot's paths return its bytes instead of the disk's."""
+    token = _PINNED.set({**_PINNED.get(), **(snapshot or {})})
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def is_file(path: str | Path) -> bool:
+    """Path.is_file(), or what the pinned snapshot says about the path."""
+    pinned = _PINNED.get()
+    key = _key(path)
+    return pinned[key] is not None if key in pinned else Path(path).is_file()
+
+
+def _read_bytes(path: Path, max_bytes: int, field: str, where: str) -> bytes:
+    """The file's bytes (the pinned snapshot's when it holds the path); UserError if unreadable or too large."""
+    pinned = _PINNED.get()
+    key = _key(path)
+    try:
+        if key in pinned:
+            data = pinned[key]
+            if data is None:
+                raise FileNotFoundError("it could not be read when the sweep started")
+            size = len(data)
+        else:
+            size = path.stat().st_size
+            data = path.read_bytes() if size <= max_bytes else b""
+    except OSError as exc:
+        raise UserError(field, str(path), "check the path", source=where,
+                        problem=f"Cannot read the file ({exc.strerror or exc})") from None
+    if size > max_bytes:
+        raise UserError(field, str(path), "give a smaller file", source=where,
+                        problem=f"The file is {size:,} bytes; meshsim reads at most {max_bytes:,} (README, Limits)")
+    return data
+
+
 def read_text(path: str | Path, *, field: str = "file", source: str | None = None,
               max_bytes: int = MAX_YAML_BYTES) -> str:
     """The file's text, decoded as UTF-8; UserError if it is missing, a directory, too large or not UTF-8."""
     path = Path(path)
     where = source or str(path)
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise UserError(field, str(path), "give a smaller file", source=where,
-                            problem=f"The file is {size:,} bytes; meshsim reads at most {max_bytes:,} (README, Limits)")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UserError(field, str(path), "check the path", source=where,
-                        problem=f"Cannot read the file ({exc.strerror or exc})") from None
+    data = _read_bytes(path, max_bytes, field, where)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -107,7 +166,11 @@ def check_shape(data: object, source: str, kind: str = "YAML") -> None:
 def load_yaml(path: str | Path, *, field: str = "file", source: str | None = None) -> object:
     """Read, parse and shape-check a YAML file (safe tags only, no duplicate keys)."""
     where = source or str(path)
-    text = read_text(path, field=field, source=where)
+    return parse_yaml(read_text(path, field=field, source=where), where)
+
+
+def parse_yaml(text: str, where: str) -> object:
+    """YAML text (of the file `where`) -> the shape-checked document."""
     try:
         data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 from dataclasses import asdict, dataclass
 
 from meshsim.scenarios.load import referenced_files
 from meshsim.sim.core.errors import UserError, quote
 from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
+from meshsim.sim.core.userio import FileSnapshot, snapshot_files
 
 AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp", "cp", "fp8")
 RUN_AXES = ("fp8",)  # axes that set scenario run.<name> (the others set parallel.<name>)
@@ -174,18 +176,25 @@ def configurations(axes: SweepAxes) -> list[SweepPoint]:
     return [SweepPoint(*combo) for combo in itertools.product(*(getattr(axes, a) for a in AXES))]
 
 
-def scenario_digest(scenario, source: str = "") -> str:
+def referenced_snapshot(scenario, source: str = "") -> FileSnapshot:
+    """The bytes of every file the scenario references (topology.file, hardware.profile), read once: a
+    sweep computes every configuration from these bytes (sim/core/userio.py pinned_files)."""
+    return snapshot_files(referenced_files(scenario, source).values())
+
+
+def scenario_digest(scenario, source: str = "", files: FileSnapshot | None = None) -> str:
     """Hash of everything a configuration's result depends on besides its point: the scenario without its
     sweep block and without the fields every point overrides, plus the bytes of every file it references
-    (topology.file, hardware.profile; a missing file hashes as missing). Resumed records must match it."""
+    (topology.file, hardware.profile; a missing file hashes as missing), taken from `files` (the sweep's
+    snapshot, so the digest describes exactly what the configurations read) or read now. Resumed records
+    must match it."""
     parallel_axes = {a for a in AXES if a not in RUN_AXES} | {"dp"}
     exclude = {"sweep": True, "parallel": parallel_axes, "run": set(RUN_AXES)}
     digest = hashlib.sha256(scenario.model_dump_json(exclude=exclude).encode())
+    files = referenced_snapshot(scenario, source) if files is None else files
     for name, path in sorted(referenced_files(scenario, source).items()):
-        try:
-            content = hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError:
-            content = "missing"
+        data = files.get(os.path.normpath(str(path)))
+        content = "missing" if data is None else hashlib.sha256(data).hexdigest()
         digest.update(f"\n{name}={content}".encode())
     return digest.hexdigest()[:16]
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from meshsim.scenarios.load import resolve, with_overrides
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.userio import FileSnapshot, pinned_files
 from meshsim.sim.results.simulate import gc_frozen, simulate
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import SweepPoint, skip_reason
@@ -76,8 +77,11 @@ class SweepRecord:
                    elapsed_s=elapsed_s)
 
 
-def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> SweepRecord:
-    """Resolve and simulate one configuration -> its record (never raises a UserError).
+def run_point(scenario, source: str, point: SweepPoint, digest: str = "",
+              files: FileSnapshot | None = None) -> SweepRecord:
+    """Resolve and simulate one configuration -> its record (never raises a UserError). `files` is the
+    sweep's snapshot of the referenced files (axes.referenced_snapshot): the configuration reads them from
+    it, not from the disk, so `digest` (computed from the same bytes) describes what it was computed from.
 
     The record keeps the StepResult without the op-by-op critical path (tens of thousands of segments,
     ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and `meshsim run`
@@ -85,7 +89,8 @@ def run_point(scenario, source: str, point: SweepPoint, digest: str = "") -> Swe
     extrapolated (sim/results/steady_state.py), the garbage collector off while it simulates."""
     start_s = time.perf_counter()
     try:
-        rs = resolve(with_overrides(scenario, point.overrides(), source), source)
+        with pinned_files(files):
+            rs = resolve(with_overrides(scenario, point.overrides(), source), source)
         with gc_frozen():
             record = SweepRecord.ran(point, digest, simulate(rs))
     except UserError as err:

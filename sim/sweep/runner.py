@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshsim.sim.core.errors import CommandFailed, UserError
-from meshsim.sim.sweep.axes import SweepPoint, scenario_digest
+from meshsim.sim.sweep.axes import SweepPoint, referenced_snapshot, scenario_digest
 from meshsim.sim.sweep.record import SweepRecord, run_point
 from meshsim.sim.sweep.store import JSONL_NAME, append_record, read_records, read_store
 
@@ -163,11 +163,11 @@ def ray_init(address: str):
     return ray
 
 
-def _run_ray(todo, scenario, source, digest, address: str, runner: Runner, on_done) -> None:
+def _run_ray(todo, scenario, source, digest, files, address: str, runner: Runner, on_done) -> None:
     ray = ray_init(address)
     remote = ray.remote(runner)
-    scenario_ref = ray.put(scenario)
-    pending = [remote.remote(scenario_ref, source, point, digest) for point in todo]
+    scenario_ref, files_ref = ray.put(scenario), ray.put(files)
+    pending = [remote.remote(scenario_ref, source, point, digest, files_ref) for point in todo]
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         for ref in done:
@@ -179,8 +179,10 @@ def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1,
               ray_address: str | None = None, progress: bool = True, runner: Runner = run_point,
               warn: Callable[[str], None] | None = None) -> list[dict]:
     """Run every configuration not already in OUT/sweep.jsonl -> records in `points` order. Bad lines of
-    the store are passed to `warn` (default: printed on stderr)."""
-    digest = scenario_digest(scenario, source)
+    the store are passed to `warn` (default: printed on stderr). The files the scenario references are
+    read once, here: every configuration is computed from these bytes and stored under their digest."""
+    files = referenced_snapshot(scenario, source)
+    digest = scenario_digest(scenario, source, files)
     done: dict[str, SweepRecord] = {}
     if out_dir is not None:
         stored = read_store(out_dir, digest)
@@ -202,9 +204,9 @@ def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1,
 
         try:
             if ray_address:
-                _run_ray(todo, scenario, source, digest, ray_address, runner, on_done)
+                _run_ray(todo, scenario, source, digest, files, ray_address, runner, on_done)
             else:
-                _run_local(todo, lambda p: (scenario, source, p, digest), jobs, runner, on_done)
+                _run_local(todo, lambda p: (scenario, source, p, digest, files), jobs, runner, on_done)
         except SweepInterrupted as stop:
             raise SweepInterrupted(stop.signum, len(done), len(points), out_dir) from None
     return [done[p.key] for p in points]
