@@ -14,7 +14,13 @@ from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError
 from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
 from meshsim.sim.core.units import parse_count
 from meshsim.sim.core.userio import check_output_dir, check_output_file, output_folder_name
-from meshsim.sim.outputs.step_report import OUTPUT_LEVELS, print_report, write_outputs, write_results_json
+from meshsim.sim.outputs.step_report import (
+    OUTPUT_FILES,
+    OUTPUT_LEVELS,
+    print_report,
+    write_outputs,
+    write_results_json,
+)
 from meshsim.sim.results.error_band import error_band
 from meshsim.sim.results.simulate import gc_frozen, simulate
 
@@ -24,7 +30,7 @@ DEFAULT_OUT_ROOT = Path("meshsim-out")
 def _out_dir(out: Path | None, scenario_name: str) -> Path:
     """--out, or meshsim-out/<the name as one safe folder name>: the name is a label, never a path."""
     out = out if out is not None else DEFAULT_OUT_ROOT / output_folder_name(scenario_name)
-    check_output_dir("--out", out)
+    check_output_dir("--out", out, OUTPUT_FILES.values())
     return out
 
 

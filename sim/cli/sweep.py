@@ -23,8 +23,9 @@ from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import explain, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
-from meshsim.sim.sweep.report_page import sweep_title, write_report
+from meshsim.sim.sweep.report_page import REPORT_NAME, sweep_title, write_report
 from meshsim.sim.sweep.runner import run_sweep
+from meshsim.sim.sweep.store import JSONL_NAME, LOCK_NAME
 from meshsim.sim.sweep.table import (
     SWEET_MARK,
     share_columns,
@@ -36,6 +37,7 @@ from meshsim.sim.sweep.table import (
 from meshsim.sim.sweep.trace_compare import compare_trace, simulated_side
 from meshsim.sim.sweep.trace_compare_page import write_outputs as write_trace_outputs
 
+COMPARE_FILES = ("compare.json", "compare.html", "trace.json", "compare_trace.json", "compare_trace.html")
 MAX_JOBS = 256  # local worker processes of one sweep
 
 AXIS_HELP = "comma-separated; overrides the scenario's sweep: block; unset axes keep the scenario's value"
@@ -75,7 +77,7 @@ def sweep_command(
         base = with_overrides(base, {"run.engine": engine}, source)
     axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)
-    check_output_dir("--out", out)
+    check_output_dir("--out", out, (JSONL_NAME, LOCK_NAME, REPORT_NAME))
     check_output_file("--json", json_path)
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
@@ -150,7 +152,7 @@ def compare_command(
 ) -> None:
     """Two results side by side (headline, step time by category, merged timeline), or a simulated step
     against a traced one (--trace)."""
-    check_output_dir("--out", out)
+    check_output_dir("--out", out, COMPARE_FILES)
     if trace:
         if b is not None:
             raise UserError("b", str(b), "give one results.json or scenario with --trace")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -219,8 +220,9 @@ def check_output_file(flag: str, path: Path | None) -> None:
         raise UserError(flag, str(path), "give a writable file", problem="The file is not writable")
 
 
-def check_output_dir(flag: str, path: Path | None) -> None:
-    """Before any work: `path` is (made) a writable directory."""
+def check_output_dir(flag: str, path: Path | None, files: Iterable[str] = ()) -> None:
+    """Before any work: `path` is (made) a writable directory, and none of the `files` meshsim will write
+    in it is a symlink (which would write outside it, even dangling) or a directory."""
     if path is None:
         return
     path = Path(path)
@@ -228,6 +230,35 @@ def check_output_dir(flag: str, path: Path | None) -> None:
         raise UserError(flag, str(path), "give a directory (it is created if missing)",
                         problem="Exists and is not a directory")
     _probe_directory(flag, path)
+    for name in files:
+        check_own_file(flag, path / name)
+
+
+def check_own_file(flag: str, path: Path) -> None:
+    """UserError if `path` (a file meshsim names inside its output folder) is a symlink or not a regular
+    file: meshsim writes only inside --out / meshsim-out, never through a link."""
+    fix = f"remove {path} or choose another {flag}"
+    if path.is_symlink():
+        raise UserError(flag, str(path), fix, problem="Is a symlink (meshsim never writes through a link, "
+                        "which could point outside the output folder)")
+    if path.exists() and not path.is_file():
+        raise UserError(flag, str(path), fix, problem="Exists and is not a regular file (a directory?)")
+
+
+def open_own_file(flag: str, path: Path, flags: int) -> int:
+    """os.open of a file meshsim names inside its output folder, refusing a symlink (O_NOFOLLOW, so a link
+    made after the check is refused too) and anything but a regular file; a file descriptor."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), 0o644)
+    except OSError as exc:
+        check_own_file(flag, path)  # the one-line reason when it is a link or a directory
+        raise UserError(flag, str(path), "give a writable folder", problem=f"Cannot open the file "
+                        f"({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(flag, str(path), f"remove {path} or choose another {flag}",
+                        problem="Exists and is not a regular file")
+    return fd
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -165,8 +165,11 @@ def sweep_title(records: list[SweepRecord], name: str) -> str:
     return f"{what} of {name}"
 
 
+REPORT_NAME = "report.html"
+
+
 def write_report(records: list[SweepRecord], explanation: list[str], title: str, out_dir: str | Path) -> Path:
-    path = Path(out_dir) / "report.html"
+    path = Path(out_dir) / REPORT_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report_html(records, explanation, title))
     return path

@@ -6,6 +6,8 @@
   the earlier records, and a resume reads only the records of its own digest (the last one per key wins).
 - Every read and append holds an exclusive lock on OUT/sweep.lock (fcntl.flock, released by the kernel
   if the process dies), so concurrent sweeps on one OUT interleave whole lines and never corrupt them.
+- sweep.jsonl and sweep.lock are opened without following links: a symlink (even a dangling one) or a
+  directory in their place is refused with one line, so nothing is ever written outside OUT.
 - A line that is not a valid record (a truncated write of a killed run, a hand edit, another schema) is
   reported and skipped, never fatal; an append after a truncated line first ends that line.
 """
@@ -24,10 +26,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from meshsim.sim.core.userio import open_own_file
 from meshsim.sim.sweep.record import SweepRecord
 
 JSONL_NAME = "sweep.jsonl"
 LOCK_NAME = "sweep.lock"
+OUT_FLAG = "--out"  # what a refused store file is attributed to
 RESULT_NUMBERS = ("step_time_s", "tokens_per_s", "mfu")  # what sweep tables, plots and explanations read
 RESULT_SECTIONS = ("memory_gb", "breakdown_s", "critical_path_share")
 
@@ -76,14 +80,15 @@ class StoreRead:
 
 @contextmanager
 def locked(out_dir: str | Path) -> Iterator[None]:
-    """Hold OUT/sweep.lock exclusively for the duration of the block."""
+    """Hold OUT/sweep.lock exclusively for the duration of the block (a symlinked or non-regular lock file
+    is refused, never followed: userio.open_own_file)."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(out_dir) / LOCK_NAME, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    fd = open_own_file(OUT_FLAG, Path(out_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _record(number: int, line: str) -> tuple[SweepRecord | None, str | None]:
@@ -124,7 +129,11 @@ def read_store(out_dir: str | Path, digest: str | None = None) -> StoreRead:
     """Read OUT/sweep.jsonl under the lock (a missing file is an empty store)."""
     path = Path(out_dir) / JSONL_NAME
     with locked(out_dir):
-        text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+        if path.exists() or path.is_symlink():
+            with os.fdopen(open_own_file(OUT_FLAG, path, os.O_RDONLY), "rb") as fh:
+                text = fh.read().decode("utf-8", errors="replace")
+        else:
+            text = ""
     return parse_records(text, digest)
 
 
@@ -139,7 +148,7 @@ def append_record(out_dir: str | Path, record: SweepRecord) -> None:
     A previous line left unterminated (a killed writer) is ended first, so it stays one bad line."""
     path = Path(out_dir) / JSONL_NAME
     line = json.dumps(record.to_json()) + "\n"
-    with locked(out_dir), open(path, "ab+") as fh:
+    with locked(out_dir), os.fdopen(open_own_file(OUT_FLAG, path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "ab+") as fh:
         fh.seek(0, os.SEEK_END)
         if fh.tell() > 0:
             fh.seek(-1, os.SEEK_END)
