@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.text import Text
+
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
+from meshsim.sim.core.text import user_text
 from meshsim.validate.numerics.opcount import per_block_counts
 
 MAX_LINES = 8  # findings printed per variant (worst first)
@@ -38,7 +41,7 @@ def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True,
         failed += (not r.ok) or ops_bad
         worst = r.mismatches[0] if r.mismatches else None
         worst_txt = f"{worst['tensor']} rank {worst['rank']} max|err| {worst['max_abs_err']:.3g}" if worst else "-"
-        status = "[green]ok[/]" if r.ok else "[red]FAIL[/]"
+        status = Text("ok", style="green") if r.ok else Text("FAIL", style="red")  # styled: not escaped
         rows.append([r.name or "scenario", status, str(r.checked), worst_txt, str(len(r.calls)), _op_column(r, compare_ops)])
     print_fitted(console, fitted_table(f"numerics vs single process ({nproc} processes, {dtype})", NUMERICS_COLUMNS,
                                        rows, console.width))
@@ -48,17 +51,17 @@ def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True,
                       + " (the dispatcher's sizes are compared with the schedule as means over the ranks)")
     if results and results[0].calls:
         counts = per_block_counts(results[0].calls)
-        console.print(f"collectives per block.phase ({results[0].name or 'scenario'}, rank 0): "
-                      + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        console.print(f"collectives per block.phase ({user_text(results[0].name or 'scenario')}, rank 0): "
+                      + ", ".join(f"{user_text(k)} {v}" for k, v in counts.items()))
     for r in results:
-        lines = [f"[red]{e}[/]" for e in r.errors]
-        lines += [f"{m['tensor']} differs on rank {m['rank']}: max|err| {m['max_abs_err']:.3g} (max|ref| "
+        lines = [f"[red]{user_text(e)}[/]" for e in r.errors]
+        lines += [f"{user_text(m['tensor'])} differs on rank {m['rank']}: max|err| {m['max_abs_err']:.3g} (max|ref| "
                   f"{m['max_abs_ref']:.3g})" for m in r.mismatches]
-        lines += [f"collectives: {line}" for line in r.op_diffs or []]
+        lines += [f"collectives: {user_text(line)}" for line in r.op_diffs or []]
         for line in lines[:MAX_LINES]:
-            console.print(f"{r.name}: {line}")
+            console.print(f"{user_text(r.name)}: {line}")
         if len(lines) > MAX_LINES:
-            console.print(f"{r.name}: ... and {len(lines) - MAX_LINES} more")
+            console.print(f"{user_text(r.name)}: ... and {len(lines) - MAX_LINES} more")
     console.print(f"{len(results) - failed} of {len(results)} variants pass")
     return 1 if failed else 0
 
@@ -68,7 +71,7 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
     (numerics_ok False; None = not run) or |error| exceeds `tolerance` percent, else 0."""
     console = console or make_console()
     err = report["error_pct"]
-    console.print(f"{report['scenario']}: simulated {report['simulated_step_s'] * 1e3:.2f} ms, measured "
+    console.print(f"{user_text(report['scenario'])}: simulated {report['simulated_step_s'] * 1e3:.2f} ms, measured "
                   f"{report['measured_step_s'] * 1e3:.2f} ms, error {_fmt_err(err)}  (numerics "
                   f"{'ok' if report['numerics_ok'] else report['numerics_ok']})")
     console.print(f"simulated without any overlap {report['simulated_serial_s'] * 1e3:.2f} ms (error "
@@ -85,7 +88,7 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
     agree = report["critical_path_agreement"]
     console.print(f"critical path: {agree['on_both']} ops on both, Jaccard {agree['jaccard']:.2f}")
     if out_dir is not None:
-        console.print(f"traces: {Path(out_dir) / 'trace_merged.json'} (open in https://ui.perfetto.dev)")
+        console.print(f"traces: {user_text(Path(out_dir) / 'trace_merged.json')} (open in https://ui.perfetto.dev)")
     failed = report["numerics_ok"] is False
     if failed:
         console.print("[red]numerics check failed: the real step does not match the single-process reference "
@@ -99,7 +102,7 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
 def print_profile(profile, path: Path, console=None) -> None:
     console = console or make_console()
     best = max((p.tflops for p in profile.gemm_table), default=0.0)
-    console.print(f"profile {profile.name}: {len(profile.gemm_table)} GEMM shapes (best "
+    console.print(f"profile {user_text(profile.name)}: {len(profile.gemm_table)} GEMM shapes (best "
                   f"{best:.3g} TFLOP/s), memory {profile.elementwise_bw_gbps or 0:.3g} GB/s, "
                   f"launch {profile.compute.launch_overhead_us or 0:.3g} us, {len(profile.kernel_table)} kernels, "
                   f"{len(profile.collective_table)} collective points, comm/compute interference "
@@ -107,4 +110,4 @@ def print_profile(profile, path: Path, console=None) -> None:
     measured = profile.measured_on.get("comm_interference")
     if measured:  # the times kappa comes from, and what they mean (validate/calibrate/interference.py)
         console.print(f"kappa measured: {measured}", highlight=False, markup=False)
-    console.print(f"written: {path}  (use it with hardware: {{profile: {path}}})")
+    console.print(f"written: {user_text(path)}  (use it with hardware: {{profile: {user_text(path)}}})")

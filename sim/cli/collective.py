@@ -19,6 +19,7 @@ from meshsim.sim.core.console import Column, fitted_table, make_console, print_f
 from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
 from meshsim.sim.core.fmt import fmt_bytes, fmt_count
 from meshsim.sim.core.limits import MAX_COLLECTIVE_BYTES, MAX_SIZE_ROWS, check_at_most
+from meshsim.sim.core.text import echo_plain
 from meshsim.sim.core.units import format_size, parse_size
 from meshsim.sim.core.userio import check_output_file
 from meshsim.sim.cost.collectives.choose import ALGOS, OPS, PROTOCOL_NAMES
@@ -96,12 +97,12 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
-        typer.echo(f"json: {json_path}")
+        echo_plain(f"json: {json_path}")
     if plot_path is not None:
         # every applicable algorithm, one line each; the table's rows are the forced algorithm's (or auto's)
         lines = curves(topo, op, group, sizes, protocol=protocol, known={algo: rows})
         write_busbw_html(lines, title, plot_path)
-        typer.echo(f"plot: {plot_path}")
+        echo_plain(f"plot: {plot_path}")
     return rows
 
 
@@ -125,5 +126,5 @@ def register(app: typer.Typer) -> None:
             run_collective(topology, nodes, op, ranks, min_bytes, max_bytes, step_factor, algo, protocol,
                            json_path, plot)
         except UserError as err:
-            typer.echo(f"error: {err}", err=True)
+            echo_plain(f"error: {err}", err=True)
             raise typer.Exit(EXIT_USER_ERROR) from None

@@ -18,6 +18,7 @@ from typing import NoReturn
 import typer
 
 from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError, missing_extra
+from meshsim.sim.core.text import plain
 
 COMMAND_MODULES = {  # command -> the module that registers it (each module registers all of its commands)
     "topologies": "meshsim.sim.cli.topologies",
@@ -79,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = build_app(argv)(args=argv, standalone_mode=False)
     except UserError as err:
-        typer.echo(f"error: {err}", err=True)
+        typer.echo(f"error: {plain(err)}", err=True)
         return EXIT_USER_ERROR
     except CommandFailed as err:
-        typer.echo(f"error: {err}", err=True)
+        typer.echo(f"error: {plain(err)}", err=True)
         return err.exit_code
     except ModuleNotFoundError as err:
         extra = missing_extra(err.name)

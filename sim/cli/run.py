@@ -12,6 +12,7 @@ from meshsim.sim.core.console import Column, fitted_table, make_console
 from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError
 from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
+from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import parse_count
 from meshsim.sim.core.userio import check_output_dir, check_output_file, output_folder_name
 from meshsim.sim.outputs.step_report import (
@@ -94,7 +95,7 @@ def run_command(
     print_report(result, console, tokens=budget, band=error_band(rs),
                  settings={"distributed_optimizer": rs.scenario.parallel.distributed_optimizer})
     for kind, path in paths.items():
-        console.print(f"{kind}: {path}", highlight=False, soft_wrap=True)
+        console.print(f"{kind}: {user_text(path)}", highlight=False, soft_wrap=True)
     if not result.fits and not allow_oom:
         console.print(f"exit status {EXIT_DOES_NOT_FIT}: the configuration does not fit in GPU memory "
                       "(--allow-oom to exit 0)", highlight=False)

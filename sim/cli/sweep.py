@@ -15,6 +15,7 @@ from meshsim.sim.core.console import Column, fitted_table, make_console, print_f
 from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes, fmt_pct
+from meshsim.sim.core.text import plain, user_text
 from meshsim.sim.core.userio import check_output_dir, check_output_file
 from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import summaries
@@ -92,7 +93,7 @@ def sweep_command(
         written["json"] = json_path
     print_results(records, reasons, title=f"{base.name}: {len(points)} configurations")
     for kind, path in written.items():
-        typer.echo(f"{kind}: {path}")
+        typer.echo(plain(f"{kind}: {path}"))
 
 
 def sweep_document(records: list[SweepRecord], reasons: list[str]) -> dict:
@@ -130,7 +131,7 @@ def print_results(records: list[SweepRecord], reasons: list[str], *, title: str,
         console.print(f"(skip reasons cut at {console.width} columns: --json PATH has each in full)", highlight=False)
     console.print()
     for sentence in reasons:
-        console.print(f"- {sentence}", highlight=False)
+        console.print(f"- {user_text(sentence)}", highlight=False)
 
 
 def skipped_line(rec: SweepRecord, records: list[SweepRecord]) -> str:
@@ -182,7 +183,7 @@ def compare_with_trace(target: str, paths: list[Path], step: int | None, out: Pa
         window = windows[len(windows) // 2]  # a middle step: the first ones carry warm-up
         paths_out = write_trace_outputs(out, doc, sim, kernels_in(data.kernels, window), window[0], data.trace.rank)
         for kind, path in paths_out.items():
-            console.print(f"{kind}: {path}", highlight=False)
+            console.print(f"{kind}: {user_text(path)}", highlight=False)
     if doc["structure_issues"]:
         raise UserError("--trace", ", ".join(map(str, paths)), "give the scenario the trace ran (its layers, "
                         "micro-batches, tp and collectives), or a trace of this scenario",

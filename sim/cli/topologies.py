@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
+from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.sim.core.userio import check_output_file
 from meshsim.topologies.gpus import GB_PER_GIB, GPUS
@@ -86,13 +87,13 @@ def topologies(
         is_file = show.endswith((".yaml", ".yml"))
         topo = load_topology_file(show, nodes) if is_file else build_topology(show, nodes or 1)
         for line in summary_lines(topo):
-            console.print(line, highlight=False)
+            console.print(user_text(line), highlight=False)
     rows = preset_rows()
     if not show:
         print_fitted(console, _table(rows, console.width))
     if json_path:
         json_path.write_text(json.dumps(rows, indent=2) + "\n")
-        console.print(f"wrote {json_path}")
+        console.print(f"wrote {user_text(json_path)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

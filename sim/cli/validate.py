@@ -16,6 +16,7 @@ from meshsim.scenarios.load import load_scenario, resolve
 from meshsim.scenarios.profile import save_profile
 from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.text import echo_plain
 from meshsim.sim.core.userio import check_output_dir, check_output_file, load_json, output_folder_name
 from meshsim.sim.kineto.calibrate import profile_from_trace
 from meshsim.sim.kineto.ranks import summaries
@@ -114,7 +115,7 @@ def _dump(path: Path, task: str, payload: dict, nproc: int, backend: str) -> Non
     (validate/launch/launch.py payload_backend), so the results match the schedule rebuilt from them."""
     check_output_file("--dump-payload", path)
     path.write_text(json.dumps({**payload, "backend": backend}))
-    typer.echo(f"payload: {path} (backend {backend})\nrun it on {nproc} processes, e.g.\n  torchrun "
+    echo_plain(f"payload: {path} (backend {backend})\nrun it on {nproc} processes, e.g.\n  torchrun "
                f"--nproc-per-node {nproc} -m meshsim.validate.launch.launch {task} {path} --out RESULTS_DIR\nthen "
                "repeat this command with --from-results RESULTS_DIR/results.json (docs/validate.md: "
                "multi-node, SLURM)")
@@ -157,7 +158,7 @@ def _moe_note(sc) -> None:
     left += ["parallel.recompute_modules"] if p.recompute_modules is not None else []
     left += ["the optimizer section"] if sc.optimizer.model_dump(exclude_defaults=True) else []
     if left:
-        typer.echo(f"simulated but not run for real: {'; '.join(left)}")
+        echo_plain(f"simulated but not run for real: {'; '.join(left)}")
 
 
 def _cp_note(sc) -> None:
@@ -248,7 +249,7 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
         result = run_crosscheck(sc, source, n, profile=str(profile) if profile else None, out_dir=out_dir,
                                 backend=be, repeats=repeats, trace_dir=trace)
         if trace is not None:
-            typer.echo(f"traces: {trace} (meshsim trace summary {trace}; meshsim compare {trace / 'scenario.yaml'} "
+            echo_plain(f"traces: {trace} (meshsim trace summary {trace}; meshsim compare {trace / 'scenario.yaml'} "
                        f"--trace {trace})")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -316,7 +317,7 @@ def _calibrate_from_trace(paths: list[Path], scenario: str | None, out: Path | N
     steps = summaries(ranks, step, critical=False, min_over_ranks=False)
     profile = profile_from_trace(ranks, steps, schedule, f"{sc.name}-from-trace", sc.name)
     save_profile(profile, path)
-    typer.echo(f"profile: {path} ({len(profile.gemm_table)} GEMM shapes, {len(profile.kernel_table)} kernels, "
+    echo_plain(f"profile: {path} ({len(profile.gemm_table)} GEMM shapes, {len(profile.kernel_table)} kernels, "
                f"{len(profile.collective_table)} collective sizes, from {len(steps)} traced rank-steps); use it "
                f"with meshsim run {scenario} --profile {path}")
 

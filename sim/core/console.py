@@ -20,15 +20,25 @@ from rich.errors import MarkupError
 from rich.table import Table
 from rich.text import Text
 
+from meshsim.sim.core.text import plain, user_text
+
 PIPED_WIDTH = 160
+
+
+class SafeConsole(Console):
+    """A Console that never passes a control character through: every string it renders goes through
+    sim/core/text.py `plain` first (markup in user text is escaped where it is interpolated: user_text)."""
+
+    def render_str(self, text: str, **kwargs) -> Text:
+        return super().render_str(plain(text, keep_layout=True), **kwargs)
 
 
 def make_console(*, stderr: bool = False) -> Console:
     """A Console for stdout (or stderr) that stays readable when not attached to a terminal."""
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty() or "COLUMNS" in os.environ:
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=PIPED_WIDTH)
+        return SafeConsole(stderr=stderr)
+    return SafeConsole(stderr=stderr, width=PIPED_WIDTH)
 
 
 @dataclass(frozen=True)
@@ -112,7 +122,7 @@ def fitted_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[
     word longer than that folds onto the next line rather than end in an ellipsis. A row that is
     SECTION draws a rule."""
     shown = fit_columns(columns, rows, width)
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=user_text(title), title_justify="left", header_style="bold")
     data = [r for r in rows if r is not SECTION]
     widths = column_widths([columns[i] for i in shown], [[r[i] for r in data] for i in shown], width)
     for i, w in zip(shown, widths, strict=True):
@@ -122,7 +132,8 @@ def fitted_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[
         if row is SECTION:
             table.add_section()
             continue
-        table.add_row(*(str(row[i]) for i in shown), style=next(styles))
+        table.add_row(*(row[i] if isinstance(row[i], Text) else user_text(row[i]) for i in shown),  # cells: plain text
+                      style=next(styles))
     hidden = [columns[i].header for i in range(len(columns)) if i not in shown]
     note = f"(not shown at {width} columns: {', '.join(hidden)}; widen the terminal)" if hidden else ""
     return table, note

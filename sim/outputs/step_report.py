@@ -29,6 +29,7 @@ from meshsim.sim.core.fmt import (
     gb_to_gib,
     time_column,
 )
+from meshsim.sim.core.text import user_text
 from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.outputs.timeline import write_timeline
@@ -95,7 +96,7 @@ def ep_line(r: StepResult) -> str:
 
 
 def headline(r: StepResult, tokens: float | None = None, band: ErrorBand | None = None) -> str:
-    text = (f"[bold]{r.scenario}[/bold]  {config_line(r.config)}\n"
+    text = (f"[bold]{user_text(r.scenario)}[/bold]  {user_text(config_line(r.config))}\n"
             f"step [bold]{fmt_s(r.step_time_s)}[/bold]   {fmt_count(r.tokens_per_s)} tokens/s   "
             f"{r.tflops_per_gpu:.1f} TFLOP/s per GPU   MFU [bold]{_pct(r.mfu)}[/bold]   HFU {_pct(r.hfu)}\n"
             f"one layer: forward {fmt_s(r.layer_fwd_ms / 1e3)}, backward {fmt_s(r.layer_bwd_ms / 1e3)}")

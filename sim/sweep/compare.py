@@ -27,6 +27,7 @@ from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.console import Column, fitted_table, print_fitted
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import gb_to_gib
+from meshsim.sim.core.text import user_text
 from meshsim.sim.core.userio import load_json
 from meshsim.sim.outputs.step_report import OUTPUT_FILES, STREAM_NAMES, path_row_name, stream_row_name
 from meshsim.sim.outputs.trace import trace_document, trace_events
@@ -276,8 +277,8 @@ def print_comparison(comparison: dict, console) -> None:
     fits = ["fits" if f else "does NOT fit" for f in comparison["fits"]]
     console.print(f"memory: A {fits[0]}, B {fits[1]}", highlight=False)
     if comparison["trace"]:
-        console.print(f"merged timeline: {comparison['trace']} (open in https://ui.perfetto.dev)", highlight=False)
+        console.print(f"merged timeline: {user_text(comparison['trace'])} (open in https://ui.perfetto.dev)", highlight=False)
     if comparison.get("page"):
-        console.print(f"page: {comparison['page']}", highlight=False)
+        console.print(f"page: {user_text(comparison['page'])}", highlight=False)
     if comparison["note"]:
-        console.print(comparison["note"], highlight=False)
+        console.print(user_text(comparison["note"]), highlight=False)

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshsim.sim.core.errors import CommandFailed, UserError
+from meshsim.sim.core.text import plain
 from meshsim.sim.sweep.axes import SweepPoint, referenced_snapshot, scenario_digest
 from meshsim.sim.sweep.record import SweepRecord, run_point
 from meshsim.sim.sweep.store import JSONL_NAME, append_record, read_records, read_store
@@ -213,7 +214,7 @@ def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1,
 
 
 def _warn(message: str) -> None:
-    Console(stderr=True).print(f"warning: {message}", highlight=False, markup=False)
+    Console(stderr=True).print(f"warning: {plain(message)}", highlight=False, markup=False)
 
 
 def _progress(enabled: bool) -> Progress:
