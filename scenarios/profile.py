@@ -23,42 +23,54 @@ import yaml
 from pydantic import Field
 
 from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
+from meshsim.sim.core.limits import MAX_GPUS
+from meshsim.sim.core.quantities import (
+    Bytes,
+    Dim,
+    Flops,
+    GBps,
+    GBpsOrZero,
+    KernelTimeUs,
+    MemGB,
+    Samples,
+    TFLOPs,
+)
 from meshsim.sim.core.userio import load_yaml
 
 
 class GpuFigures(Frozen):
-    peak_tflops: float | None = Field(default=None, gt=0)
-    mem_bw_gbps: float | None = Field(default=None, gt=0)
-    mem_gb: float | None = Field(default=None, gt=0)
+    peak_tflops: TFLOPs | None = None
+    mem_bw_gbps: GBps | None = None
+    mem_gb: MemGB | None = None
 
 
 class GemmPoint(Frozen):
-    m: int = Field(gt=0)
-    n: int = Field(gt=0)
-    k: int = Field(gt=0)
-    batch: int = Field(default=1, gt=0)
-    tflops: float = Field(gt=0)
-    samples: int | None = Field(default=None, ge=0)
+    m: Dim
+    n: Dim
+    k: Dim
+    batch: Dim = 1
+    tflops: TFLOPs
+    samples: Samples | None = None
 
 
 class CollectivePoint(Frozen):
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
-    ranks: int = Field(gt=0)
-    nbytes: int = Field(gt=0)
-    time_us: float = Field(gt=0)
-    algbw_gbps: float = Field(ge=0)
-    busbw_gbps: float = Field(ge=0)
-    samples: int | None = Field(default=None, ge=0)
+    ranks: int = Field(gt=0, le=MAX_GPUS)
+    nbytes: Bytes = Field(gt=0)
+    time_us: KernelTimeUs
+    algbw_gbps: GBpsOrZero
+    busbw_gbps: GBpsOrZero
+    samples: Samples | None = None
 
 
 class KernelPoint(Frozen):
     """A measured non-GEMM kernel (attention, elementwise) keyed by its schedule name."""
 
     kernel: str
-    bytes: int = Field(default=0, ge=0)
-    flops: float = Field(default=0.0, ge=0)
-    time_us: float = Field(gt=0)
-    samples: int | None = Field(default=None, ge=0)
+    bytes: Bytes = 0
+    flops: Flops = 0.0
+    time_us: KernelTimeUs
+    samples: Samples | None = None
 
 
 class HardwareProfile(Frozen):
@@ -68,7 +80,7 @@ class HardwareProfile(Frozen):
     compute: ComputeTuning = ComputeTuning()
     network: NetworkTuning = NetworkTuning()
     gemm_table: list[GemmPoint] = []
-    elementwise_bw_gbps: float | None = Field(default=None, gt=0)
+    elementwise_bw_gbps: GBps | None = None
     kernel_table: list[KernelPoint] = []
     collective_table: list[CollectivePoint] = []
     samples: dict[str, int] = {}  # scalar entry (elementwise_bw_gbps, compute.host_dispatch_us, ...) -> kernels behind it

@@ -11,6 +11,19 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
+from meshsim.sim.core.quantities import (
+    BucketMiB,
+    CapacityFactor,
+    Efficiency,
+    Fraction,
+    Gbitps,
+    GBps,
+    LatencyUs,
+    MemGB,
+    Oversubscription,
+    Slowdown,
+    TFLOPs,
+)
 
 
 class Frozen(BaseModel):
@@ -31,7 +44,7 @@ class MoeConfig(Frozen):
     router: Literal["softmax", "sigmoid"] = "softmax"  # --moe-router-score-function
     router_groups: int | None = Field(default=None, gt=0)  # --moe-router-num-groups (group-limited routing)
     router_group_topk: int | None = Field(default=None, gt=0)  # --moe-router-group-topk
-    capacity_factor: float | None = Field(default=None, gt=0)  # --moe-expert-capacity-factor; unset: dropless
+    capacity_factor: CapacityFactor | None = None  # --moe-expert-capacity-factor; unset: dropless
     pad_to_capacity: bool = False  # --moe-pad-expert-input-to-capacity
     # max over expert-parallel ranks of tokens received / mean (1.0: force-balanced routing)
     imbalance: float = Field(default=1.0, ge=1.0, le=1024.0)
@@ -106,26 +119,26 @@ class ModelConfig(Frozen):
 class ComputeTuning(Frozen):
     """Compute cost-model knobs; defaults and their sources are in sim/cost/compute.py and docs/cost-models.md."""
 
-    gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # large-GEMM fraction of peak
+    gemm_efficiency: Efficiency | None = None  # large-GEMM fraction of peak
     # large FP8 GEMM fraction of the FP8 peak; default by GPU generation (sim/cost/fp8_gemm.py)
-    fp8_gemm_efficiency: float | None = Field(default=None, gt=0, le=1)
-    mem_bw_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of HBM bandwidth
+    fp8_gemm_efficiency: Efficiency | None = None
+    mem_bw_efficiency: Efficiency | None = None  # achievable fraction of HBM bandwidth
     # fraction of HBM bandwidth Megatron's elementwise kernels reach (norms, dropout, activations, softmax)
-    elementwise_efficiency: float | None = Field(default=None, gt=0, le=1)
-    attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # flash-attention fraction of peak
-    deterministic_attention_slowdown: float | None = Field(default=None, ge=1)  # run.deterministic (sim/schedule/run_settings.py)
-    launch_overhead_us: float | None = Field(default=None, ge=0)
-    host_dispatch_us: float | None = Field(default=None, ge=0)  # CPU time to issue one op (sim/cost/host_dispatch.py)
+    elementwise_efficiency: Efficiency | None = None
+    attention_efficiency: Efficiency | None = None  # flash-attention fraction of peak
+    deterministic_attention_slowdown: Slowdown | None = None  # run.deterministic (sim/schedule/run_settings.py)
+    launch_overhead_us: LatencyUs | None = None
+    host_dispatch_us: LatencyUs | None = None  # CPU time to issue one op (sim/cost/host_dispatch.py)
     tile_m: int | None = Field(default=None, gt=0)
     tile_n: int | None = Field(default=None, gt=0)
     # load kappa a collective's bandwidth part puts on its rank's compute resource (0 = none; sim/engine/events.py)
-    comm_interference: float | None = Field(default=None, ge=0, le=1)
+    comm_interference: Fraction | None = None
 
 
 class NetworkTuning(Frozen):
     """Collective cost-model knobs; defaults and sources in sim/cost/collectives/protocols.py."""
 
-    link_efficiency: float | None = Field(default=None, gt=0, le=1)  # achievable fraction of link peak
+    link_efficiency: Efficiency | None = None  # achievable fraction of link peak
     algo: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
     protocol: Literal["auto", "ll", "ll128", "simple"] = "auto"
 
@@ -133,10 +146,10 @@ class NetworkTuning(Frozen):
 class HardwareConfig(Frozen):
     gpu: str | None = None  # GPU preset; default: the topology preset's GPU
     profile: str | None = None  # path to a calibration profile YAML (meshsim calibrate); relative to the scenario
-    peak_tflops: float | None = Field(default=None, gt=0)
-    fp8_peak_tflops: float | None = Field(default=None, gt=0)  # FP8 dense TFLOP/s; default: the GPU preset's
-    mem_bw_gbps: float | None = Field(default=None, gt=0)
-    mem_gb: float | None = Field(default=None, gt=0)
+    peak_tflops: TFLOPs | None = None
+    fp8_peak_tflops: TFLOPs | None = None  # FP8 dense TFLOP/s; default: the GPU preset's
+    mem_bw_gbps: GBps | None = None
+    mem_gb: MemGB | None = None
     compute: ComputeTuning = ComputeTuning()
     network: NetworkTuning = NetworkTuning()
 
@@ -144,9 +157,9 @@ class HardwareConfig(Frozen):
 class FabricConfig(Frozen):
     """InfiniBand fabric joining nodes: one NIC per GPU, rail-optimized two-level fat tree."""
 
-    nic_gbitps: float | None = Field(default=None, gt=0)  # NIC line rate Gb/s; default from the preset
-    switch_latency_us: float = Field(default=0.5, ge=0)
-    oversubscription: float = Field(default=1.0, ge=1.0)  # leaf uplink : downlink capacity ratio 1:x
+    nic_gbitps: Gbitps | None = None  # NIC line rate Gb/s; default from the preset
+    switch_latency_us: LatencyUs = 0.5
+    oversubscription: Oversubscription = 1.0  # leaf uplink : downlink capacity ratio 1:x
 
 
 class TopologyConfig(Frozen):
@@ -154,7 +167,7 @@ class TopologyConfig(Frozen):
     file: str | None = None  # ... or a custom topology YAML (relative to the scenario)
     nodes: int = Field(default=1, gt=0)
     fabric: FabricConfig = FabricConfig()
-    nvlink_gbps: float | None = Field(default=None, gt=0)  # override NVLink bandwidth per GPU (what-ifs)
+    nvlink_gbps: GBps | None = None  # override NVLink bandwidth per GPU (what-ifs)
 
 
 RecomputeModule = Literal["core_attn", "mla_up_proj", "mlp", "moe_act"]
@@ -192,7 +205,7 @@ class ParallelConfig(Frozen):
     distributed_optimizer: bool = False
     # gradient bucket size (MiB of fp32 gradients) for the DP reduction; None: Megatron-Core's max(40M, 1M x dp)
     # parameters (sim/schedule/dp_ops.bucket_bytes)
-    dp_bucket_mib: float | None = Field(default=None, gt=0)
+    dp_bucket_mib: BucketMiB | None = None
     ep: int = Field(default=1, gt=0)  # expert parallel: --expert-model-parallel-size
     etp: int = Field(default=1, gt=0)  # expert tensor parallel: --expert-tensor-parallel-size
     moe_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"  # --moe-token-dispatcher-type

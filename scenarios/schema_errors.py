@@ -49,6 +49,8 @@ def _phrase(err: dict) -> str:
     if kind in bounds:
         words, key = bounds[kind]
         return f"a value {words} {ctx[key]}"
+    if kind == "out_of_range":  # sim/core/quantities.py: the plausible range, in words
+        return err["msg"]
     if kind == "finite_number":
         return "a finite number"
     if kind == "literal_error":

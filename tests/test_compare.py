@@ -113,7 +113,7 @@ def test_bad_results_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="Not JSON"):
         load_results(path)
     path.write_text(json.dumps({"step_time_s": 1.0}))
-    with pytest.raises(UserError, match="Missing or non-numeric tokens_per_s, tflops_per_gpu, mfu"):
+    with pytest.raises(UserError, match="tokens_per_s is missing"):
         load_results(path)
 
 

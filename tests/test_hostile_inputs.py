@@ -177,7 +177,10 @@ def test_bad_output_paths_exit_2_before_any_work(case, tmp_path, capsys, monkeyp
 # ----- command-line values ----------------------------------------------------------------------
 def _compare_inputs(tmp_path: Path) -> dict[str, Path]:
     files = {"list": "[1, 2]", "strings": '{"step_time_s": "fast", "breakdown_s": {}, "memory_gb": {}}',
-             "nested": "[" * 100_000 + "]" * 100_000, "inf": '{"step_time_s": Infinity}'}
+             "nested": "[" * 100_000 + "]" * 100_000, "inf": '{"step_time_s": Infinity}',
+             "huge": '{"step_time_s": 1.0e+308, "tokens_per_s": 1, "tflops_per_gpu": 1, "mfu": 0.5}',
+             "tiny overflow": '{"step_time_s": 1e999}', "digits": '{"step_time_s": 1' + "0" * 5000 + "}",
+             "shallow nesting": '{"step_time_s": ' + "[" * 40 + "]" * 40 + "}"}
     paths = {}
     for name, text in files.items():
         paths[name] = tmp_path / f"{name}.json"
@@ -201,8 +204,10 @@ CLI_CASES = {
         "--explicit-ranks"),
     "validate --tolerance nan": (lambda p: ["validate", "tiny-2gpu", "--tolerance", "nan"], "--tolerance"),
 }
-COMPARE_CASES = {"list": "Expected a JSON object", "strings": "non-numeric", "nested": "Nested more than",
-                 "inf": "non-numeric", "utf16": "Not UTF-8"}
+COMPARE_CASES = {"list": "Expected a JSON object", "strings": "step_time_s = 'fast' is not a number from 0 to",
+                 "nested": "Nested more than", "inf": "Infinity is not a number", "utf16": "Not UTF-8",
+                 "huge": "step_time_s = 1e+308 is not a number from 0 to 1e+09 s", "tiny overflow": "not a finite",
+                 "digits": "5,001 digits", "shallow nesting": "Nested more than 32"}
 
 
 @pytest.mark.parametrize("case", list(CLI_CASES))
@@ -259,3 +264,51 @@ def test_scenario_name_never_leaves_meshsim_out(name, folder, tmp_path, monkeypa
     assert (out / "results.json").is_file()
     written = {p for p in tmp_path.rglob("*.json")}
     assert written == {out / "results.json", out / "trace.json"}
+
+
+# ----- numbers at the edges: every numeric field has one plausible range (sim/core/quantities.py) ------
+EDGE_NUMBERS = ("1.0e+308", "5.0e-324", "-1.0", "1" + "0" * 1200)
+EDGE_FIELDS = {  # field as the message names it -> how to put the raw value in the scenario
+    "hardware.peak_tflops": lambda v: {"hardware": f"{{peak_tflops: {v}}}"},
+    "hardware.mem_bw_gbps": lambda v: {"hardware": f"{{mem_bw_gbps: {v}}}"},
+    "hardware.compute.gemm_efficiency": lambda v: {"hardware": f"{{compute: {{gemm_efficiency: {v}}}}}"},
+    "hardware.compute.launch_overhead_us": lambda v: {"hardware": f"{{compute: {{launch_overhead_us: {v}}}}}"},
+    "topology.nvlink_gbps": lambda v: {"topology": f"{{preset: dgx-h100, nvlink_gbps: {v}}}"},
+    "topology.fabric.nic_gbitps": lambda v: {"topology": f"{{preset: dgx-h100, fabric: {{nic_gbitps: {v}}}}}"},
+    "links[0].bw_gbps": "topology", "gemm_table[0].tflops": "profile",
+}
+
+
+def _edge_case(tmp_path: Path, field: str, value: str) -> list:
+    how = EDGE_FIELDS[field]
+    data = yaml.safe_load(yaml.safe_dump(TINY))
+    if how == "topology":
+        (tmp_path / "node.yaml").write_text(CUSTOM_NODE.replace("bw_gbps: 450, latency_us: 0.5",
+                                                                f"bw_gbps: {value}, latency_us: 0.5", 1))
+        data["topology"] = {"file": "node.yaml"}
+    elif how == "profile":
+        (tmp_path / "p.yaml").write_text(f"name: p\ngemm_table: [{{m: 8, n: 8, k: 8, tflops: {value}}}]\n")
+        data["hardware"] = {"profile": "p.yaml"}
+    text = yaml.safe_dump(data)
+    if callable(how):
+        ((section, raw),) = how("@@").items()
+        data[section] = "@@"
+        text = yaml.safe_dump(data).replace("'@@'", raw.replace("@@", value))
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return ["run", path, "--outputs", "none"]
+
+
+@pytest.mark.parametrize("value", EDGE_NUMBERS)
+@pytest.mark.parametrize("field", list(EDGE_FIELDS))
+def test_numbers_at_the_edges_are_one_line_naming_the_field(field, value, tmp_path, capsys):
+    args = _edge_case(tmp_path, field, value)
+    if (field, value) == ("hardware.compute.launch_overhead_us", "5.0e-324"):  # in range: a zero latency
+        assert run_cli([*args[:2], "--outputs", "results", "--out", tmp_path / "o"], capsys)[0] == 0
+        assert "Infinity" not in (tmp_path / "o" / "results.json").read_text()
+        return
+    code, err = run_cli(args, capsys)
+    needle = "digits" if len(value) > 100 else field
+    assert_one_line_exit_2(code, err, needle)
+    if needle == field:
+        assert "a number from" in err, err

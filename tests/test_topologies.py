@@ -260,8 +260,8 @@ def _drop_links_to(gpu):
 CASES = [  # (edit, field, value, words in the fix)
     (_set("gpus_per_nod", 4), "gpus_per_nod", "gpus_per_nod", "gpus_per_node"),
     (lambda d: d["links"][2].update(bw_gbs=32), "links[2].bw_gbs", "bw_gbs", "bw_gbps"),
-    (_link(3, "bw_gbps", -5), "links[3].bw_gbps", -5, "greater than 0"),
-    (_link(0, "bw_gbps", 0), "links[0].bw_gbps", 0, "greater than 0"),
+    (_link(3, "bw_gbps", -5), "links[3].bw_gbps", -5, "a number from 0.001 to 1e+06 GB/s"),
+    (_link(0, "bw_gbps", 0), "links[0].bw_gbps", 0, "a number from 0.001 to 1e+06 GB/s"),
     (_link(1, "dst", "gpu9"), "links[1].dst", "gpu9", "devices"),
     (_link(4, "kind", "nvlnk"), "links[4].kind", "nvlnk", "nvlink"),
     (_set("gpus_per_node", 8), "gpus_per_node", 8, "gpus_per_node: 4"),

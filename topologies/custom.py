@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.sim.core.limits import MAX_DEVICES, MAX_LINKS, MAX_TRANSIT_GPUS, check_at_most
+from meshsim.sim.core.quantities import Gbitps, GBps, LatencyUs
 from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.sim.core.userio import is_file, parse_yaml, read_text
 from meshsim.topologies.fabric import check_fabric_args, with_fabric
@@ -38,8 +39,8 @@ class DeviceSpec(_Frozen):
 class LinkSpec(_Frozen):
     src: str
     dst: str
-    bw_gbps: float = Field(gt=0)  # GB/s per direction
-    latency_us: float = Field(ge=0)
+    bw_gbps: GBps  # GB/s per direction
+    latency_us: LatencyUs
     kind: Literal["nvlink", "pcie", "ib", "internal"]
     bidirectional: bool = True
 
@@ -50,7 +51,7 @@ class CustomTopology(_Frozen):
     gpus_per_node: int = Field(gt=0)
     description: str = ""
     nodes: int = Field(default=1, gt=0)
-    nic_gbitps: float | None = Field(default=None, gt=0)
+    nic_gbitps: Gbitps | None = None
     nvlink_gpu_transit: bool = False
     devices: list[DeviceSpec] = Field(min_length=1)
     links: list[LinkSpec] = Field(min_length=1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes, fmt_pct
 from meshsim.sim.core.text import plain, user_text
-from meshsim.sim.core.userio import check_output_dir, check_output_file
+from meshsim.sim.core.userio import check_output_dir, check_output_file, dumps_finite
 from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.results.error_band import band_for
@@ -107,7 +106,7 @@ def sweep_document(records: list[SweepRecord], reasons: list[str]) -> dict:
 def write_sweep_json(path: Path, records: list[SweepRecord], reasons: list[str]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(sweep_document(records, reasons), indent=1))
+    path.write_text(dumps_finite(sweep_document(records, reasons), indent=1))
 
 
 def print_results(records: list[SweepRecord], reasons: list[str], *, title: str, console: Console | None = None) -> None:

@@ -34,6 +34,7 @@ MAX_YAML_BYTES = 1 << 20  # a scenario, topology or profile YAML file (1 MiB)
 MAX_JSON_BYTES = 512 << 20  # a results or trace JSON read by compare / validate (512 MiB)
 MAX_YAML_NODES = 200_000  # values in a parsed YAML file, every alias counted at each use
 MAX_NESTING = 32  # nesting depth of sections and lists in a YAML / JSON input
+MAX_NUMBER_DIGITS = 30  # digits of an integer in a YAML / JSON input (every count meshsim accepts has <= 17)
 
 
 def check_at_most(field: str, value: object, limit: int, fix: str, *, source: str | None = None,
@@ -41,7 +42,8 @@ def check_at_most(field: str, value: object, limit: int, fix: str, *, source: st
     """UserError when `amount` (default: the value itself) exceeds limit, naming the limit."""
     amount = value if amount is None else amount
     if amount > limit:
-        problem = f"{what or field} is {amount:,} but meshsim accepts at most {limit:,} (README, Limits)"
+        shown = f"{amount:,}" if amount < 10**30 else f"{float(amount):.3g}"
+        problem = f"{what or field} is {shown} but meshsim accepts at most {limit:,} (README, Limits)"
         raise UserError(field, value, fix, source=source, problem=problem)
 
 

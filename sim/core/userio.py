@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -27,8 +28,14 @@ from types import MappingProxyType
 
 import yaml
 
-from meshsim.sim.core.errors import UserError
-from meshsim.sim.core.limits import MAX_JSON_BYTES, MAX_NESTING, MAX_YAML_BYTES, MAX_YAML_NODES
+from meshsim.sim.core.errors import CommandFailed, UserError
+from meshsim.sim.core.limits import (
+    MAX_JSON_BYTES,
+    MAX_NESTING,
+    MAX_NUMBER_DIGITS,
+    MAX_YAML_BYTES,
+    MAX_YAML_NODES,
+)
 
 # ----- reading ---------------------------------------------------------------------------------------
 FileSnapshot = Mapping[str, bytes | None]  # normalized path -> its bytes, or None: missing when read
@@ -126,6 +133,18 @@ def _mapping_without_duplicates(loader, node: yaml.MappingNode, deep: bool = Fal
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
+def _bounded_int(loader, node: yaml.ScalarNode) -> int:
+    """YAML's int, refused beyond MAX_NUMBER_DIGITS digits (Python would read 4,300 digits, then fail)."""
+    digits = sum(c.isdigit() for c in node.value)
+    if digits > MAX_NUMBER_DIGITS:
+        raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits:,} digits; numbers have at "
+                                                f"most {MAX_NUMBER_DIGITS} (README, Limits)", node.start_mark)
+    return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+
 def yaml_error(exc: Exception, text: str, source: str) -> UserError:
     """A YAML syntax error -> UserError naming the line, its text and the parser's complaint."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -182,18 +201,78 @@ def parse_yaml(text: str, where: str) -> object:
     return data
 
 
-def load_json(path: str | Path, *, field: str = "file", fix: str = "give a JSON file meshsim wrote",
-              source: str | None = None) -> object:
-    """Read, parse and shape-check a JSON file (depth only: JSON has no aliases; size by MAX_JSON_BYTES)."""
-    where = source or str(path)
-    text = read_text(path, field=field, source=where, max_bytes=MAX_JSON_BYTES)
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_NUMBER_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-')):,} digits; numbers have at most {MAX_NUMBER_DIGITS}")
+    return int(text)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def _json_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows (meshsim never writes it)")
+
+
+def parse_json(text: str, where: str, *, field: str = "file", fix: str = "give a JSON file meshsim wrote") -> object:
+    """JSON text -> the document: integers of at most MAX_NUMBER_DIGITS digits, finite floats only (no
+    Infinity / NaN), nested at most MAX_NESTING deep; anything else a UserError."""
     try:
-        return json.loads(text)
+        data = json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
     except json.JSONDecodeError as exc:
-        raise UserError(field, str(path), fix, source=where,
+        raise UserError(field, where, fix, source=where,
                         problem=f"Not JSON ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise _too_deep(where, "JSON") from None
+    except ValueError as exc:
+        raise UserError(field, where, fix, source=where, problem=f"Not a plain JSON number: {exc}") from None
+    check_depth(data, where, "JSON")
+    return data
+
+
+def check_depth(data: object, source: str, kind: str = "JSON", start: int = 1) -> None:
+    """Refuse documents nested deeper than MAX_NESTING (json.loads itself reads ~1,000 levels); `start`:
+    the depth of `data` itself within its document."""
+    stack: list[tuple[object, int]] = [(data, start)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        if children and depth >= MAX_NESTING:
+            raise _too_deep(source, kind)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def load_json(path: str | Path, *, field: str = "file", fix: str = "give a JSON file meshsim wrote",
+              source: str | None = None) -> object:
+    """Read, parse and shape-check a JSON file (parse_json; size by MAX_JSON_BYTES)."""
+    where = source or str(path)
+    text = read_text(path, field=field, source=where, max_bytes=MAX_JSON_BYTES)
+    return parse_json(text, where, field=field, fix=fix)
+
+
+def dumps_finite(data: object, **kwargs) -> str:
+    """json.dumps that never writes Infinity or NaN (allow_nan=False): a non-finite number at the output
+    boundary is a bug, reported as one line naming its key, never a file a reader cannot parse."""
+    try:
+        return json.dumps(data, allow_nan=False, **kwargs)
+    except ValueError:
+        raise CommandFailed(f"internal error: a non-finite number at {_non_finite_path(data)} would be "
+                            "written as JSON; nothing was written (please report it)") from None
+
+
+def _non_finite_path(data: object, path: str = "") -> str:
+    if isinstance(data, float) and not math.isfinite(data):
+        return path or "(top level)"
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        found = _non_finite_path(value, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return ""
 
 
 # ----- outputs ---------------------------------------------------------------------------------------

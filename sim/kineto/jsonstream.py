@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.limits import MAX_NESTING
+from meshsim.sim.core.userio import check_depth
 
 CHUNK_CHARS = 1 << 22  # characters read per refill (4 Mi: the buffer holds at most ~2 chunks)
 MAX_MEMBER_CHARS = 1 << 26  # a top-level member other than traceEvents larger than this is refused (64 Mi)
@@ -104,6 +106,12 @@ class _Buffer:
                 if at_end and self.eof:
                     raise self.error("The file ends inside an event (truncated?)") from None
                 raise self.error(f"Malformed JSON ({err.msg})", err.pos) from None
+            except RecursionError:
+                raise self.error(f"Nested more than {MAX_NESTING} levels (README, Limits)") from None
+            except ValueError as err:  # an integer of more than 4,300 digits
+                raise self.error(f"Not a plain JSON number ({err})"[:160]) from None
+            if isinstance(value, dict | list):
+                check_depth(value, str(self.path), "trace JSON", start=2)
             if end >= len(self.text) and not isinstance(value, dict | list | str) and self.more():
                 continue  # a number or literal cut by the buffer's end: decode it again, whole
             self.pos = end

@@ -8,7 +8,6 @@ op types; the collective algorithms chosen. Every table fits the console's width
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from meshsim.sim.core.fmt import (
     time_column,
 )
 from meshsim.sim.core.text import user_text
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.outputs.timeline import write_timeline
@@ -236,12 +236,13 @@ def print_report(r: StepResult, console: Console | None = None, *, tokens: float
 
 def results_json_text(r: StepResult, *, full_critical_path: bool = False) -> str:
     """The results JSON: indented headline fields, then the long lists with one item per line (the
-    critical path has one entry per op on it; json's indenting encoder is ~5x slower than this)."""
+    critical path has one entry per op on it; json's indenting encoder is ~5x slower than this). A
+    non-finite number is refused (userio.dumps_finite), never written as Infinity / NaN."""
     data = r.to_dict(full_critical_path=full_critical_path)
     lists = {key: data.pop(key) for key in ("collectives", "critical_path") if key in data}
-    text = json.dumps(data, indent=1)[:-2]  # drop the closing "\n}"
+    text = dumps_finite(data, indent=1)[:-2]  # drop the closing "\n}"; never Infinity / NaN
     for key, items in lists.items():
-        rows = json.dumps(items)[1:-1].replace("}, {", "},\n  {")  # items hold scalars only
+        rows = dumps_finite(items)[1:-1].replace("}, {", "},\n  {")  # items hold scalars only
         text += f',\n "{key}": [\n  {rows}\n ]' if items else f',\n "{key}": []'
     return text + "\n}\n"
 

@@ -28,12 +28,13 @@ from meshsim.sim.core.console import Column, fitted_table, print_fitted
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import gb_to_gib
 from meshsim.sim.core.text import user_text
-from meshsim.sim.core.userio import load_json
+from meshsim.sim.core.userio import dumps_finite, load_json
 from meshsim.sim.outputs.step_report import OUTPUT_FILES, STREAM_NAMES, path_row_name, stream_row_name
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.records import ConfigEcho
+from meshsim.sim.results.result_ranges import result_problem
 from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.compare_page import (
@@ -65,21 +66,9 @@ def _number(value: object) -> bool:
 
 
 def _malformed(data: object) -> str | None:
-    """What a results dict lacks for a comparison (numbers finite, sections of numbers), or None."""
-    if not isinstance(data, dict):
-        return f"Expected a JSON object, found {type(data).__name__}"
-    bad = [k for _, k, _ in HEADLINE if k not in OPTIONAL_HEADLINE and not _number(data.get(k))]
-    if bad:
-        return f"Missing or non-numeric {', '.join(bad)}"
-    for section in ("breakdown_s", "memory_gb", "critical_path_share"):
-        value = data.get(section, {} if section == "critical_path_share" else None)
-        if not isinstance(value, dict):
-            return f"Missing or malformed section {section}"
-        if section != "memory_gb" and not all(_number(v) for v in value.values()):
-            return f"Non-numeric value in {section}"
-    if not _number(data["memory_gb"].get("total")):
-        return "Missing or non-numeric memory_gb.total"
-    return None
+    """What a results dict lacks for a comparison (sim/results/result_ranges.py: every number within its
+    range), or None."""
+    return result_problem(data)
 
 
 def load_results(path: str | Path) -> StepResult:
@@ -250,7 +239,7 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
         comparison["trace"] = str(trace)
     except UserError as err:
         comparison["note"] = f"merged trace not written: {err}"
-    (out / "compare.json").write_text(json.dumps(comparison, indent=1))
+    (out / "compare.json").write_text(dumps_finite(comparison, indent=1))
     comparison["page"] = str(write_page(comparison, out / "compare.html"))
     return comparison
 

@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import fcntl  # POSIX advisory locks; meshsim targets Linux and macOS
-import json
-import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,14 +24,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from meshsim.sim.core.userio import open_own_file
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.userio import dumps_finite, open_own_file, parse_json
+from meshsim.sim.results.result_ranges import result_problem
 from meshsim.sim.sweep.record import SweepRecord
 
 JSONL_NAME = "sweep.jsonl"
 LOCK_NAME = "sweep.lock"
 OUT_FLAG = "--out"  # what a refused store file is attributed to
-RESULT_NUMBERS = ("step_time_s", "tokens_per_s", "mfu")  # what sweep tables, plots and explanations read
-RESULT_SECTIONS = ("memory_gb", "breakdown_s", "critical_path_share")
 
 
 class StoredRecord(BaseModel):
@@ -54,18 +52,11 @@ class StoredRecord(BaseModel):
             if not isinstance(self.reason, str):
                 raise ValueError("a skipped record needs its reason")
             return self
-        r = self.result
-        if not isinstance(r, dict):
+        if not isinstance(self.result, dict):
             raise ValueError("an ok record needs its result")
-        for name in RESULT_NUMBERS:
-            value = r.get(name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"result.{name} must be a finite number")
-        for name in RESULT_SECTIONS:
-            if not isinstance(r.get(name), dict):
-                raise ValueError(f"result.{name} must be a section")
-        if not isinstance(r["memory_gb"].get("total"), (int, float)):
-            raise ValueError("result.memory_gb.total must be a number")
+        problem = result_problem(self.result)  # every number within its range (sim/results/result_ranges.py)
+        if problem:
+            raise ValueError(f"result: {problem}")
         return self
 
 
@@ -94,13 +85,12 @@ def locked(out_dir: str | Path) -> Iterator[None]:
 def _record(number: int, line: str) -> tuple[SweepRecord | None, str | None]:
     """(the record on line `number`, None), or (None, why it is not a valid record)."""
     try:
-        data = json.loads(line)
+        data = parse_json(line, f"line {number}")
         StoredRecord.model_validate(data)
         return SweepRecord.from_json(data), None
-    except json.JSONDecodeError as exc:
-        return None, f"line {number}: not JSON ({exc.msg}; a run killed mid-write leaves such a line)"
-    except RecursionError:
-        return None, f"line {number}: nested too deeply"
+    except UserError as exc:
+        problem = exc.problem[:1].lower() + exc.problem[1:]
+        return None, f"line {number}: {problem} (a run killed mid-write leaves such a line)"
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "record"
@@ -147,7 +137,7 @@ def append_record(out_dir: str | Path, record: SweepRecord) -> None:
     """Append one record as one line, under the lock, durable before the next configuration finishes.
     A previous line left unterminated (a killed writer) is ended first, so it stays one bad line."""
     path = Path(out_dir) / JSONL_NAME
-    line = json.dumps(record.to_json()) + "\n"
+    line = dumps_finite(record.to_json()) + "\n"
     with locked(out_dir), os.fdopen(open_own_file(OUT_FLAG, path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "ab+") as fh:
         fh.seek(0, os.SEEK_END)
         if fh.tell() > 0:

@@ -1,0 +1,58 @@
+"""The plausible range of every number of a results file (results.json, a sweep record's result), defined
+once: `compare`, the sweep store and `validate --from-results` check a file they read against it, so a
+string where a number belongs, 1e+308 or a 1,000-digit integer is one line naming the field and its
+range (exit 2), never a traceback or an Infinity downstream. Ranges (sim/core/quantities.py style) are
+wide: they exclude only what no simulated step can produce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from meshsim.sim.core.quantities import in_range, range_words
+
+# headline field -> (low, high, unit); absent optional fields are allowed (OPTIONAL below)
+HEADLINE_RANGES = {
+    "step_time_s": (0.0, 1e9, "s"), "tokens_per_s": (0.0, 1e15, "tokens/s"),
+    "tflops_per_gpu": (0.0, 1e6, "TFLOP/s"), "mfu": (0.0, 1.0, ""), "hfu": (0.0, 10.0, ""),
+    "layer_fwd_ms": (0.0, 1e12, "ms"), "layer_bwd_ms": (0.0, 1e12, "ms"),
+}
+OPTIONAL = ("hfu", "layer_fwd_ms", "layer_bwd_ms")
+SECTION_RANGES = {  # every number of the section (booleans such as memory_gb.fits are not numbers)
+    "breakdown_s": (0.0, 1e9, "s"), "memory_gb": (0.0, 1e9, "GB"), "critical_path_share": (0.0, 1.0, ""),
+}
+SLACK = 1e-9  # float rounding of sums (a share of 1.0000000000000002, a waiting time of -1e-17 s)
+
+
+def _out(field: str, value: object, low: float, high: float, unit: str) -> str | None:
+    lo, hi = low - SLACK * max(1.0, abs(low)), high + SLACK * max(1.0, abs(high))
+    if in_range(value, lo, hi):
+        return None
+    if value is None:
+        return f"{field} is missing (expected {range_words(low, high, unit)})"
+    shown = repr(value)[:40] if not isinstance(value, int) or abs(value) < 10**30 else f"{float(value):.3g}"
+    return f"{field} = {shown} is not {range_words(low, high, unit)}"
+
+
+def result_problem(data: object) -> str | None:
+    """What makes `data` not a results dict within its ranges (the first problem, naming the field and
+    its range), or None."""
+    if not isinstance(data, Mapping):
+        return f"Expected a JSON object, found {type(data).__name__}"
+    for field, (low, high, unit) in HEADLINE_RANGES.items():
+        if field in OPTIONAL and field not in data:
+            continue
+        problem = _out(field, data.get(field), low, high, unit)
+        if problem:
+            return problem
+    for section, (low, high, unit) in SECTION_RANGES.items():
+        values = data.get(section, {} if section == "critical_path_share" else None)
+        if not isinstance(values, Mapping):
+            return f"{section} is missing or not a section of numbers"
+        for key, value in values.items():
+            problem = None if isinstance(value, bool) else _out(f"{section}.{key}", value, low, high, unit)
+            if problem:
+                return problem
+    if "total" not in data["memory_gb"] or isinstance(data["memory_gb"]["total"], bool):
+        return "memory_gb.total is missing"
+    return None
