@@ -9,7 +9,7 @@ where topologies are built (topologies/registry.py) and micro-batches / layer pa
 from __future__ import annotations
 
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.core.limits import MAX_GPUS, MAX_LAYERS, MAX_MODEL_DIM, check_at_most
+from meshsim.sim.core.limits import MAX_ALL_TO_ALL_RANKS, MAX_GPUS, MAX_LAYERS, MAX_MODEL_DIM, check_at_most
 
 MODEL_DIMS = ("hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
 
@@ -29,5 +29,7 @@ def check_model_size(scenario: Scenario, source: str) -> None:
             check_at_most(f"parallel.{name}", value, MAX_GPUS if name != "micro_batch" else MAX_MODEL_DIM,
                           f"use parallel.{name} <= {MAX_GPUS if name != 'micro_batch' else MAX_MODEL_DIM:,}",
                           source=source)
+    check_at_most("parallel.ep", p.ep, MAX_ALL_TO_ALL_RANKS, f"use parallel.ep <= {MAX_ALL_TO_ALL_RANKS} (the "
+                  "all-to-all's ranks^2 flows are costed one by one)", source=source, what="ranks of one all-to-all (ep)")
     if isinstance(p.dp, int):
         check_at_most("parallel.dp", p.dp, MAX_GPUS, f"use parallel.dp <= {MAX_GPUS:,}", source=source)

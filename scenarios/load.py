@@ -24,7 +24,6 @@ from meshsim.scenarios.checks import (
 from meshsim.scenarios.fp8_checks import check_fp8
 from meshsim.scenarios.library import builtin_scenarios, builtin_source, source_dir
 from meshsim.scenarios.limits import check_model_size
-from meshsim.scenarios.pipeline_split import most_stage_layers
 from meshsim.scenarios.profile import HardwareProfile, load_profile
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
@@ -160,7 +159,7 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     dp = data_parallel(scenario, gpus)
     p = scenario.parallel
     micro_batches = p.global_batch // (p.micro_batch * dp)
-    check_work(most_stage_layers(p, scenario.model.layers), micro_batches, source=source)
+    check_work(scenario.model.layers, micro_batches, source=source)
     gpu = gpu_spec(scenario, topology, profile, source)
     check_fp8(scenario, gpu, source)
     return ResolvedScenario(

@@ -68,11 +68,3 @@ def virtual_stage_layers(parallel: ParallelConfig, layers: int) -> list[int]:
     counts[0] -= emb
     counts[-1] -= loss
     return counts
-
-
-def most_stage_layers(parallel: ParallelConfig, layers: int) -> int:
-    """The layers of the fullest pipeline stage (its v chunks together): what one simulated rank runs per
-    micro-batch (all layers without PP)."""
-    counts = virtual_stage_layers(parallel, layers)
-    p = parallel.pp
-    return max(sum(counts[r::p]) for r in range(p))

@@ -254,22 +254,28 @@ def test_sweep_over_pp_skips_invalid_combinations_and_explains_the_bubble():
     assert "pipeline bubble" in text and "P2P" in text and "pp=2 is what makes it fit" in text
 
 
-def test_the_work_limit_counts_the_layers_of_one_stage():
-    """A simulated rank runs its stage's layers: GPT-3 175B with pp 8 (12 layers per stage) and 96
-    micro-batches is 1,152 layer passes, accepted; 840 micro-batches (10,080) are refused, naming 12 x 840."""
+def test_the_work_limit_counts_every_stage_of_every_run():
+    """A pipeline simulates every stage, so a run's work is model.layers x its micro-batches whatever pp
+    is, checked before each run: GPT-3 175B (96 layers, pp 8) with 112 micro-batches loads, but its whole
+    step (10,752 layer passes) is refused before any work; a 100-stage pipeline of 1,000 micro-batches is
+    refused at its steady-state run (100 x 201). The rule of main before issue 21 counted one stage's
+    layers and let both through (the second ran 62 s and 850 MB)."""
     from meshsim.scenarios.load import load_scenario, resolve, with_overrides
     from meshsim.sim.core.errors import UserError
+    from meshsim.sim.results.simulate import simulate
 
     scenario, source = load_scenario("gpt3-175b-a100-pp8")
-    big = {"topology.nodes": 128, "parallel.vp": 12, "parallel.global_batch": 1536}
+    big = {"topology.nodes": 128, "parallel.vp": 12, "parallel.global_batch": 16 * 112}
     rs = resolve(with_overrides(scenario, big, source), source)
-    assert (rs.dp, rs.micro_batches, rs.pp, rs.vp) == (16, 96, 8, 12)
-    with pytest.raises(UserError, match=r"\(12 x 840\) is 10,080"):
-        resolve(with_overrides(scenario, {**big, "parallel.global_batch": 16 * 840}, source), source)
-    # uneven split: the fullest stage counts (first 18, last 18, six middle stages of 10 layers)
-    uneven = {"parallel.vp": 1, "parallel.first_stage_layers": 18, "parallel.last_stage_layers": 18}
-    with pytest.raises(UserError, match=r"\(18 x 768\)"):
-        resolve(with_overrides(scenario, {**uneven, "parallel.global_batch": 2 * 768}, source), source)
+    assert (rs.dp, rs.micro_batches, rs.pp, rs.vp) == (16, 112, 8, 12)
+    with pytest.raises(UserError, match=r"by the whole step .*\(96 x 112\) is 10,752 .* at most 104 micro-batches"):
+        simulate(rs, full=True)
+    tiny, tiny_source = load_scenario("tiny-2gpu")
+    deep = {"model.layers": 100, "parallel.pp": 100, "parallel.tp": 1, "parallel.sp": False, "parallel.gpus": 100,
+            "topology.nodes": 13, "parallel.global_batch": 1000, "parallel.micro_batch": 1, "parallel.dp": "auto"}
+    rs = resolve(with_overrides(tiny, deep, tiny_source), tiny_source)
+    with pytest.raises(UserError, match=r"steady state's run \(100 x 201\) is 20,100 .* use fewer pipeline stages"):
+        simulate(rs)
 
 
 def test_each_stage_gathers_its_parameters_after_the_optimizer_without_overlap_param_gather():

@@ -323,3 +323,46 @@ def test_cli_show():
     assert result.exit_code == 0 and "box4-nvbridge" in result.output
     result = CliRunner().invoke(_app(), ["topologies", "--show", "dgx-h10"])
     assert isinstance(result.exception, UserError)
+
+
+def _recursive_hamiltonian(local, near, budget_steps):
+    """The recursive search groups._hamiltonian replaced (main at 6554bd4), kept as its reference."""
+    start, n = local[0], len(local)
+    path, seen, budget = [start], {start}, [budget_steps]
+
+    def dfs() -> bool:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        if len(path) == n:
+            return start in near[path[-1]]
+        for nxt in near[path[-1]]:
+            if nxt not in seen:
+                path.append(nxt)
+                seen.add(nxt)
+                if dfs():
+                    return True
+                path.pop()
+                seen.discard(nxt)
+        return False
+
+    return tuple(path) if dfs() else None
+
+
+def test_iterative_ring_search_equals_the_recursive_one_and_takes_any_node_size(monkeypatch):
+    import random
+
+    from meshsim.sim.cost.collectives import groups
+
+    rng = random.Random(7)
+    for trial in range(400):
+        n = rng.randint(1, 9)
+        local = tuple(range(n))
+        near = {a: [b for b in rng.sample(local, n) if b != a and rng.random() < 0.6] for a in local}
+        budget = rng.choice([3, 10, 50, groups._SEARCH_BUDGET])
+        monkeypatch.setattr(groups, "_SEARCH_BUDGET", budget)
+        assert groups._hamiltonian(local, near) == _recursive_hamiltonian(local, near, budget), (trial, near)
+    monkeypatch.setattr(groups, "_SEARCH_BUDGET", 20_000)
+    big = tuple(range(3000))  # deeper than Python's recursion limit
+    ring = groups._hamiltonian(big, {a: [b for b in (a + 1, a - 1, 0) if 0 <= b < 3000 and b != a] for a in big})
+    assert ring == big

@@ -18,7 +18,7 @@ import typer
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
 from meshsim.sim.core.fmt import fmt_bytes, fmt_count
-from meshsim.sim.core.limits import MAX_COLLECTIVE_BYTES, MAX_SIZE_ROWS, check_at_most
+from meshsim.sim.core.limits import MAX_ALL_TO_ALL_RANKS, MAX_COLLECTIVE_BYTES, MAX_SIZE_ROWS, check_at_most
 from meshsim.sim.core.text import echo_plain
 from meshsim.sim.core.units import format_size, parse_size
 from meshsim.sim.core.userio import check_output_file
@@ -61,10 +61,16 @@ def _check_names(op: str, algo: str, protocol: str) -> None:
         raise unknown_name_error("--protocol", protocol, PROTOCOL_CHOICES)
 
 
-def _ranks(requested: int | None, num_gpus: int, name: str) -> list[int]:
+def _ranks(requested: int | None, num_gpus: int, name: str, op: str) -> list[int]:
     n = num_gpus if requested is None else requested
+    if num_gpus < 2:
+        raise UserError("--ranks", n, f"add --nodes 2 or more ({name} has {num_gpus} GPU per node)",
+                        problem="A collective needs at least 2 ranks")
     if not 2 <= n <= num_gpus:
         raise UserError("--ranks", n, f"use 2..{num_gpus} (the GPUs of {name}; add --nodes for more)")
+    if op == "all_to_all":
+        check_at_most("--ranks", n, MAX_ALL_TO_ALL_RANKS, f"use --ranks {MAX_ALL_TO_ALL_RANKS} or fewer (an "
+                      "all-to-all's ranks^2 flows are costed one by one)", what="ranks of one all-to-all")
     return list(range(n))
 
 
@@ -90,7 +96,7 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
     _check_rows(low, high, step_factor)
     sizes = sweep_sizes(low, high, step_factor)
     topo = build_topology(topology, nodes)
-    group = _ranks(ranks, topo.num_gpus, topo.name)
+    group = _ranks(ranks, topo.num_gpus, topo.name, op)
     rows = sweep(topo, op, group, sizes, algo=algo, protocol=protocol)
     title = f"{op} on {len(group)} ranks of {topo.name} (simulated nccl-tests)"
     print_table(rows, title)

@@ -5,9 +5,17 @@ The table in README.md ("Limits") and docs/scenarios.md ("Limits") lists the sam
 in step. Where a number comes from a measurement it is stated beside it (2-core CPU, Python 3.11):
 - 16,384 GPUs (2,048 eight-GPU nodes): llama2-70b on 2,048 DGX H100 nodes simulates in ~20 s; the cost
   of a DP collective grows with the number of concurrent groups it is costed against.
-- 10,000 layer passes (layers of one pipeline stage x simulated micro-batches) per simulated rank: the builder emits at most
-  ~110 ops per layer pass (TP overlap chunks, full recompute), so at most ~1.1 M ops; the engine runs
-  ~30 us per op (340 k ops in ~11 s), i.e. under a minute and ~1 GB.
+- 10,000 layer passes (model.layers x micro-batches per step, whatever pp is: a pipeline simulates every
+  stage, so its stages' layers add up to model.layers): the builder emits at most ~110 ops per layer pass
+  (TP overlap chunks, full recompute), so at most ~1.1 M ops; the engine runs ~30 us per op (a pipeline of
+  100 stages simulating 20,100 layer passes took 62 s and 850 MB), i.e. under a minute and ~1 GB even
+  when the steady state cannot be extrapolated. Counting only one stage's layers (main before issue 21)
+  let a 100-stage pipeline of 1,000 micro-batches through at 10x this cost.
+- 576 GPUs in one custom node (NVL576, the largest announced NVLink domain): ring search, tree plans and
+  link sharing are quadratic in the GPUs of a node (1,280 GPUs: 75 s, 1.1 GB).
+- 512 ranks in one all-to-all (parallel.ep, `meshsim collective --op all_to_all`): it has ranks^2 flows
+  sharing links (512 ranks: 16-25 s and 440 MB).
+benchmarks/limits.py runs a case at each limit and prints its time and peak RSS.
 The library's largest scenario (gpt3-175b-a100-16node) uses 1,536 layer passes and 128 GPUs.
 """
 
@@ -21,7 +29,7 @@ MAX_LAYERS = 1_000  # model.layers (the largest public dense models have ~126)
 MAX_MODEL_DIM = 1 << 24  # hidden, ffn_hidden, heads, kv_heads, seq_len, vocab (16,777,216)
 MAX_GPUS = 16_384  # GPUs of a topology (nodes x GPUs per node)
 MAX_MICRO_BATCHES = 10_000  # micro-batches per DP rank per step (global_batch / (micro_batch x dp))
-MAX_LAYER_PASSES = 10_000  # layers x micro-batches simulated on one rank (bounds its ops, see above)
+MAX_LAYER_PASSES = 10_000  # model.layers x micro-batches per step (bounds the ops simulated, see above)
 MAX_EXPLICIT_RANKS = 64  # ranks simulated by `meshsim run --explicit-ranks` (tp x min(dp, 2))
 MAX_SWEEP_POINTS = 1_024  # configurations of one sweep (product of its axes)
 MAX_COLLECTIVE_BYTES = 1 << 50  # one collective's payload (1 PiB), `meshsim collective --max-bytes`
@@ -30,6 +38,8 @@ MAX_DEVICES = 20_000  # devices of a custom topology file (one node)
 MAX_LINKS = 200_000  # links of a custom topology file (one node)
 MAX_NICS_PER_NODE = 256  # NICs of one custom node joined into several nodes (one rail each)
 MAX_TRANSIT_GPUS = 256  # GPUs of one node with nvlink_gpu_transit (routes search through GPUs)
+MAX_NODE_GPUS = 576  # GPUs of one custom topology node (ring search and link sharing are quadratic in it)
+MAX_ALL_TO_ALL_RANKS = 512  # ranks of one all-to-all (parallel.ep; meshsim collective --op all_to_all)
 MAX_YAML_BYTES = 1 << 20  # a scenario, topology or profile YAML file (1 MiB)
 MAX_JSON_BYTES = 512 << 20  # a results or trace JSON read by compare / validate (512 MiB)
 MAX_YAML_NODES = 200_000  # values in a parsed YAML file, every alias counted at each use
@@ -52,16 +62,23 @@ def check_finite(field: str, value: float, fix: str, *, source: str | None = Non
         raise UserError(field, value, fix, source=source, problem="Not a finite number")
 
 
-def check_work(layers: int, micro_batches: int, simulated_micro_batches: int | None = None, *,
-               source: str | None = None) -> None:
-    """The limits on a step's size: micro-batches per step, and layer passes per simulated rank
-    (`layers` = the layers one simulated rank runs per micro-batch: all of them, or its pipeline stage's
-    (scenarios/pipeline_split.py) x the micro-batches the engine actually simulates; default: all)."""
+def check_work(layers: int, micro_batches: int, *, source: str | None = None) -> None:
+    """At load: micro-batches per step (what one simulation run costs is checked where the run's
+    micro-batches are known: check_simulated_work)."""
     check_at_most("parallel.global_batch", micro_batches, MAX_MICRO_BATCHES,
                   "use a smaller global_batch or a larger micro_batch", source=source,
                   what="micro-batches per step (global_batch / (micro_batch x dp))")
-    simulated = micro_batches if simulated_micro_batches is None else simulated_micro_batches
-    check_at_most("model.layers", layers, MAX_LAYER_PASSES, "use fewer layers (per pipeline stage) or fewer "
-                  "micro-batches per step", source=source,
-                  what=f"layers per simulated rank x simulated micro-batches ({layers} x {simulated})",
-                  amount=layers * simulated)
+
+
+def check_simulated_work(layers: int, micro_batches: int, *, source: str | None = None, pp: int = 1,
+                         why: str = "") -> None:
+    """Before the engine runs: layer passes simulated = model.layers (a pipeline simulates every stage,
+    whose layers add up to model.layers) x the micro-batches of this run (the whole step, or the short
+    run its steady state is extrapolated from, ~2 pp + 2 micro-batches for a pipeline)."""
+    most = max(1, MAX_LAYER_PASSES // layers)
+    stages = f"; with pp = {pp} the steady state needs ~{2 * pp + 2} micro-batches simulated: use fewer " \
+             "pipeline stages" if pp > 1 else ""
+    check_at_most("model.layers x micro-batches", f"{layers:,} x {micro_batches:,}", MAX_LAYER_PASSES,
+                  f"use at most {most:,} micro-batches per step with {layers:,} layers (a smaller global_batch, a "
+                  f"larger micro_batch or more dp), or fewer layers{stages}", source=source,
+                  what=f"layer passes simulated{why} ({layers:,} x {micro_batches:,})", amount=layers * micro_batches)

@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.engines import EngineName
+from meshsim.sim.core.limits import check_simulated_work
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
 from meshsim.sim.cost.collectives.flex import flex_arguments
@@ -222,6 +223,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, 
     """The whole step simulated: its result, its event log and stage 0's schedule (the others:
     build_stage_schedules(rs)); `state` is what the result's steady_state says about it (simulate: why
     the step was not extrapolated)."""
+    check_simulated_work(rs.scenario.model.layers, rs.micro_batches, source=rs.source, pp=rs.pp)
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
@@ -278,6 +280,8 @@ def plan_and_run(rs: ResolvedScenario, force: bool) -> tuple[steady_state.Plan, 
 def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, coster: CollectiveCoster,
                engine_name: EngineName | None) -> steady_state.Run:
     """The step shortened to `micro_batches`, simulated whole (the run simulate_steady extrapolates)."""
+    check_simulated_work(rs.scenario.model.layers, micro_batches, source=rs.source, pp=rs.pp,
+                         why=" by the steady state's run")
     short = replace(rs, micro_batches=micro_batches)
     schedules = build_stage_schedules(short)
     log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
@@ -340,6 +344,8 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
         result, reason = simulate_steady(rs, explicit_ranks=explicit_ranks, engine_name=engine_name)
         if result is not None:
             return result
+    check_simulated_work(rs.scenario.model.layers, rs.micro_batches, source=rs.source,
+                         why=f" by the whole step (not extrapolated: {reason})")
     return simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name,
                                 state=steady_state.SteadyState("full", reason))[0]
 
