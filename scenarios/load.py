@@ -29,7 +29,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.scenarios.schema_errors import schema_error
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
-from meshsim.sim.core.limits import check_work
+from meshsim.sim.core.limits import MAX_NODE_GPUS, check_at_most, check_work
 from meshsim.sim.core.userio import is_file, load_yaml
 from meshsim.topologies import registry
 from meshsim.topologies.gpus import GPUS, GpuSpec
@@ -153,6 +153,9 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     check_topology_source(scenario, early)
     check_gpu_preset(scenario, early)
     topology = build_scenario_topology(scenario, source)
+    check_at_most("topology.file", scenario.topology.file, MAX_NODE_GPUS, f"use a node of at most {MAX_NODE_GPUS} "
+                  "GPUs, joined into nodes with `nodes: N` and nic_gbitps (meshsim topologies --show reads any size)",
+                  source=source, what="GPUs per node simulated", amount=topology.gpus_per_node)
     check_scenario(scenario, source, topology.num_gpus, topology.gpus_per_node)
     profile = load_scenario_profile(scenario, source)
     gpus = gpus_used(scenario, topology.num_gpus)

@@ -232,7 +232,23 @@ def _alias_bomb(tmp_path: Path) -> list:
     return _yaml(tmp_path, "\n".join(levels) + "\n" + yaml.safe_dump(TINY) + "extra: *a8\n")
 
 
+def _big_node(tmp_path: Path, gpus: int = 1300) -> list:
+    """A scenario on one custom node of `gpus` GPUs (RecursionError in the ring search before issue 21)."""
+    devices = [{"name": f"g{i}", "kind": "gpu"} for i in range(gpus)] + [{"name": "sw", "kind": "nvswitch"}]
+    links = [{"src": f"g{i}", "dst": "sw", "bw_gbps": 450, "latency_us": 0.5, "kind": "nvlink"} for i in range(gpus)]
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump({"name": "big", "gpu": "h100-sxm", "gpus_per_node": gpus,
+                                                       "devices": devices, "links": links}))
+    return ["run", scenario(tmp_path, topology={"file": "big.yaml", "preset": None},
+                            parallel={"gpus": None, "tp": 1, "global_batch": gpus}), "--outputs", "none"]
+
+
 UNBOUNDED_CASES = {
+    "custom node of 1,300 GPUs": (_big_node, "GPUs per node simulated is 1,300"),
+    "pipeline of 100 stages x 1,000 micro-batches": (
+        lambda p: ["run", scenario(p, model={"layers": 100}, topology={"nodes": 13},
+                                   parallel={"gpus": 100, "tp": 1, "pp": 100, "micro_batch": 1, "global_batch": 1000}),
+                   "--outputs", "none"], "layer passes simulated"),
+    "all-to-all over 128 nodes": (lambda p: ["collective", "--op", "all_to_all", "--nodes", "128"], "all-to-all"),
     "layers: 1000000": (lambda p: ["run", scenario(p, model={"layers": 1_000_000})], "model.layers"),
     "global_batch: 1000000000": (lambda p: ["run", scenario(p, parallel={"global_batch": 1_000_000_000})],
                                  "parallel.global_batch"),

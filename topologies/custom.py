@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
-from meshsim.sim.core.limits import MAX_DEVICES, MAX_LINKS, MAX_NODE_GPUS, MAX_TRANSIT_GPUS, check_at_most
+from meshsim.sim.core.limits import MAX_DEVICES, MAX_LINKS, MAX_TRANSIT_GPUS, check_at_most
 from meshsim.sim.core.quantities import Gbitps, GBps, LatencyUs
 from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.sim.core.userio import is_file, parse_yaml, read_text
@@ -107,8 +107,6 @@ def _check_counts(spec: CustomTopology, source: str) -> None:
     if n_gpus != spec.gpus_per_node:
         raise UserError("gpus_per_node", spec.gpus_per_node, f"set gpus_per_node: {n_gpus} (the devices list "
                         f"has {n_gpus} of kind gpu), or add/remove GPU devices", source=source)
-    check_at_most("gpus_per_node", spec.gpus_per_node, MAX_NODE_GPUS, f"use at most {MAX_NODE_GPUS} GPUs per "
-                  "node (join nodes with nodes: N and nic_gbitps instead)", source=source, what="GPUs per node")
     if spec.nvlink_gpu_transit:
         check_at_most("gpus_per_node", spec.gpus_per_node, MAX_TRANSIT_GPUS, "set nvlink_gpu_transit: false, or "
                       f"use at most {MAX_TRANSIT_GPUS} GPUs per node", source=source,

@@ -11,8 +11,9 @@ in step. Where a number comes from a measurement it is stated beside it (2-core 
   100 stages simulating 20,100 layer passes took 62 s and 850 MB), i.e. under a minute and ~1 GB even
   when the steady state cannot be extrapolated. Counting only one stage's layers (main before issue 21)
   let a 100-stage pipeline of 1,000 micro-batches through at 10x this cost.
-- 576 GPUs in one custom node (NVL576, the largest announced NVLink domain): ring search, tree plans and
-  link sharing are quadratic in the GPUs of a node (1,280 GPUs: 75 s, 1.1 GB).
+- 576 GPUs in one node of a simulated scenario (NVL576, the largest announced NVLink domain): ring search,
+  tree plans and link sharing are quadratic in the GPUs of a node (1,280 GPUs: 75 s, 1.1 GB); loading or
+  showing a larger custom node stays cheap (one search per switch).
 - 512 ranks in one all-to-all (parallel.ep, `meshsim collective --op all_to_all`): it has ranks^2 flows
   sharing links (512 ranks: 16-25 s and 440 MB).
 benchmarks/limits.py runs a case at each limit and prints its time and peak RSS.
@@ -38,7 +39,7 @@ MAX_DEVICES = 20_000  # devices of a custom topology file (one node)
 MAX_LINKS = 200_000  # links of a custom topology file (one node)
 MAX_NICS_PER_NODE = 256  # NICs of one custom node joined into several nodes (one rail each)
 MAX_TRANSIT_GPUS = 256  # GPUs of one node with nvlink_gpu_transit (routes search through GPUs)
-MAX_NODE_GPUS = 576  # GPUs of one custom topology node (ring search and link sharing are quadratic in it)
+MAX_NODE_GPUS = 576  # GPUs of one node a scenario simulates (ring search and link sharing are quadratic in it)
 MAX_ALL_TO_ALL_RANKS = 512  # ranks of one all-to-all (parallel.ep; meshsim collective --op all_to_all)
 MAX_YAML_BYTES = 1 << 20  # a scenario, topology or profile YAML file (1 MiB)
 MAX_JSON_BYTES = 512 << 20  # a results or trace JSON read by compare / validate (512 MiB)
