@@ -6,6 +6,7 @@ torch (and everything that imports it) is imported only inside the command funct
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ from meshsim.scenarios.load import load_scenario, resolve
 from meshsim.scenarios.profile import save_profile
 from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.interrupt import Interrupted, signals_raise
 from meshsim.sim.core.text import echo_plain
 from meshsim.sim.core.userio import check_output_dir, check_output_file, load_json, output_folder_name
 from meshsim.sim.kineto.calibrate import profile_from_trace
@@ -322,6 +324,22 @@ def _calibrate_from_trace(paths: list[Path], scenario: str | None, out: Path | N
                f"with meshsim run {scenario} --profile {path}")
 
 
+def _interruptible(command):
+    """The command with SIGTERM / Ctrl-C turned into one line and exit 128 + signal (sim/core/interrupt.py):
+    the launcher's `finally` stops the workers and removes its temporary folder on the way out."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            with signals_raise():
+                return command(*args, **kwargs)
+        except Interrupted as stop:
+            raise Interrupted(stop.signum, f"meshsim {command.__name__.removesuffix('_command')} stopped its "
+                              "workers and removed its temporary folder; nothing was written") from None
+
+    return run
+
+
 def register(app: typer.Typer) -> None:
-    app.command("validate")(validate_command)
-    app.command("calibrate")(calibrate_command)
+    app.command("validate")(_interruptible(validate_command))
+    app.command("calibrate")(_interruptible(calibrate_command))

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshsim.sim.core.errors import CommandFailed, UserError
+from meshsim.sim.core.interrupt import signals_raise
 from meshsim.sim.core.text import plain
 from meshsim.sim.sweep.axes import SweepPoint, referenced_snapshot, scenario_digest
 from meshsim.sim.sweep.record import SweepRecord, run_point
@@ -54,22 +55,9 @@ class SweepInterrupted(CommandFailed):
                          f"kept{where}", exit_code=128 + signum)
 
 
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def _signals_interrupt():
     """Turn SIGTERM and SIGINT into SweepInterrupted in this (main) thread for the block's duration."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise SweepInterrupted(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return signals_raise(SweepInterrupted)
 
 
 @contextmanager

@@ -126,6 +126,7 @@ def _spawn_entry(local_rank: int, world: int, port: int, task: str, payload: dic
                  backend: str, timeout_s: float) -> None:
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us, quietly
     if payload.get("absent_rank") == local_rank:  # launcher tests: this rank never joins
         return
     with heartbeat(Path(out_dir) / f"alive.{local_rank}"):
