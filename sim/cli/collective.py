@@ -18,7 +18,13 @@ import typer
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.errors import EXIT_USER_ERROR, UserError, unknown_name_error
 from meshsim.sim.core.fmt import fmt_bytes, fmt_count
-from meshsim.sim.core.limits import MAX_ALL_TO_ALL_RANKS, MAX_COLLECTIVE_BYTES, MAX_SIZE_ROWS, check_at_most
+from meshsim.sim.core.limits import (
+    MAX_ALL_TO_ALL_RANKS,
+    MAX_COLLECTIVE_BYTES,
+    MAX_SIZE_ROWS,
+    check_at_most,
+    check_nodes,
+)
 from meshsim.sim.core.text import echo_plain
 from meshsim.sim.core.units import format_size, parse_size
 from meshsim.sim.core.userio import check_output_file
@@ -90,6 +96,7 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
                    plot_path: Path | None) -> list[Row]:
     """The command's work, raising UserError on bad input."""
     _check_names(op, algo, protocol)
+    check_nodes("--nodes", nodes)
     check_output_file("--json", json_path)
     check_output_file("--plot", plot_path)
     low, high = _size("--min-bytes", min_bytes), _size("--max-bytes", max_bytes)

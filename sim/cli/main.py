@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import typer
 
-from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError, missing_extra
+from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError, closest, missing_extra
 from meshsim.sim.core.text import plain
 
 COMMAND_MODULES = {  # command -> the module that registers it (each module registers all of its commands)
@@ -75,6 +75,21 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
     return app
 
 
+def usage_line(exc: Exception) -> str:
+    """A click usage error as one line: its message, then the fix (the command's --help; for an unknown
+    command, the closest one and the list)."""
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else "meshsim"
+    message = " ".join(plain(exc.format_message()).split())
+    commands = sorted(getattr(ctx.command, "commands", {}) or {}) if ctx is not None else []
+    if message.startswith("No such command") and commands:
+        name = message.split("'")[1] if "'" in message else ""
+        guess = closest(name, commands)
+        hint = f"did you mean {guess!r}? " if guess else ""
+        return f"{message.split('.')[0]}. Fix: {hint}use one of {', '.join(commands)} (meshsim --help)"
+    return f"{message.rstrip('.')}. Fix: see `{path} --help`"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI; UserError -> message on stderr, exit 2, no traceback."""
     try:
@@ -100,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except Exception as exc:
-        # usage errors (unknown option, missing argument) from click, or the click that typer vendors
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
+        # usage errors (unknown option or command, a bad value, a missing argument) from click, or the
+        # click that typer vendors: one line with the fix, like every other bad input
+        if callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            typer.echo(f"error: {usage_line(exc)}", err=True)
             return EXIT_USER_ERROR
         raise
     return code if isinstance(code, int) else 0

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
+from meshsim.sim.core.limits import check_nodes
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import gbit_to_gbps
 from meshsim.sim.core.userio import check_output_file
@@ -82,6 +83,7 @@ def topologies(
 ) -> None:
     """List topology presets with their key figures, or summarize one topology (--show)."""
     check_output_file("--json", json_path)
+    check_nodes("--nodes", nodes)
     console = make_console()
     if show:
         is_file = show.endswith((".yaml", ".yml"))

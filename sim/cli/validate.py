@@ -6,9 +6,11 @@ torch (and everything that imports it) is imported only inside the command funct
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -102,9 +104,24 @@ def _results(path: Path) -> list:
     if not path.is_file():
         raise UserError("--from-results", str(path), RESULTS_FIX, problem="No such file")
     data = load_json(path, field="--from-results", fix=RESULTS_FIX)
-    if not isinstance(data, list) or not data:
-        raise UserError("--from-results", str(path), RESULTS_FIX, problem="Expected a list with one entry per rank")
+    if not isinstance(data, list) or not data or not all(isinstance(entry, dict) for entry in data):
+        raise UserError("--from-results", str(path), RESULTS_FIX,
+                        problem="Expected a list with one JSON object per rank")
     return data
+
+
+@contextlib.contextmanager
+def _reading_results(path: Path | None) -> Iterator[None]:
+    """Turn a malformed --from-results file (a rank's entry missing a key, a string where a list of
+    timings belongs, ranks of another payload) into one UserError naming it; no-op without a file."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        if path is None:
+            raise
+        detail = f"{type(exc).__name__}: {exc}"[:120]
+        raise UserError("--from-results", str(path), RESULTS_FIX + " for this scenario and --nproc",
+                        problem=f"Not the results of this payload ({detail})") from None
 
 
 def _default_out(name: str, suffix: str = "") -> Path:
@@ -145,7 +162,9 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
         _dump(dump, "numerics", payload, nproc, "gloo")
         return 0
     per_rank = _results(results_path) if results_path else launch("numerics", payload, nproc, timeout_s=120.0)
-    code = print_numerics(merge(variants_, per_rank, source), nproc, dtype, compare_ops=ops)
+    with _reading_results(results_path):
+        merged = merge(variants_, per_rank, source)
+    code = print_numerics(merged, nproc, dtype, compare_ops=ops)
     return code or (0 if fp8_ok else 1)
 
 
@@ -214,12 +233,13 @@ def validate_command(
     if trace is not None and not local:
         raise UserError("--trace", str(trace), "drop --trace with --dump-payload / --from-results (the traces are "
                         "recorded by processes this command spawns)")
-    _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, per_rank, trace))
+    _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, per_rank, trace,
+                      from_results))
 
 
 def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance: float | None,
                 json_path: Path | None, out: Path | None, repeats: int, dump: Path | None,
-                per_rank: list | None, trace: Path | None = None) -> int:
+                per_rank: list | None, trace: Path | None = None, results_path: Path | None = None) -> int:
     # meshsim[validate] extra: these modules import torch
     from meshsim.validate.crosscheck.crosscheck import finish, run_crosscheck, timing_payload
     from meshsim.validate.printing import print_crosscheck
@@ -245,8 +265,9 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
             raise UserError("--profile", None, "with --from-results give the profile to simulate with "
                             "(meshsim calibrate ... --from-results writes one)")
         shrunk, variants_, _ = timing_payload(sc, source, n, be, repeats=repeats)
-        measured = reduce_run(stage_schedules_of(shrunk, source), per_rank)
-        result = finish(shrunk, source, str(profile), variants_, measured, out_dir)
+        with _reading_results(results_path):
+            measured = reduce_run(stage_schedules_of(shrunk, source), per_rank)
+            result = finish(shrunk, source, str(profile), variants_, measured, out_dir)
     else:
         result = run_crosscheck(sc, source, n, profile=str(profile) if profile else None, out_dir=out_dir,
                                 backend=be, repeats=repeats, trace_dir=trace)
@@ -299,7 +320,8 @@ def calibrate_command(
         _dump(dump_payload, "calibrate", payload, n, be)
         return
     if per_rank is not None:
-        profile = build_profile(schedule_of(shrunk, source), per_rank, f"{shrunk.name}-{be}-{n}proc", be, sc.name)
+        with _reading_results(from_results):
+            profile = build_profile(schedule_of(shrunk, source), per_rank, f"{shrunk.name}-{be}-{n}proc", be, sc.name)
         save_profile(profile, path)
     else:
         profile = calibrate(shrunk, source, n, backend=be, out=path)

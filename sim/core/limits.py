@@ -58,6 +58,13 @@ def check_at_most(field: str, value: object, limit: int, fix: str, *, source: st
         raise UserError(field, value, fix, source=source, problem=problem)
 
 
+def check_nodes(flag: str, nodes: int | None) -> None:
+    """--nodes (when given) is a whole number of nodes from 1 to MAX_GPUS (every command that takes it)."""
+    if nodes is not None and not 1 <= nodes <= MAX_GPUS:
+        raise UserError(flag, nodes, f"use {flag} 1 to {MAX_GPUS:,} (nodes joined by the IB fabric)",
+                        problem="Not a number of nodes")
+
+
 def check_finite(field: str, value: float, fix: str, *, source: str | None = None) -> None:
     if not math.isfinite(value):
         raise UserError(field, value, fix, source=source, problem="Not a finite number")

@@ -90,7 +90,8 @@ def _record(number: int, line: str) -> tuple[SweepRecord | None, str | None]:
         return SweepRecord.from_json(data), None
     except UserError as exc:
         problem = exc.problem[:1].lower() + exc.problem[1:]
-        return None, f"line {number}: {problem} (a run killed mid-write leaves such a line)"
+        cause = " (a run killed mid-write leaves such a line)" if problem.startswith("not JSON") else ""
+        return None, f"line {number}: {problem}{cause}"
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "record"
