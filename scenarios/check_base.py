@@ -41,5 +41,10 @@ def fmt_set(values: list[int]) -> str:
     return "{" + ", ".join(str(v) for v in values) + "}"
 
 
+def use_in(name: str, values: list[int]) -> str:
+    """The fix 'use NAME in {1, 2, 4}', or, when no value fits, what to change instead: never an empty set."""
+    return f"use {name} in {fmt_set(values)}" if values else f"no {name} fits the other settings (change them)"
+
+
 def rule_error(ctx: CheckContext, field: str, value: object, problem: str, fix: str) -> UserError:
     return UserError(field, value, fix, source=ctx.source, problem=problem)

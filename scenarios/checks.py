@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, gpus_used
-from meshsim.scenarios.check_base import fmt_set as _fmt
+from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, gpus_used, use_in
 from meshsim.scenarios.check_base import rule_error as _err
 from meshsim.scenarios.cp_checks import CP_RULES
 from meshsim.scenarios.moe_checks import MOE_RULES
@@ -138,7 +137,7 @@ def check_pipeline_layers(s: Scenario, ctx: CheckContext) -> None:
         fits = [d for d in divisors(units) if d % p.vp == 0 and d // p.vp <= ctx.topology_gpus]
         options = sorted({d // p.vp for d in fits})
         raise _err(ctx, "parallel.pp", p.pp, f"pp x vp = {p.pp} x {p.vp} = {split} must divide {what}",
-                   f"use pp in {_fmt(options)} at vp = {p.vp}, or change parallel.vp")
+                   f"{use_in('pp', options)} at vp = {p.vp}, or change parallel.vp")
 
 
 def check_interleaved_micro_batches(s: Scenario, ctx: CheckContext) -> None:
@@ -177,7 +176,7 @@ def check_kv_heads(s: Scenario, ctx: CheckContext) -> None:
     if m.heads % m.num_kv_heads:
         raise _err(ctx, "model.kv_heads", m.kv_heads,
                    f"Each KV head serves heads/kv_heads query heads, but model.heads = {m.heads} is not "
-                   "a multiple of it", f"use kv_heads in {_fmt(divisors(m.heads))}")
+                   "a multiple of it", f"{use_in('kv_heads', divisors(m.heads))}")
 
 
 def check_gpus_fit(s: Scenario, ctx: CheckContext) -> None:
@@ -194,7 +193,7 @@ def check_tp_fits(s: Scenario, ctx: CheckContext) -> None:
     tp, gpus = s.parallel.tp, gpus_used(s, ctx.topology_gpus)
     if tp > gpus:
         raise _err(ctx, "parallel.tp", tp, f"tp exceeds the {gpus} GPUs used",
-                   f"use tp in {_fmt(valid_tp(s, gpus))}, or use more GPUs (parallel.gpus / topology.nodes)")
+                   f"{use_in('tp', valid_tp(s, gpus))}, or use more GPUs (parallel.gpus / topology.nodes)")
 
 
 def check_tp_divides_model(s: Scenario, ctx: CheckContext) -> None:
@@ -203,7 +202,7 @@ def check_tp_divides_model(s: Scenario, ctx: CheckContext) -> None:
         if size % tp:
             raise _err(ctx, "parallel.tp", tp,
                        f"Tensor parallelism splits model.{name} = {size} over tp ranks, and {tp} does not "
-                       "divide it", f"use tp in {_fmt(valid_tp(s, gpus_used(s, ctx.topology_gpus)))}")
+                       "divide it", f"{use_in('tp', valid_tp(s, gpus_used(s, ctx.topology_gpus)))}")
 
 
 def check_tp_kv_heads(s: Scenario, ctx: CheckContext) -> None:
@@ -212,7 +211,7 @@ def check_tp_kv_heads(s: Scenario, ctx: CheckContext) -> None:
         how = ("KV heads are replicated when kv_heads < tp, so tp must be a multiple of kv_heads"
                if kv < tp else "each tp rank holds kv_heads/tp whole KV heads, so tp must divide kv_heads")
         raise _err(ctx, "parallel.tp", tp, f"model.kv_heads = {kv}: {how}",
-                   f"use tp in {_fmt(valid_tp(s, gpus_used(s, ctx.topology_gpus)))}")
+                   f"{use_in('tp', valid_tp(s, gpus_used(s, ctx.topology_gpus)))}")
 
 
 def check_dp_matches_gpus(s: Scenario, ctx: CheckContext) -> None:
@@ -223,13 +222,13 @@ def check_dp_matches_gpus(s: Scenario, ctx: CheckContext) -> None:
     if p.dp == "auto":
         if gpus % p.tp:
             raise _err(ctx, "parallel.tp", p.tp, f"dp = auto needs tp to divide the {gpus} GPUs used",
-                       f"use tp in {_fmt(valid_tp(s, gpus))}, or parallel.gpus a multiple of {p.tp}")
+                       f"{use_in('tp', valid_tp(s, gpus))}, or parallel.gpus a multiple of {p.tp}")
         if gpus % model:
             field, value = ("parallel.cp", p.cp) if p.cp > 1 and gpus % (p.tp * p.pp) == 0 else ("parallel.pp", p.pp)
             raise _err(ctx, field, value, f"dp = auto needs {names} = {sizes} to divide the "
                        f"{gpus} GPUs used ({names} x dp = GPUs)",
-                       f"use pp in {_fmt([d for d in divisors(gpus // p.tp)])}, or other GPUs" if field == "parallel.pp"
-                       else f"use cp in {_fmt(divisors(gpus // (p.tp * p.pp)))}, or other GPUs")
+                       f"{use_in('pp', [d for d in divisors(gpus // p.tp)])}, or other GPUs" if field == "parallel.pp"
+                       else f"{use_in('cp', divisors(gpus // (p.tp * p.pp)))}, or other GPUs")
     elif model * p.dp != gpus:
         raise _err(ctx, "parallel.dp", p.dp, f"{names} x dp = {sizes} x {p.dp} = {model * p.dp} but "
                    f"{gpus} GPUs are used", f"set parallel.dp: auto, or parallel.dp: {gpus // model}, or "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from meshsim.scenarios.check_base import CheckContext, divisors, fmt_set, gpus_used, rule_error
+from meshsim.scenarios.check_base import CheckContext, divisors, gpus_used, rule_error, use_in
 from meshsim.scenarios.schema import ModelConfig, Scenario
 
 
@@ -66,11 +66,11 @@ def check_router_groups(s: Scenario, ctx: CheckContext) -> None:
     if moe.experts % groups or topk > groups:
         raise rule_error(ctx, "model.moe.router_groups", groups, f"The {moe.experts} experts split into "
                          f"router_groups equal groups, of which router_group_topk = {topk} are picked",
-                         f"use router_groups in {fmt_set([g for g in divisors(moe.experts) if g >= topk])}")
+                         f"{use_in('router_groups', [g for g in divisors(moe.experts) if g >= topk])}")
     if moe.top_k % topk:
         raise rule_error(ctx, "model.moe.router_group_topk", topk, f"Each picked group contributes top_k / "
                          f"router_group_topk experts, and top_k = {moe.top_k}",
-                         f"use router_group_topk in {fmt_set([g for g in divisors(moe.top_k) if g <= groups])}")
+                         f"{use_in('router_group_topk', [g for g in divisors(moe.top_k) if g <= groups])}")
 
 
 def check_capacity(s: Scenario, ctx: CheckContext) -> None:
@@ -91,7 +91,7 @@ def check_experts_ep(s: Scenario, ctx: CheckContext) -> None:
     if moe is not None and moe.experts % ep:
         raise rule_error(ctx, "parallel.ep", ep, f"Each expert-parallel rank holds experts / ep whole "
                          f"experts, and {ep} does not divide model.moe.experts = {moe.experts}",
-                         f"use ep in {fmt_set(divisors(moe.experts))}")
+                         f"{use_in('ep', divisors(moe.experts))}")
 
 
 def check_expert_mesh(s: Scenario, ctx: CheckContext) -> None:
@@ -101,7 +101,7 @@ def check_expert_mesh(s: Scenario, ctx: CheckContext) -> None:
     if s.model.moe is not None and gpus % fold:
         raise rule_error(ctx, "parallel.ep", p.ep, f"The experts' mesh etp x ep x edp x pp must tile the "
                          f"{gpus} GPUs, and etp x ep x pp = {p.etp} x {p.ep} x {p.pp} = {fold} does not "
-                         "divide them", f"use ep in {fmt_set([e for e in divisors(gpus // p.pp) if (gpus // p.pp) % (e * p.etp) == 0])}")
+                         "divide them", f"{use_in('ep', [e for e in divisors(gpus // p.pp) if (gpus // p.pp) % (e * p.etp) == 0])}")
 
 
 def check_expert_widths(s: Scenario, ctx: CheckContext) -> None:
@@ -111,11 +111,11 @@ def check_expert_widths(s: Scenario, ctx: CheckContext) -> None:
     if m.moe.ffn_hidden % p.etp:
         raise rule_error(ctx, "parallel.etp", p.etp, f"Expert tensor parallelism splits each expert's "
                          f"model.moe.ffn_hidden = {m.moe.ffn_hidden} over etp ranks",
-                         f"use etp in {fmt_set(divisors(m.moe.ffn_hidden)[:8])}")
+                         f"{use_in('etp', divisors(m.moe.ffn_hidden)[:8])}")
     if m.moe.shared_ffn_hidden is not None and m.moe.shared_ffn_hidden % p.tp:
         raise rule_error(ctx, "parallel.tp", p.tp, f"The shared expert is a tensor-parallel MLP and tp does "
                          f"not divide model.moe.shared_ffn_hidden = {m.moe.shared_ffn_hidden}",
-                         f"use tp in {fmt_set(divisors(m.moe.shared_ffn_hidden)[:8])}")
+                         f"{use_in('tp', divisors(m.moe.shared_ffn_hidden)[:8])}")
     if p.etp > 1 and linear_bias(m):
         raise rule_error(ctx, "parallel.etp", p.etp, "Megatron-Core supports biases in MoE layers only with "
                          "etp = 1", "set model.bias: false, or parallel.etp: 1")

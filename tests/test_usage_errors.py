@@ -80,3 +80,12 @@ topology: {preset: dgx-h100}
 parallel: {gpus: 2, tp: 2, micro_batch: 2, global_batch: 4}
 hardware: {profile: prof.yaml}
 """
+
+
+def test_a_fix_never_suggests_an_empty_set_or_an_empty_range(tmp_path, capsys):
+    """pp x vp must divide 7 layers at vp 3: no pp does (the message said `use pp in {}`)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.replace("layers: 2", "layers: 7").replace("hardware: {profile: prof.yaml}\n", "")
+                    .replace("gpus: 2, tp: 2,", "gpus: 4, tp: 1, pp: 4, vp: 3,"))
+    line = _one_line(main(["run", str(path)]), capsys.readouterr().err)
+    assert "{}" not in line and "no pp fits" in line, line
