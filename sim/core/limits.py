@@ -59,9 +59,10 @@ def check_at_most(field: str, value: object, limit: int, fix: str, *, source: st
 
 
 def check_nodes(flag: str, nodes: int | None) -> None:
-    """--nodes (when given) is a whole number of nodes from 1 to MAX_GPUS (every command that takes it)."""
-    if nodes is not None and not 1 <= nodes <= MAX_GPUS:
-        raise UserError(flag, nodes, f"use {flag} 1 to {MAX_GPUS:,} (nodes joined by the IB fabric)",
+    """--nodes (when given) is a whole number of nodes >= 1 (every command that takes it; the GPU limit is
+    checked where the topology is built)."""
+    if nodes is not None and nodes < 1:
+        raise UserError(flag, nodes, f"use {flag} 1 or more (nodes joined by the IB fabric)",
                         problem="Not a number of nodes")
 
 
