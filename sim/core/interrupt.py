@@ -23,14 +23,25 @@ class Interrupted(CommandFailed):
         super().__init__(f"interrupted by {name}{': ' + what if what else ''}", exit_code=128 + signum)
 
 
+class _Section:
+    """Whether the main thread is inside a `deferred` block, and a signal that arrived meanwhile."""
+
+    depth = 0
+    pending: BaseException | None = None
+
+
 @contextmanager
 def signals_raise(factory: Callable[[int], BaseException] = Interrupted) -> Iterator[None]:
-    """Inside the block (main thread only), SIGTERM and SIGINT raise factory(signum)."""
+    """Inside the block (main thread only), SIGTERM and SIGINT raise factory(signum), at once or, inside a
+    `deferred` block, when it ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
+        if _Section.depth:
+            _Section.pending = _Section.pending or factory(signum)
+            return
         raise factory(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in HANDLED}
@@ -39,3 +50,19 @@ def signals_raise(factory: Callable[[int], BaseException] = Interrupted) -> Iter
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A block a signal must not cut in two (a record stored and counted together): a signal that arrives
+    inside it is raised when it ends. Python runs signal handlers in the main thread whichever thread the
+    kernel delivered the signal to, so a flag the handler reads is exact where a signal mask (per thread:
+    a process pool's threads do not share it) is not."""
+    _Section.depth += 1
+    try:
+        yield
+    finally:
+        _Section.depth -= 1
+        if not _Section.depth and _Section.pending is not None:
+            stop, _Section.pending = _Section.pending, None
+            raise stop

@@ -24,16 +24,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshsim.sim.core.errors import CommandFailed, UserError
-from meshsim.sim.core.interrupt import signals_raise
+from meshsim.sim.core.interrupt import deferred, signals_raise
 from meshsim.sim.core.text import plain
 from meshsim.sim.sweep.axes import SweepPoint, referenced_snapshot, scenario_digest
 from meshsim.sim.sweep.record import SweepRecord, run_point
@@ -58,20 +57,6 @@ class SweepInterrupted(CommandFailed):
 def _signals_interrupt():
     """Turn SIGTERM and SIGINT into SweepInterrupted in this (main) thread for the block's duration."""
     return signals_raise(SweepInterrupted)
-
-
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGTERM and SIGINT (delivered when the block ends) so the block is not cut in two."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    held = {signal.SIGTERM, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _worker_init(parent_pid: int) -> None:
@@ -185,7 +170,7 @@ def run_sweep(scenario, source: str, points: list[SweepPoint], *, jobs: int = 1,
         task = bar.add_task("sweep", total=len(points), completed=len(done))
 
         def on_done(record: SweepRecord) -> None:
-            with _signals_deferred():  # stored and counted together: "N kept" is what the file holds
+            with deferred():  # stored and counted together: "N kept" is what the file holds
                 if out_dir is not None:
                     append_record(out_dir, record)
                 done[record.key] = record
