@@ -39,7 +39,7 @@ def test_usage_errors_are_one_line_with_the_fix(case, capsys):
 
 FROM_RESULTS = {"ranks without fields": '[{"rank": 0}, {"rank": 1}]',
                 "strings for timings": '[{"rank": 0, "step_s": "fast", "timed": 3, "backend": "gloo"}, {"rank": 1}]',
-                "not objects": "[1, 2]", "empty": "[]"}
+                "not entries": "[1, 2]", "empty": "[]"}
 
 
 @pytest.mark.parametrize("command", ["validate", "check", "calibrate"])

@@ -104,9 +104,9 @@ def _results(path: Path) -> list:
     if not path.is_file():
         raise UserError("--from-results", str(path), RESULTS_FIX, problem="No such file")
     data = load_json(path, field="--from-results", fix=RESULTS_FIX)
-    if not isinstance(data, list) or not data or not all(isinstance(entry, dict) for entry in data):
+    if not isinstance(data, list) or not data or not all(isinstance(entry, dict | list) for entry in data):
         raise UserError("--from-results", str(path), RESULTS_FIX,
-                        problem="Expected a list with one JSON object per rank")
+                        problem="Expected a list with one entry (an object, or a list for --check) per rank")
     return data
 
 
