@@ -18,7 +18,8 @@ HEADLINE_RANGES = {
     "layer_fwd_ms": (0.0, 1e12, "ms"), "layer_bwd_ms": (0.0, 1e12, "ms"),
 }
 OPTIONAL = ("hfu", "layer_fwd_ms", "layer_bwd_ms")
-SECTION_RANGES = {  # every number of the section (booleans such as memory_gb.fits are not numbers)
+SECTION_RANGES = {  # every number of the section (flags such as memory_gb.fits and nested lists such as
+    # memory_gb.stages are not numbers of the section)
     "breakdown_s": (0.0, 1e9, "s"), "memory_gb": (0.0, 1e9, "GB"), "critical_path_share": (0.0, 1.0, ""),
 }
 SLACK = 1e-9  # float rounding of sums (a share of 1.0000000000000002, a waiting time of -1e-17 s)
@@ -50,7 +51,8 @@ def result_problem(data: object) -> str | None:
         if not isinstance(values, Mapping):
             return f"{section} is missing or not a section of numbers"
         for key, value in values.items():
-            problem = None if isinstance(value, bool) else _out(f"{section}.{key}", value, low, high, unit)
+            nested = isinstance(value, bool | list | Mapping)  # a flag, or a breakdown of its own (memory_gb.stages)
+            problem = None if nested else _out(f"{section}.{key}", value, low, high, unit)
             if problem:
                 return problem
     if "total" not in data["memory_gb"] or isinstance(data["memory_gb"]["total"], bool):
