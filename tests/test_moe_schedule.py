@@ -129,3 +129,22 @@ def test_expert_optimizer_states_shard_over_edp():
     expert = 256 * 1024 + 512 * 256  # one expert of one layer: fc1 (gate + up) and fc2
     assert (two.weights_gb - one.weights_gb) * 1e9 == pytest.approx(2 * expert * 2, rel=1e-9)  # 2 layers x bf16
     assert two.optimizer_gb == pytest.approx(one.optimizer_gb, rel=1e-12)
+
+
+def test_gelu_experts_run_the_eager_activation_chain_and_swiglu_one_fused_kernel():
+    """GELU experts: act, x * fp32 probs (an fp32 product), cast back; autograd's six conjugates (moe_act.py).
+    SwiGLU: one fused kernel (the negative control)."""
+    rs = tiny({"parallel.ep": 4, "model.mlp": "gelu"})
+    rows, f, a, q = 128 * 2, 512, 2, 4  # T k rows on this rank (2 local experts), ffn, bf16, fp32
+    n = rows * f
+    fwd = {name: op.work for name, op in zip(names(layer_ops(rs)), layer_ops(rs), strict=True)}
+    assert [(fwd[k].bytes_read, fwd[k].bytes_written) for k in ("expert_act", "expert_act_probs", "expert_act_cast")] \
+        == [(n * a, n * a), (n * a + rows * q, n * q), (n * q, n * a)]
+    bwd = [(nm, op.work) for nm, op in zip(names(layer_ops(rs, phase="bwd")), layer_ops(rs, phase="bwd"), strict=True)
+           if nm.startswith("expert_act")]
+    assert [nm for nm, _ in bwd] == ["expert_act_cast", "expert_act_probs", "expert_act_probs_cast",
+                                     "expert_act_probs_grad", "expert_act_probs_sum", "expert_act"]
+    assert sum(w.bytes_read + w.bytes_written for _, w in bwd) == n * (a + q + 2 * q + q + a + q + a + q + q + 3 * a) \
+        + 2 * rows * q
+    swiglu = [nm for nm in names(layer_ops(tiny({"parallel.ep": 4}))) if nm.startswith("expert_act")]
+    assert swiglu == ["expert_act"]

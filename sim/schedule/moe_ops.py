@@ -44,21 +44,13 @@ from meshsim.sim.schedule.layer_ops import (
     residual_grad_add,
     wgrad,
 )
+from meshsim.sim.schedule.moe_act import act_kernel, expert_act
 from meshsim.sim.schedule.moe_shapes import COUNT_BYTES, PROB_BYTES, ROUTING_MAP_BYTES, MoeDims
 from meshsim.sim.schedule.ops import Collective, Elementwise
 from meshsim.sim.schedule.shapes import LayerDims
 
 
 # ----- kernels -------------------------------------------------------------------------------------------
-def _act(m: MoeDims, rows: int, fc1_n: int, ffn: int, backward: bool, probs: bool) -> Elementwise:
-    """Expert activation (x its routing probability for routed experts): read fc1 output, write ffn."""
-    inp, out = rows * fc1_n * m.dtype_bytes, rows * ffn * m.dtype_bytes
-    p = rows * PROB_BYTES if probs else 0
-    if backward:
-        return Elementwise(f"{m.mlp}_bwd", inp + out + p, inp + p)
-    return Elementwise(m.mlp, inp + p, out)
-
-
 def _rows_kernel(kernel: str, read_rows: int, write_rows: int, m: MoeDims, probs: bool = True) -> Elementwise:
     """A row-moving kernel (permute, sort, unpermute): rows of h in the model dtype, plus fp32 probs."""
     p = PROB_BYTES if probs else 0
@@ -87,7 +79,7 @@ def shared_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, inp: Dep
     _, col = comm_then_gemm(tpl, phase, K.SHARED_IN, boundary_collective(d, entry, "fwd"), "shared_fc1",
                             m.shared_fc1_gemm(), inp, 1)
     rows = m.tokens * m.tp
-    act = tpl.add(phase, "shared_act", _act(m, rows, m.shared_fc1_n, m.shared_ffn, False, False), col)
+    act = tpl.add(phase, "shared_act", act_kernel(m, rows, m.shared_fc1_n, m.shared_ffn, False, False), col)
     return gemm_then_comm(tpl, phase, "shared_fc2", m.shared_fc2_gemm(), (act,), K.SHARED_OUT,
                           boundary_collective(d, exit_, "fwd"), 1)[-1]
 
@@ -98,7 +90,7 @@ def shared_backward(tpl: Template, d: LayerDims, m: MoeDims, g: Deps) -> int:
     cs, dg = comm_then_gemm(tpl, "bwd", K.SHARED_OUT, boundary_collective(d, exit_, "bwd"), "shared_fc2_dgrad",
                             dgrad(fc2), g, 1)
     w2 = tpl.add("bwd", "shared_fc2_wgrad", wgrad(fc2, d.grad_fusion), cs or g)
-    act = tpl.add("bwd", "shared_act", _act(m, m.tokens * m.tp, m.shared_fc1_n, m.shared_ffn, True, False), dg)
+    act = tpl.add("bwd", "shared_act", act_kernel(m, m.tokens * m.tp, m.shared_fc1_n, m.shared_ffn, True, False), dg)
     regather = (tpl.add("bwd", K.SHARED_IN + K.REGATHER, regather_collective(d), (act,)),) if d.sp else ()
     ready = gemm_then_comm(tpl, "bwd", "shared_fc1_dgrad", dgrad(fc1), (act,), K.SHARED_IN,
                            boundary_collective(d, entry, "bwd"), 1)
@@ -239,7 +231,7 @@ def combine_backward(tpl: Template, m: MoeDims, g: Deps) -> int:
 # ----- experts ---------------------------------------------------------------------------------------------
 def experts_forward(tpl: Template, phase: str, m: MoeDims, x: int) -> int:
     fc1 = tpl.add(phase, "expert_fc1", m.fc1_gemm(), (x,))
-    act = tpl.add(phase, "expert_act", _act(m, m.expert_rows, m.fc1_n, m.ffn, False, True), (fc1,))
+    act = expert_act(tpl, phase, m, (fc1,), False)
     return tpl.add(phase, "expert_fc2", m.fc2_gemm(), (act,))
 
 
@@ -248,10 +240,10 @@ def experts_backward(tpl: Template, d: LayerDims, m: MoeDims, g: int) -> tuple[i
     probability-gradient op, the two wgrad ops)."""
     fc1, fc2 = m.fc1_gemm(), m.fc2_gemm()
     if d.recomputes("moe_act"):  # the activation output fc2's wgrad needs, again
-        tpl.add("recompute", "expert_act", _act(m, m.expert_rows, m.fc1_n, m.ffn, False, True), ())
+        expert_act(tpl, "recompute", m, (), False)
     dg2 = tpl.add("bwd", "expert_fc2_dgrad", dgrad(fc2), (g,))
     w2 = tpl.add("bwd", "expert_fc2_wgrad", wgrad(fc2, d.grad_fusion), (g,))
-    act = tpl.add("bwd", "expert_act", _act(m, m.expert_rows, m.fc1_n, m.ffn, True, True), (dg2,))
+    act = expert_act(tpl, "bwd", m, (dg2,), True)
     dg1 = tpl.add("bwd", "expert_fc1_dgrad", dgrad(fc1), (act,))
     w1 = tpl.add("bwd", "expert_fc1_wgrad", wgrad(fc1, d.grad_fusion), (act,))
     fc2_params = m.local_experts * (m.ffn * m.hidden + (m.hidden if m.bias else 0))
