@@ -9,7 +9,8 @@ and backward on 8 H100 (tp 1, ep 8, seq 4096 x micro-batch 1, bf16, GELU experts
 force-balanced routing), per dispatcher. Simulated: the MoE block's ops (sim/schedule/moe_ops.py, without
 its norm and residual add, which the benchmark does not time) priced by the compute model and the
 collective coster on the real ep group of one DGX H100, in program order (nothing inside the block
-overlaps). The FP8 rows need FP8 grouped GEMMs and dispatch (the fp8 precision plumbing) and are left out.
+overlaps). The FP8 rows run the experts' grouped GEMMs in blockwise FP8 with their quantize kernels
+(sim/schedule/moe_ops.py) and 16-bit dispatch, as the benchmark does.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ LAYER_FP8_MS = {
 }
 DISPATCH = {"a2a": {"moe_dispatcher": "alltoall"}, "deepep": {"moe_dispatcher": "flex", "moe_flex_backend": "deepep"},
             "hybridep": {"moe_dispatcher": "flex", "moe_flex_backend": "hybridep"}}
-def layer_scenario(proxy: str, dispatcher: str):
+def layer_scenario(proxy: str, dispatcher: str, fp8: bool = False):
+    """The benchmark case as a one-layer scenario; `fp8`: its fp8="hybrid", fp8_recipe="blockwise" cases
+    (__main__.py L80-84), dispatch and combine still 16-bit (token_dispatcher.py / fused_a2a.py: the alltoall
+    dispatcher moves the model dtype, HybridEP "does not support fp8 dispatch now", DeepEP is called
+    without FP8)."""
     h, f, e, k, g, gk, sig = PROXIES[proxy]
     moe = {"experts": e, "top_k": k, "ffn_hidden": f, "router": "sigmoid" if sig else "softmax"}
     if g:
@@ -57,6 +62,8 @@ def layer_scenario(proxy: str, dispatcher: str):
                       "bias": False, "dropout": False, "moe": moe},
             "topology": {"preset": "dgx-h100"},
             "parallel": {"tp": 1, "ep": 8, "global_batch": 8, **DISPATCH[dispatcher]}}
+    if fp8:
+        data["run"] = {"fp8": "blockwise", "fp8_format": "hybrid"}
     return resolve(validate_scenario(data, "benchmarks/accuracy_moe.py"), "benchmarks/accuracy_moe.py")
 
 
@@ -87,15 +94,12 @@ def layer_rows(row_type, used: dict[str, tuple[str, ...]]) -> list:
     """One row per (proxy, dispatcher, phase): `row_type` is accuracy_rows.Row; `used` names the fits each
     case was used in (benchmarks/accuracy/fits.yaml)."""
     rows = []
-    for (proxy, disp), (fwd, bwd) in LAYER_MS.items():
-        rs = layer_scenario(proxy, disp)
-        for phase, ms, backward in (("forward", fwd, False), ("backward", bwd, True)):
-            name = f"moe-layer-{proxy}-{disp}-bf16-{phase}"
-            rows.append(row_type("moe-layer", name, f"layer {proxy} {disp} bf16 {phase} (ep 8, 1 DGX H100)", ms,
-                                 block_time_ms(rs, backward), "ms", used_in_fit=used.get(name, ())))
-    for (proxy, disp), (fwd, bwd) in LAYER_FP8_MS.items():
-        for phase, ms in (("forward", fwd), ("backward", bwd)):
-            name = f"moe-layer-{proxy}-{disp}-fp8-{phase}"
-            rows.append(row_type("moe-layer", name, f"layer {proxy} {disp} fp8 blockwise {phase}", ms, None, "ms",
-                                 note="needs the FP8 precision plumbing"))
+    for precision, table in (("bf16", LAYER_MS), ("fp8", LAYER_FP8_MS)):
+        for (proxy, disp), (fwd, bwd) in table.items():
+            rs = layer_scenario(proxy, disp, precision == "fp8")
+            label = "bf16" if precision == "bf16" else "fp8 blockwise"
+            for phase, ms, backward in (("forward", fwd, False), ("backward", bwd, True)):
+                name = f"moe-layer-{proxy}-{disp}-{precision}-{phase}"
+                rows.append(row_type("moe-layer", name, f"layer {proxy} {disp} {label} {phase} (ep 8, 1 DGX H100)",
+                                     ms, block_time_ms(rs, backward), "ms", used_in_fit=used.get(name, ())))
     return rows

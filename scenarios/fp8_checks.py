@@ -51,10 +51,14 @@ def _delayed_only(s: Scenario, source: str) -> None:
 
 def _layers_and_modes(s: Scenario, source: str) -> None:
     r, p = s.run, s.parallel
-    if r.fp8_on and (s.model.moe is not None or s.model.mla is not None):
-        field = "model.moe" if s.model.moe is not None else "model.mla"
-        raise _err(source, "run.fp8", r.fp8, f"FP8 is modeled for dense attention / MLP layers only, and {field} "
-                   "is set", "set run.fp8: off for MoE / MLA models")
+    if r.fp8_on and s.model.mla is not None:
+        raise _err(source, "run.fp8", r.fp8, "FP8 is not modeled for multi-head latent attention (model.mla is "
+                   "set)", "set run.fp8: off for MLA models")
+    if s.model.moe is not None and (r.fp8 == "delayed" or r.fp8_param_gather):
+        field, value = ("run.fp8", r.fp8) if r.fp8 == "delayed" else ("run.fp8_param_gather", True)
+        raise _err(source, field, value, "For MoE models FP8 is modeled with current / block scaling and 16-bit "
+                   "parameter gathers (the grouped experts' amax bookkeeping and FP8 expert-weight gathers are "
+                   "not)", "use run.fp8: tensorwise, blockwise or mxfp8, without run.fp8_param_gather")
     if r.fp8_param_gather and not p.distributed_optimizer:
         raise _err(source, "run.fp8_param_gather", True, "Megatron keeps FP8 primary weights only with the "
                    "distributed optimizer", "set parallel.distributed_optimizer: true, or drop run.fp8_param_gather")

@@ -222,7 +222,7 @@ def test_blockwise_needs_hopper_and_fp8_needs_fp8_tensor_cores():
         check_fp8(s, GPUS["v100-sxm2"], src)
 
 
-def test_fp8_refused_for_moe_models():
+def test_delayed_fp8_refused_for_moe_models():
     moe = dict(MODEL, moe={"experts": 4, "top_k": 2, "ffn_hidden": 256})
     s = Scenario.model_validate({"name": "t", "model": moe, "topology": {"preset": "dgx-h100"},
                                  "parallel": {"global_batch": 8}, "run": {"fp8": "delayed"}})

@@ -10,6 +10,8 @@ stamped per (layer, micro-batch) with ids offset and names prefixed "L{layer}.mb
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig
 from meshsim.sim.schedule import op_keys as K
@@ -28,6 +30,7 @@ from meshsim.sim.schedule.layer_kinds import (
     sp_params,
 )
 from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
+from meshsim.sim.schedule.moe_shapes import moe_dims
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -147,23 +150,31 @@ def layers_dp_params(rs: ResolvedScenario, t: Templates, layers: list[int], head
     return (sp if d.sp else 0), kv
 
 
-def fp8_linear_params(d: LayerDims, layers: int) -> int:
-    """Weights of the FP8 linears (qkv, proj, fc1, fc2; no biases) on one rank over `layers` layers."""
-    return layers * d.linear_weights if d.fp8.on else 0
+def fp8_linear_params(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]) -> int:
+    """Weights of the FP8 linears (no biases) on one rank over the layers numbered `layers`: qkv, proj, fc1,
+    fc2 of a dense layer; qkv, proj and the MoE block's local experts and shared expert of an MoE layer."""
+    if not d.fp8.on:
+        return 0
+    moe, m = rs.scenario.model.moe, moe_dims(rs)
+    n_moe = sum(1 for layer in layers if moe is not None and moe.is_moe_layer(layer))
+    attention = sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm()))
+    moe_weights = n_moe * (attention + m.linear_weights) if m is not None else 0
+    return (len(layers) - n_moe) * d.linear_weights + moe_weights
 
 
-def gather_param_bytes(rs: ResolvedScenario, d: LayerDims, params: int, layers: int) -> float:
+def gather_param_bytes(rs: ResolvedScenario, d: LayerDims, params: int, layers: Sequence[int]) -> float:
     """Bytes per parameter of the DP parameter all-gather: 2, or with run.fp8_param_gather the average of
     1 byte per FP8 linear weight and 2 per other parameter (fp8_rules.py)."""
     if not rs.scenario.run.fp8_param_gather or params == 0:
         return PARAM_BYTES
-    fp8 = fp8_linear_params(d, layers)
+    fp8 = fp8_linear_params(rs, d, layers)
     return (PARAM_BYTES * (params - fp8) + FP8_BYTES * fp8) / params
 
 
-def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: int, step_op: int, next_id: int) -> list[Op]:
+def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], step_op: int,
+                   next_id: int) -> list[Op]:
     """FP8: the linear weights' once-per-step cast (and transpose) after the optimizer step (fp8_rules.py)."""
-    linear = fp8_linear_params(d, layers)
+    linear = fp8_linear_params(rs, d, layers)
     if not linear:
         return []
     p = rs.scenario.parallel
@@ -179,7 +190,7 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
                     gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
-                    expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, layers),
+                    expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, range(layers)),
                     step=step_plan(rs))
 
 
@@ -208,7 +219,7 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     cfg = dp_config(rs, t, params, expert_params)
     ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, expert_producers=expert_grads)
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
-    ops += weight_cast_op(rs, d, model.layers, step_op, len(ops))
+    ops += weight_cast_op(rs, d, range(model.layers), step_op, len(ops))
     if overlap_gather:
         ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.grad_dp, rs.edp), cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,

@@ -27,6 +27,7 @@ Template deps are data deps; the compute stream is FIFO; collectives run on ep_c
 
 from __future__ import annotations
 
+from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
 from meshsim.sim.schedule.layer_ops import (
@@ -75,26 +76,37 @@ def _coll(op: str, group: str, nbytes: int, purpose: str, kernel: str = "nccl") 
 
 # ----- shared expert (an SP MLP over the attention tp group) ---------------------------------------------
 def shared_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, inp: Deps) -> int:
+    """The shared expert as a dense TE MLP block (layer_ops.block_forward without its norm and residual),
+    FP8 quantize kernels and FP8 SP gathers included under run.fp8 (sim/schedule/fp8_ops.py)."""
     entry, exit_ = region_boundaries(d.sp)
-    _, col = comm_then_gemm(tpl, phase, K.SHARED_IN, boundary_collective(d, entry, "fwd"), "shared_fc1",
-                            m.shared_fc1_gemm(), inp, 1)
     rows = m.tokens * m.tp
+    q = fp8.quantize(tpl, phase, d, "shared_fc1", d.tokens_out * d.hidden, d.sp, inp, d.fp8.wgrad)
+    coll = fp8.fp8_gather(d, boundary_collective(d, entry, "fwd"))
+    _, col = comm_then_gemm(tpl, phase, K.SHARED_IN, coll, "shared_fc1", m.shared_fc1_gemm(), q, 1)
     act = tpl.add(phase, "shared_act", act_kernel(m, rows, m.shared_fc1_n, m.shared_ffn, False, False), col)
-    return gemm_then_comm(tpl, phase, "shared_fc2", m.shared_fc2_gemm(), (act,), K.SHARED_OUT,
+    mid = fp8.quantize(tpl, phase, d, "shared_fc2", rows * m.shared_ffn, False, (act,), d.fp8.wgrad)
+    return gemm_then_comm(tpl, phase, "shared_fc2", m.shared_fc2_gemm(), mid, K.SHARED_OUT,
                           boundary_collective(d, exit_, "fwd"), 1)[-1]
 
 
 def shared_backward(tpl: Template, d: LayerDims, m: MoeDims, g: Deps) -> int:
     entry, exit_ = region_boundaries(d.sp)
     fc1, fc2 = m.shared_fc1_gemm(), m.shared_fc2_gemm()
-    cs, dg = comm_then_gemm(tpl, "bwd", K.SHARED_OUT, boundary_collective(d, exit_, "bwd"), "shared_fc2_dgrad",
-                            dgrad(fc2), g, 1)
-    w2 = tpl.add("bwd", "shared_fc2_wgrad", wgrad(fc2, d.grad_fusion), cs or g)
-    act = tpl.add("bwd", "shared_act", act_kernel(m, m.tokens * m.tp, m.shared_fc1_n, m.shared_ffn, True, False), dg)
-    regather = (tpl.add("bwd", K.SHARED_IN + K.REGATHER, regather_collective(d), (act,)),) if d.sp else ()
-    ready = gemm_then_comm(tpl, "bwd", "shared_fc1_dgrad", dgrad(fc1), (act,), K.SHARED_IN,
+    rows, w8 = m.tokens * m.tp, d.fp8.on and d.fp8.wgrad
+    g = fp8.quantize(tpl, "bwd", d, "shared_fc2", d.tokens_out * d.hidden, d.sp, g, d.fp8.wgrad)
+    coll = fp8.fp8_gather(d, boundary_collective(d, exit_, "bwd"), both_copies=True)
+    cs, dg = comm_then_gemm(tpl, "bwd", K.SHARED_OUT, coll, "shared_fc2_dgrad", dgrad(fc2), g, 1)
+    dy = fp8.transpose_after_gather(tpl, d, "shared_fc2", rows * m.hidden, cs or g)
+    w2 = tpl.add("bwd", "shared_fc2_wgrad", wgrad(fc2, d.grad_fusion, w8), dy)
+    act = tpl.add("bwd", "shared_act", act_kernel(m, rows, m.shared_fc1_n, m.shared_ffn, True, False), dg)
+    mid = fp8.quantize(tpl, "bwd", d, "shared_fc1", rows * m.shared_fc1_n, False, (act,), d.fp8.wgrad)
+    regather: tuple[int, ...] = ()
+    if d.sp:
+        regather = (tpl.add("bwd", K.SHARED_IN + K.REGATHER, fp8.fp8_gather(d, regather_collective(d)), mid),)
+        regather = fp8.transpose_after_gather(tpl, d, "shared_fc1", rows * m.hidden, regather)
+    ready = gemm_then_comm(tpl, "bwd", "shared_fc1_dgrad", dgrad(fc1), mid, K.SHARED_IN,
                            boundary_collective(d, entry, "bwd"), 1)
-    w1 = tpl.add("bwd", "shared_fc1_wgrad", wgrad(fc1, d.grad_fusion), (act,) + regather)
+    w1 = tpl.add("bwd", "shared_fc1_wgrad", wgrad(fc1, d.grad_fusion, w8), mid + regather)
     tpl.grads += [(w2, d.params(fc2)), (w1, d.params(fc1))]  # weights and (add_bias_linear) biases
     return ready[-1]
 
@@ -229,23 +241,29 @@ def combine_backward(tpl: Template, m: MoeDims, g: Deps) -> int:
 
 
 # ----- experts ---------------------------------------------------------------------------------------------
-def experts_forward(tpl: Template, phase: str, m: MoeDims, x: int) -> int:
-    fc1 = tpl.add(phase, "expert_fc1", m.fc1_gemm(), (x,))
+def experts_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, x: int) -> int:
+    """fc1, activation x probability, fc2 as grouped GEMMs; under run.fp8 each GEMM's input is quantized first
+    (TE GroupedLinear quantizes every expert's split in one kernel: the same bytes as one tensor)."""
+    q = fp8.quantize(tpl, phase, d, "expert_fc1", m.expert_rows * m.hidden, False, (x,), d.fp8.wgrad)
+    fc1 = tpl.add(phase, "expert_fc1", m.fc1_gemm(), q)
     act = expert_act(tpl, phase, m, (fc1,), False)
-    return tpl.add(phase, "expert_fc2", m.fc2_gemm(), (act,))
+    q = fp8.quantize(tpl, phase, d, "expert_fc2", m.expert_rows * m.ffn, False, (act,), d.fp8.wgrad)
+    return tpl.add(phase, "expert_fc2", m.fc2_gemm(), q)
 
 
 def experts_backward(tpl: Template, d: LayerDims, m: MoeDims, g: int) -> tuple[int, int, tuple[int, int]]:
-    """Grouped dgrad then wgrad of fc2, the activation's backward, fc1; returns (input-gradient op,
-    probability-gradient op, the two wgrad ops)."""
-    fc1, fc2 = m.fc1_gemm(), m.fc2_gemm()
+    """Grouped dgrad then wgrad of fc2, the activation's backward, fc1 (each output gradient quantized first
+    under run.fp8); returns (input-gradient op, probability-gradient op, the two wgrad ops)."""
+    fc1, fc2, w8 = m.fc1_gemm(), m.fc2_gemm(), d.fp8.on and d.fp8.wgrad
     if d.recomputes("moe_act"):  # the activation output fc2's wgrad needs, again
         expert_act(tpl, "recompute", m, (), False)
-    dg2 = tpl.add("bwd", "expert_fc2_dgrad", dgrad(fc2), (g,))
-    w2 = tpl.add("bwd", "expert_fc2_wgrad", wgrad(fc2, d.grad_fusion), (g,))
+    gq = fp8.quantize(tpl, "bwd", d, "expert_fc2", m.expert_rows * m.hidden, False, (g,), d.fp8.wgrad)
+    dg2 = tpl.add("bwd", "expert_fc2_dgrad", dgrad(fc2), gq)
+    w2 = tpl.add("bwd", "expert_fc2_wgrad", wgrad(fc2, d.grad_fusion, w8), gq)
     act = expert_act(tpl, "bwd", m, (dg2,), True)
-    dg1 = tpl.add("bwd", "expert_fc1_dgrad", dgrad(fc1), (act,))
-    w1 = tpl.add("bwd", "expert_fc1_wgrad", wgrad(fc1, d.grad_fusion), (act,))
+    aq = fp8.quantize(tpl, "bwd", d, "expert_fc1", m.expert_rows * m.fc1_n, False, (act,), d.fp8.wgrad)
+    dg1 = tpl.add("bwd", "expert_fc1_dgrad", dgrad(fc1), aq)
+    w1 = tpl.add("bwd", "expert_fc1_wgrad", wgrad(fc1, d.grad_fusion, w8), aq)
     fc2_params = m.local_experts * (m.ffn * m.hidden + (m.hidden if m.bias else 0))
     tpl.expert_grads += [(w2, fc2_params), (w1, m.expert_params - fc2_params)]
     return dg1, act, (w2, w1)
@@ -259,7 +277,7 @@ def moe_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, inp: Deps) 
     r = tpl.add(phase, "router", m.router_gemm(), (ln,))
     r = tpl.add(phase, "route", _route(m, False), (r,))
     x = dispatch_forward(tpl, phase, m, r, ln)
-    y = experts_forward(tpl, phase, m, x)
+    y = experts_forward(tpl, phase, d, m, x)
     out = combine_forward(tpl, phase, m, y)
     if shared is not None:
         out = tpl.add(phase, "shared_add", _add(m.tokens, 2, m), (out, shared))

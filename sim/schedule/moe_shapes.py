@@ -76,6 +76,7 @@ class MoeDims:
     dtype_bytes: int = 2
     grad_fusion: bool = True
     bias: bool = False
+    fp8: bool = False  # run.fp8: the experts' and the shared expert's TE linears run FP8 GEMMs (moe_ops.py)
 
     @property
     def sent_rows(self) -> int:
@@ -112,27 +113,35 @@ class MoeDims:
 
     def fc1_gemm(self) -> Gemm:
         """All local experts' fc1 as one grouped GEMM (TEGroupedMLP): per expert [rows, h] x [h, fc1_n]."""
-        return Gemm(self.rows_per_expert, self.fc1_n, self.hidden, self.local_experts)
+        return Gemm(self.rows_per_expert, self.fc1_n, self.hidden, self.local_experts, fp8=self.fp8)
 
     def fc2_gemm(self) -> Gemm:
-        return Gemm(self.rows_per_expert, self.hidden, self.ffn, self.local_experts)
+        return Gemm(self.rows_per_expert, self.hidden, self.ffn, self.local_experts, fp8=self.fp8)
 
     def router_gemm(self) -> Gemm:
-        """The router's linear: [T, h] x [h, experts] (router.py gating; replicated weight)."""
+        """The router's linear: [T, h] x [h, experts] (router.py gating; replicated weight). 16-bit or fp32
+        under run.fp8 too: router_gating_linear is Megatron's own autograd function, not a TE module."""
         return Gemm(self.tokens, self.experts, self.hidden)
 
     def shared_fc1_gemm(self) -> Gemm:
         """The shared expert's fc1 on the gathered sequence (an attention-TP MLP, shared_experts.py)."""
-        return Gemm(self.tokens * self.tp, self.shared_fc1_n, self.hidden)
+        return Gemm(self.tokens * self.tp, self.shared_fc1_n, self.hidden, fp8=self.fp8)
 
     def shared_fc2_gemm(self) -> Gemm:
-        return Gemm(self.tokens * self.tp, self.hidden, self.shared_ffn)
+        return Gemm(self.tokens * self.tp, self.hidden, self.shared_ffn, fp8=self.fp8)
 
     @property
     def expert_params(self) -> int:
         """This rank's routed-expert parameters in one layer: local experts x (fc1 + fc2 shards)."""
         per = self.hidden * self.fc1_n + self.ffn * self.hidden + ((self.fc1_n + self.hidden) if self.bias else 0)
         return self.local_experts * per
+
+    @property
+    def linear_weights(self) -> int:
+        """Weights (no biases) of this rank's FP8 linears in the MoE block: local experts' fc1 and fc2 and the
+        shared expert's (what FP8 casts once per step)."""
+        experts = self.local_experts * (self.hidden * self.fc1_n + self.ffn * self.hidden)
+        return experts + self.hidden * self.shared_fc1_n + self.shared_ffn * self.hidden
 
     @property
     def shared_params(self) -> int:
@@ -205,4 +214,5 @@ def moe_dims(rs: ResolvedScenario) -> MoeDims | None:
         tp=rs.tp, ep=rs.ep, etp=rs.etp, load=load_factor(moe), dispatcher=p.moe_dispatcher,
         flex_backend=p.moe_flex_backend, mlp=m.mlp, sigmoid=moe.router == "sigmoid",
         distinct_ranks=distinct_holders(moe, rs.ep), distinct_nodes=distinct_holders(moe, nodes),
-        dtype_bytes=m.dtype_bytes, grad_fusion=s.run.grad_accumulation_fusion, bias=has_linear_bias(m))
+        dtype_bytes=m.dtype_bytes, grad_fusion=s.run.grad_accumulation_fusion, bias=has_linear_bias(m),
+        fp8=s.run.fp8_on)

@@ -190,7 +190,7 @@ def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, embed_grad_params=d.vocab * d.hidden if tied else 0,
                     grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp, expert_params=expert_params,
-                    param_bytes=gather_param_bytes(rs, d, params, sum(len(ch.layers) for ch in chunks)),
+                    param_bytes=gather_param_bytes(rs, d, params, [n for ch in chunks for n in ch.layers]),
                     step=step_plan(rs))
 
 
@@ -213,7 +213,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     cfg = stage_dp_config(rs, t, chunks, params, expert_params)
     ops += step_end_ops(len(ops), [], len(ops) - 1, cfg, buckets)
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
-    ops += weight_cast_op(rs, d, sum(len(ch.layers) for ch in chunks), step_op, len(ops))
+    ops += weight_cast_op(rs, d, [n for ch in chunks for n in ch.layers], step_op, len(ops))
     if overlap_gather:
         ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
