@@ -75,3 +75,19 @@ def test_unmodeled_fp8_moe_settings_are_refused(overrides, field):
     with pytest.raises(UserError) as err:
         tiny(overrides)
     assert err.value.field == field
+
+
+def test_memory_adds_fp8_copies_of_attention_expert_and_shared_weights_and_saves_their_inputs():
+    from meshsim.sim.core.units import GB
+    from meshsim.sim.cost.memory import memory_per_gpu
+
+    on, off = tiny({"run.fp8": "tensorwise"}), tiny({})
+    m_on, m_off = memory_per_gpu(on), memory_per_gpu(off)
+    h, model = 256, on.scenario.model
+    hd = h // model.heads
+    attention = h * (model.heads + 2 * (model.kv_heads or model.heads)) * hd + model.heads * hd * h
+    weights = model.layers * (attention + 2 * (h * 1024 + 512 * h) + (h * 512 + 256 * h))
+    assert m_on.weights_gb - m_off.weights_gb == pytest.approx(2 * weights / GB)  # rowwise + columnwise copies
+    t, rows = 128, 128 * 2  # tokens, routed rows on this rank
+    saved = t * h + t * model.heads * hd + rows * (h + 512) + t * 256  # qkv, proj, expert fc1 / fc2, shared fc2
+    assert m_off.activations_gb - m_on.activations_gb == pytest.approx(model.layers * saved / GB)

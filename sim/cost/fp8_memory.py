@@ -11,12 +11,15 @@ Rules (sim/schedule/fp8_rules.py has the sources):
 - Saved activations: the four linears' inputs are kept for wgrad as FP8 (1 byte per value instead of 2,
   plus blockwise / MXFP8 scales): the qkv and fc1 inputs (the norms' outputs, sequence-sharded under SP)
   and the proj and fc2 inputs (inside the TP region). Norm inputs, Q/K/V, the MLP's fc1 output and the
-  attention statistics stay 16-bit. Full recompute keeps only 16-bit layer inputs: no change.
+  attention statistics stay 16-bit. Full recompute keeps only 16-bit layer inputs: no change. MoE layers:
+  the attention block's two linear inputs and the experts' (moe_fp8_savings); FP8 weight copies of the
+  local experts and the shared expert (sim/schedule/moe_shapes.fp8_linear_weights).
 """
 
 from __future__ import annotations
 
 from meshsim.sim.schedule.fp8_rules import FP8_BYTES, MXFP8_BLOCK, MXFP8_SCALE_BYTES, scale_bytes
+from meshsim.sim.schedule.layer_kinds import LayerPlan
 from meshsim.sim.schedule.shapes import LayerDims
 
 BF16_BYTES = 2
@@ -33,21 +36,38 @@ def weight_copy_bytes(d: LayerDims) -> float:
     return 2 * FP8_BYTES
 
 
-def fp8_weight_extra_bytes(d: LayerDims, layers: int, param_gather: bool) -> float:
-    """Bytes added to the 16-bit weights of `layers` layers: the FP8 copies, less the bf16 linear weights that
-    FP8 primary weights replace."""
+def fp8_weight_extra_bytes(d: LayerDims, linear_weights: int, param_gather: bool) -> float:
+    """Bytes added to the 16-bit weights by `linear_weights` FP8 linear weights (sim/schedule/moe_shapes.py
+    fp8_linear_weights): the FP8 copies, less the bf16 linear weights that FP8 primary weights replace."""
     if not d.fp8.on:
         return 0.0
-    n = layers * d.linear_weights
+    n = linear_weights
     return n * weight_copy_bytes(d) - (n * BF16_BYTES if param_gather else 0)
 
 
-def fp8_activation_savings(d: LayerDims) -> int:
+def fp8_activation_savings(d: LayerDims, mlp: bool = True) -> int:
     """Bytes one layer's saved activations shrink by for one micro-batch (recompute none / selective): the
-    four linear inputs at 1 byte plus scales instead of 2 bytes."""
+    four linear inputs at 1 byte plus scales instead of 2 bytes; `mlp` False: the attention block's two."""
     if not d.fp8.on or d.recompute == "full":
         return 0
-    outside = 2 * d.tokens_out * d.hidden  # qkv and fc1 inputs (sharded under SP)
-    inside = d.tokens * (d.heads * d.head_dim + d.ffn)  # proj and fc2 inputs
-    total = outside + inside
-    return total * (BF16_BYTES - FP8_BYTES) - scale_bytes(total, d.fp8.recipe)
+    outside = (2 if mlp else 1) * d.tokens_out * d.hidden  # qkv and fc1 inputs (sharded under SP)
+    inside = d.tokens * (d.heads * d.head_dim + (d.ffn if mlp else 0))  # proj and fc2 inputs
+    return fp8_saved_bytes(outside + inside, d.fp8.recipe)
+
+
+def fp8_saved_bytes(values: int, recipe: str) -> int:
+    """What `values` saved linear-input values shrink by when kept as FP8 (1 byte plus scales) instead of 16-bit."""
+    return values * (BF16_BYTES - FP8_BYTES) - scale_bytes(values, recipe)
+
+
+def moe_fp8_savings(plan: LayerPlan) -> int:
+    """What an MoE block's saved activations shrink by under FP8 (recompute none / selective): the routed
+    experts' fc1 and fc2 inputs (TE GroupedLinear keeps its quantized inputs for wgrad; fc2's only when
+    moe_act is not recomputed) and the shared expert's fc2 input. Its fc1 input is the ln2 output, which the
+    router keeps in 16 bit anyway."""
+    d, m = plan.d, plan.moe
+    if not d.fp8.on or d.recompute == "full" or m is None:
+        return 0
+    act_in = 0 if d.recomputes("moe_act") else m.ffn
+    values = m.expert_rows * (m.hidden + act_in) + m.tokens * m.tp * m.shared_ffn
+    return fp8_saved_bytes(values, d.fp8.recipe)

@@ -53,13 +53,15 @@ An estimate; allocator fragmentation is not modeled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import BF16_BYTES, GB
-from meshsim.sim.cost.fp8_memory import fp8_activation_savings, fp8_weight_extra_bytes
+from meshsim.sim.cost.fp8_memory import fp8_activation_savings, fp8_weight_extra_bytes, moe_fp8_savings
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
+from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
 from meshsim.sim.schedule.optimizer_states import main_grad_bytes, state_bytes
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
 from meshsim.sim.schedule.pipeline_layout import pipeline_layout
@@ -99,9 +101,12 @@ def layers_memory(rs: ResolvedScenario, layers: list[int]) -> tuple[int, int, in
     for layer in layers:
         kind = layer_kind(model, layer)
         p_dense, p_expert = layer_params(plan, kind)
-        attn = mla_activation_bytes(plan) if plan.mla is not None else (
-            layer_activation_bytes(d) - dense_mlp_activation_bytes(d))
-        act = attn + (moe_activation_bytes(plan) if kind.moe else dense_mlp_activation_bytes(d))
+        attn = mla_activation_bytes(plan) if plan.mla is not None else (  # its own FP8 savings only
+            layer_activation_bytes(d) - dense_mlp_activation_bytes(d) + fp8_activation_savings(d)
+            - fp8_activation_savings(d, mlp=False))
+        mlp_fp8 = fp8_activation_savings(d) - fp8_activation_savings(d, mlp=False)
+        act = attn + (moe_activation_bytes(plan) - moe_fp8_savings(plan) if kind.moe
+                      else dense_mlp_activation_bytes(d) - mlp_fp8)
         dense, expert, acts, biggest = dense + p_dense, expert + p_expert, acts + act, max(biggest, act)
     return dense, expert, acts, biggest
 
@@ -214,9 +219,10 @@ def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
     return int(body + embed + head)
 
 
-def fp8_weights_gb(rs: ResolvedScenario, layers: int) -> float:
-    """GB the FP8 weight copies add to `layers` layers' 16-bit weights (sim/cost/fp8_memory.py)."""
-    return fp8_weight_extra_bytes(layer_dims(rs), layers, rs.scenario.run.fp8_param_gather) / GB
+def fp8_weights_gb(rs: ResolvedScenario, layers: Sequence[int]) -> float:
+    """GB the FP8 weight copies add to the 16-bit weights of the layers numbered `layers` (fp8_memory.py)."""
+    d = layer_dims(rs)
+    return fp8_weight_extra_bytes(d, fp8_linear_weights(rs, d, layers), rs.scenario.run.fp8_param_gather) / GB
 
 
 def _states(rs: ResolvedScenario, params: int, owned: float) -> tuple[float, float, float, float]:
@@ -228,7 +234,7 @@ def _states(rs: ResolvedScenario, params: int, owned: float) -> tuple[float, flo
 
 
 def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_params: int = 0,
-               layers: int = 0) -> MemoryBreakdown:
+               layers: Sequence[int] = ()) -> MemoryBreakdown:
     """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp); `layers`
     transformer layers (their FP8 weight copies)."""
     shard, eshard = (rs.grad_dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
@@ -243,7 +249,7 @@ def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_para
 def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
     """Every stage's memory; the worst stage's figures on top ("fits" is the worst stage's)."""
     stages = tuple(_breakdown(rs, *stage_param_split(rs, r)[:1], stage_activation_bytes(rs, r),
-                              stage_param_split(rs, r)[1], len(stage_layers(rs, r))) for r in range(rs.pp))
+                              stage_param_split(rs, r)[1], stage_layers(rs, r)) for r in range(rs.pp))
     worst = max(range(rs.pp), key=lambda r: stages[r].total_gb)
     w = stages[worst]
     return MemoryBreakdown(w.weights_gb, w.grads_gb, w.optimizer_gb, w.activations_gb, w.workspace_gb,
@@ -255,11 +261,11 @@ def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
         return pipeline_memory(rs)
     if kinded(rs):
         dense, expert = stage_param_split(rs, 0)
-        return _breakdown(rs, dense, activation_bytes(rs), expert)
+        return _breakdown(rs, dense, activation_bytes(rs), expert, range(rs.scenario.model.layers))
     params = params_per_rank(rs)
     shard = rs.grad_dp if rs.scenario.parallel.distributed_optimizer else 1
     weights, grads, optimizer, host = _states(rs, params, params / shard)
-    weights += fp8_weights_gb(rs, rs.scenario.model.layers)
+    weights += fp8_weights_gb(rs, range(rs.scenario.model.layers))
     acts = activation_bytes(rs) / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,

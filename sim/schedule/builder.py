@@ -30,7 +30,7 @@ from meshsim.sim.schedule.layer_kinds import (
     sp_params,
 )
 from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
-from meshsim.sim.schedule.moe_shapes import moe_dims
+from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -150,31 +150,19 @@ def layers_dp_params(rs: ResolvedScenario, t: Templates, layers: list[int], head
     return (sp if d.sp else 0), kv
 
 
-def fp8_linear_params(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]) -> int:
-    """Weights of the FP8 linears (no biases) on one rank over the layers numbered `layers`: qkv, proj, fc1,
-    fc2 of a dense layer; qkv, proj and the MoE block's local experts and shared expert of an MoE layer."""
-    if not d.fp8.on:
-        return 0
-    moe, m = rs.scenario.model.moe, moe_dims(rs)
-    n_moe = sum(1 for layer in layers if moe is not None and moe.is_moe_layer(layer))
-    attention = sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm()))
-    moe_weights = n_moe * (attention + m.linear_weights) if m is not None else 0
-    return (len(layers) - n_moe) * d.linear_weights + moe_weights
-
-
 def gather_param_bytes(rs: ResolvedScenario, d: LayerDims, params: int, layers: Sequence[int]) -> float:
     """Bytes per parameter of the DP parameter all-gather: 2, or with run.fp8_param_gather the average of
     1 byte per FP8 linear weight and 2 per other parameter (fp8_rules.py)."""
     if not rs.scenario.run.fp8_param_gather or params == 0:
         return PARAM_BYTES
-    fp8 = fp8_linear_params(rs, d, layers)
+    fp8 = fp8_linear_weights(rs, d, layers)
     return (PARAM_BYTES * (params - fp8) + FP8_BYTES * fp8) / params
 
 
 def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], step_op: int,
                    next_id: int) -> list[Op]:
     """FP8: the linear weights' once-per-step cast (and transpose) after the optimizer step (fp8_rules.py)."""
-    linear = fp8_linear_params(rs, d, layers)
+    linear = fp8_linear_weights(rs, d, layers)
     if not linear:
         return []
     p = rs.scenario.parallel

@@ -22,6 +22,7 @@ internode kernels cross RDMA once per node, then forward over NVLink).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshsim.scenarios.resolved import ResolvedScenario
@@ -29,6 +30,7 @@ from meshsim.scenarios.schema import MoeConfig
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias
 from meshsim.sim.schedule.ops import Gemm
+from meshsim.sim.schedule.shapes import LayerDims
 
 ROUTING_MAP_BYTES = 1  # bool per (token, expert)
 PROB_BYTES = 4  # fp32 routing probabilities (Megatron keeps probs in fp32)
@@ -216,3 +218,16 @@ def moe_dims(rs: ResolvedScenario) -> MoeDims | None:
         distinct_ranks=distinct_holders(moe, rs.ep), distinct_nodes=distinct_holders(moe, nodes),
         dtype_bytes=m.dtype_bytes, grad_fusion=s.run.grad_accumulation_fusion, bias=has_linear_bias(m),
         fp8=s.run.fp8_on)
+
+
+def fp8_linear_weights(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]) -> int:
+    """Weights (no biases) of the FP8 linears on one rank over the layers numbered `layers`, 0 when 16-bit:
+    qkv, proj, fc1, fc2 of a dense layer; qkv, proj, the local experts' and the shared expert's of an MoE
+    layer (what TE caches as FP8 copies and casts once per step)."""
+    if not d.fp8.on:
+        return 0
+    moe, m = rs.scenario.model.moe, moe_dims(rs)
+    n_moe = sum(1 for layer in layers if moe is not None and moe.is_moe_layer(layer))
+    attention = sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm()))
+    moe_weights = n_moe * (attention + m.linear_weights) if m is not None else 0
+    return (len(layers) - n_moe) * d.linear_weights + moe_weights
