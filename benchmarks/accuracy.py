@@ -20,7 +20,8 @@ sweep print it as "the model's error" for the scenario's group (sim/results/erro
 - collectives / collectives-small: nccl-tests all_reduce busbw points from 16 MiB up / below
   (collectives.yaml; targets: within 5% from 16 MiB, 15% below);
 - kernels: FLUX's GEMM and NCCL collective times of GPT-3 175B MLP shapes at TP 8 (kernels.yaml);
-- moe-layer: Megatron-LM's MoE layer benchmark, one MoELayer forward / backward on 8 H100 per dispatcher
+- moe-layer: Megatron-LM's MoE layer benchmark, one MoELayer forward / backward on 8 H100 per dispatcher, bf16 and
+  blockwise FP8
   (benchmarks/accuracy_moe.py); the end-to-end MoE runs are the `moe` step group.
 Error = simulated / measured - 1: negative means the simulation is too fast. Nothing here is asserted.
 
