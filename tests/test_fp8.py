@@ -203,7 +203,7 @@ def _library(overrides: dict):
     ({"run.fp8_amax_history_len": 1024}, "run.fp8_amax_history_len"),  # tensorwise: no history
     ({"run.tp_only_amax_reduction": True}, "run.tp_only_amax_reduction"),
     ({"run.fp8_param_gather": True, "parallel.distributed_optimizer": False}, "run.fp8_param_gather"),
-    ({"run.fp8_attention": True, "model.attention": "unfused"}, "run.fp8_attention"),
+    ({"run.fp8_attention": True, "model.attention": "unfused", "parallel.cp": 1}, "run.fp8_attention"),  # cp 1: CP refuses unfused first
 ])
 def test_check_errors_name_the_field(overrides, field):
     with pytest.raises(UserError) as err:
