@@ -58,6 +58,9 @@ def cases(tmp: Path) -> dict[str, str]:
     # issue 18: the context-parallel library scenarios (target: at most 1.5x the default's cost)
     out["llama3-70b-cp2"] = "llama3-70b-h100-cp2"
     out["llama3-8b-128k-cp4"] = "llama3-8b-128k-h100-cp4"
+    # issue 19: the MoE library scenarios on one and two DGX H100
+    out["mixtral-ep8"] = "mixtral-8x7b-h100-ep8"
+    out["qwen3-ep16"] = "qwen3-30b-a3b-h100-ep16"
     for gpus in LLAMA_GPUS:
         out[f"llama70b-{gpus}"] = _variant(DEFAULT_SCENARIO, {"global_batch": 8 * gpus // 8},
                                            {"nodes": gpus // 8}, tmp)
@@ -88,6 +91,9 @@ def main() -> None:
         tmp = Path(tmp_dir)
         chosen = cases(tmp)
         wanted = [c for c in args.cases.split(",") if c] or list(chosen)
+        unknown = [c for c in wanted if c not in chosen]
+        if unknown:
+            raise SystemExit(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(chosen)}")
         for name in wanted:
             runs = [run_once(chosen[name], extra, tmp / name) for _ in range(args.runs)]
             walls = sorted(w for w, _, _ in runs)
