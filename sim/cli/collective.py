@@ -8,7 +8,6 @@ Bad input raises UserError: printed on one line, exit status 2, no traceback.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from meshsim.sim.core.limits import (
 )
 from meshsim.sim.core.text import echo_plain
 from meshsim.sim.core.units import format_size, parse_size
-from meshsim.sim.core.userio import check_output_file
+from meshsim.sim.core.userio import check_output_file, dumps_finite
 from meshsim.sim.cost.collectives.choose import ALGOS, OPS, PROTOCOL_NAMES
 from meshsim.sim.cost.collectives.nccl_table import Row, curves, sweep, sweep_sizes
 from meshsim.sim.outputs.busbw_plot import write_busbw_html
@@ -109,7 +108,7 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
     print_table(rows, title)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        json_path.write_text(dumps_finite([r.to_dict() for r in rows], indent=2) + "\n")
         echo_plain(f"json: {json_path}")
     if plot_path is not None:
         # every applicable algorithm, one line each; the table's rows are the forced algorithm's (or auto's)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from meshsim.sim.core.console import Column, fitted_table, make_console, print_f
 from meshsim.sim.core.limits import check_nodes
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import gbit_to_gbps
-from meshsim.sim.core.userio import check_output_file
+from meshsim.sim.core.userio import check_output_file, dumps_finite
 from meshsim.topologies.gpus import GB_PER_GIB, GPUS
 from meshsim.topologies.model import Topology
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file
@@ -94,7 +93,7 @@ def topologies(
     if not show:
         print_fitted(console, _table(rows, console.width))
     if json_path:
-        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+        json_path.write_text(dumps_finite(rows, indent=2) + "\n")
         console.print(f"wrote {user_text(json_path)}", highlight=False)
 
 

@@ -8,7 +8,6 @@ GEMM shapes with their throughput. A progress bar (stderr) while a file is read 
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from meshsim.sim.core.console import Column, fitted_table, make_console, print_f
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes
 from meshsim.sim.core.text import echo_plain, user_text
-from meshsim.sim.core.userio import check_output_file
+from meshsim.sim.core.userio import check_output_file, dumps_finite
 from meshsim.sim.kineto.document import summary_document
 from meshsim.sim.kineto.ranks import MAX_KEPT_EVENTS, RankData, all_summaries, load_for
 
@@ -139,7 +138,7 @@ def summary_command(
     doc = summary_document(ranks, steps)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(doc, indent=1))
+        json_path.write_text(dumps_finite(doc, indent=1))
     print_summary(doc, make_console())
     if json_path is not None:
         echo_plain(f"json: {json_path}")

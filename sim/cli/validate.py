@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,14 @@ from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.interrupt import Interrupted, signals_raise
 from meshsim.sim.core.text import echo_plain
-from meshsim.sim.core.userio import check_output_dir, check_output_file, load_json, output_folder_name
+from meshsim.sim.core.userio import (
+    check_output_dir,
+    check_output_file,
+    check_own_file,
+    dumps_finite,
+    load_json,
+    output_folder_name,
+)
 from meshsim.sim.kineto.calibrate import profile_from_trace
 from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -124,6 +130,11 @@ def _reading_results(path: Path | None) -> Iterator[None]:
                         problem=f"Not the results of this payload ({detail})") from None
 
 
+# the files validate/crosscheck/crosscheck.py run_crosscheck / finish write into --out (that module imports
+# torch, so the names are listed here for the check that runs before any work)
+CROSSCHECK_FILES = ("profile.yaml", "trace_measured.json", "trace_merged.json")
+
+
 def _default_out(name: str, suffix: str = "") -> Path:
     """meshsim-out/<the scenario name as one safe folder name><suffix>: never a path outside meshsim-out/."""
     return DEFAULT_OUT_ROOT / output_folder_name(name, suffix)
@@ -133,7 +144,7 @@ def _dump(path: Path, task: str, payload: dict, nproc: int, backend: str) -> Non
     """Write the payload with the backend it was shrunk for; the torchrun worker runs on that backend
     (validate/launch/launch.py payload_backend), so the results match the schedule rebuilt from them."""
     check_output_file("--dump-payload", path)
-    path.write_text(json.dumps({**payload, "backend": backend}))
+    path.write_text(dumps_finite({**payload, "backend": backend}))
     echo_plain(f"payload: {path} (backend {backend})\nrun it on {nproc} processes, e.g.\n  torchrun "
                f"--nproc-per-node {nproc} -m meshsim.validate.launch.launch {task} {path} --out RESULTS_DIR\nthen "
                "repeat this command with --from-results RESULTS_DIR/results.json (docs/validate.md: "
@@ -254,7 +265,7 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
     if not 1 <= repeats <= MAX_REPEATS:
         raise UserError("--repeats", repeats, f"use 1 to {MAX_REPEATS} timed steps")
     out_dir = out or _default_out(sc.name, "-validate")
-    check_output_dir("--out", out_dir)
+    check_output_dir("--out", out_dir, CROSSCHECK_FILES)
     check_output_file("--json", json_path)
     check_output_file("--dump-payload", dump)
     if dump is not None:
@@ -276,7 +287,7 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
                        f"--trace {trace})")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result.report, indent=2))
+        json_path.write_text(dumps_finite(result.report, indent=2))
     return print_crosscheck(result.report, out_dir, tolerance)
 
 
@@ -315,6 +326,7 @@ def calibrate_command(
     shrunk, payload = calibration_payload(sc, source, n, be)
     path = out or _default_out(sc.name) / "profile.yaml"
     check_output_file("--out", path)  # before measuring: a bad path must not throw measurements away
+    check_own_file("--out", path)  # never through a link, even a dangling one
     check_output_file("--dump-payload", dump_payload)
     if dump_payload is not None:
         _dump(dump_payload, "calibrate", payload, n, be)
@@ -336,6 +348,7 @@ def _calibrate_from_trace(paths: list[Path], scenario: str | None, out: Path | N
     sc, source = load_scenario(scenario)
     path = out or _default_out(sc.name) / "profile.yaml"
     check_output_file("--out", path)
+    check_own_file("--out", path)
     schedule = build_stage_schedules(resolve(sc, source))[0]
     ranks = read_traces(paths, step=step)
     steps = summaries(ranks, step, critical=False, min_over_ranks=False)

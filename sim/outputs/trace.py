@@ -34,6 +34,7 @@ from json.encoder import encode_basestring_ascii as _ascii
 from pathlib import Path
 from typing import Any
 
+from meshsim.sim.core.errors import CommandFailed
 from meshsim.sim.engine.events import STREAMS, Event
 from meshsim.sim.results.critical_path import Segment, critical_ops
 from meshsim.sim.results.records import CollectiveRow, ConfigEcho
@@ -43,7 +44,8 @@ from meshsim.sim.results.step_result import StepResult
 TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}
 STEADY_TID = len(STREAMS) + 1  # the thread summarising extrapolated steady-state periods
 BATCH = 4096  # trace events encoded per write
-_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode  # compact, as written
+# compact, as written; allow_nan=False: a non-finite number is refused, never written as Infinity / NaN
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False, allow_nan=False).encode
 
 
 def _ns(t_s: float) -> int:
@@ -300,15 +302,20 @@ def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequen
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     texts = iter_trace_json(list(events), critical_path, **kw)
-    with open(path, "w") as fh:
-        fh.write('{"traceEvents":[')
-        batch = list(islice(texts, BATCH))
-        while batch:
-            fh.write(",".join(batch))
+    try:
+        with open(path, "w") as fh:
+            fh.write('{"traceEvents":[')
             batch = list(islice(texts, BATCH))
-            if batch:
-                fh.write(",")
-        fh.write('],"displayTimeUnit":"ms"')
-        info = distributed_info(kw.get("result"))
-        fh.write(f',"distributedInfo":{json.dumps(info)}}}' if info else "}")
+            while batch:
+                fh.write(",".join(batch))
+                batch = list(islice(texts, BATCH))
+                if batch:
+                    fh.write(",")
+            fh.write('],"displayTimeUnit":"ms"')
+            info = distributed_info(kw.get("result"))
+            fh.write(f',"distributedInfo":{_ENCODE(info)}}}' if info else "}")
+    except ValueError:  # _ENCODE met a non-finite number: no half-written trace is left behind
+        path.unlink(missing_ok=True)
+        raise CommandFailed(f"internal error: a non-finite number in the trace events; {path} was not "
+                            "written (please report it)") from None
     return path

@@ -18,7 +18,6 @@ is still printed and the merged trace is not written (the reason is reported).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -235,7 +234,7 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
     try:
         doc = merge_traces(timeline_events(a, Path(path_a)), timeline_events(b, Path(path_b)), label_a, label_b)
         trace = out / "trace.json"  # the merged trace of both runs
-        trace.write_text(json.dumps(doc, separators=(",", ":")))
+        trace.write_text(dumps_finite(doc, separators=(",", ":")))
         comparison["trace"] = str(trace)
     except UserError as err:
         comparison["note"] = f"merged trace not written: {err}"

@@ -7,10 +7,10 @@ they never collide). Open it in https://ui.perfetto.dev.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.trace import trace_document, trace_events, write_trace
 from meshsim.sim.results.critical_path import Segment
@@ -31,5 +31,5 @@ def write_merged_trace(path: str | Path, sim_events: Iterable[Event], sim_path: 
                            flow_id_base=MEASURED_FLOW_BASE)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(trace_document(events), separators=(",", ":")))
+    path.write_text(dumps_finite(trace_document(events), separators=(",", ":")))
     return path
