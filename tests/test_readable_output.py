@@ -299,3 +299,29 @@ def test_calibrate_names_a_clamped_kappa():
     assert "faster than its longer part alone" in kappa_note(g_s=2e-3, c_s=1e-3, both_s=1.8e-3)
     assert "clamped to 1" in kappa_note(g_s=2e-3, c_s=1e-3, both_s=3.5e-3)
     assert "kappa 0.500" in kappa_note(g_s=2e-3, c_s=1e-3, both_s=2.5e-3)
+
+
+def test_validate_check_table_at_80_columns_drops_nothing_it_needs():
+    """All pass: no all-'-' worst-mismatch column, no 'not shown' note, one line per variant (the longest
+    real names). One fails: its worst mismatch (tensor, rank, error) is printed at 80 columns."""
+    from meshsim.validate.printing import print_numerics  # imports torch
+
+    names = ["tp+gelu+mha+none", "pp2+vp2+nooverlap+tp+swiglu+gqa", "ep4+etp2+swiglu+gqa+selective"]
+
+    def result(name, mismatches=()):
+        return SimpleNamespace(name=name, ok=not mismatches, checked=47, mismatches=list(mismatches),
+                               calls=[{"name": "L0.fwd.attn_out"}] * 13, op_diffs=[], errors=[], imbalance=None)
+
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    assert print_numerics([result(n) for n in names], 2, "float32", console=console) == 0
+    text = console.export_text()
+    _assert_fits(text)
+    assert "not shown" not in text
+    rows = [line for line in _table_lines(text) if line.startswith("│")]
+    assert len(rows) == len(names)  # no cell wraps onto a second line
+    bad = {"tensor": "L1.mlp.fc2.weight.grad", "rank": 1, "max_abs_err": 0.25, "max_abs_ref": 1.0}
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    assert print_numerics([result(names[0]), result(names[1], [bad])], 2, "float32", console=console) == 1
+    text = console.export_text()
+    _assert_fits(text)
+    assert "L1.mlp.fc2.weight.grad differs on rank 1: max|err| 0.25" in " ".join(text.split())

@@ -19,6 +19,14 @@ CATEGORY_COLUMNS = (Column("category", "left", keep=True), Column("simulated ms"
                     Column("path measured", keep=True))
 
 
+WORST_COLUMN = 3  # NUMERICS_COLUMNS' "worst mismatch"; every mismatch is also listed below the table
+
+
+def _without(columns, rows, index: int):
+    """The columns and rows without column `index`."""
+    return (columns[:index] + columns[index + 1:], [row[:index] + row[index + 1:] for row in rows])
+
+
 def _fmt_err(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
 
@@ -27,7 +35,7 @@ def _op_column(r, compare_ops: bool) -> str:
     if r.op_diffs is None:
         return "not compared"
     if not r.op_diffs:
-        return "= schedule"
+        return "same"
     return f"{len(r.op_diffs)} differ" + ("" if compare_ops else " (ignored)")
 
 
@@ -43,7 +51,10 @@ def print_numerics(results, nproc: int, dtype: str, *, compare_ops: bool = True,
         worst_txt = f"{worst['tensor']} rank {worst['rank']} max|err| {worst['max_abs_err']:.3g}" if worst else "-"
         status = Text("ok", style="green") if r.ok else Text("FAIL", style="red")  # styled: not escaped
         rows.append([r.name or "scenario", status, str(r.checked), worst_txt, str(len(r.calls)), _op_column(r, compare_ops)])
-    print_fitted(console, fitted_table(f"numerics vs single process ({nproc} processes, {dtype})", NUMERICS_COLUMNS,
+    columns = NUMERICS_COLUMNS
+    if not any(r.mismatches for r in results):  # an all-"-" column: left out, no "widen the terminal" note
+        columns, rows = _without(columns, rows, WORST_COLUMN)
+    print_fitted(console, fitted_table(f"numerics vs single process ({nproc} processes, {dtype})", columns,
                                        rows, console.width))
     routed = [f"{r.name or 'scenario'} {r.imbalance:.2f}" for r in results if r.imbalance is not None]
     if routed:
