@@ -147,3 +147,35 @@ def test_run_never_writes_through_a_link_in_its_output_folder(name, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "symlink" in err, err
     assert not outside.exists()
+
+
+@pytest.mark.parametrize("case", ["calibrate-symlink", "calibrate-dangling", "calibrate-directory",
+                                  "validate-profile-symlink", "validate-trace-symlink", "validate-trace-directory"])
+def test_validate_and_calibrate_outputs_refuse_links_and_directories(case, tmp_path, capsys):
+    """The files validate / calibrate write (calibrate's profile, validate's profile.yaml and traces in
+    --out) are refused, in one line and before any measurement, when they are links or directories."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    command, bad = case.split("-", 1)
+    name = {"calibrate": "profile.yaml", "validate": "profile.yaml"}[command]
+    if bad.startswith("trace"):
+        name, bad = "trace_merged.json", bad.split("-", 1)[1]
+    target = out / name
+    if bad == "symlink":
+        target.symlink_to(outside / "victim")
+    elif bad == "dangling":
+        target.symlink_to(outside / "created")
+    else:
+        target.mkdir()
+    args = (["calibrate", "tiny-2gpu", "--nproc", "2", "--out", str(target)] if command == "calibrate"
+            else ["validate", "tiny-2gpu", "--nproc", "2", "--out", str(out)])
+    code = main(args)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert "symlink" in lines[0] or "directory" in lines[0], lines[0]
+    assert sorted(os.listdir(outside)) == ["victim"] and (outside / "victim").read_text() == "keep"
