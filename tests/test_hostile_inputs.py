@@ -328,3 +328,30 @@ def test_numbers_at_the_edges_are_one_line_naming_the_field(field, value, tmp_pa
     assert_one_line_exit_2(code, err, needle)
     if needle == field:
         assert "a number from" in err, err
+
+
+@pytest.mark.parametrize("writer", ["trace", "merged-trace"])
+@pytest.mark.parametrize("field", ["flops", "end_s"])
+def test_trace_writers_never_write_non_finite_numbers(writer, field, tmp_path):
+    """A non-finite number reaching a trace writer (a bug upstream) is one CommandFailed line and no file,
+    never a trace.json holding Infinity / NaN that a reader cannot parse."""
+    from meshsim.sim.core.errors import CommandFailed
+    from meshsim.sim.engine.events import Event
+    from meshsim.sim.outputs.trace import write_trace
+
+    values = {"flops": 1e9, "end_s": 1e-3, field: float("inf") if field == "flops" else float("nan")}
+    ev = Event(0, 0, "L0.fwd.qkv", "compute", "compute", "fwd", 0, 0, 0.0, values["end_s"], flops=values["flops"])
+    good = Event(0, 0, "L0.fwd.qkv", "compute", "compute", "fwd", 0, 0, 0.0, 1e-3, flops=1e9)
+    path = tmp_path / "trace.json"
+    if writer == "trace":
+        write_trace(path, [good])
+        json.loads(path.read_text())  # the negative control: a finite trace is written and parses
+        path.unlink()
+        with pytest.raises((CommandFailed, ValueError)):
+            write_trace(path, [ev])
+    else:
+        from meshsim.validate.timing.trace_merge import write_merged_trace  # validate extra
+
+        with pytest.raises((CommandFailed, ValueError)):
+            write_merged_trace(path, [ev], (), [good], ())
+    assert not path.exists() or "Infinity" not in path.read_text() and "NaN" not in path.read_text()
