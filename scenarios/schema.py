@@ -283,8 +283,8 @@ class OptimizerConfig(Frozen):
     offload_fraction: float = Field(default=1.0, ge=0, le=1)  # --optimizer-offload-fraction
     overlap_cpu_d2h_h2d: bool = False  # --overlap-cpu-optimizer-d2h-h2d
     # achieved per-GPU figures of the offloaded step; unset: sim/cost/optimizer_states.py's defaults
-    pcie_gbps: float | None = Field(default=None, gt=0)  # GPU <-> pinned host copies, each direction
-    host_mem_gbps: float | None = Field(default=None, gt=0)  # host DRAM bandwidth one rank's CPU Adam gets
+    pcie_gbps: GBps | None = None  # GPU <-> pinned host copies, each direction
+    host_mem_gbps: GBps | None = None  # host DRAM bandwidth one rank's CPU Adam gets
 
 
 class Scenario(Frozen):

@@ -291,8 +291,70 @@ EDGE_FIELDS = {  # field as the message names it -> how to put the raw value in 
     "hardware.compute.launch_overhead_us": lambda v: {"hardware": f"{{compute: {{launch_overhead_us: {v}}}}}"},
     "topology.nvlink_gbps": lambda v: {"topology": f"{{preset: dgx-h100, nvlink_gbps: {v}}}"},
     "topology.fabric.nic_gbitps": lambda v: {"topology": f"{{preset: dgx-h100, fabric: {{nic_gbitps: {v}}}}}"},
+    "optimizer.pcie_gbps": lambda v: {"optimizer": f"{{precision_aware: true, cpu_offload: true, pcie_gbps: {v}}}"},
+    "optimizer.host_mem_gbps": lambda v: {"optimizer": f"{{precision_aware: true, cpu_offload: true, "
+                                                        f"host_mem_gbps: {v}}}"},
     "links[0].bw_gbps": "topology", "gemm_table[0].tflops": "profile",
 }
+
+
+def _schema_models():
+    """Every pydantic model reachable from the Scenario schema."""
+    from pydantic import BaseModel
+
+    from meshsim.scenarios.schema import Scenario
+
+    seen, todo = set(), [Scenario]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for field in model.model_fields.values():
+            todo += [t for t in _types_in(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+    return sorted(seen, key=lambda m: m.__name__)
+
+
+def _types_in(annotation) -> list:
+    import typing
+
+    args = typing.get_args(annotation)
+    return [annotation] if not args else [t for a in args for t in _types_in(a)]
+
+
+def test_every_float_field_of_the_scenario_schema_has_a_finite_range():
+    """The class, not the examples: any float field (a new one too) refuses 1e308 and 5e-324 / accepts
+    0 only as a range's lower end, so no accepted value makes a step time infinite."""
+    from typing import Annotated
+
+    from pydantic import TypeAdapter, ValidationError
+
+    unbounded = []
+    for model in _schema_models():
+        for name, field in model.model_fields.items():
+            if float not in _types_in(field.annotation):
+                continue
+            meta = tuple(field.metadata)
+            adapter = TypeAdapter(Annotated[(field.annotation, *meta)] if meta else field.annotation)
+            for value in (1e308, 5e-324):
+                try:
+                    adapter.validate_python(value)
+                except ValidationError:
+                    continue
+                if value == 1e308 or not _zero_allowed(adapter):
+                    unbounded.append(f"{model.__name__}.{name} accepts {value}")
+    assert not unbounded, unbounded
+
+
+def _zero_allowed(adapter) -> bool:
+    """A range starting at 0 (a latency, a fraction) may take 5e-324: it is as harmless as 0."""
+    from pydantic import ValidationError
+
+    try:
+        adapter.validate_python(0.0)
+    except ValidationError:
+        return False
+    return True
 
 
 def _edge_case(tmp_path: Path, field: str, value: str) -> list:
