@@ -299,12 +299,14 @@ EDGE_FIELDS = {  # field as the message names it -> how to put the raw value in 
 
 
 def _schema_models():
-    """Every pydantic model reachable from the Scenario schema."""
+    """Every pydantic model reachable from the user's three file schemas: scenario, profile, topology."""
     from pydantic import BaseModel
 
+    from meshsim.scenarios.profile import HardwareProfile
     from meshsim.scenarios.schema import Scenario
+    from meshsim.topologies.custom import CustomTopology
 
-    seen, todo = set(), [Scenario]
+    seen, todo = set(), [Scenario, HardwareProfile, CustomTopology]
     while todo:
         model = todo.pop()
         if model in seen:
@@ -322,7 +324,7 @@ def _types_in(annotation) -> list:
     return [annotation] if not args else [t for a in args for t in _types_in(a)]
 
 
-def test_every_float_field_of_the_scenario_schema_has_a_finite_range():
+def test_every_float_field_of_the_input_schemas_has_a_finite_range():
     """The class, not the examples: any float field (a new one too) refuses 1e308 and 5e-324 / accepts
     0 only as a range's lower end, so no accepted value makes a step time infinite."""
     from typing import Annotated
