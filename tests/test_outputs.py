@@ -208,8 +208,13 @@ def test_timeline_spec_is_valid_plotly_and_the_page_embeds_it(tmp_path):
 @pytest.mark.parametrize("value", [0, -3, 2**70, 0.1, 1e-7, 1e22, -0.0, float("nan"), float("inf"), True, False, None,
                                    "L0.mb0.fwd", 'a"b\\c\n\u00e9\u2028', [1, 2.5], {"k": 1}])
 def test_trace_scalar_text_is_what_json_writes(value):
+    """Finite scalars: the text json writes; NaN / Infinity are refused (never written into a trace)."""
     from meshsim.sim.outputs.trace import _js
 
+    if isinstance(value, float) and value != value or value == float("inf"):
+        with pytest.raises(ValueError):
+            _js(value)
+        return
     assert _js(value) == json.dumps(value, separators=(",", ":"))
 
 
