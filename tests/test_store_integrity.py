@@ -179,3 +179,34 @@ def test_validate_and_calibrate_outputs_refuse_links_and_directories(case, tmp_p
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     assert "symlink" in lines[0] or "directory" in lines[0], lines[0]
     assert sorted(os.listdir(outside)) == ["victim"] and (outside / "victim").read_text() == "keep"
+
+
+@pytest.mark.parametrize("writer", ["results", "trace", "page"])
+def test_output_writers_refuse_a_link_made_after_the_checks(writer, tmp_path):
+    """The checks run before the work; a link put in the output folder while a run computes is refused at
+    the write itself (O_NOFOLLOW), and what it points at is left as it was."""
+    from meshsim.sim.engine.events import Event
+    from meshsim.sim.outputs.plotly_page import write_page
+    from meshsim.sim.outputs.step_report import write_results_json
+    from meshsim.sim.outputs.trace import write_trace
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "out.json"
+    link.symlink_to(victim)
+    ev = Event(0, 0, "L0.fwd.qkv", "compute", "compute", "fwd", 0, 0, 0.0, 1e-3)
+    with pytest.raises(UserError, match="symlink"):
+        if writer == "results":
+            from meshsim.scenarios.load import resolve
+            from meshsim.sim.results.simulate import simulate
+
+            scenario, source = load_scenario("tiny-2gpu")
+            write_results_json(simulate(resolve(scenario, source)), link)
+        elif writer == "trace":
+            write_trace(link, [ev])
+        else:
+            write_page(link, {"data": [], "layout": {}}, 100)
+    assert victim.read_text() == "keep"
+    plain = tmp_path / "plain.json"
+    write_trace(plain, [ev])  # the negative control: a plain path is written
+    assert plain.read_text().startswith('{"traceEvents":[')

@@ -340,6 +340,14 @@ def open_own_file(flag: str, path: Path, flags: int) -> int:
     return fd
 
 
+def open_own_for_writing(path: Path, mode: str = "w", flag: str = "--out"):
+    """open(path, mode) ("w" or "wb") for a file meshsim names inside its output folder, through
+    open_own_file: a symlink or directory put there after the checks that ran before the work is refused
+    at the write too, never followed."""
+    fd = open_own_file(flag, Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    return os.fdopen(fd, mode)
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_FOLDER_CHARS = 64
 

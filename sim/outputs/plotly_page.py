@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from meshsim.sim.core.userio import open_own_for_writing
+
 
 def typed_array(values: Iterable[float]) -> dict[str, str]:
     """A float32 typed-array spec plotly.js decodes (NaN kept: it breaks a line between segments)."""
@@ -70,7 +72,7 @@ def write_page(path: Path, figure: Mapping[str, Any], height_px: int) -> Path:
             f"(function () {{ var fig = {figure_json(figure)};\n"
             'Plotly.newPlot("timeline", fig.data, fig.layout, {"responsive": true}); })();\n'
             "</script>\n</body>\n</html>\n")
-    with path.open("wb") as f:
+    with open_own_for_writing(path, "wb") as f:  # never through a link made after the checks
         f.write(head.encode("utf-8"))
         f.write(plotly_js)
         f.write(tail.encode("utf-8"))

@@ -29,7 +29,7 @@ from meshsim.sim.core.fmt import (
     time_column,
 )
 from meshsim.sim.core.text import user_text
-from meshsim.sim.core.userio import dumps_finite
+from meshsim.sim.core.userio import dumps_finite, open_own_for_writing
 from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.outputs.timeline import write_timeline
@@ -250,7 +250,9 @@ def results_json_text(r: StepResult, *, full_critical_path: bool = False) -> str
 def write_results_json(r: StepResult, path: str | Path, *, full_critical_path: bool = False) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(results_json_text(r, full_critical_path=full_critical_path))
+    text = results_json_text(r, full_critical_path=full_critical_path)
+    with open_own_for_writing(path) as fh:  # never through a link made after the checks
+        fh.write(text)
     return path
 
 

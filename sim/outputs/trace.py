@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from meshsim.sim.core.errors import CommandFailed
+from meshsim.sim.core.userio import open_own_for_writing
 from meshsim.sim.engine.events import STREAMS, Event
 from meshsim.sim.results.critical_path import Segment, critical_ops
 from meshsim.sim.results.records import CollectiveRow, ConfigEcho
@@ -303,7 +304,7 @@ def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequen
     path.parent.mkdir(parents=True, exist_ok=True)
     texts = iter_trace_json(list(events), critical_path, **kw)
     try:
-        with open(path, "w") as fh:
+        with open_own_for_writing(path) as fh:  # never through a link made after the checks
             fh.write('{"traceEvents":[')
             batch = list(islice(texts, BATCH))
             while batch:
