@@ -57,30 +57,27 @@ def parse_switch(field: str, text: str) -> tuple[bool, ...]:
     return SWITCH_VALUES[value]
 
 
-def parse_recompute(text: str) -> tuple[str, ...]:
-    """'none,selective,full' -> ('none', 'selective', 'full')."""
+def _parse_choices(option: str, text: str, choices: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """'a,b,a' -> ('a', 'b'): a comma-separated subset of `choices`, in order, without repeats."""
     values: list[str] = []
     for part in str(text).split(","):
         part = part.strip().lower()
-        if part not in RECOMPUTE_CHOICES:
-            raise UserError("--recompute", text, f"use a comma-separated subset of {', '.join(RECOMPUTE_CHOICES)}",
-                            problem=f"{part!r} is not a recompute mode")
+        if part not in choices:
+            raise UserError(option, text, f"use a comma-separated subset of {', '.join(choices)}",
+                            problem=f"{part!r} is not {what}")
         if part not in values:
             values.append(part)
     return tuple(values)
+
+
+def parse_recompute(text: str) -> tuple[str, ...]:
+    """'none,selective,full' -> ('none', 'selective', 'full')."""
+    return _parse_choices("--recompute", text, RECOMPUTE_CHOICES, "a recompute mode")
 
 
 def parse_fp8(text: str) -> tuple[str, ...]:
     """'off,delayed' -> ('off', 'delayed'): FP8 recipes (run.fp8)."""
-    values: list[str] = []
-    for part in str(text).split(","):
-        part = part.strip().lower()
-        if part not in FP8_CHOICES:
-            raise UserError("--fp8", text, f"use a comma-separated subset of {', '.join(FP8_CHOICES)}",
-                            problem=f"{part!r} is not an FP8 recipe")
-        if part not in values:
-            values.append(part)
-    return tuple(values)
+    return _parse_choices("--fp8", text, FP8_CHOICES, "an FP8 recipe")
 
 
 PARSERS = {
