@@ -6,12 +6,10 @@ the schedule's MoE collectives in elements, and the mean-size and stand-in bookk
 from __future__ import annotations
 
 import math
-import socket
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
 from meshsim.scenarios.load import load_scenario  # noqa: E402
 from meshsim.scenarios.schema import MoeConfig  # noqa: E402
@@ -181,20 +179,6 @@ def test_routed_sizes_are_compared_as_means_over_the_ranks():
     assert opcount.routing_imbalance(rows) == pytest.approx(34 / 32)
     odd = opcount.mean_routed_sizes([[call("L0.mb0.fwd.dispatch", 3)], [call("L0.mb0.fwd.dispatch", 4)]])
     assert odd[0][0]["numel"] == 3.5  # an uneven mean stays a float: it cannot equal the schedule's count
-
-
-@pytest.fixture(scope="module")
-def world1():
-    """A one-rank gloo group in this process, so the dist calls really run."""
-    mine = not dist.is_initialized()
-    if mine:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield dist.group.WORLD
-    if mine:
-        dist.destroy_process_group()
 
 
 def test_unequal_all_gather_counts_as_one_all_gather(world1):

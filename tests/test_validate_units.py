@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
@@ -34,20 +32,6 @@ from meshsim.validate.stack.shard import kv_heads, kv_replica_groups, q_heads, s
 from meshsim.validate.stack.xent import VocabParallelCrossEntropy  # noqa: E402
 from meshsim.validate.timing import measured  # noqa: E402
 from meshsim.validate.timing.executor import Device, make_runner  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def world1():
-    """A one-rank gloo group in this process, so the dist calls really run."""
-    mine = not dist.is_initialized()
-    if mine:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield dist.group.WORLD
-    if mine:
-        dist.destroy_process_group()
 
 
 def test_shrink_layout_and_heads_follow_the_rule():
