@@ -109,6 +109,12 @@ def test_files_are_written_even_when_the_reader_leaves_early(tmp_path):
     cmd = f"{sys.executable} -m meshsim.sim.cli.main run {TINY} --out {out} | head -3"
     done = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=120)
     assert len(done.stdout.splitlines()) == 3 and "Traceback" not in done.stderr
+    # the program's own status: 0 and nothing on stderr (click alone turns the broken pipe into status 1)
+    proc = subprocess.Popen([sys.executable, "-m", "meshsim.sim.cli.main", "run", TINY, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves after one line, like `| head -1`
+    assert proc.wait(timeout=120) == 0 and proc.stderr.read() == b""
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "timeline.html", "trace.json"]
 
 

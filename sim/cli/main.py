@@ -112,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("aborted", err=True)
         return 130
     except BrokenPipeError:  # `meshsim run | head -3`: the reader left; the files are already written
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        return 0
+        return _reader_left()
+    except SystemExit as exc:  # click turns a broken pipe into sys.exit(1) (core.py, `errno.EPIPE`)
+        if isinstance(exc.__context__, BrokenPipeError):
+            return _reader_left()
+        raise
     except Exception as exc:
         # usage errors (unknown option or command, a bad value, a missing argument) from click, or the
         # click that typer vendors: one line with the fix, like every other bad input
@@ -122,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USER_ERROR
         raise
     return code if isinstance(code, int) else 0
+
+
+def _reader_left() -> int:
+    """Exit status 0 once the reader of stdout has gone (`meshsim run | head`): what was to be written to
+    files is written, so nothing failed; stdout points at /dev/null so the final flush raises nothing."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 def cli() -> NoReturn:
@@ -138,7 +148,9 @@ def cli() -> NoReturn:
     try:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-    except OSError:  # e.g. the reader of a pipe left: the interpreter's exit reports it as it always has
+    except BrokenPipeError:  # the reader of stdout left before this last flush; the files are written
+        os._exit(_reader_left() or code)
+    except OSError:  # another stream failure: the interpreter's exit reports it as it always has
         sys.exit(code)
     os._exit(code)
 
