@@ -21,7 +21,8 @@ import time
 
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.sweep.axes import configurations, sweep_axes
-from meshsim.sim.sweep.explain import explain, sweet_spot
+from meshsim.sim.sweep.explain import explain
+from meshsim.sim.sweep.explain_terms import sweet_spot
 from meshsim.sim.sweep.runner import run_sweep
 
 CASES = {  # name: (nodes, axes, target wall s)

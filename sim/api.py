@@ -18,7 +18,8 @@ from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, wit
 from meshsim.sim.results.simulate import simulate, simulate_with_events
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import configurations, sweep_axes
-from meshsim.sim.sweep.explain import explain, sweet_spot
+from meshsim.sim.sweep.explain import explain
+from meshsim.sim.sweep.explain_terms import sweet_spot
 from meshsim.sim.sweep.runner import run_sweep
 
 __all__ = [

@@ -14,7 +14,7 @@ from meshsim.sim.outputs.step_report import ep_line
 from meshsim.sim.results.breakdown import EP_OPS, ep_layer_ms
 from meshsim.sim.results.simulate import simulate
 from meshsim.sim.results.step_result import StepResult
-from meshsim.sim.sweep.explain import _a2a_clause
+from meshsim.sim.sweep.explain_mesh import a2a_clause
 
 MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False, "model.mlp": "swiglu",
        "parallel.tp": 1, "parallel.ep": 2}
@@ -50,6 +50,6 @@ def test_results_carry_ep_comm_and_the_explanation_names_the_bigger_all_to_all()
     rec = SimpleNamespace(result=r)  # _a2a_clause reads a record's result only
     path = d["ep_comm"]["critical_path_s"]
     kind = max(("dispatch", "combine"), key=lambda k: (path[f"fwd.{k}"] + path[f"bwd.{k}"], k))
-    assert _a2a_clause(rec).startswith(f", its {kind} is ")
+    assert a2a_clause(rec).startswith(f", its {kind} is ")
     dense = simulate(tiny({"parallel.tp": 1}))
-    assert "ep_comm" not in dense.to_dict() and _a2a_clause(SimpleNamespace(result=dense)) == ""
+    assert "ep_comm" not in dense.to_dict() and a2a_clause(SimpleNamespace(result=dense)) == ""

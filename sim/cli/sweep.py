@@ -21,7 +21,8 @@ from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.results.error_band import band_for
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
-from meshsim.sim.sweep.explain import explain, label, ok, sweet_spot, varying_axes
+from meshsim.sim.sweep.explain import explain
+from meshsim.sim.sweep.explain_terms import label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import RECORD_VERSION, SweepRecord
 from meshsim.sim.sweep.report_page import REPORT_NAME, sweep_title, write_report
 from meshsim.sim.sweep.runner import run_sweep

@@ -12,17 +12,29 @@ first tp that leaves the NVLink domain, and every other value of the other axes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
-from meshsim.sim.core.fmt import fmt_bytes, fmt_gb_as_gib, fmt_pct, fmt_s, fmt_tokens
+from meshsim.sim.core.fmt import fmt_bytes, fmt_pct, fmt_s, fmt_tokens
 from meshsim.sim.cost.collectives.cost import busbw_factor
 from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.error_band import DEFAULT_GROUP, ErrorBand, load_bands
-from meshsim.sim.results.records import CollectiveRow, MemoryGB
+from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.sweep.axes import AXES
+from meshsim.sim.sweep.explain_mesh import a2a_clause, cp_sentence, cp_span, ep_sentence, ep_span
+from meshsim.sim.sweep.explain_terms import (
+    fits,
+    fmt_gb,
+    label,
+    memory_of,
+    nodes_spanned,
+    ok,
+    smallest_overflow,
+    speed_delta,
+    sweet_spot,
+    varying_axes,
+)
 from meshsim.sim.sweep.fp8_explain import fp8_sentence
 from meshsim.sim.sweep.record import SweepRecord
 
@@ -33,72 +45,11 @@ MAX_SENTENCES = 9
 # `band_of(record)` and, without one, uses the default group's.
 BandOf = Callable[[SweepRecord], ErrorBand]
 SHARE_NAMES = CATEGORY_NAMES
-AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute",
-               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp", "cp": "cp", "fp8": "fp8"}
-
-
-# ----- selection ------------------------------------------------------------------------------------
-def ok(record: SweepRecord) -> bool:
-    return record.ok
-
-
-def fits(record: SweepRecord) -> bool:
-    return record.fits
-
-
-def sweet_spot(records: list[SweepRecord]) -> SweepRecord | None:
-    """The fitting configuration with the most tokens/s (first one on ties), or None."""
-    candidates = [r for r in records if fits(r)]
-    return max(candidates, key=lambda r: r.result.tokens_per_s) if candidates else None
-
-
-def smallest_overflow(records: list[SweepRecord]) -> SweepRecord | None:
-    """Among configurations that ran but do not fit, the one with the least memory per GPU."""
-    over = [r for r in records if ok(r) and not fits(r)]
-    return min(over, key=lambda r: r.result.memory_gb.total) if over else None
-
-
-# ----- formatting -----------------------------------------------------------------------------------
-def fmt_gb(value: float) -> str:
-    """A memory figure held in GB (1e9 B), shown in GiB without the unit: 77.01 -> '71.7'."""
-    return fmt_gb_as_gib(value, unit=False)
-
-
-def varying_axes(records: list[SweepRecord]) -> list[str]:
-    """Axes with more than one value in the sweep; tp always."""
-    return [a for a in AXES if a == "tp" or len({getattr(r.point, a) for r in records}) > 1]
-
-
-def label(record: SweepRecord, axes: list[str]) -> str:
-    """'tp=8, sp=on' over the given axes."""
-    parts = []
-    for name in axes:
-        value = getattr(record.point, name)
-        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
-        parts.append(f"{AXIS_LABELS[name]}={text}")
-    return ", ".join(parts)
-
-
-def _memory(rec: SweepRecord) -> MemoryGB:
-    return rec.result.memory_gb
-
-
-def _nodes_spanned(rec: SweepRecord) -> int:
-    res = rec.result
-    return math.ceil(res["tp"] / res["gpus_per_node"])
-
-
-def _speed_delta(rec: SweepRecord, best: SweepRecord) -> str:
-    """"23% fewer tokens/s" relative to the sweet spot ("0.07% more", never "0% more")."""
-    ratio = rec.result.tokens_per_s / best.result.tokens_per_s
-    if ratio == 1:
-        return "the same tokens/s"
-    return f"{fmt_pct(1 - ratio)} fewer tokens/s" if ratio < 1 else f"{fmt_pct(ratio - 1)} more tokens/s"
 
 
 # ----- sentences ------------------------------------------------------------------------------------
 def winner_sentence(best: SweepRecord, records: list[SweepRecord], axes: list[str]) -> str:
-    res, mem = best.result, _memory(best)
+    res, mem = best.result, memory_of(best)
     n_fit = sum(fits(r) for r in records)
     n_ran = sum(ok(r) for r in records)
     return (f"The sweet spot is {label(best, axes)}: {fmt_tokens(res.tokens_per_s)} tokens/s, "
@@ -115,7 +66,7 @@ def within_error_sentence(best: SweepRecord, records: list[SweepRecord], axes: l
     if not close:
         return None
     names = " and ".join([label(best, axes)] + [label(r, axes) for r in close[:3]])
-    gaps = ", ".join(f"{label(r, axes)} {_speed_delta(r, best)}" for r in close[:3])
+    gaps = ", ".join(f"{label(r, axes)} {speed_delta(r, best)}" for r in close[:3])
     return (f"{names} are within the model's error ({band.sentence()}, benchmarks/accuracy.py): {gaps}; "
             "the simulator cannot rank them, measure both.")
 
@@ -124,19 +75,19 @@ def path_sentence(best: SweepRecord) -> str:
     shares = best.result.critical_path_share
     parts = [f"{fmt_pct(shares[k])} {SHARE_NAMES[k]}" for k in SHARE_NAMES if shares.get(k, 0) >= 0.005]
     if best.result.config.has("ep") and best.result["ep"] > 1:
-        span = _ep_span(best)
+        span = ep_span(best)
         where = (f"Its ep groups of {best.result['ep']} keep the all-to-all inside one NVLink domain" if span == 1
                  else f"Its ep groups of {best.result['ep']} span {span} nodes (all-to-all over InfiniBand)")
-        where += _a2a_clause(best)
+        where += a2a_clause(best)
     elif best.result["tp"] == 1:
         where = "It has no TP communication"
     elif best.result["crosses_nodes"]:
-        where = f"Its TP groups span {_nodes_spanned(best)} nodes and talk over InfiniBand"
+        where = f"Its TP groups span {nodes_spanned(best)} nodes and talk over InfiniBand"
     else:
         where = f"Its TP groups of {best.result['tp']} stay inside one NVLink domain"
     cp = (best.result.config.cp or 1)
     if cp > 1:
-        span = _cp_span(best.result)
+        span = cp_span(best.result)
         where += (f"; its cp groups of {cp} ({best.result.config.cp_comm}) "
                   + ("stay on NVLink" if span == 1 else f"span {span} nodes (CP traffic over InfiniBand)"))
     return f"{where}; its critical path is " + ", ".join(parts) + "."
@@ -148,18 +99,18 @@ def no_fit_sentence(records: list[SweepRecord], axes: list[str], settings: Mappi
     over = smallest_overflow(records)
     if over is None:
         return f"No configuration could run: all {len(records)} were skipped (each is listed with its reason)."
-    mem = _memory(over)
+    mem = memory_of(over)
     return (f"No configuration fits in {fmt_gb(mem.capacity)} GiB per GPU; the smallest overflow is "
             f"{label(over, axes)}: {fmt_gb(mem.total)} GiB ({fmt_gb(mem.total - mem.capacity)} GiB over). "
             + fixes_sentence({**over.result.config.to_json(), **(settings or {})}))
 
 
 def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
-    mem = _memory(rec)
+    mem = memory_of(rec)
     text = (f"{label(rec, axes)} does not fit: {fmt_gb(mem.total)} GiB of {fmt_gb(mem.capacity)} GiB "
             f"per GPU (activations {fmt_gb(mem.activations)} GiB)")
     if best is not None and rec.result.tokens_per_s > best.result.tokens_per_s:
-        text += f"; it would otherwise give {_speed_delta(rec, best)}"
+        text += f"; it would otherwise give {speed_delta(rec, best)}"
     return text + "."
 
 
@@ -167,9 +118,9 @@ def crossing_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> s
     res = rec.result
     share = res.critical_path_share["tp_comm"]
     best_share = best.result.critical_path_share["tp_comm"]
-    return (f"{label(rec, axes)} spans {_nodes_spanned(rec)} nodes ({res['gpus_per_node']} GPUs per NVLink "
+    return (f"{label(rec, axes)} spans {nodes_spanned(rec)} nodes ({res['gpus_per_node']} GPUs per NVLink "
             f"domain): its TP collectives run over InfiniBand and are {fmt_pct(share)} of the critical path "
-            f"(vs {fmt_pct(best_share)} at {label(best, axes)}); {_speed_delta(rec, best)}.")
+            f"(vs {fmt_pct(best_share)} at {label(best, axes)}); {speed_delta(rec, best)}.")
 
 
 def slower_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
@@ -177,7 +128,7 @@ def slower_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str
     res, bres = rec.result, best.result
     deltas = {k: res.breakdown_s[k] - bres.breakdown_s[k] for k in ("compute_busy", "exposed_comm", "nothing_running")}
     cause = max(deltas, key=deltas.get)
-    text = f"{label(rec, axes)}: {_speed_delta(rec, best)}"
+    text = f"{label(rec, axes)}: {speed_delta(rec, best)}"
     if res["tp"] != bres["tp"]:
         ratio = bres["tp"] / res["tp"]
         text += f" with GEMM shards {ratio:g}x larger" if ratio > 1 else f" with GEMM shards {1 / ratio:g}x smaller"
@@ -196,63 +147,6 @@ def _grown_comm(res: StepResult, bres: StepResult) -> str:
                 - bres.critical_path_share[key] * bres.step_time_s)
 
     return max(("tp_comm", "dp_comm"), key=extra_s)
-
-
-def _ep_span(rec: SweepRecord) -> int:
-    """Nodes one ep group spans: ep x etp ranks, etp innermost, node-major ranks."""
-    res = rec.result
-    return max(1, -(-res["ep"] * res["etp"] // res["gpus_per_node"]))
-
-
-def _a2a_clause(rec: SweepRecord) -> str:
-    """', its combine is 31% of the step (1.29 ms per layer forward)': the token all-to-all (dispatch or
-    combine, forward and backward together) holding the most critical-path time, from results' ep_comm."""
-    res = rec.result
-    if res.ep_comm is None:
-        return ""
-    path, layer = res.ep_comm.critical_path_s, res.ep_comm.layer_ms
-    totals = {kind: sum(v for k, v in path.items() if k.endswith(kind)) for kind in ("dispatch", "combine")}
-    kind = max(totals, key=lambda k: (totals[k], k))
-    if not path or totals[kind] <= 0 or res.step_time_s <= 0:
-        return ""
-    per_layer = layer.get(f"fwd.{kind}")
-    detail = f" ({fmt_s(per_layer / 1e3)} per layer forward)" if per_layer else ""
-    return f", its {kind} is {fmt_pct(totals[kind] / res.step_time_s)} of the step{detail}"
-
-
-def ep_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | None:
-    """An ep / etp neighbour: where its all-to-all runs, and its EP share of the critical path."""
-    res, bres = rec.result, best.result
-    if not res.config.has("ep") or (res["ep"], res["etp"]) == (bres["ep"], bres["etp"]):
-        return None
-    share, best_share = res.critical_path_share.get("ep_comm", 0.0), bres.critical_path_share.get("ep_comm", 0.0)
-    where = (f"its all-to-all crosses InfiniBand ({_ep_span(rec)} nodes per ep group)" if _ep_span(rec) > 1
-             else "its all-to-all stays inside NVLink")
-    where += _a2a_clause(rec)
-    return (f"{label(rec, axes)}: {where} and EP communication is {fmt_pct(share)} of the critical path "
-            f"(vs {fmt_pct(best_share)} at {label(best, axes)}, edp {res['edp']} vs {bres['edp']}); "
-            f"{_speed_delta(rec, best)}.")
-
-
-def _cp_span(res: StepResult) -> int:
-    """Nodes one cp group spans: cp ranks at stride tp, node-major ranks."""
-    return max(1, -(-res["tp"] * (res.config.cp or 1) // res["gpus_per_node"]))
-
-
-def cp_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str | None:
-    """A cp neighbour: where its CP traffic runs, its CP share of the critical path and its activations."""
-    res, bres = rec.result, best.result
-    cp, bcp = res.config.cp or 1, bres.config.cp or 1
-    if cp == bcp:
-        return None
-    where = ("it has no context parallelism" if cp == 1 else
-             f"its {res.config.cp_comm} CP traffic crosses InfiniBand ({_cp_span(res)} nodes per cp "
-             "group)" if _cp_span(res) > 1 else f"its {res.config.cp_comm} CP traffic stays inside NVLink")
-    share, best_share = res.critical_path_share.get("cp_comm", 0.0), bres.critical_path_share.get("cp_comm", 0.0)
-    mem, bmem = res.memory_gb, bres.memory_gb
-    return (f"{label(rec, axes)}: {where}; CP communication is {fmt_pct(share)} of the critical path (vs "
-            f"{fmt_pct(best_share)} at {label(best, axes)}) and activations take {fmt_gb(mem.activations)} vs "
-            f"{fmt_gb(bmem.activations)} GiB per GPU (each rank holds s/cp tokens); {_speed_delta(rec, best)}.")
 
 
 def contrast_sentence(rec: SweepRecord, best: SweepRecord, axes: list[str]) -> str:
@@ -289,13 +183,13 @@ def pp_enables_sentence(records: list[SweepRecord], best: SweepRecord, axes: lis
     same_tp = [r for r in records if ok(r) and r.point.pp == 1 and set(_differs(r, best)) <= {"pp", "vp"}]
     if not same_tp or fits(same_tp[0]):
         return None
-    mem = _memory(same_tp[0])
+    mem = memory_of(same_tp[0])
     text = (f"Without PP, tp={best.point.tp} needs {fmt_gb(mem.total)} of {fmt_gb(mem.capacity)} GiB "
             f"per GPU; pp={best.point.pp} is what makes it fit")
     flat = [r for r in records if fits(r) and r.point.pp == 1]
     if flat:
         alt = max(flat, key=lambda r: r.result.tokens_per_s)
-        text += f", and the fastest configuration without PP ({label(alt, axes)}) gives {_speed_delta(alt, best)}"
+        text += f", and the fastest configuration without PP ({label(alt, axes)}) gives {speed_delta(alt, best)}"
     return text + "."
 
 
@@ -315,7 +209,7 @@ def sp_sentence(on: SweepRecord, off: SweepRecord) -> str | None:
     """What sequence parallelism changes between two otherwise identical configurations."""
     if not (ok(on) and ok(off)):
         return None
-    act_on, act_off = _memory(on).activations, _memory(off).activations
+    act_on, act_off = memory_of(on).activations, memory_of(off).activations
     ron, roff = on.result, off.result
     text = (f"At tp={on.point.tp}, sp=on saves {fmt_gb(act_off - act_on)} GiB of activations per GPU "
             f"({fmt_gb(act_off)} -> {fmt_gb(act_on)} GiB)")

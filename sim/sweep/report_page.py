@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_s, gb_to_gib, time_unit
 from meshsim.sim.results.critical_path import CATEGORY_COLORS
 from meshsim.sim.sweep.axes import AXES
-from meshsim.sim.sweep.explain import AXIS_LABELS, fits, label, ok, sweet_spot, varying_axes
+from meshsim.sim.sweep.explain_terms import AXIS_LABELS, fits, label, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
 from meshsim.sim.sweep.table import category_name, report_columns, report_rows, share_categories
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from meshsim.sim.core.console import Column
 from meshsim.sim.core.fmt import fmt_pct, fmt_tokens, time_column
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
-from meshsim.sim.sweep.explain import AXIS_LABELS, fmt_gb, ok, sweet_spot, varying_axes
+from meshsim.sim.sweep.explain_terms import AXIS_LABELS, fmt_gb, ok, sweet_spot, varying_axes
 from meshsim.sim.sweep.record import SweepRecord
 
 # the table's axis order
