@@ -24,6 +24,7 @@ from meshsim.sim.outputs.advice import memory_fixes
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.sweep import explain as ex
 from meshsim.sim.sweep import table as tb
+from meshsim.sim.sweep.explain_terms import speed_delta
 from tests.test_sweep import rec, skipped
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,8 +226,8 @@ def test_a_nonzero_percentage_never_reads_zero(fraction, decimals, signed):
 
 def test_speed_difference_wording():
     best = rec(8, tokens=1000.0, mem=10.0)
-    assert ex._speed_delta(rec(4, tokens=1000.7, mem=10.0), best) == "0.07% more tokens/s"
-    assert ex._speed_delta(rec(4, tokens=1000.0, mem=10.0), best) == "the same tokens/s"
+    assert speed_delta(rec(4, tokens=1000.7, mem=10.0), best) == "0.07% more tokens/s"
+    assert speed_delta(rec(4, tokens=1000.0, mem=10.0), best) == "the same tokens/s"
 
 
 def test_report_title_and_bars_follow_the_sweep():

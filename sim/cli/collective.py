@@ -24,9 +24,10 @@ from meshsim.sim.core.limits import (
     check_at_most,
     check_nodes,
 )
+from meshsim.sim.core.outfiles import check_output_file
 from meshsim.sim.core.text import echo_plain
 from meshsim.sim.core.units import format_size, parse_size
-from meshsim.sim.core.userio import check_output_file, dumps_finite
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.cost.collectives.choose import ALGOS, OPS, PROTOCOL_NAMES
 from meshsim.sim.cost.collectives.nccl_table import Row, curves, sweep, sweep_sizes
 from meshsim.sim.outputs.busbw_plot import write_busbw_html

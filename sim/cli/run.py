@@ -12,9 +12,9 @@ from meshsim.sim.core.console import Column, fitted_table, make_console
 from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError
 from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
+from meshsim.sim.core.outfiles import check_output_dir, check_output_file, output_folder_name
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import parse_count
-from meshsim.sim.core.userio import check_output_dir, check_output_file, output_folder_name
 from meshsim.sim.outputs.step_report import (
     OUTPUT_FILES,
     OUTPUT_LEVELS,

@@ -14,8 +14,9 @@ from meshsim.sim.core.console import Column, fitted_table, make_console, print_f
 from meshsim.sim.core.engines import check_engine
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes, fmt_pct
+from meshsim.sim.core.outfiles import check_output_dir, check_output_file
 from meshsim.sim.core.text import plain, user_text
-from meshsim.sim.core.userio import check_output_dir, check_output_file, dumps_finite
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.results.error_band import band_for

@@ -10,9 +10,10 @@ from rich.table import Table
 
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.limits import check_nodes
+from meshsim.sim.core.outfiles import check_output_file
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import gbit_to_gbps
-from meshsim.sim.core.userio import check_output_file, dumps_finite
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.topologies.gpus import GB_PER_GIB, GPUS
 from meshsim.topologies.model import Topology
 from meshsim.topologies.registry import PRESETS, build_topology, load_topology_file

@@ -19,8 +19,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes
+from meshsim.sim.core.outfiles import check_output_file
 from meshsim.sim.core.text import echo_plain, user_text
-from meshsim.sim.core.userio import check_output_file, dumps_finite
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.kineto.document import summary_document
 from meshsim.sim.kineto.ranks import MAX_KEPT_EVENTS, RankData, all_summaries, load_for
 

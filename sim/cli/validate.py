@@ -19,15 +19,9 @@ from meshsim.scenarios.profile import save_profile
 from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.interrupt import Interrupted, signals_raise
+from meshsim.sim.core.outfiles import check_output_dir, check_output_file, check_own_file, output_folder_name
 from meshsim.sim.core.text import echo_plain
-from meshsim.sim.core.userio import (
-    check_output_dir,
-    check_output_file,
-    check_own_file,
-    dumps_finite,
-    load_json,
-    output_folder_name,
-)
+from meshsim.sim.core.userio import dumps_finite, load_json
 from meshsim.sim.kineto.calibrate import profile_from_trace
 from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules

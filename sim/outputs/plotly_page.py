@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from meshsim.sim.core.userio import open_own_for_writing
+from meshsim.sim.core.outfiles import open_own_for_writing
 
 
 def typed_array(values: Iterable[float]) -> dict[str, str]:

@@ -28,8 +28,9 @@ from meshsim.sim.core.fmt import (
     gb_to_gib,
     time_column,
 )
+from meshsim.sim.core.outfiles import open_own_for_writing
 from meshsim.sim.core.text import user_text
-from meshsim.sim.core.userio import dumps_finite, open_own_for_writing
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.outputs.timeline import write_timeline

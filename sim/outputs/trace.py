@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from meshsim.sim.core.errors import CommandFailed
-from meshsim.sim.core.userio import open_own_for_writing
+from meshsim.sim.core.outfiles import open_own_for_writing
 from meshsim.sim.engine.events import STREAMS, Event
 from meshsim.sim.results.critical_path import Segment, critical_ops
 from meshsim.sim.results.records import CollectiveRow, ConfigEcho

@@ -25,7 +25,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.core.userio import dumps_finite, open_own_file, parse_json
+from meshsim.sim.core.outfiles import open_own_file
+from meshsim.sim.core.userio import dumps_finite, parse_json
 from meshsim.sim.results.result_ranges import result_problem
 from meshsim.sim.sweep.record import SweepRecord
 
@@ -72,7 +73,7 @@ class StoreRead:
 @contextmanager
 def locked(out_dir: str | Path) -> Iterator[None]:
     """Hold OUT/sweep.lock exclusively for the duration of the block (a symlinked or non-regular lock file
-    is refused, never followed: userio.open_own_file)."""
+    is refused, never followed: outfiles.open_own_file)."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     fd = open_own_file(OUT_FLAG, Path(out_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT)
     try:
