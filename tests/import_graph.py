@@ -41,7 +41,7 @@ PEERS: set[tuple[str, str]] = set()
 # the only third-party modules a function body may import (optional extras or slow to load), see README
 LAZY_ALLOWED = ("torch", "plotly", "ray", "nbformat", "IPython", "simpy")
 # meshsim modules a function body may import: the meshsim[validate] extra (imports torch), from the CLI only
-LAZY_MESHSIM = {"meshsim.sim.cli.validate": "meshsim.validate."}
+LAZY_MESHSIM = {"meshsim.sim.cli.validate": "meshsim.validate.", "meshsim.sim.cli.calibrate": "meshsim.validate."}
 
 
 @dataclass(frozen=True)

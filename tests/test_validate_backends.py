@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from meshsim.sim.cli import validate as cli  # noqa: E402
+from meshsim.sim.cli import launch_args  # noqa: E402
 from meshsim.sim.core.errors import UserError  # noqa: E402
 from meshsim.validate.calibrate import calibration as calibrate  # noqa: E402
 from meshsim.validate.calibrate import sampling  # noqa: E402
@@ -133,12 +133,12 @@ def test_check_runs_on_gloo_whatever_the_gpus(tmp_path, monkeypatch):
 
 def test_from_results_takes_the_results_backend():
     rows = [{"rank": 0, "backend": "nccl"}, {"rank": 1, "backend": "nccl"}]
-    assert cli._results_backend(rows, None, 2) == "nccl"  # even on this CPU-only machine
+    assert launch_args.results_backend(rows, None, 2) == "nccl"  # even on this CPU-only machine
     with pytest.raises(UserError, match="measured with nccl"):
-        cli._results_backend(rows, "gloo", 2)
+        launch_args.results_backend(rows, "gloo", 2)
     with pytest.raises(UserError, match="--nproc 2"):
-        cli._results_backend(rows, None, 4)
-    assert cli._results_backend([{"rank": 0}], "gloo", 1) == "gloo"  # results from before the key
+        launch_args.results_backend(rows, None, 4)
+    assert launch_args.results_backend([{"rank": 0}], "gloo", 1) == "gloo"  # results from before the key
 
 
 def _report(numerics_ok, error_pct=5.0) -> dict:
