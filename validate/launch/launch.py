@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from meshsim.sim.core.errors import CommandFailed
+from meshsim.sim.core.userio import dumps_finite
 from meshsim.validate.stack.groups import set_timeout as set_group_timeout
 
 TASKS = {
@@ -113,7 +114,7 @@ def worker_main(task: str, payload: dict, out_dir: str, backend: str = "gloo", t
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
         if rank == 0:
-            (out / "results.json").write_text(json.dumps(gathered))
+            (out / "results.json").write_text(dumps_finite(gathered))  # what load_json reads back
     except Exception:
         (out / f"error.{rank}").write_text(traceback.format_exc())
         raise
