@@ -11,6 +11,7 @@ import pytest
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.cost.memory import activation_bytes, combined_1f1b_activations, layers_memory
 from meshsim.sim.engine.events import run
 from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.schedule.ep_nodes import layer_nodes
@@ -164,3 +165,14 @@ def test_combinations_megatron_or_meshsim_refuse(overrides, words):
     with pytest.raises(UserError) as err:
         tiny(overrides)
     assert err.value.field == "parallel.moe_ep_overlap" and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_combined_1f1b_holds_one_micro_batch_and_one_layer_of_activations():
+    """Forward layer l of micro-batch i beside backward layer L-1-l of i - 1: l + 1 and L - l layers, L + 1 in
+    all for alike layers (tiny: 2 MoE layers, so 3 layers' worth against 2 without the overlap)."""
+    off, on = tiny({}), tiny({"parallel.moe_ep_overlap": True})
+    one_layer = layers_memory(off, [0])[2]
+    assert layers_memory(off, [0, 1])[2] == 2 * one_layer
+    assert combined_1f1b_activations(off) is None and combined_1f1b_activations(on) == 3 * one_layer
+    assert activation_bytes(on) - activation_bytes(off) == one_layer
+    assert combined_1f1b_activations(tiny({"parallel.moe_ep_overlap": True}, micro_batches=1)) is None
