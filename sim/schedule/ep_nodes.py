@@ -13,7 +13,8 @@ L30-176) and megatron/core/models/gpt/fine_grained_callables.py (L20-273) cut a 
 A dense layer has pre_dispatch = attention and mlp = the MLP block; its dispatch and combine are no-ops.
 Backward runs each node's backward on the node's stream; with delay_wgrad_compute (--delay-wgrad-compute)
 the weight-gradient GEMMs leave their node for a `*_dw` node issued later on the compute stream: the routed
-experts' (the mlp node: MoELayer.backward_dw, moe_layer.py L721, routed_experts=True) and attention's and
+experts' (the mlp node: MoELayer.backward_dw, moe_layer.py L721, routed_experts=True; a dense layer's MLP,
+mlp.py L385) and attention's (attention.py L239) and
 the shared expert's (pre_dispatch: _BackwardDWWrapper, models/common/utils.py L379-420). The router's weight
 gradient is a plain torch GEMM and stays (it has no backward_dw). A weight gradient another op of its
 node consumes stays too (run.tp_grad_reduce_overlap: false makes the input-gradient collective wait for it).
