@@ -129,6 +129,8 @@ def check_moe_sequence_parallel(s: Scenario, ctx: CheckContext) -> None:
 
 
 def check_ep_overlap(s: Scenario, ctx: CheckContext) -> None:
+    """Megatron-LM d98e8a64 transformer_config.py L3002-3046 (what --overlap-moe-expert-parallel-comm needs)
+    and L3074-3077 (--delay-wgrad-compute needs it); the fields meshsim has."""
     p = s.parallel
     if not p.moe_ep_overlap:
         if p.delay_wgrad_compute:
@@ -148,13 +150,14 @@ def check_ep_overlap(s: Scenario, ctx: CheckContext) -> None:
 
 
 def check_ep_overlap_simulated(s: Scenario, ctx: CheckContext) -> None:
-    """Megatron's combined 1F1B (the forward of one micro-batch interleaved with the backward of another,
-    models/common/model_chunk_schedule_plan.py run()) is not built by the schedule yet: refused rather than
-    silently simulated without the overlap."""
-    if s.parallel.moe_ep_overlap:
+    """Megatron's combined 1F1B is built without pipelining (sim/schedule/ep_overlap.py); the interleaved
+    pipeline's variant (combined_1f1b.py combined_1f1b_schedule_for_interleaved_pipelining, one extra warm-up
+    forward: schedules.py L966-970) is not: refused rather than silently simulated without the overlap."""
+    if s.parallel.moe_ep_overlap and s.parallel.pp > 1:
         raise rule_error(ctx, "parallel.moe_ep_overlap", True, "The combined 1F1B schedule of "
-                         "--overlap-moe-expert-parallel-comm is not simulated yet (meshsim would ignore it)",
-                         "set parallel.moe_ep_overlap: false; the result is then the no-overlap upper bound")
+                         "--overlap-moe-expert-parallel-comm is simulated only without pipelining (pp = 1)",
+                         "set parallel.moe_ep_overlap: false for pp > 1; the result is then the no-overlap "
+                         "upper bound")
 
 
 Rule = Callable[[Scenario, CheckContext], None]

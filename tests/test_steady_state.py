@@ -100,6 +100,17 @@ def test_the_interleaved_library_scenario_extrapolates_exactly():
     assert_same_step(ex, simulate(rs, full=True))
 
 
+@pytest.mark.parametrize("name", ["mixtral-8x7b-h100-ep8", "qwen3-30b-a3b-h100-ep16"])
+def test_the_combined_1f1b_of_moe_ep_overlap_extrapolates_exactly(name):
+    """parallel.moe_ep_overlap (sim/schedule/ep_overlap.py): each period is one combined step, the forward of
+    micro-batch i with the backward of i - 1, under the plain plan (lead 1: F0 alone opens the step; tail 1:
+    the last backward runs alone, over the gradient reduction); proven, and equal to the whole step."""
+    rs = resolved(name, {"parallel.moe_ep_overlap": True, "parallel.delay_wgrad_compute": True})
+    ex, why = simulate_steady(rs, force=True)
+    assert ex is not None, why
+    assert_same_step(ex, simulate(rs, full=True))
+
+
 def test_library_scenarios_extrapolate_by_default_and_say_so():
     """The default run of a library scenario takes the proven path (the two that are too short say why)."""
     for name in ("llama2-70b-h100-tp8", "tiny-2gpu"):
@@ -175,8 +186,13 @@ def test_the_run_is_a_whole_number_of_periods_and_only_used_when_cheaper():
         assert (m - n_b) % 4 == 0 and 14 <= n_b < 18
 
 
+EP_OVERLAP = {"parallel.gpus": 8, "parallel.tp": 1, "parallel.ep": 4, "parallel.moe_ep_overlap": True,
+              "parallel.delay_wgrad_compute": True, "model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512},
+              "model.bias": False, "model.mlp": "swiglu", "hardware.compute.host_dispatch_us": 0}
+
+
 @pytest.mark.parametrize("overrides", [{}, {"parallel.gpus": 8, "parallel.pp": 4, "model.layers": 4,
-                                            "run.cuda_graphs": True}], ids=["no-pp", "1f1b"])
+                                            "run.cuda_graphs": True}, EP_OVERLAP], ids=["no-pp", "1f1b", "ep-overlap"])
 def test_a_straggler_breaks_the_period_and_the_whole_step_is_simulated(monkeypatch, overrides):
     """Negative control: micro-batch 3 (the run's second steady period) computes 1% slower, so the state at
     the second cut is not the first's one period later (a control run without the straggler is proven)."""

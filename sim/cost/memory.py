@@ -30,6 +30,8 @@ the scores (the default above), mlp a dense MLP's fc1 and activation outputs, ml
 sim/cost/layer_memory.py says. The one layer being recomputed holds its dropped tensors again for a
 moment; that working set (at most one layer's Q, K, V or MLP outputs) is neglected.
 Gradient accumulation frees a micro-batch's activations after its backward: one micro-batch in flight.
+With parallel.moe_ep_overlap (pp = 1) a micro-batch's forward runs beside the previous one's backward,
+layer l beside layer L-1-l: one micro-batch plus one layer at the peak (combined_1f1b_activations).
 Head: embedding dropout mask sbh, final-norm input 2sbh, logits-GEMM input 2sbh (all /t under SP) and
 the fp32 logits/softmax the cross-entropy keeps, 4 s b V_pad / t.
 
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import BF16_BYTES, GB
@@ -152,7 +155,7 @@ def activation_bytes(rs: ResolvedScenario) -> int:
     if kinded(rs):
         _, _, acts, biggest = layers_memory(rs, list(range(layers)))
         body = layers * per_input + biggest if d.recompute == "full" else acts
-        body *= overlap_in_flight(rs)
+        body = combined_1f1b_activations(rs) or body
     elif d.recompute == "full":
         body = layers * per_input + layer_activation_bytes(d, "none")
     else:
@@ -171,10 +174,22 @@ def in_flight_micro_batches(rs: ResolvedScenario, stage: int) -> float:
     return min(warmup_forwards(PipelineShape(p, v, m, n, True), stage) + 1, v * m) / v
 
 
-def overlap_in_flight(rs: ResolvedScenario) -> int:
-    """Without pipelining, Megatron's combined 1F1B (parallel.moe_ep_overlap) runs micro-batch i + 1's
-    forward during micro-batch i's backward: two micro-batches' activations at the peak."""
-    return 2 if rs.scenario.parallel.moe_ep_overlap and rs.pp == 1 and rs.micro_batches > 1 else 1
+def combined_1f1b_activations(rs: ResolvedScenario) -> int | None:
+    """Layer activations at the peak of Megatron's combined 1F1B without pipelining (parallel.moe_ep_overlap,
+    sim/schedule/ep_overlap.py), None when it does not run: forward layer l of micro-batch i is paired with
+    backward layer L-1-l of micro-batch i - 1, whose activations are freed as its backward ends, so at the
+    pair both hold theirs: i's layers 0..l and i - 1's layers 0..L-1-l, L + 1 layers' worth when the layers
+    are alike (one micro-batch plus one layer), the largest such sum over l otherwise."""
+    if not (rs.scenario.parallel.moe_ep_overlap and rs.pp == 1 and rs.micro_batches > 1):
+        return None
+    model, by_kind, per_layer = rs.scenario.model, {}, []
+    for layer in range(model.layers):
+        kind = layer_kind(model, layer)
+        if kind not in by_kind:
+            by_kind[kind] = layers_memory(rs, [layer])[2]
+        per_layer.append(by_kind[kind])
+    prefix, n = list(accumulate(per_layer, initial=0)), model.layers
+    return max(prefix[layer + 1] + prefix[n - layer] for layer in range(n))
 
 
 def stage_layers(rs: ResolvedScenario, stage: int) -> list[int]:

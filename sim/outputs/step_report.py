@@ -74,6 +74,8 @@ def config_line(c: ConfigEcho) -> str:
     """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
     vp = f" vp={c.vp}" if (c.vp or 1) > 1 else ""
     ep = f" ep={c.ep} etp={c.etp} edp={c.edp}" if c.has("ep") else ""
+    if c.moe_ep_overlap:  # Megatron's combined 1F1B (sim/schedule/ep_overlap.py)
+        ep += " ep-overlap" + (" +delayed-wgrad" if c.delay_wgrad_compute else "")
     cp = f" cp={c.cp} ({c.cp_comm})" if (c.cp or 1) > 1 else ""
     return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "

@@ -77,6 +77,7 @@ class ConfigEcho:
     optimizer: dict[str, Any] | None = None  # the optimizer section's fields a scenario sets (not defaults)
     cp: int | None = None  # parallel.cp (None: a file written before CP existed); cp_comm with cp > 1
     cp_comm: str | None = None
+    delay_wgrad_compute: bool | None = None  # with moe_ep_overlap (None without it)
 
     def to_json(self) -> JsonDict:
         return _present(self)

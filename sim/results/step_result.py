@@ -164,6 +164,7 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         recompute_modules=list(par.recompute_modules) if par.recompute_modules is not None else None,
         optimizer=sc.optimizer.model_dump(exclude_defaults=True) or None,
         cp=rs.cp, cp_comm=par.cp_comm if rs.cp > 1 else None,
+        delay_wgrad_compute=par.delay_wgrad_compute if moe and par.moe_ep_overlap else None,
     )
 
 

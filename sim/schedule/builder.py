@@ -16,6 +16,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.dp_ops import PARAM_BYTES, DpConfig, all_buckets, bucket_bytes, step_end_ops
+from meshsim.sim.schedule.ep_overlap import combined_micro_batches
 from meshsim.sim.schedule.fp8_ops import amax_reduce_ops
 from meshsim.sim.schedule.fp8_rules import FP8_BYTES, weight_cast_work
 from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
@@ -200,9 +201,13 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
     grads: list[tuple[int, int]] = []
     expert_grads: list[tuple[int, int]] = []
-    for mb in range(rs.micro_batches):
-        last = mb == rs.micro_batches - 1
-        _micro_batch(ops, t, model.layers, mb, grads if last else None, expert_grads if last else None)
+    p = rs.scenario.parallel
+    if p.moe_ep_overlap:  # Megatron's combined 1F1B (sim/schedule/ep_overlap.py)
+        combined_micro_batches(ops, t, model.layers, rs.micro_batches, p.delay_wgrad_compute, grads, expert_grads)
+    else:
+        for mb in range(rs.micro_batches):
+            last = mb == rs.micro_batches - 1
+            _micro_batch(ops, t, model.layers, mb, grads if last else None, expert_grads if last else None)
     params, expert_params = sum(n for _, n in grads), sum(n for _, n in expert_grads)
     cfg = dp_config(rs, t, params, expert_params)
     ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, expert_producers=expert_grads)
