@@ -9,18 +9,13 @@ A worker initialises the process group with a timeout (datetime.timedelta), runs
 gathers every rank's result (gather_object) into DIR/results.json. Each rank writes DIR/joined.RANK once
 it is in the group, so a rank that never joins, crashes or hangs is named in the error.
 
-Locally spawned workers also run a heartbeat thread that touches DIR/alive.RANK every HEARTBEAT_S. The
-launcher polls exit codes and heartbeats: a rank whose heartbeat is older than stale_after_s(timeout_s)
-(stopped by SIGSTOP, or frozen) is named as hung; a rank that died (kill -9) is named with its signal,
-and the ranks that were only waiting for it are not called hung. Then every worker is stopped: SIGTERM,
-and SIGKILL after KILL_GRACE_S (a stopped process never acts on SIGTERM). LaunchError carries one line;
-the CLI prints it and exits 1.
+Locally spawned workers are watched (validate/launch/watchdog.py): heartbeats name a stopped or frozen
+rank, exit codes a crashed one, and every worker is stopped before one LaunchError line is raised.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib
 import json
@@ -28,7 +23,6 @@ import os
 import signal
 import socket
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -37,8 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from meshsim.sim.core.errors import CommandFailed
 from meshsim.sim.core.userio import dumps_finite
+from meshsim.validate.launch.watchdog import LaunchError, heartbeat, stale_after_s, stop_all, wait_for
 from meshsim.validate.stack.groups import set_timeout as set_group_timeout
 
 TASKS = {
@@ -48,18 +42,6 @@ TASKS = {
     "calibrate": "meshsim.validate.calibrate.calibration:calibrate_task",
     "selftest": "meshsim.validate.launch.launch:selftest_task",
 }
-
-
-FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to exit before being called hung
-HEARTBEAT_S = 0.5  # a spawned worker touches DIR/alive.RANK this often
-STALE_MAX_S = 30.0  # a heartbeat older than min(this, timeout_s / 2) means the rank is stopped or frozen,
-STALE_MIN_S = 5.0  # ... but never less than this (a loaded machine delays threads by a second or two)
-KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
-MESSAGE_CHARS = 200  # each rank's error line is cut to this length
-
-
-class LaunchError(CommandFailed):
-    """A worker failed, never joined or hung; the one-line message names the rank(s). Exit status 1."""
 
 
 def free_port() -> int:
@@ -134,126 +116,6 @@ def _spawn_entry(local_rank: int, world: int, port: int, task: str, payload: dic
         worker_main(task, payload, out_dir, backend, timeout_s)
 
 
-@contextlib.contextmanager
-def heartbeat(path: Path):
-    """Touch `path` every HEARTBEAT_S from a daemon thread while the block runs (a stopped or frozen
-    process stops it too); the file is removed when the block ends, so a finished rank is never stale."""
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(HEARTBEAT_S):
-            path.touch()
-
-    path.touch()
-    threading.Thread(target=beat, daemon=True, name="meshsim-heartbeat").start()
-    try:
-        yield
-    finally:
-        done.set()
-        path.unlink(missing_ok=True)
-
-
-def stale_after_s(timeout_s: float) -> float:
-    """Heartbeat age that marks a rank as stopped: within the configured timeout, before a waiting peer's
-    own collective timeout fires."""
-    return max(STALE_MIN_S, min(STALE_MAX_S, timeout_s / 2))
-
-
-def _stale(out: Path, codes: list, stale_s: float) -> list[int]:
-    """Running ranks whose heartbeat (once started) is older than stale_s."""
-    now, stale = time.time(), []
-    for rank, code in enumerate(codes):
-        beat = out / f"alive.{rank}"
-        try:
-            if code is None and now - beat.stat().st_mtime > stale_s:
-                stale.append(rank)
-        except OSError:
-            continue  # not started yet: covered by the overall deadline
-    return stale
-
-
-def _death(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def _failure(out: Path, nproc: int, what: list[str]) -> LaunchError:
-    joined = {int(p.suffix[1:]) for p in out.glob("joined.*")}
-    errors = {int(p.suffix[1:]): (p.read_text().strip().splitlines() or [""])[-1][:MESSAGE_CHARS]
-              for p in out.glob("error.*")}
-    missing = [r for r in range(nproc) if r not in joined and r not in errors]
-    parts = list(what)
-    if missing:
-        parts.append(f"rank(s) {missing} never joined the process group")
-    parts += [f"rank {r}: {msg}" for r, msg in sorted(errors.items())]
-    return LaunchError("; ".join(parts))
-
-
-def _grace(processes, seconds: float) -> None:
-    """Give the other ranks a moment to fail on their own (a peer's crash closes their connections)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end and any(p.is_alive() for p in processes):
-        time.sleep(0.05)
-
-
-def stop_all(processes, grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM every live worker, then SIGKILL what is left after grace_s (SIGKILL also ends a stopped one)."""
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    _grace(processes, grace_s)
-    for p in processes:
-        if p.is_alive():
-            p.kill()
-    for p in processes:
-        p.join(timeout=5)
-
-
-def _diagnosis(codes: list, stopped: list[int], late: bool, deadline_s: float, stale_s: float) -> list[str]:
-    """What went wrong, naming the rank(s) responsible first and the ranks merely waiting last."""
-    killed = [r for r, c in enumerate(codes) if c is not None and c < 0]
-    failed = [r for r, c in enumerate(codes) if c is not None and c > 0]
-    alive = [r for r, c in enumerate(codes) if c is None and r not in stopped]
-    what = [f"rank(s) {stopped} stopped responding (no heartbeat for {stale_s:.0f} s: stopped or frozen)"] \
-        if stopped else []
-    what += [f"rank {r} {_death(codes[r])}" for r in killed]
-    cause = bool(stopped or killed)
-    if failed:
-        what += [f"rank(s) {failed} failed while waiting for them"] if cause else \
-            [f"rank {r} {_death(codes[r])}" for r in failed]
-    if not what and late:
-        what.append(f"no result after {deadline_s:.0f} s")
-    if alive:
-        what.append(f"rank(s) {alive} were waiting for them and were stopped" if cause else
-                    f"rank(s) {alive} still running (hung or blocked in a collective)")
-    return what
-
-
-def _wait(ctx, out: Path, nproc: int, deadline_s: float, stale_s: float) -> None:
-    """Poll the workers: return when all exit 0; on a failure, a stale heartbeat or past the deadline stop
-    every worker and raise, naming stopped, failed, waiting and never-joined ranks."""
-    start = time.monotonic()
-    while True:
-        codes = [p.exitcode for p in ctx.processes]
-        if all(c == 0 for c in codes):
-            return
-        stopped = _stale(out, codes, stale_s)
-        failed = any(c not in (None, 0) for c in codes)
-        late = time.monotonic() - start > deadline_s
-        if stopped or failed or late:
-            if failed and not stopped:
-                _grace(ctx.processes, FAILURE_GRACE_S)
-                codes = [p.exitcode for p in ctx.processes]
-            what = _diagnosis(codes, stopped, late, deadline_s, stale_s)
-            stop_all(ctx.processes)
-            raise _failure(out, nproc, what)
-        time.sleep(0.05)
-
-
 def launch(task: str, payload: dict, nproc: int, *, backend: str = "gloo", timeout_s: float = 60.0) -> list:
     """Spawn nproc local workers for `task`; returns the per-rank results (index = rank).
     Raises LaunchError naming the failing, missing or hung rank(s)."""
@@ -262,7 +124,7 @@ def launch(task: str, payload: dict, nproc: int, *, backend: str = "gloo", timeo
         ctx = mp.start_processes(_spawn_entry, args=(nproc, free_port(), task, payload, tmp, backend, timeout_s),
                                  nprocs=nproc, join=False, start_method="spawn")
         try:
-            _wait(ctx, out, nproc, 2 * timeout_s + 30, stale_after_s(timeout_s))
+            wait_for(ctx, out, nproc, 2 * timeout_s + 30, stale_after_s(timeout_s))
         except BaseException:  # a LaunchError, or Ctrl-C / SIGTERM in the parent: no worker outlives it
             stop_all(ctx.processes)
             raise
