@@ -4,12 +4,22 @@ control without the sync, the host's call counts, and the checks on bad input.""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+from test_moe_schedule import layer_ops, names, tiny
+from test_steady_state import resolved
 
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import events as engine
 from meshsim.sim.engine.host import delays_s, host_syncs, last_known
-from meshsim.sim.schedule.ops import Elementwise, Gemm, Op, Schedule
+from meshsim.sim.results import period_proof
+from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulate_steady
+from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Op, Schedule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from accuracy_moe import block_ops, block_time_ms, layer_scenario  # noqa: E402
 
 US = 1e-6
 DURATION_US = {"long": 100.0, "short": 1.0}
@@ -80,3 +90,70 @@ def test_bad_host_fields_are_refused(wait, calls):
            Op(2, "short", "compute", "compute", "fwd", Elementwise("b", 1, 1), (1,), host_calls=calls, host_wait=wait))
     with pytest.raises(ValueError, match="host"):
         engine.check_inputs(Schedule(ops, 1, 1, 1), (0,))
+
+
+# ----- the MoE layer's syncs (sim/schedule/moe_sync.py) ----------------------------------------------------
+def _syncs(overrides: dict) -> dict[str, tuple[str, int]]:
+    """Layer 1, micro-batch 0: waiting op -> (the op its host waits for, its host calls)."""
+    ops = [op for phase in ("fwd", "bwd") for op in layer_ops(tiny(overrides), phase=phase)]
+    by_id = {op.id: op for op in ops}
+    short = dict(zip((op.id for op in ops), names(ops), strict=True))
+    out = {short[op.id]: (short[op.host_wait], op.host_calls) for op in ops if op.host_wait is not None}
+    assert all(by_id[op.id].phase == "fwd" for op in ops if op.host_wait is not None)  # none in the backward
+    return out
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"parallel.ep": 4}, {"dispatch": ("dispatch_meta", 3)}),
+    ({"parallel.ep": 1}, {"expert_fc1": ("route", 5)}),
+    ({"parallel.ep": 4, "parallel.moe_dispatcher": "allgather"},
+     {"permute": ("moe_gather", 10), "expert_fc1": ("permute", 7)}),
+    ({"parallel.ep": 4, "parallel.moe_dispatcher": "flex", "parallel.moe_flex_backend": "hybridep"},
+     {"dispatch": ("route", 2)}),
+    ({"parallel.ep": 4, "parallel.moe_dispatcher": "flex", "parallel.moe_flex_backend": "deepep"},
+     {"dispatch": ("route", 2)}),
+    ({"parallel.ep": 4, "parallel.moe_dispatcher": "flex", "parallel.moe_flex_backend": "deepep",
+      "run.fp8": "blockwise"},
+     {"dispatch": ("route", 2), "permute": ("dispatch", 15), "expert_fc1_fp8_quant": ("permute", 3 + 2)}),
+])
+def test_moe_forward_syncs_per_dispatcher(overrides, expected):
+    """Each dispatcher's syncs and the calls the host makes after them, as moe_sync.py counts them from the
+    source (2 local experts here: 8 experts over ep 4); the backward has none."""
+    assert _syncs(overrides) == expected
+
+
+def test_a_sync_that_binds_moves_the_forward_only_by_its_host_calls():
+    """HybridEP on one DGX H100 (the moe-layer benchmark's Mixtral proxy): the host waits for the router
+    before it issues the dispatch, so the GPU idles for that op's dispatch (2 calls = 20 us); the backward
+    and a run without syncs are unchanged."""
+    rs = layer_scenario("mixtral", "hybridep")
+    synced = [op for op in block_ops(rs, False) if op.host_wait is not None]
+    assert [(op.name, op.host_calls) for op in synced] == [("fwd.dispatch", 2)]
+    assert block_time_ms(rs, False) - _serial_ms(rs, False) == pytest.approx(0.020, abs=1e-9)
+    assert block_time_ms(rs, True) == pytest.approx(_serial_ms(rs, True), rel=1e-12)
+
+
+def _serial_ms(rs, backward: bool) -> float:
+    """The block's ops back to back (no host): the sum of their times."""
+    compute, coster = compute_fn(rs), CollectiveCoster(rs)
+    total = 0.0
+    for op in block_ops(rs, backward):
+        if isinstance(op.work, Collective):
+            latency, bandwidth, _ = coster.cost(op.work, rs.group(op.work.group, 0))[0]
+            total += latency + bandwidth
+        else:
+            total += compute(op, 0)
+    return total * 1e3
+
+
+def test_the_steady_state_proof_checks_the_hosts_sync_delay(monkeypatch):
+    """Qwen3 (HybridEP, a sync per MoE forward) extrapolates, its host's delay growing by T - H per period;
+    with that growth perturbed (1 us more per sync) the proof refuses and says why (negative control)."""
+    rs = resolved("qwen3-30b-a3b-h100-ep16", {"model.layers": 2})
+    ex, why = simulate_steady(rs, force=True)
+    assert ex is not None, why
+    real = period_proof.delays_s
+    monkeypatch.setattr(period_proof, "delays_s", lambda syncs, end_of: [d + i * US for i, d in
+                                                                           enumerate(real(syncs, end_of))])
+    ex, why = simulate_steady(rs, force=True)
+    assert ex is None and "the host's delay at its sync" in why
