@@ -8,8 +8,9 @@ Layer rows (section 1.5, tests/functional_tests/test_cases/common/moe_perf @d98e
 and backward on 8 H100 (tp 1, ep 8, seq 4096 x micro-batch 1, bf16, GELU experts, no shared expert,
 force-balanced routing), per dispatcher. Simulated: the MoE block's ops (sim/schedule/moe_ops.py, without
 its norm and residual add, which the benchmark does not time) priced by the compute model and the
-collective coster on the real ep group of one DGX H100, in program order (nothing inside the block
-overlaps). The FP8 rows run the experts' grouped GEMMs in blockwise FP8 with their quantize kernels
+collective coster on the real ep group of one DGX H100, in program order on one stream through the engine
+(nothing inside the block overlaps), the host ahead of the GPU except after the forward's device-to-host
+syncs (sim/schedule/moe_sync.py), where it waits and then issues the following ops one by one. The FP8 rows run the experts' grouped GEMMs in blockwise FP8 with their quantize kernels
 (sim/schedule/moe_ops.py) and 16-bit dispatch, as the benchmark does.
 """
 

@@ -11,7 +11,7 @@ megatron/core/transformer/moe, TransformerEngine d0067d0d, DeepEP dd758caf main 
 
 - alltoall: preprocess all-gathers the token counts (token_dispatcher.py L557-576) and copies the splits
   to the host on a side stream after it (L921-953, the dtoh point "before_permutation_1"); permute is
-  issued next (L661-682); token_dispatch then waits for that copy (L700-704 -> L956-958, sync point
+  issued next (L664-682); token_dispatch then waits for that copy (L700-704 -> L956-958, sync point
   "before_ep_alltoall" when ep or tp > 1, L594-596). After it: the wait (1), new_empty and
   all_to_all_single (2) (tensor_parallel/mappings.py L438-466): the token all-to-all waits for the
   counts' all-gather, 3 calls. TEGroupedMLP's tokens_per_expert.tolist() (experts.py L897 / L916) then
@@ -20,7 +20,7 @@ megatron/core/transformer/moe, TransformerEngine d0067d0d, DeepEP dd758caf main 
   token all-gather last; then .sum().item() on the host copy (L326) and TE's fused permute: make_row_id_map
   (two allocations, three kernels) and permute_with_mask_map (an allocation, a kernel) (transformer_engine/
   pytorch/triton/permutation.py): permute waits for the token gather, 1 + 2 + 5 + 2 = 10 calls. Then
-  masked_select (L330-332, its output size is data-dependent) waits for permute: two contiguous copies and
+  masked_select (L331-333, its output size is data-dependent) waits for permute: two contiguous copies and
   the select, 3 calls, before the experts' own (below).
 - flex, DeepEP: Buffer::intranode_dispatch busy-waits on the host-mapped receive counters that the
   notify kernel writes (DeepEP csrc/legacy/buffer.hpp L549-597), then allocates the receive buffers in C++
@@ -30,13 +30,13 @@ megatron/core/transformer/moe, TransformerEngine d0067d0d, DeepEP dd758caf main 
   sub, cumsum, zeros, cat, sum, .item() and the fused permute (5 + 2): permute waits for the dispatch,
   1 + 4 + 2 + 5 + 3 = 15 calls; the padded counts it returns are on the GPU, so TEGroupedMLP's .tolist()
   (experts.py L897) waits for permute, then GroupedLinear issues torch.tensor(m_splits), one split_quantize
-  and one weight quantize per local expert (grouped_linear.py L2193, L820, L838-848; Fp8Padding returns at
+  and one weight quantize per local expert (grouped_linear.py L2194, L820, L838-848; Fp8Padding returns at
   once on aligned splits, fp8_padding.py L125-127): the first expert op waits for permute, 3 + E calls.
 - flex, HybridEP: dispatch_with_permute without num_permuted_tokens runs blocking (fused_a2a.py
   L415-433): metadata_preprocessing copies the counts to pinned memory and cudaStreamSynchronizes
   (hybrid-ep csrc/hybrid_ep/executor/executor.cu L151-176), then allocates and launches the dispatch
   (hybrid_ep.cu L300-330): the dispatch waits for the router, 2 calls. The counts it returns are that
-  pinned host tensor, so tokens_per_expert.sum() and .tolist() (token_dispatcher.py L1173-1176,
+  pinned host tensor, so tokens_per_expert.sum() and .tolist() (token_dispatcher.py L1173-1178,
   experts.py L916) do not sync.
 The backward has none: the all-to-alls reuse the forward's split lists, DeepEP and HybridEP their handles
 (cached layout, no notify wait; HybridEP's num_permuted_tokens is the host sum above), GroupedLinear its
