@@ -9,8 +9,9 @@ Layer rows (section 1.5, tests/functional_tests/test_cases/common/moe_perf @d98e
 and backward on 8 H100 (tp 1, ep 8, seq 4096 x micro-batch 1, bf16, GELU experts, no shared expert,
 force-balanced routing), per dispatcher. Simulated: the MoE block's ops (sim/schedule/moe_ops.py, without
 its norm and residual add, which the benchmark does not time) priced by the compute model and the
-collective coster on the real ep group of one DGX H100, in program order (nothing inside the block
-overlaps). The FP8 rows run the experts' grouped GEMMs in blockwise FP8 with their quantize kernels
+collective coster on the real ep group of one DGX H100, in program order on one stream through the engine
+(nothing inside the block overlaps), the host ahead of the GPU except after the forward's device-to-host
+syncs (sim/schedule/moe_sync.py), where it waits and then issues the following ops one by one. The FP8 rows run the experts' grouped GEMMs in blockwise FP8 with their quantize kernels
 (sim/schedule/moe_ops.py) and 16-bit dispatch, as the benchmark does.
 """
 
@@ -19,11 +20,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshsim.scenarios.load import resolve, validate_scenario
+from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US, issue_times_s
+from meshsim.sim.engine import events as engine
 from meshsim.sim.results.simulate import CollectiveCoster, compute_fn
 from meshsim.sim.schedule.layer_ops import Template
 from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
 from meshsim.sim.schedule.moe_shapes import moe_dims
-from meshsim.sim.schedule.ops import Collective, Op
+from meshsim.sim.schedule.moe_sync import mark_forward_syncs
+from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.shapes import layer_dims
 
 NOT_TIMED = ("ln2", "mlp_res", "ln2_grad_add")  # the benchmark times MoELayer alone
@@ -68,27 +72,34 @@ def layer_scenario(proxy: str, dispatcher: str, fp8: bool = False):
     return resolve(validate_scenario(data, "benchmarks/accuracy_moe.py"), "benchmarks/accuracy_moe.py")
 
 
-def block_time_ms(rs, backward: bool) -> float:
-    """The MoE block's ops in program order: compute times plus collective times on the real groups."""
-    d = layer_dims(rs)
-    m = moe_dims(rs)
-    tpl = Template()
+def block_ops(rs, backward: bool) -> tuple[Op, ...]:
+    """The MoE block's timed ops in program order, all on one stream (Megatron runs them on the current
+    stream: nothing inside the block overlaps), with the forward's host syncs (sim/schedule/moe_sync.py)."""
+    d, m, tpl = layer_dims(rs), moe_dims(rs), Template()
     if backward:
         moe_backward(tpl, replace(d, dropout=False), m, ("gin",))
     else:
         moe_forward(tpl, "fwd", d, m, ("in",))
-    compute, coster = compute_fn(rs), CollectiveCoster(rs)
-    total = 0.0
-    for i, t in enumerate(tpl.ops):
-        if t.suffix.split(".", 1)[1] in NOT_TIMED:
-            continue
-        op = Op(i, t.suffix, t.stream, t.category, t.phase, t.work)
-        if isinstance(t.work, Collective):
-            latency, bandwidth, _ = coster.cost(t.work, rs.group(t.work.group, 0))[0]
-            total += latency + bandwidth
-        else:
-            total += compute(op, 0)
-    return total * 1e3
+        mark_forward_syncs(tpl, 0, "fwd", m, d.fp8.on)
+    kept = [i for i, t in enumerate(tpl.ops) if t.suffix.split(".", 1)[1] not in NOT_TIMED]
+    new_id = {old: new for new, old in enumerate(kept)}
+    return tuple(Op(new_id[i], t.suffix, "compute", "compute", t.phase, t.work,
+                    tuple(new_id[x] for x in t.local_deps if x in new_id), host_calls=t.host_calls,
+                    host_wait=None if t.host_wait is None else new_id[t.host_wait])
+                 for i, t in ((i, tpl.ops[i]) for i in kept))
+
+
+def block_time_ms(rs, backward: bool) -> float:
+    """The block through the engine on one rank: compute times, collective times on the real groups, and
+    the host (sim/cost/host_dispatch.py). The benchmark's dummy 8192 x 8192 GEMM before each iteration puts
+    the host ahead of the GPU (its static issue times are all before the block starts: the whole block's
+    host time earlier), so only a sync, where the host waits for the GPU, can delay an op."""
+    sched = Schedule(block_ops(rs, backward), 1, 1, 1)
+    static_s = issue_times_s(sched, HOST_DISPATCH_US * 1e-6)
+    lead_s = static_s[-1]
+    log = engine.run(sched, (0,), compute_fn(rs), CollectiveCoster(rs), rs.group,
+                     issue_s=[t - lead_s for t in static_s])
+    return log.step_time_s * 1e3
 
 
 def layer_rows(row_type, used: dict[str, tuple[str, ...]]) -> list:

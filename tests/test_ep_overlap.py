@@ -176,3 +176,16 @@ def test_combined_1f1b_holds_one_micro_batch_and_one_layer_of_activations():
     assert combined_1f1b_activations(off) is None and combined_1f1b_activations(on) == 3 * one_layer
     assert activation_bytes(on) - activation_bytes(off) == one_layer
     assert combined_1f1b_activations(tiny({"parallel.moe_ep_overlap": True}, micro_batches=1)) is None
+
+
+def test_the_combined_schedule_keeps_the_forwards_host_syncs():
+    """The MoE forward's host syncs (sim/schedule/moe_sync.py) survive the combined 1F1B's re-ordering:
+    every micro-batch's forward dispatch waits for the same op as without overlap, an op emitted before it."""
+    waits = {}
+    for on in (True, False):
+        sched = simulate_with_events(tiny({"parallel.moe_ep_overlap": on}))[2]
+        by_id = {op.id: op for op in sched.ops}
+        pairs = {(op.name, by_id[op.host_wait].name) for op in sched.ops if op.host_wait is not None}
+        assert all(op.host_wait < op.id for op in sched.ops if op.host_wait is not None)
+        waits[on] = pairs
+    assert waits[True] and waits[True] == waits[False]

@@ -6,10 +6,15 @@ start before the host has issued it.
 The engine starts an op at max(stream free, deps done, issue_s(op)) (sim/engine.py), so while GPU kernels
 are longer than their dispatch the host runs ahead and costs nothing; when they are shorter (small
 models, high TP, sequence-sharded elementwise kernels, fast GPUs) the GPU starves and the step becomes
-host bound. The host never waits for the GPU here (no .item() or other synchronisation inside a step).
+host bound. These are the static times: the host waits for the GPU only at an op with a `host_wait` (a
+device-to-host sync: the MoE token counts, sim/schedule/moe_sync.py), after which the engine issues the
+following ops that much later (sim/engine/host.py): right after a sync the GPU queue is empty and every
+kernel waits for its own dispatch until a long one lets the host run ahead again.
 
-dispatch_s = hardware.compute.host_dispatch_us (default HOST_DISPATCH_US) per schedule op; 0 with
-`run.cuda_graphs` (the step replays captured graphs: one launch per graph).
+dispatch_s(op) = hardware.compute.host_dispatch_us (default HOST_DISPATCH_US) x op.host_calls /
+CALLS_PER_DISPATCH: one dispatch for an op of the default two calls, more for an op the source shows
+issuing more (sim/schedule/moe_sync.py states each count); 0 with `run.cuda_graphs` (the step replays
+captured graphs: one launch per graph, and no sync is modeled).
 
 HOST_DISPATCH_US = 20: PyTorch eager costs on the order of 10 us of CPU per operator call (Python, the
 dispatcher, the caching allocator and the launch itself; He, "Making Deep Learning Go Brrrr From First
@@ -25,10 +30,13 @@ from itertools import accumulate
 from meshsim.sim.schedule.ops import Schedule
 
 HOST_DISPATCH_US = 20.0
+CALLS_PER_DISPATCH = 2  # HOST_DISPATCH_US's op: the kernel plus about one more small call (above)
 
 
 def issue_times_s(schedule: Schedule, dispatch_s: float) -> tuple[float, ...]:
     """issue_s per op id (ids are list positions): the cumulative host time up to and including the op."""
     if dispatch_s <= 0:
         return ()
-    return tuple(accumulate(dispatch_s for _ in schedule.ops))
+    per_call_s = dispatch_s / CALLS_PER_DISPATCH
+    return tuple(accumulate(dispatch_s if op.host_calls == CALLS_PER_DISPATCH else per_call_s * op.host_calls
+                            for op in schedule.ops))

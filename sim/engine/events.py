@@ -8,7 +8,8 @@ ranks of the op's real TP or DP group, from `group_of`).
 
 Rules (schedule.py): each simulated rank has FIFO streams (compute, tp_comm, dp_comm, ep_comm); a stream runs its
 ops FIFO in schedule order, an op starting once its stream is free, all its deps have finished and the
-host has issued it (`issue_s`, given by the caller: sim/cost/host_dispatch.py).
+host has issued it (`issue_s`, given by the caller: sim/cost/host_dispatch.py; after an op with a
+`host_wait`, later, as the host waited for the GPU there: sim/engine/host.py).
 A collective starts when every simulated member of its group has issued it: early ranks wait, as NCCL
 kernels spin on their stream (the wait is recorded as `wait_s` and the stream is busy meanwhile). Then
 its latency part elapses (fixed), then its bandwidth part drains at the rate the arbiter grants.
@@ -55,6 +56,7 @@ from typing import NamedTuple
 from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
 from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine.arbiter import Job
+from meshsim.sim.engine.host import host_syncs
 from meshsim.sim.engine.processes import (
     CollectiveFn,
     CommTiming,
@@ -163,6 +165,10 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
             raise ValueError(f"op {op.id} ({op.name}) depends on unknown op ids {missing}")
         if op.stream not in STREAMS:
             raise ValueError(f"op {op.id} ({op.name}) has unknown stream {op.stream!r}")
+        if op.host_wait is not None and not 0 <= op.host_wait < op.id:
+            raise ValueError(f"op {op.id} ({op.name}): its host waits for op {op.host_wait}, not an earlier op")
+        if op.host_calls < 0:
+            raise ValueError(f"op {op.id} ({op.name}) has {op.host_calls} host calls")
     for rank in ranks:
         for kind in {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}:
             if rank not in group_of(kind, rank):
@@ -189,7 +195,9 @@ def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], 
             raise ValueError(f"issue_s has {len(times)} entries for {len(sched.ops)} ops")
     issue_of = {r: per_stage_issue[stage_of(r)] for r in ranks if per_stage_issue and per_stage_issue[stage_of(r)]}
     per_stream = tuple({s: sched.by_stream(s) for s in STREAMS} for sched in stages)
-    return Inputs(ranks, stage_of, group_of, issue_of, comm_interference, per_stream)
+    syncs = [host_syncs(sched.ops, times) for sched, times in zip(stages, per_stage_issue, strict=False)]
+    syncs_of = {r: syncs[stage_of(r)] for r in issue_of if syncs[stage_of(r)] is not None}
+    return Inputs(ranks, stage_of, group_of, issue_of, comm_interference, per_stream, syncs_of)
 
 
 def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s: ComputeFn,

@@ -12,10 +12,11 @@ that depend only on which jobs are draining.)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from meshsim.sim.engine.arbiter import Arbiter
+from meshsim.sim.engine.host import HostSyncs, next_delay_s
 from meshsim.sim.engine.loop import Signal
 from meshsim.sim.schedule.ops import FIFO_STREAMS, Collective, Op, P2PTransfer
 
@@ -49,6 +50,7 @@ class Inputs:
     issue_of: Mapping[int, Sequence[float]]  # rank -> per op id: when its host issues it; absent = at once
     kappa: float  # comm_interference
     per_stream: tuple[Mapping[str, Sequence[Op]], ...]  # per stage: stream -> its ops in order
+    syncs_of: Mapping[int, HostSyncs] = field(default_factory=dict)  # rank -> its host's syncs (host.py)
 
 
 @dataclass
@@ -95,6 +97,7 @@ class Processes:
         self.groups: dict[tuple[str, int], tuple[tuple[int, ...], int]] = {}
         self.posted: dict[tuple, _Posted] = {}
         self.transfers: list[Transfer] = []
+        self.delays: dict[int, list[float]] = {r: [] for r in self.ranks}  # rank -> the host's D per sync
 
     def start(self) -> None:
         """One process per (rank, FIFO stream) with ops, one per P2P batch, in (rank, stream) order."""
@@ -124,13 +127,17 @@ class Processes:
 
     def stream(self, rank: int, ops: Sequence[Op]) -> Iterator[Signal]:
         env, done, finish, timeout = self.env, self.finished[rank], self.finish, self.env.timeout
-        issue_s = self.inputs.issue_of.get(rank)
+        issue_s, syncs = self.inputs.issue_of.get(rank), self.inputs.syncs_of.get(rank)
         for op in ops:
             for dep in op.deps:
                 if dep not in done:
                     yield self.wait_for(rank, dep)
-            if issue_s and issue_s[op.id] > env.now:  # the host has not issued it yet
-                yield timeout(issue_s[op.id] - env.now)
+            if issue_s:
+                at_s = issue_s[op.id]
+                if syncs is not None and syncs.point_of[op.id] >= 0:  # issued after a sync (host.py)
+                    at_s += yield from self.host_delay(rank, syncs, syncs.point_of[op.id])
+                if at_s > env.now:  # the host has not issued it yet
+                    yield timeout(at_s - env.now)
             start_s = env.now
             if isinstance(op.work, Collective):
                 group, members = self.group(op.work.group, rank)
@@ -148,6 +155,19 @@ class Processes:
                     else:
                         yield timeout(dur_s)
                 finish(rank, op, start_s)
+
+    def host_delay(self, rank: int, syncs: HostSyncs, point: int) -> Iterator[Signal]:
+        """The host's delay D after sync `point` (host.py), extended sync by sync in id order as each
+        awaited op finishes; returns it (a value of the generator)."""
+        known, done = self.delays[rank], self.finished[rank]
+        while len(known) <= point:
+            i = len(known)
+            awaited = syncs.awaited[i]
+            if awaited not in done:  # the host blocks here; another stream may extend `known` meanwhile
+                yield self.wait_for(rank, awaited)
+                continue
+            known.append(next_delay_s(known[-1] if i else 0.0, done[awaited], syncs.base_s[i]))
+        return known[point]
 
     def p2p_batch(self, rank: int, op: Op) -> Iterator[Signal]:
         """One P2P batch: wait for its deps, post every transfer, end when the last one ends."""

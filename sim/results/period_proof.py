@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshsim.sim.engine.events import Event, EventLog
+from meshsim.sim.engine.host import HostSyncs, delays_s, host_syncs, last_known
 from meshsim.sim.results.period_state import (
     DONE,
     TODO,
@@ -127,7 +128,8 @@ def _states(proof: Proof, log: EventLog, issue) -> str | None:
 def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str | None:
     """The host clock: op i is issued at issue[i], and one period later at issue[i] + H (H = P x dispatch
     time), not + T. Ops from c1 on that waited for the host (issue later than deps and stream allowed)
-    need H = T; otherwise each period moves the host H - T closer, so the least slack must cover n periods."""
+    need H = T; otherwise each period moves the host H - T closer, so the least slack must cover n periods.
+    A host with syncs: _synced_host."""
     cut, n = proof.cut, proof.periods
     by = log.by_rank()
     for rank in log.ranks:
@@ -138,6 +140,12 @@ def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str 
         m, ev, prev = proof.maps[stage], by[rank], proof.prevs[stage]
         i0 = m.first_regular
         host_s = times[i0 - 1 + m.period_ops] - times[i0 - 1]
+        syncs = host_syncs(m.ops, times)
+        if syncs is not None:
+            reason = _synced_host(syncs, m, ev, cut, host_s)
+            if reason is not None:
+                return f"rank {rank}: {reason}"
+            continue
         slack_s = _least_slack(ev, m.ops, prev, times, cut.c1)
         if slack_s < -cut.tol_s and abs(host_s - cut.period_s) > cut.tol_s:
             return (f"rank {rank} waits for its host after the first cut while the host issues a period in "
@@ -145,6 +153,30 @@ def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str 
         if slack_s >= -cut.tol_s and n * (host_s - cut.period_s) > slack_s + cut.tol_s:
             return (f"rank {rank}: the host issues a period {(host_s - cut.period_s) * 1e6:.3g} us slower "
                     f"than the GPU runs it; its {slack_s * 1e6:.4g} us lead runs out before the step ends")
+    return None
+
+
+def _synced_host(syncs: HostSyncs, m: StageMap, ev: Mapping[int, Event], cut: Cut, host_s: float) -> str | None:
+    """A host that waits at syncs issues op j at static_s[j] + D of its last sync (sim/engine/host.py).
+    An image sync releases the host one period T later while its static clock is H later, so D grows by
+    T - H per period; if it does for every sync from the oldest one an op not started at c1 issues after
+    up to the last one known at c1, every issue time still to come at c2 is that at c1 plus T (the static
+    part H, D the rest), and the syncs to come keep it so: no slack is needed."""
+    c1, end_of = cut.c1, (lambda op_id: ev[op_id].end_s)
+    waiting = [syncs.point_of[e.op_id] for e in ev.values() if e.start_s > c1 and e.stream != "pp_comm"]
+    if not waiting:
+        return None
+    if min(waiting) < 0:
+        return "an op its host issues before any sync starts after the first cut"
+    delays, index = delays_s(syncs, end_of), {op: i for i, op in enumerate(syncs.ops)}
+    for i in range(min(waiting), max(min(waiting), last_known(syncs, end_of, c1)) + 1):
+        image = index.get(m.mu(syncs.ops[i]))
+        if image is None:
+            return f"the host's sync at op {syncs.ops[i]} has no image one period later"
+        grown_s = delays[image] - delays[i]
+        if abs(grown_s - (cut.period_s - host_s)) > cut.tol_s:
+            return (f"the host's delay at its sync at op {syncs.ops[i]} grows {grown_s * 1e6:.4g} us in a period, "
+                    f"not T - H = {(cut.period_s - host_s) * 1e6:.4g} us")
     return None
 
 

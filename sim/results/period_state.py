@@ -70,8 +70,13 @@ class StageMap:
 
 
 def _same_inputs(a: Op, b: Op, keys: list[Key], shifted: list[Key], unit: int) -> bool:
-    """b is a one period later (shifted[i] = later(keys[i])): what the engine reads of them is the same."""
+    """b is a one period later (shifted[i] = later(keys[i])): what the engine reads of them is the same
+    (the host's calls and the op it waits for included)."""
     if a.stream != b.stream or a.phase != b.phase or a.layer != b.layer or len(a.deps) != len(b.deps):
+        return False
+    if a.host_calls != b.host_calls or (a.host_wait is None) != (b.host_wait is None):
+        return False
+    if a.host_wait is not None and keys[b.host_wait] != shifted[a.host_wait]:
         return False
     for da, db in zip(a.deps, b.deps, strict=True):
         if keys[db] != shifted[da]:

@@ -36,6 +36,9 @@ and from every such time minus T; c2 = c1 + T.
    op from c1 on waited for its host, H = T. Otherwise, with s the least slack (ready time minus issue
    time) of the ops from c1 on, s >= n (H - T): the host, moving H - T per period, never binds before the
    step ends, and an issue time earlier than the ready time changes nothing (the engine only compares them).
+   A host with syncs (sim/engine/host.py) issues op i at issue[i] + D, D fixed by its last sync: then
+   instead the D of each sync from the oldest one an op after c1 issues after, up to the last one known at
+   c1, and that of its image differ by T - H, so every issue time still to come moves by T per period.
 4. (causality) No op of the drain (ids >= end_regular) starts before c2, and each op of the regular part's
    last period waits at c1 for an unfinished dep or stream predecessor.
 

@@ -49,7 +49,9 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
             deps = tuple([base + d for d in t.local_deps] + [ext[e] for e in t.ext_deps])
         else:
             deps = tuple([base + d for d in t.local_deps])
-        append(Op(base + i, prefix + t.suffix, t.stream, t.category, t.phase, t.work, deps, layer, mb))
+        wait = None if t.host_wait is None else base + t.host_wait
+        append(Op(base + i, prefix + t.suffix, t.stream, t.category, t.phase, t.work, deps, layer, mb,
+                  t.host_calls, wait))
     return base
 
 

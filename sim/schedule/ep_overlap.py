@@ -106,8 +106,9 @@ class Emitter:
         op_id = len(self.ops)
         s.ids[i] = op_id
         where = stream or t.stream
+        wait = None if t.host_wait is None else s.ids[t.host_wait]  # a host sync: on an op of an earlier node
         self.ops.append(Op(op_id, s.prefix + t.suffix, where, where, t.phase, t.work, tuple(deps), s.layer,
-                           s.chain.mb))
+                           s.chain.mb, t.host_calls, wait))
 
     def whole(self, s: Stamp) -> Stamp:
         for name in s.nodes.nodes:

@@ -27,6 +27,7 @@ from meshsim.sim.schedule.layer_ops import (
 from meshsim.sim.schedule.mla_ops import MlaDims, mla_backward, mla_dims, mla_forward
 from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
 from meshsim.sim.schedule.moe_shapes import MoeDims, moe_dims
+from meshsim.sim.schedule.moe_sync import mark_forward_syncs
 from meshsim.sim.schedule.shapes import LayerDims
 
 
@@ -63,7 +64,10 @@ def kind_forward(tpl: Template, phase: str, plan: LayerPlan, kind: LayerKind, in
     attn, mlp = blocks(d)
     x = mla_forward(tpl, phase, d, plan.mla, inp) if plan.mla else block_forward(tpl, phase, d, attn, inp)
     if kind.moe:
-        return moe_forward(tpl, phase, d, plan.moe, (x,))
+        first = len(tpl.ops)
+        out = moe_forward(tpl, phase, d, plan.moe, (x,))
+        mark_forward_syncs(tpl, first, phase, plan.moe, d.fp8.on)  # the host's waits for the token counts
+        return out
     return block_forward(tpl, phase, d, mlp, (x,))
 
 

@@ -46,6 +46,8 @@ class TemplateOp:
     work: Work
     local_deps: tuple[int, ...]
     ext_deps: tuple[str, ...]
+    host_calls: int = 2  # Op.host_calls
+    host_wait: int | None = None  # Op.host_wait, as a local index
 
 
 @dataclass
@@ -58,11 +60,12 @@ class Template:
     grads: list[tuple[int, int]] = field(default_factory=list)
     expert_grads: list[tuple[int, int]] = field(default_factory=list)
 
-    def add(self, phase: str, key: str, work: Work, deps: Deps = ()) -> int:
+    def add(self, phase: str, key: str, work: Work, deps: Deps = (), host_calls: int = 2,
+            host_wait: int | None = None) -> int:
         stream = stream_of(work)
         local = tuple(d for d in deps if isinstance(d, int))
         ext = tuple(d for d in deps if isinstance(d, str))
-        self.ops.append(TemplateOp(f"{phase}.{key}", stream, stream, phase, work, local, ext))
+        self.ops.append(TemplateOp(f"{phase}.{key}", stream, stream, phase, work, local, ext, host_calls, host_wait))
         return len(self.ops) - 1
 
 

@@ -203,6 +203,11 @@ class Op:
     deps: tuple[int, ...] = ()
     layer: int | None = None  # transformer layer index; None for embedding / head / optimizer
     micro_batch: int | None = None
+    # the host's side (sim/cost/host_dispatch.py): the PyTorch calls it makes to issue this op (2: the
+    # kernel and one small call around it, what HOST_DISPATCH_US stands for), and an earlier op it must
+    # see finished before it issues this one (a device-to-host sync: .item(), .tolist(), an event wait)
+    host_calls: int = 2
+    host_wait: int | None = None
 
     @property
     def flops(self) -> float:
