@@ -42,10 +42,10 @@ from meshsim.sim.schedule.builder import (
     weight_cast_op,
 )
 from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
+from meshsim.sim.schedule.ep_overlap import Chain, Emitter
 from meshsim.sim.schedule.ops import P2P, Collective, Op, P2PTransfer, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
-from meshsim.sim.schedule.ep_overlap import Chain, Emitter
 from meshsim.sim.schedule.pipeline import Combined, Comm, Compute, PipelineShape, peer, stage_order
 from meshsim.sim.schedule.pipeline_combined import combined_compute
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
