@@ -135,8 +135,8 @@ def test_megatrons_nodes_of_an_alltoall_moe_layer():
     assert node_keys(bwd, True, False)["mlp_dw"] == []  # without delay the wgrads stay in their node
 
 
-def overlapping(log, a, b) -> bool:
-    ea, eb = log.get(0, a.id), log.get(0, b.id)
+def overlapping(log, a, b, rank: int = 0) -> bool:
+    ea, eb = log.get(rank, a.id), log.get(rank, b.id)
     return ea.start_s < eb.end_s and eb.start_s < ea.end_s
 
 
