@@ -13,6 +13,9 @@ group (default p):
   each compute posts one batch (its send + the receive of the next compute of the same direction),
   waited only by the compute that uses the received tensor; without overlap the steady round's sends
   and receives form one blocking batch after the backward.
+- combined 1F1B (parallel.moe_ep_overlap, interleaved only): one more warm-up forward, and each steady F/B
+  pair is one Combined step (sim/schedule/pipeline_combined.py) whose batches are posted inside it (overlap)
+  or form one blocking batch after it.
 
 A transfer's identity is (direction, micro-batch, sender's virtual stage c p + r): the activation of
 virtual stage q goes to q + 1 (the last stage's chunk c feeds stage 0's chunk c + 1), its gradient to
