@@ -149,17 +149,6 @@ def check_ep_overlap(s: Scenario, ctx: CheckContext) -> None:
                              f"all-to-all with another micro-batch's compute: {problem}", fix)
 
 
-def check_ep_overlap_simulated(s: Scenario, ctx: CheckContext) -> None:
-    """Megatron's combined 1F1B is built without pipelining (sim/schedule/ep_overlap.py); the interleaved
-    pipeline's variant (combined_1f1b.py combined_1f1b_schedule_for_interleaved_pipelining, one extra warm-up
-    forward: schedules.py L966-970) is not: refused rather than silently simulated without the overlap."""
-    if s.parallel.moe_ep_overlap and s.parallel.pp > 1:
-        raise rule_error(ctx, "parallel.moe_ep_overlap", True, "The combined 1F1B schedule of "
-                         "--overlap-moe-expert-parallel-comm is simulated only without pipelining (pp = 1)",
-                         "set parallel.moe_ep_overlap: false for pp > 1; the result is then the no-overlap "
-                         "upper bound")
-
-
 Rule = Callable[[Scenario, CheckContext], None]
 
 MOE_RULES: tuple[Rule, ...] = (
@@ -172,5 +161,4 @@ MOE_RULES: tuple[Rule, ...] = (
     check_expert_widths,
     check_moe_sequence_parallel,
     check_ep_overlap,
-    check_ep_overlap_simulated,
 )

@@ -111,6 +111,29 @@ def test_the_combined_1f1b_of_moe_ep_overlap_extrapolates_exactly(name):
     assert_same_step(ex, simulate(rs, full=True))
 
 
+EP_OVERLAP_PP = {
+    "pp 4 x vp 2, P2P overlap": {"parallel.gpus": 16, "topology.nodes": 2, "parallel.pp": 4, "parallel.vp": 2,
+                                 "model.layers": 8},
+    "pp 2 x vp 2, blocking": {"parallel.pp": 2, "parallel.vp": 2, "model.layers": 4, "parallel.p2p_overlap": False,
+                              "parallel.ep": 2},
+    "pp 4 x vp 2, layout Et|(tt|)*6L, a dense layer": {
+        "parallel.gpus": 16, "topology.nodes": 2, "parallel.pp": 4, "parallel.vp": 2, "model.layers": 13,
+        "parallel.pipeline_layout": "Et|(tt|)*6L",
+        "model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512, "dense_layers": 1}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(EP_OVERLAP_PP))
+def test_the_pipelined_combined_1f1b_extrapolates_exactly(case):
+    """parallel.moe_ep_overlap with pp > 1 (sim/schedule/pipeline_combined.py): the interleaved plan with the
+    extra warm-up forward (w = 2 (p - 1) + (v - 1) N + 1), periods of N merged steps per stage; proven, and
+    equal to the whole step; the layout case merges chunks of 1, 2 and 0 layers."""
+    rs = resolved("tiny-2gpu", {**EP_OVERLAP, **EP_OVERLAP_PP[case]}, 36 if "pp 4" in case else 18)
+    ex, why = simulate_steady(rs, force=True)
+    assert ex is not None, why
+    assert_same_step(ex, simulate(rs, full=True))
+
+
 def test_library_scenarios_extrapolate_by_default_and_say_so():
     """The default run of a library scenario takes the proven path (the two that are too short say why)."""
     for name in ("llama2-70b-h100-tp8", "tiny-2gpu"):
@@ -174,6 +197,14 @@ def test_pipeline_plans_follow_the_warm_up():
     assert plan(4, 1, 4) == Plan(lead=4, tail=3, unit=1)
     assert plan(4, 2, 8) == Plan(lead=12, tail=8, unit=4)  # w = 10 forwards over E = 8 per group: 2 groups
     assert plan(8, 4, 32) == Plan(lead=24, tail=16, unit=8)  # w = 38, E = 32
+    combined = resolved("tiny-2gpu", {**EP_OVERLAP, "parallel.pp": 4, "parallel.vp": 2, "model.layers": 8,
+                                      "parallel.gpus": 16, "topology.nodes": 2}, 36)
+    assert sim_glue.steady_plan(combined) == Plan(lead=12, tail=8, unit=4)  # w = 11 with the extra forward
+    scenario, source = load_scenario("tiny-2gpu")
+    two = resolve(with_overrides(scenario, {**EP_OVERLAP, "parallel.pp": 4, "parallel.vp": 2, "model.layers": 8,
+                                            "parallel.gpus": 16, "topology.nodes": 2, "parallel.global_batch": 384,
+                                            "parallel.microbatch_group_size": 6}, source), source)
+    assert sim_glue.steady_plan(two) == Plan(lead=18, tail=12, unit=6)  # w = 13 > E = 12 (w = E without it)
 
 
 def test_the_run_is_a_whole_number_of_periods_and_only_used_when_cheaper():
@@ -237,6 +268,11 @@ LEMMA_CASES = {
                      "parallel.first_stage_layers": 1, "parallel.last_stage_layers": 3},
     "interleaved, overlap": {"parallel.gpus": 8, "parallel.tp": 1, "parallel.pp": 4, "parallel.vp": 2,
                              "model.layers": 8, "parallel.distributed_optimizer": True},
+    "interleaved, combined 1F1B": {"parallel.gpus": 8, "parallel.tp": 1, "parallel.pp": 4, "parallel.vp": 2,
+                                   "model.layers": 8, "parallel.ep": 2, "parallel.moe_ep_overlap": True,
+                                   "parallel.delay_wgrad_compute": True,
+                                   "model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False,
+                                   "model.mlp": "swiglu"},
     "interleaved, blocking, N=3": {"parallel.gpus": 12, "parallel.tp": 1, "parallel.pp": 3, "parallel.vp": 2,
                                    "model.layers": 6, "parallel.p2p_overlap": False,
                                    "parallel.microbatch_group_size": 3, "topology.nodes": 2},

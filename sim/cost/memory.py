@@ -171,7 +171,8 @@ def in_flight_micro_batches(rs: ResolvedScenario, stage: int) -> float:
     if v == 1:
         return min(p - stage, m)
     n = rs.scenario.parallel.microbatch_group_size or p
-    return min(warmup_forwards(PipelineShape(p, v, m, n, True), stage) + 1, v * m) / v
+    shape = PipelineShape(p, v, m, n, True, rs.scenario.parallel.moe_ep_overlap)  # one more warm-up forward
+    return min(warmup_forwards(shape, stage) + 1, v * m) / v
 
 
 def combined_1f1b_activations(rs: ResolvedScenario) -> int | None:

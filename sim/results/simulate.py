@@ -242,7 +242,8 @@ def steady_plan(rs: ResolvedScenario) -> steady_state.Plan:
     Without PP: micro-batch 0 opens the step and the last one overlaps the gradient reduction.
     Pipelines: the period is one micro-batch for plain 1F1B and one group of N micro-batches for the
     interleaved schedule (each stage runs E = v N forward entries, and as many backward ones, per period;
-    E = 1 for 1F1B). Stage 0 runs w = p - 1 (interleaved: 2 (p - 1) + (v - 1) N) warm-up forwards, and
+    E = 1 for 1F1B). Stage 0 runs w = p - 1 (interleaved: 2 (p - 1) + (v - 1) N, one more with
+    parallel.moe_ep_overlap, whose steady steps merge the pair) warm-up forwards, and
     afterwards pairs forward entry k with backward entry k - w, so a period is steady once the backwards
     it is paired with are past the first period: g = ceil(w / E) periods of drain (the cool-down's w
     backwards) and g + 1 periods of lead. 1F1B: lead p, tail p - 1. The plan only places the run's cuts
@@ -250,7 +251,7 @@ def steady_plan(rs: ResolvedScenario) -> steady_state.Plan:
     if rs.pp == 1:
         return steady_state.Plan()
     n = (rs.scenario.parallel.microbatch_group_size or rs.pp) if rs.vp > 1 else 1
-    warmup = rs.pp - 1 if rs.vp == 1 else 2 * (rs.pp - 1) + (rs.vp - 1) * n
+    warmup = rs.pp - 1 if rs.vp == 1 else 2 * (rs.pp - 1) + (rs.vp - 1) * n + rs.scenario.parallel.moe_ep_overlap
     periods = -(-warmup // (rs.vp * n))
     return steady_state.Plan(lead=(periods + 1) * n, tail=periods * n, unit=n)
 

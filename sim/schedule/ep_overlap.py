@@ -26,6 +26,7 @@ nodes and what delay_wgrad_compute moves are in sim/schedule/ep_nodes.py. Costs 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meshsim.sim.schedule import op_keys as K
@@ -42,6 +43,18 @@ class Chain:
     mb: int
     last: tuple[int, ...] = ()
     out: int | None = None  # the last block's output op (the next block's "in" / "gin" / "loss")
+    gate: tuple[int, ...] = ()  # what the plan's next op also waits for (a P2P receive, a blocking batch)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One model chunk's plan in a combined step: its chain, its layers (global indices, forward order), and
+    whether it runs the embedding (pre_process) and the output layer + loss (post_process)."""
+
+    chain: Chain
+    layers: Sequence[int]
+    embedding: bool = True
+    head: bool = True
 
 
 @dataclass
@@ -102,7 +115,8 @@ class Emitter:
     def _append(self, s: Stamp, i: int, event: tuple[int, ...], stream: str | None) -> None:
         t = s.tpl.ops[i]
         deps = [s.ids[d] for d in t.local_deps] + [s.ext[e] for e in t.ext_deps]
-        deps += [e for e in event if e not in deps]
+        deps += [e for e in event + s.chain.gate if e not in deps]
+        s.chain.gate = ()
         op_id = len(self.ops)
         s.ids[i] = op_id
         where = stream or t.stream
@@ -143,29 +157,44 @@ def block_name(layer: int | None, mb: int, block: str = "") -> str:
 
 
 def combined_step(em: Emitter, t, layers: int, f: Chain | None, b: Chain | None) -> None:
-    """TransformerModelChunkSchedulePlan.run for forward plan `f` and backward plan `b` (either may be None)."""
-    if f is not None:
-        em.whole(em.stamp(t.embed_fwd, f, block_name(None, f.mb, K.EMBED_BLOCK), "in", None, False, False))
-    if b is not None:
-        head = em.whole(em.stamp(t.head_bwd, b, block_name(None, b.mb, K.HEAD_BLOCK), "loss", None, True, False))
-        em.record_grads(head)
+    """Without pipelining every plan holds the whole model (chunk_step)."""
+    whole = range(layers)
+    chunk_step(em, t, Side(f, whole) if f is not None else None, Side(b, whole) if b is not None else None)
+
+
+def chunk_step(em: Emitter, t, f: Side | None, b: Side | None, posts: Callable[[], None] | None = None) -> None:
+    """TransformerModelChunkSchedulePlan.run (L500-630) for forward plan `f` and backward plan `b` (either may be
+    None; the chunks may differ and hold different layer counts): f's embedding, b's output layer + loss
+    backward, forward layer i paired with b's i-th layer from the end while both have one (L556-575), then the
+    rest of whichever has more alone (L577-594); `posts` (the pipeline's P2P batches, L596-607); b's first
+    layer's deferred attention weight gradients (L609-614); f's output layer + loss; b's embedding backward."""
+    if f is not None and f.embedding:
+        em.whole(em.stamp(t.embed_fwd, f.chain, block_name(None, f.chain.mb, K.EMBED_BLOCK), "in", None, False, False))
+    if b is not None and b.head:
+        em.record_grads(em.whole(em.stamp(t.head_bwd, b.chain, block_name(None, b.chain.mb, K.HEAD_BLOCK), "loss",
+                                          None, True, False)))
+    fl = list(f.layers) if f is not None else []
+    bl = list(reversed(b.layers)) if b is not None else []
     last_b = None
-    for i in range(layers):
-        fs = em.stamp(t.layer_fwd(i), f, block_name(i, f.mb), "in", i, False) if f is not None else None
-        j = layers - 1 - i
-        bs = em.stamp(t.layer_bwd(j), b, block_name(j, b.mb), "gin", j, True) if b is not None else None
-        layer_pair(em, fs, bs, b_ends=j == 0)
-        if bs is not None and j > 0:
+    for i in range(max(len(fl), len(bl))):
+        fs = em.stamp(t.layer_fwd(fl[i]), f.chain, block_name(fl[i], f.chain.mb), "in", fl[i], False) \
+            if i < len(fl) else None
+        bs = em.stamp(t.layer_bwd(bl[i]), b.chain, block_name(bl[i], b.chain.mb), "gin", bl[i], True) \
+            if i < len(bl) else None
+        layer_pair(em, fs, bs, b_ends=i == len(bl) - 1)
+        if bs is not None and i < len(bl) - 1:
             em.record_grads(bs)
-        last_b = bs
-    if last_b is not None:  # layer 0's attention weight gradients, deferred past the whole chunk (L609-614)
+        last_b = bs or last_b
+    if posts is not None:
+        posts()
+    if last_b is not None:  # the first layer's attention weight gradients, deferred past the whole chunk
         em.node(last_b, "pre_dispatch_dw")
         em.record_grads(last_b)
-    if f is not None:
-        em.whole(em.stamp(t.head_fwd, f, block_name(None, f.mb, K.HEAD_BLOCK), "in", None, False, False))
-    if b is not None:
-        embed = em.whole(em.stamp(t.embed_bwd, b, block_name(None, b.mb, K.EMBED_BLOCK), "gin", None, True, False))
-        em.record_grads(embed)
+    if f is not None and f.head:
+        em.whole(em.stamp(t.head_fwd, f.chain, block_name(None, f.chain.mb, K.HEAD_BLOCK), "in", None, False, False))
+    if b is not None and b.embedding:
+        em.record_grads(em.whole(em.stamp(t.embed_bwd, b.chain, block_name(None, b.chain.mb, K.EMBED_BLOCK), "gin",
+                                          None, True, False)))
 
 
 def combined_micro_batches(ops: list[Op], t, layers: int, micro_batches: int, delay_wgrad: bool,

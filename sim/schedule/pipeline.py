@@ -13,6 +13,9 @@ group (default p):
   each compute posts one batch (its send + the receive of the next compute of the same direction),
   waited only by the compute that uses the received tensor; without overlap the steady round's sends
   and receives form one blocking batch after the backward.
+- combined 1F1B (parallel.moe_ep_overlap, interleaved only): one more warm-up forward, and each steady F/B
+  pair is one Combined step (sim/schedule/pipeline_combined.py) whose batches are posted inside it (overlap)
+  or form one blocking batch after it.
 
 A transfer's identity is (direction, micro-batch, sender's virtual stage c p + r): the activation of
 virtual stage q goes to q + 1 (the last stage's chunk c feeds stage 0's chunk c + 1), its gradient to
@@ -53,7 +56,19 @@ class Comm:
     transfers: tuple[Transfer, ...]
 
 
-PipeStep = Compute | Comm
+@dataclass(frozen=True)
+class Combined:
+    """A steady-phase forward and backward merged into one step (parallel.moe_ep_overlap: Megatron's
+    combined_1f1b_schedule_for_interleaved_pipelining, sim/schedule/ep_overlap.chunk_step); with P2P overlap
+    the forward's and the backward's batches are posted inside it (`posts`, forward's first), after the
+    layers and before the deferred weight gradients and the output layer / embedding backward."""
+
+    f: Compute
+    b: Compute
+    posts: tuple[Comm, ...] = ()
+
+
+PipeStep = Compute | Comm | Combined
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class PipelineShape:
     m: int  # micro-batches
     n: int  # micro-batch group size (interleaved)
     overlap: bool  # interleaved P2P overlap (plain 1F1B is always blocking)
+    combined: bool = False  # parallel.moe_ep_overlap: steady F/B pairs merged (Combined), one more warm-up forward
 
     @property
     def blocking(self) -> bool:
@@ -136,8 +152,10 @@ def one_f_one_b(shape: PipelineShape, r: int) -> list[PipeStep]:
 
 
 def warmup_forwards(shape: PipelineShape, r: int) -> int:
-    """Interleaved warm-up: 2 (p - r - 1) + (v - 1) N forwards, capped at v m."""
-    return min(2 * (shape.p - r - 1) + (shape.v - 1) * shape.n, shape.v * shape.m)
+    """Interleaved warm-up: 2 (p - r - 1) + (v - 1) N forwards, one more with the combined 1F1B (Megatron-LM
+    d98e8a64 schedules.py L966-970: so that each merged step's forward and backward are independent), capped
+    at v m."""
+    return min(2 * (shape.p - r - 1) + (shape.v - 1) * shape.n + shape.combined, shape.v * shape.m)
 
 
 def interleaved(shape: PipelineShape, r: int) -> list[PipeStep]:
@@ -166,6 +184,10 @@ def interleaved(shape: PipelineShape, r: int) -> list[PipeStep]:
         out += _comm(shape, r, *t(True, "fwd", k), *t(False, "fwd", k + 1), *extra)
     for i in range(total - warm):
         k = warm + i
+        if shape.combined:
+            out += _combined(shape, r, f(k), b(i), t(True, "fwd", k) + t(False, "fwd", k + 1),
+                             t(True, "bwd", i) + t(False, "bwd", i + 1))
+            continue
         out.append(f(k))
         if shape.overlap:
             out += _comm(shape, r, *t(True, "fwd", k), *t(False, "fwd", k + 1))
@@ -181,17 +203,30 @@ def interleaved(shape: PipelineShape, r: int) -> list[PipeStep]:
     return out
 
 
+def _combined(shape: PipelineShape, r: int, f: Compute, b: Compute, fwd: list[Transfer],
+              bwd: list[Transfer]) -> list[PipeStep]:
+    """A merged steady step: with P2P overlap its batches are posted inside it (pp_post_forward and
+    pp_post_backward, schedules.py L1771-1888, called from model_chunk_schedule_plan.py L596-607); without,
+    one blocking batch of all four follows it (schedules.py L1900-1952)."""
+    if shape.overlap:
+        return [Combined(f, b, tuple(_comm(shape, r, *fwd)) + tuple(_comm(shape, r, *bwd)))]
+    return [Combined(f, b), *_comm(shape, r, *fwd[:1], *bwd[:1], *fwd[1:], *bwd[1:])]
+
+
 def stage_order(shape: PipelineShape, r: int) -> list[PipeStep]:
     """The ordered compute and P2P steps of stage r."""
     return one_f_one_b(shape, r) if shape.v == 1 else interleaved(shape, r)
 
 
 def describe(steps: list[PipeStep], v: int = 1) -> list[str]:
-    """Readable form used by tests and docs: 'F3', 'B0.c1', 'send_fwd(3)+recv_bwd(0)'."""
+    """Readable form used by tests and docs: 'F3', 'B0.c1', 'send_fwd(3)+recv_bwd(0)', a merged step
+    'F4.c1+B0.c1 [send_fwd(4.c1)+recv_fwd(5.c1)] [send_bwd(0.c1)+recv_bwd(1.c1)]' (its posted batches)."""
     out = []
     for s in steps:
         if isinstance(s, Compute):
             out.append(f"{s.kind}{s.micro_batch}{f'.c{s.chunk}' if v > 1 else ''}")
+        elif isinstance(s, Combined):
+            out.append("+".join(describe([s.f, s.b], v)) + "".join(f" [{d}]" for d in describe(list(s.posts), v)))
         else:
             out.append("+".join(t.label(v) for t in s.transfers))
     return out

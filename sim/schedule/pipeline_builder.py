@@ -42,10 +42,12 @@ from meshsim.sim.schedule.builder import (
     weight_cast_op,
 )
 from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
+from meshsim.sim.schedule.ep_overlap import Chain, Emitter
 from meshsim.sim.schedule.ops import P2P, Collective, Op, P2PTransfer, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
-from meshsim.sim.schedule.pipeline import Comm, Compute, PipelineShape, peer, stage_order
+from meshsim.sim.schedule.pipeline import Combined, Comm, Compute, PipelineShape, peer, stage_order
+from meshsim.sim.schedule.pipeline_combined import combined_compute
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
@@ -53,7 +55,8 @@ from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 
 def pipeline_shape(rs: ResolvedScenario) -> PipelineShape:
     p = rs.scenario.parallel
-    return PipelineShape(rs.pp, rs.vp, rs.micro_batches, p.microbatch_group_size or rs.pp, p.p2p_overlap)
+    return PipelineShape(rs.pp, rs.vp, rs.micro_batches, p.microbatch_group_size or rs.pp, p.p2p_overlap,
+                         p.moe_ep_overlap)
 
 
 def p2p_bytes(d: LayerDims) -> int:
@@ -67,9 +70,10 @@ def scatter_gather(rs: ResolvedScenario, d: LayerDims) -> bool:
         and p2p_bytes(d) % (rs.tp * d.dtype_bytes) == 0
 
 
-def _gate(ops: list[Op], op_id: int, gate: int | None) -> None:
-    if gate is not None and gate not in ops[op_id].deps:
-        ops[op_id] = replace(ops[op_id], deps=ops[op_id].deps + (gate,))
+def _gate(ops: list[Op], op_id: int, gate: tuple[int, ...]) -> None:
+    extra = tuple(g for g in gate if g not in ops[op_id].deps)
+    if extra:
+        ops[op_id] = replace(ops[op_id], deps=ops[op_id].deps + extra)
 
 
 class _Stage:
@@ -83,15 +87,19 @@ class _Stage:
         self.loss: dict[tuple[int, int], int] = {}
         self.grads: list[list[tuple[int, int]]] = [[] for _ in chunks]
         self.expert_grads: list[list[tuple[int, int]]] = [[] for _ in chunks]
-        self.last_item: int | None = None
-        self.last_compute: int | None = None
+        self.last_item: tuple[int, ...] = ()  # what the next item waits for when P2P is blocking
+        self.last_compute: tuple[int, ...] = ()  # what a posted (overlapped) P2P batch waits for
         # delayed FP8 scaling: one amax reduction per chunk pass (Megatron's region is the chunk's layer stack)
         self.amax = {len(ch.layers): fp8_amax_templates(rs, len(ch.layers)) for ch in chunks if ch.layers}
         d = layer_dims(rs)
         self.gather_bytes = p2p_bytes(d) if scatter_gather(rs, d) else 0  # the whole tensor, gathered over tp
         self.nbytes = p2p_bytes(d) // rs.tp if self.gather_bytes else p2p_bytes(d)
+        # parallel.moe_ep_overlap: Megatron's schedule plans (sim/schedule/pipeline_combined.py)
+        self.emitter = Emitter(self.ops, rs.scenario.parallel.delay_wgrad_compute)
+        self.chains: dict[tuple[int, int], Chain] = {}  # (micro-batch, chunk) -> its plan
 
-    def comm(self, step: Comm) -> None:
+    def comm(self, step: Comm, before: tuple[int, ...] | None = None) -> None:
+        """Post one P2P batch; it waits for `before` (default: the blocking item or the compute before it)."""
         transfers = []
         for tr in step.transfers:
             peer_stage, sender = peer(self.shape, self.stage, tr)
@@ -99,11 +107,12 @@ class _Stage:
         first = step.transfers[0]
         kinds = "+".join(f"{'send' if tr.send else 'recv'}_{tr.direction}" for tr in step.transfers)
         name = f"{K.PP_BLOCK}.{kinds}_c{first.chunk}.mb{first.micro_batch}"
-        before = self.last_item if self.shape.blocking else self.last_compute
+        if before is None:
+            before = self.last_item if self.shape.blocking else self.last_compute
         op_id = len(self.ops)
-        self.ops.append(Op(op_id, name, "pp_comm", "pp_comm", first.direction, P2P(tuple(transfers)),
-                           () if before is None else (before,), None, first.micro_batch))
-        self.last_item = op_id
+        self.ops.append(Op(op_id, name, "pp_comm", "pp_comm", first.direction, P2P(tuple(transfers)), before, None,
+                           first.micro_batch))
+        self.last_item = (op_id,)
         for tr in step.transfers:
             if not tr.send:
                 self.received[(tr.direction, tr.micro_batch, tr.chunk)] = self.gather(tr, op_id)
@@ -117,13 +126,13 @@ class _Stage:
         work = Collective("all_gather", "tp", self.gather_bytes, K.PP_GATHER)
         self.ops.append(Op(op_id, name, "tp_comm", "tp_comm", tr.direction, work, (batch_id,), None, tr.micro_batch))
         if self.shape.blocking:  # _communicate returns after the gather: the next item waits for it
-            self.last_item = op_id
+            self.last_item = (op_id,)
         return op_id
 
     def compute(self, step: Compute) -> None:
         direction = "fwd" if step.kind == "F" else "bwd"
         received = self.received.get((direction, step.micro_batch, step.chunk))
-        gate = self.last_item if self.shape.blocking else received
+        gate = self.last_item if self.shape.blocking else (() if received is None else (received,))
         first_id = len(self.ops)
         ch = self.chunks[step.chunk]
         if step.kind == "F":
@@ -131,7 +140,7 @@ class _Stage:
         else:
             out = self.backward(ch, step.micro_batch, received)
         _gate(self.ops, first_id, gate)
-        self.last_item = self.last_compute = out
+        self.last_item = self.last_compute = (out,)
 
     def forward(self, ch: ChunkLayout, mb: int, x: int | None) -> int:
         t, ops = self.t, self.ops
@@ -203,7 +212,14 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
                                     rs.edp) for ch in chunks) if overlap_gather else 0
     st = _Stage(rs, stage, chunks, t, reserved)
     for step in stage_order(st.shape, stage):
-        st.comm(step) if isinstance(step, Comm) else st.compute(step)
+        if isinstance(step, Comm):
+            st.comm(step)
+        elif isinstance(step, Combined):
+            combined_compute(st, step.f, step.b, step.posts)
+        elif st.shape.combined:  # a warm-up forward or cool-down backward is a plan run alone
+            combined_compute(st, step if step.kind == "F" else None, step if step.kind == "B" else None)
+        else:
+            st.compute(step)
     ops = st.ops
     # buckets chunk v-1 first: the backward finishes chunks in reverse, and the gathers run in reverse
     buckets = [b for c in reversed(range(len(chunks)))
