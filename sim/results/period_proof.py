@@ -7,12 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results.period_state import (
     DONE,
-    RUNNING,
     TODO,
     Cut,
     StageMap,
@@ -121,24 +118,10 @@ def _states(proof: Proof, log: EventLog, issue) -> str | None:
         old = next((ev[i] for i in range(start) if ev[i].end_s > (cut.c1 if i < start - p else cut.c2)), None)
         if old is not None:
             return f"{old.name} (rank {rank}), before the regular part, is not finished by the cuts"
-        for i in _maybe_changed(ev, max(0, start - p), m.end_regular - p, p, cut):
+        for i in range(max(0, start - p), m.end_regular - p):
             if not same_state(ev[i], ev[i + p], m.ops[i], cut, transfers, m.unit):
                 return f"{ev[i + p].name} (rank {rank}) is not {ev[i].name} one period later at the cuts"
     return None
-
-
-def _maybe_changed(ev: Mapping[int, Event], lo: int, hi: int, p: int, cut) -> list[int]:
-    """The ids i in [lo, hi), in order, for which same_state(ev[i], ev[i + p], ...) can be False: op i at c1
-    and op i + p at c2 in different phases, or both running (same_state is True for two ops both done or
-    both to come). The phases are period_state.phase's comparisons, taken on arrays."""
-    if hi <= lo:
-        return []
-    starts = np.array([ev[i].start_s for i in range(lo, hi + p)])
-    ends = np.array([ev[i].end_s for i in range(lo, hi + p)])
-    n = hi - lo
-    at_c1 = np.where(ends[:n] < cut.c1, DONE, np.where(starts[:n] > cut.c1, TODO, RUNNING))
-    at_c2 = np.where(ends[p:] < cut.c2, DONE, np.where(starts[p:] > cut.c2, TODO, RUNNING))
-    return (lo + np.flatnonzero((at_c1 != at_c2) | (at_c1 == RUNNING))).tolist()
 
 
 def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str | None:

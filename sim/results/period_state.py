@@ -12,8 +12,6 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from meshsim.sim.engine.events import Event, EventLog, Job, Transfer
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
@@ -135,19 +133,11 @@ def mu_key(key: tuple, stage_maps: Sequence[StageMap], unit: int) -> tuple | Non
 
 
 def time_values(log: EventLog, lo: float, hi: float) -> list[float]:
-    """Every time the run's state changes at, within [lo, hi], sorted: the start, rendezvous end (start +
-    wait) and end of each op, the start and end of each P2P transfer and arbiter job, of those that
-    overlap [lo, hi] (numpy: the same comparisons and sums as a loop over them)."""
-    events, spans = log.events, (*log.transfers, *log.jobs)
-    starts = np.fromiter((e.start_s for e in events), float, len(events))
-    ends = np.fromiter((e.end_s for e in events), float, len(events))
-    waits = np.fromiter((e.wait_s for e in events), float, len(events))
-    near = (ends >= lo) & (starts <= hi)
-    s_starts = np.fromiter((t.start_s for t in spans), float, len(spans))
-    s_ends = np.fromiter((t.end_s for t in spans), float, len(spans))
-    s_near = (s_ends >= lo) & (s_starts <= hi)
-    vals = np.concatenate([starts[near], starts[near] + waits[near], ends[near], s_starts[s_near], s_ends[s_near]])
-    return np.sort(vals[(lo <= vals) & (vals <= hi)]).tolist()
+    """Every time the run's state changes at, within [lo, hi], sorted."""
+    vals = [v for e in log.events if e.end_s >= lo and e.start_s <= hi
+            for v in (e.start_s, e.start_s + e.wait_s, e.end_s)]
+    vals += [v for t in (*log.transfers, *log.jobs) if t.end_s >= lo and t.start_s <= hi for v in (t.start_s, t.end_s)]
+    return sorted(v for v in vals if lo <= v <= hi)
 
 
 def choose_cut(log: EventLog, lo: float, period_s: float, tol_s: float,
