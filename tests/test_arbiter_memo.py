@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+from meshsim.sim.engine import arbiter
+from meshsim.sim.engine import fair_rates as fair_rates_module
 from meshsim.sim.engine.arbiter import Arbiter, MemoRates, fair_rates
 from meshsim.sim.engine.loop import Loop
 
@@ -91,3 +93,25 @@ def test_numpy_sums_give_fair_rates_floats():
     assert memo(edge) == fair_rates(edge) == [1.0, 1.0]
     over = [{0: 0.5}, {0: 0.6}]
     assert memo(over) == fair_rates(over) and min(memo(over)) < 1.0
+
+
+def test_hot_filling_memo_equals_fair_rates():
+    """fair_rates_of_arrays reuses a filling when the hot resources (in insertion order) and the numbers of
+    the loads that have one are the same (sim/engine/fair_rates.py): generated job lists that aim at its
+    edges, each checked against fair_rates exactly: loads with no hot link swapped for other ones (a hit
+    that must still be right), the same touching loads with the hot links first seen in another order, a
+    hot link loaded 0.0 by a job, jobs reordered, and ("cpu", r) resources."""
+    rng = random.Random(19)
+    memo, hot_hits = MemoRates(), 0
+    hot_pool = [{0: 0.7, 1: 0.6}, {1: 0.6, 0: 0.7}, {0: 0.5, 2: 0.0}, {2: 0.9, 1: 0.45}, {0: 0.4, ("cpu", 1): 0.3}]
+    cold_pool = [{10 + k: rng.choice([0.1, 0.3, 0.5]), ("cpu", k % 3): 0.2} for k in range(12)] + [{}]
+    for _ in range(4000):
+        loads = [dict(rng.choice(hot_pool)) for _ in range(rng.randint(1, 3))]
+        loads += [dict(rng.choice(cold_pool)) for _ in range(rng.randint(0, 4))]
+        rng.shuffle(loads)
+        fillings, by_numbers = len(fair_rates_module._HOT_RATES), len(arbiter._FAIR_RATES_BY_NUMBERS)  # noqa: SLF001
+        expected = fair_rates(loads)
+        assert memo(loads) == expected
+        hot_hits += (min(expected) < 1.0 and len(fair_rates_module._HOT_RATES) == fillings  # noqa: SLF001
+                     and len(arbiter._FAIR_RATES_BY_NUMBERS) > by_numbers)  # noqa: SLF001
+    assert hot_hits > 100  # the reuse was exercised: new job lists whose filling was an earlier one's

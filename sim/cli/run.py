@@ -85,7 +85,7 @@ def run_command(
         check_at_most("--explicit-ranks", ranks, MAX_EXPLICIT_RANKS, "drop --explicit-ranks (rank 0 alone gives "
                       "the same step on a symmetric mesh), or use a smaller tp", what="ranks simulated (tp x "
                       "min(dp, 2))")
-    with gc_frozen():
+    with gc_frozen(keep=True):  # the command ends after the block: no collection rescans its objects
         result = simulate(rs, explicit_ranks=explicit_ranks, full=full, engine_name=engine)
         paths = write_outputs(result, result.events, out_dir, html=not no_html, level=outputs,
                               full_critical_path=full_critical_path)

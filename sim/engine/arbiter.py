@@ -31,89 +31,20 @@ c (1 + kappa); the op's remaining g - c then runs alone, so it ends at g + kappa
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from meshsim.sim.cost.collectives.maxmin import maxmin_rates
+from meshsim.sim.engine.fair_rates import MAX_ENTRIES, LinkLoad, fair_rates, fair_rates_of_arrays, load_arrays
 from meshsim.sim.engine.loop import Loop, Signal
 
-LinkLoad = Mapping[Hashable, float]  # link index -> load; ("cpu", rank) -> load on a compute resource
 RatesFn = Callable[[Sequence[LinkLoad]], list[float]]
 _EPS_S = 1e-15  # remaining standalone seconds treated as done (float round-off of rate * dt)
-
-
-def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
-    """Rates in (0, 1] of concurrent collectives with these link loads (capacity 1 per link).
-
-    Only links whose summed load exceeds 1 can bind (all rates are <= 1), so the others are dropped
-    before progressive filling; a private resource -(j+1) of capacity 1 caps job j at its standalone
-    speed, letting the surplus go to the others."""
-    if len(loads) == 1:
-        return [1.0]
-    total: dict[int, float] = {}
-    for load in loads:
-        for lk, w in load.items():
-            total[lk] = total.get(lk, 0.0) + w
-    hot = {lk for lk, w in total.items() if w > _HOT}
-    if not hot:
-        return [1.0] * len(loads)
-    return _rates_of_hot(loads, hot)
-
-
-def _rates_of_hot(loads: Sequence[LinkLoad], hot: set) -> list[float]:
-    """fair_rates' filling once its binding candidates `hot` are known."""
-    demands = [{**{lk: load[lk] for lk in hot if load.get(lk, 0.0) > 0}, -(j + 1): 1.0}
-               for j, load in enumerate(loads)]
-    capacity = {lk: 1.0 for d in demands for lk in d}
-    return [min(1.0, r) for r in maxmin_rates(demands, capacity)]
-
-
 _LOAD_NUMBERS: dict[tuple, int] = {}  # a load mapping's items, in order -> its number (never reused)
 _NEXT_NUMBER = itertools.count()
 _FAIR_RATES_BY_NUMBERS: dict[tuple[int, ...], list[float]] = {}  # shared by every MemoRates of fair_rates
-_MAX_ENTRIES = 1 << 16  # per table; a full table is emptied (a sweep of many scenarios)
-_HOT = 1.0 + 1e-12  # fair_rates' test of a link that can bind
-_RESOURCE_INDEX: dict[Hashable, int] = {}  # a load's resource key -> a dense index (never reused)
-_RESOURCES: list[Hashable] = []  # the inverse: index -> resource key
-
-
-def _load_arrays(load: LinkLoad) -> tuple[np.ndarray, np.ndarray]:
-    """A load mapping's resources as dense indices and their loads, in the mapping's item order."""
-    idx = []
-    for lk in load:
-        i = _RESOURCE_INDEX.get(lk)
-        if i is None:
-            i = _RESOURCE_INDEX[lk] = len(_RESOURCES)
-            _RESOURCES.append(lk)
-        idx.append(i)
-    return np.asarray(idx, dtype=np.intp), np.asarray(list(load.values()), dtype=np.float64)
-
-
-def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[float]:
-    """fair_rates(loads) with its summed loads taken by numpy (`arrays`: _load_arrays of each load).
-
-    np.bincount adds the weights into zeros in array order (numpy's arr_bincount loop): per resource in
-    job order, each job's load once, the same IEEE additions as fair_rates' dict loop (0.0 + w, then + each
-    later job's w), so the same links pass the threshold. They are put in the hot set in the order of
-    their first appearance (the dict's insertion order), so the set, built by the same insertions into an
-    empty set, iterates as fair_rates' does, and the demands, capacities and maxmin_rates call that follow
-    are fair_rates' own: the same floats."""
-    if len(loads) == 1:
-        return [1.0]
-    idx = np.concatenate([a[0] for a in arrays])
-    total = np.bincount(idx, weights=np.concatenate([a[1] for a in arrays])) if len(idx) else np.zeros(0)
-    over = np.flatnonzero(total > _HOT)
-    if not len(over):
-        return [1.0] * len(loads)
-    present, first = np.unique(idx, return_index=True)  # sorted resources, each one's first position in idx
-    order = over[np.argsort(first[np.searchsorted(present, over)])]  # first positions are distinct
-    hot = set()
-    for k in order.tolist():
-        hot.add(_RESOURCES[k])
-    return _rates_of_hot(loads, hot)
 
 
 class MemoRates:
@@ -127,7 +58,7 @@ class MemoRates:
         self._rates = rates
         self._memo: dict[tuple[int, ...], tuple[Sequence[LinkLoad], list[float]]] = {}
         self._number_of: dict[int, tuple[LinkLoad, int]] = {}  # id -> (the mapping, kept alive; its number)
-        self._arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # number -> _load_arrays (fair_rates only)
+        self._arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # number -> load_arrays (fair_rates only)
         self._by_numbers: dict[tuple[int, ...], list[float]] = _FAIR_RATES_BY_NUMBERS if rates is fair_rates else {}
 
     def __call__(self, loads: Sequence[LinkLoad]) -> list[float]:
@@ -140,7 +71,7 @@ class MemoRates:
     def _number(self, load: LinkLoad) -> int:
         hit = self._number_of.get(id(load))
         if hit is None:
-            if len(_LOAD_NUMBERS) >= _MAX_ENTRIES:
+            if len(_LOAD_NUMBERS) >= MAX_ENTRIES:
                 _LOAD_NUMBERS.clear()  # numbers are never reused, so older ones only stop matching
             items = tuple(load.items())
             number = _LOAD_NUMBERS.get(items)
@@ -153,10 +84,10 @@ class MemoRates:
         numbers = tuple(map(self._number, loads))
         rates = self._by_numbers.get(numbers)
         if rates is None:
-            if len(self._by_numbers) >= _MAX_ENTRIES:
+            if len(self._by_numbers) >= MAX_ENTRIES:
                 self._by_numbers.clear()
             if self._rates is fair_rates:  # the same floats (fair_rates_of_arrays)
-                rates = fair_rates_of_arrays(loads, self._arrays_of(loads, numbers))
+                rates = fair_rates_of_arrays(loads, self._arrays_of(loads, numbers), numbers)
             else:
                 rates = self._rates(loads)
             self._by_numbers[numbers] = rates
@@ -167,7 +98,7 @@ class MemoRates:
         for load, number in zip(loads, numbers, strict=True):
             arrays = self._arrays.get(number)
             if arrays is None:
-                arrays = self._arrays[number] = _load_arrays(load)
+                arrays = self._arrays[number] = load_arrays(load)
             out.append(arrays)
         return out
 

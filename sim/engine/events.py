@@ -213,10 +213,15 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     events: list[Event] = []
     append = events.append
 
+    sizes: dict[int, tuple[object, int, float]] = {}  # id(work) -> (the work, kept alive; bytes, flops)
+
     def record(rank: int, op: Op, start_s: float, end_s: float, wait_s: float, peer: int | None,
                peer_op: int | None) -> None:
+        size = sizes.get(id(op.work))  # ops stamped from one template share their work object
+        if size is None or size[0] is not op.work:
+            size = sizes[id(op.work)] = (op.work, work_bytes(op), op.flops)
         append(_new_tuple(Event, (rank, op.id, op.name, op.stream, op.category, op.phase, op.layer, op.micro_batch,
-                                  start_s, end_s, wait_s, work_bytes(op), op.flops, peer, peer_op)))
+                                  start_s, end_s, wait_s, size[1], size[2], peer, peer_op)))
 
     procs = Processes(inputs, make_loop(engine), compute_s, collective, p2p, record)
     procs.start()

@@ -98,7 +98,7 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     of the first period has the image of its stream predecessor as its image's."""
     by = log.by_rank()
     prevs, c1, c2 = proof.prevs, proof.cut.c1, proof.cut.c2
-    order: dict[int, list[Event]] = {}  # per rank, by end (for P2P steps)
+    order: dict[int, tuple[list[Event], list[float]]] = {}  # per rank, by end, and the ends (P2P steps)
     for _, last in spans:
         seg = path[last]
         events = by[seg.rank]
@@ -107,8 +107,9 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
         op, prev, m = schedules[stage].ops[seg.op_id], prevs[stage], proof.maps[stage]
         if isinstance(op.work, P2P):
             if seg.rank not in order:
-                order[seg.rank] = sorted(events.values(), key=lambda e: e.end_s)
-            cands = _before(order[seg.rank], ev, ev.start_s + ev.wait_s, proof.cut.tol_s)
+                ranked = sorted(events.values(), key=lambda e: e.end_s)
+                order[seg.rank] = (ranked, [e.end_s for e in ranked])
+            cands = _before(*order[seg.rank], ev, ev.start_s + ev.wait_s)
             if cands and cands[-1].end_s <= c1:
                 return f"critical path at {ev.name} (rank {seg.rank}): the rank idles across the first cut"
         else:
@@ -131,15 +132,24 @@ def _mu(m, op_id: int | None) -> int | None:
     return None if op_id is None else m.mu(op_id)
 
 
-def _before(order: list[Event], ev: Event, t_s: float, tol_s: float) -> list[Event]:
-    """The rank's ops that finished by t_s, near the last (the walk takes the latest of them)."""
-    ends = [e.end_s for e in order]
+def _before(order: list[Event], ends: list[float], ev: Event, t_s: float) -> list[Event]:
+    """The rank's ops that finished by t_s, near the last (the walk takes the latest of them): `order` is
+    sorted by end (`ends`), so they are the tail of order[:bisect_right(ends, t_s)] without ev, read from
+    its end back to the first that ends more than 8 TIE_S before the last."""
     i = bisect_right(ends, t_s)
-    done = [e for e in order[:i] if e.op_id != ev.op_id]
-    if not done:
-        return []
-    top = done[-1].end_s
-    return [e for e in done if e.end_s >= top - 8 * TIE_S]
+    out: list[Event] = []
+    top = None
+    for j in range(i - 1, -1, -1):
+        e = order[j]
+        if e.op_id == ev.op_id:
+            continue
+        if top is None:
+            top = e.end_s - 8 * TIE_S
+        elif e.end_s < top:
+            break
+        out.append(e)
+    out.reverse()
+    return out
 
 
 def _choice_repeats(cands: Sequence[Event], proof: Proof, rank: int, events: dict[int, Event]) -> str | None:

@@ -164,12 +164,19 @@ class P2PCoster:
 
 
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
-    """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item."""
+    """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item (by value in
+    the model, and by identity here: the same object, the same time)."""
     model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile,  # memoizes per work itself
                          fill_uninitialized=rs.scenario.run.deterministic)
 
+    memo: dict[int, tuple[object, float]] = {}  # id(work) -> (the work, kept alive so its id stays its own; time)
+
     def compute_s(op: Op, rank: int) -> float:
-        return model.time_s(op.work)
+        work = op.work  # ops stamped from one template share their work: look it up by identity, not by hash
+        hit = memo.get(id(work))
+        if hit is None or hit[0] is not work:
+            hit = memo[id(work)] = (work, model.time_s(work))
+        return hit[1]
 
     return compute_s
 
@@ -352,16 +359,21 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
 
 
 @contextmanager
-def gc_frozen() -> Iterator[None]:
+def gc_frozen(keep: bool = False) -> Iterator[None]:
     """Run the block with the cyclic garbage collector off: a step allocates ~10^5 long-lived objects
     (ops, events, segments) and no cycles, so each collection would rescan them all for nothing. Objects
-    from before are frozen (never rescanned); collection resumes after the block."""
+    from before are frozen (never rescanned); collection resumes after the block. `keep`: the objects
+    made in the block are frozen too (a command that ends after it: the first collection after the
+    block would otherwise rescan every one of them, ~0.3 s for a DeepSeek-V3 step, for nothing)."""
     was_enabled = gc.isenabled()
     gc.freeze()
     gc.disable()
     try:
         yield
     finally:
+        if keep:
+            gc.freeze()
         if was_enabled:
             gc.enable()
-        gc.unfreeze()
+        if not keep:
+            gc.unfreeze()
