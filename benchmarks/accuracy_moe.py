@@ -22,7 +22,7 @@ from dataclasses import replace
 from meshsim.scenarios.load import resolve, validate_scenario
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US, issue_times_s
 from meshsim.sim.engine import events as engine
-from meshsim.sim.results.simulate import CollectiveCoster, compute_fn
+from meshsim.sim.results.costers import CollectiveCoster, compute_fn
 from meshsim.sim.schedule.layer_ops import Template
 from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
 from meshsim.sim.schedule.moe_shapes import moe_dims

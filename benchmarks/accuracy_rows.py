@@ -18,7 +18,8 @@ from meshsim.scenarios.load import resolve, validate_scenario, with_overrides
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.memory import memory_per_gpu
-from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulate
+from meshsim.sim.results.costers import CollectiveCoster, compute_fn
+from meshsim.sim.results.simulate import simulate
 from meshsim.sim.schedule.ops import Collective, Gemm, Op
 
 SMALL_MIB = 16  # nccl-tests points below this size form the collectives-small group

@@ -27,7 +27,8 @@ from meshsim.sim.engine import events as engine
 from meshsim.sim.outputs.step_report import write_results_json
 from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
-from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulated_ranks
+from meshsim.sim.results.costers import CollectiveCoster, compute_fn
+from meshsim.sim.results.simulate import simulated_ranks
 from meshsim.sim.results.step_result import build_result
 
 MICRO_BATCHES = 8

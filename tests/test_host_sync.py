@@ -15,7 +15,8 @@ from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import events as engine
 from meshsim.sim.engine.host import delays_s, host_syncs, last_known
 from meshsim.sim.results import period_proof
-from meshsim.sim.results.simulate import CollectiveCoster, compute_fn, simulate_steady
+from meshsim.sim.results.costers import CollectiveCoster, compute_fn
+from meshsim.sim.results.simulate import simulate_steady
 from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Op, Schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

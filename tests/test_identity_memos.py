@@ -11,7 +11,8 @@ from test_steady_state import resolved
 
 from meshsim.sim.cost.compute import ComputeModel
 from meshsim.sim.engine.events import work_bytes
-from meshsim.sim.results.simulate import compute_fn, simulate_with_events
+from meshsim.sim.results.costers import compute_fn
+from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.schedule.ops import P2P, Collective, Elementwise
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 

@@ -15,7 +15,8 @@ from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import ComputeTuning, Scenario
 from meshsim.sim.engine import arbiter
 from meshsim.sim.engine.events import run, symmetric_groups
-from meshsim.sim.results.simulate import comm_interference, simulate, simulate_with_events
+from meshsim.sim.results.costers import comm_interference
+from meshsim.sim.results.simulate import simulate, simulate_with_events
 from meshsim.sim.schedule.ops import Collective, Elementwise, Op, Schedule
 
 

@@ -166,7 +166,7 @@ def test_deterministic_fill_adds_one_write_pass_and_a_launch_per_fresh_output():
 def test_deterministic_run_fills_outputs_in_the_simulated_step():
     """The step of a deterministic run is longer than the same run without it by the fills' sum at least
     (run.deterministic also slows the attention backward); without it nothing is filled."""
-    from meshsim.sim.results.simulate import compute_fn
+    from meshsim.sim.results.costers import compute_fn
     rs = make_rs(GPT, {"tp": 1}, {"deterministic": True})
     sched = build_schedule(rs)
     cost = compute_fn(rs)

@@ -11,7 +11,8 @@ pytest.importorskip("torch")
 
 from meshsim.scenarios.load import load_scenario, resolve  # noqa: E402
 from meshsim.scenarios.profile import load_profile  # noqa: E402
-from meshsim.sim.results.simulate import comm_interference, simulate  # noqa: E402
+from meshsim.sim.results.costers import comm_interference
+from meshsim.sim.results.simulate import simulate  # noqa: E402
 from meshsim.sim.schedule.ops import Collective, Gemm  # noqa: E402
 from meshsim.validate.calibrate.calibration import calibrate  # noqa: E402
 from meshsim.validate.crosscheck.crosscheck import run_crosscheck  # noqa: E402

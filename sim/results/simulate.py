@@ -1,4 +1,4 @@
-"""Glue: ResolvedScenario -> schedule -> costs -> engine -> StepResult.
+"""Glue: ResolvedScenario -> schedule -> costs (the engine's pricing callables: costers.py) -> engine -> StepResult.
 
 Symmetry (default): every TP peer and DP replica runs the same schedule, so every collective's members
 issue it at the same time; one representative rank (global rank 0) is simulated. Each collective is
@@ -29,171 +29,31 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.engines import EngineName
 from meshsim.sim.core.limits import check_simulated_work
-from meshsim.sim.cost.calibrated import table_collective_time_s
-from meshsim.sim.cost.collectives import collective_cost
-from meshsim.sim.cost.collectives.flex import flex_arguments
-from meshsim.sim.cost.collectives.p2p import p2p_cost
-from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
 from meshsim.sim.cost.flops import hardware_flops_per_step, model_flops_per_step
-from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results import steady_state
 from meshsim.sim.results.breakdown import breakdown
+from meshsim.sim.results.costers import (
+    CollectiveCoster,
+    P2PCoster,
+    collective_counts,
+    comm_interference,
+    compute_fn,
+    count_collectives,
+    host_issue_times,
+)
 from meshsim.sim.results.critical_path import critical_path
-from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.results.step_result import StepResult, assemble, build_result, rows_by_event
-from meshsim.sim.schedule.ops import Collective, Op, Schedule
+from meshsim.sim.schedule.ops import Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
-
-
-def network_tuning(rs: ResolvedScenario):
-    """hardware.network, with fields the scenario leaves unset taken from the profile's network section."""
-    mine = rs.scenario.hardware.network
-    if rs.profile is None:
-        return mine
-    theirs = rs.profile.network.model_dump(exclude_unset=True)
-    return mine.model_copy(update={k: v for k, v in theirs.items() if k not in mine.model_fields_set})
-
-
-class CollectiveCoster:
-    """collective(op, group) -> (latency_s, bandwidth_s, link_load), memoized per (op, group, nbytes)."""
-
-    def __init__(self, rs: ResolvedScenario):
-        self.rs = rs
-        self.tuning = network_tuning(rs)
-        self.memo: dict[tuple[str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
-
-    def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
-        return self.cost(op.work, group)[0]
-
-    def cost(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
-        key = (work.op, group, work.nbytes, work.kernel)
-        hit = self.memo.get(key)
-        if hit is None:
-            hit = self.memo[key] = self._compute(work, group)
-        return hit
-
-    def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        return tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)
-
-    def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
-        row = CollectiveRow(work.op, work.group, len(group), work.nbytes, work.kernel)
-        if len(group) < 2 or work.nbytes == 0:
-            return (0.0, 0.0, {}), replace(row, algo="none", protocol="none", source="trivial")
-
-        # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
-        c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
-                            concurrent_groups=self._concurrent(work.group, group), tuning=self.tuning,
-                            **flex_arguments(work.kernel))
-        latency_s, bandwidth_s, source = c.latency_s, c.time_s - c.latency_s, "model"
-        measured_s = self._measured_s(work, len(group))
-        if measured_s is not None:
-            latency_s = min(c.latency_s, measured_s)
-            bandwidth_s, source = measured_s - latency_s, "calibrated"
-        total_s = latency_s + bandwidth_s
-        algbw = work.nbytes / total_s / 1e9 if total_s > 0 else 0.0
-        row = replace(row, algo=c.algo, protocol=c.protocol, time_us=total_s * 1e6, algbw_gbps=algbw,
-                      busbw_gbps=c.busbw_gbps * (c.time_s / total_s) if total_s > 0 else 0.0, source=source)
-        return (latency_s, max(0.0, bandwidth_s), dict(c.link_load)), row
-
-    def _measured_s(self, work: Collective, ranks: int) -> float | None:
-        if self.rs.profile is None or not self.rs.profile.collective_table:
-            return None
-
-        return table_collective_time_s(self.rs.profile, work.op, ranks, work.nbytes)
-
-    def chosen(self, schedule: Schedule, rank: int = 0) -> list[CollectiveRow]:
-        """One row per distinct collective of the representative rank, with its count per step."""
-        return self.rows(collective_counts(schedule), rank)
-
-    def rows(self, counts: Mapping[tuple, int], rank: int = 0) -> list[CollectiveRow]:
-        """One row per (op, group, nbytes[, kernel]) with its count per step."""
-        group_of = self.rs.group  # rank -> its real TP, DP or KV group
-        rows = []
-        for key, n in sorted(counts.items()):
-            kind, gname, nbytes = key[:3]
-            kernel = key[3] if len(key) > 3 else "nccl"
-            _, row = self.cost(Collective(kind, gname, nbytes, kernel=kernel), group_of(gname, rank))
-            rows.append(replace(row, count=n))
-        return rows
-
-
-def collective_key(work: Collective) -> tuple:
-    """(op, group, nbytes), plus the kernel for the flex dispatcher's fused kernels."""
-    base = (work.op, work.group, work.nbytes)
-    return base if work.kernel == "nccl" else (*base, work.kernel)
-
-
-def collective_counts(schedule: Schedule) -> Counter:
-    """collective_key -> how many times the schedule issues it."""
-    return count_collectives(schedule.ops)
-
-
-def count_collectives(ops: Iterable[Op]) -> Counter:
-    """collective_key -> how many of `ops` are that collective."""
-    return Counter(collective_key(op.work) for op in ops if isinstance(op.work, Collective))
-
-
-class P2PCoster:
-    """p2p(src, dst, nbytes) -> (latency_s, bandwidth_s, link_load), memoized; concurrent copies: the same
-    transfer between every other (tp, dp) position of the two stages."""
-
-    def __init__(self, rs: ResolvedScenario):
-        self.rs = rs
-        self.tuning = network_tuning(rs)
-        self.memo: dict[tuple[int, int, int], engine.CommTiming] = {}
-
-    def __call__(self, src: int, dst: int, nbytes: int) -> engine.CommTiming:
-        key = (src, dst, nbytes)
-        hit = self.memo.get(key)
-        if hit is None:
-            size = self.rs.stage_size
-            src0, dst0 = src - src % size, dst - dst % size
-            copies = [(src0 + i, dst0 + i) for i in range(size)]
-            c = p2p_cost(self.rs.topology, src, dst, nbytes, concurrent=copies, tuning=self.tuning)
-            hit = self.memo[key] = (c.latency_s, c.bandwidth_s, dict(c.link_load))
-        return hit
-
-
-def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
-    """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item (by value in
-    the model, and by identity here: the same object, the same time)."""
-    model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile,  # memoizes per work itself
-                         fill_uninitialized=rs.scenario.run.deterministic)
-
-    memo: dict[int, tuple[object, float]] = {}  # id(work) -> (the work, kept alive so its id stays its own; time)
-
-    def compute_s(op: Op, rank: int) -> float:
-        work = op.work  # ops stamped from one template share their work: look it up by identity, not by hash
-        hit = memo.get(id(work))
-        if hit is None or hit[0] is not work:
-            hit = memo[id(work)] = (work, model.time_s(work))
-        return hit[1]
-
-    return compute_s
-
-
-def comm_interference(rs: ResolvedScenario) -> float:
-    """kappa (sim/engine/events.py): hardware.compute.comm_interference, else the profile's compute section's
-    (what `meshsim calibrate` measured), else 0.0 (no interference)."""
-    return resolve_tuning(rs.scenario.hardware.compute, rs.profile).comm_interference or 0.0
-
-
-def host_issue_times(rs: ResolvedScenario, schedule: Schedule) -> tuple[float, ...]:
-    """When the host issues each op (sim/cost/host_dispatch.py): hardware.compute.host_dispatch_us, else the
-    profile's, else the default, per op; none under run.cuda_graphs."""
-    if rs.scenario.run.cuda_graphs:
-        return ()
-    us = resolve_tuning(rs.scenario.hardware.compute, rs.profile).host_dispatch_us or 0.0
-    return issue_times_s(schedule, us * 1e-6)
 
 
 def rank_groups(rs: ResolvedScenario, schedules: Sequence[Schedule], ranks: tuple[int, ...]

@@ -38,8 +38,9 @@ from meshsim.sim.kineto.document import collective_table
 from meshsim.sim.kineto.kernels import Kernel, kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import RankData
 from meshsim.sim.kineto.step_summary import StepSummary, union_us
+from meshsim.sim.results.costers import CollectiveCoster
 from meshsim.sim.results.critical_path import op_type
-from meshsim.sim.results.simulate import CollectiveCoster, simulate_with_events
+from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.schedule.ops import Attention, Collective, Schedule
 from meshsim.sim.sweep.compare import load_results, replay_overrides
