@@ -23,12 +23,12 @@ from meshsim.scenarios.load import resolve, validate_scenario
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US, issue_times_s
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results.costers import CollectiveCoster, compute_fn
-from meshsim.sim.schedule.layer_ops import Template
 from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
 from meshsim.sim.schedule.moe_shapes import moe_dims
 from meshsim.sim.schedule.moe_sync import mark_forward_syncs
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.shapes import layer_dims
+from meshsim.sim.schedule.template import Template
 
 NOT_TIMED = ("ln2", "mlp_res", "ln2_grad_add")  # the benchmark times MoELayer alone
 

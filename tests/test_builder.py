@@ -12,7 +12,7 @@ from meshsim.scenarios.schema import Scenario
 from meshsim.sim.cost.memory import params_per_rank
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.dp_ops import bucket_bytes
-from meshsim.sim.schedule.layer_ops import FUSED_SOFTMAX_MAX_SEQ
+from meshsim.sim.schedule.elementwise_ops import FUSED_SOFTMAX_MAX_SEQ
 from meshsim.sim.schedule.ops import Attention, Collective, Gemm, Schedule
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology

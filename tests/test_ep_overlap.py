@@ -17,9 +17,9 @@ from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.schedule.ep_nodes import layer_nodes
 from meshsim.sim.schedule.ep_overlap import Chain, Emitter, layer_pair
 from meshsim.sim.schedule.layer_kinds import LayerKind, kind_templates, layer_plan
-from meshsim.sim.schedule.layer_ops import Template
 from meshsim.sim.schedule.ops import Collective, Elementwise, Op, Schedule
 from meshsim.sim.schedule.shapes import layer_dims
+from meshsim.sim.schedule.template import Template
 
 # ----- an exact layer pair: forward of micro-batch 1 with backward of micro-batch 0 -------------------------
 # durations in seconds: forward attention A, experts E; backward experts' dgrad G and wgrad W, the norm's

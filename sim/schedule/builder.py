@@ -30,13 +30,14 @@ from meshsim.sim.schedule.layer_kinds import (
     layer_plan,
     sp_params,
 )
-from meshsim.sim.schedule.layer_ops import Template, backward_template, forward_template
+from meshsim.sim.schedule.layer_ops import backward_template, forward_template
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
+from meshsim.sim.schedule.template import Template
 
 
 def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer: int | None,

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.layer_ops import Template
+from meshsim.sim.schedule.template import Template
 
 FWD_NODES = ("pre_dispatch", "dispatch", "mlp", "combine")
 BWD_NODES = ("combine", "mlp", "mlp_dw", "dispatch", "pre_dispatch", "pre_dispatch_dw")

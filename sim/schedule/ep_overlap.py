@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.ep_nodes import COMM_NODES, LayerNodes, layer_nodes
-from meshsim.sim.schedule.layer_ops import Template
 from meshsim.sim.schedule.ops import Op
+from meshsim.sim.schedule.template import Template
 
 
 @dataclass

@@ -20,21 +20,19 @@ from __future__ import annotations
 from meshsim.sim.core.units import FP32_BYTES
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
+from meshsim.sim.schedule.elementwise_ops import dropout_bwd, norm_bwd, norm_fwd
 from meshsim.sim.schedule.layer_ops import (
-    Template,
     boundary_collective,
     comm_then_gemm,
     dgrad,
-    dropout_bwd,
     gemm_then_comm,
     main_grad_add,
-    norm_bwd,
-    norm_fwd,
     regather_collective,
     wgrad,
 )
 from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm
 from meshsim.sim.schedule.shapes import LayerDims
+from meshsim.sim.schedule.template import Template
 
 FP32 = FP32_BYTES
 TOKEN_ID_BYTES = 8  # int64 token ids

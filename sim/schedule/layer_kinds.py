@@ -16,8 +16,6 @@ from dataclasses import dataclass, replace
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig
 from meshsim.sim.schedule.layer_ops import (
-    Deps,
-    Template,
     backward_template,
     block_backward,
     block_forward,
@@ -29,6 +27,7 @@ from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
 from meshsim.sim.schedule.moe_shapes import MoeDims, moe_dims
 from meshsim.sim.schedule.moe_sync import mark_forward_syncs
 from meshsim.sim.schedule.shapes import LayerDims
+from meshsim.sim.schedule.template import Deps, Template
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """One transformer layer's ops on one TP rank: forward, backward and recompute templates.
 
-A `Template` records ops with deps relative to its first op (ints) or named external inputs (strs:
-"in" = the layer input's producer, "gin" = the producer of the gradient of the layer output); the
-builder stamps it once per (layer, micro-batch), so building 80 layers x 4 micro-batches costs one
-template plus cheap copies.
+A `Template` (sim/schedule/template.py) records ops with deps relative to its first op (ints) or named
+external inputs (strs: "in" = the layer input's producer, "gin" = the producer of the gradient of the
+layer output); the builder stamps it once per (layer, micro-batch), so building 80 layers x 4
+micro-batches costs one template plus cheap copies. The elementwise kernels' bytes are in
+elementwise_ops.py, the attention core in attention_core.py.
 
 Shapes (Megatron [s, b, h]; t = tp): GEMM m = s*b tokens inside TP regions; LayerNorm, dropout and
 residual kernels see s*b/t tokens under SP (sequence-sharded), s*b otherwise. Column-parallel GEMMs
@@ -24,49 +25,25 @@ that order is implied by the compute stream's FIFO order and not repeated as dep
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.cp_ops import core_backward_cp, core_forward_cp
+from meshsim.sim.schedule.attention_core import core_backward, core_forward
 from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
-from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Collective, Elementwise, Gemm, Work, stream_of
+from meshsim.sim.schedule.elementwise_ops import (
+    act_bwd,
+    act_fwd,
+    dropout_bwd,
+    norm_bwd,
+    norm_fwd,
+    residual_fwd,
+    residual_grad_add,
+)
+from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Collective, Elementwise, Gemm
 from meshsim.sim.schedule.run_settings import MAIN_GRAD_ADD_BYTES
 from meshsim.sim.schedule.shapes import LayerDims
-
-Deps = tuple[int | str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateOp:
-    suffix: str  # "fwd.qkv": the op name after the "L3.mb0." prefix
-    stream: str
-    category: str
-    phase: str
-    work: Work
-    local_deps: tuple[int, ...]
-    ext_deps: tuple[str, ...]
-    host_calls: int = 2  # Op.host_calls
-    host_wait: int | None = None  # Op.host_wait, as a local index
-
-
-@dataclass
-class Template:
-    """Ops of one block with relative deps; `marks` names outputs, `grads` lists (op, params) producers of
-    gradients reduced over dp, `expert_grads` those of the routed experts (reduced over edp)."""
-
-    ops: list[TemplateOp] = field(default_factory=list)
-    marks: dict[str, int] = field(default_factory=dict)
-    grads: list[tuple[int, int]] = field(default_factory=list)
-    expert_grads: list[tuple[int, int]] = field(default_factory=list)
-
-    def add(self, phase: str, key: str, work: Work, deps: Deps = (), host_calls: int = 2,
-            host_wait: int | None = None) -> int:
-        stream = stream_of(work)
-        local = tuple(d for d in deps if isinstance(d, int))
-        ext = tuple(d for d in deps if isinstance(d, str))
-        self.ops.append(TemplateOp(f"{phase}.{key}", stream, stream, phase, work, local, ext, host_calls, host_wait))
-        return len(self.ops) - 1
+from meshsim.sim.schedule.template import Deps, Template
 
 
 def boundary_collective(d: LayerDims, boundary: Boundary, phase: str) -> Collective | None:
@@ -131,106 +108,6 @@ def wgrad(g: Gemm, fused_accumulation: bool = False, fp8: bool | None = None) ->
     when the forward GEMM is (`fp8` None) or as given (run.fp8_wgrad false: 16-bit)."""
     return Gemm(g.k, g.n, g.m, g.batch, FUSED_WGRAD_OUT_BYTES if fused_accumulation else 2,
                 fp8=g.fp8 if fp8 is None else fp8)
-
-
-# ----- elementwise kernels (bytes read / written; 16-bit activations, 1-byte dropout masks) -----------
-def norm_fwd(d: LayerDims) -> Elementwise:
-    """LayerNorm: read x, write y and fp32 mean/rstd per token."""
-    n = d.tokens_out * d.hidden * d.dtype_bytes
-    return Elementwise("layernorm", n, n + 8 * d.tokens_out)
-
-
-def norm_bwd(d: LayerDims) -> Elementwise:
-    """LayerNorm backward: read dy, x and the fp32 mean/rstd per token; write dx (dgamma, dbeta partial sums
-    are per block, small)."""
-    n = d.tokens_out * d.hidden * d.dtype_bytes
-    return Elementwise("layernorm_bwd", 2 * n + 8 * d.tokens_out, n)
-
-
-def residual_grad_add(d: LayerDims) -> Elementwise:
-    """The block input feeds both the norm and the residual add, so autograd sums its two gradients (the
-    norm's dx and the residual path's) in a separate add kernel: read 2, write 1 activation."""
-    n = d.tokens_out * d.hidden * d.dtype_bytes
-    return Elementwise("residual_grad_add", 2 * n, n)
-
-
-def residual_fwd(d: LayerDims) -> Elementwise:
-    """(Bias-)dropout-add: read branch and residual, write sum (+ 1-byte mask with dropout)."""
-    n = d.tokens_out * d.hidden * d.dtype_bytes
-    mask = d.tokens_out * d.hidden if d.dropout else 0
-    return Elementwise("dropout_add" if d.dropout else "residual_add", 2 * n, n + mask)
-
-
-def dropout_bwd(d: LayerDims) -> Elementwise:
-    n = d.tokens_out * d.hidden * d.dtype_bytes
-    return Elementwise("dropout_bwd", n + d.tokens_out * d.hidden, n)
-
-
-def act_fwd(d: LayerDims) -> Elementwise:
-    """gelu: read/write T x ffn/t; swiglu: read gate+up (2 ffn/t), write ffn/t."""
-    out = d.tokens * d.ffn * d.dtype_bytes
-    return Elementwise(d.mlp, d.tokens * d.fc1_n * d.dtype_bytes, out)
-
-
-def act_bwd(d: LayerDims) -> Elementwise:
-    inp = d.tokens * d.fc1_n * d.dtype_bytes
-    return Elementwise(f"{d.mlp}_bwd", d.tokens * d.ffn * d.dtype_bytes + inp, inp)
-
-
-# Megatron's FusedScaleMaskSoftmax (fused_kernels/scaled_upper_triang_masked_softmax.h): scale, causal mask
-# and softmax in one kernel, forward and backward, for key lengths up to 2,048 in the 2020-2022 code and up
-# to 16,384 since 2023; longer sequences fall back to torch (scale+mask, then softmax: two kernels).
-FUSED_SOFTMAX_MAX_SEQ = 16384
-
-
-def scores(d: LayerDims, kernel: str, read_b: int, write_b: int) -> Elementwise:
-    """A kernel over the b x heads/t x s x s scores (unfused attention); bytes per score element:
-    scale_mask_softmax 2/2 (fused; unfused scale_mask 2/2 then softmax 2/2), dropout 2/3 (+1-byte mask);
-    backward softmax 4/2 (+ scale_mask 2/2 when unfused), dropout 3/2."""
-    n = d.micro_batch * d.heads * d.seq * d.seq
-    return Elementwise(kernel, read_b * n, write_b * n)
-
-
-# ----- the attention core -----------------------------------------------------------------------------
-def core_forward(tpl: Template, phase: str, d: LayerDims, deps: Deps) -> tuple[int, ...]:
-    """Flash: one Attention. Unfused: QK^T, fused scale+mask+softmax, dropout, scores x V. Context parallel:
-    sim/schedule/cp_ops.py."""
-    if d.cp > 1:
-        return core_forward_cp(tpl, phase, d, deps)
-    if d.flash:
-        return (tpl.add(phase, "attn", d.attention(backward=False), deps),)
-    qk = tpl.add(phase, "qk", Gemm(d.seq, d.seq, d.head_dim, d.micro_batch * d.heads), deps)
-    if d.seq <= FUSED_SOFTMAX_MAX_SEQ:  # Megatron's FusedScaleMaskSoftmax: one kernel
-        x = tpl.add(phase, "softmax", scores(d, "scale_mask_softmax", 2, 2), (qk,))
-    else:
-        x = tpl.add(phase, "scale_mask", scores(d, "scale_mask", 2, 2), (qk,))
-        x = tpl.add(phase, "softmax", scores(d, "softmax", 2, 2), (x,))
-    if d.dropout:
-        x = tpl.add(phase, "attn_dropout", scores(d, "attn_dropout", 2, 3), (x,))
-    return (tpl.add(phase, "pv", Gemm(d.seq, d.head_dim, d.seq, d.micro_batch * d.heads), (x,) + deps),)
-
-
-def core_backward(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
-    """Gradient of the core; selective recompute of core_attn first re-runs the core forward (phase 'recompute')."""
-    if d.recomputes("core_attn"):
-        core_forward(tpl, "recompute", d, ())
-    if d.cp > 1:
-        return core_backward_cp(tpl, d, deps)
-    if d.flash:
-        return (tpl.add("bwd", "attn", d.attention(backward=True), deps),)
-    bh = d.micro_batch * d.heads
-    x = tpl.add("bwd", "pv_dgrad", Gemm(d.seq, d.seq, d.head_dim, bh), deps)
-    tpl.add("bwd", "pv_wgrad", Gemm(d.seq, d.head_dim, d.seq, bh), deps)
-    if d.dropout:
-        x = tpl.add("bwd", "attn_dropout", scores(d, "attn_dropout_bwd", 3, 2), (x,))
-    if d.seq <= FUSED_SOFTMAX_MAX_SEQ:  # the fused kernel's backward also applies the scale
-        x = tpl.add("bwd", "softmax", scores(d, "scale_mask_softmax_bwd", 4, 2), (x,))
-    else:
-        x = tpl.add("bwd", "softmax", scores(d, "softmax_bwd", 4, 2), (x,))
-        x = tpl.add("bwd", "scale_mask", scores(d, "scale_mask_bwd", 2, 2), (x,))
-    q = tpl.add("bwd", "qk_dgrad", Gemm(d.seq, d.head_dim, d.seq, bh), (x,))
-    k = tpl.add("bwd", "qk_wgrad", Gemm(d.seq, d.head_dim, d.seq, bh), (x,))
-    return (q, k)
 
 
 # ----- one block (attention or MLP): norm -> entry -> column GEMM -> middle -> row GEMM -> exit -> add --

@@ -22,21 +22,17 @@ from dataclasses import dataclass
 
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
-from meshsim.sim.schedule.layer_ops import (
-    Deps,
-    Template,
-    comm_then_gemm,
-    dgrad,
+from meshsim.sim.schedule.elementwise_ops import (
     dropout_bwd,
-    gemm_then_comm,
     norm_bwd,
     norm_fwd,
     residual_fwd,
     residual_grad_add,
-    wgrad,
 )
+from meshsim.sim.schedule.layer_ops import comm_then_gemm, dgrad, gemm_then_comm, wgrad
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm
 from meshsim.sim.schedule.shapes import LayerDims
+from meshsim.sim.schedule.template import Deps, Template
 
 ROPE_KERNEL_PASSES = 2  # read + write of the rotary slices
 

@@ -11,10 +11,10 @@ raises "Only support fusion of swiglu and quick_gelu"), so eager PyTorch runs ac
 
 from __future__ import annotations
 
-from meshsim.sim.schedule.layer_ops import Deps, Template
 from meshsim.sim.schedule.model_family import is_gated
 from meshsim.sim.schedule.moe_shapes import PROB_BYTES, MoeDims
 from meshsim.sim.schedule.ops import Elementwise
+from meshsim.sim.schedule.template import Deps, Template
 
 
 def act_kernel(m: MoeDims, rows: int, fc1_n: int, ffn: int, backward: bool, probs: bool) -> Elementwise:

@@ -30,25 +30,26 @@ from __future__ import annotations
 from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
+from meshsim.sim.schedule.elementwise_ops import (
+    dropout_bwd,
+    norm_bwd,
+    norm_fwd,
+    residual_fwd,
+    residual_grad_add,
+)
 from meshsim.sim.schedule.layer_ops import (
-    Deps,
-    Template,
     boundary_collective,
     comm_then_gemm,
     dgrad,
-    dropout_bwd,
     gemm_then_comm,
-    norm_bwd,
-    norm_fwd,
     regather_collective,
-    residual_fwd,
-    residual_grad_add,
     wgrad,
 )
 from meshsim.sim.schedule.moe_act import act_kernel, expert_act
 from meshsim.sim.schedule.moe_shapes import COUNT_BYTES, PROB_BYTES, ROUTING_MAP_BYTES, MoeDims
 from meshsim.sim.schedule.ops import Collective, Elementwise
 from meshsim.sim.schedule.shapes import LayerDims
+from meshsim.sim.schedule.template import Deps, Template
 
 
 # ----- kernels -------------------------------------------------------------------------------------------

@@ -48,8 +48,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.layer_ops import Template
 from meshsim.sim.schedule.moe_shapes import MoeDims
+from meshsim.sim.schedule.template import Template
 
 A2A_CALLS = 3  # the wait, new_empty, all_to_all_single
 ALLGATHER_PERMUTE_CALLS = 10  # .cpu(), .sum(), .item(), make_row_id_map (5), permute_with_mask_map (2)
