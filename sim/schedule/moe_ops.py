@@ -27,16 +27,10 @@ Template deps are data deps; the compute stream is FIFO; collectives run on ep_c
 
 from __future__ import annotations
 
+from meshsim.sim.schedule import elementwise_ops as ew
 from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
-from meshsim.sim.schedule.elementwise_ops import (
-    dropout_bwd,
-    norm_bwd,
-    norm_fwd,
-    residual_fwd,
-    residual_grad_add,
-)
 from meshsim.sim.schedule.layer_ops import (
     boundary_collective,
     comm_then_gemm,
@@ -273,7 +267,7 @@ def experts_backward(tpl: Template, d: LayerDims, m: MoeDims, g: int) -> tuple[i
 # ----- the whole block -------------------------------------------------------------------------------------
 def moe_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, inp: Deps) -> int:
     """ln2 -> shared expert -> router -> dispatch -> experts -> combine -> (+ shared) -> residual add."""
-    ln = tpl.add(phase, "ln2", norm_fwd(d), inp)
+    ln = tpl.add(phase, "ln2", ew.norm_fwd(d), inp)
     shared = shared_forward(tpl, phase, d, m, (ln,)) if m.shared_ffn else None
     r = tpl.add(phase, "router", m.router_gemm(), (ln,))
     r = tpl.add(phase, "route", _route(m, False), (r,))
@@ -282,12 +276,12 @@ def moe_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, inp: Deps) 
     out = combine_forward(tpl, phase, m, y)
     if shared is not None:
         out = tpl.add(phase, "shared_add", _add(m.tokens, 2, m), (out, shared))
-    return tpl.add(phase, "mlp_res", residual_fwd(d), (out,) + tuple(inp))
+    return tpl.add(phase, "mlp_res", ew.residual_fwd(d), (out,) + tuple(inp))
 
 
 def moe_backward(tpl: Template, d: LayerDims, m: MoeDims, gin: Deps) -> int:
     """Backward of moe_forward; returns the op completing the block input's gradient."""
-    g: Deps = (tpl.add("bwd", "mlp_res", dropout_bwd(d), gin),) if d.dropout else gin
+    g: Deps = (tpl.add("bwd", "mlp_res", ew.dropout_bwd(d), gin),) if d.dropout else gin
     shared = shared_backward(tpl, d, m, g) if m.shared_ffn else None
     y = combine_backward(tpl, m, g)
     dx, probs_g, _ = experts_backward(tpl, d, m, y)
@@ -299,5 +293,5 @@ def moe_backward(tpl: Template, d: LayerDims, m: MoeDims, gin: Deps) -> int:
     tpl.grads.append((r_w, m.router_params))
     parts = (x, r_dx) + ((shared,) if shared is not None else ())
     total = tpl.add("bwd", "moe_grad_add", _add(m.tokens, len(parts), m), parts)
-    ln = tpl.add("bwd", "ln2", norm_bwd(d), (total,))
-    return tpl.add("bwd", "ln2_grad_add", residual_grad_add(d), (ln, *gin))
+    ln = tpl.add("bwd", "ln2", ew.norm_bwd(d), (total,))
+    return tpl.add("bwd", "ln2_grad_add", ew.residual_grad_add(d), (ln, *gin))
