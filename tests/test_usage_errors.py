@@ -13,6 +13,8 @@ from meshsim.sim.sweep.store import JSONL_NAME, read_store
 
 USAGE = {
     "--nodes abc": (["collective", "--nodes", "abc"], "--nodes"),
+    "--nodes abc names the value": (["collective", "--nodes", "abc"], "'--nodes': 'abc' is not valid"),
+    "--nodes=abc names the value": (["collective", "--nodes=abc"], "'--nodes': 'abc' is not valid"),
     "collective --nodes 0": (["collective", "--nodes", "0"], "--nodes"),
     "topologies --nodes 0": (["topologies", "--show", "dgx-h100", "--nodes", "0"], "--nodes"),
     "topologies --nodes -3": (["topologies", "--show", "dgx-h100", "--nodes", "-3"], "--nodes"),

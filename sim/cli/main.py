@@ -75,12 +75,28 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
     return app
 
 
-def usage_line(exc: Exception) -> str:
-    """A click usage error as one line: its message, then the fix (the command's --help; for an unknown
-    command, the closest one and the list)."""
+def given_value(exc: Exception, args: list[str]) -> str | None:
+    """The value the user gave the option a BadParameter names (`--nodes abc` or `--nodes=abc`), read back
+    from the command line: click's message names the option but not always what was given."""
+    for opt in getattr(getattr(exc, "param", None), "opts", None) or ():
+        for i, arg in enumerate(args):
+            if arg == opt and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(opt + "="):
+                return arg[len(opt) + 1:]
+    return None
+
+
+def usage_line(exc: Exception, args: list[str] = ()) -> str:
+    """A click usage error as one line: its message (with the value given, when click's leaves it out),
+    then the fix (the command's --help; for an unknown command, the closest one and the list)."""
     ctx = getattr(exc, "ctx", None)
     path = ctx.command_path if ctx is not None else "meshsim"
     message = " ".join(plain(exc.format_message()).split())
+    value = given_value(exc, list(args))
+    if value is not None and repr(value) not in message and message.count(":") >= 1:
+        head, rest = message.split(":", 1)
+        message = f"{head}: {value!r} is not valid:{rest}"
     commands = sorted(getattr(ctx.command, "commands", {}) or {}) if ctx is not None else []
     if message.startswith("No such command") and commands:
         name = message.split("'")[1] if "'" in message else ""
@@ -121,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         # usage errors (unknown option or command, a bad value, a missing argument) from click, or the
         # click that typer vendors: one line with the fix, like every other bad input
         if callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            typer.echo(f"error: {usage_line(exc)}", err=True)
+            typer.echo(f"error: {usage_line(exc, sys.argv[1:] if argv is None else argv)}", err=True)
             return EXIT_USER_ERROR
         raise
     return code if isinstance(code, int) else 0
