@@ -63,19 +63,19 @@ def mark_forward_syncs(tpl: Template, first: int, phase: str, m: MoeDims, fp8: b
     """Mark the syncs of the MoE forward whose template ops start at index `first` (module docstring)."""
     at = {t.suffix: i for i, t in enumerate(tpl.ops) if i >= first}
 
-    def op(key: str) -> int | None:
-        return at.get(f"{phase}.{key}")
+    def op(*keys: str) -> int | None:
+        """The first of `keys` the template has (None: none of them)."""
+        return next((at[f"{phase}.{k}"] for k in keys if f"{phase}.{k}" in at), None)
 
     experts = next(i for i, t in enumerate(tpl.ops) if i >= first and t.suffix.startswith(f"{phase}.expert_fc1"))
     if m.dispatcher == "alltoall":  # ep = etp = 1: the sync "before_finish", right before the experts
-        awaited = op(K.MOE_META) if op(K.MOE_META) is not None else op("route")
-        waiting = next((op(k) for k in (K.MOE_DISPATCH, K.EXPERT_GATHER) if op(k) is not None), None)
+        awaited, waiting = op(K.MOE_META, "route"), op(K.MOE_DISPATCH, K.EXPERT_GATHER)
         if waiting is None:
             _mark(tpl, experts, awaited, 1 + _expert_calls(fp8, m))
         else:
             _mark(tpl, waiting, awaited, A2A_CALLS)
     elif m.dispatcher == "allgather":
-        gather = op(K.MOE_GATHER) if op(K.MOE_GATHER) is not None else op("route")
+        gather = op(K.MOE_GATHER, "route")
         _mark(tpl, op("permute"), gather, ALLGATHER_PERMUTE_CALLS)
         _mark(tpl, experts, op("permute"), MASKED_SELECT_CALLS + _expert_calls(fp8, m))
     else:
