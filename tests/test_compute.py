@@ -113,7 +113,7 @@ def test_elementwise_and_optimizer_are_bandwidth_bound():
 def test_flash_attention_fraction_of_peak():
     """b 2 x 8 heads x 32 query blocks = 512 CTAs -> 4 waves of 132: wave efficiency 512/528."""
     a = Attention(batch=2, heads=8, kv_heads=1, seq=4096, head_dim=128)
-    expected = a.flops / (989e12 * 0.5 * 512 / 528) + LAUNCH_S
+    expected = a.flops / (989e12 * 0.43 * 512 / 528) + LAUNCH_S  # the H100's attention_efficiency
     assert ComputeModel(H100).time_s(a) == pytest.approx(expected)
     bwd = dataclasses.replace(a, backward=True)
     assert ComputeModel(H100).time_s(bwd) - LAUNCH_S == pytest.approx(2.5 * (expected - LAUNCH_S))
@@ -131,7 +131,7 @@ def test_scenario_tuning_beats_profile_beats_default():
     model = ComputeModel(H100, ComputeTuning(launch_overhead_us=1.0), prof)
     assert model.knobs.launch_overhead_us == 1.0
     assert model.knobs.elementwise_efficiency == 0.5
-    assert model.knobs.attention_efficiency == 0.5  # default
+    assert model.knobs.attention_efficiency == 0.43  # the H100's generation value (attention_rate.py)
     e = Elementwise("x", 1_000_000, 0)
     assert model.time_s(e) == pytest.approx(1e6 / (3350e9 * 0.5) + 1e-6)  # elementwise: its own fraction
     opt = OptimizerStep(1000)
@@ -196,3 +196,17 @@ def test_repeated_sizes_are_averaged():
     prof = _prof([("all_reduce", 2, 1024, 10.0), ("all_reduce", 2, 1024, 20.0), ("all_reduce", 2, 4096, 30.0)])
     assert table_collective_time_s(prof, "all_reduce", 2, 1024) == pytest.approx(15e-6)
     assert math.isclose(table_collective_time_s(prof, "all_reduce", 2, 2048), 22.5e-6, rel_tol=1e-9)
+
+
+def test_attention_efficiency_by_generation_unless_stated():
+    """attention_rate.py's value per generation, 0.50 for a GPU without one; a scenario or profile value wins."""
+    a = Attention(batch=1, heads=4 * 27 * 11 * 37, kv_heads=1, seq=128, head_dim=128)  # whole waves on 108/132/148 SMs
+    for name, eff in (("h100-sxm", 0.43), ("h200-sxm", 0.43), ("b200", 0.55), ("gb200", 0.55), ("a100-80gb", 0.5)):
+        gpu = GPUS[name]
+        model = ComputeModel(gpu)
+        assert model.knobs.attention_efficiency == eff
+        assert model.time_s(a) == pytest.approx(a.flops / (gpu.peak_tflops * 1e12 * eff) + 3e-6)
+    stated = ComputeModel(H100, ComputeTuning(attention_efficiency=0.7))
+    assert stated.knobs.attention_efficiency == 0.7
+    prof = HardwareProfile(name="p", compute=ComputeTuning(attention_efficiency=0.6))
+    assert ComputeModel(GPUS["b200"], None, prof).knobs.attention_efficiency == 0.6

@@ -16,8 +16,9 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
 - mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200 (GEMM operand traffic,
   the optimizer's streaming update).
 - elementwise_efficiency ELEMENTWISE_EFFICIENCY: the fraction of HBM bandwidth of Elementwise kernels.
-- attention_efficiency 0.50: per score element flash attention does 4 x head_dim tensor-core FLOPs
-  (QK^T and PV; 512 at head_dim 128) and one exp plus ~5 FP32 ops on the SM's scalar units (exp on the
+- attention_efficiency: by GPU generation (sim/cost/attention_rate.py: H100 / H200 0.43 and B200 / GB200
+  0.55, fitted on the NeMo long-sequence tables); 0.50 for the others, derived: per score element flash
+  attention does 4 x head_dim tensor-core FLOPs (QK^T and PV; 512 at head_dim 128) and one exp plus ~5 FP32 ops on the SM's scalar units (exp on the
   SFU at 16/clk/SM, CUDA programming guide throughput table). On an H100 the 512 MMA FLOPs take ~0.65 ps
   at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not overlapped (FlashAttention-2) that is
   512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the backward too (more GEMMs per exp, but
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
+from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency
 from meshsim.sim.cost.deterministic_fill import fill_bytes
 from meshsim.sim.cost.fp8_gemm import FP8_OPERAND_BYTES, fp8_gemm_ceiling, fp8_peak_tflops
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
@@ -67,7 +69,8 @@ from meshsim.topologies.gpus import GpuSpec
 # would each be exact at 0.64, 0.85 and below 0.5; 0.65 is one value for every GPU (docs/cost-models.md §6).
 ELEMENTWISE_EFFICIENCY = 0.65
 # tile_m / tile_n unset: best of DEFAULT_TILES per shape (sim/cost/gemm_efficiency.py); set: that tile only
-DEFAULTS = ComputeTuning(gemm_efficiency=DEFAULT_CEILING, mem_bw_efficiency=0.90, attention_efficiency=0.50,
+DEFAULTS = ComputeTuning(gemm_efficiency=DEFAULT_CEILING, mem_bw_efficiency=0.90,
+                         attention_efficiency=DEFAULT_ATTENTION_EFFICIENCY,
                          elementwise_efficiency=ELEMENTWISE_EFFICIENCY,
                          launch_overhead_us=3.0, host_dispatch_us=HOST_DISPATCH_US,
                          deterministic_attention_slowdown=DETERMINISTIC_ATTENTION_SLOWDOWN)
@@ -120,10 +123,16 @@ class ComputeModel:
 
     def __post_init__(self) -> None:
         self.knobs = resolve_tuning(self.tuning, self.profile)
-        stated = [t.gemm_efficiency for t in (self.tuning, self.profile.compute if self.profile else None)
-                  if t is not None and t.gemm_efficiency is not None]
-        if not stated:  # no scenario or profile figure: the GPU generation's ceiling
-            self.knobs = self.knobs.model_copy(update={"gemm_efficiency": gemm_ceiling(self.gpu.name)})
+        by_generation = {"gemm_efficiency": gemm_ceiling(self.gpu.name),
+                         "attention_efficiency": attention_efficiency(self.gpu.name)}
+        unstated = {knob: value for knob, value in by_generation.items() if not self._stated(knob)}
+        if unstated:  # no scenario or profile figure: the GPU generation's value
+            self.knobs = self.knobs.model_copy(update=unstated)
+
+    def _stated(self, knob: str) -> bool:
+        """Whether the scenario's hardware.compute or the profile's compute section sets `knob`."""
+        layers = (self.tuning, self.profile.compute if self.profile else None)
+        return any(t is not None and getattr(t, knob) is not None for t in layers)
 
     @property
     def peak_flops(self) -> float:

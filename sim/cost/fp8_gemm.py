@@ -12,10 +12,10 @@ FP8_GEMM_CEILING_BY_GPU: the fraction of the FP8 peak an 8192^3 FP8 GEMM reaches
 the shape model). No FP8 GEMM measurement is in this project's reference set and this machine has no GPU,
 so both values come from whole-step rows of public-measurements-2.md (benchmarks/accuracy/fits.yaml names
 them; every other fp8 case is out of fit):
-- h100 / h200 0.60: assumed below bf16's 0.75 (FP8 tensor cores double the MMA rate, not the operand
-  staging or the sustained clock); kept because the NeMo 24.07 Llama 2 7B FP8 row (8 H100, tp 1, the
-  compute-bound case) lands within 1% with it, so that row counts as in fit;
-- b200 / gb200 0.55: fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-B200 (tp 1);
+- h100 / h200 0.62: fitted on the NeMo 24.07 Llama 2 7B FP8 row (8 H100, tp 1, the compute-bound case)
+  with the H100 attention rate of sim/cost/attention_rate.py (0.60 before that rate was fitted);
+- b200 / gb200 0.51: fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-B200 (tp 1) with
+  the B200 attention rate and Blackwell's transpose-free per-tensor FP8 (sim/schedule/fp8_rules.py);
   GB200 takes the B200 value (its rows are out of fit).
 Override with hardware.compute.fp8_gemm_efficiency, or measure the FP8 GEMMs on a GPU
 (validate/calibrate/fp8_gemm.py, torch._scaled_mm; written but not run on a GPU here).
@@ -26,7 +26,7 @@ from __future__ import annotations
 from meshsim.topologies.gpus import GpuSpec
 
 FP8_OPERAND_BYTES = 1.0
-FP8_GEMM_CEILING_BY_GPU = {"h100": 0.60, "h200": 0.60, "b200": 0.55, "gb200": 0.55}
+FP8_GEMM_CEILING_BY_GPU = {"h100": 0.62, "h200": 0.62, "b200": 0.51, "gb200": 0.51}
 DEFAULT_FP8_CEILING = 0.60
 
 

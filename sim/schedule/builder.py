@@ -171,7 +171,7 @@ def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], st
         return []
     p = rs.scenario.parallel
     owned = -(-linear // rs.dp) if p.distributed_optimizer else linear
-    work = weight_cast_work(linear, owned, rs.scenario.run.fp8_param_gather)
+    work = weight_cast_work(linear, owned, rs.scenario.run.fp8_param_gather, d.fp8.transpose_free)
     return [Op(next_id, f"{K.OPT_BLOCK}.{K.FP8_WEIGHT_CAST}", "compute", "compute", "opt", work, (step_op,))]
 
 

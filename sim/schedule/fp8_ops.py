@@ -38,7 +38,7 @@ def quantize(tpl: Any, phase: str, d: LayerDims, key: str, elements: int, sharde
     plan = d.fp8
     if not plan.on:
         return deps
-    copies = 1 if (sharded and plan.tensor_scaled) or not columnwise else 2
+    copies = 1 if (sharded and plan.tensor_scaled) or not columnwise or plan.transpose_free else 2
     works = quantize_works(elements, copies, plan)
     x = deps
     if plan.recipe == "tensorwise" and sharded and d.tp > 1:
@@ -64,7 +64,7 @@ def fp8_gather(d: LayerDims, coll: Collective | None, both_copies: bool = False)
 
 def transpose_after_gather(tpl: Any, d: LayerDims, key: str, elements: int, deps: Deps) -> Deps:
     """Tensor-scaled recipes gather rowwise FP8 only: wgrad needs the gathered tensor transposed again."""
-    if not (d.fp8.on and d.fp8.tensor_scaled and d.fp8.wgrad and d.sp):
+    if not (d.fp8.on and d.fp8.tensor_scaled and d.fp8.wgrad and d.sp) or d.fp8.transpose_free:
         return deps
     return (tpl.add("bwd", f"{key}_{K.FP8_TRANSPOSE}", transpose_work(elements), deps),)
 

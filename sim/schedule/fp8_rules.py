@@ -50,6 +50,13 @@ Quantize kernels (TE module/linear.py `_linear_forward_impl` / backward, L340-44
   optimizer writes them from the fp32 master shard (read 4 B, write 1 B per owned parameter) and the
   DP parameter all-gather moves 1 B per linear weight; the transpose is made after the gather.
 What stays 16-bit on the wire: reduce-scatters and all-reduces of GEMM outputs (TE's GEMM output is 16-bit).
+
+Blackwell (sm 10.x, 11.x and >= 13.0) runs FP8 GEMMs in any layout (TE pytorch/utils.py L658-663
+`is_non_tn_fp8_gemm_supported`; common/gemm/cublaslt_gemm.cu L123-147 uses the rowwise data, transposed
+by cuBLAS, where Hopper needs the columnwise copy), so TE's per-tensor quantizers (Float8Quantizer,
+Float8CurrentScalingQuantizer: pytorch/csrc/quantizer.cpp L361-375, L544-547, L678-689) write no transpose
+there: the delayed and tensorwise recipes write one copy of every tensor and weight, and the transpose
+after an SP gather is not made. Blockwise and MXFP8 scale along one direction per copy and keep both.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ class Fp8Plan:
     recipe: str = "off"  # off | delayed | tensorwise | blockwise | mxfp8
     wgrad: bool = True
     attention: bool = False
+    any_layout_gemm: bool = False  # the GPU runs FP8 GEMMs in any layout (non_tn_fp8_gemm)
 
     @property
     def on(self) -> bool:
@@ -85,6 +93,16 @@ class Fp8Plan:
     def tensor_scaled(self) -> bool:
         """One scale per tensor (delayed, tensorwise): a sharded gather carries rowwise data only."""
         return self.recipe in ("delayed", "tensorwise")
+
+    @property
+    def transpose_free(self) -> bool:
+        """Per-tensor scales on a GPU with any-layout FP8 GEMMs: no columnwise copy is ever written."""
+        return self.tensor_scaled and self.any_layout_gemm
+
+
+def non_tn_fp8_gemm(compute_capability: tuple[int, int]) -> bool:
+    """TE's is_non_tn_fp8_gemm_supported: sm 10.0-11.x and >= 13.0 run FP8 GEMMs in any layout."""
+    return (10, 0) <= compute_capability < (12, 0) or compute_capability >= (13, 0)
 
 
 def scale_bytes(elements: int, recipe: str) -> int:
@@ -129,11 +147,14 @@ def amax_update_work(fp8_layers: int, backward: bool, history_len: int) -> Eleme
     return Elementwise(AMAX_UPDATE, nbytes, nbytes)
 
 
-def weight_cast_work(linear_params: int, owned_params: int, param_gather: bool) -> Elementwise:
+def weight_cast_work(linear_params: int, owned_params: int, param_gather: bool, transpose_free: bool = False
+                     ) -> Elementwise:
     """Once per step: the linear weights' FP8 rowwise + columnwise copies. Without fp8_param_gather, from the
     16-bit weights (read 2 B, write 2 x 1 B per parameter); with it, the optimizer casts its fp32 master shard
-    (read 4 B, write 1 B per owned parameter) and the gathered weights are transposed (read 1 B, write 1 B)."""
+    (read 4 B, write 1 B per owned parameter) and the gathered weights are transposed (read 1 B, write 1 B).
+    `transpose_free` (Fp8Plan.transpose_free): the rowwise copy only, and no transpose after the gather."""
     if param_gather:
-        return Elementwise(WEIGHT_CAST, 4 * owned_params + linear_params, owned_params + linear_params)
-    return Elementwise(WEIGHT_CAST, 2 * linear_params, 2 * linear_params)
+        transposed = 0 if transpose_free else linear_params
+        return Elementwise(WEIGHT_CAST, 4 * owned_params + transposed, owned_params + transposed)
+    return Elementwise(WEIGHT_CAST, 2 * linear_params, (1 if transpose_free else 2) * linear_params)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from meshsim.scenarios.cp_checks import a2a_size
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ParallelConfig, Scenario
-from meshsim.sim.schedule.fp8_rules import Fp8Plan
+from meshsim.sim.schedule.fp8_rules import Fp8Plan, non_tn_fp8_gemm
 from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias, norm_has_bias, norm_params
 from meshsim.sim.schedule.ops import Attention, Gemm
 
@@ -191,7 +191,7 @@ class ModelDims:
         first = (dp_rank * self.micro_batches + micro_batch) * self.micro_batch
         return slice(first, first + self.micro_batch)
 
-    def per_rank(self, s: Scenario, tp: int | None = None) -> LayerDims:
+    def per_rank(self, s: Scenario, tp: int | None = None, any_layout_fp8: bool = False) -> LayerDims:
         """One TP rank's share (LayerDims): heads, KV heads (replicated when kv_heads < tp), FFN width and the
         padded vocabulary divided by tp; run settings (attention kernel, dropout, dtype, overlap) from `s`."""
         m, p = s.model, s.parallel
@@ -205,11 +205,12 @@ class ModelDims:
             bias=self.linear_bias, norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
             tp_grad_overlap=s.run.tp_grad_reduce_overlap,
-            fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention),
+            fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention, any_layout_fp8),
             recompute_modules=recompute_modules(p), cp=self.cp, cp_comm=p.cp_comm,
             cp_a2a=a2a_size(s) if self.cp > 1 else 1)
 
 
 def layer_dims(rs: ResolvedScenario, tp: int | None = None) -> LayerDims:
     """Per-rank shapes for `rs` (or for the same model at another tp, e.g. tp=1 for unsharded FLOPs)."""
-    return ModelDims.from_scenario(rs.scenario, rs.dp).per_rank(rs.scenario, rs.tp if tp is None else tp)
+    return ModelDims.from_scenario(rs.scenario, rs.dp).per_rank(rs.scenario, rs.tp if tp is None else tp,
+                                                                non_tn_fp8_gemm(rs.gpu.compute_capability))
