@@ -38,6 +38,13 @@ def test_run_writes_the_three_files_and_keeps_others(tmp_path, capsys):
     assert " ".join(f"model's error {band.sentence()}".split()) in " ".join(printed.split())
 
 
+def test_memory_verdict_is_styled_not_printed_as_markup(tmp_path, capsys):
+    """The memory table's 'total (fits)' is a styled cell: no rich markup tag reaches the terminal."""
+    assert main(["run", TINY, "--out", str(tmp_path), "--outputs", "none"]) == 0
+    printed = capsys.readouterr().out
+    assert "total (fits)" in printed and "[green]" not in printed and "[/green]" not in printed
+
+
 def test_run_no_html(tmp_path):
     assert main(["run", TINY, "--out", str(tmp_path), "--no-html"]) == 0
     assert (tmp_path / "results.json").exists() and not (tmp_path / "timeline.html").exists()

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from meshsim.sim.core.console import SECTION, Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.fmt import (
@@ -132,8 +133,8 @@ def memory_table(r: StepResult, width: int) -> tuple[Table, str]:
     columns = (Column("", "left", keep=True), Column("GiB", keep=True), Column("% of capacity", keep=True))
     rows: list = [[key, fmt_gib(gb_to_gib(getattr(m, key))), _pct(getattr(m, key) / cap) if cap else "-"]
                   for key in MEMORY_ROWS]
-    verdict = "[green]fits[/green]" if r.fits else "[bold red]DOES NOT FIT[/bold red]"
-    rows += [SECTION, [f"total ({verdict})", fmt_gib(gb_to_gib(m.total)),
+    verdict = ("fits", "green") if r.fits else ("DOES NOT FIT", "bold red")
+    rows += [SECTION, [Text.assemble("total (", verdict, ")"), fmt_gib(gb_to_gib(m.total)),
                        _pct(m.total / cap) if cap else "-"], ["capacity", fmt_gib(gb_to_gib(cap)), ""]]
     if m.host_optimizer:
         rows.append(["host memory (offloaded optimizer)", fmt_gib(gb_to_gib(m.host_optimizer)), ""])
