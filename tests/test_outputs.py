@@ -209,13 +209,13 @@ def test_timeline_spec_is_valid_plotly_and_the_page_embeds_it(tmp_path):
                                    "L0.mb0.fwd", 'a"b\\c\n\u00e9\u2028', [1, 2.5], {"k": 1}])
 def test_trace_scalar_text_is_what_json_writes(value):
     """Finite scalars: the text json writes; NaN / Infinity are refused (never written into a trace)."""
-    from meshsim.sim.outputs.trace import _js
+    from meshsim.sim.outputs.trace_slices import js
 
     if isinstance(value, float) and value != value or value == float("inf"):
         with pytest.raises(ValueError):
-            _js(value)
+            js(value)
         return
-    assert _js(value) == json.dumps(value, separators=(",", ":"))
+    assert js(value) == json.dumps(value, separators=(",", ":"))
 
 
 def test_trace_file_is_the_compact_json_of_trace_events(tmp_path):

@@ -21,37 +21,39 @@ An extrapolated step (sim/results/steady_state.py) holds the simulated micro-bat
 a "steady state" thread covers the periods that were extrapolated, and the ops after them sit where the
 whole step would put them. write_trace streams the document to disk in batches.
 
+One op's slices and the critical path's arrows, as dicts and as JSON text: sim/outputs/trace_slices.py.
+
 Reusable: `trace_events(..., pid_offset=, process_prefix=, flow_id_base=)` lets validate/ put a
 measured run and a simulated one side by side in one trace (`trace_document(a + b)`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from json.encoder import encode_basestring_ascii as _ascii
 from pathlib import Path
 from typing import Any
 
 from meshsim.sim.core.errors import CommandFailed
 from meshsim.sim.core.outfiles import open_own_for_writing
-from meshsim.sim.engine.events import STREAMS, Event
+from meshsim.sim.engine.events import Event
+from meshsim.sim.outputs.trace_slices import (
+    STEADY_TID,
+    TID,
+    collective_args,
+    encode_json,
+    flows,
+    flows_json,
+    ns,
+    op_slices,
+    op_slices_json,
+)
 from meshsim.sim.results.critical_path import Segment, critical_ops
 from meshsim.sim.results.records import CollectiveRow, ConfigEcho
 from meshsim.sim.results.steady_state import SteadyState
 from meshsim.sim.results.step_result import StepResult
 
-TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}
-STEADY_TID = len(STREAMS) + 1  # the thread summarising extrapolated steady-state periods
 BATCH = 4096  # trace events encoded per write
-# compact, as written; allow_nan=False: a non-finite number is refused, never written as Infinity / NaN
-_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False, allow_nan=False).encode
-
-
-def _ns(t_s: float) -> int:
-    """Seconds -> whole nanoseconds (times are >= 0; int(x + 0.5) is round() at a third of the cost)."""
-    return int(t_s * 1e9 + 0.5)
 
 
 def _metadata(pid: int, rank: int, process_prefix: str, streams: Iterable[str], config: ConfigEcho | None = None
@@ -67,126 +69,13 @@ def _metadata(pid: int, rank: int, process_prefix: str, streams: Iterable[str], 
     return out
 
 
-def collective_args(row: CollectiveRow, ranks: Sequence[int] | None) -> dict[str, Any]:
-    """PyTorch-profiler-style args of one collective (row: a result's collective row)."""
-    return {"Collective name": row.op, "Process Group Name": row.group,
-            "Process Group Ranks": list(ranks) if ranks is not None else None, "Group size": row.ranks,
-            "algorithm": row.algo, "protocol": row.protocol, "busbw (GB/s)": round(float(row.busbw_gbps), 3)}
-
-
-def _slices(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | None = None, device: int = 0) -> list[dict]:
-    start_ns, end_ns = _ns(ev.start_s), _ns(ev.end_s)
-    tid = TID[ev.stream]
-    args: dict[str, Any] = {"op": ev.op_id, "category": ev.category, "phase": ev.phase, "critical": critical,
-                            "stream": tid, "correlation": ev.op_id, "device": device}
-    args["layer"], args["micro_batch"] = ev.layer, ev.micro_batch
-    for key, value in (("bytes", ev.bytes), ("flops", ev.flops)):
-        if value:
-            args[key] = value
-    name = ev.name
-    if ev.category != "compute":
-        name = f"nccl:{(info or {}).get('Collective name') or 'collective'} {ev.name}"
-        args.update(info or {})
-    op = {"name": name, "cat": "kernel", "ph": "X", "ts": start_ns / 1e3, "dur": (end_ns - start_ns) / 1e3,
-          "pid": pid, "tid": tid, "args": args}
-    if ev.wait_s <= 0:
-        return [op]
-    op["args"]["wait_us"] = ev.wait_s * 1e6
-    wait_ns = min(_ns(ev.start_s + ev.wait_s), end_ns) - start_ns
-    kind = "pipeline_bubble" if ev.stream == "pp_comm" else "waiting"  # a P2P waiting for its neighbour
-    wait = {"name": "pipeline bubble" if kind == "pipeline_bubble" else "wait", "cat": "wait", "ph": "X",
-            "ts": start_ns / 1e3, "dur": wait_ns / 1e3, "pid": pid, "tid": tid,
-            "args": {"op": ev.op_id, "category": kind, "peer": ev.peer}}
-    return [op, wait]
-
-
-def _js(value: Any) -> str:
-    """One scalar as json.dumps writes it (ints, finite floats and strings directly; the rest via json)."""
-    cls = type(value)
-    if cls is int:
-        return int.__repr__(value)
-    if cls is float and value - value == 0.0:  # finite
-        return float.__repr__(value)
-    if cls is str:
-        return _ascii(value)
-    return _ENCODE(value)
-
-
-def _slices_json(ev: Event, pid: int, critical: bool, info: Mapping[str, Any] | None, info_json: str,
-                 device: int) -> str:
-    """The JSON text of `_slices(ev, pid, critical, info, device)` (comma-joined, same keys in the same
-    order, same numbers), written from the event; `info_json` is info's members as JSON (",..." or "").
-    ts and dur are finite floats (_ns fails on anything else), so repr is their JSON; the int and str
-    fields take the same shortcut when they have exactly that type."""
-    start_ns, end_ns = _ns(ev.start_s), _ns(ev.end_s)
-    tid = TID[ev.stream]
-    op_id, cat, phase, layer, mb = ev.op_id, ev.category, ev.phase, ev.layer, ev.micro_batch
-    op_id = op_id if type(op_id) is int else _js(op_id)
-    args = (f'"op":{op_id},"category":{_ascii(cat) if type(cat) is str else _js(cat)},'
-            f'"phase":{_ascii(phase) if type(phase) is str else _js(phase)},'
-            f'"critical":{"true" if critical else "false"},"stream":{tid},"correlation":{op_id},'
-            f'"device":{device if type(device) is int else _js(device)},'
-            f'"layer":{layer if type(layer) is int else _js(layer)},'
-            f'"micro_batch":{mb if type(mb) is int else _js(mb)}')
-    if ev.bytes:
-        args += f',"bytes":{_js(ev.bytes)}'
-    if ev.flops:
-        args += f',"flops":{_js(ev.flops)}'
-    name = ev.name
-    if cat != "compute":
-        name = f"nccl:{(info or {}).get('Collective name') or 'collective'} {ev.name}"
-        args += info_json
-    ts, where = repr(start_ns / 1e3), f'"pid":{pid if type(pid) is int else _js(pid)},"tid":{tid}'
-    op = f'{{"name":{_js(name)},"cat":"kernel","ph":"X","ts":{ts},"dur":{(end_ns - start_ns) / 1e3!r},{where},'
-    if ev.wait_s <= 0:
-        return op + f'"args":{{{args}}}}}'
-    args += f',"wait_us":{_js(ev.wait_s * 1e6)}'
-    wait_ns = min(_ns(ev.start_s + ev.wait_s), end_ns) - start_ns
-    bubble = ev.stream == "pp_comm"  # a P2P waiting for its neighbour
-    wait = (f'{{"name":"{"pipeline bubble" if bubble else "wait"}","cat":"wait","ph":"X","ts":{ts},'
-            f'"dur":{wait_ns / 1e3!r},{where},"args":{{"op":{op_id},'
-            f'"category":"{"pipeline_bubble" if bubble else "waiting"}","peer":{_js(ev.peer)}}}}}')
-    return op + f'"args":{{{args}}}}},' + wait
-
-
-def _hops(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event]) -> list[tuple[Event, Event]]:
-    """Consecutive critical-path ops (a, b) where the path changes lane (rank or stream): one arrow each;
-    along one lane the `critical` arg says it and an arrow would add nothing but bytes."""
-    chain = [by_key[(s.rank, s.op_id)] for s in path if s.op_id is not None and (s.rank, s.op_id) in by_key]
-    return [(a, b) for a, b in zip(chain, chain[1:], strict=False) if (a.rank, a.stream) != (b.rank, b.stream)]
-
-
-def _flows(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
-           flow_id_base: int) -> list[dict]:
-    """Arrows (ph "s" -> "f") between the ops of each hop of the critical path (_hops)."""
-    out = []
-    for i, (a, b) in enumerate(_hops(path, by_key)):
-        fid = flow_id_base + i + 1
-        common = {"name": "critical path", "cat": "critical", "id": fid}
-        out.append({**common, "ph": "s", "ts": _ns(a.start_s) / 1e3, "pid": pid_offset + a.rank, "tid": TID[a.stream]})
-        out.append({**common, "ph": "f", "bp": "e", "ts": _ns(b.start_s) / 1e3, "pid": pid_offset + b.rank,
-                    "tid": TID[b.stream]})
-    return out
-
-
-def _flows_json(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
-                flow_id_base: int) -> Iterator[str]:
-    """The JSON texts of `_flows`, written from the hops."""
-    for i, (a, b) in enumerate(_hops(path, by_key)):
-        common = f'{{"name":"critical path","cat":"critical","id":{_js(flow_id_base + i + 1)},'
-        yield (common + f'"ph":"s","ts":{_js(_ns(a.start_s) / 1e3)},"pid":{_js(pid_offset + a.rank)},'
-               f'"tid":{TID[a.stream]}}}')
-        yield (common + f'"ph":"f","bp":"e","ts":{_js(_ns(b.start_s) / 1e3)},"pid":{_js(pid_offset + b.rank)},'
-               f'"tid":{TID[b.stream]}}}')
-
-
 def _steady_state_slices(ranks: Iterable[int], steady_state: SteadyState | None, pid_offset: int) -> list[dict]:
     """One slice per rank on its own thread covering the periods that were extrapolated, not simulated."""
     if steady_state is None or not steady_state.periods:
         return []
     ss = steady_state
-    start_ns = _ns(ss.gap_start_s)
-    dur_ns = _ns(ss.gap_start_s + ss.periods * ss.period_s) - start_ns
+    start_ns = ns(ss.gap_start_s)
+    dur_ns = ns(ss.gap_start_s + ss.periods * ss.period_s) - start_ns
     label = f"{ss.periods} x {ss.period_s * 1e3:.4g} ms periods ({ss.periods * ss.unit} micro-batches) extrapolated"
     out = []
     for rank in ranks:
@@ -227,7 +116,7 @@ class _Context:
         found = self._infos.get(key)
         if found is None:
             info = collective_args(row, self.groups.get((row.group, ev.rank)))
-            found = self._infos[key] = (info, ("," + _ENCODE(info)[1:-1]) if info else "")
+            found = self._infos[key] = (info, ("," + encode_json(info)[1:-1]) if info else "")
         return found
 
     def device(self, ev: Event) -> int:
@@ -253,27 +142,27 @@ def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Segment] 
     ctx = _Context(events, critical_path, result)
     yield from ctx.head(pid_offset, process_prefix)
     for ev in events:
-        yield from _slices(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in ctx.crit, ctx.info(ev)[0],
+        yield from op_slices(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in ctx.crit, ctx.info(ev)[0],
                            ctx.device(ev))
     yield from _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset)
-    yield from _flows(critical_path, _by_key(events), pid_offset, flow_id_base)
+    yield from flows(critical_path, _by_key(events), pid_offset, flow_id_base)
 
 
 def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Segment] = (), *, pid_offset: int = 0,
                     process_prefix: str = "sim", flow_id_base: int = 0,
                     steady_state: SteadyState | None = None, result: StepResult | None = None) -> Iterator[str]:
     """iter_trace_events as compact JSON texts, the same bytes json writes for each dict; op slices are
-    written straight from the event (_slices_json) without building their dicts (3x cheaper)."""
+    written straight from the event (op_slices_json) without building their dicts (3x cheaper)."""
     if steady_state is None and result is not None:
         steady_state = result.steady_state
     ctx = _Context(events, critical_path, result)
-    yield from map(_ENCODE, ctx.head(pid_offset, process_prefix))
+    yield from map(encode_json, ctx.head(pid_offset, process_prefix))
     crit = ctx.crit
     for ev in events:
         info, info_json = ctx.info(ev)
-        yield _slices_json(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in crit, info, info_json, ctx.device(ev))
-    yield from map(_ENCODE, _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset))
-    yield from _flows_json(critical_path, _by_key(events), pid_offset, flow_id_base)
+        yield op_slices_json(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in crit, info, info_json, ctx.device(ev))
+    yield from map(encode_json, _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset))
+    yield from flows_json(critical_path, _by_key(events), pid_offset, flow_id_base)
 
 
 def trace_events(events: Iterable[Event], critical_path: Sequence[Segment] = (), **kw) -> list[dict]:
@@ -314,8 +203,8 @@ def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequen
                     fh.write(",")
             fh.write('],"displayTimeUnit":"ms"')
             info = distributed_info(kw.get("result"))
-            fh.write(f',"distributedInfo":{_ENCODE(info)}}}' if info else "}")
-    except ValueError:  # _ENCODE met a non-finite number: no half-written trace is left behind
+            fh.write(f',"distributedInfo":{encode_json(info)}}}' if info else "}")
+    except ValueError:  # encode_json met a non-finite number: no half-written trace is left behind
         path.unlink(missing_ok=True)
         raise CommandFailed(f"internal error: a non-finite number in the trace events; {path} was not "
                             "written (please report it)") from None
