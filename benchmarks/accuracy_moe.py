@@ -1,9 +1,7 @@
 """The `moe-layer` accuracy group: Megatron-LM's MoE layer benchmark (reference/public-measurements-2.md
 section 1.5), simulated vs measured. Imported by benchmarks/accuracy.py; the end-to-end MoE runs are the
-`moe` step group (benchmarks/accuracy/moe/*.yaml, sim/results/error_band.py). Section 1.9's runs with
---overlap-moe-expert-parallel-comm (20.99 s overlap on; 20.15 s canonical, HybridEP 32 SMs) are not step
-cases yet: parallel.moe_ep_overlap is simulated (pp = 1) but gives 17.61 s for the first, too fast, as the
-flex kernels' SM occupancy is not modeled (docs/cost-models.md, "Combined 1F1B").
+`moe` step group (benchmarks/accuracy/moe/*.yaml, sim/results/error_band.py; section 1.9's overlap-on run
+is one of them, `qwen3-30b-h100-ep16-hybridep-overlap`).
 
 Layer rows (section 1.5, tests/functional_tests/test_cases/common/moe_perf @d98e8a64): ONE MoELayer forward
 and backward on 8 H100 (tp 1, ep 8, seq 4096 x micro-batch 1, bf16, GELU experts, no shared expert,
