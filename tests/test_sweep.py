@@ -75,10 +75,24 @@ def test_product_is_complete_and_keys_unique():
     axes = SweepAxes(tp=(1, 2, 4), sp=(False, True), micro_batch=(1, 2), tp_comm_overlap=(False,),
                      recompute=("none", "full"))
     points = configurations(axes)
-    assert len(points) == 3 * 2 * 2 * 1 * 2
+    assert len(points) == (1 + 2 * 2) * 2 * 1 * 2  # tp 1 runs sp off only (Megatron turns SP off there)
     assert len({p.key for p in points}) == len(points)
     assert points[0] == SweepPoint(1, False, 1, False, "none")
     assert points[0].overrides()["parallel.dp"] == "auto"
+    assert not any(p.sp for p in points if p.tp == 1) and sum(p.sp for p in points) == 2 * 2 * 2
+
+
+def test_sp_on_at_tp_1_runs_as_sp_off_instead_of_being_skipped():
+    """Megatron disables sequence parallelism at tp = 1 (arguments.py): a sweep of a scenario with sp on
+    runs its tp = 1 points as sp off; a scenario file with sp on and tp 1 is still refused (named fix)."""
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+    from meshsim.sim.sweep.axes import sweep_axes
+
+    scenario, source = load_scenario("llama3-8b-h100-fp8")
+    points = configurations(sweep_axes(scenario, {"tp": "1,2", "sp": "on", "fp8": "off"}))
+    assert [(p.tp, p.sp) for p in points] == [(1, False), (2, True)]
+    with pytest.raises(UserError, match="parallel.sp"):
+        resolve(with_overrides(scenario, {"parallel.tp": 1, "parallel.cp": 1}, source), source)
 
 
 # ----- sweet spot and explanation -----------------------------------------------------------------
@@ -273,7 +287,9 @@ def test_invalid_configurations_are_skipped_with_reason(small_sweep):
     reasons = {r.key: r.reason for r in records if not r.ok}
     tp8 = [k for k in reasons if k.startswith("tp=8,")]
     assert len(tp8) == 4 and all("model.heads = 4" in reasons[k] for k in tp8)  # tp does not divide heads
-    assert "needs tp > 1" in reasons["tp=1,sp=on,mb=1,overlap=off,recompute=none"]
+    keys = {r.key for r in records}  # tp 1 runs sp off only, as Megatron turns SP off there
+    assert "tp=1,sp=on,mb=1,overlap=off,recompute=none" not in keys
+    assert "tp=1,sp=off,mb=1,overlap=off,recompute=none" in keys
 
 
 def test_fastest_that_does_not_fit_is_never_the_sweet_spot(small, small_sweep):
@@ -338,11 +354,13 @@ def test_ray_backend_equals_local(small, small_sweep):
 def test_cli_sweep_writes_json_report_and_resumes(tmp_path, capsys):
     from meshsim.sim.cli.main import main
 
-    args = ["sweep", "tiny-2gpu", "--sp", "both", "--jobs", "1", "--no-progress", "--out", str(tmp_path)]
+    args = ["sweep", "tiny-2gpu", "--tp", "1,2,3", "--sp", "both", "--jobs", "1", "--no-progress", "--out",
+            str(tmp_path)]
     assert main([*args, "--json", str(tmp_path / "s.json")]) == 0
     doc = json.loads((tmp_path / "s.json").read_text())
     assert set(doc) == {"version", "configurations", "skipped", "sweet_spot", "explanation"}
-    assert [s["key"] for s in doc["skipped"]] == ["tp=1,sp=on,mb=2,overlap=off,recompute=none"]
+    skipped = [s["key"] for s in doc["skipped"]]
+    assert skipped and all(k.startswith("tp=3,") for k in skipped)  # 3 does not divide the 2 GPUs
     assert doc["sweet_spot"]["key"] in {c["key"] for c in doc["configurations"]}
     assert (tmp_path / "report.html").is_file()
     before = (tmp_path / JSONL_NAME).read_text()

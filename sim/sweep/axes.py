@@ -21,7 +21,7 @@ import hashlib
 import itertools
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from meshsim.scenarios.load import referenced_files
 from meshsim.sim.core.errors import UserError, quote
@@ -166,11 +166,15 @@ def sweep_axes(scenario, flags: dict[str, str | None] | None = None) -> SweepAxe
 
 
 def configurations(axes: SweepAxes) -> list[SweepPoint]:
-    """The product of the axes, tp outermost (the table reads by tp); at most MAX_SWEEP_POINTS."""
+    """The product of the axes, tp outermost (the table reads by tp); at most MAX_SWEEP_POINTS. At tp = 1
+    sequence parallelism is off, as Megatron turns it off there ("Disabling sequence parallelism because
+    tensor model parallelism is disabled", megatron/training/arguments.py @d98e8a64 L1430-1439): an sp-on
+    point at tp = 1 runs as sp off, and appears once."""
     sizes = [len(getattr(axes, a)) for a in AXES]
     check_at_most("sweep", " x ".join(map(str, sizes)), MAX_SWEEP_POINTS, "give fewer values per axis (flags or "
                   "the scenario's sweep: block)", what="configurations", amount=math.prod(sizes))
-    return [SweepPoint(*combo) for combo in itertools.product(*(getattr(axes, a) for a in AXES))]
+    points = (SweepPoint(*combo) for combo in itertools.product(*(getattr(axes, a) for a in AXES)))
+    return list(dict.fromkeys(replace(p, sp=False) if p.tp == 1 and p.sp else p for p in points))
 
 
 def referenced_snapshot(scenario, source: str = "") -> FileSnapshot:
