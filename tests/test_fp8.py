@@ -271,6 +271,11 @@ def test_blackwell_per_tensor_fp8_writes_no_transpose_and_hopper_does():
     assert not any(op.name.endswith(K.FP8_TRANSPOSE) for op in sp)  # no transpose after the gather either
     cast = [op.work for op in sp if op.name.endswith(K.FP8_WEIGHT_CAST)][0]
     assert cast.bytes_written * 2 == cast.bytes_read  # one 1-byte copy per 2-byte weight
+    from meshsim.sim.cost.fp8_memory import weight_copy_bytes
+
+    plans = {(gpu, fp8): layer_dims(make_rs({}, {"fp8": fp8}, gpu=gpu))
+             for gpu, fp8 in (("h100-sxm", "tensorwise"), ("b200", "tensorwise"), ("b200", "mxfp8"))}
+    assert [weight_copy_bytes(d) for d in plans.values()] == [2, 1, 2 * (1 + 1 / 32)]  # the cached copies too
 
 
 def test_non_tn_fp8_gemm_follows_transformer_engine():

@@ -18,10 +18,10 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
 - elementwise_efficiency ELEMENTWISE_EFFICIENCY: the fraction of HBM bandwidth of Elementwise kernels.
 - attention_efficiency: by GPU generation (sim/cost/attention_rate.py: H100 / H200 0.43 and B200 / GB200
   0.55, fitted on the NeMo long-sequence tables); 0.50 for the others, derived: per score element flash
-  attention does 4 x head_dim tensor-core FLOPs (QK^T and PV; 512 at head_dim 128) and one exp plus ~5 FP32 ops on the SM's scalar units (exp on the
-  SFU at 16/clk/SM, CUDA programming guide throughput table). On an H100 the 512 MMA FLOPs take ~0.65 ps
-  at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not overlapped (FlashAttention-2) that is
-  512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the backward too (more GEMMs per exp, but
+  attention does 4 x head_dim tensor-core FLOPs (QK^T and PV; 512 at head_dim 128) and one exp plus ~5
+  FP32 ops on the SM's scalar units (exp on the SFU at 16/clk/SM, CUDA programming guide throughput table).
+  On an H100 the 512 MMA FLOPs take ~0.65 ps at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not
+  overlapped (FlashAttention-2) that is 512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the backward too (more GEMMs per exp, but
   atomic dQ accumulation).
 - deterministic_attention_slowdown 1.25: attention backward under run.deterministic (sim/schedule/run_settings.py).
 - fill_uninitialized (run.deterministic): every fresh output is first filled by PyTorch's deterministic

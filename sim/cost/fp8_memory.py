@@ -5,7 +5,7 @@ Rules (sim/schedule/fp8_rules.py has the sources):
   step (its workspace, refreshed on the first micro-batch): a rowwise copy for the forward GEMM and a
   columnwise (transposed) copy for dgrad, 1 byte per parameter each, plus their scales (blockwise: fp32 per
   128 x 128 block; MXFP8: 1 byte per 32 values, both directions). So +2 bytes per linear weight on top of the
-  bf16 weight.
+  bf16 weight; +1 with per-tensor scales on Blackwell, which keeps no columnwise copy (Fp8Plan.transpose_free).
 - run.fp8_param_gather (FP8 primary weights, Megatron --fp8-param-gather): the linear weights exist only as
   FP8 tensors (data + transpose, 2 bytes per parameter); no bf16 copy: weights 2 B instead of 2 + 2 B.
 - Saved activations: the four linears' inputs are kept for wgrad as FP8 (1 byte per value instead of 2,
@@ -27,13 +27,14 @@ BLOCKWISE_WEIGHT_BLOCK = 128 * 128  # Float8BlockScaling: one fp32 scale per 128
 
 
 def weight_copy_bytes(d: LayerDims) -> float:
-    """Bytes per linear weight of the FP8 rowwise + columnwise copies with their scales."""
+    """Bytes per linear weight of the FP8 rowwise + columnwise copies with their scales (the rowwise one only
+    where the plan is transpose-free)."""
     recipe = d.fp8.recipe
     if recipe == "mxfp8":
         return 2 * (FP8_BYTES + MXFP8_SCALE_BYTES / MXFP8_BLOCK)
     if recipe == "blockwise":
         return 2 * (FP8_BYTES + 4 / BLOCKWISE_WEIGHT_BLOCK)
-    return 2 * FP8_BYTES
+    return (1 if d.fp8.transpose_free else 2) * FP8_BYTES
 
 
 def fp8_weight_extra_bytes(d: LayerDims, linear_weights: int, param_gather: bool) -> float:
