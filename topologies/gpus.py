@@ -19,7 +19,11 @@ These are peaks. Achieved fractions (GEMM efficiency, HBM efficiency) live in th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 GB_PER_GIB = 1024**3 / 1e9
 
@@ -62,3 +66,10 @@ GPUS: dict[str, GpuSpec] = {
                 "Grace Blackwell superchip, NVL72, 1200 W)", fp8_peak_tflops=5000.0, compute_capability=(10, 0)),
     )
 }
+
+
+def by_gpu_prefix(table: Mapping[str, T], gpu_name: str, default: T) -> T:
+    """A per-generation table's value for a GPU preset name: the first key the name starts with ("h100" for
+    "h100-sxm"), else `default`. Every by-generation constant (GEMM ceilings, attention rates, NCCL rows,
+    NVLink efficiencies) is looked up here."""
+    return next((v for k, v in table.items() if gpu_name.startswith(k)), default)

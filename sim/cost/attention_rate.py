@@ -27,11 +27,12 @@ an H100 may reach more. Override with hardware.compute.attention_efficiency, or 
 
 from __future__ import annotations
 
+from meshsim.topologies.gpus import by_gpu_prefix
+
 ATTENTION_EFFICIENCY_BY_GPU = {"h100": 0.43, "h200": 0.43, "b200": 0.55, "gb200": 0.55}
 DEFAULT_ATTENTION_EFFICIENCY = 0.50
 
 
 def attention_efficiency(gpu_name: str) -> float:
     """The generation's ATTENTION_EFFICIENCY_BY_GPU, DEFAULT_ATTENTION_EFFICIENCY if unknown."""
-    return next((v for k, v in ATTENTION_EFFICIENCY_BY_GPU.items() if gpu_name.startswith(k)),
-                DEFAULT_ATTENTION_EFFICIENCY)
+    return by_gpu_prefix(ATTENTION_EFFICIENCY_BY_GPU, gpu_name, DEFAULT_ATTENTION_EFFICIENCY)

@@ -23,7 +23,7 @@ Override with hardware.compute.fp8_gemm_efficiency, or measure the FP8 GEMMs on 
 
 from __future__ import annotations
 
-from meshsim.topologies.gpus import GpuSpec
+from meshsim.topologies.gpus import GpuSpec, by_gpu_prefix
 
 FP8_OPERAND_BYTES = 1.0
 FP8_GEMM_CEILING_BY_GPU = {"h100": 0.62, "h200": 0.62, "b200": 0.51, "gb200": 0.51}
@@ -41,4 +41,4 @@ def fp8_gemm_ceiling(gpu_name: str, stated: float | None = None) -> float:
     """hardware.compute.fp8_gemm_efficiency if stated, else the generation's FP8_GEMM_CEILING_BY_GPU."""
     if stated is not None:
         return stated
-    return next((v for k, v in FP8_GEMM_CEILING_BY_GPU.items() if gpu_name.startswith(k)), DEFAULT_FP8_CEILING)
+    return by_gpu_prefix(FP8_GEMM_CEILING_BY_GPU, gpu_name, DEFAULT_FP8_CEILING)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from math import ceil
 
+from meshsim.topologies.gpus import by_gpu_prefix
+
 DEFAULT_TILES = ((128, 256), (256, 128), (128, 128))
 DEFAULT_CEILING = 0.80  # 790 / 989 TFLOP/s, 8192^3 bf16 GEMM on an H200 (reference/modeling-facts.md)
 REFERENCE_MNK = 8192
@@ -47,7 +49,7 @@ GEMM_CEILING_BY_GPU = {"a100": 0.82, "h100": 0.75, "h200": 0.80, "b200": 0.75, "
 
 def gemm_ceiling(gpu_name: str) -> float:
     """The large-GEMM fraction of peak for a GPU preset (GEMM_CEILING_BY_GPU), DEFAULT_CEILING if unknown."""
-    return next((v for k, v in GEMM_CEILING_BY_GPU.items() if gpu_name.startswith(k)), DEFAULT_CEILING)
+    return by_gpu_prefix(GEMM_CEILING_BY_GPU, gpu_name, DEFAULT_CEILING)
 
 
 def tile_padding(m: int, n: int, tile_m: int, tile_n: int) -> float:

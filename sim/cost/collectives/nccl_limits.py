@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 
+from meshsim.topologies.gpus import by_gpu_prefix
+
 # GPU preset prefix -> NCCL's architecture row (Volta SM70, Ampere SM80, Hopper SM90, Blackwell SM100)
 GENERATION_BY_GPU = {"v100": "volta", "a100": "ampere", "h100": "hopper", "h200": "hopper", "b200": "blackwell"}
 DEFAULT_GENERATION = "ampere"
@@ -47,7 +49,7 @@ MAX_CHANNELS = 32
 
 def generation(gpu: str) -> str:
     """NCCL's architecture row for a GPU preset name (by prefix; unknown GPUs take Ampere's)."""
-    return next((g for k, g in GENERATION_BY_GPU.items() if gpu.startswith(k)), DEFAULT_GENERATION)
+    return by_gpu_prefix(GENERATION_BY_GPU, gpu, DEFAULT_GENERATION)
 
 
 def default_channels(nvlinks_per_gpu: int) -> int:

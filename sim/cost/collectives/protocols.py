@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from meshsim.topologies.gpus import by_gpu_prefix
+
 PROTOCOLS = ("ll", "ll128", "simple")  # NCCL protocols, in auto-choice tie-break order
 IDEAL = "ideal"
 LINK_CLASSES = ("nvlink", "pcie", "network")
@@ -134,7 +136,7 @@ class NcclConstants:
             return dict.fromkeys(("nvlink", "pcie", "ib", "internal"), self.link_efficiency)
         nvlink = self.nvlink_efficiency
         if nvlink is None:
-            nvlink = next((v for k, v in NVLINK_EFFICIENCY.items() if gpu.startswith(k)), NVLINK_EFFICIENCY_DEFAULT)
+            nvlink = by_gpu_prefix(NVLINK_EFFICIENCY, gpu, NVLINK_EFFICIENCY_DEFAULT)
         return {"nvlink": nvlink, "pcie": self.pcie_efficiency, "ib": self.network_efficiency,
                 "internal": self.internal_efficiency}
 
