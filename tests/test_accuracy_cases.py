@@ -100,3 +100,23 @@ def test_cp_cases_are_context_parallel_and_wait_for_their_pending_fields():
     assert row.simulated is None and not row.scored and row.note.startswith("needs run.no_such_field")
     applied = rows.step_row(replace(case, pending=(("parallel.cp_comm", "a2a"),)), rows.Context())
     assert applied.scored and applied.simulated > 0
+
+
+def test_fitted_generation_constants_are_the_code_values():
+    """fits.yaml's value of each by-generation constant is the one the code uses (no drift between the
+    fit table the report reads and the simulator)."""
+    from meshsim.sim.cost.attention_rate import attention_efficiency
+    from meshsim.sim.cost.compute import ELEMENTWISE_EFFICIENCY
+    from meshsim.sim.cost.fp8_gemm import fp8_gemm_ceiling
+    from meshsim.sim.cost.gemm_efficiency import gemm_ceiling
+
+    lookups = {"gemm_ceiling": gemm_ceiling, "fp8_gemm_ceiling": fp8_gemm_ceiling,
+               "attention_efficiency": attention_efficiency}
+    checked = 0
+    for fit in cases.fits():
+        family, _, gpu = fit.name.partition(".")
+        if family in lookups and gpu:
+            assert lookups[family](gpu) == pytest.approx(float(fit.value)), fit.name
+            checked += 1
+    assert checked >= 7
+    assert next(f for f in cases.fits() if f.name == "elementwise_efficiency").value == ELEMENTWISE_EFFICIENCY
