@@ -210,3 +210,6 @@ def test_attention_efficiency_by_generation_unless_stated():
     assert stated.knobs.attention_efficiency == 0.7
     prof = HardwareProfile(name="p", compute=ComputeTuning(attention_efficiency=0.6))
     assert ComputeModel(GPUS["b200"], None, prof).knobs.attention_efficiency == 0.6
+    # the FP8 GEMM ceiling follows the same rule: the generation's value unless stated
+    assert ComputeModel(H100).knobs.fp8_gemm_efficiency == 0.62
+    assert ComputeModel(H100, ComputeTuning(fp8_gemm_efficiency=0.7)).knobs.fp8_gemm_efficiency == 0.7

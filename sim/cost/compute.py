@@ -21,8 +21,8 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
   attention does 4 x head_dim tensor-core FLOPs (QK^T and PV; 512 at head_dim 128) and one exp plus ~5
   FP32 ops on the SM's scalar units (exp on the SFU at 16/clk/SM, CUDA programming guide throughput table).
   On an H100 the 512 MMA FLOPs take ~0.65 ps at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not
-  overlapped (FlashAttention-2) that is 512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the backward too (more GEMMs per exp, but
-  atomic dQ accumulation).
+  overlapped (FlashAttention-2) that is 512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the
+  backward too (more GEMMs per exp, but atomic dQ accumulation).
 - deterministic_attention_slowdown 1.25: attention backward under run.deterministic (sim/schedule/run_settings.py).
 - fill_uninitialized (run.deterministic): every fresh output is first filled by PyTorch's deterministic
   mode, + fill_bytes / (bw x mem_bw_eff) + launch per op (sim/cost/deterministic_fill.py).
@@ -124,6 +124,7 @@ class ComputeModel:
     def __post_init__(self) -> None:
         self.knobs = resolve_tuning(self.tuning, self.profile)
         by_generation = {"gemm_efficiency": gemm_ceiling(self.gpu.name),
+                         "fp8_gemm_efficiency": fp8_gemm_ceiling(self.gpu.name),
                          "attention_efficiency": attention_efficiency(self.gpu.name)}
         unstated = {knob: value for knob, value in by_generation.items() if not self._stated(knob)}
         if unstated:  # no scenario or profile figure: the GPU generation's value
@@ -194,7 +195,7 @@ class ComputeModel:
         if k.tile_m or k.tile_n:
             tiles = ((k.tile_m or DEFAULT_TILES[0][0], k.tile_n or DEFAULT_TILES[0][1]),)
         peak_tflops = fp8_peak_tflops(self.gpu) if g.fp8 else self.gpu.peak_tflops
-        ceiling = fp8_gemm_ceiling(self.gpu.name, k.fp8_gemm_efficiency) if g.fp8 else k.gemm_efficiency
+        ceiling = k.fp8_gemm_efficiency if g.fp8 else k.gemm_efficiency
         return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=ceiling, tiles=tiles,
                                sm_count=self.gpu.sm_count,
                                k_fill=peak_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)

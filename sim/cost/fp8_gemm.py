@@ -37,8 +37,7 @@ def fp8_peak_tflops(gpu: GpuSpec) -> float:
     return gpu.fp8_peak_tflops
 
 
-def fp8_gemm_ceiling(gpu_name: str, stated: float | None = None) -> float:
-    """hardware.compute.fp8_gemm_efficiency if stated, else the generation's FP8_GEMM_CEILING_BY_GPU."""
-    if stated is not None:
-        return stated
+def fp8_gemm_ceiling(gpu_name: str) -> float:
+    """The generation's FP8_GEMM_CEILING_BY_GPU (hardware.compute.fp8_gemm_efficiency, where stated, wins:
+    sim/cost/compute.py ComputeModel fills only unstated knobs)."""
     return by_gpu_prefix(FP8_GEMM_CEILING_BY_GPU, gpu_name, DEFAULT_FP8_CEILING)
