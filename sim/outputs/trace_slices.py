@@ -28,6 +28,7 @@ def ns(t_s: float) -> int:
     """Seconds -> whole nanoseconds (times are >= 0; int(x + 0.5) is round() at a third of the cost)."""
     return int(t_s * 1e9 + 0.5)
 
+
 def collective_args(row: CollectiveRow, ranks: Sequence[int] | None) -> dict[str, Any]:
     """PyTorch-profiler-style args of one collective (row: a result's collective row)."""
     return {"Collective name": row.op, "Process Group Name": row.group,
