@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import accuracy_cases as cases  # noqa: E402
+from accuracy_moe import LAYER_FP8_MS, LAYER_MS  # noqa: E402
 
 from meshsim.scenarios.load import load_and_resolve, resolve  # noqa: E402
 from meshsim.sim.cost.memory import memory_per_gpu  # noqa: E402
@@ -43,7 +44,9 @@ def test_step_case_fits_in_memory_under_its_assumptions(case):
 def test_fits_name_only_existing_cases():
     curve_points = {f"{c.id}-{mib}" for c in cases.curves() for mib, _ in c.busbw_gbps}
     kernel_ids = {k.id for k in cases.kernels()[0]}
-    known = {c.name for c in STEP_CASES} | curve_points | kernel_ids
+    layer_rows = {f"moe-layer-{proxy}-{disp}-{precision}-{phase}" for precision, table in
+                  (("bf16", LAYER_MS), ("fp8", LAYER_FP8_MS)) for proxy, disp in table for phase in ("forward", "backward")}
+    known = {c.name for c in STEP_CASES} | curve_points | kernel_ids | layer_rows
     fitted = {case for f in cases.fits() for case in f.cases}
     assert fitted <= known, sorted(fitted - known)
     ratio_cases = {n for r in cases.ratios() for n in (r.num, r.den)}
@@ -107,16 +110,17 @@ def test_fitted_generation_constants_are_the_code_values():
     fit table the report reads and the simulator)."""
     from meshsim.sim.cost.attention_rate import attention_efficiency
     from meshsim.sim.cost.compute import ELEMENTWISE_EFFICIENCY
-    from meshsim.sim.cost.fp8_gemm import fp8_gemm_ceiling
+    from meshsim.sim.cost.fp8_gemm import block_scaled_rate, fp8_gemm_ceiling
     from meshsim.sim.cost.gemm_efficiency import gemm_ceiling
 
     lookups = {"gemm_ceiling": gemm_ceiling, "fp8_gemm_ceiling": fp8_gemm_ceiling,
-               "attention_efficiency": attention_efficiency}
+               "attention_efficiency": attention_efficiency,
+               "block_scaled_rate": lambda gpu: block_scaled_rate("mxfp8" if gpu == "b200" else "blockwise", gpu)}
     checked = 0
     for fit in cases.fits():
         family, _, gpu = fit.name.partition(".")
         if family in lookups and gpu:
             assert lookups[family](gpu) == pytest.approx(float(fit.value)), fit.name
             checked += 1
-    assert checked >= 7
+    assert checked >= 9
     assert next(f for f in cases.fits() if f.name == "elementwise_efficiency").value == ELEMENTWISE_EFFICIENCY

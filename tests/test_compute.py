@@ -201,10 +201,11 @@ def test_repeated_sizes_are_averaged():
 def test_attention_efficiency_by_generation_unless_stated():
     """attention_rate.py's value per generation, 0.50 for a GPU without one; a scenario or profile value wins."""
     a = Attention(batch=1, heads=4 * 27 * 11 * 37, kv_heads=1, seq=128, head_dim=128)  # whole waves on 108/132/148 SMs
-    for name, eff in (("h100-sxm", 0.43), ("h200-sxm", 0.43), ("b200", 0.55), ("gb200", 0.55), ("a100-80gb", 0.5)):
+    for name, eff in (("h100-sxm", 0.43), ("h200-sxm", 0.43), ("b200", 0.55), ("gb200", 0.55 * 2250 / 2500),
+                      ("a100-80gb", 0.5)):
         gpu = GPUS[name]
         model = ComputeModel(gpu)
-        assert model.knobs.attention_efficiency == eff
+        assert model.knobs.attention_efficiency == pytest.approx(eff, rel=1e-12)
         assert model.time_s(a) == pytest.approx(a.flops / (gpu.peak_tflops * 1e12 * eff) + 3e-6)
     stated = ComputeModel(H100, ComputeTuning(attention_efficiency=0.7))
     assert stated.knobs.attention_efficiency == 0.7
@@ -213,3 +214,51 @@ def test_attention_efficiency_by_generation_unless_stated():
     # the FP8 GEMM ceiling follows the same rule: the generation's value unless stated
     assert ComputeModel(H100).knobs.fp8_gemm_efficiency == 0.62
     assert ComputeModel(H100, ComputeTuning(fp8_gemm_efficiency=0.7)).knobs.fp8_gemm_efficiency == 0.7
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192, 1), (4096, 2880, 5760, 1), (1024, 7168, 2048, 8),
+                                   (128, 4096, 4096, 1), (16384, 131, 4096, 1), (8192, 28672, 8192, 1)])
+def test_gb200_sustains_the_b200_die_rate(shape):
+    """GB200 carries B200's die (silicon_rate.py): unstated, every GEMM (16-bit and FP8, any shape: the
+    epilogue's k_fill too) and every attention kernel takes B200's time, though its datasheet peak is 11%
+    higher; MFU's peak stays its own. A stated ceiling is a fraction of GB200's own peak."""
+    b200, gb200 = ComputeModel(GPUS["b200"]), ComputeModel(GPUS["gb200"])
+    m, n, k, batch = shape
+    for fp8 in (False, True):
+        g = Gemm(m, n, k, batch=batch, fp8=fp8)
+        assert gb200.time_s(g) == pytest.approx(b200.time_s(g), rel=1e-12)
+    a = Attention(batch=batch, heads=32, kv_heads=8, seq=m, head_dim=128)
+    assert gb200.time_s(a) == pytest.approx(b200.time_s(a), rel=1e-12)
+    assert GPUS["gb200"].peak_tflops == 2500.0 and gb200.peak_flops == 2500e12
+    g = Gemm(8192, 8192, 8192)
+    stated = ComputeModel(GPUS["gb200"], ComputeTuning(gemm_efficiency=0.6, launch_overhead_us=0.0))
+    assert stated.time_s(g) == pytest.approx(g.flops / (2500e12 * 0.6))
+
+
+def test_a_part_of_its_own_die_is_not_scaled():
+    """Negative control: a preset without `silicon` keeps its own peak's fractions (H100 vs H200 differ)."""
+    g = Gemm(8192, 8192, 8192)
+    h100, h200 = ComputeModel(H100).time_s(g), ComputeModel(GPUS["h200-sxm"]).time_s(g)
+    assert h100 == pytest.approx(g.flops / (989e12 * 0.75) + LAUNCH_S)
+    assert h200 == pytest.approx(g.flops / (989e12 * 0.80) + LAUNCH_S)
+
+
+def test_block_scaled_fp8_gemms_reach_a_fraction_of_the_per_tensor_ceiling():
+    """fp8_gemm.py: blockwise (Hopper) and MXFP8 (Blackwell; blockwise runs as MXFP8 there) scale the FP8
+    ceiling by the generation's block-scaled rate; per-tensor recipes and 16-bit GEMMs do not move; a stated
+    FP8 ceiling is the recipe's own."""
+    from meshsim.sim.cost.fp8_gemm import BLOCK_SCALED_RATE_BY_GPU
+
+    g8, g16 = Gemm(8192, 8192, 8192, fp8=True), Gemm(8192, 8192, 8192)
+    for gpu, recipes in ((H100, ("blockwise",)), (GPUS["b200"], ("mxfp8", "blockwise"))):
+        rate = BLOCK_SCALED_RATE_BY_GPU[gpu.name.split("-")[0]]
+        assert rate < 1.0
+        per_tensor = ComputeModel(gpu, fp8_recipe="tensorwise")
+        for recipe in recipes:
+            blocked = ComputeModel(gpu, fp8_recipe=recipe)
+            assert blocked.knobs.fp8_gemm_efficiency == pytest.approx(per_tensor.knobs.fp8_gemm_efficiency * rate)
+            assert blocked.time_s(g8) - LAUNCH_S == pytest.approx((per_tensor.time_s(g8) - LAUNCH_S) / rate)
+            assert blocked.time_s(g16) == per_tensor.time_s(g16)
+    assert ComputeModel(H100, fp8_recipe="delayed").knobs.fp8_gemm_efficiency == 0.62
+    stated = ComputeModel(H100, ComputeTuning(fp8_gemm_efficiency=0.7), fp8_recipe="blockwise")
+    assert stated.knobs.fp8_gemm_efficiency == 0.7

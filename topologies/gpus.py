@@ -13,6 +13,9 @@ datasheet, 8 GPUs: "FP8 72 PFLOPS" sparse) 4,500; GB200 (GB200 NVL72 datasheet, 
 NVIDIA datasheet figures, quoted from the datasheets' product tables. V100 and A100 have no FP8 tensor cores
 (fp8_peak_tflops 0). compute_capability: sm_70 V100, sm_80 A100, sm_90 H100/H200, sm_100 B200/GB200.
 
+GB200 carries the B200 die (`silicon="b200"`): by-generation constants keyed on B200 apply to it, at B200's
+absolute sustained rate (sim/cost/silicon_rate.py: same-layout Bridge runs on both parts come out equal).
+
 These are peaks. Achieved fractions (GEMM efficiency, HBM efficiency) live in the cost models
 (`sim/cost/compute.py`), documented there and overridable per scenario or by a calibration profile.
 """
@@ -45,6 +48,9 @@ class GpuSpec:
     description: str = ""
     fp8_peak_tflops: float = 0.0  # FP8 dense matrix TFLOP/s (0 = no FP8 tensor cores)
     compute_capability: tuple[int, int] = (0, 0)  # CUDA sm_XY: which FP8 recipes run (sim/schedule/fp8_rules.py)
+    # the preset whose die this part carries ("" = its own): by-generation constants not keyed on this part
+    # are that preset's, and it sustains that preset's absolute tensor rate (sim/cost/silicon_rate.py)
+    silicon: str = ""
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -63,13 +69,18 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("b200", 2250.0, gib(180.0), 8000.0, 900.0, 18, 148, "NVIDIA B200 (HGX, 1000 W)",
                 fp8_peak_tflops=4500.0, compute_capability=(10, 0)),
         GpuSpec("gb200", 2500.0, gib(186.0), 8000.0, 900.0, 18, 148, "NVIDIA GB200 (one Blackwell GPU of a "
-                "Grace Blackwell superchip, NVL72, 1200 W)", fp8_peak_tflops=5000.0, compute_capability=(10, 0)),
+                "Grace Blackwell superchip, NVL72, 1200 W)", fp8_peak_tflops=5000.0, compute_capability=(10, 0),
+                silicon="b200"),
     )
 }
 
 
 def by_gpu_prefix(table: Mapping[str, T], gpu_name: str, default: T) -> T:
     """A per-generation table's value for a GPU preset name: the first key the name starts with ("h100" for
-    "h100-sxm"), else `default`. Every by-generation constant (GEMM ceilings, attention rates, NCCL rows,
-    NVLink efficiencies) is looked up here."""
-    return next((v for k, v in table.items() if gpu_name.startswith(k)), default)
+    "h100-sxm"), else the value of the preset's `silicon` (GB200 takes B200's), else `default`. Every
+    by-generation constant (GEMM ceilings, attention rates, NCCL rows, NVLink efficiencies) is looked up here."""
+    for key, value in table.items():
+        if gpu_name.startswith(key):
+            return value
+    spec = GPUS.get(gpu_name)
+    return by_gpu_prefix(table, spec.silicon, default) if spec is not None and spec.silicon else default

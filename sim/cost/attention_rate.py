@@ -15,7 +15,8 @@ row, where attention is 94% (H100) / 97% (B200) of the simulated step and the FP
 enters; the table's other rows (five CP rows and two rows without CP each) are out of fit and land within
 3% (benchmarks/accuracy.py, groups cp and fp8):
 - h100 / h200 0.43 (H200: the same SM and clocks as H100; its extra HBM bandwidth does not feed the MMA);
-- b200 / gb200 0.55.
+- b200 0.55 (GB200, the same die: B200's absolute rate, 0.55 x 2250 / 2500 of its own peak;
+  sim/cost/silicon_rate.py).
 Other GPUs keep DEFAULT_ATTENTION_EFFICIENCY 0.50, the first-principles figure of sim/cost/compute.py
 (tensor-core work plus an unoverlapped softmax per score).
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from meshsim.topologies.gpus import by_gpu_prefix
 
-ATTENTION_EFFICIENCY_BY_GPU = {"h100": 0.43, "h200": 0.43, "b200": 0.55, "gb200": 0.55}
+ATTENTION_EFFICIENCY_BY_GPU = {"h100": 0.43, "h200": 0.43, "b200": 0.55}
 DEFAULT_ATTENTION_EFFICIENCY = 0.50
 
 

@@ -52,10 +52,11 @@ from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
 from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency
 from meshsim.sim.cost.deterministic_fill import fill_bytes
-from meshsim.sim.cost.fp8_gemm import FP8_OPERAND_BYTES, fp8_gemm_ceiling, fp8_peak_tflops
+from meshsim.sim.cost.fp8_gemm import FP8_OPERAND_BYTES, block_scaled_rate, fp8_gemm_ceiling, fp8_peak_tflops
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
+from meshsim.sim.cost.silicon_rate import rate_scale
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
 from meshsim.sim.schedule.optimizer_states import HOST_ADAM_TRAFFIC_BYTES, OFFLOAD_COPY_BYTES
 from meshsim.sim.schedule.run_settings import DETERMINISTIC_ATTENTION_SLOWDOWN
@@ -118,16 +119,19 @@ class ComputeModel:
     tuning: ComputeTuning | None = None
     profile: HardwareProfile | None = None
     fill_uninitialized: bool = False  # run.deterministic: PyTorch fills fresh outputs (deterministic_fill.py)
+    fp8_recipe: str = "off"  # run.fp8: block-scaled recipes reach less of the FP8 ceiling (fp8_gemm.py)
     knobs: ComputeTuning = field(init=False)
     _memo: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.knobs = resolve_tuning(self.tuning, self.profile)
         by_generation = {"gemm_efficiency": gemm_ceiling(self.gpu.name),
-                         "fp8_gemm_efficiency": fp8_gemm_ceiling(self.gpu.name),
+                         "fp8_gemm_efficiency": fp8_gemm_ceiling(self.gpu.name)
+                         * block_scaled_rate(self.fp8_recipe, self.gpu.name),
                          "attention_efficiency": attention_efficiency(self.gpu.name)}
-        unstated = {knob: value for knob, value in by_generation.items() if not self._stated(knob)}
-        if unstated:  # no scenario or profile figure: the GPU generation's value
+        unstated = {knob: value * rate_scale(self.gpu, knob) for knob, value in by_generation.items()
+                    if not self._stated(knob)}
+        if unstated:  # no scenario or profile figure: the GPU generation's value (at its silicon's rate)
             self.knobs = self.knobs.model_copy(update=unstated)
 
     def _stated(self, knob: str) -> bool:
@@ -194,11 +198,11 @@ class ComputeModel:
         tiles = DEFAULT_TILES
         if k.tile_m or k.tile_n:
             tiles = ((k.tile_m or DEFAULT_TILES[0][0], k.tile_n or DEFAULT_TILES[0][1]),)
-        peak_tflops = fp8_peak_tflops(self.gpu) if g.fp8 else self.gpu.peak_tflops
-        ceiling = k.fp8_gemm_efficiency if g.fp8 else k.gemm_efficiency
-        return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=ceiling, tiles=tiles,
+        knob = "fp8_gemm_efficiency" if g.fp8 else "gemm_efficiency"
+        sustained_tflops = (fp8_peak_tflops(self.gpu) if g.fp8 else self.gpu.peak_tflops) * rate_scale(self.gpu, knob)
+        return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=getattr(k, knob), tiles=tiles,
                                sm_count=self.gpu.sm_count,
-                               k_fill=peak_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)
+                               k_fill=sustained_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)
 
     def gemm_s(self, g: Gemm) -> float:
         if g.flops == 0:

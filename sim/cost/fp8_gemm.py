@@ -14,9 +14,26 @@ so both values come from whole-step rows of public-measurements-2.md (benchmarks
 them; every other fp8 case is out of fit):
 - h100 / h200 0.62: fitted on the NeMo 24.07 Llama 2 7B FP8 row (8 H100, tp 1, the compute-bound case)
   with the H100 attention rate of sim/cost/attention_rate.py (0.60 before that rate was fitted);
-- b200 / gb200 0.51: fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-B200 (tp 1) with
+- b200 0.51: fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-B200 (tp 1) with
   the B200 attention rate and Blackwell's transpose-free per-tensor FP8 (sim/schedule/fp8_rules.py);
-  GB200 takes the B200 value (its rows are out of fit).
+  GB200 carries the B200 die and runs at its absolute rate: 0.51 x 4500 / 5000 of its own FP8 peak
+  (sim/cost/silicon_rate.py; its rows are out of fit).
+BLOCK_SCALED_RATE_BY_GPU: block-scaled recipes' GEMMs reach a fraction of that per-tensor ceiling. A per-tensor
+FP8 GEMM applies its two scales once, in the epilogue. A block-scaled one applies a scale per K-block inside the
+main loop: on Hopper, Float8BlockScaling's 1 x 128 / 128 x 128 scales are applied by the CUDA cores when the
+partial sums are promoted to fp32 every 128 values of K (cuBLASLt's VEC128 / BLK128x128 scale modes, the
+DeepSeek-V3 recipe); on Blackwell, MXFP8's E8M0 scales per 32 values feed the block-scaled tensor-core MMA, which
+also loads them per K-block, and TE runs Float8BlockScaling there as MXFP8 GEMMs (pytorch/csrc/extensions/
+gemm.cpp L312-314 @d0067d0, "Emulate the FP8 block scaling recipe with MXFP8 on Blackwell"). The published
+same-layout pairs say it costs time: Megatron-Bridge's MXFP8 rows are 2.0-5.5% slower per step than its FP8-CS
+rows of the same model and layout (Llama 3 8B on B200 / GB200, 25.09 and 25.11; public-measurements-2.md 2.2)
+although MXFP8 quantizes with one pass fewer; Megatron-LM's MoE layer benchmark on 8 H100 runs its FP8-blockwise
+layers 6-9 points slower against the bf16 ones than per-tensor FP8 at the 0.62 ceiling predicts (section 1.5).
+- h100 / h200 0.89: fitted on the Mixtral a2a FP8 layer pair (forward + backward), the other ten FP8 layer rows
+  out of fit;
+- b200 0.92: fitted on the Bridge 25.11 Llama 3 8B MXFP8 row on B200 (the FP8-CS row of the same layout fixed
+  the ceiling); the GB200 MXFP8 rows are out of fit. GB200 takes it through its silicon.
+A stated hardware.compute.fp8_gemm_efficiency is the recipe's own ceiling and is not scaled.
 Override with hardware.compute.fp8_gemm_efficiency, or measure the FP8 GEMMs on a GPU
 (validate/calibrate/fp8_gemm.py, torch._scaled_mm; written but not run on a GPU here).
 """
@@ -26,8 +43,11 @@ from __future__ import annotations
 from meshsim.topologies.gpus import GpuSpec, by_gpu_prefix
 
 FP8_OPERAND_BYTES = 1.0
-FP8_GEMM_CEILING_BY_GPU = {"h100": 0.62, "h200": 0.62, "b200": 0.51, "gb200": 0.51}
+FP8_GEMM_CEILING_BY_GPU = {"h100": 0.62, "h200": 0.62, "b200": 0.51}
 DEFAULT_FP8_CEILING = 0.60
+# Block-scaled FP8 GEMMs (blockwise, mxfp8): the fraction of the per-tensor ceiling they reach (module doc)
+BLOCK_SCALED_RATE_BY_GPU = {"h100": 0.89, "h200": 0.89, "b200": 0.92}
+BLOCK_SCALED_RECIPES = ("blockwise", "mxfp8")
 
 
 def fp8_peak_tflops(gpu: GpuSpec) -> float:
@@ -41,3 +61,8 @@ def fp8_gemm_ceiling(gpu_name: str) -> float:
     """The generation's FP8_GEMM_CEILING_BY_GPU (hardware.compute.fp8_gemm_efficiency, where stated, wins:
     sim/cost/compute.py ComputeModel fills only unstated knobs)."""
     return by_gpu_prefix(FP8_GEMM_CEILING_BY_GPU, gpu_name, DEFAULT_FP8_CEILING)
+
+
+def block_scaled_rate(recipe: str, gpu_name: str) -> float:
+    """BLOCK_SCALED_RATE_BY_GPU for a block-scaled recipe (blockwise, mxfp8), 1 for per-tensor ones."""
+    return by_gpu_prefix(BLOCK_SCALED_RATE_BY_GPU, gpu_name, 1.0) if recipe in BLOCK_SCALED_RECIPES else 1.0
