@@ -73,7 +73,7 @@ def _gpu_supports(s: Scenario, gpu: GpuSpec, source: str) -> None:
         return
     if cc < FP8_MIN_CC or gpu.fp8_peak_tflops <= 0:
         raise _err(source, "run.fp8", r.fp8, f"The {gpu.name} has no FP8 tensor cores (compute capability "
-                   f"{cc[0]}.{cc[1]}; FP8 needs 8.9 or later: H100, H200, B200, GB200)",
+                   f"{cc[0]}.{cc[1]}; FP8 needs 8.9 or later: H100, H200, B200, GB200, B300, GB300)",
                    "set run.fp8: off, or use an FP8 GPU (hardware.gpu / topology.preset)")
     if r.fp8 == "blockwise" and cc < BLOCKWISE_MIN_CC:
         raise _err(source, "run.fp8", r.fp8, f"Blockwise FP8 GEMMs need compute capability 9.0 or later, the "
@@ -81,7 +81,7 @@ def _gpu_supports(s: Scenario, gpu: GpuSpec, source: str) -> None:
     if r.fp8 == "mxfp8" and cc[0] != MXFP8_CC_MAJOR:
         raise _err(source, "run.fp8", r.fp8, f"MXFP8 needs a Blackwell GPU (compute capability 10.x), the "
                    f"{gpu.name} has {cc[0]}.{cc[1]}", "use run.fp8: tensorwise, delayed or blockwise, or a "
-                   "B200 / GB200")
+                   "B200 / GB200 / B300 / GB300")
 
 
 def check_fp8(s: Scenario, gpu: GpuSpec, source: str) -> None:

@@ -23,6 +23,7 @@ from accuracy_moe import LAYER_FP8_MS, LAYER_MS  # noqa: E402
 from meshsim.scenarios.load import load_and_resolve, resolve  # noqa: E402
 from meshsim.sim.cost.memory import memory_per_gpu  # noqa: E402
 from meshsim.sim.results import error_band as eb  # noqa: E402
+from meshsim.topologies.gpus import GPUS  # noqa: E402
 
 STEP_CASES = [c for g in eb.STEP_GROUPS for c in cases.step_cases(g.name)]
 
@@ -115,12 +116,13 @@ def test_fitted_generation_constants_are_the_code_values():
 
     lookups = {"gemm_ceiling": gemm_ceiling, "fp8_gemm_ceiling": fp8_gemm_ceiling,
                "attention_efficiency": attention_efficiency,
-               "block_scaled_rate": lambda gpu: block_scaled_rate("mxfp8" if gpu == "b200" else "blockwise", gpu)}
+               "block_scaled_rate": lambda gpu: block_scaled_rate("mxfp8" if gpu == "b200" else "blockwise", gpu),
+               "reference_rate": lambda gpu: GPUS[gpu].reference_rate}
     checked = 0
     for fit in cases.fits():
         family, _, gpu = fit.name.partition(".")
         if family in lookups and gpu:
             assert lookups[family](gpu) == pytest.approx(float(fit.value)), fit.name
             checked += 1
-    assert checked >= 9
+    assert checked >= 10
     assert next(f for f in cases.fits() if f.name == "elementwise_efficiency").value == ELEMENTWISE_EFFICIENCY

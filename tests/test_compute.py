@@ -219,7 +219,7 @@ def test_attention_efficiency_by_generation_unless_stated():
 @pytest.mark.parametrize("shape", [(8192, 8192, 8192, 1), (4096, 2880, 5760, 1), (1024, 7168, 2048, 8),
                                    (128, 4096, 4096, 1), (16384, 131, 4096, 1), (8192, 28672, 8192, 1)])
 def test_gb200_sustains_the_b200_die_rate(shape):
-    """GB200 carries B200's die (silicon_rate.py): unstated, every GEMM (16-bit and FP8, any shape: the
+    """GB200 carries B200's die (reference_rate.py): unstated, every GEMM (16-bit and FP8, any shape: the
     epilogue's k_fill too) and every attention kernel takes B200's time, though its datasheet peak is 11%
     higher; MFU's peak stays its own. A stated ceiling is a fraction of GB200's own peak."""
     b200, gb200 = ComputeModel(GPUS["b200"]), ComputeModel(GPUS["gb200"])
@@ -236,7 +236,7 @@ def test_gb200_sustains_the_b200_die_rate(shape):
 
 
 def test_a_part_of_its_own_die_is_not_scaled():
-    """Negative control: a preset without `silicon` keeps its own peak's fractions (H100 vs H200 differ)."""
+    """Negative control: a preset without `reference` keeps its own peak's fractions (H100 vs H200 differ)."""
     g = Gemm(8192, 8192, 8192)
     h100, h200 = ComputeModel(H100).time_s(g), ComputeModel(GPUS["h200-sxm"]).time_s(g)
     assert h100 == pytest.approx(g.flops / (989e12 * 0.75) + LAUNCH_S)
@@ -262,3 +262,22 @@ def test_block_scaled_fp8_gemms_reach_a_fraction_of_the_per_tensor_ceiling():
     assert ComputeModel(H100, fp8_recipe="delayed").knobs.fp8_gemm_efficiency == 0.62
     stated = ComputeModel(H100, ComputeTuning(fp8_gemm_efficiency=0.7), fp8_recipe="blockwise")
     assert stated.knobs.fp8_gemm_efficiency == 0.7
+
+
+def test_blackwell_ultra_parts_run_at_their_reference_rate():
+    """B300 takes B200's constants at rate 1; GB300 at its fitted reference_rate (reference_rate.py): at the
+    reference GEMM shape (no wave term: they have 160 SMs, B200 148) the time is B200's over that rate;
+    by-generation lookups (NCCL's rows) fall back to B200's."""
+    from meshsim.sim.cost.collectives.nccl_limits import generation
+    from meshsim.topologies.gpus import GB300_REFERENCE_RATE
+
+    b200 = ComputeModel(GPUS["b200"], ComputeTuning(launch_overhead_us=0.0))
+    g, a = Gemm(8192, 8192, 8192), Attention(batch=1, heads=4 * 37, kv_heads=4, seq=4096, head_dim=128)
+    for name, rate in (("b300", 1.0), ("gb300", GB300_REFERENCE_RATE)):
+        part = ComputeModel(GPUS[name], ComputeTuning(launch_overhead_us=0.0))
+        assert part.time_s(g) == pytest.approx(b200.time_s(g) / rate, rel=1e-12)
+        g8 = Gemm(8192, 8192, 8192, fp8=True)  # the reference shape: no wave term (160 SMs against 148)
+        assert part.time_s(g8) == pytest.approx(b200.time_s(g8) / rate, rel=1e-12)
+        assert generation(name) == "blackwell"
+    assert GB300_REFERENCE_RATE > 1.0
+    assert ComputeModel(GPUS["gb300"]).time_s(a) < ComputeModel(GPUS["gb200"]).time_s(a)

@@ -30,6 +30,8 @@ SPEC = {
     "dgx-h200": (8, 450.0, 8, 400.0, True),
     "dgx-b200": (8, 900.0, 8, 400.0, True),
     "gb200-nvl72": (72, 900.0, 72, 400.0, True),
+    "dgx-b300": (8, 900.0, 8, 800.0, True),  # ConnectX-8 800G (topologies/gpus.py)
+    "gb300-nvl72": (72, 900.0, 72, 800.0, True),
     "pcie-8gpu": (8, 0.0, 2, 200.0, False),
 }
 
@@ -62,7 +64,8 @@ def test_preset_figures(name):
             assert (len(topo.route(a, b)) == 0) == (a == b)
 
 
-@pytest.mark.parametrize("name", ["dgx2-v100", "dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72"])
+@pytest.mark.parametrize("name", ["dgx2-v100", "dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72", "dgx-b300",
+                                  "gb300-nvl72"])
 def test_nvswitch_route_is_two_links(name):
     topo = build_topology(name)
     last = topo.num_gpus - 1

@@ -13,8 +13,14 @@ datasheet, 8 GPUs: "FP8 72 PFLOPS" sparse) 4,500; GB200 (GB200 NVL72 datasheet, 
 NVIDIA datasheet figures, quoted from the datasheets' product tables. V100 and A100 have no FP8 tensor cores
 (fp8_peak_tflops 0). compute_capability: sm_70 V100, sm_80 A100, sm_90 H100/H200, sm_100 B200/GB200.
 
-GB200 carries the B200 die (`silicon="b200"`): by-generation constants keyed on B200 apply to it, at B200's
-absolute sustained rate (sim/cost/silicon_rate.py: same-layout Bridge runs on both parts come out equal).
+B300 and GB300 (Blackwell Ultra, compute capability 10.3): the HGX B300 and GB300 NVL72 datasheets print the
+same dense bf16 / FP8 peaks as B200 / GB200 (HGX B300, 8 GPUs: "FP8 72 PFLOPS", sparse; GB300 NVL72, 72 GPUs:
+"FP8 720 PFLOPS" and "FP16/BF16 360 PFLOPS", sparse), 288 GB of HBM3e per GPU at 8 TB/s, NVLink 5 (1.8 TB/s
+per GPU, both directions), 160 SMs, and ConnectX-8 800 Gb/s NICs (the dgx-b300 / gb300-nvl72 topology presets).
+Not in ../shared/reference/hardware-facts.md either: the public datasheet and product-brief figures.
+
+GB200, B300 and GB300 take B200's by-generation constants (`reference="b200"`), at B200's absolute sustained
+rate times their `reference_rate` (sim/cost/reference_rate.py gives the published runs behind each).
 
 These are peaks. Achieved fractions (GEMM efficiency, HBM efficiency) live in the cost models
 (`sim/cost/compute.py`), documented there and overridable per scenario or by a calibration profile.
@@ -48,10 +54,14 @@ class GpuSpec:
     description: str = ""
     fp8_peak_tflops: float = 0.0  # FP8 dense matrix TFLOP/s (0 = no FP8 tensor cores)
     compute_capability: tuple[int, int] = (0, 0)  # CUDA sm_XY: which FP8 recipes run (sim/schedule/fp8_rules.py)
-    # the preset whose die this part carries ("" = its own): by-generation constants not keyed on this part
-    # are that preset's, and it sustains that preset's absolute tensor rate (sim/cost/silicon_rate.py)
-    silicon: str = ""
+    # the preset of its generation whose measured constants it takes ("" = its own): by-generation tables without
+    # an entry for this part use that preset's, at that preset's absolute tensor rate x reference_rate
+    # (sim/cost/reference_rate.py)
+    reference: str = ""
+    reference_rate: float = 1.0
 
+
+GB300_REFERENCE_RATE = 1.29  # fitted (sim/cost/reference_rate.py, benchmarks/accuracy/fits.yaml)
 
 GPUS: dict[str, GpuSpec] = {
     g.name: g
@@ -70,17 +80,23 @@ GPUS: dict[str, GpuSpec] = {
                 fp8_peak_tflops=4500.0, compute_capability=(10, 0)),
         GpuSpec("gb200", 2500.0, gib(186.0), 8000.0, 900.0, 18, 148, "NVIDIA GB200 (one Blackwell GPU of a "
                 "Grace Blackwell superchip, NVL72, 1200 W)", fp8_peak_tflops=5000.0, compute_capability=(10, 0),
-                silicon="b200"),
+                reference="b200"),
+        GpuSpec("b300", 2250.0, gib(288.0), 8000.0, 900.0, 18, 160, "NVIDIA B300 (HGX, Blackwell Ultra)",
+                fp8_peak_tflops=4500.0, compute_capability=(10, 3), reference="b200"),
+        # reference_rate fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-GB300 (reference_rate.py)
+        GpuSpec("gb300", 2500.0, gib(288.0), 8000.0, 900.0, 18, 160, "NVIDIA GB300 (one Blackwell Ultra GPU of a "
+                "Grace Blackwell Ultra superchip, NVL72)", fp8_peak_tflops=5000.0, compute_capability=(10, 3),
+                reference="b200", reference_rate=GB300_REFERENCE_RATE),
     )
 }
 
 
 def by_gpu_prefix(table: Mapping[str, T], gpu_name: str, default: T) -> T:
     """A per-generation table's value for a GPU preset name: the first key the name starts with ("h100" for
-    "h100-sxm"), else the value of the preset's `silicon` (GB200 takes B200's), else `default`. Every
+    "h100-sxm"), else the value of the preset's `reference` (GB200 takes B200's), else `default`. Every
     by-generation constant (GEMM ceilings, attention rates, NCCL rows, NVLink efficiencies) is looked up here."""
     for key, value in table.items():
         if gpu_name.startswith(key):
             return value
     spec = GPUS.get(gpu_name)
-    return by_gpu_prefix(table, spec.silicon, default) if spec is not None and spec.silicon else default
+    return by_gpu_prefix(table, spec.reference, default) if spec is not None and spec.reference else default

@@ -25,6 +25,7 @@ CPU_LINK_US = 0.5  # CPU<->CPU socket interconnect (QPI/UPI) traversal
 PCIE_GEN3_GBPS = 16.0  # half of Gen4 (8 vs 16 GT/s per lane, same 128b/130b encoding)
 PCIE_GEN4_GBPS = 32.0
 PCIE_GEN5_GBPS = 64.0
+PCIE_GEN6_GBPS = 128.0  # twice Gen5 (64 vs 32 GT/s per lane); ConnectX-8's host link, fed to an 800 Gb/s port
 QPI_GBPS = 38.4  # 2 QPI links x 9.6 GT/s x 2 bytes (Xeon E5-2698 v4 in DGX-1), per direction
 
 
@@ -127,8 +128,19 @@ def dgx_b200() -> Topology:
 
 
 def gb200_nvl72() -> Topology:
-    return nvswitch_node("gb200-nvl72", "b200", 72, nvls=True, nics=72, nic_gbitps=400, pcie_gbps=PCIE_GEN5_GBPS,
+    return nvswitch_node("gb200-nvl72", "gb200", 72, nvls=True, nics=72, nic_gbitps=400, pcie_gbps=PCIE_GEN5_GBPS,
                          description="GB200 NVL72: 72 Blackwell GPUs in one NVLink domain (NVLS), 400G NIC each")
+
+
+def dgx_b300() -> Topology:
+    return nvswitch_node("dgx-b300", "b300", 8, nvls=True, nics=8, nic_gbitps=800, pcie_gbps=PCIE_GEN6_GBPS,
+                         description="DGX B300: 8x B300 (Blackwell Ultra) on NVSwitch (NVLS), 8x 800G ConnectX-8")
+
+
+def gb300_nvl72() -> Topology:
+    return nvswitch_node("gb300-nvl72", "gb300", 72, nvls=True, nics=72, nic_gbitps=800, pcie_gbps=PCIE_GEN6_GBPS,
+                         description="GB300 NVL72: 72 Blackwell Ultra GPUs in one NVLink domain (NVLS), "
+                                     "800G ConnectX-8 each")
 
 
 def pcie_8gpu(gpu: str = "a100-80gb") -> Topology:

@@ -34,7 +34,10 @@ PRESETS: dict[str, PresetInfo] = {
         PresetInfo("dgx-h100", presets.dgx_h100, "h100-sxm", "8x H100 on NVSwitch gen3 + NVLS, 8x 400G NDR"),
         PresetInfo("dgx-h200", presets.dgx_h200, "h200-sxm", "8x H200 on NVSwitch gen3 + NVLS, 8x 400G NDR"),
         PresetInfo("dgx-b200", presets.dgx_b200, "b200", "8x B200 on NVSwitch + NVLS, 8x 400G"),
-        PresetInfo("gb200-nvl72", presets.gb200_nvl72, "b200", "72 Blackwell GPUs, one NVLink domain + NVLS"),
+        PresetInfo("gb200-nvl72", presets.gb200_nvl72, "gb200", "72 Blackwell GPUs, one NVLink domain + NVLS"),
+        PresetInfo("dgx-b300", presets.dgx_b300, "b300", "8x B300 (Blackwell Ultra) on NVSwitch + NVLS, 8x 800G"),
+        PresetInfo("gb300-nvl72", presets.gb300_nvl72, "gb300", "72 Blackwell Ultra GPUs, one NVLink domain + NVLS, "
+                   "800G"),
         PresetInfo("pcie-8gpu", presets.pcie_8gpu, "a100-80gb", "8 GPUs on PCIe Gen4, no NVLink, 2x 200G"),
     )
 }

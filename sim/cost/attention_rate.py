@@ -16,7 +16,7 @@ enters; the table's other rows (five CP rows and two rows without CP each) are o
 3% (benchmarks/accuracy.py, groups cp and fp8):
 - h100 / h200 0.43 (H200: the same SM and clocks as H100; its extra HBM bandwidth does not feed the MMA);
 - b200 0.55 (GB200, the same die: B200's absolute rate, 0.55 x 2250 / 2500 of its own peak;
-  sim/cost/silicon_rate.py).
+  sim/cost/reference_rate.py).
 Other GPUs keep DEFAULT_ATTENTION_EFFICIENCY 0.50, the first-principles figure of sim/cost/compute.py
 (tensor-core work plus an unoverlapped softmax per score).
 

@@ -56,7 +56,7 @@ from meshsim.sim.cost.fp8_gemm import FP8_OPERAND_BYTES, block_scaled_rate, fp8_
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
-from meshsim.sim.cost.silicon_rate import rate_scale
+from meshsim.sim.cost.reference_rate import rate_scale
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep, Work
 from meshsim.sim.schedule.optimizer_states import HOST_ADAM_TRAFFIC_BYTES, OFFLOAD_COPY_BYTES
 from meshsim.sim.schedule.run_settings import DETERMINISTIC_ATTENTION_SLOWDOWN
@@ -131,7 +131,7 @@ class ComputeModel:
                          "attention_efficiency": attention_efficiency(self.gpu.name)}
         unstated = {knob: value * rate_scale(self.gpu, knob) for knob, value in by_generation.items()
                     if not self._stated(knob)}
-        if unstated:  # no scenario or profile figure: the GPU generation's value (at its silicon's rate)
+        if unstated:  # no scenario or profile figure: the GPU generation's value (at its reference's rate)
             self.knobs = self.knobs.model_copy(update=unstated)
 
     def _stated(self, knob: str) -> bool:

@@ -17,7 +17,7 @@ them; every other fp8 case is out of fit):
 - b200 0.51: fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-B200 (tp 1) with
   the B200 attention rate and Blackwell's transpose-free per-tensor FP8 (sim/schedule/fp8_rules.py);
   GB200 carries the B200 die and runs at its absolute rate: 0.51 x 4500 / 5000 of its own FP8 peak
-  (sim/cost/silicon_rate.py; its rows are out of fit).
+  (sim/cost/reference_rate.py; its rows are out of fit).
 BLOCK_SCALED_RATE_BY_GPU: block-scaled recipes' GEMMs reach a fraction of that per-tensor ceiling. A per-tensor
 FP8 GEMM applies its two scales once, in the epilogue. A block-scaled one applies a scale per K-block inside the
 main loop: on Hopper, Float8BlockScaling's 1 x 128 / 128 x 128 scales are applied by the CUDA cores when the
@@ -32,7 +32,7 @@ layers 6-9 points slower against the bf16 ones than per-tensor FP8 at the 0.62 c
 - h100 / h200 0.89: fitted on the Mixtral a2a FP8 layer pair (forward + backward), the other ten FP8 layer rows
   out of fit;
 - b200 0.92: fitted on the Bridge 25.11 Llama 3 8B MXFP8 row on B200 (the FP8-CS row of the same layout fixed
-  the ceiling); the GB200 MXFP8 rows are out of fit. GB200 takes it through its silicon.
+  the ceiling); the GB200 MXFP8 rows are out of fit. GB200 takes it through its reference.
 A stated hardware.compute.fp8_gemm_efficiency is the recipe's own ceiling and is not scaled.
 Override with hardware.compute.fp8_gemm_efficiency, or measure the FP8 GEMMs on a GPU
 (validate/calibrate/fp8_gemm.py, torch._scaled_mm; written but not run on a GPU here).

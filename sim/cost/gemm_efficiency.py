@@ -42,7 +42,7 @@ REFERENCE_MNK = 8192
 #   TFLOP/s = 74-76% of 989 (sustained clocks under load sit below the boost clock the peak assumes);
 # - h200: 0.80, measured here (8192^3 bf16, 790 / 989; more HBM bandwidth and power headroom than H100);
 # - b200: 0.75, no public measurement in our set: the Hopper SXM (H100) fraction is assumed (GB200, the same
-#   die: B200's absolute rate, sim/cost/silicon_rate.py);
+#   die: B200's absolute rate, sim/cost/reference_rate.py);
 # - v100: 0.80, no GEMM measurement in our set: DEFAULT_CEILING, not fitted on any case (benchmarks/accuracy/
 #   fits.yaml; the 2020 DGX-2 tp1 step, compute-bound, comes out +5.6% with it).
 GEMM_CEILING_BY_GPU = {"a100": 0.82, "h100": 0.75, "h200": 0.80, "b200": 0.75, "v100": DEFAULT_CEILING}
