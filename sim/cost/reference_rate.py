@@ -18,7 +18,7 @@ whatever the two datasheets print:
   mbs 4 (section 1.3): 26.04.01 -3.8%, 26.04 -3.1%, 26.02.01 -1.2%. Seven pairs, mean +0.3%, none beyond 4.5%.
 - B300 (Blackwell Ultra, HGX, reference B200, rate 1, fitted on nothing): its datasheet's dense bf16 / FP8
   peaks are B200's; the one B300 row whose model meshsim holds to within a few percent on B200-class parts,
-  Qwen3-30B-A3B MXFP8 ep 8 mbs 8 (26.06, section 1.3), comes out -3.0% at rate 1 (out of fit), so nothing
+  Qwen3-30B-A3B MXFP8 ep 8 mbs 8 (26.06, section 1.3), comes out -3.1% at rate 1 (out of fit), so nothing
   says it sustains more.
 - GB300 (Blackwell Ultra, NVL72, reference B200, its reference_rate fitted): the same datasheet peaks as GB200,
   but its runs are faster at the same layout: Llama 3 8B FP8-CS / MXFP8 25.11 +19% / +21% tokens/s over
