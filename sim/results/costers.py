@@ -69,7 +69,7 @@ class CollectiveCoster:
         # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
         c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
                             concurrent_groups=self._concurrent(work.group, group), tuning=self.tuning,
-                            **flex_arguments(work.kernel, self.rs.topology.gpu))
+                            **flex_arguments(work.kernel, self.rs.topology))
         latency_s, bandwidth_s, source = c.latency_s, c.time_s - c.latency_s, "model"
         measured_s = self._measured_s(work, len(group))
         if measured_s is not None:
