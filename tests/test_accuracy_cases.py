@@ -110,6 +110,7 @@ def test_fitted_generation_constants_are_the_code_values():
     """fits.yaml's value of each by-generation constant is the one the code uses (no drift between the
     fit table the report reads and the simulator)."""
     from meshsim.sim.cost.attention_rate import attention_efficiency
+    from meshsim.sim.cost.collectives.flex import FLEX_NVLINK_CAP_GBPS
     from meshsim.sim.cost.compute import ELEMENTWISE_EFFICIENCY
     from meshsim.sim.cost.fp8_gemm import block_scaled_rate, fp8_gemm_ceiling
     from meshsim.sim.cost.gemm_efficiency import gemm_ceiling
@@ -117,12 +118,13 @@ def test_fitted_generation_constants_are_the_code_values():
     lookups = {"gemm_ceiling": gemm_ceiling, "fp8_gemm_ceiling": fp8_gemm_ceiling,
                "attention_efficiency": attention_efficiency,
                "block_scaled_rate": lambda gpu: block_scaled_rate("mxfp8" if gpu == "b200" else "blockwise", gpu),
-               "reference_rate": lambda gpu: GPUS[gpu].reference_rate}
+               "reference_rate": lambda gpu: GPUS[gpu].reference_rate,
+               "flex_nvlink_cap": FLEX_NVLINK_CAP_GBPS.__getitem__}
     checked = 0
     for fit in cases.fits():
         family, _, gpu = fit.name.partition(".")
         if family in lookups and gpu:
             assert lookups[family](gpu) == pytest.approx(float(fit.value)), fit.name
             checked += 1
-    assert checked >= 10
+    assert checked >= 12
     assert next(f for f in cases.fits() if f.name == "elementwise_efficiency").value == ELEMENTWISE_EFFICIENCY
