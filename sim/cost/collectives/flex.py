@@ -66,15 +66,9 @@ def flex_arguments(kernel: str, topo: Topology) -> dict[str, Any]:
 
 
 def flex_constants(topo: Topology) -> NcclConstants:
-    """FLEX_CONSTANTS with the NVLink efficiency capped by the generation's FLEX_NVLINK_CAP_GBPS (memoized)."""
+    """FLEX_CONSTANTS with the NVLink efficiency capped by the generation's FLEX_NVLINK_CAP_GBPS (the callers
+    memoize the costs: CollectiveCoster per collective)."""
     cap = FLEX_NVLINK_CAP_GBPS.get(generation(topo.gpu))
     if cap is None or topo.nvlink_gbps_per_gpu <= 0:
         return FLEX_CONSTANTS
-    efficiency = min(DEEPEP_NVLINK_EFFICIENCY, cap / topo.nvlink_gbps_per_gpu)
-    hit = _CAPPED.get(efficiency)
-    if hit is None:
-        hit = _CAPPED[efficiency] = replace(FLEX_CONSTANTS, nvlink_efficiency=efficiency)
-    return hit
-
-
-_CAPPED: dict[float, NcclConstants] = {}
+    return replace(FLEX_CONSTANTS, nvlink_efficiency=min(DEEPEP_NVLINK_EFFICIENCY, cap / topo.nvlink_gbps_per_gpu))
