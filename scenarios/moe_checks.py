@@ -142,7 +142,9 @@ def check_ep_overlap(s: Scenario, ctx: CheckContext) -> None:
                 (p.moe_dispatcher == "allgather", "it needs the alltoall or flex dispatcher",
                  "set parallel.moe_dispatcher: alltoall"),
                 (p.recompute == "full", "it cannot run with full recompute", "set parallel.recompute: selective"),
-                (p.pp > 1 and p.vp == 1, "with pp > 1 it needs virtual stages", "set parallel.vp > 1")]
+                (p.pp > 1 and p.vp == 1, "with pp > 1 it needs virtual stages", "set parallel.vp > 1"),
+                (s.model.mtp_layers > 1, "it allows at most one multi-token prediction layer (L3042-3046)",
+                 "set model.mtp_layers: 1, or moe_ep_overlap: false")]
     for bad, problem, fix in problems:
         if bad:
             raise rule_error(ctx, "parallel.moe_ep_overlap", True, f"Overlapping the expert-parallel "

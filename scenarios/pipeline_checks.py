@@ -61,7 +61,7 @@ def _explicit_layout(s: Scenario, ctx: CheckContext) -> None:
     except ValueError as exc:
         raise _err(ctx, "parallel.pipeline_layout", text[:60], f"It is too long: {exc}",
                    "write at most model.layers layers") from None
-    problem = None
+    problem, fix = None, "write one '|'-separated segment per virtual stage, e.g. Et|(tt|)*30mL for 32"
     if segments is None or any(set(seg) - LAYOUT_SYMBOLS for seg in segments):
         problem = "It may hold only t, E, m, L, '|' and '(...)*n' repetitions"
     elif len(segments) != p.pp * p.vp:
@@ -71,12 +71,16 @@ def _explicit_layout(s: Scenario, ctx: CheckContext) -> None:
     elif "".join(segments).count("E") != 1 or not segments[0].startswith("E") or \
             "".join(segments).count("L") != 1 or not segments[-1].endswith("L"):
         problem = "The embedding 'E' must open the first segment and the loss 'L' close the last, once each"
+    elif "".join(segments).count("m") != s.model.mtp_layers or segments[-1].count("m") != s.model.mtp_layers:
+        problem = (f"Its 'm' layers ({''.join(segments).count('m')}) must all sit in the last segment, with the "
+                   f"loss, and number model.mtp_layers = {s.model.mtp_layers} (Megatron places every MTP layer on one "
+                   "virtual stage; meshsim runs them beside the loss)")
+        fix = "put model.mtp_layers 'm's in the last segment, before 'L' (e.g. ...|mL), or set model.mtp_layers to their count"
     elif p.first_stage_layers is not None or p.last_stage_layers is not None or \
             p.account_for_embedding_in_split or p.account_for_loss_in_split:
         problem = "A layout replaces first/last_stage_layers and the account_for_*_in_split options"
     if problem is not None:
-        raise _err(ctx, "parallel.pipeline_layout", text, problem,
-                   "write one '|'-separated segment per virtual stage, e.g. Et|(tt|)*30mL for 32")
+        raise _err(ctx, "parallel.pipeline_layout", text, problem, fix)
 
 
 def check_pipeline_layers(s: Scenario, ctx: CheckContext) -> None:

@@ -90,6 +90,8 @@ class ModelConfig(Frozen):
     mla: MlaConfig | None = None  # multi-head latent attention; unset: MHA / GQA
     sliding_window: int | None = Field(default=None, gt=0)  # --window-size (tokens) on windowed layers
     sliding_window_skip_every: int = Field(default=2, gt=0)  # --window-attn-skip-freq: every k-th layer full
+    # Megatron --mtp-num-layers: multi-token prediction depths after the decoder (DeepSeek-V3: 1)
+    mtp_layers: int = Field(default=0, ge=0, le=8)
 
     @property
     def num_kv_heads(self) -> int:
