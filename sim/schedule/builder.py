@@ -32,6 +32,7 @@ from meshsim.sim.schedule.layer_kinds import (
 )
 from meshsim.sim.schedule.layer_ops import backward_template, forward_template
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
+from meshsim.sim.schedule.mtp_ops import head_backward_with_mtp, head_forward_with_mtp
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -112,7 +113,8 @@ def _grad_params(t: Templates, layers: int, expert: bool = False) -> list[int]:
     """Parameter counts of one micro-batch's gradient producers in backward order (as _micro_batch
     records them): the head, the layers last to first, the embedding (`expert`: the routed experts')."""
     if expert:
-        return [n for layer in reversed(range(layers)) for _, n in t.layer_bwd(layer).expert_grads]
+        return [n for _, n in t.head_bwd.expert_grads] + \
+            [n for layer in reversed(range(layers)) for _, n in t.layer_bwd(layer).expert_grads]
     per_layer = [n for layer in reversed(range(layers)) for _, n in t.layer_bwd(layer).grads]
     return [n for _, n in t.head_bwd.grads] + per_layer + [n for _, n in t.embed_bwd.grads]
 
@@ -137,6 +139,11 @@ def step_templates(rs: ResolvedScenario, d: LayerDims, tied: bool) -> Templates:
     t = Templates(d, tied) if m.moe is None and m.mla is None and m.sliding_window is None else \
         Templates(d, tied, layer_plan(rs, d), m)
     t.amax = fp8_amax_templates(rs, m.layers) if rs.pp == 1 else None
+    if m.mtp_layers:  # multi-token prediction rides with the output layer and loss (sim/schedule/mtp_ops.py)
+        last = m.layers - 1
+        t.head_fwd = head_forward_with_mtp(m.mtp_layers, d, t.head_fwd, t.embed_fwd, t.layer_fwd(last))
+        t.head_bwd = head_backward_with_mtp(m.mtp_layers, d, t.head_bwd, head_backward(d, True), t.embed_bwd,
+                                            t.layer_bwd(last), own_embedding=rs.pp > 1 and not m.tied_embeddings)
     return t
 
 

@@ -25,6 +25,10 @@ KV ring's send/recv shifts, over "cp" or, for a2a+p2p, "cp_p2p"), CP_A2A + "_q"/
 backward, "_dout"/"_dq"/"_dk"/"_dv" (the all-to-alls over "cp_a2a"), CP_GATHER + "_k"/"_v" and CP_SCATTER
 + "_dk"/"_dv" (allgather's KV all-gathers and dK/dV reduce-scatters over "cp"); the core's attention
 kernels are "attn_c<step>" (a ring step or an all-gathered chunk).
+Multi-token prediction (sim/schedule/mtp_ops.py) runs inside the head block, its ops prefixed MTP_BLOCK + depth
+("head.mb0.mtp0.fwd.qkv"): MTP_EH_IN (eh_proj's entry over the concatenated [s, b, 2h] input), MTP_EH_OUT
+(its output's all-gather along the hidden dimension) and, under SP, MTP_SP_SPLIT (the sequence split's
+backward all-gather).
 Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
 With parallel.p2p_scatter_gather each received 1/tp chunk is all-gathered over "tp" by
 "<PP_BLOCK>.<PP_GATHER>_<fwd|bwd>_c<chunk>.mb<m>" (purpose PP_GATHER).
@@ -53,6 +57,7 @@ FP8_QUANT, FP8_AMAX, FP8_TRANSPOSE = "fp8_quant", "fp8_amax", "fp8_transpose"
 FP8_AMAX_REDUCE, FP8_AMAX_UPDATE, FP8_WEIGHT_CAST = "fp8_amax_reduce", "fp8_amax_update", "fp8_weight_cast"
 FP8_BLOCK = "fp8"
 CP_RING, CP_A2A, CP_GATHER, CP_SCATTER = "cp_ring", "cp_a2a", "cp_gather", "cp_scatter"
+MTP_BLOCK, MTP_EH_IN, MTP_EH_OUT, MTP_SP_SPLIT = "mtp", "mtp_eh_in", "mtp_eh_gather", "mtp_sp_split"
 
 
 def layer_block(layer: int) -> str:

@@ -180,8 +180,8 @@ def _chunk_grad_params(t: Templates, ch: ChunkLayout, expert: bool = False) -> l
     `expert`: the routed experts')."""
     layers = [n for layer in reversed(ch.layers) for _, n in
               (t.layer_bwd(layer).expert_grads if expert else t.layer_bwd(layer).grads)]
-    if expert:
-        return layers
+    if expert:  # the head's: a multi-token prediction layer's experts (sim/schedule/mtp_ops.py)
+        return ([n for _, n in t.head_bwd.expert_grads] if ch.head else []) + layers
     head = [n for _, n in t.head_bwd.grads] if ch.head else []
     embed = [n for _, n in t.embed_bwd.grads] if ch.embedding else []
     return head + layers + embed
@@ -193,7 +193,9 @@ def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout
     p, d = rs.scenario.parallel, t.plan.d
     head = any(ch.head for ch in chunks)
     sp, kv = layers_dp_params(rs, t, [layer for ch in chunks for layer in ch.layers], head)
-    tied = rs.scenario.model.tied_embeddings and (head or any(ch.embedding for ch in chunks))
+    # a tied output layer, or multi-token prediction's embedding copy on the loss's stage (sim/schedule/mtp_ops.py)
+    shared = rs.scenario.model.tied_embeddings or rs.scenario.model.mtp_layers > 0
+    tied = shared and (head or any(ch.embedding for ch in chunks))
     return DpConfig(dp=rs.grad_dp, distributed_optimizer=p.distributed_optimizer, overlap=p.dp_overlap,
                     gather_overlap=p.param_gather_overlapped,
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
