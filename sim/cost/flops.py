@@ -26,7 +26,11 @@ causal-halved, the padded vocabulary, per token and layer x 3 (fwd + dgrad + wgr
     MLA      q_lora (h + a (d_qk + d_rope) + 1) [or h a (d_qk + d_rope)] + kv_lora (h + a (d_qk + d_v) + 1)
              + h d_rope + a d_v h (projections) + s a (d_qk + d_rope + d_v) / 2 (core)
     logits   h V_padded
-(sliding windows are not discounted there either; multi-token prediction layers are not modeled).
+(sliding windows are not discounted there either).
+
+Multi-token prediction (model.mtp_layers = D; sim/schedule/mtp_ops.py) adds per token, as Megatron's count
+does (training.py L1042-1046, L1288-1303): D more layers of the last layer's kind, D eh_proj GEMMs
+(2h x h: 2 h^2 multiply-accumulates, plus 3h for its norms in Megatron's count) and D more logits GEMMs.
 """
 
 from __future__ import annotations
@@ -69,14 +73,16 @@ def _attention_terms(m: ModelConfig) -> tuple[float, float]:
 def megatron_flops_per_token(rs: ResolvedScenario) -> float:
     """Model FLOPs per token, Megatron-LM's num_floating_point_operations (module docstring)."""
     m = rs.scenario.model
-    g = 3 if m.mlp == "swiglu" else 2
+    g, mtp, layers = 3 if m.mlp == "swiglu" else 2, m.mtp_layers, m.layers + m.mtp_layers
     moe_layers = sum(1 for layer in range(m.layers) if m.moe is not None and m.moe.is_moe_layer(layer))
-    mlp = m.hidden * m.ffn * g * (m.layers - moe_layers)
+    moe_layers += mtp if m.moe is not None and m.moe.is_moe_layer(m.layers - 1) else 0  # MTP: the last layer's kind
+    mlp = m.hidden * m.ffn * g * (layers - moe_layers)
     if m.moe is not None:
         mlp += m.hidden * (m.moe.ffn_hidden * m.moe.top_k + (m.moe.shared_ffn_hidden or 0)) * g * moe_layers
     proj, core = _attention_terms(m)
     vocab = padded_vocab(m.vocab, rs.tp, m.vocab_divisible_by)
-    return 6.0 * (mlp + m.layers * (proj + core) + m.hidden * vocab)
+    eh_proj = mtp * (3 * m.hidden + 2 * m.hidden * m.hidden)
+    return 6.0 * (mlp + layers * (proj + core) + eh_proj + m.hidden * vocab * (1 + mtp))
 
 
 def model_flops_per_step(rs: ResolvedScenario) -> float:
@@ -84,7 +90,9 @@ def model_flops_per_step(rs: ResolvedScenario) -> float:
     tokens = rs.scenario.parallel.global_batch * m.seq_len
     if megatron_convention(m):
         return tokens * megatron_flops_per_token(rs)
-    return 3.0 * tokens * (m.layers * layer_forward_flops_per_token(m) + 2.0 * m.hidden * m.vocab)
+    mtp = m.mtp_layers
+    return 3.0 * tokens * ((m.layers + mtp) * layer_forward_flops_per_token(m) + 2.0 * m.hidden * m.vocab * (1 + mtp)
+                           + 4.0 * m.hidden * m.hidden * mtp)
 
 
 def _recomputes_core(p: ParallelConfig) -> bool:
@@ -95,11 +103,12 @@ def _recomputes_core(p: ParallelConfig) -> bool:
 def hardware_flops_per_step(rs: ResolvedScenario) -> float:
     m, p = rs.scenario.model, rs.scenario.parallel
     tokens = p.global_batch * m.seq_len
+    layers = m.layers + m.mtp_layers  # an MTP layer recomputes as the decoder's do
     if megatron_convention(m):
-        per_layer = megatron_flops_per_token(rs) / 3.0 / m.layers  # one forward, averaged over layers
+        per_layer = megatron_flops_per_token(rs) / 3.0 / layers  # one forward, averaged over layers
         core = 2.0 * _attention_terms(m)[1]
         extra = {"full": per_layer, "selective": core if _recomputes_core(p) else 0.0}
-        return model_flops_per_step(rs) + tokens * m.layers * extra.get(p.recompute, 0.0)
+        return model_flops_per_step(rs) + tokens * layers * extra.get(p.recompute, 0.0)
     extra = {"full": layer_forward_flops_per_token(m),
              "selective": attention_core_flops_per_token(m) if _recomputes_core(p) else 0.0}
-    return model_flops_per_step(rs) + tokens * m.layers * extra.get(p.recompute, 0.0)
+    return model_flops_per_step(rs) + tokens * layers * extra.get(p.recompute, 0.0)

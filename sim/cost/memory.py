@@ -63,6 +63,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import BF16_BYTES, GB
 from meshsim.sim.cost.fp8_memory import fp8_activation_savings, fp8_weight_extra_bytes, moe_fp8_savings
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
+from meshsim.sim.cost.mtp_memory import mtp_extra_params, mtp_head_activation_bytes
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
 from meshsim.sim.schedule.optimizer_states import main_grad_bytes, state_bytes
@@ -90,9 +91,16 @@ class MemoryBreakdown:
 
 
 def kinded(rs: ResolvedScenario) -> bool:
-    """Whether the model's layers differ by kind (MoE, MLA): then memory is summed per layer kind."""
+    """Whether memory is summed per layer kind: the layers differ (MoE, MLA) or multi-token prediction
+    adds layers of the last one's kind."""
     m = rs.scenario.model
-    return m.moe is not None or m.mla is not None
+    return m.moe is not None or m.mla is not None or m.mtp_layers > 0
+
+
+def model_layers(rs: ResolvedScenario) -> list[int]:
+    """Every transformer layer a step runs: the decoder's, then each MTP depth's (the last layer's kind)."""
+    m = rs.scenario.model
+    return list(range(m.layers)) + [m.layers - 1] * m.mtp_layers
 
 
 def layers_memory(rs: ResolvedScenario, layers: list[int]) -> tuple[int, int, int, int]:
@@ -120,8 +128,8 @@ def params_per_rank(rs: ResolvedScenario) -> int:
     table = d.vocab * d.hidden
     head = table if rs.scenario.model.tied_embeddings else 2 * table
     if kinded(rs):
-        dense, expert, _, _ = layers_memory(rs, list(range(rs.scenario.model.layers)))
-        return dense + expert + head + d.norm_params
+        dense, expert, _, _ = layers_memory(rs, model_layers(rs))
+        return dense + expert + head + d.norm_params + mtp_extra_params(rs)
     return rs.scenario.model.layers * d.layer_params + head + d.norm_params
 
 
@@ -150,10 +158,10 @@ def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
 def activation_bytes(rs: ResolvedScenario) -> int:
     """All layers plus embedding/head, micro_batches_in_flight(rs) micro-batches."""
     d = layer_dims(rs)
-    layers = rs.scenario.model.layers
+    layers = len(model_layers(rs))
     per_input = d.tokens_out * d.hidden * d.dtype_bytes
     if kinded(rs):
-        _, _, acts, biggest = layers_memory(rs, list(range(layers)))
+        _, _, acts, biggest = layers_memory(rs, model_layers(rs))
         body = layers * per_input + biggest if d.recompute == "full" else acts
         body = combined_1f1b_activations(rs) or body
     elif d.recompute == "full":
@@ -162,7 +170,7 @@ def activation_bytes(rs: ResolvedScenario) -> int:
         body = layers * layer_activation_bytes(d)
     sharded = d.tokens_out * d.hidden
     head = sharded * (1 if d.dropout else 0) + 2 * sharded * d.dtype_bytes + 4 * d.tokens * d.vocab
-    return body + head
+    return body + head + mtp_head_activation_bytes(d, rs.scenario.model.mtp_layers)
 
 
 def in_flight_micro_batches(rs: ResolvedScenario, stage: int) -> float:
@@ -194,7 +202,10 @@ def combined_1f1b_activations(rs: ResolvedScenario) -> int | None:
 
 
 def stage_layers(rs: ResolvedScenario, stage: int) -> list[int]:
-    return [layer for ch in pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)[stage] for layer in ch.layers]
+    """The transformer layers `stage` runs: its chunks', and on the last stage the MTP depths' (model_layers)."""
+    m = rs.scenario.model
+    mtp = [m.layers - 1] * m.mtp_layers if stage == rs.pp - 1 else []
+    return [layer for ch in pipeline_layout(rs.scenario.parallel, m.layers)[stage] for layer in ch.layers] + mtp
 
 
 def stage_param_split(rs: ResolvedScenario, stage: int) -> tuple[int, int]:
@@ -203,7 +214,8 @@ def stage_param_split(rs: ResolvedScenario, stage: int) -> tuple[int, int]:
     d = layer_dims(rs)
     layers = stage_layers(rs, stage)
     table = d.vocab * d.hidden
-    ends = (table if stage == 0 else 0) + (table + d.norm_params if stage == rs.pp - 1 else 0)
+    output = 0 if stage == 0 and rs.scenario.model.tied_embeddings else table  # pp = 1: tied shares the embedding
+    ends = (table if stage == 0 else 0) + (output + d.norm_params + mtp_extra_params(rs) if stage == rs.pp - 1 else 0)
     if kinded(rs):
         dense, expert, _, _ = layers_memory(rs, layers)
         return dense + ends, expert
@@ -232,6 +244,7 @@ def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
     sharded = d.tokens_out * d.hidden
     embed = sharded * (1 if d.dropout else 0) * flight if stage == 0 else 0
     head = 2 * sharded * d.dtype_bytes + 4 * d.tokens * d.vocab if stage == rs.pp - 1 else 0
+    head += mtp_head_activation_bytes(d, rs.scenario.model.mtp_layers) if stage == rs.pp - 1 else 0
     return int(body + embed + head)
 
 
@@ -277,7 +290,7 @@ def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
         return pipeline_memory(rs)
     if kinded(rs):
         dense, expert = stage_param_split(rs, 0)
-        return _breakdown(rs, dense, activation_bytes(rs), expert, range(rs.scenario.model.layers))
+        return _breakdown(rs, dense, activation_bytes(rs), expert, model_layers(rs))
     params = params_per_rank(rs)
     shard = rs.grad_dp if rs.scenario.parallel.distributed_optimizer else 1
     weights, grads, optimizer, host = _states(rs, params, params / shard)
