@@ -85,7 +85,7 @@ def test_ep_without_moe_is_refused():
 
 
 def test_pipeline_layout_rules():
-    ok = tiny({"parallel.pp": 2, "parallel.pipeline_layout": "Et|tmL", "parallel.ep": 4})
+    ok = tiny({"parallel.pp": 2, "parallel.pipeline_layout": "Et|tmL", "parallel.ep": 4, "model.mtp_layers": 1})
     assert ok.pp == 2
     for layout, words in (("Et|ttL", "3 't' layers"), ("Et|t|L", "segments"), ("tE|tL", "embedding"),
                           ("Ex|tL", "only t, E"), ("(t)*999999|L", "too long")):

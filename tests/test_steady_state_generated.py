@@ -82,6 +82,7 @@ no_pp = st.fixed_dictionaries({
     "parallel.gpus": st.sampled_from([4, 8, 16]),
     "topology.nodes": st.just(2),
     "hardware.compute.comm_interference": st.sampled_from([0.0, 0.0, 0.3]),
+    "model.mtp_layers": st.sampled_from([0, 0, 0, 1]),  # multi-token prediction rides with the head
 })
 
 
@@ -122,6 +123,7 @@ pipelined = st.fixed_dictionaries({
     "parallel.tp_comm_overlap": st.booleans(),
     "dp": st.sampled_from([1, 2]),
     "hardware.compute.comm_interference": st.sampled_from([0.0, 0.0, 0.3]),
+    "model.mtp_layers": st.sampled_from([0, 0, 0, 1]),  # multi-token prediction rides with the head
 })
 
 

@@ -1,0 +1,173 @@
+"""Multi-token prediction (model.mtp_layers; sim/schedule/mtp_ops.py): the ops it adds, its FLOPs, parameters
+and memory in closed form, its placement with pipelining, and the layout / overlap checks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.cost.flops import (
+    layer_forward_flops_per_token,
+    megatron_flops_per_token,
+    model_flops_per_step,
+)
+from meshsim.sim.cost.memory import memory_per_gpu, stage_param_split
+from meshsim.sim.schedule import op_keys as K
+from meshsim.sim.schedule.builder import build_schedule
+from meshsim.sim.schedule.ops import Collective
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+
+MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False, "model.mlp": "swiglu",
+       "parallel.sp": True}
+
+
+def tiny(overrides: dict, gpus: int = 2):
+    """tiny-2gpu (tp 2 + SP unless overridden) with `overrides`."""
+    scenario, source = load_scenario("tiny-2gpu")
+    base = {"parallel.gpus": gpus, "parallel.global_batch": 2 * gpus, **copy.deepcopy(overrides)}
+    return resolve(with_overrides(scenario, base, source), source)
+
+
+def head_ops(schedule, mb: int = 0):
+    return [op for op in schedule.ops if op.micro_batch == mb and op.name.startswith(f"{K.HEAD_BLOCK}.mb{mb}.")]
+
+
+def keys(ops, prefix: str) -> list[str]:
+    return [op.name.split(prefix, 1)[1] for op in ops if prefix in op.name]
+
+
+def test_no_mtp_ops_without_mtp_layers():
+    assert not any(".mtp" in op.name for op in build_schedule(tiny({})).ops)
+
+
+def test_one_depth_runs_one_more_layer_its_projection_and_a_second_head():
+    rs0, rs1 = tiny({"parallel.sp": True}), tiny({"parallel.sp": True, "model.mtp_layers": 1})
+    s0, s1 = build_schedule(rs0), build_schedule(rs1)
+    layer = [op.name.split("L0.mb0.", 1)[1] for op in s0.ops if op.name.startswith("L0.mb0.")]
+    head = keys(head_ops(s0), "head.mb0.")
+    mtp = keys(head_ops(s1), "head.mb0.mtp0.")
+    embed = [op.name.split("embed.mb0.", 1)[1] for op in s0.ops if op.name.startswith("embed.mb0.")]
+    proj_fwd = ["fwd.mtp_enorm", "fwd.mtp_hnorm", "fwd.mtp_concat", f"fwd.{K.MTP_EH_IN}", "fwd.eh_proj",
+                f"fwd.{K.MTP_EH_OUT}"]
+    proj_bwd = [f"bwd.{K.MTP_SP_SPLIT}", f"bwd.{K.MTP_EH_IN}{K.REGATHER}", "bwd.eh_proj_dgrad", "bwd.eh_proj_wgrad",
+                f"bwd.{K.MTP_EH_IN}", "bwd.mtp_enorm", "bwd.mtp_hnorm"]
+    fwd = lambda names: [n for n in names if n.startswith("fwd.")]  # noqa: E731
+    bwd = lambda names: [n for n in names if n.startswith("bwd.")]  # noqa: E731
+    assert sorted(mtp) == sorted(fwd(embed) + proj_fwd + fwd(layer) + fwd(head)
+                                 + bwd(head) + bwd(layer) + proj_bwd + bwd(embed))
+    assert keys(head_ops(s1), "head.mb0.").count("fwd.mtp_loss_add") == 1
+    # the main head's own ops are unchanged
+    assert [n for n in keys(head_ops(s1), "head.mb0.") if not n.startswith("mtp0.")] == \
+        head[:len(fwd(head))] + ["fwd.mtp_loss_add"] + head[len(fwd(head)):] + ["bwd.mtp_grad_add"]
+
+
+def test_eh_proj_collectives_move_the_concatenated_input():
+    rs = tiny({"parallel.sp": True, "model.mtp_layers": 1})
+    m, tokens = rs.scenario.model, rs.scenario.model.seq_len * rs.scenario.parallel.micro_batch
+    act = tokens * m.hidden * 2
+    by_name = {op.name: op.work for op in head_ops(build_schedule(rs))}
+    assert by_name[f"head.mb0.mtp0.fwd.{K.MTP_EH_IN}"] == Collective("all_gather", "tp", 2 * act, K.MTP_EH_IN)
+    assert by_name[f"head.mb0.mtp0.bwd.{K.MTP_EH_IN}"] == Collective("reduce_scatter", "tp", 2 * act, K.MTP_EH_IN)
+    assert by_name[f"head.mb0.mtp0.fwd.{K.MTP_EH_OUT}"] == Collective("all_gather", "tp", act, K.MTP_EH_OUT)
+    gemm = by_name["head.mb0.mtp0.fwd.eh_proj"]
+    assert (gemm.m, gemm.n, gemm.k) == (tokens, m.hidden // rs.tp, 2 * m.hidden)
+
+
+def test_without_sp_the_entry_is_f_and_its_backward_all_reduces():
+    rs = tiny({"parallel.sp": False, "model.mtp_layers": 1})
+    names = {op.name: op.work for op in head_ops(build_schedule(rs))}
+    assert f"head.mb0.mtp0.fwd.{K.MTP_EH_IN}" not in names  # f: identity forward
+    assert names[f"head.mb0.mtp0.bwd.{K.MTP_EH_IN}"].op == "all_reduce"
+    assert f"head.mb0.mtp0.bwd.{K.MTP_SP_SPLIT}" not in names
+
+
+def test_two_depths_chain_their_hidden_states():
+    ops = head_ops(build_schedule(tiny({"model.mtp_layers": 2})))
+    by_name = {op.name: op for op in ops}
+    depth1_hnorm = by_name["head.mb0.mtp1.fwd.mtp_hnorm"]
+    depth0_out = max(op.id for op in ops if op.name.startswith("head.mb0.mtp0.fwd.") and "xent" not in op.name
+                     and "logits" not in op.name and "final_ln" not in op.name and "head_in" not in op.name)
+    assert depth1_hnorm.deps == (depth0_out,)
+    assert "head.mb0.mtp0.bwd.mtp_grad_add" in by_name  # depth 1's gradient joins depth 0's head gradient
+
+
+def test_model_flops_add_a_layer_a_projection_and_a_logits_gemm():
+    rs0, rs1 = tiny({}), tiny({"model.mtp_layers": 1})
+    m = rs0.scenario.model
+    tokens = rs0.scenario.parallel.global_batch * m.seq_len
+    extra = 3.0 * tokens * (layer_forward_flops_per_token(m) + 2.0 * m.hidden * m.vocab + 4.0 * m.hidden ** 2)
+    assert model_flops_per_step(rs1) - model_flops_per_step(rs0) == pytest.approx(extra, rel=1e-12)
+
+
+def test_megatron_count_adds_the_last_layers_kind():
+    """Megatron's num_floating_point_operations: mtp layers of the last layer's kind, eh_proj + 3 norms, logits."""
+    rs0, rs1 = tiny({**MOE, "model.moe.dense_layers": 1}), tiny({**MOE, "model.moe.dense_layers": 1,
+                                                                  "model.mtp_layers": 1})
+    m = rs0.scenario.model
+    h, vocab = m.hidden, build_schedule(rs0).meta["padded_vocab"]
+    q, kv = m.kv_channels * m.heads, m.kv_channels * m.num_kv_heads
+    moe_layer = h * m.moe.ffn_hidden * m.moe.top_k * 3 + h * (q + 2 * kv) + q * h + m.seq_len * q
+    extra = 6.0 * (moe_layer + 3 * h + 2 * h * h + h * vocab)
+    assert megatron_flops_per_token(rs1) - megatron_flops_per_token(rs0) == pytest.approx(extra, rel=1e-12)
+
+
+def test_parameters_add_the_layer_and_projection_and_pipelined_stages_hold_an_embedding_copy():
+    rs0, rs1 = tiny({"parallel.sp": True}), tiny({"parallel.sp": True, "model.mtp_layers": 1})
+    d_h, tp = rs0.scenario.model.hidden, rs0.tp
+    layer_params = (stage_param_split(tiny({"parallel.sp": True, "model.layers": 3}), 0)[0]
+                    - stage_param_split(tiny({"parallel.sp": True, "model.layers": 2}), 0)[0])
+    norm = 2 * d_h  # LayerNorm: weight and bias
+    mtp = layer_params + 2 * d_h * (d_h // tp) + 3 * norm
+    assert stage_param_split(rs1, 0)[0] - stage_param_split(rs0, 0)[0] == mtp
+    assert build_schedule(rs1).meta["params_per_rank"] - build_schedule(rs0).meta["params_per_rank"] == mtp
+    pp0, pp1 = (tiny({"parallel.pp": 2, "parallel.sp": True, **extra}, gpus=4) for extra in ({}, {"model.mtp_layers": 1}))
+    table = build_schedule(rs0).meta["padded_vocab"] // tp * d_h
+    assert stage_param_split(pp1, 0) == stage_param_split(pp0, 0)
+    assert stage_param_split(pp1, 1)[0] - stage_param_split(pp0, 1)[0] == mtp + table
+
+
+def test_pipelined_mtp_runs_on_the_last_stage_and_all_reduces_its_embedding_copy():
+    rs = tiny({"parallel.pp": 2, "parallel.sp": True, "model.mtp_layers": 1}, gpus=4)
+    first, last = build_stage_schedules(rs)
+    assert not any(".mtp0." in op.name for op in first.ops)
+    assert any(".mtp0." in op.name for op in last.ops)
+    embed_grad = [op for s in (first, last) for op in s.ops if op.name.endswith(K.EMBED_GRAD)]
+    assert len(embed_grad) == 2  # one on each end stage, over the embedding group
+    plain = tiny({"parallel.pp": 2, "parallel.sp": True}, gpus=4)
+    assert not any(op.name.endswith(K.EMBED_GRAD) for s in build_stage_schedules(plain) for op in s.ops)
+    assert last.meta["params_per_rank"] == sum(stage_param_split(rs, 1))
+
+
+def test_memory_grows_by_the_depths_activations():
+    m0, m1 = memory_per_gpu(tiny({})), memory_per_gpu(tiny({"model.mtp_layers": 1}))
+    assert m1.activations_gb > m0.activations_gb and m1.weights_gb > m0.weights_gb
+
+
+def test_mtp_moe_layer_records_its_expert_gradients():
+    rs0, rs1 = tiny({**MOE, "parallel.ep": 2}), tiny({**MOE, "parallel.ep": 2, "model.mtp_layers": 1})
+    e0, e1 = build_schedule(rs0).meta["expert_params_per_rank"], build_schedule(rs1).meta["expert_params_per_rank"]
+    assert e1 - e0 == e0 // rs0.scenario.model.layers  # one more MoE layer's local experts
+    assert stage_param_split(rs1, 0)[1] == e1
+
+
+@pytest.mark.parametrize("overrides,words", [
+    ({"parallel.pipeline_layout": "Et|tmL"}, "model.mtp_layers = 0"),
+    ({"parallel.pipeline_layout": "Et|tL", "model.mtp_layers": 1}, "'m' layers (0)"),
+    ({"parallel.pipeline_layout": "Etm|tL", "model.mtp_layers": 1}, "last segment"),
+])
+def test_layout_m_must_match_mtp_layers_in_the_last_segment(overrides, words):
+    with pytest.raises(UserError) as err:
+        tiny({"parallel.pp": 2, **overrides}, gpus=4)
+    assert err.value.field == "parallel.pipeline_layout" and words in str(err.value)
+    tiny({"parallel.pp": 2, "parallel.pipeline_layout": "Et|tmL", "model.mtp_layers": 1}, gpus=4)  # accepted
+
+
+def test_ep_overlap_allows_at_most_one_depth():
+    base = {**MOE, "parallel.ep": 2, "parallel.moe_ep_overlap": True}
+    tiny({**base, "model.mtp_layers": 1})
+    with pytest.raises(UserError) as err:
+        tiny({**base, "model.mtp_layers": 2})
+    assert err.value.field == "parallel.moe_ep_overlap" and "model.mtp_layers: 1" in str(err.value)
