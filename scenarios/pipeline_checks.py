@@ -57,13 +57,13 @@ def _explicit_layout(s: Scenario, ctx: CheckContext) -> None:
     'E' only at the start of the first segment and 'L' only at the end of the last, no other split option."""
     p, text = s.parallel, s.parallel.pipeline_layout
     try:
-        segments = expand_layout(text) if set(text.replace(" ", "")) <= LAYOUT_SYMBOLS | set("()*0123456789") else None
+        segments = expand_layout(text) if set(text.replace(" ", "")) <= LAYOUT_SYMBOLS | set("()*,0123456789") else None
     except ValueError as exc:
         raise _err(ctx, "parallel.pipeline_layout", text[:60], f"It is too long: {exc}",
                    "write at most model.layers layers") from None
     problem, fix = None, "write one '|'-separated segment per virtual stage, e.g. Et|(tt|)*30mL for 32"
     if segments is None or any(set(seg) - LAYOUT_SYMBOLS for seg in segments):
-        problem = "It may hold only t, E, m, L, '|' and '(...)*n' repetitions"
+        problem = "It may hold only t, E, m, L, '|', ',' and '(...)*n' / 'x*n' repetitions"
     elif len(segments) != p.pp * p.vp:
         problem = f"It has {len(segments)} segments and pp x vp = {p.pp * p.vp} virtual stages"
     elif sum(seg.count("t") for seg in segments) != s.model.layers:

@@ -12,7 +12,8 @@ Virtual stage q = c p + r is chunk c of stage r (p stages, v chunks per stage).
 - An explicit layout (Megatron --pipeline-model-parallel-layout, core/transformer/pipeline_parallel_layer_
   layout.py): one segment per virtual stage separated by '|', 't' a transformer layer, 'E' the embedding
   (first segment), 'L' the loss (last segment), 'm' a multi-token-prediction depth (model.mtp_layers; it runs with the loss),
-  '(...)*n' n repetitions: "Et|(tt|)*30mL" is DeepSeek-V3's H100 recipe over 32 virtual stages.
+  '(...)*n' n repetitions, 'x*n' one symbol n times, commas ignored: "Et|(tt|)*30mL" is DeepSeek-V3's H100
+  recipe over 32 virtual stages, "Et*4|(t*4|)*14tmL" its GB300 one over 16.
 The rules that make these splits exact are checked at load (scenarios/checks.py).
 """
 
@@ -23,6 +24,7 @@ import re
 from meshsim.scenarios.schema import ParallelConfig
 
 _REPEAT = re.compile(r"\(([^()]*)\)\*(\d+)")
+_CHAR_REPEAT = re.compile(r"([^()|])\*(\d+)")  # Megatron's x*n: one layer symbol n times
 LAYOUT_SYMBOLS = frozenset("tEmL|")
 MAX_LAYOUT_CHARS = 100_000  # an expanded layout longer than this is refused (MAX_LAYERS is 1,000)
 
@@ -35,8 +37,10 @@ def _repeat(match: re.Match) -> str:
 
 
 def expand_layout(layout: str) -> list[str]:
-    """The segments of a Megatron pipeline layout string, repetitions expanded (innermost first)."""
-    text = layout.replace(" ", "")
+    """The segments of a Megatron pipeline layout string as PipelineParallelLayerLayout.parse_str_to_list
+    reads it (megatron/core/transformer/pipeline_parallel_layer_layout.py @d98e8a64): commas are cosmetic,
+    "(...)*n" repetitions are expanded (innermost first), then "x*n" ("Et*4|(t*4|)*14tmL")."""
+    text = layout.replace(" ", "").replace(",", "")
     for _ in range(32):  # nesting is bounded by the YAML string length; 32 levels is plenty
         expanded = _REPEAT.sub(_repeat, text)
         if len(expanded) > MAX_LAYOUT_CHARS:
@@ -44,6 +48,9 @@ def expand_layout(layout: str) -> list[str]:
         if expanded == text:
             break
         text = expanded
+    text = _CHAR_REPEAT.sub(_repeat, text)
+    if len(text) > MAX_LAYOUT_CHARS:
+        raise ValueError(f"the layout expands past {MAX_LAYOUT_CHARS:,} characters")
     return text.split("|")
 
 

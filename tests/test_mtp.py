@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.scenarios.pipeline_split import expand_layout
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.flops import (
     layer_forward_flops_per_token,
@@ -19,6 +20,7 @@ from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 
 MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False, "model.mlp": "swiglu",
        "parallel.sp": True}
@@ -171,3 +173,23 @@ def test_ep_overlap_allows_at_most_one_depth():
     with pytest.raises(UserError) as err:
         tiny({**base, "model.mtp_layers": 2})
     assert err.value.field == "parallel.moe_ep_overlap" and "model.mtp_layers: 1" in str(err.value)
+
+
+@pytest.mark.parametrize("layout,segments", [
+    # Megatron's own examples (pipeline_parallel_layer_layout.py parse_str_to_list @d98e8a64)
+    ("Ettt|(tt|)*29,m|L", ["Ettt"] + ["tt"] * 29 + ["m", "L"]),
+    ("tt(tt|tt|tt)*2,tt", ["tttt", "tt", "tttt", "tt", "tttt"]),  # its "xy(ab|cd|ef)*2,pq", in layer symbols
+    # DeepSeek-V3's GB300 recipe (reference section 1.4): x*n inside and outside a repetition
+    ("Et*4|(t*4|)*14tmL", ["Etttt"] + ["tttt"] * 14 + ["tmL"]),
+])
+def test_layouts_expand_as_megatron_parses_them(layout, segments):
+    assert expand_layout(layout) == segments
+
+
+def test_deepseek_gb300_layout_is_accepted_with_one_mtp_depth():
+    rs = tiny({"model.layers": 61, "parallel.pp": 2, "parallel.vp": 8, "parallel.global_batch": 16,
+               "parallel.micro_batch": 1, "parallel.pipeline_layout": "Et*4|(t*4|)*14tmL", "model.mtp_layers": 1,
+               "parallel.p2p_overlap": False},
+              gpus=4)
+    assert [len(ch.layers) for stage in pipeline_layout(rs.scenario.parallel, 61) for ch in stage] == \
+        [4, 4] * 7 + [4, 1]  # stage 0: virtual stages 0, 2, ..., 14; stage 1: 1, 3, ..., 15 (the loss's, with MTP)
