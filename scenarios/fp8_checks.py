@@ -51,14 +51,13 @@ def _delayed_only(s: Scenario, source: str) -> None:
 
 def _layers_and_modes(s: Scenario, source: str) -> None:
     r, p = s.run, s.parallel
-    if r.fp8_on and s.model.mla is not None:
-        raise _err(source, "run.fp8", r.fp8, "FP8 is not modeled for multi-head latent attention (model.mla is "
-                   "set)", "set run.fp8: off for MLA models")
-    if s.model.moe is not None and (r.fp8 == "delayed" or r.fp8_param_gather):
+    if (s.model.moe is not None or s.model.mla is not None) and (r.fp8 == "delayed" or r.fp8_param_gather):
         field, value = ("run.fp8", r.fp8) if r.fp8 == "delayed" else ("run.fp8_param_gather", True)
-        raise _err(source, field, value, "For MoE models FP8 is modeled with current / block scaling and 16-bit "
-                   "parameter gathers (the grouped experts' amax bookkeeping and FP8 expert-weight gathers are "
-                   "not)", "use run.fp8: tensorwise, blockwise or mxfp8, without run.fp8_param_gather")
+        kind = "MoE" if s.model.moe is not None else "multi-head latent attention"
+        raise _err(source, field, value, f"For {kind} models FP8 is modeled with current / block scaling and "
+                   "16-bit parameter gathers (delayed scaling's amax bookkeeping of grouped experts and of MLA's "
+                   "five projections, and FP8 weight gathers, are not)",
+                   "use run.fp8: tensorwise, blockwise or mxfp8, without run.fp8_param_gather")
     if r.fp8_param_gather and not p.distributed_optimizer:
         raise _err(source, "run.fp8_param_gather", True, "Megatron keeps FP8 primary weights only with the "
                    "distributed optimizer", "set parallel.distributed_optimizer: true, or drop run.fp8_param_gather")

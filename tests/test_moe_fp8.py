@@ -1,6 +1,6 @@
 """FP8 for MoE layers: the experts' and shared expert's grouped / TE GEMMs in FP8 with their quantize kernels,
-the router and the token dispatch in 16 bit, the expert weights in the once-per-step cast; MLA and the
-unmodeled MoE recipes refused with one line."""
+the router and the token dispatch in 16 bit, the expert weights in the once-per-step cast; the unmodeled MoE
+recipes refused with one line."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def test_weight_cast_counts_attention_expert_and_shared_weights():
     ({"run.fp8": "delayed"}, "run.fp8"),
     ({"run.fp8": "blockwise", "run.fp8_param_gather": True, "parallel.distributed_optimizer": True},
      "run.fp8_param_gather"),
-    ({"run.fp8": "blockwise", "model.mla": {"kv_lora_rank": 64, "qk_head_dim": 32, "qk_rope_head_dim": 16,
-                                            "v_head_dim": 32}}, "run.fp8"),
+    ({"run.fp8": "delayed", "model.mla": {"kv_lora_rank": 64, "qk_head_dim": 32, "qk_rope_head_dim": 16,
+                                          "v_head_dim": 32}}, "run.fp8"),
 ])
 def test_unmodeled_fp8_moe_settings_are_refused(overrides, field):
     with pytest.raises(UserError) as err:

@@ -14,12 +14,21 @@ plain column-parallel q projection on the gathered hidden states replaces q_down
 Backward mirrors it; the duplicated down projections and latent norms hold partial gradients on each
 TP rank (their inputs are sequence shards), summed over tp once per step like the other SP-replicated
 parameters (`sp_params`).
+
+FP8 (run.fp8): all five projections are Transformer Engine linears (q_down and kv_down TELinear, q_up and
+kv_up TELayerNormColumnParallelLinear, proj TERowParallelLinear: Megatron-LM gpt_layer_specs.py
+get_gpt_layer_with_transformer_engine_submodules L246-275, with qk_layernorm), so each runs its GEMMs in
+FP8 with sim/schedule/fp8_ops.py's kernels as a dense layer's linears do: its input quantized (each down projection quantizes ln1's output for itself), the
+up projections' latents quantized on the sequence shard and all-gathered in FP8 under SP (and re-gathered
+for wgrad), dY quantized before dgrad / wgrad. The rotary key part stays 16-bit; the attention core is FP8
+with run.fp8_attention.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
 from meshsim.sim.schedule.elementwise_ops import (
@@ -57,6 +66,12 @@ class MlaDims:
         q = h * self.q_lora + self.q_lora if self.q_lora else 0
         return q + h * (self.kv_lora + self.rope) + self.kv_lora
 
+    def linear_weights(self, h: int) -> int:
+        """Weights of the five projections on this rank (no norms): what FP8 quantizes and caches."""
+        q = h * self.q_lora + self.q_lora * self.q_width if self.q_lora else h * self.q_width
+        return q + h * (self.kv_lora + self.rope) + self.kv_lora * self.heads * (self.qk + self.v) \
+            + self.heads * self.v * h
+
     def layer_params(self, h: int) -> int:
         """All attention parameters of one layer on this rank (norm ln1 not included)."""
         q_up = (self.q_lora or h) * self.q_width
@@ -80,7 +95,7 @@ def _entry(d: LayerDims, width: int, phase: str, purpose: str) -> Collective | N
 
 def _core(d: LayerDims, a: MlaDims, backward: bool) -> Attention:
     return Attention(d.micro_batch, a.heads, a.heads, d.seq, a.qk + a.rope, True, backward,
-                     backward and d.deterministic, d.window, a.v)
+                     backward and d.deterministic, d.window, a.v, fp8=d.fp8.attention)
 
 
 def _rope(d: LayerDims, a: MlaDims) -> Elementwise:
@@ -89,20 +104,32 @@ def _rope(d: LayerDims, a: MlaDims) -> Elementwise:
 
 
 def _up_gemms(d: LayerDims, a: MlaDims) -> tuple[Gemm, Gemm]:
-    return (Gemm(d.tokens, a.q_width, a.q_lora or d.hidden), Gemm(d.tokens, a.heads * (a.qk + a.v), a.kv_lora))
+    return (Gemm(d.tokens, a.q_width, a.q_lora or d.hidden, fp8=d.fp8.on),
+            Gemm(d.tokens, a.heads * (a.qk + a.v), a.kv_lora, fp8=d.fp8.on))
+
+
+def _down_gemm(d: LayerDims, width: int) -> Gemm:
+    return Gemm(d.tokens_out, width, d.hidden, fp8=d.fp8.on)
+
+
+def _up_projection(tpl: Template, phase: str, d: LayerDims, key: str, width: int, gemm: Gemm, deps: Deps
+                   ) -> tuple[int, ...]:
+    """One up projection on a [T, width] latent: quantized on its shard (FP8), the entry operator (an FP8
+    all-gather under SP), the GEMM; returns the GEMM."""
+    x = fp8.quantize(tpl, phase, d, key, d.tokens_out * width, d.sp, deps, d.fp8.wgrad)
+    part = "_q" if key in ("q_up", "q_proj") else "_kv"
+    return comm_then_gemm(tpl, phase, K.ATTN_IN + part, fp8.fp8_gather(d, _entry(d, width, phase, K.ATTN_IN)), key,
+                          gemm, x, 1)[1]
 
 
 def up_projections(tpl: Template, phase: str, d: LayerDims, a: MlaDims) -> int:
     """The query and key-value up projections (with their entry operators on the latents, and the rotary
     key part's) and RoPE: what selective recompute of mla_up_proj re-runs before the attention backward."""
     q_up, kv_up = _up_gemms(d, a)
-    q_key = "q_up" if a.q_lora else "q_proj"
-    _, q = comm_then_gemm(tpl, phase, K.ATTN_IN + "_q", _entry(d, a.q_lora or d.hidden, phase, K.ATTN_IN), q_key,
-                          q_up, (), 1)
+    q = _up_projection(tpl, phase, d, "q_up" if a.q_lora else "q_proj", a.q_lora or d.hidden, q_up, ())
     rope_in = _entry(d, a.rope, phase, K.ATTN_IN)
     rope_dep = (tpl.add(phase, K.ATTN_IN + "_rope", rope_in, ()),) if rope_in is not None else ()
-    _, kv = comm_then_gemm(tpl, phase, K.ATTN_IN + "_kv", _entry(d, a.kv_lora, phase, K.ATTN_IN), "kv_up", kv_up,
-                           (), 1)
+    kv = _up_projection(tpl, phase, d, "kv_up", a.kv_lora, kv_up, ())
     return tpl.add(phase, "rope", _rope(d, a), q + kv + rope_dep)
 
 
@@ -110,44 +137,47 @@ def mla_forward(tpl: Template, phase: str, d: LayerDims, a: MlaDims, inp: Deps) 
     ln = tpl.add(phase, "ln1", norm_fwd(d), inp)
     q_up, kv_up = _up_gemms(d, a)
     if a.q_lora:
-        qd = tpl.add(phase, "q_down", Gemm(d.tokens_out, a.q_lora, d.hidden), (ln,))
+        x = fp8.quantize(tpl, phase, d, "q_down", d.tokens_out * d.hidden, False, (ln,), d.fp8.wgrad)
+        qd = tpl.add(phase, "q_down", _down_gemm(d, a.q_lora), x)
         qn = tpl.add(phase, "q_norm", _norm(d, a.q_lora, False), (qd,))
-        _, q = comm_then_gemm(tpl, phase, K.ATTN_IN + "_q", _entry(d, a.q_lora, phase, K.ATTN_IN), "q_up", q_up,
-                              (qn,), 1)
+        q = _up_projection(tpl, phase, d, "q_up", a.q_lora, q_up, (qn,))
     else:
-        _, q = comm_then_gemm(tpl, phase, K.ATTN_IN + "_q", _entry(d, d.hidden, phase, K.ATTN_IN), "q_proj", q_up,
-                              (ln,), 1)
-    kvd = tpl.add(phase, "kv_down", Gemm(d.tokens_out, a.kv_lora + a.rope, d.hidden), (ln,))
+        q = _up_projection(tpl, phase, d, "q_proj", d.hidden, q_up, (ln,))
+    x = fp8.quantize(tpl, phase, d, "kv_down", d.tokens_out * d.hidden, False, (ln,), d.fp8.wgrad)
+    kvd = tpl.add(phase, "kv_down", _down_gemm(d, a.kv_lora + a.rope), x)
     kvn = tpl.add(phase, "kv_norm", _norm(d, a.kv_lora, False), (kvd,))
     rope_in = _entry(d, a.rope, phase, K.ATTN_IN)
     rope_dep = (tpl.add(phase, K.ATTN_IN + "_rope", rope_in, (kvd,)),) if rope_in is not None else ()
-    _, kv = comm_then_gemm(tpl, phase, K.ATTN_IN + "_kv", _entry(d, a.kv_lora, phase, K.ATTN_IN), "kv_up", kv_up,
-                           (kvn,), 1)
+    kv = _up_projection(tpl, phase, d, "kv_up", a.kv_lora, kv_up, (kvn,))
     r = tpl.add(phase, "rope", _rope(d, a), q + kv + rope_dep)
     core = tpl.add(phase, "attn", _core(d, a, False), (r,))
     exit_ = region_boundaries(d.sp)[1]
-    proj = Gemm(d.tokens, d.hidden, a.heads * a.v)
+    proj = Gemm(d.tokens, d.hidden, a.heads * a.v, fp8=d.fp8.on)
     coll = exit_.op("fwd")
-    out = gemm_then_comm(tpl, phase, "proj", proj, (core,), K.ATTN_OUT,
+    x = fp8.quantize(tpl, phase, d, "proj", d.tokens * a.heads * a.v, False, (core,), d.fp8.wgrad)
+    out = gemm_then_comm(tpl, phase, "proj", proj, x, K.ATTN_OUT,
                          None if coll.value == "identity" or d.tp == 1 else Collective(coll.value, "tp", d.act_bytes,
                                                                                        exit_.name), 1)
     return tpl.add(phase, "attn_res", residual_fwd(d), out + tuple(inp))
 
 
 def _wgrad(tpl: Template, d: LayerDims, key: str, g: Gemm, deps: Deps) -> int:
-    w = tpl.add("bwd", f"{key}_wgrad", wgrad(g, d.grad_fusion), deps)
+    w = tpl.add("bwd", f"{key}_wgrad", wgrad(g, d.grad_fusion, d.fp8.on and d.fp8.wgrad), deps)
     tpl.grads.append((w, g.k * g.n))
     return w
 
 
 def _up_backward(tpl: Template, d: LayerDims, key: str, g: Gemm, width: int, deps: Deps) -> tuple[int, ...]:
     """dgrad, the entry operator's backward (reduce-scatter under SP) and wgrad (after an SP re-gather of
-    the latent) of one up projection; returns what the latent's gradient depends on."""
+    the latent, in FP8 when the layer is) of one up projection; returns what the latent's gradient depends on."""
+    dy = fp8.quantize(tpl, "bwd", d, key, d.tokens * g.n, False, deps, d.fp8.wgrad)
     fwd_entry = _entry(d, width, "fwd", K.SP_REGATHER)
-    regather = (tpl.add("bwd", f"{key}{K.REGATHER}", fwd_entry, deps),) if d.sp and fwd_entry else ()
-    ready = gemm_then_comm(tpl, "bwd", f"{key}_dgrad", dgrad(g), deps, f"{K.ATTN_IN}_{key}",
+    regather = (tpl.add("bwd", f"{key}{K.REGATHER}", fp8.fp8_gather(d, fwd_entry), deps),) if d.sp and fwd_entry \
+        else ()
+    regather = fp8.transpose_after_gather(tpl, d, key, d.tokens * width, regather) if regather else ()
+    ready = gemm_then_comm(tpl, "bwd", f"{key}_dgrad", dgrad(g), dy, f"{K.ATTN_IN}_{key}",
                            _entry(d, width, "bwd", K.ATTN_IN), 1)
-    _wgrad(tpl, d, key, g, deps + regather)
+    _wgrad(tpl, d, key, g, dy + regather)
     return ready
 
 
@@ -156,9 +186,11 @@ def mla_backward(tpl: Template, d: LayerDims, a: MlaDims, gin: Deps) -> int:
     exit_ = region_boundaries(d.sp)[1]
     bop = exit_.op("bwd")
     coll = None if bop.value == "identity" or d.tp == 1 else Collective(bop.value, "tp", d.act_bytes, exit_.name)
-    proj = Gemm(d.tokens, d.hidden, a.heads * a.v)
-    cs, dg = comm_then_gemm(tpl, "bwd", K.ATTN_OUT, coll, "proj_dgrad", dgrad(proj), g, 1)
-    _wgrad(tpl, d, "proj", proj, cs or g)
+    proj = Gemm(d.tokens, d.hidden, a.heads * a.v, fp8=d.fp8.on)
+    g = fp8.quantize(tpl, "bwd", d, "proj", d.tokens_out * d.hidden, d.sp, g, d.fp8.wgrad)
+    cs, dg = comm_then_gemm(tpl, "bwd", K.ATTN_OUT, fp8.fp8_gather(d, coll, both_copies=True), "proj_dgrad",
+                            dgrad(proj), g, 1)
+    _wgrad(tpl, d, "proj", proj, fp8.transpose_after_gather(tpl, d, "proj", d.tokens * d.hidden, cs or g))
     if d.recomputes("mla_up_proj"):  # the up projections and RoPE again (sim/schedule/shapes.RECOMPUTE_MODULES)
         up_projections(tpl, "recompute", d, a)
     if d.recomputes("core_attn"):  # the attention core's forward runs again first
@@ -173,15 +205,18 @@ def mla_backward(tpl: Template, d: LayerDims, a: MlaDims, gin: Deps) -> int:
     parts: list[int] = []
     if a.q_lora:
         qn = tpl.add("bwd", "q_norm", _norm(d, a.q_lora, True), q)
-        qd = Gemm(d.tokens_out, a.q_lora, d.hidden)
-        parts.append(tpl.add("bwd", "q_down_dgrad", dgrad(qd), (qn,)))
-        _wgrad(tpl, d, "q_down", qd, (qn,))
+        qd = _down_gemm(d, a.q_lora)
+        dy = fp8.quantize(tpl, "bwd", d, "q_down", d.tokens_out * a.q_lora, False, (qn,), d.fp8.wgrad)
+        parts.append(tpl.add("bwd", "q_down_dgrad", dgrad(qd), dy))
+        _wgrad(tpl, d, "q_down", qd, dy)
     else:
         parts += list(q)
     kvn = tpl.add("bwd", "kv_norm", _norm(d, a.kv_lora, True), kv)
-    kvd = Gemm(d.tokens_out, a.kv_lora + a.rope, d.hidden)
-    parts.append(tpl.add("bwd", "kv_down_dgrad", dgrad(kvd), (kvn,) + rope))
-    _wgrad(tpl, d, "kv_down", kvd, (kvn,) + rope)
+    kvd = _down_gemm(d, a.kv_lora + a.rope)
+    dy = fp8.quantize(tpl, "bwd", d, "kv_down", d.tokens_out * (a.kv_lora + a.rope), False, (kvn,) + rope,
+                      d.fp8.wgrad)
+    parts.append(tpl.add("bwd", "kv_down_dgrad", dgrad(kvd), dy))
+    _wgrad(tpl, d, "kv_down", kvd, dy)
     n = d.tokens_out * d.hidden * d.dtype_bytes
     total = tpl.add("bwd", "mla_grad_add", Elementwise("mla_grad_add", len(parts) * n, n), tuple(parts))
     ln = tpl.add("bwd", "ln1", norm_bwd(d), (total,))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import MoeConfig
 from meshsim.sim.schedule import op_keys as K
+from meshsim.sim.schedule.mla_ops import mla_dims
 from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias
 from meshsim.sim.schedule.ops import Gemm
 from meshsim.sim.schedule.shapes import LayerDims
@@ -226,8 +227,9 @@ def fp8_linear_weights(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]
     layer (what TE caches as FP8 copies and casts once per step)."""
     if not d.fp8.on:
         return 0
-    moe, m = rs.scenario.model.moe, moe_dims(rs)
+    moe, m, mla = rs.scenario.model.moe, moe_dims(rs), rs.scenario.model.mla
     n_moe = sum(1 for layer in layers if moe is not None and moe.is_moe_layer(layer))
-    attention = sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm()))
+    dense_attention = sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm()))
+    attention = mla_dims(d, mla).linear_weights(d.hidden) if mla is not None else dense_attention  # MLA: 5 linears
     moe_weights = n_moe * (attention + m.linear_weights) if m is not None else 0
-    return (len(layers) - n_moe) * d.linear_weights + moe_weights
+    return (len(layers) - n_moe) * (d.linear_weights - dense_attention + attention) + moe_weights
