@@ -100,7 +100,11 @@ def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
                   oversubscription=t.fabric.oversubscription, nvlink_gbps=t.nvlink_gbps)
     try:
         if t.preset is not None:
-            return registry.build_topology(t.preset, t.nodes, source=source, **kwargs)
+            return registry.build_topology(t.preset, t.nodes, source=source, gpus_per_node=rack_gpus(scenario),
+                                           **kwargs)
+        if t.gpus_per_node is not None:
+            raise UserError("topology.gpus_per_node", t.gpus_per_node, "remove it: a topology file states its "
+                            "own gpus_per_node", source=source)
         path = source_dir(source) / t.file
         if not is_file(path):
             raise UserError("topology.file", t.file, "give a topology YAML path relative to the scenario "
@@ -109,6 +113,19 @@ def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
         return registry.load_topology_file(str(path), nodes, **kwargs)
     except UserError as err:
         raise _attributed(err, source) from None
+
+
+def rack_gpus(scenario: Scenario) -> int | None:
+    """GPUs used per node of a rack-scale preset (NVL72): topology.gpus_per_node, else parallel.gpus spread
+    evenly over several nodes when that leaves some of each rack idle (a scheduler places a 256-GPU job on 4
+    racks as 4 x 64, keeping power-of-two groups inside one NVLink domain), else None (all 72)."""
+    t, gpus = scenario.topology, scenario.parallel.gpus
+    info = registry.PRESETS.get(t.preset) if t.preset is not None else None
+    if t.gpus_per_node is not None or info is None or not info.rack:
+        return t.gpus_per_node
+    if gpus is None or t.nodes == 1 or gpus % t.nodes or gpus // t.nodes >= registry.RACK_GPUS:
+        return None
+    return gpus // t.nodes
 
 
 def load_scenario_profile(scenario: Scenario, source: str) -> HardwareProfile | None:

@@ -170,6 +170,9 @@ class TopologyConfig(Frozen):
     nodes: int = Field(default=1, gt=0)
     fabric: FabricConfig = FabricConfig()
     nvlink_gbps: GBps | None = None  # override NVLink bandwidth per GPU (what-ifs)
+    # rack-scale presets (NVL72): the GPUs of each rack the job uses; default: parallel.gpus spread evenly over
+    # the nodes when they divide (256 GPUs on 4 racks: 64 each), else all 72 (scenarios/load.py)
+    gpus_per_node: int | None = Field(default=None, gt=0)
 
 
 RecomputeModule = Literal["core_attn", "mla_up_proj", "mlp", "moe_act"]

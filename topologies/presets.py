@@ -127,9 +127,15 @@ def dgx_b200() -> Topology:
                          description="DGX B200: 8x B200 on NVSwitch gen4 (NVLS), 8x 400G IB")
 
 
-def gb200_nvl72() -> Topology:
-    return nvswitch_node("gb200-nvl72", "gb200", 72, nvls=True, nics=72, nic_gbitps=400, pcie_gbps=PCIE_GEN5_GBPS,
-                         description="GB200 NVL72: 72 Blackwell GPUs in one NVLink domain (NVLS), 400G NIC each")
+def gb200_nvl72(gpus: int = 72) -> Topology:
+    """`gpus` of the rack's 72 in the job (registry: topology.gpus_per_node); the rest sit idle."""
+    return nvswitch_node("gb200-nvl72", "gb200", gpus, nvls=True, nics=gpus, nic_gbitps=400,
+                         pcie_gbps=PCIE_GEN5_GBPS, description=f"GB200 NVL72: {_of_72(gpus)}Blackwell GPUs in "
+                         "one NVLink domain (NVLS), 400G NIC each")
+
+
+def _of_72(gpus: int) -> str:
+    return "72 " if gpus == 72 else f"{gpus} of the 72 "
 
 
 def dgx_b300() -> Topology:
@@ -137,10 +143,11 @@ def dgx_b300() -> Topology:
                          description="DGX B300: 8x B300 (Blackwell Ultra) on NVSwitch (NVLS), 8x 800G ConnectX-8")
 
 
-def gb300_nvl72() -> Topology:
-    return nvswitch_node("gb300-nvl72", "gb300", 72, nvls=True, nics=72, nic_gbitps=800, pcie_gbps=PCIE_GEN6_GBPS,
-                         description="GB300 NVL72: 72 Blackwell Ultra GPUs in one NVLink domain (NVLS), "
-                                     "800G ConnectX-8 each")
+def gb300_nvl72(gpus: int = 72) -> Topology:
+    """`gpus` of the rack's 72 in the job (registry: topology.gpus_per_node); the rest sit idle."""
+    return nvswitch_node("gb300-nvl72", "gb300", gpus, nvls=True, nics=gpus, nic_gbitps=800,
+                         pcie_gbps=PCIE_GEN6_GBPS, description=f"GB300 NVL72: {_of_72(gpus)}Blackwell Ultra GPUs "
+                         "in one NVLink domain (NVLS), 800G ConnectX-8 each")
 
 
 def pcie_8gpu(gpu: str = "a100-80gb") -> Topology:
