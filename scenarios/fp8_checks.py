@@ -61,6 +61,11 @@ def _layers_and_modes(s: Scenario, source: str) -> None:
     if r.fp8_param_gather and not p.distributed_optimizer:
         raise _err(source, "run.fp8_param_gather", True, "Megatron keeps FP8 primary weights only with the "
                    "distributed optimizer", "set parallel.distributed_optimizer: true, or drop run.fp8_param_gather")
+    if r.fp8_output_proj and (r.fp8 != "mxfp8" or s.model.tied_embeddings):
+        raise _err(source, "run.fp8_output_proj", True, "Megatron runs the LM head in FP8 only under MXFP8 "
+                   "(transformer_config.py L1569-1575) and only with its own weight (TELMHeadColumnParallelLinear "
+                   "refuses skip_weight_param_allocation: no tied embeddings)",
+                   "set run.fp8: mxfp8 and model.tied_embeddings: false, or drop run.fp8_output_proj")
     if r.fp8_attention and s.model.attention != "flash":
         raise _err(source, "run.fp8_attention", True, "FP8 attention is a fused-attention kernel, and "
                    "model.attention is unfused", "set model.attention: flash, or drop run.fp8_attention")

@@ -263,6 +263,7 @@ class RunConfig(Frozen):
     fp8_format: Literal["hybrid", "e4m3"] = "hybrid"  # --fp8-format: hybrid = E4M3 forward, E5M2 gradients
     fp8_param_gather: bool = False  # --fp8-param-gather: FP8 primary weights, 1-byte DP parameter all-gather
     fp8_attention: bool = False  # --fp8-dot-product-attention: the attention core in FP8 too
+    fp8_output_proj: bool = False  # --fp8-output-proj: the LM head (output layer) in MXFP8 too (mxfp8 only)
     fp8_wgrad: bool = True  # --no-fp8-wgrad sets False: weight-gradient GEMMs in 16 bit
     fp8_amax_history_len: int = Field(default=1, gt=0, le=65536)  # --fp8-amax-history-len (delayed)
     fp8_amax_compute_algo: Literal["most_recent", "max"] = "most_recent"  # --fp8-amax-compute-algo (delayed)

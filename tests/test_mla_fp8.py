@@ -77,3 +77,27 @@ def test_fp8_weights_are_the_five_projections_and_the_mlp():
     assert fp8_linear_weights(rs, d, range(m.layers)) == m.layers * (q + kv + proj + mlp)
     cast = [op.work for op in build_schedule(rs).ops if op.name == f"opt.{K.FP8_WEIGHT_CAST}"]
     assert cast[0].bytes_read == 2 * m.layers * (q + kv + proj + mlp)
+
+
+def test_fp8_output_proj_runs_the_lm_head_in_mxfp8():
+    def head(overrides):
+        ops = build_schedule(tiny({"run.fp8": "mxfp8", **overrides})).ops
+        return {op.name.split(".", 2)[-1]: op.work for op in ops if op.name.startswith("head.mb0.")}
+
+    off, on = head({}), head({"run.fp8_output_proj": True})
+    assert not off["fwd.logits"].fp8 and not any(K.FP8_QUANT in key for key in off)  # 16-bit LM head by default
+    assert on["fwd.logits"].fp8 and on["bwd.logits_dgrad"].fp8 and on["bwd.logits_wgrad"].fp8
+    assert f"fwd.logits_{K.FP8_QUANT}" in on and f"bwd.logits_{K.FP8_QUANT}" in on
+    rs = tiny({"run.fp8": "mxfp8"})
+    tokens, h = rs.scenario.model.seq_len * rs.scenario.parallel.micro_batch, rs.scenario.model.hidden
+    assert off[f"fwd.{K.HEAD_IN}"].nbytes == tokens * h * 2
+    assert on[f"fwd.{K.HEAD_IN}"].nbytes == fp8_tensor_bytes(tokens * h, "mxfp8")
+
+
+@pytest.mark.parametrize("overrides", [{"run.fp8": "blockwise"}, {"run.fp8": "mxfp8", "model.tied_embeddings": True}])
+def test_fp8_output_proj_needs_mxfp8_and_an_untied_head(overrides):
+    from meshsim.sim.core.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        tiny({**overrides, "run.fp8_output_proj": True})
+    assert err.value.field == "run.fp8_output_proj"

@@ -14,8 +14,8 @@ everywhere. The format changes the numerics (validate/numerics/fp8_emulation.py)
 Which GEMMs: the four TE linears of a layer (qkv and fc1 are LayerNormLinear, proj and fc2 Linear),
 forward, dgrad and wgrad (wgrad in 16 bit with run.fp8_wgrad false: MLM passes
 override_linear_precision=(False, False, not fp8_wgrad)). The attention core stays 16-bit unless
-run.fp8_attention (TE fp8_dpa); the embedding, the output layer (LM head), norms, softmax and the
-cross-entropy stay 16-bit. (Megatron's --first-last-layers-bf16 is not modeled: every layer runs FP8.)
+run.fp8_attention (TE fp8_dpa); the embedding, the output layer (LM head; MXFP8 with run.fp8_output_proj,
+Megatron's TELMHeadColumnParallelLinear), norms, softmax and the cross-entropy stay 16-bit. (Megatron's --first-last-layers-bf16 is not modeled: every layer runs FP8.)
 
 Quantize kernels (TE module/linear.py `_linear_forward_impl` / backward, L340-440 and L800-1000):
 - every FP8 GEMM input that is not already FP8 is quantized: the linear input (forward), the output
@@ -84,6 +84,7 @@ class Fp8Plan:
     wgrad: bool = True
     attention: bool = False
     any_layout_gemm: bool = False  # the GPU runs FP8 GEMMs in any layout (non_tn_fp8_gemm)
+    output_proj: bool = False  # run.fp8_output_proj: the LM head's GEMMs in FP8 (head_ops.py)
 
     @property
     def on(self) -> bool:

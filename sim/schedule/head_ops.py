@@ -13,14 +13,22 @@ GEMM's dgrad/wgrad with the entry operator's backward collective (and the SP re-
 
 Tied embeddings: the output layer reads the embedding table; its gradient accumulates into the same
 main-grad, so it is counted once (at the embedding, the last gradient produced in backward).
+
+run.fp8_output_proj (MXFP8 only; Megatron's TELMHeadColumnParallelLinear, gpt_model.py L271-275 @d98e8a64): the
+logits GEMM's forward, dgrad and wgrad run FP8 with the quantize kernels and FP8 gathers of a column-parallel
+TE linear (sim/schedule/fp8_ops.py): its input quantized on the sequence shard, dlogits before dgrad / wgrad.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshsim.sim.core.units import FP32_BYTES
+from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
 from meshsim.sim.schedule.elementwise_ops import dropout_bwd, norm_bwd, norm_fwd
+from meshsim.sim.schedule.fp8_rules import Fp8Plan
 from meshsim.sim.schedule.layer_ops import (
     boundary_collective,
     comm_then_gemm,
@@ -76,7 +84,12 @@ def embedding_backward(d: LayerDims) -> Template:
 
 
 def logits_gemm(d: LayerDims) -> Gemm:
-    return Gemm(d.tokens, d.vocab, d.hidden)
+    return Gemm(d.tokens, d.vocab, d.hidden, fp8=d.fp8.on)
+
+
+def head_dims(d: LayerDims) -> LayerDims:
+    """The layer dims the output layer runs with: FP8 only with run.fp8_output_proj, else 16-bit."""
+    return d if d.fp8.output_proj or not d.fp8.on else replace(d, fp8=Fp8Plan())
 
 
 def _xent_kernels(d: LayerDims) -> dict[str, Elementwise]:
@@ -98,11 +111,12 @@ def _xent_all_reduce(tpl: Template, d: LayerDims, purpose: str, deps: tuple[int,
 
 
 def head_forward(d: LayerDims) -> Template:
-    k = _xent_kernels(d)
+    k, d = _xent_kernels(d), head_dims(d)
     tpl = Template()
     ln = tpl.add("fwd", "final_ln", norm_fwd(d), ("in",))
-    coll = boundary_collective(d, region_boundaries(d.sp)[0], "fwd")
-    _, logits = comm_then_gemm(tpl, "fwd", K.HEAD_IN, coll, "logits", logits_gemm(d), (ln,), d.chunks)
+    x = fp8.quantize(tpl, "fwd", d, "logits", d.tokens_out * d.hidden, d.sp, (ln,), d.fp8.wgrad)
+    coll = fp8.fp8_gather(d, boundary_collective(d, region_boundaries(d.sp)[0], "fwd"))
+    _, logits = comm_then_gemm(tpl, "fwd", K.HEAD_IN, coll, "logits", logits_gemm(d), x, d.chunks)
     mx = _xent_all_reduce(tpl, d, K.XENT_MAX, (tpl.add("fwd", "xent_max", k["xent_max"], logits),))
     ex = (tpl.add("fwd", "xent_exp", k["xent_exp"], mx),)
     red = _xent_all_reduce(tpl, d, K.XENT_PRED, ex) + _xent_all_reduce(tpl, d, K.XENT_SUM, ex)
@@ -111,19 +125,22 @@ def head_forward(d: LayerDims) -> Template:
 
 
 def head_backward(d: LayerDims, tied: bool) -> Template:
-    entry = region_boundaries(d.sp)[0]
+    entry, d = region_boundaries(d.sp)[0], head_dims(d)
     tpl = Template()
     g = tpl.add("bwd", "xent_grad", _xent_kernels(d)["xent_grad"], ("loss",))
+    dy = fp8.quantize(tpl, "bwd", d, "logits", d.tokens * d.vocab, False, (g,), d.fp8.wgrad)
     regather: tuple[int, ...] = ()
     if d.sp:  # SP implies tp > 1
-        regather = (tpl.add("bwd", K.HEAD_IN + K.REGATHER, regather_collective(d), (g,)),)
+        regather = (tpl.add("bwd", K.HEAD_IN + K.REGATHER, fp8.fp8_gather(d, regather_collective(d)), (g,)),)
+        regather = fp8.transpose_after_gather(tpl, d, "logits", d.tokens * d.hidden, regather)
     coll = boundary_collective(d, entry, "bwd")
     overlap = d.tp_grad_overlap or coll is None  # else 2020: after wgrad (sim/schedule/run_settings.py)
     if overlap:
-        ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,), K.HEAD_IN, coll, 1)
+        ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), dy, K.HEAD_IN, coll, 1)
     else:
-        dg = tpl.add("bwd", "logits_dgrad", dgrad(logits_gemm(d)), (g,))
-    w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d), d.grad_fusion), (g,) + regather)
+        dg = tpl.add("bwd", "logits_dgrad", dgrad(logits_gemm(d)), dy)
+    w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d), d.grad_fusion, d.fp8.on and d.fp8.wgrad),
+                dy + regather)
     if not tied:
         w = main_grad_add(tpl, d, "logits", w, d.vocab * d.hidden)
     if not overlap:

@@ -205,7 +205,8 @@ class ModelDims:
             bias=self.linear_bias, norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
             tp_grad_overlap=s.run.tp_grad_reduce_overlap,
-            fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention, any_layout_fp8),
+            fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention, any_layout_fp8,
+                        s.run.fp8_on and s.run.fp8_output_proj),
             recompute_modules=recompute_modules(p), cp=self.cp, cp_comm=p.cp_comm,
             cp_a2a=a2a_size(s) if self.cp > 1 else 1)
 
