@@ -73,9 +73,10 @@ def _explicit_layout(s: Scenario, ctx: CheckContext) -> None:
         problem = "The embedding 'E' must open the first segment and the loss 'L' close the last, once each"
     elif "".join(segments).count("m") != s.model.mtp_layers or segments[-1].count("m") != s.model.mtp_layers:
         problem = (f"Its 'm' layers ({''.join(segments).count('m')}) must all sit in the last segment, with the "
-                   f"loss, and number model.mtp_layers = {s.model.mtp_layers} (Megatron places every MTP layer on one "
-                   "virtual stage; meshsim runs them beside the loss)")
-        fix = "put model.mtp_layers 'm's in the last segment, before 'L' (e.g. ...|mL), or set model.mtp_layers to their count"
+                   f"loss, and number model.mtp_layers = {s.model.mtp_layers} (Megatron places every MTP layer "
+                   "on one virtual stage; meshsim runs them beside the loss)")
+        fix = ("put model.mtp_layers 'm's in the last segment, before 'L' (e.g. ...|mL), or set model.mtp_layers "
+               "to their count")
     elif p.first_stage_layers is not None or p.last_stage_layers is not None or \
             p.account_for_embedding_in_split or p.account_for_loss_in_split:
         problem = "A layout replaces first/last_stage_layers and the account_for_*_in_split options"

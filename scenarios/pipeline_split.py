@@ -11,9 +11,9 @@ Virtual stage q = c p + r is chunk c of stage r (p stages, v chunks per stage).
   on stage 0, last_stage_layers on stage p - 1, the rest split evenly over the others.
 - An explicit layout (Megatron --pipeline-model-parallel-layout, core/transformer/pipeline_parallel_layer_
   layout.py): one segment per virtual stage separated by '|', 't' a transformer layer, 'E' the embedding
-  (first segment), 'L' the loss (last segment), 'm' a multi-token-prediction depth (model.mtp_layers; it runs with the loss),
-  '(...)*n' n repetitions, 'x*n' one symbol n times, commas ignored: "Et|(tt|)*30mL" is DeepSeek-V3's H100
-  recipe over 32 virtual stages, "Et*4|(t*4|)*14tmL" its GB300 one over 16.
+  (first segment), 'L' the loss (last segment), 'm' a multi-token-prediction depth (model.mtp_layers; it runs
+  with the loss), '(...)*n' n repetitions, 'x*n' one symbol n times, commas ignored: "Et|(tt|)*30mL" is
+  DeepSeek-V3's H100 recipe over 32 virtual stages, "Et*4|(t*4|)*14tmL" its GB300 one over 16.
 The rules that make these splits exact are checked at load (scenarios/checks.py).
 """
 

@@ -125,7 +125,8 @@ def test_parameters_add_the_layer_and_projection_and_pipelined_stages_hold_an_em
     mtp = layer_params + 2 * d_h * (d_h // tp) + 3 * norm
     assert stage_param_split(rs1, 0)[0] - stage_param_split(rs0, 0)[0] == mtp
     assert build_schedule(rs1).meta["params_per_rank"] - build_schedule(rs0).meta["params_per_rank"] == mtp
-    pp0, pp1 = (tiny({"parallel.pp": 2, "parallel.sp": True, **extra}, gpus=4) for extra in ({}, {"model.mtp_layers": 1}))
+    pp0, pp1 = (tiny({"parallel.pp": 2, "parallel.sp": True, **extra}, gpus=4)
+                for extra in ({}, {"model.mtp_layers": 1}))
     table = build_schedule(rs0).meta["padded_vocab"] // tp * d_h
     assert stage_param_split(pp1, 0) == stage_param_split(pp0, 0)
     assert stage_param_split(pp1, 1)[0] - stage_param_split(pp0, 1)[0] == mtp + table

@@ -18,10 +18,10 @@ parameters (`sp_params`).
 FP8 (run.fp8): all five projections are Transformer Engine linears (q_down and kv_down TELinear, q_up and
 kv_up TELayerNormColumnParallelLinear, proj TERowParallelLinear: Megatron-LM gpt_layer_specs.py
 get_gpt_layer_with_transformer_engine_submodules L246-275, with qk_layernorm), so each runs its GEMMs in
-FP8 with sim/schedule/fp8_ops.py's kernels as a dense layer's linears do: its input quantized (each down projection quantizes ln1's output for itself), the
-up projections' latents quantized on the sequence shard and all-gathered in FP8 under SP (and re-gathered
-for wgrad), dY quantized before dgrad / wgrad. The rotary key part stays 16-bit; the attention core is FP8
-with run.fp8_attention.
+FP8 with sim/schedule/fp8_ops.py's kernels as a dense layer's linears do: its input quantized (each down
+projection quantizes ln1's output for itself), the up projections' latents quantized on the sequence shard
+and all-gathered in FP8 under SP (and re-gathered for wgrad), dY quantized before dgrad / wgrad. The rotary
+key part stays 16-bit; the attention core is FP8 with run.fp8_attention.
 """
 
 from __future__ import annotations
