@@ -54,7 +54,9 @@ def cases(tmp: Path) -> dict[str, str]:
            "gpt3-pp8-v12-1024gpu": _variant("gpt3-175b-a100-pp8", {"vp": 12, "global_batch": 1536},
                                             {"nodes": 128}, tmp),
            # issue 19: DeepSeek-V3 with its H100 recipe's layout (1,024 GPUs), target <= 3x the default's cost
-           "deepseek-v3": "deepseek-v3-h100-ep64"}
+           "deepseek-v3": "deepseek-v3-h100-ep64",
+           # DeepSeek-V3's GB300 MXFP8 recipe (256 GPUs, pp 2 x vp 8, MTP, EP overlap)
+           "deepseek-v3-gb300": "deepseek-v3-gb300-ep32-mxfp8"}
     # issue 18: the context-parallel library scenarios (target: at most 1.5x the default's cost)
     out["llama3-70b-cp2"] = "llama3-70b-h100-cp2"
     out["llama3-8b-128k-cp4"] = "llama3-8b-128k-h100-cp4"
