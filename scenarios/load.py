@@ -34,6 +34,7 @@ from meshsim.sim.core.userio import is_file, load_yaml
 from meshsim.topologies import registry
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
+from meshsim.topologies.presets import NVL72_GPUS
 
 GPU_FIGURES = ("peak_tflops", "fp8_peak_tflops", "mem_bw_gbps", "mem_gb")
 
@@ -123,7 +124,7 @@ def rack_gpus(scenario: Scenario) -> int | None:
     info = registry.PRESETS.get(t.preset) if t.preset is not None else None
     if t.gpus_per_node is not None or info is None or not info.rack:
         return t.gpus_per_node
-    if gpus is None or t.nodes == 1 or gpus % t.nodes or gpus // t.nodes >= registry.RACK_GPUS:
+    if gpus is None or t.nodes == 1 or gpus % t.nodes or gpus // t.nodes >= NVL72_GPUS:
         return None
     return gpus // t.nodes
 

@@ -127,7 +127,10 @@ def dgx_b200() -> Topology:
                          description="DGX B200: 8x B200 on NVSwitch gen4 (NVLS), 8x 400G IB")
 
 
-def gb200_nvl72(gpus: int = 72) -> Topology:
+NVL72_GPUS = 72  # GPUs in one GB200 / GB300 NVL72 rack's NVLink domain
+
+
+def gb200_nvl72(gpus: int = NVL72_GPUS) -> Topology:
     """`gpus` of the rack's 72 in the job (registry: topology.gpus_per_node); the rest sit idle."""
     return nvswitch_node("gb200-nvl72", "gb200", gpus, nvls=True, nics=gpus, nic_gbitps=400,
                          pcie_gbps=PCIE_GEN5_GBPS, description=f"GB200 NVL72: {_of_72(gpus)}Blackwell GPUs in "
@@ -135,7 +138,7 @@ def gb200_nvl72(gpus: int = 72) -> Topology:
 
 
 def _of_72(gpus: int) -> str:
-    return "72 " if gpus == 72 else f"{gpus} of the 72 "
+    return f"{NVL72_GPUS} " if gpus == NVL72_GPUS else f"{gpus} of the {NVL72_GPUS} "
 
 
 def dgx_b300() -> Topology:
@@ -143,7 +146,7 @@ def dgx_b300() -> Topology:
                          description="DGX B300: 8x B300 (Blackwell Ultra) on NVSwitch (NVLS), 8x 800G ConnectX-8")
 
 
-def gb300_nvl72(gpus: int = 72) -> Topology:
+def gb300_nvl72(gpus: int = NVL72_GPUS) -> Topology:
     """`gpus` of the rack's 72 in the job (registry: topology.gpus_per_node); the rest sit idle."""
     return nvswitch_node("gb300-nvl72", "gb300", gpus, nvls=True, nics=gpus, nic_gbitps=800,
                          pcie_gbps=PCIE_GEN6_GBPS, description=f"GB300 NVL72: {_of_72(gpus)}Blackwell Ultra GPUs "

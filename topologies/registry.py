@@ -26,9 +26,6 @@ class PresetInfo:
     rack: bool = False  # a rack-scale NVLink domain: builder(gpus) takes the GPUs a job uses per rack (<= 72)
 
 
-RACK_GPUS = 72  # the NVL72 presets' GPUs per NVLink domain
-
-
 PRESETS: dict[str, PresetInfo] = {
     p.name: p
     for p in (
@@ -64,8 +61,9 @@ def check_gpus_per_node(preset: str, gpus_per_node: int | None, source: str | No
     if not PRESETS[preset].rack:
         raise UserError("topology.gpus_per_node", gpus_per_node, f"remove it, or use a rack-scale preset ({racks})",
                         source=source, problem=f"{preset} nodes are used whole")
-    if not 1 <= gpus_per_node <= RACK_GPUS:
-        raise UserError("topology.gpus_per_node", gpus_per_node, f"use 1 to {RACK_GPUS} (a rack's GPUs)", source=source)
+    if not 1 <= gpus_per_node <= presets.NVL72_GPUS:
+        raise UserError("topology.gpus_per_node", gpus_per_node, f"use 1 to {presets.NVL72_GPUS} (a rack's GPUs)",
+                        source=source)
 
 
 def build_topology(preset: str, nodes: int = 1, *, nic_gbitps: float | None = None,
