@@ -194,3 +194,12 @@ def test_deepseek_gb300_layout_is_accepted_with_one_mtp_depth():
               gpus=4)
     assert [len(ch.layers) for stage in pipeline_layout(rs.scenario.parallel, 61) for ch in stage] == \
         [4, 4] * 7 + [4, 1]  # stage 0: virtual stages 0, 2, ..., 14; stage 1: 1, 3, ..., 15 (the loss's, with MTP)
+
+
+def test_the_report_and_results_echo_the_depths():
+    from meshsim.sim.outputs.step_report import config_line
+    from meshsim.sim.results.step_result import config_echo
+
+    on, off = config_echo(tiny({"model.mtp_layers": 1})), config_echo(tiny({}))
+    assert on.to_json()["mtp_layers"] == 1 and "mtp_layers" not in off.to_json()
+    assert " mtp=1," in config_line(on) and "mtp" not in config_line(off)

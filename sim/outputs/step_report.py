@@ -78,6 +78,7 @@ def config_line(c: ConfigEcho) -> str:
     if c.moe_ep_overlap:  # Megatron's combined 1F1B (sim/schedule/ep_overlap.py)
         ep += " ep-overlap" + (" +delayed-wgrad" if c.delay_wgrad_compute else "")
     cp = f" cp={c.cp} ({c.cp_comm})" if (c.cp or 1) > 1 else ""
+    ep += f" mtp={c.mtp_layers}" if c.mtp_layers else ""  # multi-token prediction depths
     return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
             f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}"

@@ -78,6 +78,7 @@ class ConfigEcho:
     cp: int | None = None  # parallel.cp (None: a file written before CP existed); cp_comm with cp > 1
     cp_comm: str | None = None
     delay_wgrad_compute: bool | None = None  # with moe_ep_overlap (None without it)
+    mtp_layers: int | None = None  # model.mtp_layers, when > 0
 
     def to_json(self) -> JsonDict:
         return _present(self)
