@@ -101,3 +101,18 @@ def test_fp8_output_proj_needs_mxfp8_and_an_untied_head(overrides):
     with pytest.raises(UserError) as err:
         tiny({**overrides, "run.fp8_output_proj": True})
     assert err.value.field == "run.fp8_output_proj"
+
+
+def test_an_fp8_lm_head_joins_the_weight_cast_and_memory():
+    from meshsim.sim.core.units import GB
+    from meshsim.sim.cost.fp8_memory import fp8_weight_extra_bytes
+    from meshsim.sim.cost.memory import memory_per_gpu
+
+    def cast(rs):
+        return next(op.work for op in build_schedule(rs).ops if op.name == f"opt.{K.FP8_WEIGHT_CAST}")
+
+    off, on = tiny({"run.fp8": "mxfp8"}), tiny({"run.fp8": "mxfp8", "run.fp8_output_proj": True})
+    d = layer_dims(on)
+    assert cast(on).bytes_read - cast(off).bytes_read == 2 * d.vocab * d.hidden
+    extra = fp8_weight_extra_bytes(d, d.vocab * d.hidden, False)  # rowwise + columnwise MXFP8 copies with scales
+    assert memory_per_gpu(on).weights_gb - memory_per_gpu(off).weights_gb == pytest.approx(extra / GB)

@@ -203,3 +203,16 @@ def test_the_report_and_results_echo_the_depths():
     on, off = config_echo(tiny({"model.mtp_layers": 1})), config_echo(tiny({}))
     assert on.to_json()["mtp_layers"] == 1 and "mtp_layers" not in off.to_json()
     assert " mtp=1," in config_line(on) and "mtp" not in config_line(off)
+
+
+def test_fp8_weight_cast_covers_the_depth_layer_on_its_stage():
+    def cast(rs, stage: int | None = None):
+        ops = build_schedule(rs).ops if stage is None else build_stage_schedules(rs)[stage].ops
+        return next(op.work.bytes_read for op in ops if op.name == f"opt.{K.FP8_WEIGHT_CAST}")
+
+    fp8 = {"run.fp8": "tensorwise", "parallel.sp": True}
+    one, two = cast(tiny({**fp8, "model.layers": 1})), cast(tiny({**fp8, "model.layers": 2}))
+    assert cast(tiny({**fp8, "model.mtp_layers": 1})) - cast(tiny(fp8)) == two - one  # one more layer's linears
+    pp = {**fp8, "parallel.pp": 2}
+    assert cast(tiny({**pp, "model.mtp_layers": 1}, gpus=4), 0) == cast(tiny(pp, gpus=4), 0)
+    assert cast(tiny({**pp, "model.mtp_layers": 1}, gpus=4), 1) - cast(tiny(pp, gpus=4), 1) == two - one

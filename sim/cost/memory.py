@@ -66,6 +66,7 @@ from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, mo
 from meshsim.sim.cost.mtp_memory import mtp_extra_params, mtp_head_activation_bytes
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
+from meshsim.sim.schedule.mtp_ops import mtp_layer_ids
 from meshsim.sim.schedule.optimizer_states import main_grad_bytes, state_bytes
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
 from meshsim.sim.schedule.pipeline_layout import pipeline_layout
@@ -91,16 +92,14 @@ class MemoryBreakdown:
 
 
 def kinded(rs: ResolvedScenario) -> bool:
-    """Whether memory is summed per layer kind: the layers differ (MoE, MLA) or multi-token prediction
-    adds layers of the last one's kind."""
+    """Whether memory is summed per layer kind: the layers differ (MoE, MLA) or MTP adds some (of the last's)."""
     m = rs.scenario.model
     return m.moe is not None or m.mla is not None or m.mtp_layers > 0
 
 
 def model_layers(rs: ResolvedScenario) -> list[int]:
     """Every transformer layer a step runs: the decoder's, then each MTP depth's (the last layer's kind)."""
-    m = rs.scenario.model
-    return list(range(m.layers)) + [m.layers - 1] * m.mtp_layers
+    return list(range(rs.scenario.model.layers)) + mtp_layer_ids(rs.scenario.model)
 
 
 def layers_memory(rs: ResolvedScenario, layers: list[int]) -> tuple[int, int, int, int]:
@@ -204,7 +203,7 @@ def combined_1f1b_activations(rs: ResolvedScenario) -> int | None:
 def stage_layers(rs: ResolvedScenario, stage: int) -> list[int]:
     """The transformer layers `stage` runs: its chunks', and on the last stage the MTP depths' (model_layers)."""
     m = rs.scenario.model
-    mtp = [m.layers - 1] * m.mtp_layers if stage == rs.pp - 1 else []
+    mtp = mtp_layer_ids(m) if stage == rs.pp - 1 else []
     return [layer for ch in pipeline_layout(rs.scenario.parallel, m.layers)[stage] for layer in ch.layers] + mtp
 
 
@@ -248,10 +247,10 @@ def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
     return int(body + embed + head)
 
 
-def fp8_weights_gb(rs: ResolvedScenario, layers: Sequence[int]) -> float:
-    """GB the FP8 weight copies add to the 16-bit weights of the layers numbered `layers` (fp8_memory.py)."""
+def fp8_weights_gb(rs: ResolvedScenario, layers: Sequence[int], head: bool = False) -> float:
+    """GB the FP8 copies add to the 16-bit weights of `layers` (`head`: an FP8 LM head's too; fp8_memory.py)."""
     d = layer_dims(rs)
-    return fp8_weight_extra_bytes(d, fp8_linear_weights(rs, d, layers), rs.scenario.run.fp8_param_gather) / GB
+    return fp8_weight_extra_bytes(d, fp8_linear_weights(rs, d, layers, head), rs.scenario.run.fp8_param_gather) / GB
 
 
 def _states(rs: ResolvedScenario, params: int, owned: float) -> tuple[float, float, float, float]:
@@ -263,12 +262,12 @@ def _states(rs: ResolvedScenario, params: int, owned: float) -> tuple[float, flo
 
 
 def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_params: int = 0,
-               layers: Sequence[int] = ()) -> MemoryBreakdown:
+               layers: Sequence[int] = (), head: bool = False) -> MemoryBreakdown:
     """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp); `layers`
-    transformer layers (their FP8 weight copies)."""
+    transformer layers and `head` the LM head (their FP8 weight copies)."""
     shard, eshard = (rs.grad_dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
     weights, grads, optimizer, host = _states(rs, params + expert_params, params / shard + expert_params / eshard)
-    weights += fp8_weights_gb(rs, layers)
+    weights += fp8_weights_gb(rs, layers, head)
     acts = activation_b / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,
@@ -278,7 +277,8 @@ def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_para
 def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
     """Every stage's memory; the worst stage's figures on top ("fits" is the worst stage's)."""
     stages = tuple(_breakdown(rs, *stage_param_split(rs, r)[:1], stage_activation_bytes(rs, r),
-                              stage_param_split(rs, r)[1], stage_layers(rs, r)) for r in range(rs.pp))
+                              stage_param_split(rs, r)[1], stage_layers(rs, r), r == rs.pp - 1)
+                   for r in range(rs.pp))
     worst = max(range(rs.pp), key=lambda r: stages[r].total_gb)
     w = stages[worst]
     return MemoryBreakdown(w.weights_gb, w.grads_gb, w.optimizer_gb, w.activations_gb, w.workspace_gb,
@@ -290,11 +290,11 @@ def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
         return pipeline_memory(rs)
     if kinded(rs):
         dense, expert = stage_param_split(rs, 0)
-        return _breakdown(rs, dense, activation_bytes(rs), expert, model_layers(rs))
+        return _breakdown(rs, dense, activation_bytes(rs), expert, model_layers(rs), head=True)
     params = params_per_rank(rs)
     shard = rs.grad_dp if rs.scenario.parallel.distributed_optimizer else 1
     weights, grads, optimizer, host = _states(rs, params, params / shard)
-    weights += fp8_weights_gb(rs, range(rs.scenario.model.layers))
+    weights += fp8_weights_gb(rs, range(rs.scenario.model.layers), head=True)
     acts = activation_bytes(rs) / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,

@@ -32,7 +32,7 @@ from meshsim.sim.schedule.layer_kinds import (
 )
 from meshsim.sim.schedule.layer_ops import backward_template, forward_template
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
-from meshsim.sim.schedule.mtp_ops import head_backward_with_mtp, head_forward_with_mtp
+from meshsim.sim.schedule.mtp_ops import head_backward_with_mtp, head_forward_with_mtp, mtp_layer_ids
 from meshsim.sim.schedule.ops import Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -171,9 +171,10 @@ def gather_param_bytes(rs: ResolvedScenario, d: LayerDims, params: int, layers: 
 
 
 def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], step_op: int,
-                   next_id: int) -> list[Op]:
-    """FP8: the linear weights' once-per-step cast (and transpose) after the optimizer step (fp8_rules.py)."""
-    linear = fp8_linear_weights(rs, d, layers)
+                   next_id: int, head: bool = False) -> list[Op]:
+    """FP8: the linear weights' once-per-step cast (and transpose) after the optimizer step (fp8_rules.py), of
+    `layers` and, with `head`, of an FP8 LM head."""
+    linear = fp8_linear_weights(rs, d, layers, head)
     if not linear:
         return []
     p = rs.scenario.parallel
@@ -222,7 +223,7 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     cfg = dp_config(rs, t, params, expert_params)
     ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, expert_producers=expert_grads)
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
-    ops += weight_cast_op(rs, d, range(model.layers), step_op, len(ops))
+    ops += weight_cast_op(rs, d, [*range(model.layers), *mtp_layer_ids(model)], step_op, len(ops), head=True)
     if overlap_gather:
         ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.grad_dp, rs.edp), cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,

@@ -221,10 +221,11 @@ def moe_dims(rs: ResolvedScenario) -> MoeDims | None:
         fp8=s.run.fp8_on)
 
 
-def fp8_linear_weights(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]) -> int:
+def fp8_linear_weights(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], head: bool = False) -> int:
     """Weights (no biases) of the FP8 linears on one rank over the layers numbered `layers`, 0 when 16-bit:
     qkv, proj, fc1, fc2 of a dense layer; qkv, proj, the local experts' and the shared expert's of an MoE
-    layer (what TE caches as FP8 copies and casts once per step)."""
+    layer (what TE caches as FP8 copies and casts once per step); with `head`, the LM head's too when
+    run.fp8_output_proj runs it in FP8."""
     if not d.fp8.on:
         return 0
     moe, m, mla = rs.scenario.model.moe, moe_dims(rs), rs.scenario.model.mla
@@ -232,4 +233,5 @@ def fp8_linear_weights(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]
     dense_attention = sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm()))
     attention = mla_dims(d, mla).linear_weights(d.hidden) if mla is not None else dense_attention  # MLA: 5 linears
     moe_weights = n_moe * (attention + m.linear_weights) if m is not None else 0
-    return (len(layers) - n_moe) * (d.linear_weights - dense_attention + attention) + moe_weights
+    lm_head = d.vocab * d.hidden if head and d.fp8.output_proj else 0
+    return (len(layers) - n_moe) * (d.linear_weights - dense_attention + attention) + moe_weights + lm_head

@@ -40,6 +40,12 @@ from meshsim.sim.schedule.template import Template, TemplateOp
 Ext = Mapping[str, int | str]  # a sub-template's external input -> an op of the host template, or its own input
 
 
+def mtp_layer_ids(model) -> list[int]:
+    """The layer numbers whose kind the MTP depths run (the decoder's last layer's, once per depth): what
+    parameter, memory and FP8 weight counts add for them."""
+    return [model.layers - 1] * model.mtp_layers
+
+
 def append(dst: Template, src: Template, prefix: str, ext: Ext, *, grads: bool = True) -> int:
     """Copy `src`'s ops into `dst` (suffixes prefixed, local deps shifted, external inputs resolved through
     `ext`); its grads / expert_grads too unless `grads` is False. Returns the offset of src's first op."""

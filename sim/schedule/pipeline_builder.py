@@ -43,6 +43,7 @@ from meshsim.sim.schedule.builder import (
 )
 from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
 from meshsim.sim.schedule.ep_overlap import Chain, Emitter
+from meshsim.sim.schedule.mtp_ops import mtp_layer_ids
 from meshsim.sim.schedule.ops import P2P, Collective, Op, P2PTransfer, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -231,7 +232,9 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     cfg = stage_dp_config(rs, t, chunks, params, expert_params)
     ops += step_end_ops(len(ops), [], len(ops) - 1, cfg, buckets)
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
-    ops += weight_cast_op(rs, d, [n for ch in chunks for n in ch.layers], step_op, len(ops))
+    head = any(ch.head for ch in chunks)  # the loss's stage also runs the MTP depths (sim/schedule/mtp_ops.py)
+    layers = [n for ch in chunks for n in ch.layers] + (mtp_layer_ids(rs.scenario.model) if head else [])
+    ops += weight_cast_op(rs, d, layers, step_op, len(ops), head)
     if overlap_gather:
         ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
