@@ -38,6 +38,7 @@ from __future__ import annotations
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ModelConfig, ParallelConfig
 from meshsim.sim.schedule.model_family import mlp_flops_per_token
+from meshsim.sim.schedule.mtp_ops import mtp_layer_ids
 from meshsim.sim.schedule.shapes import padded_vocab, recompute_modules
 
 
@@ -75,7 +76,7 @@ def megatron_flops_per_token(rs: ResolvedScenario) -> float:
     m = rs.scenario.model
     g, mtp, layers = 3 if m.mlp == "swiglu" else 2, m.mtp_layers, m.layers + m.mtp_layers
     moe_layers = sum(1 for layer in range(m.layers) if m.moe is not None and m.moe.is_moe_layer(layer))
-    moe_layers += mtp if m.moe is not None and m.moe.is_moe_layer(m.layers - 1) else 0  # MTP: the last layer's kind
+    moe_layers += sum(1 for layer in mtp_layer_ids(m) if m.moe is not None and m.moe.is_moe_layer(layer))
     mlp = m.hidden * m.ffn * g * (layers - moe_layers)
     if m.moe is not None:
         mlp += m.hidden * (m.moe.ffn_hidden * m.moe.top_k + (m.moe.shared_ffn_hidden or 0)) * g * moe_layers

@@ -140,7 +140,7 @@ def step_templates(rs: ResolvedScenario, d: LayerDims, tied: bool) -> Templates:
         Templates(d, tied, layer_plan(rs, d), m)
     t.amax = fp8_amax_templates(rs, m.layers) if rs.pp == 1 else None
     if m.mtp_layers:  # multi-token prediction rides with the output layer and loss (sim/schedule/mtp_ops.py)
-        last = m.layers - 1
+        last = mtp_layer_ids(m)[0]  # the kind of layer a depth runs
         t.head_fwd = head_forward_with_mtp(m.mtp_layers, d, t.head_fwd, t.embed_fwd, t.layer_fwd(last))
         t.head_bwd = head_backward_with_mtp(m.mtp_layers, d, t.head_bwd, head_backward(d, True), t.embed_bwd,
                                             t.layer_bwd(last), own_embedding=rs.pp > 1 and not m.tied_embeddings)
