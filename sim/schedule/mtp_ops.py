@@ -70,9 +70,15 @@ def eh_proj_gemm(d: LayerDims) -> Gemm:
     return Gemm(d.tokens, d.hidden // d.tp, 2 * d.hidden, fp8=d.fp8.on)
 
 
+def eh_proj_weights(d: LayerDims) -> int:
+    """eh_proj's weight shard on this rank: 2h x h / t."""
+    g = eh_proj_gemm(d)
+    return g.k * g.n
+
+
 def eh_proj_params(d: LayerDims) -> int:
     """eh_proj's weight shard plus the two input norms (the depth's final norm is the head's)."""
-    return 2 * d.hidden * (d.hidden // d.tp) + 2 * d.norm_params
+    return eh_proj_weights(d) + 2 * d.norm_params
 
 
 def _entry(d: LayerDims, phase: str) -> Collective | None:
@@ -110,8 +116,8 @@ def proj_backward(d: LayerDims) -> Template:
                                                                        K.SP_REGATHER), g),)
     dx = tpl.add("bwd", "eh_proj_dgrad", dgrad(eh_proj_gemm(d)), g)
     w = tpl.add("bwd", "eh_proj_wgrad", wgrad(eh_proj_gemm(d), d.grad_fusion), g + regather)
-    w = main_grad_add(tpl, d, "eh_proj", w, 2 * d.hidden * (d.hidden // d.tp))
-    tpl.grads.append((w, 2 * d.hidden * (d.hidden // d.tp)))
+    w = main_grad_add(tpl, d, "eh_proj", w, eh_proj_weights(d))
+    tpl.grads.append((w, eh_proj_weights(d)))
     coll = _entry(d, "bwd")
     if coll is not None:
         dx = tpl.add("bwd", K.MTP_EH_IN, coll, (dx,))
