@@ -233,3 +233,22 @@ def test_an_mtp_moe_depth_under_ep_overlap_extrapolates_to_the_full_step(extra):
     assert short.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
     last = build_schedule(rs) if rs.pp == 1 else build_stage_schedules(rs)[-1]
     assert any(".mtp0." in op.name and op.name.endswith(f".{K.MOE_DISPATCH}") for op in last.ops)  # its MoE layer
+
+
+def test_eh_proj_runs_fp8_as_a_te_column_linear():
+    from meshsim.sim.schedule.fp8_rules import fp8_tensor_bytes
+
+    def ops(overrides):
+        rs = tiny({"parallel.sp": True, "model.mtp_layers": 1, "topology.preset": "dgx-b200", **overrides})
+        return {op.name.split("head.mb0.mtp0.", 1)[1]: op.work for op in head_ops(build_schedule(rs))
+                if ".mtp0." in op.name}
+
+    on, no_wgrad, off = ops({"run.fp8": "mxfp8"}), ops({"run.fp8": "mxfp8", "run.fp8_wgrad": False}), ops({})
+    assert on["fwd.eh_proj"].fp8 and on["bwd.eh_proj_dgrad"].fp8 and on["bwd.eh_proj_wgrad"].fp8
+    assert f"fwd.eh_proj_{K.FP8_QUANT}" in on and f"bwd.eh_proj_{K.FP8_QUANT}" in on
+    assert not no_wgrad["bwd.eh_proj_wgrad"].fp8 and no_wgrad["bwd.eh_proj_dgrad"].fp8
+    assert not off["fwd.eh_proj"].fp8 and not any(K.FP8_QUANT in key for key in off)
+    rs = tiny({})
+    elements = 2 * rs.scenario.model.seq_len * rs.scenario.parallel.micro_batch * rs.scenario.model.hidden
+    assert on[f"fwd.{K.MTP_EH_IN}"].nbytes == fp8_tensor_bytes(elements, "mxfp8")
+    assert off[f"fwd.{K.MTP_EH_IN}"].nbytes == 2 * elements

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from meshsim.sim.core.units import FP32_BYTES
+from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
 from meshsim.sim.schedule.elementwise_ops import norm_bwd, norm_fwd, residual_grad_add
@@ -92,11 +93,12 @@ def proj_forward(d: LayerDims) -> Template:
     tpl = Template()
     en, hn = tpl.add("fwd", "mtp_enorm", norm_fwd(d), ("emb",)), tpl.add("fwd", "mtp_hnorm", norm_fwd(d), ("in",))
     n = d.tokens_out * d.hidden * d.dtype_bytes
-    x = tpl.add("fwd", "mtp_concat", Elementwise("concat", 2 * n, 2 * n), (en, hn))
-    coll = _entry(d, "fwd")
+    x = (tpl.add("fwd", "mtp_concat", Elementwise("concat", 2 * n, 2 * n), (en, hn)),)
+    x = fp8.quantize(tpl, "fwd", d, "eh_proj", 2 * d.tokens_out * d.hidden, d.sp, x, d.fp8.wgrad)
+    coll = fp8.fp8_gather(d, _entry(d, "fwd"))
     if coll is not None:
-        x = tpl.add("fwd", K.MTP_EH_IN, coll, (x,))
-    x = tpl.add("fwd", "eh_proj", eh_proj_gemm(d), (x,))
+        x = (tpl.add("fwd", K.MTP_EH_IN, coll, x),)
+    x = tpl.add("fwd", "eh_proj", eh_proj_gemm(d), x)
     if d.tp > 1:  # gather_from_tensor_model_parallel_region: all-gather along the hidden dimension
         x = tpl.add("fwd", K.MTP_EH_OUT, Collective("all_gather", "tp", d.act_bytes, K.MTP_EH_OUT), (x,))
     tpl.marks["out"] = x
@@ -108,14 +110,16 @@ def proj_backward(d: LayerDims) -> Template:
     embedding output's)."""
     tpl = Template()
     g: tuple[int | str, ...] = ("gin",)
-    if d.sp:  # the SP split's backward gathers the sequence (the hidden gather's backward is a split)
+    regather: tuple[int, ...] = ()
+    if d.sp:  # the SP split's backward gathers the sequence (the hidden gather's backward is a split) ...
         g = (tpl.add("bwd", K.MTP_SP_SPLIT, Collective("all_gather", "tp", d.act_bytes, K.MTP_SP_SPLIT), g),)
-    regather = ()
-    if d.sp:
-        regather = (tpl.add("bwd", K.MTP_EH_IN + K.REGATHER, Collective("all_gather", "tp", 2 * d.act_bytes,
-                                                                       K.SP_REGATHER), g),)
-    dx = tpl.add("bwd", "eh_proj_dgrad", dgrad(eh_proj_gemm(d)), g)
-    w = tpl.add("bwd", "eh_proj_wgrad", wgrad(eh_proj_gemm(d), d.grad_fusion), g + regather)
+        gather = fp8.fp8_gather(d, Collective("all_gather", "tp", 2 * d.act_bytes, K.SP_REGATHER))
+        regather = (tpl.add("bwd", K.MTP_EH_IN + K.REGATHER, gather, g),)  # ... and wgrad re-gathers the input
+        regather = fp8.transpose_after_gather(tpl, d, "eh_proj", 2 * d.tokens * d.hidden, regather)
+    dy = fp8.quantize(tpl, "bwd", d, "eh_proj", d.tokens * (d.hidden // d.tp), False, g, d.fp8.wgrad)
+    dx = tpl.add("bwd", "eh_proj_dgrad", dgrad(eh_proj_gemm(d)), dy)
+    w = tpl.add("bwd", "eh_proj_wgrad", wgrad(eh_proj_gemm(d), d.grad_fusion, d.fp8.on and d.fp8.wgrad),
+                dy + regather)
     w = main_grad_add(tpl, d, "eh_proj", w, eh_proj_weights(d))
     tpl.grads.append((w, eh_proj_weights(d)))
     coll = _entry(d, "bwd")
