@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from meshsim.sim.engine import arbiter
 from meshsim.sim.engine import fair_rates as fair_rates_module
 from meshsim.sim.engine.arbiter import Arbiter, MemoRates, fair_rates
@@ -115,3 +117,69 @@ def test_hot_filling_memo_equals_fair_rates():
         hot_hits += (min(expected) < 1.0 and len(fair_rates_module._HOT_RATES) == fillings  # noqa: SLF001
                      and len(arbiter._FAIR_RATES_BY_NUMBERS) > by_numbers)  # noqa: SLF001
     assert hot_hits > 100  # the reuse was exercised: new job lists whose filling was an earlier one's
+
+
+def _disjoint_jobs(rng: random.Random, links: range, jobs: int) -> list[dict]:
+    return [{k: rng.choice([0.3, 0.5, 0.7, rng.random()]) for k in rng.sample(links, rng.randint(1, 4))}
+            for _ in range(jobs)]
+
+
+def test_fair_rates_fill_each_component_alone():
+    """Jobs on disjoint links do not interact: the rates of two such groups drained together, interleaved
+    (each group's jobs in their order), are each group's rates alone, bit for bit (max-min fairness is
+    separable over connected components).
+    Negative control: a job that joins the two groups through a shared link slows the other group down."""
+    rng = random.Random(23)
+    for _ in range(500):
+        left, right = _disjoint_jobs(rng, range(0, 6), rng.randint(1, 4)), _disjoint_jobs(rng, range(10, 16), 3)
+        mixed = left + right
+        slots = sorted(rng.sample(range(len(mixed)), len(left)))  # where the left group's jobs go
+        rest = iter(range(len(left), len(mixed)))
+        picks = iter(range(len(left)))
+        order = [next(picks) if i in slots else next(rest) for i in range(len(mixed))]
+        together = fair_rates([mixed[i] for i in order])
+        alone = fair_rates(left) + fair_rates(right)
+        assert together == [alone[i] for i in order]
+    a, b = [{0: 0.8}, {0: 0.8}], [{10: 0.9}, {10: 0.9}]
+    bridge = {0: 0.8, 10: 0.9}
+    assert fair_rates(a + b) == fair_rates(a) + fair_rates(b)
+    assert fair_rates(a + b + [bridge])[2] < fair_rates(b)[0]
+
+
+def test_component_memo_equals_fair_rates():
+    """MemoRates' component memo (fair_rates._COMPONENT_RATES) reuses one group's filling inside another
+    combination of draining jobs: generated combinations of a few recurring groups (each on its own links,
+    as pipeline stages drain their collectives) with cold jobs mixed in, each equal to fair_rates exactly,
+    and the components found from numpy's arrays equal the ones found from the dicts."""
+    rng = random.Random(29)
+    groups = [[{base + k: 0.6 for k in range(3)}, {base + 1: 0.7, base + 2: 0.5}, {base: 0.45}]
+              for base in (0, 10, 20, 30)]
+    memo, reused = MemoRates(), 0
+    for _ in range(2000):
+        loads = [dict(job) for g in rng.sample(groups, rng.randint(1, 4)) for job in g[:rng.randint(1, 3)]]
+        loads += [{100 + rng.randint(0, 9): 0.2} for _ in range(rng.randint(0, 2))]
+        rng.shuffle(loads)
+        before = len(fair_rates_module._COMPONENT_RATES)  # noqa: SLF001
+        assert memo(loads) == fair_rates(loads)
+        reused += len(fair_rates_module._COMPONENT_RATES) == before  # noqa: SLF001
+    assert reused > 1000  # the component memo was exercised
+
+
+def test_array_components_equal_dict_components():
+    rng = random.Random(31)
+    for _ in range(500):
+        loads = [{k: rng.choice([0.0, 0.4, 0.7]) for k in rng.sample(range(12), rng.randint(1, 4))}
+                 for _ in range(rng.randint(2, 7))]
+        total: dict = {}
+        for load in loads:
+            for k, w in load.items():
+                total[k] = total.get(k, 0.0) + w
+        hot = [k for k, w in total.items() if w > 1.0 + 1e-12]
+        pairs = [(j, k) for j, load in enumerate(loads) for k, w in load.items() if w > 0 and k in set(hot)]
+        arrays = [fair_rates_module.load_arrays(load) for load in loads]
+        idx = np.concatenate([a[0] for a in arrays])
+        owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
+        order = [fair_rates_module._RESOURCE_INDEX[k] for k in hot]  # noqa: SLF001
+        resources = len(fair_rates_module._RESOURCES)  # noqa: SLF001
+        assert (fair_rates_module._array_components(arrays, idx, owner, order, hot, resources)  # noqa: SLF001
+                == fair_rates_module._components(pairs, hot))  # noqa: SLF001

@@ -1,14 +1,23 @@
 """The arbiter's rates: max-min fair progressive filling over the loads of the jobs draining at once.
 
 fair_rates(loads) is the definition (sim/engine/arbiter.py's module docstring: capacity 1 per link, each
-job capped at its standalone speed). fair_rates_of_arrays computes the same floats from numpy's summed
-loads, and, given the loads' numbers (arbiter.MemoRates: equal ordered items, equal number), reuses the
-filling of an earlier call with the same inputs to it (`_HOT_RATES`, below).
+job capped at its standalone speed), filled one connected component at a time: jobs are joined when they
+load a common link that can bind (a "hot" one, summed load > 1), and each component is filled alone.
+Max-min fairness is separable over such components (no constraint couples two of them, so the unique
+max-min fair allocation of the union is the union of theirs; Bertsekas & Gallager 6.5.2), and filling
+each alone gives it its own bottleneck levels exactly, where one filling of the union would merge levels of
+unrelated components that fall within maxmin.py's relative tolerance of each other.
+
+fair_rates_of_arrays computes the same floats from numpy's summed loads and, given the loads' numbers
+(arbiter.MemoRates: equal ordered items, equal number), reuses the filling of an earlier call with the same
+inputs (`_HOT_RATES`) and, below it, of an earlier component with the same inputs (`_COMPONENT_RATES`): a
+step that simulates several pipeline stages at once drains collectives of every stage together, and
+their combinations recur far less often than each stage's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -20,6 +29,7 @@ MAX_ENTRIES = 1 << 16  # per table; a full table is emptied (a sweep of many sce
 _RESOURCE_INDEX: dict[Hashable, int] = {}  # a load's resource key -> a dense index (never reused)
 _RESOURCES: list[Hashable] = []  # the inverse: index -> resource key
 _HOT_RATES: dict[tuple, list[float]] = {}  # (hot resources in insertion order, touching loads' numbers) -> rates
+_COMPONENT_RATES: dict[tuple, list[float]] = {}  # (a component's hot resources in order, its loads' numbers) -> rates
 
 
 def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
@@ -34,17 +44,70 @@ def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
     for load in loads:
         for lk, w in load.items():
             total[lk] = total.get(lk, 0.0) + w
-    hot = {lk for lk, w in total.items() if w > _HOT}
+    hot = [lk for lk, w in total.items() if w > _HOT]  # in order of first appearance
     if not hot:
         return [1.0] * len(loads)
-    return _rates_of_hot(loads, hot)
+    hot_set = set(hot)
+    pairs = [(j, lk) for j, load in enumerate(loads) for lk, w in load.items() if w > 0 and lk in hot_set]
+    return _rates_of_hot(loads, _components(pairs, hot))
 
 
-def _rates_of_hot(loads: Sequence[LinkLoad], hot: set, touching: Sequence[bool] | None = None) -> list[float]:
-    """fair_rates' filling once its binding candidates `hot` are known. `touching[j]` False: load j has
-    no hot resource, so its demand is its private resource alone (what the comprehension gives it)."""
-    demands = [{**{lk: load[lk] for lk in hot if load.get(lk, 0.0) > 0}, -(j + 1): 1.0}
-               if touching is None or touching[j] else {-(j + 1): 1.0} for j, load in enumerate(loads)]
+def _rates_of_hot(loads: Sequence[LinkLoad], comps: Sequence[tuple[Sequence[Hashable], Sequence[int]]],
+                  numbers: Sequence[int] | None = None) -> list[float]:
+    """fair_rates' filling once the connected components (hot links in order of first appearance, jobs in
+    job order; _components) are known: per component,
+    progressive filling over the component's demands, each job's
+    positive loads on hot links plus a private resource of capacity 1 that caps it at its standalone speed.
+    A job with no positive load on a hot link runs at 1. `numbers`: the loads' numbers, which with the
+    component's hot links in order fix its demands, so equal keys reuse the same floats (_COMPONENT_RATES)."""
+    rates = [1.0] * len(loads)
+    for links, jobs in comps:
+        key = None if numbers is None else (tuple(links), tuple(numbers[j] for j in jobs))
+        part = _COMPONENT_RATES.get(key) if key is not None else None
+        if part is None:
+            part = _fill([loads[j] for j in jobs], links)
+            if key is not None:
+                if len(_COMPONENT_RATES) >= MAX_ENTRIES:
+                    _COMPONENT_RATES.clear()
+                _COMPONENT_RATES[key] = part
+        for j, rate in zip(jobs, part, strict=True):
+            rates[j] = rate
+    return rates
+
+
+def _components(pairs: Iterable[tuple[int, Hashable]], hot: Sequence[Hashable]) -> list[tuple[list, list[int]]]:
+    """(hot links in `hot`'s order, jobs in job order) of each connected component of the jobs in `pairs`
+    (job, hot link it loads, in job order), two jobs being connected when they load a common link;
+    components in order of their first job."""
+    parent: dict[int, int] = {}
+
+    def root(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    first_user: dict[Hashable, int] = {}
+    for j, lk in pairs:
+        parent.setdefault(j, j)
+        other = first_user.setdefault(lk, j)
+        if other != j:
+            parent[root(j)] = root(other)
+    groups: dict[int, tuple[list, list[int]]] = {}
+    for j in parent:
+        groups.setdefault(root(j), ([], []))[1].append(j)
+    for lk, j in first_user.items():
+        groups[root(j)][0].append(lk)
+    order = {lk: i for i, lk in enumerate(hot)}
+    comps = sorted(groups.values(), key=lambda g: g[1][0])
+    return [(sorted(links, key=order.__getitem__), jobs) for links, jobs in comps]
+
+
+def _fill(loads: Sequence[LinkLoad], links: Sequence[Hashable]) -> list[float]:
+    """Progressive filling of one component: job j's demand is its positive loads on `links` (in that
+    order) and its private resource -(j + 1)."""
+    demands = [{**{lk: load[lk] for lk in links if load.get(lk, 0.0) > 0}, -(j + 1): 1.0}
+               for j, load in enumerate(loads)]
     capacity = {lk: 1.0 for d in demands for lk in d}
     return [min(1.0, r) for r in maxmin_rates(demands, capacity)]
 
@@ -67,15 +130,14 @@ def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.nd
 
     np.bincount adds the weights into zeros in array order (numpy's arr_bincount loop): per resource in
     job order, each job's load once, the same IEEE additions as fair_rates' dict loop (0.0 + w, then + each
-    later job's w), so the same links pass the threshold. They are put in the hot set in the order of
-    their first appearance (the dict's insertion order), so the set, built by the same insertions into an
-    empty set, iterates as fair_rates' does, and the demands, capacities and maxmin_rates call that follow
-    are fair_rates' own: the same floats.
+    later job's w), so the same links pass the threshold. They are listed in the order of their first
+    appearance (the dict's insertion order, fair_rates' list), so the components, demands, capacities and
+    maxmin_rates calls that follow are fair_rates' own: the same floats.
 
     `numbers`: each load's number (equal number, equal items in the same order). The filling's inputs are
-    then fixed by the hot resources in insertion order (which fix the set's iteration order) and, per job,
-    the number of a load that has a hot resource or the mark -1 of one that has none (its demand is its
-    private resource alone, whatever its items): equal keys, equal demands, equal floats (_HOT_RATES)."""
+    then fixed by the hot resources in order and, per job, the number of a load that has a hot resource or
+    the mark -1 of one that has none (it runs at 1, whatever its items): equal keys, equal demands, equal
+    floats (_HOT_RATES; per component, _COMPONENT_RATES)."""
     if len(loads) == 1:
         return [1.0]
     idx = np.concatenate([a[0] for a in arrays])
@@ -85,25 +147,50 @@ def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.nd
         return [1.0] * len(loads)
     present, first = np.unique(idx, return_index=True)  # sorted resources, each one's first position in idx
     order = over[np.argsort(first[np.searchsorted(present, over)])].tolist()  # first positions are distinct
-    hot = set()
-    for k in order:
-        hot.add(_RESOURCES[k])
+    hot = [_RESOURCES[k] for k in order]
+    owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
     if numbers is None:
-        return _rates_of_hot(loads, hot)
-    touching = _touching(arrays, idx, over, len(total))
+        return _rates_of_hot(loads, _array_components(arrays, idx, owner, order, hot, len(total)))
+    touching = _touching(idx, owner, over, len(total), len(arrays))
     key = (tuple(order), tuple(n if t else -1 for n, t in zip(numbers, touching, strict=True)))
     rates = _HOT_RATES.get(key)
     if rates is None:
         if len(_HOT_RATES) >= MAX_ENTRIES:
             _HOT_RATES.clear()
-        rates = _HOT_RATES[key] = _rates_of_hot(loads, hot, touching)
+        comps = _array_components(arrays, idx, owner, order, hot, len(total))
+        rates = _HOT_RATES[key] = _rates_of_hot(loads, comps, numbers)
     return rates
 
 
-def _touching(arrays: Sequence[tuple[np.ndarray, np.ndarray]], idx: np.ndarray, over: np.ndarray,
-              resources: int) -> list[bool]:
-    """Per load: whether any of its resources is among `over` (the hot ones)."""
+def _touching(idx: np.ndarray, owner: np.ndarray, over: np.ndarray, resources: int, jobs: int) -> list[bool]:
+    """Per load: whether any of its resources is among `over` (the hot ones); `owner`: each entry's load."""
     mask = np.zeros(resources, dtype=bool)
     mask[over] = True
-    owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
-    return (np.bincount(owner[mask[idx]], minlength=len(arrays)) > 0).tolist()
+    return (np.bincount(owner[mask[idx]], minlength=jobs) > 0).tolist()
+
+
+def _array_components(arrays: Sequence[tuple[np.ndarray, np.ndarray]], idx: np.ndarray, owner: np.ndarray,
+                      order: list[int], hot: list[Hashable], resources: int) -> list[tuple[list, list[int]]]:
+    """_components from the arrays: a job x hot-link incidence matrix of the positive loads, its job
+    adjacency closed transitively by squaring (jobs are few), then each component's jobs in job order and
+    links in `hot`'s order (the same lists _components builds)."""
+    column = np.full(resources, -1, dtype=np.intp)
+    column[order] = np.arange(len(order))
+    weights = np.concatenate([a[1] for a in arrays])
+    keep = (column[idx] >= 0) & (weights > 0)
+    uses = np.zeros((len(arrays), len(order)), dtype=np.int64)
+    uses[owner[keep], column[idx[keep]]] = 1
+    reach = (uses @ uses.T) > 0
+    while True:
+        wider = (reach.astype(np.int64) @ reach.astype(np.int64)) > 0
+        if np.array_equal(wider, reach):
+            break
+        reach = wider
+    comps, seen = [], np.zeros(len(arrays), dtype=bool)
+    for j in np.flatnonzero(uses.any(axis=1)).tolist():
+        if not seen[j]:
+            members = reach[j]
+            seen |= members
+            cols = np.flatnonzero(uses[members].any(axis=0)).tolist()
+            comps.append(([hot[c] for c in cols], np.flatnonzero(members).tolist()))
+    return comps
