@@ -88,6 +88,8 @@ class ModelConfig(Frozen):
     head_dim: int | None = Field(default=None, gt=0)  # Megatron --kv-channels; default hidden / heads
     moe: MoeConfig | None = None  # mixture of experts; unset: every layer dense
     mla: MlaConfig | None = None  # multi-head latent attention; unset: MHA / GQA
+    # --qk-layernorm: a norm of the model's kind over each query and key head (Qwen3, OLMo 2, Gemma 3)
+    qk_norm: bool = False
     sliding_window: int | None = Field(default=None, gt=0)  # --window-size (tokens) on windowed layers
     sliding_window_skip_every: int = Field(default=2, gt=0)  # --window-attn-skip-freq: every k-th layer full
     # Megatron --mtp-num-layers: multi-token prediction depths after the decoder (DeepSeek-V3: 1)

@@ -16,7 +16,8 @@ reported as host_gb, outside the GPU total.
 Activations (Korthikanti et al. 2022, 16-bit activations, 1-byte dropout masks), per layer per token:
   outside TP regions (/t under SP): ln1 input 2h, qkv input 2h, attention dropout mask h, ln2 input 2h,
       fc1 input 2h, MLP dropout mask h                                       -> 10h (8h without dropout)
-  inside (this rank's shard): Q 2 a_t d, K and V 2 kv_t d each, proj input 2 a_t d,
+  inside (this rank's shard): Q 2 a_t d, K and V 2 kv_t d each, proj input 2 a_t d (model.qk_norm:
+      + the q and k norms' inputs 2 (a_t + kv_t) d),
       gelu: fc1 output 2 f_t + gelu output 2 f_t; swiglu: gate+up 4 f_t + swiglu output 2 f_t
       (MHA, gelu, f = 4h: 24h/t)
   scores (unfused attention, no selective recompute): softmax output 2, dropout mask 1, dropout
@@ -144,7 +145,7 @@ def layer_activation_bytes(d: LayerDims, recompute: str | None = None) -> int:
     recompute = d.recompute if recompute is None else recompute
     h, masks = d.hidden, (2 * d.hidden if d.dropout else 0)
     outside = 8 * h + masks  # per token_out (sequence-sharded under SP)
-    attn = 2 * (2 * d.heads + 2 * d.kv_heads) * d.head_dim
+    attn = 2 * (2 * d.heads + 2 * d.kv_heads + ((d.heads + d.kv_heads) if d.qk_norm else 0)) * d.head_dim
     # fc1 output (gate+up when gated) and the activation output; recompute of mlp keeps only its input
     mlp = 0 if recompute == "selective" and d.recomputes("mlp") else 2 * d.fc1_n + 2 * d.ffn
     scores = 0

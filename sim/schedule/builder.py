@@ -154,11 +154,14 @@ def dp_bucket_bytes(rs: ResolvedScenario) -> int:
 
 def layers_dp_params(rs: ResolvedScenario, t: Templates, layers: list[int], head: bool) -> tuple[int, int]:
     """(SP-replicated, replicated-KV) parameters of `layers` (+ the final norm with the head) whose
-    gradients are summed over tp / the KV group once per step (sim/schedule/layer_kinds.py)."""
+    gradients are summed over tp / the KV group once per step (sim/schedule/layer_kinds.py). Without SP,
+    model.qk_norm's q and k norms still are (each TP rank normalizes its own heads): Megatron's
+    finalize_model_grads sums "q_layernorm" / "k_layernorm" gradients over tp whenever qk_layernorm is on."""
     d, model = t.plan.d, rs.scenario.model
     sp = sum(sp_params(t.plan, layer_kind(model, layer)) for layer in layers) + (d.norm_params if head else 0)
     kv = len(layers) * kv_replica_params(t.plan) if rs.kv_replicas > 1 else 0
-    return (sp if d.sp else 0), kv
+    qk = len(layers) * d.qk_norm_params if d.tp > 1 else 0
+    return (sp if d.sp else qk), kv
 
 
 def gather_param_bytes(rs: ResolvedScenario, d: LayerDims, params: int, layers: Sequence[int]) -> float:

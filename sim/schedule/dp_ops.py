@@ -57,7 +57,7 @@ class DpConfig:
     distributed_optimizer: bool
     overlap: bool
     bucket_bytes: int
-    sp_grad_params: int  # params whose grads need the SP all-reduce over tp (0 without SP)
+    sp_grad_params: int  # params whose grads need the SP all-reduce over tp (without SP: model.qk_norm's only)
     params: int  # parameters this rank holds (all TP shards' share, before DP sharding)
     kv_grad_params: int = 0  # replicated K/V params (kv_heads < tp) whose grads sum over the KV group
     grad_bytes: int = GRAD_BYTES  # bytes per parameter the DP reduction moves (sim/schedule/run_settings.py)

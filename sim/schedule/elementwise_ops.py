@@ -10,17 +10,35 @@ from meshsim.sim.schedule.ops import Elementwise
 from meshsim.sim.schedule.shapes import LayerDims
 
 
+def rows_norm_fwd(rows: int, width: int, dtype_bytes: int) -> Elementwise:
+    """A norm over `rows` rows of `width`: read x, write y and the fp32 mean/rstd per row."""
+    n = rows * width * dtype_bytes
+    return Elementwise("layernorm", n, n + 8 * rows)
+
+
+def rows_norm_bwd(rows: int, width: int, dtype_bytes: int) -> Elementwise:
+    """Its backward: read dy, x and the fp32 mean/rstd per row; write dx (dgamma, dbeta partial sums are per
+    block, small)."""
+    n = rows * width * dtype_bytes
+    return Elementwise("layernorm_bwd", 2 * n + 8 * rows, n)
+
+
 def norm_fwd(d: LayerDims) -> Elementwise:
-    """LayerNorm: read x, write y and fp32 mean/rstd per token."""
-    n = d.tokens_out * d.hidden * d.dtype_bytes
-    return Elementwise("layernorm", n, n + 8 * d.tokens_out)
+    """LayerNorm over the hidden width, one row per token."""
+    return rows_norm_fwd(d.tokens_out, d.hidden, d.dtype_bytes)
 
 
 def norm_bwd(d: LayerDims) -> Elementwise:
-    """LayerNorm backward: read dy, x and the fp32 mean/rstd per token; write dx (dgamma, dbeta partial sums
-    are per block, small)."""
-    n = d.tokens_out * d.hidden * d.dtype_bytes
-    return Elementwise("layernorm_bwd", 2 * n + 8 * d.tokens_out, n)
+    return rows_norm_bwd(d.tokens_out, d.hidden, d.dtype_bytes)
+
+
+def qk_norm_fwd(d: LayerDims, key: bool) -> Elementwise:
+    """model.qk_norm's query (key=False) or key norm: one row per token and local head of head_dim."""
+    return rows_norm_fwd(d.tokens * (d.kv_heads if key else d.heads), d.head_dim, d.dtype_bytes)
+
+
+def qk_norm_bwd(d: LayerDims, key: bool) -> Elementwise:
+    return rows_norm_bwd(d.tokens * (d.kv_heads if key else d.heads), d.head_dim, d.dtype_bytes)
 
 
 def residual_grad_add(d: LayerDims) -> Elementwise:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
-from meshsim.sim.schedule.attention_core import core_backward, core_forward
+from meshsim.sim.schedule.attention_core import attention_backward, attention_forward
 from meshsim.sim.schedule.duality import Boundary, CommOp, region_boundaries
 from meshsim.sim.schedule.elementwise_ops import (
     act_bwd,
@@ -201,7 +201,7 @@ def _act_bwd(tpl: Template, d: LayerDims, deps: Deps) -> tuple[int, ...]:
 
 def blocks(d: LayerDims) -> tuple[Block, Block]:
     attn = Block("ln1", K.ATTN_IN, "qkv", "proj", K.ATTN_OUT, "attn_res", d.qkv_gemm(), d.proj_gemm(),
-                 core_forward, core_backward)
+                 attention_forward, attention_backward)
     mlp = Block("ln2", K.MLP_IN, "fc1", "fc2", K.MLP_OUT, "mlp_res", d.fc1_gemm(), d.fc2_gemm(),
                 _act_fwd, _act_bwd)
     return attn, mlp

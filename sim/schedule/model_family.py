@@ -52,3 +52,12 @@ def norm_has_bias(m: ModelConfig) -> bool:
 def norm_params(m: ModelConfig) -> int:
     """Parameters of one norm: 2 h (LayerNorm) or h (RMSNorm)."""
     return 2 * m.hidden if norm_has_bias(m) else m.hidden
+
+
+def qk_norm_params(m: ModelConfig) -> int:
+    """Parameters of a layer's two model.qk_norm norms (Megatron's q_layernorm and k_layernorm, each over one
+    head's kv_channels, shared by the heads): 2 x (2 d or d); 0 without them, and 0 with model.mla, where
+    Megatron's flag selects the latent norms that meshsim's MLA always runs (sim/schedule/mla_ops.py)."""
+    if not m.qk_norm or m.mla is not None:
+        return 0
+    return 2 * (2 * m.kv_channels if norm_has_bias(m) else m.kv_channels)

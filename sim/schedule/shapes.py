@@ -16,7 +16,13 @@ from meshsim.scenarios.cp_checks import a2a_size
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import ParallelConfig, Scenario
 from meshsim.sim.schedule.fp8_rules import Fp8Plan, non_tn_fp8_gemm
-from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias, norm_has_bias, norm_params
+from meshsim.sim.schedule.model_family import (
+    fc1_width,
+    has_linear_bias,
+    norm_has_bias,
+    norm_params,
+    qk_norm_params,
+)
 from meshsim.sim.schedule.ops import Attention, Gemm
 
 # tp_comm_overlap chunks k = min(tp, 4): chunk i's collective overlaps chunk i-1's GEMM, leaving ~1/k of
@@ -72,6 +78,7 @@ class LayerDims:
     window: int | None = None  # sliding-window attention on this layer (model.sliding_window)
     fp8: Fp8Plan = Fp8Plan()  # run.fp8: the four linears' GEMMs in FP8 (sim/schedule/fp8_rules.py)
     recompute_modules: frozenset[str] = frozenset({"core_attn"})  # recompute "selective": parallel.recompute_modules
+    qk_norm_params: int = 0  # model.qk_norm: the q and k norms' parameters (model_family.qk_norm_params); 0 = none
 
     def recomputes(self, module: str) -> bool:
         """Selective recompute re-runs `module` in backward (RECOMPUTE_MODULES)."""
@@ -124,8 +131,14 @@ class LayerDims:
         return sum(g.k * g.n for g in (self.qkv_gemm(), self.proj_gemm(), self.fc1_gemm(), self.fc2_gemm()))
 
     @property
+    def qk_norm(self) -> bool:
+        """model.qk_norm: each query and key head is normalized before the attention core."""
+        return self.qk_norm_params > 0
+
+    @property
     def norm_params_per_layer(self) -> int:
-        return 2 * self.norm_params
+        """ln1, ln2 and model.qk_norm's q and k norms."""
+        return 2 * self.norm_params + self.qk_norm_params
 
     @property
     def layer_params(self) -> int:
@@ -170,6 +183,7 @@ class ModelDims:
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # per DP rank and step (> 1 only with pp > 1: the pipeline's m)
     cp: int = 1  # context parallel: each rank holds seq / cp tokens of a sequence
+    qk_norm: bool = False  # model.qk_norm (standard attention; with MLA the latent norms, always run)
 
     @classmethod
     def from_scenario(cls, s: Scenario, dp: int | None = None) -> ModelDims:
@@ -179,7 +193,7 @@ class ModelDims:
         return cls(m.layers, m.hidden, m.heads, m.num_kv_heads, m.kv_channels, m.ffn, m.mlp,
                    has_linear_bias(m), norm_has_bias(m), m.seq_len,
                    m.vocab, p.micro_batch, m.tied_embeddings, p.tp, dp, p.sp, p.recompute, p.pp, micro_batches,
-                   p.cp)
+                   p.cp, qk_norm_params(m) > 0)
 
     @property
     def batch(self) -> int:
@@ -202,7 +216,8 @@ class ModelDims:
             ffn=self.ffn // t, vocab=padded_vocab(self.vocab, t, m.vocab_divisible_by) // t, mlp=self.mlp,
             flash=m.attention == "flash", dropout=m.dropout, recompute=self.recompute,
             chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
-            bias=self.linear_bias, norm_params=norm_params(m), dtype_bytes=m.dtype_bytes,
+            bias=self.linear_bias, norm_params=norm_params(m), qk_norm_params=qk_norm_params(m),
+            dtype_bytes=m.dtype_bytes,
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
             tp_grad_overlap=s.run.tp_grad_reduce_overlap,
             fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention, any_layout_fp8,

@@ -6,11 +6,12 @@ asserts with torch.testing.assert_close (TOLERANCES by dtype) that the loss, its
 parameter shard's gradient equal the reference's. A mismatch names the tensor, the rank and the max error.
 
 Variant specs join modifiers with "+": tp | sp, gelu | swiglu, mha | gqa (kv = tp/2, so KV heads are
-replicated when tp > 1), none | selective | full (recompute), tied, dp1 | dp2 | dp4 (tp = nproc, nproc/2
+replicated when tp > 1), none | selective | full (recompute), tied, qknorm (model.qk_norm: a norm over each
+query and key head), dp1 | dp2 | dp4 (tp = nproc, nproc/2
 or nproc/4; default: the scenario's tp, shrunk; with a pipeline, tp = nproc / pp, ...), pipelines pp2 |
 pp4 (1F1B), vp2 (interleaved), nooverlap (P2P not overlapped), and the negative controls swap_fg (entry
-and exit boundaries replaced by their conjugates), no_ln_allreduce (SP without the norm-gradient
-all-reduce), swap_p2p (each P2P batch issued in reverse order) and drop_mb_grad (the last micro-batch's
+and exit boundaries replaced by their conjugates), no_ln_allreduce (without the norm-gradient all-reduce:
+SP, or qknorm at tp > 1), swap_p2p (each P2P batch issued in reverse order) and drop_mb_grad (the last micro-batch's
 weight gradients discarded); the pipeline faults need a pipeline. A pipeline variant runs each stage's
 chunks in the simulator's order (validate/stack/pipeline.py) and compares every rank's P2P calls with its
 stage schedule's, op by op.
@@ -116,6 +117,7 @@ def _token_changes(token: str, tp: int, heads: int) -> dict:
     simple = {"tp": {"sp": False}, "sp": {"sp": True}, "gelu": {"mlp": "gelu"}, "swiglu": {"mlp": "swiglu"},
               "none": {"recompute": "none"}, "selective": {"recompute": "selective"},
               "full": {"recompute": "full"}, "tied": {"tied_embeddings": True}, "mha": {"kv_heads": None},
+              "qknorm": {"qk_norm": True},
               "gqa": {"kv_heads": max(1, tp // 2) if tp > 1 else max(1, heads // 2)}}
     if token not in simple:
         raise UserError("--variants", token, "use modifiers " + ", ".join(

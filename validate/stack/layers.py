@@ -86,6 +86,12 @@ def norm(x: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LN_EPS) * weight
 
 
+def head_norm(x: torch.Tensor, w: dict, prefix: str, head_dim: int) -> torch.Tensor:
+    """model.qk_norm: `norm` over each head's head_dim slice of [s, b, heads * head_dim]."""
+    s, b, width = x.shape
+    return norm(x.reshape(s, b, width // head_dim, head_dim), w, prefix).reshape(s, b, width)
+
+
 def fused(w: dict, names: list[str], kind: str) -> torch.Tensor | None:
     """Concatenate the rows of several column-parallel weights (or biases) into one GEMM operand."""
     parts = [w[f"{n}.{kind}"] for n in names if f"{n}.{kind}" in w]
@@ -120,6 +126,8 @@ def attention_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
                         block, K.ATTN_IN)
     q_width, kv_width = (w[n + ".weight"].shape[0] for n in names[:2])
     q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
+    if d.qk_norm:
+        q, k = head_norm(q, w, pre + "attn.q_norm", d.head_dim), head_norm(k, w, pre + "attn.k_norm", d.head_dim)
     if d.recompute == "selective":
         ctx = checkpointed(attention_core, q, k, v, d.head_dim)
     else:

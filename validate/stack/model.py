@@ -5,7 +5,8 @@ Forward: vocab-parallel embedding -> exit boundary (g, or sp_scatter under SP) -
 entry boundary (f / sp_gather) fused with the vocab-parallel head GEMM -> vocab-parallel cross-entropy
 -> mean loss. After backward (Megatron's finalize-grads order; names as in sim/schedule/dp_ops.py):
 - "opt.ln_grad": under SP, one coalesced TP all-reduce of every SP-region parameter's gradient (norms
-  and row-parallel biases see only s/t tokens per rank);
+  and row-parallel biases see only s/t tokens per rank); without SP, of model.qk_norm's q and k norms
+  alone when tp > 1 (each rank normalizes only its own heads);
 - "opt.kv_grad": GQA with kv < tp, one coalesced all-reduce of the K/V weight (and bias) gradients over
   the ranks replicating each KV head (each holds only its own query heads' contribution);
 - "dp.bucketN.all_reduce": dp > 1, the DP average in buckets of dp_ops.bucket_bytes (dp_bucket_mib MiB, else Megatron-Core's default), in
@@ -34,6 +35,7 @@ from meshsim.validate.stack.moe_shard import ExpertMesh, MoeLayout, expert_of, h
 from meshsim.validate.stack.shard import (
     full_shapes,
     kv_replica_groups,
+    qk_norm_params,
     sequence_parallel_params,
     shard,
 )
@@ -132,9 +134,9 @@ def _reduce_buckets(w: dict, mesh: Mesh, bucket_mib: float | None) -> None:
 def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float | None = None) -> None:
     """The post-backward reductions of the module docstring, in that order."""
     d = plan.dims
-    if d.sp and "no_ln_allreduce" not in plan.faults:
-        all_reduce_grads([w[n].grad for n in sequence_parallel_params(d, plan.moe) if n in w], mesh.tp_group,
-                         block=K.OPT_BLOCK, key=K.LN_GRAD)
+    replicated = sequence_parallel_params(d, plan.moe) if d.sp else qk_norm_params(d) if d.tp > 1 else []
+    if replicated and "no_ln_allreduce" not in plan.faults:
+        all_reduce_grads([w[n].grad for n in replicated if n in w], mesh.tp_group, block=K.OPT_BLOCK, key=K.LN_GRAD)
     if kv_replica_groups(d):
         kv = [n for n in w if ".attn.k." in n or ".attn.v." in n]
         all_reduce_grads([w[n].grad for n in kv], mesh.kv_group, block=K.OPT_BLOCK, key=K.KV_GRAD)

@@ -1,6 +1,6 @@
 """The single-process reference: the full model, no parallelism, no collectives, torch's own cross-entropy.
 
-It shares no code with the parallel path except the attention core, the norm and the MoE router's top-k
+It shares no code with the parallel path except the attention core, the norm (per head: head_norm) and the MoE router's top-k
 (which hold no parallel logic), so a wrong boundary, shard or reduction shows up as a difference. An MoE
 layer is computed densely, with no permutation and no dispatch: every expert runs on every token and
 y = sum_e p[:, e] MLP_e(x) with the router's probabilities p (zero where a token does not go), plus the
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from meshsim.sim.schedule.model_family import is_gated
 from meshsim.sim.schedule.shapes import ModelDims
-from meshsim.validate.stack.layers import attention_core, mlp_activation, norm
+from meshsim.validate.stack.layers import attention_core, head_norm, mlp_activation, norm
 from meshsim.validate.stack.moe_router import route
 from meshsim.validate.stack.moe_shard import MoeLayout
 
@@ -54,6 +54,8 @@ def _layer(x, w: dict, i: int, d: ModelDims, moe: MoeLayout | None) -> torch.Ten
     p = f"layers.{i}."
     y = norm(x, w, p + "ln1")
     q, k, v = (_linear(y, w, p + f"attn.{n}") for n in "qkv")
+    if d.qk_norm:
+        q, k = head_norm(q, w, p + "attn.q_norm", d.head_dim), head_norm(k, w, p + "attn.k_norm", d.head_dim)
     x = x + _linear(attention_core(q, k, v, d.head_dim), w, p + "attn.o")
     y = norm(x, w, p + "ln2")
     if moe is not None and moe.is_moe(i):

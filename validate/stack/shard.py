@@ -8,7 +8,8 @@ Full tensors follow torch's Linear layout [out_features, in_features]:
 - layers.i.attn.o.weight [h, heads*hd]: columns of this rank's query heads (row-parallel);
 - layers.i.mlp.fc1 / gate / up [ffn, h]: rows (column-parallel); layers.i.mlp.fc2 [h, ffn]: columns;
 - biases (gelu models only): column-parallel ones (q, k, v, fc1) sliced like their weight's rows;
-  row-parallel ones (o, fc2) and the norms' weights / biases replicated.
+  row-parallel ones (o, fc2) and the norms' weights / biases replicated;
+- layers.i.attn.q_norm / k_norm [hd] (model.qk_norm): replicated (every head shares them).
 
 MoE layers (model.moe.is_moe_layer) have a router, routed experts and a shared expert instead of the MLP:
 validate/stack/moe_shard.py names and slices them (experts by expert-parallel and expert-tensor position).
@@ -31,10 +32,10 @@ from meshsim.validate.stack.moe_shard import (
 )
 
 
-def _norm(prefix: str, d: ModelDims) -> dict[str, tuple[int, ...]]:
-    out = {prefix + ".weight": (d.hidden,)}
+def _norm(prefix: str, d: ModelDims, width: int | None = None) -> dict[str, tuple[int, ...]]:
+    out = {prefix + ".weight": (width or d.hidden,)}
     if d.norm_bias:
-        out[prefix + ".bias"] = (d.hidden,)
+        out[prefix + ".bias"] = (width or d.hidden,)
     return out
 
 
@@ -56,6 +57,8 @@ def full_shapes(d: ModelDims, moe: MoeLayout | None = None) -> dict[str, tuple[i
         pre = f"layers.{i}."
         shapes.update(_norm(pre + "ln1", d))
         shapes.update(_linears(pre, {"attn.q": (q, h), "attn.k": (kv, h), "attn.v": (kv, h), "attn.o": (h, q)}, d))
+        if d.qk_norm:  # one norm over a head's width for every query head, one for every key head
+            shapes.update({**_norm(pre + "attn.q_norm", d, d.head_dim), **_norm(pre + "attn.k_norm", d, d.head_dim)})
         shapes.update(_norm(pre + "ln2", d))
         if moe is not None and moe.is_moe(i):
             shapes.update(moe_shapes(pre, moe.config, h, d.mlp, d.linear_bias))
@@ -92,11 +95,18 @@ def kv_replica_groups(d: ModelDims) -> list[list[int]]:
 def sequence_parallel_params(d: ModelDims, moe: MoeLayout | None = None) -> list[str]:
     """Replicated parameters living in the SP region (their gradients need a TP all-reduce under SP):
     the norms and the row-parallel biases (added after the exit boundary, on s/t tokens), and MoE layers'
-    router and shared fc2 bias (moe_shard.moe_sp_params)."""
+    router and shared fc2 bias (moe_shard.moe_sp_params); model.qk_norm's q and k norms too (each TP rank
+    normalizes only its own heads)."""
     names = list(full_shapes(d, moe))
     moe_sp = set(moe_sp_params(names))
-    return [n for n in names if n.split(".")[-2] in ("ln1", "ln2", "final_ln")
+    return [n for n in names if n.split(".")[-2] in ("ln1", "ln2", "final_ln", "q_norm", "k_norm")
             or n.endswith(("attn.o.bias", "mlp.fc2.bias")) or n in moe_sp]
+
+
+def qk_norm_params(d: ModelDims) -> list[str]:
+    """model.qk_norm's norms: their gradients are summed over tp even without SP (Megatron-LM
+    finalize_model_grads.py L451-454 @d98e8a64)."""
+    return [n for n in full_shapes(d) if n.split(".")[-2] in ("q_norm", "k_norm")]
 
 
 def _rows(full, part: range, unit: int):
