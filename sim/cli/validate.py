@@ -76,12 +76,14 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
 
 def _moe_note(sc) -> None:
     """What of a scenario --check does not run for real (validate/launch/shrink.py): an MoE scenario's
-    dispatcher and token dropping; the optimizer section and the recompute modules (numerics checks the
+    dispatcher and token dropping; MLA and MTP; the optimizer section and the recompute modules (numerics checks the
     forward and backward, not the optimizer; recompute runs the variants' own settings)."""
     moe, p = sc.model.moe, sc.parallel
     left = ([f"the {p.moe_dispatcher} dispatcher (its layers run with alltoall)"]
             if moe is not None and p.moe_dispatcher != "alltoall" else [])
     left += ["token dropping (routing runs dropless)"] if moe is not None and moe.capacity_factor is not None else []
+    left += ["multi-latent attention (its layers run standard attention)"] if sc.model.mla is not None else []
+    left += ["multi-token prediction (model.mtp_layers)"] if sc.model.mtp_layers else []
     left += ["parallel.recompute_modules"] if p.recompute_modules is not None else []
     left += ["the optimizer section"] if sc.optimizer.model_dump(exclude_defaults=True) else []
     if left:

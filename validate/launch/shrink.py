@@ -7,13 +7,15 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
 - heads' = 2 tp' (two query heads per rank); KV heads keep the scenario's relation to tp:
   multi-head -> kv' = heads'; kv_heads >= tp -> kv' = tp' (one KV head per rank);
   kv_heads < tp -> kv' = max(1, tp' kv / tp) (each KV head replicated on the same fraction of ranks);
-- hidden' = heads' x r.head_dim, ffn' = 2 hidden', seq' = r.seq_per_rank x tp', vocab' = r.vocab_per_rank x tp',
-  layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp' (one micro-batch per step;
+- hidden' = heads' x r.head_dim, ffn' = 2 hidden', seq' = r.seq_per_rank x tp', vocab' = r.vocab_per_rank x tp'
+  (unpadded: vocab_divisible_by 1), layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp' (one micro-batch per step;
   pipelines: m' micro-batches);
 - dropout off (numerics compare deterministic math), tp_comm_overlap off and distributed_optimizer off
   (the real model issues neither); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
   (topology.nodes grows when the topology has fewer than nproc GPUs); model.head_dim is dropped (hidden'
-  / heads' = r.head_dim already);
+  / heads' = r.head_dim already); so are multi-latent attention (standard attention runs instead),
+  multi-token prediction, parallel.recompute_modules (the variants set recompute) and a pipeline_layout;
+  model.qk_norm is kept (validate runs it);
 - MoE (model.moe): etp' = gcd(etp, S), ep' = gcd(ep, S / etp') on the S = nproc / pp' ranks of a stage;
   `shrink_moe`: two local experts per ep rank (at least 4 experts), top-2, expert and shared FFN =
   hidden', at most one leading dense layer, group-limited routing (when set) over 2 groups picking 1;
@@ -95,14 +97,14 @@ def shrink_pipeline(pp: int, vp: int, overlap: bool, nproc: int, layers: int) ->
     """Pipeline fields of the shrunk scenario: pp' = gcd(pp, nproc); vp kept when pp' > 1; layers' the
     rule's count rounded up to a multiple of pp' vp' (one or more per virtual stage); m' = 2 pp'
     micro-batches (past the warm-up, a multiple of N = pp'); interleaving on two stages without P2P
-    overlap (Megatron's rule); uneven and accounted splits dropped."""
+    overlap (Megatron's rule); uneven and accounted splits and a pipeline_layout dropped."""
     pp_new = math.gcd(pp, nproc)
     vp_new = vp if pp_new > 1 else 1
     chunks = pp_new * vp_new
     return dict(pp=pp_new, vp=vp_new, layers=-(-layers // chunks) * chunks, micro_batches=2 * pp_new if pp_new > 1 else 1,
                 p2p_overlap=overlap and not (vp_new > 1 and pp_new <= 2), microbatch_group_size=None,
                 first_stage_layers=None, last_stage_layers=None, account_for_embedding_in_split=False,
-                account_for_loss_in_split=False)
+                account_for_loss_in_split=False, pipeline_layout=None)
 
 
 MIN_EXPERTS = 4  # top-2 among at least 4 experts, 2 per group under group-limited routing
@@ -146,9 +148,10 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
     model = m.model_copy(update=dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv, head_dim=None,
         ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False,
-        mtp_layers=0, **moe_model))  # the real stack runs no multi-token prediction depth
+        vocab_divisible_by=1,  # no padding: the real stack's vocabulary is exactly vocab_per_rank x tp
+        mtp_layers=0, mla=None, **moe_model))  # the real stack runs no MTP depth and standard attention
     parallel = p.model_copy(update=dict(
-        tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch,
+        tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch, recompute_modules=None,
         global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=False,
         cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))

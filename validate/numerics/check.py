@@ -8,8 +8,9 @@ parameter shard's gradient equal the reference's. A mismatch names the tensor, t
 Variant specs join modifiers with "+": tp | sp, gelu | swiglu, mha | gqa (kv = tp/2, so KV heads are
 replicated when tp > 1), none | selective | full (recompute), tied, qknorm (model.qk_norm: a norm over each
 query and key head), dp1 | dp2 | dp4 (tp = nproc, nproc/2
-or nproc/4; default: the scenario's tp, shrunk; with a pipeline, tp = nproc / pp, ...), pipelines pp2 |
-pp4 (1F1B), vp2 (interleaved), nooverlap (P2P not overlapped), and the negative controls swap_fg (entry
+or nproc/4; default: the scenario's tp, shrunk; with a pipeline, tp = nproc / pp, ...), pipelines pp1 (none:
+a pipelined scenario's default variants without a pipeline modifier take it) | pp2 | pp4 (1F1B), vp2
+(interleaved), nooverlap (P2P not overlapped), and the negative controls swap_fg (entry
 and exit boundaries replaced by their conjugates), no_ln_allreduce (without the norm-gradient all-reduce:
 SP, or qknorm at tp > 1), swap_p2p (each P2P batch issued in reverse order) and drop_mb_grad (the last micro-batch's
 weight gradients discarded); the pipeline faults need a pipeline. A pipeline variant runs each stage's
@@ -63,7 +64,8 @@ MOE_SPECS = {
         "dp4+tp+swiglu+ep2+etp2+grouped", "dp2+sp+swiglu+ep2+etp2+shared+sigmoid", "dp1+sp+gelu+dense1+ep4",
         "pp2+dp1+sp+swiglu+shared+ep2"],
 }
-PIPELINES = {"pp2": {"pp": 2}, "pp4": {"pp": 4}, "vp2": {"vp": 2}, "nooverlap": {"p2p_overlap": False}}
+PIPELINES = {"pp1": {"pp": 1}, "pp2": {"pp": 2}, "pp4": {"pp": 4}, "vp2": {"vp": 2},
+             "nooverlap": {"p2p_overlap": False}}
 MATRIX = (("tp", "sp"), ("gelu", "swiglu"), ("mha", "gqa"), ("none", "selective", "full"))
 
 
@@ -99,6 +101,15 @@ def default_specs(nproc: int) -> list[str]:
     elif nproc == 2:
         specs += ["dp2+tp+gelu+mha+none"]
     return specs + pipeline_specs(nproc)
+
+
+def scenario_defaults(scenario: Scenario, nproc: int) -> list[str]:
+    """The default variants of `scenario` (moe_specs or default_specs); a pipelined scenario runs those
+    without a pipeline modifier unpipelined ("pp1"), since the pipeline variants cover its stages."""
+    specs = moe_specs(nproc) if scenario.model.moe is not None else default_specs(nproc)
+    if scenario.parallel.pp == 1:
+        return specs
+    return [s if set(s.split("+")) & set(PIPELINES) else "+".join(t for t in ("pp1", s) if t) for s in specs]
 
 
 def pipeline_specs(nproc: int) -> list[str]:
@@ -259,7 +270,7 @@ def numerics_payload(scenario: Scenario, source: str, nproc: int, specs: list[st
     scenario's own configuration, shrunk."""
     if dtype not in TOLERANCES:
         raise UserError("--dtype", dtype, f"use one of {', '.join(TOLERANCES)}")
-    defaults = moe_specs(nproc) if scenario.model.moe is not None else default_specs(nproc)
+    defaults = scenario_defaults(scenario, nproc)
     variants = [_variant(scenario, spec, nproc, source, chosen=bool(specs)) for spec in (specs or defaults)]
     for v in variants:
         if "swap_fg" in v.faults and v.scenario.parallel.sp:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from meshsim.scenarios.schema import RunConfig
+
 FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 BLOCK = {"blockwise": 128, "mxfp8": 32}
 FP8_TOLERANCE = 0.15
@@ -180,8 +182,8 @@ def check_fp8_mlp(recipe: str, fmt: str = "hybrid", *, steps: int = 3, tokens: i
     return worst
 
 
-FP8_RUN_FIELDS = frozenset({"fp8", "fp8_format", "fp8_param_gather", "fp8_attention", "fp8_wgrad",
-                            "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin", "tp_only_amax_reduction"})
+# every FP8 knob of the run section (named fp8*, and the amax-reduction scope), so a new one cannot be missed
+FP8_RUN_FIELDS = frozenset({f for f in RunConfig.model_fields if f.startswith("fp8")} | {"tp_only_amax_reduction"})
 CONTROL_SCALE_ERROR = 2.0  # the negative control's wrong dequantization scale
 
 
