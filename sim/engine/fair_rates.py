@@ -55,11 +55,10 @@ def fair_rates(loads: Sequence[LinkLoad]) -> list[float]:
 def _rates_of_hot(loads: Sequence[LinkLoad], comps: Sequence[tuple[Sequence[Hashable], Sequence[int]]],
                   numbers: Sequence[int] | None = None) -> list[float]:
     """fair_rates' filling once the connected components (hot links in order of first appearance, jobs in
-    job order; _components) are known: per component,
-    progressive filling over the component's demands, each job's
-    positive loads on hot links plus a private resource of capacity 1 that caps it at its standalone speed.
-    A job with no positive load on a hot link runs at 1. `numbers`: the loads' numbers, which with the
-    component's hot links in order fix its demands, so equal keys reuse the same floats (_COMPONENT_RATES)."""
+    job order; _components) are known: per component, progressive filling over its jobs' demands (_fill).
+    A job in no component (no positive load on a hot link) runs at 1. `numbers`: the loads' numbers, which
+    with a component's hot links in order fix its demands, so equal keys reuse the same floats
+    (_COMPONENT_RATES)."""
     rates = [1.0] * len(loads)
     for links, jobs in comps:
         key = None if numbers is None else (tuple(links), tuple(numbers[j] for j in jobs))
@@ -105,7 +104,7 @@ def _components(pairs: Iterable[tuple[int, Hashable]], hot: Sequence[Hashable]) 
 
 def _fill(loads: Sequence[LinkLoad], links: Sequence[Hashable]) -> list[float]:
     """Progressive filling of one component: job j's demand is its positive loads on `links` (in that
-    order) and its private resource -(j + 1)."""
+    order) and a private resource -(j + 1) of capacity 1 that caps it at its standalone speed."""
     demands = [{**{lk: load[lk] for lk in links if load.get(lk, 0.0) > 0}, -(j + 1): 1.0}
                for j, load in enumerate(loads)]
     capacity = {lk: 1.0 for d in demands for lk in d}

@@ -93,7 +93,8 @@ def kind_templates(plan: LayerPlan, kind: LayerKind) -> tuple[Template, Template
 
 def sp_params(plan: LayerPlan, kind: LayerKind) -> int:
     """Parameters of one layer replicated over the TP ranks but updated from sequence shards under SP, whose
-    gradients are summed over tp once per step (sim/schedule/dp_ops.py): the two norms, the row-parallel
+    gradients are summed over tp once per step (sim/schedule/dp_ops.py): the two norms (and model.qk_norm's
+    q and k norms, LayerDims.norm_params_per_layer), the row-parallel
     biases, MLA's duplicated down projections and latent norms, and an MoE layer's router (replicated,
     fed the sequence-sharded tokens)."""
     d = plan.d
