@@ -141,9 +141,11 @@ def bands_document(results: dict[str, list[Row]]) -> dict:
         every, out = summarize(rows), summarize([r for r in rows if r.out_of_fit])
         if out.mape is None:
             continue
-        groups[g.name] = {"metric": g.metric, "out_of_fit_mape": round(out.mape, 4),
-                          "out_of_fit_max": round(out.max_error, 4), "out_of_fit_cases": out.cases,
-                          "all_mape": round(every.mape, 4), "all_max": round(every.max_error, 4),
+        # 6 decimals: a report's "12.1%" is then the benchmark's own rounding of the figure, not a second
+        # rounding of a 4-decimal one (0.1215 printed 12.2% beside the benchmark's 12.1%)
+        groups[g.name] = {"metric": g.metric, "out_of_fit_mape": round(out.mape, 6),
+                          "out_of_fit_max": round(out.max_error, 6), "out_of_fit_cases": out.cases,
+                          "all_mape": round(every.mape, 6), "all_max": round(every.max_error, 6),
                           "all_cases": every.cases}
     return {"generated_by": "python benchmarks/accuracy.py --write-bands", "date": date.today().isoformat(),
             "groups": groups}
