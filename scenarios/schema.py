@@ -177,7 +177,7 @@ class TopologyConfig(Frozen):
     gpus_per_node: int | None = Field(default=None, gt=0)
 
 
-RecomputeModule = Literal["core_attn", "mla_up_proj", "mlp", "moe_act"]
+RecomputeModule = Literal["core_attn", "mla_up_proj", "mlp", "moe_act", "layernorm"]
 
 
 class ParallelConfig(Frozen):

@@ -68,6 +68,26 @@ def test_moe_act_drops_the_experts_activation_output():
     assert recompute_ops(act) == {"recompute.expert_act"}
 
 
+def test_layernorm_drops_the_separate_norms_outputs_and_reruns_them():
+    """MLA's input norm (every layer) and the MoE layer's pre-MLP norm are their own modules: their outputs,
+    2h per token of the sequence shard (SP, tp 2), are not kept, and each norm runs again as its block's
+    backward starts. A dense MHA model's norms are fused into their linears (IdentityOp in Megatron): the
+    module changes nothing there (negative control)."""
+    base, ln = tiny({"parallel.recompute_modules": []}), tiny({"parallel.recompute_modules": ["layernorm"]})
+    m = base.scenario.model
+    shard = m.seq_len * base.scenario.parallel.micro_batch // 2
+    norms = m.layers + 1  # ln1 of both (MLA) layers, ln2 of the MoE layer
+    assert acts(base) - acts(ln) == pytest.approx(norms * shard * 2 * m.hidden)
+    assert recompute_ops(ln) == {"recompute.ln1", "recompute.ln2"}
+    ops = {op.name: op for op in build_schedule(ln).ops}
+    assert len([n for n in ops if n.endswith("mb0.recompute.ln1")]) == m.layers
+    assert [n for n in ops if n.endswith("mb0.recompute.ln2")] == ["L1.mb0.recompute.ln2"]  # the MoE layer only
+    dense = {"model.mla": None, "model.moe": None}
+    plain, plain_ln = tiny({**dense, "parallel.recompute_modules": []}), tiny(
+        {**dense, "parallel.recompute_modules": ["layernorm"]})
+    assert acts(plain) == acts(plain_ln) and recompute_ops(plain_ln) == set()
+
+
 @pytest.mark.parametrize("overrides,words", [
     ({"parallel.recompute": "full", "parallel.recompute_modules": ["mlp"]}, "selective"),
     ({"model.mla": None, "parallel.recompute_modules": ["mla_up_proj"]}, "mla_up_proj"),

@@ -8,11 +8,12 @@ local experts (experts / ep of them, each split over etp).
 
 Activations kept for backward, per micro-batch (16-bit activations, fp32 routing probabilities):
 - MLA attention, per token outside TP regions (/t under SP): ln1 input 2h, its output (the down
-  projections' input) 2h, the two latents before and after their norms 2 (2 q_lora + 2 kv_lora); inside
+  projections' input) 2h (none under recompute of `layernorm`), the two latents before and after their norms 2 (2 q_lora + 2 kv_lora); inside
   (this rank's heads): Q 2 a_t (d_qk + d_rope), K as much, V 2 a_t d_v, the output projection's input
   2 a_t d_v (flash attention keeps no scores); recompute of mla_up_proj keeps only the last (Q, K, V are
   computed again before the attention backward).
-- MoE block: ln2 input 2h and its output 2h per token (/t under SP), the dropout mask h; the router's
+- MoE block: ln2 input 2h and its output 2h per token (/t under SP; the output not under recompute of
+  `layernorm`), the dropout mask h; the router's
   probabilities and routing map, T E (4 + 1); per routed row the experts keep fc1's input 2h, fc1's output
   2 fc1_n, the activation's output 2 f_e and the row's probability 4 (expert_rows rows; the probabilities
   multiply the activation inside the experts, experts.py activation_func_with_probs, so the unpermute is
@@ -43,9 +44,15 @@ def layer_params(plan: LayerPlan, kind: LayerKind) -> tuple[int, int]:
     return dense + m.router_params + m.shared_params, m.expert_params
 
 
+def norm_kept_bytes(plan: LayerPlan) -> int:
+    """Bytes per token of a separate norm's output kept for backward: 2h, none under recompute of
+    `layernorm` (sim/schedule/shapes.RECOMPUTE_MODULES)."""
+    return 0 if plan.d.recomputes("layernorm") else 2 * plan.d.hidden
+
+
 def mla_activation_bytes(plan: LayerPlan) -> int:
     d, a = plan.d, plan.mla
-    outside = 4 * d.hidden + 4 * ((a.q_lora or 0) + a.kv_lora) + (d.hidden if d.dropout else 0)
+    outside = 2 * d.hidden + norm_kept_bytes(plan) + 4 * ((a.q_lora or 0) + a.kv_lora) + (d.hidden if d.dropout else 0)
     qkv = 2 * a.heads * (2 * (a.qk + a.rope) + a.v)
     inside = 2 * a.heads * a.v + (0 if d.recomputes("mla_up_proj") else qkv)
     return d.tokens_out * outside + d.tokens * inside
@@ -53,7 +60,7 @@ def mla_activation_bytes(plan: LayerPlan) -> int:
 
 def moe_activation_bytes(plan: LayerPlan) -> int:
     d, m = plan.d, plan.moe
-    outside = 4 * d.hidden + (d.hidden if d.dropout else 0)
+    outside = 2 * d.hidden + norm_kept_bytes(plan) + (d.hidden if d.dropout else 0)
     router = m.tokens * m.experts * (PROB_BYTES + ROUTING_MAP_BYTES)
     act_out = 0 if d.recomputes("moe_act") else 2 * m.ffn
     experts = m.expert_rows * (2 * m.hidden + 2 * m.fc1_n + act_out + PROB_BYTES)

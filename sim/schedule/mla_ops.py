@@ -182,6 +182,10 @@ def _up_backward(tpl: Template, d: LayerDims, key: str, g: Gemm, width: int, dep
 
 
 def mla_backward(tpl: Template, d: LayerDims, a: MlaDims, gin: Deps) -> int:
+    """Backward of mla_forward. Recompute of `layernorm` re-runs ln1 first (MLA's input norm is its own
+    module, its output the down projections' weight gradients read; sim/schedule/shapes.RECOMPUTE_MODULES)."""
+    if d.recomputes("layernorm"):
+        tpl.add("recompute", "ln1", norm_fwd(d), gin)
     g: Deps = (tpl.add("bwd", "attn_res", dropout_bwd(d), gin),) if d.dropout else gin
     exit_ = region_boundaries(d.sp)[1]
     bop = exit_.op("bwd")

@@ -280,7 +280,11 @@ def moe_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, inp: Deps) 
 
 
 def moe_backward(tpl: Template, d: LayerDims, m: MoeDims, gin: Deps) -> int:
-    """Backward of moe_forward; returns the op completing the block input's gradient."""
+    """Backward of moe_forward; returns the op completing the block input's gradient. Recompute of
+    `layernorm` re-runs ln2 first (its output, which the router and the shared expert's weight gradients
+    read, was not kept; sim/schedule/shapes.RECOMPUTE_MODULES)."""
+    if d.recomputes("layernorm"):
+        tpl.add("recompute", "ln2", ew.norm_fwd(d), gin)
     g: Deps = (tpl.add("bwd", "mlp_res", ew.dropout_bwd(d), gin),) if d.dropout else gin
     shared = shared_backward(tpl, d, m, g) if m.shared_ffn else None
     y = combine_backward(tpl, m, g)

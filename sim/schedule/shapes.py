@@ -39,8 +39,12 @@ MAX_OVERLAP_CHUNKS = 4
 #   gathers of the latents) and RoPE again before the attention backward;
 # - mlp: a dense layer's MLP (fc1 and activation outputs; standard checkpointing) - its forward again
 #   (modeled with its norm and residual, a few elementwise kernels more than Megatron's checkpoint);
-# - moe_act: the experts' activation output - the activation again before the fc2 backward.
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act")
+# - moe_act: the experts' activation output - the activation again before the fc2 backward;
+# - layernorm: the output of a norm Megatron runs as its own module (an MoE layer's pre-MLP norm, MLA's input
+#   norm; a norm fused into its linear, TE's LayerNormLinear, is an IdentityOp and has none to drop) - the
+#   norm again when the block's backward starts (transformer_layer.py L470-530: CheckpointWithoutOutput
+#   registered on the block's output).
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "layernorm")
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
