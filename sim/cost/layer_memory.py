@@ -8,8 +8,8 @@ local experts (experts / ep of them, each split over etp).
 
 Activations kept for backward, per micro-batch (16-bit activations, fp32 routing probabilities):
 - MLA attention, per token outside TP regions (/t under SP): ln1 input 2h, its output (the down
-  projections' input) 2h (none under recompute of `layernorm`), the two latents before and after their norms 2 (2 q_lora + 2 kv_lora); inside
-  (this rank's heads): Q 2 a_t (d_qk + d_rope), K as much, V 2 a_t d_v, the output projection's input
+  projections' input) 2h (none under recompute of `layernorm`), the two latents before and after their
+  norms 2 (2 q_lora + 2 kv_lora); inside (this rank's heads): Q 2 a_t (d_qk + d_rope), K as much, V 2 a_t d_v, the output projection's input
   2 a_t d_v (flash attention keeps no scores); recompute of mla_up_proj keeps only the last (Q, K, V are
   computed again before the attention backward).
 - MoE block: ln2 input 2h and its output 2h per token (/t under SP; the output not under recompute of

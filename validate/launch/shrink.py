@@ -8,8 +8,8 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
   multi-head -> kv' = heads'; kv_heads >= tp -> kv' = tp' (one KV head per rank);
   kv_heads < tp -> kv' = max(1, tp' kv / tp) (each KV head replicated on the same fraction of ranks);
 - hidden' = heads' x r.head_dim, ffn' = 2 hidden', seq' = r.seq_per_rank x tp', vocab' = r.vocab_per_rank x tp'
-  (unpadded: vocab_divisible_by 1), layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp' (one micro-batch per step;
-  pipelines: m' micro-batches);
+  (unpadded: vocab_divisible_by 1), layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp'
+  (one micro-batch per step; pipelines: m' micro-batches);
 - dropout off (numerics compare deterministic math), tp_comm_overlap off and distributed_optimizer off
   (the real model issues neither); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
   (topology.nodes grows when the topology has fewer than nproc GPUs); model.head_dim is dropped (hidden'

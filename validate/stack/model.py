@@ -35,7 +35,7 @@ from meshsim.validate.stack.moe_shard import ExpertMesh, MoeLayout, expert_of, h
 from meshsim.validate.stack.shard import (
     full_shapes,
     kv_replica_groups,
-    qk_norm_params,
+    qk_norm_param_names,
     sequence_parallel_params,
     shard,
 )
@@ -134,7 +134,7 @@ def _reduce_buckets(w: dict, mesh: Mesh, bucket_mib: float | None) -> None:
 def sync_grads(w: dict, plan: Plan, mesh: Mesh, bucket_mib: float | None = None) -> None:
     """The post-backward reductions of the module docstring, in that order."""
     d = plan.dims
-    replicated = sequence_parallel_params(d, plan.moe) if d.sp else qk_norm_params(d) if d.tp > 1 else []
+    replicated = sequence_parallel_params(d, plan.moe) if d.sp else qk_norm_param_names(d) if d.tp > 1 else []
     if replicated and "no_ln_allreduce" not in plan.faults:
         all_reduce_grads([w[n].grad for n in replicated if n in w], mesh.tp_group, block=K.OPT_BLOCK, key=K.LN_GRAD)
     if kv_replica_groups(d):

@@ -1,8 +1,9 @@
 """The single-process reference: the full model, no parallelism, no collectives, torch's own cross-entropy.
 
-It shares no code with the parallel path except the attention core, the norm (per head: head_norm) and the MoE router's top-k
-(which hold no parallel logic), so a wrong boundary, shard or reduction shows up as a difference. An MoE
-layer is computed densely, with no permutation and no dispatch: every expert runs on every token and
+It shares no code with the parallel path except the attention core, the norm (and head_norm, the norm per
+head) and the MoE router's top-k (which hold no parallel logic), so a wrong boundary, shard or reduction
+shows up as a difference. An MoE layer is computed densely, with no permutation and no dispatch: every
+expert runs on every token and
 y = sum_e p[:, e] MLP_e(x) with the router's probabilities p (zero where a token does not go), plus the
 shared expert.
 """

@@ -103,7 +103,7 @@ def sequence_parallel_params(d: ModelDims, moe: MoeLayout | None = None) -> list
             or n.endswith(("attn.o.bias", "mlp.fc2.bias")) or n in moe_sp]
 
 
-def qk_norm_params(d: ModelDims) -> list[str]:
+def qk_norm_param_names(d: ModelDims) -> list[str]:
     """model.qk_norm's norms: their gradients are summed over tp even without SP (Megatron-LM
     finalize_model_grads.py L451-454 @d98e8a64)."""
     return [n for n in full_shapes(d) if n.split(".")[-2] in ("q_norm", "k_norm")]
