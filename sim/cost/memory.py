@@ -292,11 +292,5 @@ def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:
     if kinded(rs):
         dense, expert = stage_param_split(rs, 0)
         return _breakdown(rs, dense, activation_bytes(rs), expert, model_layers(rs), head=True)
-    params = params_per_rank(rs)
-    shard = rs.grad_dp if rs.scenario.parallel.distributed_optimizer else 1
-    weights, grads, optimizer, host = _states(rs, params, params / shard)
-    weights += fp8_weights_gb(rs, range(rs.scenario.model.layers), head=True)
-    acts = activation_bytes(rs) / GB
-    total = weights + grads + optimizer + acts + WORKSPACE_GB
-    return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,
-                           total <= rs.gpu.mem_gb, host_gb=host)
+    return _breakdown(rs, params_per_rank(rs), activation_bytes(rs), layers=range(rs.scenario.model.layers),
+                      head=True)
