@@ -44,6 +44,9 @@ def test_the_shrunk_model_drops_what_the_real_stack_does_not_run():
     assert m.mla is None and m.mtp_layers == 0 and p.recompute_modules is None and p.pipeline_layout is None
     rs = resolve(small, source)
     assert layer_dims(rs).vocab * rs.tp == m.vocab  # no padding beyond the real stack's vocabulary
+    # Megatron's --qk-layernorm on an MLA model means its latent norms: the shrunk standard attention has none
+    flagged = scenario.model_copy(update={"model": scenario.model.model_copy(update={"qk_norm": True})})
+    assert not shrink(flagged, 2, NUMERICS, source).model.qk_norm
 
 
 def test_every_fp8_knob_is_off_in_the_16_bit_run():
