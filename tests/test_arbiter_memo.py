@@ -181,5 +181,7 @@ def test_array_components_equal_dict_components():
         owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
         order = [fair_rates_module._RESOURCE_INDEX[k] for k in hot]  # noqa: SLF001
         resources = len(fair_rates_module._RESOURCES)  # noqa: SLF001
-        assert (fair_rates_module._array_components(arrays, idx, owner, order, hot, resources)  # noqa: SLF001
+        weights = np.concatenate([a[1] for a in arrays])
+        assert (fair_rates_module._array_components(len(arrays), idx, weights, owner, order, hot,  # noqa: SLF001
+                                                    resources)
                 == fair_rates_module._components(pairs, hot))  # noqa: SLF001

@@ -139,8 +139,8 @@ def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.nd
     floats (_HOT_RATES; per component, _COMPONENT_RATES)."""
     if len(loads) == 1:
         return [1.0]
-    idx = np.concatenate([a[0] for a in arrays])
-    total = np.bincount(idx, weights=np.concatenate([a[1] for a in arrays])) if len(idx) else np.zeros(0)
+    idx, weights = np.concatenate([a[0] for a in arrays]), np.concatenate([a[1] for a in arrays])
+    total = np.bincount(idx, weights=weights) if len(idx) else np.zeros(0)
     over = np.flatnonzero(total > _HOT)
     if not len(over):
         return [1.0] * len(loads)
@@ -149,14 +149,14 @@ def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.nd
     hot = [_RESOURCES[k] for k in order]
     owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
     if numbers is None:
-        return _rates_of_hot(loads, _array_components(arrays, idx, owner, order, hot, len(total)))
+        return _rates_of_hot(loads, _array_components(len(arrays), idx, weights, owner, order, hot, len(total)))
     touching = _touching(idx, owner, over, len(total), len(arrays))
     key = (tuple(order), tuple(n if t else -1 for n, t in zip(numbers, touching, strict=True)))
     rates = _HOT_RATES.get(key)
     if rates is None:
         if len(_HOT_RATES) >= MAX_ENTRIES:
             _HOT_RATES.clear()
-        comps = _array_components(arrays, idx, owner, order, hot, len(total))
+        comps = _array_components(len(arrays), idx, weights, owner, order, hot, len(total))
         rates = _HOT_RATES[key] = _rates_of_hot(loads, comps, numbers)
     return rates
 
@@ -168,16 +168,15 @@ def _touching(idx: np.ndarray, owner: np.ndarray, over: np.ndarray, resources: i
     return (np.bincount(owner[mask[idx]], minlength=jobs) > 0).tolist()
 
 
-def _array_components(arrays: Sequence[tuple[np.ndarray, np.ndarray]], idx: np.ndarray, owner: np.ndarray,
-                      order: list[int], hot: list[Hashable], resources: int) -> list[tuple[list, list[int]]]:
+def _array_components(jobs: int, idx: np.ndarray, weights: np.ndarray, owner: np.ndarray, order: list[int],
+                      hot: list[Hashable], resources: int) -> list[tuple[list, list[int]]]:
     """_components from the arrays: a job x hot-link incidence matrix of the positive loads, its job
     adjacency closed transitively by squaring (jobs are few), then each component's jobs in job order and
     links in `hot`'s order (the same lists _components builds)."""
     column = np.full(resources, -1, dtype=np.intp)
     column[order] = np.arange(len(order))
-    weights = np.concatenate([a[1] for a in arrays])
     keep = (column[idx] >= 0) & (weights > 0)
-    uses = np.zeros((len(arrays), len(order)), dtype=np.int64)
+    uses = np.zeros((jobs, len(order)), dtype=np.int64)
     uses[owner[keep], column[idx[keep]]] = 1
     reach = (uses @ uses.T) > 0
     while True:
@@ -185,7 +184,7 @@ def _array_components(arrays: Sequence[tuple[np.ndarray, np.ndarray]], idx: np.n
         if np.array_equal(wider, reach):
             break
         reach = wider
-    comps, seen = [], np.zeros(len(arrays), dtype=bool)
+    comps, seen = [], np.zeros(jobs, dtype=bool)
     for j in np.flatnonzero(uses.any(axis=1)).tolist():
         if not seen[j]:
             members = reach[j]
