@@ -19,6 +19,7 @@ from collections.abc import Callable
 from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, gpus_used, use_in
 from meshsim.scenarios.check_base import rule_error as _err
 from meshsim.scenarios.cp_checks import CP_RULES
+from meshsim.scenarios.fsdp_checks import FSDP_RULES
 from meshsim.scenarios.moe_checks import MOE_RULES
 from meshsim.scenarios.optimizer_checks import OPTIMIZER_RULES
 from meshsim.scenarios.pipeline_checks import (
@@ -205,6 +206,7 @@ RULES: tuple[Rule, ...] = (
     *MOE_RULES,
     *OPTIMIZER_RULES,
     *CP_RULES,
+    *FSDP_RULES,
 )
 
 

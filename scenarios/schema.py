@@ -210,6 +210,10 @@ class ParallelConfig(Frozen):
     # --overlap-param-gather); None = dp_overlap. False: it trails the optimizer step, exposed.
     overlap_param_gather: bool | None = None
     distributed_optimizer: bool = False
+    # Megatron-FSDP, ZeRO-3 (--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads_params): weights
+    # and gradients sharded over dp too; each layer's weights all-gathered before its forward and its backward,
+    # its gradients reduce-scattered after its backward, every micro-batch (sim/schedule/fsdp_ops.py)
+    fsdp: bool = False
     # gradient bucket size (MiB of fp32 gradients) for the DP reduction; None: Megatron-Core's max(40M, 1M x dp)
     # parameters (sim/schedule/dp_ops.bucket_bytes)
     dp_bucket_mib: BucketMiB | None = None

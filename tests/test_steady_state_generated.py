@@ -2,7 +2,7 @@
 default run equals `--full` to 1e-9 of the step (step, breakdown, critical path segment by segment), or
 it reports that it simulated the whole step and gives the same result. The generator aims at what can
 break a period: hosts whose dispatch time per period is within 15% of the GPU's time for it (faster and
-slower), 1F1B and interleaved pipelines, uneven stages, DP overlap and parameter gathers, TP comm overlap,
+slower), 1F1B and interleaved pipelines, uneven stages, DP overlap and parameter gathers, FSDP, TP comm overlap,
 compute/communication interference. `fallbacks` counts how often the proof refused (printed with -s)."""
 
 from __future__ import annotations
@@ -83,12 +83,15 @@ no_pp = st.fixed_dictionaries({
     "topology.nodes": st.just(2),
     "hardware.compute.comm_interference": st.sampled_from([0.0, 0.0, 0.3]),
     "model.mtp_layers": st.sampled_from([0, 0, 0, 1]),  # multi-token prediction rides with the head
+    "parallel.fsdp": st.sampled_from([False, False, False, True]),  # gathers that cross micro-batches
 })
 
 
 def _no_pp(overrides: dict, host_mode: tuple) -> dict:
     o = dict(overrides)
     o.update({"parallel.sp": o["parallel.sp"] and o["parallel.tp"] > 1, "parallel.dp": "auto"})
+    if o["parallel.fsdp"]:
+        o["parallel.distributed_optimizer"] = True  # Megatron-FSDP runs the distributed optimizer
     if not (o["parallel.distributed_optimizer"] and o["parallel.dp_overlap"]):
         o["parallel.overlap_param_gather"] = None  # Megatron: needs both
     return {**o, **host(o, *host_mode)}

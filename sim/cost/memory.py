@@ -9,9 +9,9 @@ embedding when tied) and the final norm.
 Model states (Megatron mixed precision): bf16 weights 2 B/param; fp32 main gradients 4 B/param (bf16
 training accumulates and reduces gradients in fp32; wgrad GEMMs accumulate straight into them, so no
 bf16 gradient copy exists); Adam 12 B/param (fp32 master weight + two fp32 moments), divided by dp
-with the distributed optimizer. The scenario's `optimizer` section (precision-aware states, bf16 main
-gradients, CPU offload) changes these per sim/schedule/optimizer_states.py; offloaded states are
-reported as host_gb, outside the GPU total.
+with the distributed optimizer (weights and gradients too under FSDP: sim/cost/fsdp_memory.py). The
+`optimizer` section (precision-aware states, bf16 main gradients, CPU offload) changes these per
+sim/schedule/optimizer_states.py; offloaded states are reported as host_gb, outside the GPU total.
 
 Activations (Korthikanti et al. 2022, 16-bit activations, 1-byte dropout masks), per layer per token:
   outside TP regions (/t under SP): ln1 input 2h, qkv input 2h, attention dropout mask h, ln2 input 2h,
@@ -63,6 +63,7 @@ from itertools import accumulate
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import BF16_BYTES, GB
 from meshsim.sim.cost.fp8_memory import fp8_activation_savings, fp8_weight_extra_bytes, moe_fp8_savings
+from meshsim.sim.cost.fsdp_memory import fsdp_resident_params
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
 from meshsim.sim.cost.mtp_memory import mtp_extra_params, mtp_head_activation_bytes
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
@@ -267,8 +268,11 @@ def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_para
     """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp); `layers`
     transformer layers and `head` the LM head (their FP8 weight copies)."""
     shard, eshard = (rs.grad_dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
-    weights, grads, optimizer, host = _states(rs, params + expert_params, params / shard + expert_params / eshard)
-    weights += fp8_weights_gb(rs, layers, head)
+    held = params + expert_params
+    resident = fsdp_resident_params(rs, params, expert_params) if rs.scenario.parallel.fsdp else held
+    weights, grads, optimizer, host = _states(rs, resident, params / shard + expert_params / eshard)
+    fp8_scale = resident / held if rs.scenario.run.fp8_param_gather and held else 1.0  # fsdp_memory.py
+    weights += fp8_weights_gb(rs, layers, head) * fp8_scale
     acts = activation_b / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,

@@ -24,7 +24,8 @@ the part of compute_waiting before the first compute op.
 The partition of the step a report leads with is the critical path's (sim/results/critical_path.py):
 its categories (compute, TP, DP, P2P communication, pipeline bubble, waiting) add up to the step.
 Layer spans (layer_fwd_ms / layer_bwd_ms): first start to last end of one transformer layer's ops of
-micro-batch 0 (compute and comm), for the middle layer of the model.
+micro-batch 0 (compute and comm), for the middle layer of the model; DP traffic is not part of it (FSDP's
+weight gathers, issued one block ahead, and gradient reduce-scatters: sim/schedule/fsdp_ops.py).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def middle_layer(events: Iterable[Event]) -> int | None:
 
 def layer_span_ms(events: Iterable[Event], layer: int | None, phases: tuple[str, ...]) -> float:
     """Span (ms) of the ops of `layer` in `phases`, micro-batch 0 (all of them if none is numbered)."""
-    sel = [ev for ev in events if ev.layer == layer and ev.phase in phases]
+    sel = [ev for ev in events if ev.layer == layer and ev.phase in phases and ev.stream != "dp_comm"]
     sel = [ev for ev in sel if ev.micro_batch == 0] or sel
     if layer is None or not sel:
         return 0.0

@@ -19,6 +19,7 @@ from meshsim.sim.schedule.dp_ops import PARAM_BYTES, DpConfig, all_buckets, buck
 from meshsim.sim.schedule.ep_overlap import combined_micro_batches
 from meshsim.sim.schedule.fp8_ops import amax_reduce_ops
 from meshsim.sim.schedule.fp8_rules import FP8_BYTES, weight_cast_work
+from meshsim.sim.schedule.fsdp_ops import FsdpConfig, fsdp_micro_batches
 from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
 from meshsim.sim.schedule.layer_kinds import (
     PLAIN,
@@ -33,28 +34,13 @@ from meshsim.sim.schedule.layer_kinds import (
 from meshsim.sim.schedule.layer_ops import backward_template, forward_template
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
 from meshsim.sim.schedule.mtp_ops import head_backward_with_mtp, head_forward_with_mtp, mtp_layer_ids
-from meshsim.sim.schedule.ops import Op, Schedule
+from meshsim.sim.schedule.ops import Elementwise, Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
+from meshsim.sim.schedule.stamping import micro_batch_blocks, stamp
 from meshsim.sim.schedule.template import Template
-
-
-def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer: int | None,
-          mb: int) -> int:
-    """Append `tpl`'s ops to `ops` (ids from len(ops)); returns the base id."""
-    base = len(ops)
-    append = ops.append
-    for i, t in enumerate(tpl.ops):
-        if t.ext_deps:
-            deps = tuple([base + d for d in t.local_deps] + [ext[e] for e in t.ext_deps])
-        else:
-            deps = tuple([base + d for d in t.local_deps])
-        wait = None if t.host_wait is None else base + t.host_wait
-        append(Op(base + i, prefix + t.suffix, t.stream, t.category, t.phase, t.work, deps, layer, mb,
-                  t.host_calls, wait))
-    return base
 
 
 class Templates:
@@ -85,28 +71,14 @@ def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int, grads: list[
                  expert_grads: list[tuple[int, int]] | None = None) -> None:
     """Stamp one micro-batch's forward and backward; record gradient producers into `grads` (and the routed
     experts' into `expert_grads`) if given."""
-    base = stamp(t.embed_fwd, ops, f"{K.EMBED_BLOCK}.mb{mb}.", {}, None, mb)
-    x = base + t.embed_fwd.marks["out"]
-    for layer in range(layers):
-        fwd = t.layer_fwd(layer)
-        x = stamp(fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + fwd.marks["out"]
-    if t.amax is not None:
-        x = stamp(t.amax[0], ops, f"{K.FP8_BLOCK}.mb{mb}.", {"in": x}, None, mb) + t.amax[0].marks["out"]
-    base = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb)
-    blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)]
-    blocks += [(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(range(layers))]
-    if t.amax is not None:
-        blocks.append((t.amax[1], f"{K.FP8_BLOCK}.mb{mb}.", None))
-    blocks.append((t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None))
-    g = base + t.head_fwd.marks["out"]
-    ext = "loss"
-    for tpl, prefix, layer in blocks:
-        base = stamp(tpl, ops, prefix, {ext: g}, layer, mb)
-        g, ext = base + tpl.marks["out"], "gin"
-        if grads is not None:
-            grads += [(base + i, n) for i, n in tpl.grads]
-        if expert_grads is not None:
-            expert_grads += [(base + i, n) for i, n in tpl.expert_grads]
+    x = 0
+    for b in micro_batch_blocks(t, layers, mb):
+        base = stamp(b.tpl, ops, b.prefix, {b.ext_key: x} if b.ext_key else {}, b.layer, mb)
+        x = base + b.tpl.marks["out"]
+        if b.backward and grads is not None:
+            grads += [(base + i, n) for i, n in b.tpl.grads]
+        if b.backward and expert_grads is not None:
+            expert_grads += [(base + i, n) for i, n in b.tpl.expert_grads]
 
 
 def _grad_params(t: Templates, layers: int, expert: bool = False) -> list[int]:
@@ -198,9 +170,27 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
 
 
 def gathers_overlap(rs: ResolvedScenario) -> bool:
-    """The distributed optimizer's parameter all-gathers open the step (sim/schedule/param_gather.py)."""
+    """The distributed optimizer's parameter all-gathers open the step (sim/schedule/param_gather.py); under
+    FSDP each block gathers its own weights instead (sim/schedule/fsdp_ops.py)."""
     p = rs.scenario.parallel
-    return (rs.grad_dp > 1 or rs.edp > 1) and p.distributed_optimizer and p.param_gather_overlapped
+    return (rs.grad_dp > 1 or rs.edp > 1) and p.distributed_optimizer and p.param_gather_overlapped and not p.fsdp
+
+
+def fsdp_config(rs: ResolvedScenario, t: Templates) -> FsdpConfig:
+    """The gathers' and reduce-scatters' bytes per parameter, and FP8's per-forward weight cast when the
+    gathered weights are 16-bit (sim/schedule/fsdp_ops.py)."""
+    d, layers, run = t.plan.d, rs.scenario.model.layers, rs.scenario.run
+    params = sum(_grad_params(t, layers)) + sum(_grad_params(t, layers, True))
+    casts: dict[int, Elementwise | None] = {}
+
+    def cast(layer: int) -> Elementwise | None:
+        if layer not in casts:
+            n = fp8_linear_weights(rs, d, [layer])
+            casts[layer] = weight_cast_work(n, n, False, d.fp8.transpose_free) if n else None
+        return casts[layer]
+
+    return FsdpConfig(rs.grad_dp, rs.edp, gather_param_bytes(rs, d, params, range(layers)),
+                      grad_reduce_bytes(rs.scenario), cast if d.fp8.on and not run.fp8_param_gather else None)
 
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:
@@ -216,7 +206,9 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     grads: list[tuple[int, int]] = []
     expert_grads: list[tuple[int, int]] = []
     p = rs.scenario.parallel
-    if p.moe_ep_overlap:  # Megatron's combined 1F1B (sim/schedule/ep_overlap.py)
+    if p.fsdp:  # every block gathers its weights and reduce-scatters its gradients (sim/schedule/fsdp_ops.py)
+        fsdp_micro_batches(ops, t, model.layers, rs.micro_batches, fsdp_config(rs, t), grads, expert_grads)
+    elif p.moe_ep_overlap:  # Megatron's combined 1F1B (sim/schedule/ep_overlap.py)
         combined_micro_batches(ops, t, model.layers, rs.micro_batches, p.delay_wgrad_compute, grads, expert_grads)
     else:
         for mb in range(rs.micro_batches):
@@ -224,9 +216,10 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
             _micro_batch(ops, t, model.layers, mb, grads if last else None, expert_grads if last else None)
     params, expert_params = sum(n for _, n in grads), sum(n for _, n in expert_grads)
     cfg = dp_config(rs, t, params, expert_params)
-    ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, expert_producers=expert_grads)
+    ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, [] if p.fsdp else None, expert_grads)
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
-    ops += weight_cast_op(rs, d, [*range(model.layers), *mtp_layer_ids(model)], step_op, len(ops), head=True)
+    if not (p.fsdp and d.fp8.on and not rs.scenario.run.fp8_param_gather):  # else cast per forward (fsdp_ops)
+        ops += weight_cast_op(rs, d, [*range(model.layers), *mtp_layer_ids(model)], step_op, len(ops), head=True)
     if overlap_gather:
         ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.grad_dp, rs.edp), cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,

@@ -29,6 +29,10 @@ Multi-token prediction (sim/schedule/mtp_ops.py) runs inside the head block, its
 ("head.mb0.mtp0.fwd.qkv"): MTP_EH_IN (eh_proj's entry over the concatenated [s, b, 2h] input), MTP_EH_OUT
 (its output's all-gather along the hidden dimension) and, under SP, MTP_SP_SPLIT (the sequence split's
 backward all-gather).
+Megatron-FSDP (sim/schedule/fsdp_ops.py), per micro-batch and block: FSDP_GATHER (the block's weights
+all-gathered over "dp", "<block>.mb<m>.<fwd|bwd>.fsdp_gather"; FSDP_GATHER + EXPERT_SUFFIX the routed experts'
+over "edp"), FSDP_GRAD after a block's backward (its gradients reduce-scattered; + EXPERT_SUFFIX over "edp"),
+and, for FP8 without FP8 primary weights, FP8_WEIGHT_CAST before each forward (the gathered weights' cast).
 Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
 With parallel.p2p_scatter_gather each received 1/tp chunk is all-gathered over "tp" by
 "<PP_BLOCK>.<PP_GATHER>_<fwd|bwd>_c<chunk>.mb<m>" (purpose PP_GATHER).
@@ -57,6 +61,7 @@ FP8_QUANT, FP8_AMAX, FP8_TRANSPOSE = "fp8_quant", "fp8_amax", "fp8_transpose"
 FP8_AMAX_REDUCE, FP8_AMAX_UPDATE, FP8_WEIGHT_CAST = "fp8_amax_reduce", "fp8_amax_update", "fp8_weight_cast"
 FP8_BLOCK = "fp8"
 CP_RING, CP_A2A, CP_GATHER, CP_SCATTER = "cp_ring", "cp_a2a", "cp_gather", "cp_scatter"
+FSDP_GATHER, FSDP_GRAD, EXPERT_SUFFIX = "fsdp_gather", "fsdp_grad", "_experts"
 MTP_BLOCK, MTP_EH_IN, MTP_EH_OUT, MTP_SP_SPLIT = "mtp", "mtp_eh_in", "mtp_eh_gather", "mtp_sp_split"
 
 

@@ -10,8 +10,8 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
 - hidden' = heads' x r.head_dim, ffn' = 2 hidden', seq' = r.seq_per_rank x tp', vocab' = r.vocab_per_rank x tp'
   (unpadded: vocab_divisible_by 1), layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp'
   (one micro-batch per step; pipelines: m' micro-batches);
-- dropout off (numerics compare deterministic math), tp_comm_overlap off and distributed_optimizer off
-  (the real model issues neither); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
+- dropout off (numerics compare deterministic math), tp_comm_overlap, distributed_optimizer and fsdp off
+  (the real model issues none of them); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
   (topology.nodes grows when the topology has fewer than nproc GPUs); model.head_dim is dropped (hidden'
   / heads' = r.head_dim already); so are multi-latent attention (standard attention runs instead),
   multi-token prediction, parallel.recompute_modules (the variants set recompute) and a pipeline_layout;
@@ -154,7 +154,7 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
     parallel = p.model_copy(update=dict(
         tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch, recompute_modules=None,
         global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=False,
-        cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
+        fsdp=False, cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
     return scenario.model_copy(update=dict(
         name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))

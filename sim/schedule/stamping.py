@@ -1,0 +1,65 @@
+"""Stamping block templates into a rank's op list, and the order of one micro-batch's blocks.
+
+`stamp` appends a template's ops with ids = list positions (every dep points to an earlier op), names
+prefixed "L{layer}.mb{mb}." / "embed.mb{mb}." / "head.mb{mb}."; `micro_batch_blocks` lists one micro-batch's
+blocks in the order a rank runs them without pipelining: embedding -> layers 0..L-1 forward -> (delayed FP8
+scaling's amax block) -> head forward -> head backward -> layers L-1..0 backward -> (amax) -> embedding
+backward. Each block's `ext` input is the output of the block before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshsim.sim.schedule import op_keys as K
+from meshsim.sim.schedule.ops import Op
+from meshsim.sim.schedule.template import Template
+
+
+def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer: int | None,
+          mb: int, gate: tuple[int, ...] = ()) -> int:
+    """Append `tpl`'s ops to `ops` (ids from len(ops)); returns the base id. `gate`: ops every entry op (one
+    with no dep inside the template) also waits for, e.g. the all-gather of the block's weights under FSDP."""
+    base = len(ops)
+    append = ops.append
+    for i, t in enumerate(tpl.ops):
+        if t.ext_deps:
+            deps = tuple([base + d for d in t.local_deps] + [ext[e] for e in t.ext_deps])
+        else:
+            deps = tuple([base + d for d in t.local_deps])
+        if gate and not t.local_deps:
+            deps += gate
+        wait = None if t.host_wait is None else base + t.host_wait
+        append(Op(base + i, prefix + t.suffix, t.stream, t.category, t.phase, t.work, deps, layer, mb,
+                  t.host_calls, wait))
+    return base
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One template stamped for one micro-batch: its name prefix, layer, the name of its external input (None
+    for the embedding's forward), and whether it is a backward block (it produces gradients)."""
+
+    tpl: Template
+    prefix: str
+    layer: int | None
+    ext_key: str | None
+    backward: bool
+
+
+def micro_batch_blocks(t: Any, layers: int, mb: int) -> list[Block]:
+    """The blocks of micro-batch `mb` in run order, from the step's templates `t` (builder.Templates)."""
+    embed, head, amax = f"{K.EMBED_BLOCK}.mb{mb}.", f"{K.HEAD_BLOCK}.mb{mb}.", f"{K.FP8_BLOCK}.mb{mb}."
+    blocks = [Block(t.embed_fwd, embed, None, None, False)]
+    blocks += [Block(t.layer_fwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer, "in", False)
+               for layer in range(layers)]
+    if t.amax is not None:
+        blocks.append(Block(t.amax[0], amax, None, "in", False))
+    blocks += [Block(t.head_fwd, head, None, "in", False), Block(t.head_bwd, head, None, "loss", True)]
+    blocks += [Block(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer, "gin", True)
+               for layer in reversed(range(layers))]
+    if t.amax is not None:
+        blocks.append(Block(t.amax[1], amax, None, "gin", True))
+    blocks.append(Block(t.embed_bwd, embed, None, "gin", True))
+    return blocks
