@@ -250,6 +250,7 @@ class SweepConfig(Frozen):
     etp: list[int] | None = None
     fp8: list[Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8"]] | None = None
     cp: list[int] | None = None
+    fsdp: list[bool] | None = None
 
 
 class RunConfig(Frozen):

@@ -125,3 +125,40 @@ def test_fsdp_rules(overrides, field, words):
     with pytest.raises(UserError) as err:
         tiny({**FSDP, **overrides})
     assert err.value.field == field and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_sweep_over_fsdp_runs_both_and_says_what_fsdp_changed():
+    """--fsdp both: every point twice; an FSDP point runs the distributed optimizer (Megatron-FSDP turns it
+    on); the explanation's FSDP sentence carries the records' memory and speed. Negative control: at dp 1
+    there is nothing to shard, so the twins are the same step."""
+    from meshsim.sim.sweep.axes import configurations, sweep_axes
+    from meshsim.sim.sweep.explain import explain
+    from meshsim.sim.sweep.fsdp_explain import fsdp_sentence
+    from meshsim.sim.sweep.runner import run_sweep
+
+    scenario, source = load_scenario("tiny-2gpu")
+    scenario = with_overrides(scenario, {"parallel.global_batch": 8}, source)
+    points = configurations(sweep_axes(scenario, {"tp": "1,2", "sp": "off", "fsdp": "both"}))
+    assert [(p.tp, p.fsdp) for p in points] == [(1, False), (1, True), (2, False), (2, True)]
+    assert points[1].key.endswith(",fsdp=on") and "fsdp" not in points[0].key
+    assert points[1].overrides()["parallel.distributed_optimizer"] is True
+    records = {(r.point.tp, r.point.fsdp): r for r in run_sweep(scenario, source, points, progress=False)}
+    on, off = records[(1, True)], records[(1, False)]
+    assert on.ok and off.ok and on.result.memory_gb.total < off.result.memory_gb.total  # dp 2 shards
+    text = fsdp_sentence(on, off)
+    assert f"{on.result.memory_gb.total * 1e9 / 2**30:.2f}" in text and "DP communication" in text
+    assert records[(2, True)].result.step_time_s == records[(2, False)].result.step_time_s  # dp 1
+    assert text in explain([on, off])  # the sweet spot's FSDP twin is explained
+
+
+def test_out_of_memory_advice_offers_fsdp_only_where_it_applies():
+    from meshsim.sim.outputs.advice import memory_fixes
+
+    def offers(**settings) -> bool:
+        return any("parallel.fsdp" in fix for fix in memory_fixes({"tp": 1, "pp": 1, **settings}))
+
+    assert offers(distributed_optimizer=True, fsdp=False)
+    assert not offers(distributed_optimizer=True, fsdp=True)  # already sharded
+    assert not offers(distributed_optimizer=True, fsdp=False, pp=2)  # not modelled with pipelining
+    assert not offers(distributed_optimizer=False, fsdp=False)  # the distributed optimizer is offered first
+    assert not offers(distributed_optimizer=True)  # unknown: not offered

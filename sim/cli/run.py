@@ -93,7 +93,8 @@ def run_command(
         paths["json"] = write_results_json(result, json_path, full_critical_path=full_critical_path)
     console = make_console()
     print_report(result, console, tokens=budget, band=error_band(rs),
-                 settings={"distributed_optimizer": rs.scenario.parallel.distributed_optimizer})
+                 settings={"distributed_optimizer": rs.scenario.parallel.distributed_optimizer,
+                           "fsdp": rs.scenario.parallel.fsdp})
     for kind, path in paths.items():
         console.print(f"{kind}: {user_text(path)}", highlight=False, soft_wrap=True)
     if not result.fits and not allow_oom:

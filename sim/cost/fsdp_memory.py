@@ -38,5 +38,8 @@ def largest_unit_params(rs: ResolvedScenario) -> int:
 
 
 def fsdp_resident_params(rs: ResolvedScenario, dense: int, expert: int) -> float:
-    """Parameters whose weight and main gradient a rank holds under FSDP (module docstring)."""
+    """Parameters whose weight and main gradient a rank holds under FSDP (module docstring); with nothing to
+    shard (dp = edp = 1) the whole model, as without FSDP (nothing is gathered)."""
+    if rs.grad_dp == 1 and rs.edp == 1:
+        return dense + expert
     return dense / rs.grad_dp + expert / rs.edp + 2 * largest_unit_params(rs)

@@ -36,6 +36,7 @@ from meshsim.sim.sweep.explain_terms import (
     varying_axes,
 )
 from meshsim.sim.sweep.fp8_explain import fp8_sentence
+from meshsim.sim.sweep.fsdp_explain import fsdp_sentence
 from meshsim.sim.sweep.record import SweepRecord
 
 MAX_SENTENCES = 9
@@ -102,7 +103,12 @@ def no_fit_sentence(records: list[SweepRecord], axes: list[str], settings: Mappi
     mem = memory_of(over)
     return (f"No configuration fits in {fmt_gb(mem.capacity)} GiB per GPU; the smallest overflow is "
             f"{label(over, axes)}: {fmt_gb(mem.total)} GiB ({fmt_gb(mem.total - mem.capacity)} GiB over). "
-            + fixes_sentence({**over.result.config.to_json(), **(settings or {})}))
+            + fixes_sentence({**over.result.config.to_json(), **(settings or {}), **_point_settings(over)}))
+
+
+def _point_settings(rec: SweepRecord) -> dict:
+    """What the record's point sets that a config echo lacks: fsdp, and with it the distributed optimizer."""
+    return {"fsdp": True, "distributed_optimizer": True} if rec.point.fsdp else {"fsdp": False}
 
 
 def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
@@ -280,7 +286,7 @@ def explain(records: list[SweepRecord], band_of: BandOf | None = None, settings:
                  path_sentence(best), fp8_sentence(records, best, axes, label, _differs), pipeline_sentence(best),
                  pp_enables_sentence(records, best, axes)]
     sentences += [contrast_sentence(r, best, axes) for r in neighbours(records, best)]
-    for axis, describe in (("sp", sp_sentence), ("tp_comm_overlap", overlap_sentence)):
+    for axis, describe in (("sp", sp_sentence), ("tp_comm_overlap", overlap_sentence), ("fsdp", fsdp_sentence)):
         other = _flipped(records, best, axis)
         if other is not None:
             on, off = (best, other) if getattr(best.point, axis) else (other, best)
