@@ -162,3 +162,17 @@ def test_out_of_memory_advice_offers_fsdp_only_where_it_applies():
     assert not offers(distributed_optimizer=True, fsdp=False, pp=2)  # not modelled with pipelining
     assert not offers(distributed_optimizer=False, fsdp=False)  # the distributed optimizer is offered first
     assert not offers(distributed_optimizer=True)  # unknown: not offered
+
+
+def test_validate_times_fsdp_schedules_and_checks_numerics_without_it():
+    """The timing shrink keeps fsdp (the executor runs the schedule's gathers and reduce-scatters); the
+    numerics shrink drops it (its real model has none)."""
+    from meshsim.validate.launch.shrink import NUMERICS, TIMING, shrink
+
+    scenario, source = load_scenario("tiny-2gpu")
+    scenario = with_overrides(scenario, {k: v for k, v in FSDP.items()}, source)
+    timed, checked = shrink(scenario, 2, TIMING, source), shrink(scenario, 2, NUMERICS, source)
+    assert timed.parallel.fsdp and timed.parallel.distributed_optimizer
+    assert not checked.parallel.fsdp and not checked.parallel.distributed_optimizer
+    sched = build_schedule(resolve(timed, source))
+    assert fsdp_ops(sched)  # what the timing run executes

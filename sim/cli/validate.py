@@ -86,6 +86,7 @@ def _moe_note(sc) -> None:
     left += ["multi-token prediction (model.mtp_layers)"] if sc.model.mtp_layers else []
     left += ["parallel.recompute_modules"] if p.recompute_modules is not None else []
     left += ["the optimizer section"] if sc.optimizer.model_dump(exclude_defaults=True) else []
+    left += ["FSDP (the timing run executes its gathers and reduce-scatters)"] if p.fsdp else []
     if left:
         echo_plain(f"simulated but not run for real: {'; '.join(left)}")
 

@@ -11,7 +11,9 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
   (unpadded: vocab_divisible_by 1), layers' = r.layers, micro_batch' = 2, global_batch' = micro_batch' x dp'
   (one micro-batch per step; pipelines: m' micro-batches);
 - dropout off (numerics compare deterministic math), tp_comm_overlap, distributed_optimizer and fsdp off
-  (the real model issues none of them); mlp, GQA-ness, sp, recompute, dtype and the topology are kept
+  (the real model issues none of them), except that the timing rules keep fsdp (with the distributed
+  optimizer it needs) when the shrunk layout has no pipeline: the timing run executes the schedule's own
+  ops, FSDP's per-block all-gathers and reduce-scatters among them; mlp, GQA-ness, sp, recompute, dtype and the topology are kept
   (topology.nodes grows when the topology has fewer than nproc GPUs); model.head_dim is dropped (hidden'
   / heads' = r.head_dim already); so are multi-latent attention (standard attention runs instead),
   multi-token prediction, parallel.recompute_modules (the variants set recompute) and a pipeline_layout;
@@ -48,14 +50,17 @@ class ShrinkRule:
     vocab_per_rank: int
     layers: int = 2
     micro_batch: int = 2
+    # the timing run executes the schedule's ops (validate/timing/executor.py), FSDP's per-block gathers and
+    # reduce-scatters included; the numerics run's real model has no FSDP
+    keeps_fsdp: bool = False
 
 
 # vocab_per_rank = 128: Megatron pads the vocabulary to a multiple of 128 tp (sim/schedule/shapes.py, padded_vocab), so the
 # real model and the schedule then hold the same table.
 NUMERICS = ShrinkRule(head_dim=8, seq_per_rank=8, vocab_per_rank=128)
-TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128)
+TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128, keeps_fsdp=True)
 # On GPUs (NCCL): sizes where kernels are past launch-bound (not exercised here: no GPU on this machine)
-GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096)
+GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096, keeps_fsdp=True)
 
 
 def timing_rule(backend: str) -> ShrinkRule:
@@ -145,6 +150,7 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
     heads, kv = shrink_heads(m.heads, m.num_kv_heads, p.tp, tp)
     hidden = heads * rule.head_dim
     moe_model, moe_parallel = _expert_fields(m, p, nproc // pipe["pp"], hidden)
+    fsdp = rule.keeps_fsdp and p.fsdp and pipe["pp"] == 1  # FSDP needs the distributed optimizer (rule 17)
     model = m.model_copy(update=dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv, head_dim=None,
         ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False,
@@ -153,8 +159,8 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
         mtp_layers=0, mla=None, qk_norm=m.qk_norm and m.mla is None, **moe_model))
     parallel = p.model_copy(update=dict(
         tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch, recompute_modules=None,
-        global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=False,
-        fsdp=False, cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
+        global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=fsdp,
+        fsdp=fsdp, cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
     return scenario.model_copy(update=dict(
         name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))
