@@ -8,8 +8,13 @@ an FP8 recipe needs is a property of the GPU generation. Sources (commits of the
 - `_compute_fp8_block_scaling_support` (same file): blockwise needs compute capability >= 9.0 (Hopper or
   later, CUDA >= 12.9); `_compute_mxfp8_support`: MXFP8 needs compute capability 10.x (Blackwell data
   centre parts; 12.0+ refused there).
+- `_compute_nvfp4_support` (same file, L171-175): NVFP4 needs compute capability 10.0 or later (Blackwell);
+  meshsim also needs the part's FP4 peak (topologies/gpus.py). TE's NVFP4 recipe quantizes no attention
+  (recipe/__init__.py NVFP4BlockScaling.fp8_dpa = False, "Not applying quantization to attention for now"),
+  so run.fp8_attention is refused with it; Megatron's FP4 primary weights (--fp4-param-gather,
+  arguments.py L1104) are not modeled, so run.fp8_param_gather is refused with it too.
 - Megatron-LM megatron/training/arguments.py L1095-1097 (Megatron-LM d98e8a64): --fp8-param-gather only
-  with the distributed optimizer (or FSDP, which meshsim does not model).
+  with the distributed optimizer (or FSDP, which runs the distributed optimizer too).
 - FP8 dot-product attention is a fused-attention backend (TE DotProductAttention with fp8_dpa): it needs
   model.attention: flash (meshsim's name for the fused kernels).
 """
@@ -23,6 +28,7 @@ from meshsim.topologies.gpus import GpuSpec
 FP8_MIN_CC = (8, 9)
 BLOCKWISE_MIN_CC = (9, 0)
 MXFP8_CC_MAJOR = 10
+NVFP4_MIN_CC = (10, 0)
 
 
 def _err(source: str, field: str, value: object, problem: str, fix: str) -> UserError:
@@ -36,7 +42,7 @@ def _needs_fp8(s: Scenario, source: str) -> None:
                                   ("fp8_attention", r.fp8_attention, False)):
         if value != default and not r.fp8_on:
             raise _err(source, f"run.{field}", value, "It applies to FP8 training, and run.fp8 is off",
-                       "set run.fp8 (delayed, tensorwise, blockwise or mxfp8), or remove the field")
+                       "set run.fp8 (delayed, tensorwise, blockwise, mxfp8 or nvfp4), or remove the field")
 
 
 def _delayed_only(s: Scenario, source: str) -> None:
@@ -66,6 +72,10 @@ def _layers_and_modes(s: Scenario, source: str) -> None:
                    "(transformer_config.py L1569-1575) and only with its own weight (TELMHeadColumnParallelLinear "
                    "refuses skip_weight_param_allocation: no tied embeddings)",
                    "set run.fp8: mxfp8 and model.tied_embeddings: false, or drop run.fp8_output_proj")
+    for field, value in (("fp8_attention", r.fp8_attention), ("fp8_param_gather", r.fp8_param_gather)):
+        if r.fp8 == "nvfp4" and value:
+            raise _err(source, f"run.{field}", True, "Transformer Engine's NVFP4 recipe quantizes no attention, "
+                       "and meshsim does not model FP4 primary weights", f"drop run.{field}, or use run.fp8: mxfp8")
     if r.fp8_attention and s.model.attention != "flash":
         raise _err(source, "run.fp8_attention", True, "FP8 attention is a fused-attention kernel, and "
                    "model.attention is unfused", "set model.attention: flash, or drop run.fp8_attention")
@@ -86,6 +96,10 @@ def _gpu_supports(s: Scenario, gpu: GpuSpec, source: str) -> None:
         raise _err(source, "run.fp8", r.fp8, f"MXFP8 needs a Blackwell GPU (compute capability 10.x), the "
                    f"{gpu.name} has {cc[0]}.{cc[1]}", "use run.fp8: tensorwise, delayed or blockwise, or a "
                    "B200 / GB200 / B300 / GB300")
+    if r.fp8 == "nvfp4" and (cc < NVFP4_MIN_CC or gpu.fp4_peak_tflops <= 0):
+        raise _err(source, "run.fp8", r.fp8, f"NVFP4 needs FP4 tensor cores (Blackwell, compute capability 10.0 "
+                   f"or later), the {gpu.name} has {cc[0]}.{cc[1]}", "use run.fp8: mxfp8, tensorwise or blockwise, "
+                   "or a B200 / GB200 / B300 / GB300 (or set hardware.fp4_peak_tflops)")
 
 
 def check_fp8(s: Scenario, gpu: GpuSpec, source: str) -> None:

@@ -36,7 +36,7 @@ from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 from meshsim.topologies.presets import NVL72_GPUS
 
-GPU_FIGURES = ("peak_tflops", "fp8_peak_tflops", "mem_bw_gbps", "mem_gb")
+GPU_FIGURES = ("peak_tflops", "fp8_peak_tflops", "fp4_peak_tflops", "mem_bw_gbps", "mem_gb")
 
 
 # ----- loading -----------------------------------------------------------------------------------

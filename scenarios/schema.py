@@ -152,6 +152,7 @@ class HardwareConfig(Frozen):
     profile: str | None = None  # path to a calibration profile YAML (meshsim calibrate); relative to the scenario
     peak_tflops: TFLOPs | None = None
     fp8_peak_tflops: TFLOPs | None = None  # FP8 dense TFLOP/s; default: the GPU preset's
+    fp4_peak_tflops: TFLOPs | None = None  # FP4 (NVFP4) dense TFLOP/s; default: the GPU preset's
     mem_bw_gbps: GBps | None = None
     mem_gb: MemGB | None = None
     compute: ComputeTuning = ComputeTuning()
@@ -248,7 +249,7 @@ class SweepConfig(Frozen):
     recompute: list[Literal["none", "selective", "full"]] | None = None
     ep: list[int] | None = None
     etp: list[int] | None = None
-    fp8: list[Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8"]] | None = None
+    fp8: list[Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"]] | None = None
     cp: list[int] | None = None
     fsdp: list[bool] | None = None
 
@@ -266,7 +267,8 @@ class RunConfig(Frozen):
     engine: EngineName = DEFAULT_ENGINE  # the event loop (sim/engine/simpy_loop.py); identical figures
     # FP8 training through Transformer Engine (sim/schedule/fp8_rules.py documents each rule and its source):
     # Megatron --fp8-recipe; off = 16-bit GEMMs
-    fp8: Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8"] = "off"
+    # nvfp4 = Megatron --fp4-format e2m1 --fp4-recipe nvfp4 (TE NVFP4BlockScaling; FP4 and FP8 exclude each other)
+    fp8: Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"] = "off"
     fp8_format: Literal["hybrid", "e4m3"] = "hybrid"  # --fp8-format: hybrid = E4M3 forward, E5M2 gradients
     fp8_param_gather: bool = False  # --fp8-param-gather: FP8 primary weights, 1-byte DP parameter all-gather
     fp8_attention: bool = False  # --fp8-dot-product-attention: the attention core in FP8 too

@@ -312,6 +312,9 @@ def test_fp8_sentence_says_what_fp8_changed_and_that_the_sweet_spot_moved():
                _rec(8, "off", tokens=100.0, compute_s=0.6, tp_share=0.3),
                _rec(8, "delayed", tokens=110.0, compute_s=0.4, tp_share=0.5)]
     text = " ".join(ex.explain(records))
-    assert "FP8 (delayed) shortens compute 1.60x (800 ms -> 500 ms busy per step)" in text
+    assert "FP8 (delayed) shortens compute 1.60x against 16 bit (800 ms -> 500 ms busy per step)" in text
     assert "TP communication is now 38% of the critical path (vs 20% in 16 bit)" in text
     assert "so with FP8 tp=4 beats tp=8, the fastest in 16 bit." in text
+    two = [_rec(4, "mxfp8", tokens=100.0, compute_s=0.6, tp_share=0.2),
+           _rec(4, "nvfp4", tokens=120.0, compute_s=0.4, tp_share=0.3)]  # two recipes, no 16-bit twin
+    assert "NVFP4 shortens compute 1.50x against FP8 (mxfp8)" in " ".join(ex.explain(two))

@@ -74,3 +74,26 @@ def test_fp8_gemm_calibration_refuses_without_a_gpu():
     with pytest.raises(CommandFailed):
         fp8_gemm.measure()
     assert fp8_gemm.main([]) == 1
+
+
+def test_nvfp4_round_trip_has_two_levels_of_scale_and_the_e2m1_grid():
+    """A block of 16 whose amax is the tensor's maps onto 6 x its E4M3-stored scale: exact E2M1 multiples
+    come back exactly, a value between two grid points goes to the nearer; a second block with a 100x
+    smaller amax keeps its own resolution (its own block scale), which one tensor scale could not."""
+    from meshsim.validate.numerics.fp8_emulation import E2M1_VALUES, NVFP4_TOLERANCE, nvfp4_round_trip
+
+    x = torch.zeros(1, 32, dtype=torch.float64)
+    x[0, :8] = torch.tensor(E2M1_VALUES)
+    x[0, 8] = 2.4  # between 2 and 3: to 2
+    x[0, 16:24] = torch.tensor(E2M1_VALUES) / 100
+    q = nvfp4_round_trip(x.float())
+    assert torch.allclose(q[0, :8], x[0, :8], rtol=1e-6) and float(q[0, 8]) == pytest.approx(2.0)
+    assert torch.allclose(q[0, 16:24], x[0, 16:24], rtol=2**-3)  # E4M3 block scale: 3 mantissa bits
+    assert check_fp8_mlp("nvfp4") <= NVFP4_TOLERANCE < check_fp8_mlp("nvfp4", scale_error=2.0)
+    assert check_fp8_mlp("nvfp4") > FP8_TOLERANCE  # half a byte is coarser than FP8: its own bound
+
+
+def test_check_run_emulates_nvfp4():
+    sc, _ = load_scenario("llama3-8b-h100-fp8")
+    ok, lines = check_fp8_run(sc.run.model_copy(update={"fp8": "nvfp4"}))
+    assert ok and lines[0].startswith("NVFP4") and "fails, as it must" in lines[1]

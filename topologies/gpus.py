@@ -13,6 +13,12 @@ datasheet, 8 GPUs: "FP8 72 PFLOPS" sparse) 4,500; GB200 (GB200 NVL72 datasheet, 
 NVIDIA datasheet figures, quoted from the datasheets' product tables. V100 and A100 have no FP8 tensor cores
 (fp8_peak_tflops 0). compute_capability: sm_70 V100, sm_80 A100, sm_90 H100/H200, sm_100 B200/GB200.
 
+FP4 dense peaks (NVFP4 GEMMs, Blackwell only; the datasheets print sparse and dense FP4 figures): B200 (HGX
+B200, 8 GPUs: "FP4 144 PFLOPS", sparse) 9,000; GB200 (GB200 NVL72, 72 GPUs: "FP4 1,440 PFLOPS", sparse)
+10,000; B300 (HGX B300, 8 GPUs: "FP4 144 | 108 PFLOPS", sparse | dense) 13,500; GB300 (GB300 NVL72, 72 GPUs:
+"FP4 1,440 | 1,080 PFLOPS") 15,000: Blackwell Ultra raises the dense FP4 rate 1.5x over Blackwell, not its
+bf16 or FP8 rate. Not in ../shared/reference/hardware-facts.md either (public datasheet figures).
+
 B300 and GB300 (Blackwell Ultra, compute capability 10.3): the HGX B300 and GB300 NVL72 datasheets print the
 same dense bf16 / FP8 peaks as B200 / GB200 (HGX B300, 8 GPUs: "FP8 72 PFLOPS", sparse; GB300 NVL72, 72 GPUs:
 "FP8 720 PFLOPS" and "FP16/BF16 360 PFLOPS", sparse), 288 GB of HBM3e per GPU at 8 TB/s, NVLink 5 (1.8 TB/s
@@ -53,6 +59,7 @@ class GpuSpec:
     sm_count: int  # streaming multiprocessors (GEMM wave quantization)
     description: str = ""
     fp8_peak_tflops: float = 0.0  # FP8 dense matrix TFLOP/s (0 = no FP8 tensor cores)
+    fp4_peak_tflops: float = 0.0  # FP4 (NVFP4) dense matrix TFLOP/s (0 = no FP4 tensor cores)
     compute_capability: tuple[int, int] = (0, 0)  # CUDA sm_XY: which FP8 recipes run (sim/schedule/fp8_rules.py)
     # the preset of its generation whose measured constants it takes ("" = its own): by-generation tables without
     # an entry for this part use that preset's, at that preset's absolute tensor rate x reference_rate
@@ -77,16 +84,16 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h200-sxm", 989.0, gib(141.0), 4800.0, 450.0, 18, 132, "NVIDIA H200 SXM 141GB",
                 fp8_peak_tflops=1979.0, compute_capability=(9, 0)),
         GpuSpec("b200", 2250.0, gib(180.0), 8000.0, 900.0, 18, 148, "NVIDIA B200 (HGX, 1000 W)",
-                fp8_peak_tflops=4500.0, compute_capability=(10, 0)),
+                fp8_peak_tflops=4500.0, fp4_peak_tflops=9000.0, compute_capability=(10, 0)),
         GpuSpec("gb200", 2500.0, gib(186.0), 8000.0, 900.0, 18, 148, "NVIDIA GB200 (one Blackwell GPU of a "
-                "Grace Blackwell superchip, NVL72, 1200 W)", fp8_peak_tflops=5000.0, compute_capability=(10, 0),
-                reference="b200"),
+                "Grace Blackwell superchip, NVL72, 1200 W)", fp8_peak_tflops=5000.0, fp4_peak_tflops=10000.0,
+                compute_capability=(10, 0), reference="b200"),
         GpuSpec("b300", 2250.0, gib(288.0), 8000.0, 900.0, 18, 160, "NVIDIA B300 (HGX, Blackwell Ultra)",
-                fp8_peak_tflops=4500.0, compute_capability=(10, 3), reference="b200"),
+                fp8_peak_tflops=4500.0, fp4_peak_tflops=13500.0, compute_capability=(10, 3), reference="b200"),
         # reference_rate fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-GB300 (reference_rate.py)
         GpuSpec("gb300", 2500.0, gib(288.0), 8000.0, 900.0, 18, 160, "NVIDIA GB300 (one Blackwell Ultra GPU of a "
-                "Grace Blackwell Ultra superchip, NVL72)", fp8_peak_tflops=5000.0, compute_capability=(10, 3),
-                reference="b200", reference_rate=GB300_REFERENCE_RATE),
+                "Grace Blackwell Ultra superchip, NVL72)", fp8_peak_tflops=5000.0, fp4_peak_tflops=15000.0,
+                compute_capability=(10, 3), reference="b200", reference_rate=GB300_REFERENCE_RATE),
     )
 }
 

@@ -31,8 +31,8 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
   (assumption, a few microseconds; `meshsim calibrate` measures it).
 - tiles: best of 128x256, 256x128, 128x128 per shape unless tile_m / tile_n are set (sim/cost/gemm_efficiency.py).
 
-FP8 GEMMs (Gemm.fp8, run.fp8) and FP8 attention (Attention.fp8): the same formulas at the GPU's FP8 peak,
-with 1-byte A and B, the FP8 large-GEMM ceiling (sim/cost/fp8_gemm.py) and k_fill from the FP8 peak (the
+FP8 GEMMs (Gemm.fp8, run.fp8) and FP8 attention (Attention.fp8): the same formulas at the GPU's FP8 peak
+(its FP4 peak, with 0.5-byte operands and their scales, for run.fp8: nvfp4), with 1-byte A and B, the FP8 large-GEMM ceiling (sim/cost/fp8_gemm.py) and k_fill from the FP8 peak (the
 ridge point doubles, so skinny-k FP8 GEMMs reach less of their peak than 16-bit ones). A profile's
 gemm_table is 16-bit: FP8 GEMMs use the model.
 
@@ -52,7 +52,13 @@ from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
 from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency
 from meshsim.sim.cost.deterministic_fill import fill_bytes
-from meshsim.sim.cost.fp8_gemm import FP8_OPERAND_BYTES, block_scaled_rate, fp8_gemm_ceiling, fp8_peak_tflops
+from meshsim.sim.cost.fp8_gemm import (
+    block_scaled_rate,
+    fp8_gemm_ceiling,
+    fp8_peak_tflops,
+    lowp_operand_bytes,
+    lowp_peak_tflops,
+)
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
@@ -199,7 +205,8 @@ class ComputeModel:
         if k.tile_m or k.tile_n:
             tiles = ((k.tile_m or DEFAULT_TILES[0][0], k.tile_n or DEFAULT_TILES[0][1]),)
         knob = "fp8_gemm_efficiency" if g.fp8 else "gemm_efficiency"
-        sustained_tflops = (fp8_peak_tflops(self.gpu) if g.fp8 else self.gpu.peak_tflops) * rate_scale(self.gpu, knob)
+        peak_tflops = lowp_peak_tflops(self.gpu, self.fp8_recipe) if g.fp8 else self.gpu.peak_tflops
+        sustained_tflops = peak_tflops * rate_scale(self.gpu, knob)
         return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=getattr(k, knob), tiles=tiles,
                                sm_count=self.gpu.sm_count,
                                k_fill=sustained_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)
@@ -210,9 +217,9 @@ class ComputeModel:
         if self.profile is not None and self.profile.gemm_table and not g.fp8:  # the table is 16-bit
             point = nearest_gemm(self.profile.gemm_table, g)
             return g.flops / (point.tflops * TFLOPS)
-        operand = FP8_OPERAND_BYTES if g.fp8 else 2.0
+        operand = lowp_operand_bytes(self.fp8_recipe) if g.fp8 else 2.0
         nbytes = (operand * (g.m * g.k + g.k * g.n) + g.out_bytes * g.m * g.n) * g.batch
-        peak = fp8_peak_tflops(self.gpu) * TFLOPS if g.fp8 else self.peak_flops
+        peak = lowp_peak_tflops(self.gpu, self.fp8_recipe) * TFLOPS if g.fp8 else self.peak_flops
         compute = g.flops / (peak * self.gemm_efficiency(g))
         memory = nbytes / self.mem_bw_bytes_s
         return max(compute, memory) + self.launch_s

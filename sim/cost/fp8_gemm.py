@@ -33,6 +33,13 @@ layers 6-9 points slower against the bf16 ones than per-tensor FP8 at the 0.62 c
   out of fit;
 - b200 0.92: fitted on the Bridge 25.11 Llama 3 8B MXFP8 row on B200 (the FP8-CS row of the same layout fixed
   the ceiling); the GB200 MXFP8 rows are out of fit. GB200 takes it through its reference.
+NVFP4 (run.fp8: nvfp4, TE NVFP4BlockScaling): the GEMMs run against the FP4 peak (topologies/gpus.py
+fp4_peak_tflops, Blackwell only) with 0.5-byte E2M1 operands plus one E4M3 scale byte per 16 values
+(NVFP4_OPERAND_BYTES), and reach the same fraction of it as the part's block-scaled FP8 GEMMs reach of the FP8 peak
+(fp8 ceiling x BLOCK_SCALED_RATE, at the part's FP8 rate_scale): an assumption, no NVFP4 GEMM or NVFP4 step
+measurement is in our reference set. So a part's NVFP4 GEMM is as much faster than its MXFP8 one as its
+datasheet's FP4 / FP8 ratio says (2x on Blackwell, 3x on Blackwell Ultra) until the shape model's k_fill, which
+grows with the peak, says otherwise for small and skinny GEMMs.
 A stated hardware.compute.fp8_gemm_efficiency is the recipe's own ceiling and is not scaled.
 Override with hardware.compute.fp8_gemm_efficiency, or measure the FP8 GEMMs on a GPU
 (validate/calibrate/fp8_gemm.py, torch._scaled_mm; written but not run on a GPU here).
@@ -43,11 +50,13 @@ from __future__ import annotations
 from meshsim.topologies.gpus import GpuSpec, by_gpu_prefix
 
 FP8_OPERAND_BYTES = 1.0
+NVFP4 = "nvfp4"
+NVFP4_OPERAND_BYTES = 0.5 + 1 / 16  # E2M1 value + an E4M3 scale per 16 values (the fp32 tensor scale: negligible)
 FP8_GEMM_CEILING_BY_GPU = {"h100": 0.62, "h200": 0.62, "b200": 0.51}
 DEFAULT_FP8_CEILING = 0.60
 # Block-scaled FP8 GEMMs (blockwise, mxfp8): the fraction of the per-tensor ceiling they reach (module doc)
 BLOCK_SCALED_RATE_BY_GPU = {"h100": 0.89, "h200": 0.89, "b200": 0.92}
-BLOCK_SCALED_RECIPES = ("blockwise", "mxfp8")
+BLOCK_SCALED_RECIPES = ("blockwise", "mxfp8", NVFP4)
 
 
 def fp8_peak_tflops(gpu: GpuSpec) -> float:
@@ -57,6 +66,21 @@ def fp8_peak_tflops(gpu: GpuSpec) -> float:
     return gpu.fp8_peak_tflops
 
 
+def lowp_peak_tflops(gpu: GpuSpec, recipe: str) -> float:
+    """The dense peak a low-precision GEMM of `recipe` runs against: FP4 for nvfp4 (refused at load on a GPU
+    without one, scenarios/fp8_checks.py), else FP8."""
+    if recipe != NVFP4:
+        return fp8_peak_tflops(gpu)
+    if gpu.fp4_peak_tflops <= 0:
+        raise ValueError(f"{gpu.name} has no FP4 peak; scenarios/fp8_checks.py should have refused run.fp8: nvfp4")
+    return gpu.fp4_peak_tflops
+
+
+def lowp_operand_bytes(recipe: str) -> float:
+    """Bytes per A / B element of a low-precision GEMM: NVFP4_OPERAND_BYTES for nvfp4, else 1."""
+    return NVFP4_OPERAND_BYTES if recipe == NVFP4 else FP8_OPERAND_BYTES
+
+
 def fp8_gemm_ceiling(gpu_name: str) -> float:
     """The generation's FP8_GEMM_CEILING_BY_GPU (hardware.compute.fp8_gemm_efficiency, where stated, wins:
     sim/cost/compute.py ComputeModel fills only unstated knobs)."""
@@ -64,5 +88,5 @@ def fp8_gemm_ceiling(gpu_name: str) -> float:
 
 
 def block_scaled_rate(recipe: str, gpu_name: str) -> float:
-    """BLOCK_SCALED_RATE_BY_GPU for a block-scaled recipe (blockwise, mxfp8), 1 for per-tensor ones."""
+    """BLOCK_SCALED_RATE_BY_GPU for a block-scaled recipe (blockwise, mxfp8, nvfp4), 1 for per-tensor ones."""
     return by_gpu_prefix(BLOCK_SCALED_RATE_BY_GPU, gpu_name, 1.0) if recipe in BLOCK_SCALED_RECIPES else 1.0

@@ -4,12 +4,13 @@ Rules (sim/schedule/fp8_rules.py has the sources):
 - Weight caches: Transformer Engine keeps each FP8 linear's quantized weight across the micro-batches of a
   step (its workspace, refreshed on the first micro-batch): a rowwise copy for the forward GEMM and a
   columnwise (transposed) copy for dgrad, 1 byte per parameter each, plus their scales (blockwise: fp32 per
-  128 x 128 block; MXFP8: 1 byte per 32 values, both directions). So +2 bytes per linear weight on top of the
+  128 x 128 block; MXFP8: 1 byte per 32 values, both directions; nvfp4: half a byte per value and one E4M3
+  byte per 16 x 16 block, both directions). So +2 bytes per linear weight on top of the
   bf16 weight; +1 with per-tensor scales on Blackwell, which keeps no columnwise copy (Fp8Plan.transpose_free).
 - run.fp8_param_gather (FP8 primary weights, Megatron --fp8-param-gather): the linear weights exist only as
   FP8 tensors (data + transpose, 2 bytes per parameter); no bf16 copy: weights 2 B instead of 2 + 2 B.
 - Saved activations: the four linears' inputs are kept for wgrad as FP8 (1 byte per value instead of 2,
-  plus blockwise / MXFP8 scales): the qkv and fc1 inputs (the norms' outputs, sequence-sharded under SP)
+  plus blockwise / MXFP8 scales; nvfp4: half a byte plus an E4M3 scale per 16 values): the qkv and fc1 inputs (the norms' outputs, sequence-sharded under SP)
   and the proj and fc2 inputs (inside the TP region). Norm inputs, Q/K/V, the MLP's fc1 output and the
   attention statistics stay 16-bit. Full recompute keeps only 16-bit layer inputs: no change. MoE layers:
   the attention block's two linear inputs and the experts' (moe_fp8_savings); FP8 weight copies of the
@@ -18,7 +19,14 @@ Rules (sim/schedule/fp8_rules.py has the sources):
 
 from __future__ import annotations
 
-from meshsim.sim.schedule.fp8_rules import FP8_BYTES, MXFP8_BLOCK, MXFP8_SCALE_BYTES, scale_bytes
+from meshsim.sim.schedule.fp8_rules import (
+    FP8_BYTES,
+    MXFP8_BLOCK,
+    MXFP8_SCALE_BYTES,
+    NVFP4_SCALE_BYTES,
+    NVFP4_WEIGHT_BLOCK,
+    fp8_tensor_bytes,
+)
 from meshsim.sim.schedule.layer_kinds import LayerPlan
 from meshsim.sim.schedule.shapes import LayerDims
 
@@ -34,6 +42,8 @@ def weight_copy_bytes(d: LayerDims) -> float:
         return 2 * (FP8_BYTES + MXFP8_SCALE_BYTES / MXFP8_BLOCK)
     if recipe == "blockwise":
         return 2 * (FP8_BYTES + 4 / BLOCKWISE_WEIGHT_BLOCK)
+    if recipe == "nvfp4":  # half a byte per value, an E4M3 scale per 16 x 16 block, both directions
+        return 2 * (0.5 + NVFP4_SCALE_BYTES / NVFP4_WEIGHT_BLOCK)
     return (1 if d.fp8.transpose_free else 2) * FP8_BYTES
 
 
@@ -57,8 +67,9 @@ def fp8_activation_savings(d: LayerDims, mlp: bool = True) -> int:
 
 
 def fp8_saved_bytes(values: int, recipe: str) -> int:
-    """What `values` saved linear-input values shrink by when kept as FP8 (1 byte plus scales) instead of 16-bit."""
-    return values * (BF16_BYTES - FP8_BYTES) - scale_bytes(values, recipe)
+    """What `values` saved linear-input values shrink by when kept quantized (1 byte, nvfp4 half a byte, plus
+    scales) instead of 16-bit."""
+    return values * BF16_BYTES - fp8_tensor_bytes(values, recipe)
 
 
 def moe_fp8_savings(plan: LayerPlan) -> int:

@@ -71,6 +71,14 @@ def _pct(x: float) -> str:
     return fmt_pct(x, 1)
 
 
+
+def _precision(recipe: str | None, fmt: str) -> str:
+    """', FP8 tensorwise (hybrid; ...)' / ', NVFP4 (E2M1; ...)' for the header line; '' in 16 bit."""
+    if recipe in (None, "off"):
+        return ""
+    what = "NVFP4 (E2M1 with E4M3 block scales" if recipe == "nvfp4" else f"FP8 {recipe} ({fmt}"
+    return f", {what}; MFU on the 16-bit peak)"
+
 def config_line(c: ConfigEcho) -> str:
     """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
     vp = f" vp={c.vp}" if (c.vp or 1) > 1 else ""
@@ -82,7 +90,7 @@ def config_line(c: ConfigEcho) -> str:
     return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
             f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}"
-            + (f", FP8 {c.fp8} ({c.fp8_format}; MFU on the 16-bit peak)" if c.fp8 not in (None, "off") else ""))
+            + _precision(c.fp8, c.fp8_format))
 
 
 def band_line(band: ErrorBand) -> str:

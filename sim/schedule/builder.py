@@ -154,7 +154,7 @@ def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], st
         return []
     p = rs.scenario.parallel
     owned = -(-linear // rs.dp) if p.distributed_optimizer else linear
-    work = weight_cast_work(linear, owned, rs.scenario.run.fp8_param_gather, d.fp8.transpose_free)
+    work = weight_cast_work(linear, owned, rs.scenario.run.fp8_param_gather, d.fp8.transpose_free, d.fp8.recipe)
     return [Op(next_id, f"{K.OPT_BLOCK}.{K.FP8_WEIGHT_CAST}", "compute", "compute", "opt", work, (step_op,))]
 
 
@@ -186,7 +186,7 @@ def fsdp_config(rs: ResolvedScenario, t: Templates) -> FsdpConfig:
     def cast(layer: int) -> Elementwise | None:
         if layer not in casts:
             n = fp8_linear_weights(rs, d, [layer])
-            casts[layer] = weight_cast_work(n, n, False, d.fp8.transpose_free) if n else None
+            casts[layer] = weight_cast_work(n, n, False, d.fp8.transpose_free, d.fp8.recipe) if n else None
         return casts[layer]
 
     return FsdpConfig(rs.grad_dp, rs.edp, gather_param_bytes(rs, d, params, range(layers)),

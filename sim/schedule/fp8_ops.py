@@ -41,7 +41,7 @@ def quantize(tpl: Any, phase: str, d: LayerDims, key: str, elements: int, sharde
     copies = 1 if (sharded and plan.tensor_scaled) or not columnwise or plan.transpose_free else 2
     works = quantize_works(elements, copies, plan)
     x = deps
-    if plan.recipe == "tensorwise" and sharded and d.tp > 1:
+    if plan.amax_pass and sharded and d.tp > 1:
         x = (tpl.add(phase, f"{key}_{K.FP8_AMAX}", works[0], x),)
         amax = Collective("all_reduce", "tp", AMAX_BYTES, K.FP8_AMAX)
         x = (tpl.add(phase, f"{key}_{K.FP8_AMAX}{K.ALL_REDUCE}", amax, x),)

@@ -7,7 +7,17 @@ Recipes (MLM megatron/core/fp8_utils.py L768-790, `get_fp8_recipe`; TE transform
 __init__.py): delayed = DelayedScaling (one scale per tensor from an amax history), tensorwise =
 Float8CurrentScaling (one scale per tensor from this tensor's own amax), blockwise = Float8BlockScaling
 (fp32 scale per 1 x 128 block of activations and gradients, per 128 x 128 block of weights), mxfp8 =
-MXFP8BlockScaling (one E8M0 byte per 32 consecutive values, rowwise and columnwise apart).
+MXFP8BlockScaling (one E8M0 byte per 32 consecutive values, rowwise and columnwise apart), nvfp4 =
+NVFP4BlockScaling (Megatron --fp4-format e2m1 --fp4-recipe nvfp4, MLM fp4_utils.py; TE recipe/__init__.py
+L489-608): E2M1 values (half a byte) with one E4M3 scale byte per 16 consecutive values (weights: per 16 x 16
+block) under one fp32 scale per tensor, so TE first computes the tensor's amax (a pass over the input, fused
+with the random Hadamard transform of the columnwise copy: quantizer.cpp NVFP4Quantizer::quantize_impl,
+`nvte_hadamard_transform_amax`) and, where the tensor is sequence-sharded, all-reduces it over TP
+(`with_amax_reduction`), as tensorwise does; then one kernel writes the rowwise and the columnwise copies
+(`nvte_quantize_with_hadamard_transform`), each scaled along its own direction, as MXFP8's. Its GEMMs run at
+the FP4 peak (sim/cost/fp8_gemm.py). TE's recipe quantizes no attention (fp8_dpa False): with nvfp4 the
+attention core stays 16-bit. Stochastic rounding of gradients and the Hadamard transform change numerics,
+not bytes.
 Format (MLM transformer_config.py `fp8`): hybrid = E4M3 activations and weights, E5M2 gradients; e4m3
 everywhere. The format changes the numerics (validate/numerics/fp8_emulation.py), not the time.
 
@@ -69,6 +79,9 @@ FP8_BYTES = 1
 AMAX_BYTES = 4  # fp32 amax per tensor
 BLOCKWISE_BLOCK, BLOCKWISE_SCALE_BYTES = 128, 4  # Float8BlockScaling: fp32 scale per 1 x 128 block
 MXFP8_BLOCK, MXFP8_SCALE_BYTES = 32, 1  # MXFP8BlockScaling: E8M0 scale per 32 values
+NVFP4_BLOCK, NVFP4_SCALE_BYTES = 16, 1  # NVFP4BlockScaling: E4M3 scale per 16 values (E2M1 values, 2 per byte)
+NVFP4_WEIGHT_BLOCK = 16 * 16  # weights: one E4M3 scale per 16 x 16 block (2D quantization)
+AMAX_PASS_RECIPES = ("tensorwise", "nvfp4")  # a separate amax pass before the cast, all-reduced over TP under SP
 AMAX_PER_GEMM_FWD, AMAX_PER_GEMM_BWD = 3, 2  # TE fp8_meta: (input, weight, output), (grad out, grad in)
 LINEARS_PER_LAYER = 4  # qkv, proj, fc1, fc2
 # kernel names (Elementwise.kernel) of the quantize work, defined once
@@ -80,7 +93,7 @@ QUANTIZE, CAST_TRANSPOSE, TRANSPOSE, AMAX, AMAX_UPDATE, WEIGHT_CAST = (
 class Fp8Plan:
     """A layer's FP8 settings (run.fp8...), carried by LayerDims."""
 
-    recipe: str = "off"  # off | delayed | tensorwise | blockwise | mxfp8
+    recipe: str = "off"  # off | delayed | tensorwise | blockwise | mxfp8 | nvfp4
     wgrad: bool = True
     attention: bool = False
     any_layout_gemm: bool = False  # the GPU runs FP8 GEMMs in any layout (non_tn_fp8_gemm)
@@ -94,6 +107,11 @@ class Fp8Plan:
     def tensor_scaled(self) -> bool:
         """One scale per tensor (delayed, tensorwise): a sharded gather carries rowwise data only."""
         return self.recipe in ("delayed", "tensorwise")
+
+    @property
+    def amax_pass(self) -> bool:
+        """The tensor's own amax is computed before the cast (tensorwise, nvfp4's per-tensor scale)."""
+        return self.recipe in AMAX_PASS_RECIPES
 
     @property
     def transpose_free(self) -> bool:
@@ -112,20 +130,27 @@ def scale_bytes(elements: int, recipe: str) -> int:
         return -(-elements // BLOCKWISE_BLOCK) * BLOCKWISE_SCALE_BYTES
     if recipe == "mxfp8":
         return -(-elements // MXFP8_BLOCK) * MXFP8_SCALE_BYTES
+    if recipe == "nvfp4":
+        return -(-elements // NVFP4_BLOCK) * NVFP4_SCALE_BYTES
     return 0
 
 
+def value_bytes(elements: int, recipe: str) -> int:
+    """Bytes of `elements` quantized values: 1 each, half a byte under nvfp4 (E2M1, two per byte)."""
+    return -(-elements // 2) if recipe == "nvfp4" else elements * FP8_BYTES
+
+
 def fp8_tensor_bytes(elements: int, recipe: str) -> int:
-    """Bytes of one FP8 copy of a tensor: 1 B per value plus its scales (what an FP8 all-gather moves)."""
-    return elements * FP8_BYTES + scale_bytes(elements, recipe)
+    """Bytes of one quantized copy of a tensor: its values plus its scales (what an FP8 all-gather moves)."""
+    return value_bytes(elements, recipe) + scale_bytes(elements, recipe)
 
 
 def quantize_works(elements: int, copies: int, plan: Fp8Plan, src_bytes: int = 2) -> tuple[Elementwise, ...]:
     """The kernels that quantize a 16-bit tensor of `elements` values into `copies` FP8 copies (1 rowwise,
-    2 rowwise + columnwise): tensorwise first reads it once for its amax."""
+    2 rowwise + columnwise): tensorwise and nvfp4 first read it once for its amax."""
     cast = CAST_TRANSPOSE if copies > 1 else QUANTIZE
     q = Elementwise(cast, src_bytes * elements, copies * fp8_tensor_bytes(elements, plan.recipe))
-    if plan.recipe == "tensorwise":
+    if plan.amax_pass:
         return (Elementwise(AMAX, src_bytes * elements, AMAX_BYTES), q)
     return (q,)
 
@@ -148,14 +173,18 @@ def amax_update_work(fp8_layers: int, backward: bool, history_len: int) -> Eleme
     return Elementwise(AMAX_UPDATE, nbytes, nbytes)
 
 
-def weight_cast_work(linear_params: int, owned_params: int, param_gather: bool, transpose_free: bool = False
-                     ) -> Elementwise:
+def weight_cast_work(linear_params: int, owned_params: int, param_gather: bool, transpose_free: bool = False,
+                     recipe: str = "off") -> Elementwise:
     """Once per step: the linear weights' FP8 rowwise + columnwise copies. Without fp8_param_gather, from the
-    16-bit weights (read 2 B, write 2 x 1 B per parameter); with it, the optimizer casts its fp32 master shard
+    16-bit weights (read 2 B, write 2 x 1 B per parameter; nvfp4: 2 x (half a byte + a scale byte per 16 x 16
+    block), after an amax pass over the weights); with it, the optimizer casts its fp32 master shard
     (read 4 B, write 1 B per owned parameter) and the gathered weights are transposed (read 1 B, write 1 B).
     `transpose_free` (Fp8Plan.transpose_free): the rowwise copy only, and no transpose after the gather."""
     if param_gather:
         transposed = 0 if transpose_free else linear_params
         return Elementwise(WEIGHT_CAST, 4 * owned_params + transposed, owned_params + transposed)
+    if recipe == "nvfp4":
+        copy = value_bytes(linear_params, recipe) + -(-linear_params // NVFP4_WEIGHT_BLOCK) * NVFP4_SCALE_BYTES
+        return Elementwise(WEIGHT_CAST, 2 * 2 * linear_params, 2 * copy)
     return Elementwise(WEIGHT_CAST, 2 * linear_params, (1 if transpose_free else 2) * linear_params)
 

@@ -32,7 +32,7 @@ from meshsim.sim.core.userio import FileSnapshot, snapshot_files
 AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp", "cp", "fp8", "fsdp")
 RUN_AXES = ("fp8",)  # axes that set scenario run.<name> (the others set parallel.<name>)
 RECOMPUTE_CHOICES = ("none", "selective", "full")
-FP8_CHOICES = ("off", "delayed", "tensorwise", "blockwise", "mxfp8")
+FP8_CHOICES = ("off", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4")
 SWITCH_VALUES = {"on": (True,), "off": (False,), "both": (False, True)}
 
 

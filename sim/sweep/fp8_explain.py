@@ -28,6 +28,10 @@ def _fastest(records: list[SweepRecord], fp8: bool) -> SweepRecord | None:
     return max(pool, key=lambda r: r.result.tokens_per_s) if pool else None
 
 
+def recipe_name(recipe: str) -> str:
+    return "NVFP4" if recipe == "nvfp4" else f"FP8 ({recipe})"
+
+
 def fp8_sentence(records: list[SweepRecord], best: SweepRecord, axes: list[str], label, differs) -> str | None:
     """One sentence on FP8 vs 16 bit at the sweet spot's layout, and whether FP8 moved the sweet spot."""
     if "fp8" not in axes:
@@ -39,10 +43,11 @@ def fp8_sentence(records: list[SweepRecord], best: SweepRecord, axes: list[str],
     ron, roff = on.result, off.result
     ratio = roff.breakdown_s["compute_busy"] / ron.breakdown_s["compute_busy"]
     comm = max(COMM_NAMES, key=lambda k: ron.critical_path_share.get(k, 0.0))
-    text = (f"FP8 ({on.point.fp8}) shortens compute {ratio:.2f}x ({fmt_s(roff.breakdown_s['compute_busy'])} -> "
-            f"{fmt_s(ron.breakdown_s['compute_busy'])} busy per step); {COMM_NAMES[comm]} is now "
-            f"{fmt_pct(ron.critical_path_share.get(comm, 0.0))} of the critical path (vs "
-            f"{fmt_pct(roff.critical_path_share.get(comm, 0.0))} in 16 bit)")
+    base = "16 bit" if off.point.fp8 == OFF else recipe_name(off.point.fp8)  # two recipes, no 16-bit twin
+    text = (f"{recipe_name(on.point.fp8)} shortens compute {ratio:.2f}x against {base} "
+            f"({fmt_s(roff.breakdown_s['compute_busy'])} -> {fmt_s(ron.breakdown_s['compute_busy'])} busy per "
+            f"step); {COMM_NAMES[comm]} is now {fmt_pct(ron.critical_path_share.get(comm, 0.0))} of the critical "
+            f"path (vs {fmt_pct(roff.critical_path_share.get(comm, 0.0))} in {base})")
     best_on, best_off = _fastest(records, True), _fastest(records, False)
     moved = [a for a in differs(best_on, best_off) if a != "fp8"] if best_on and best_off else []
     if moved:

@@ -12,6 +12,12 @@ module runs those GEMMs' numerics for real on small tensors:
   each 32-value block with an E8M0 scale 2^ceil(log2(amax / fp8_max)) (mxfp8: TE
   common/util/ptx_arch_spec.cuh `float_to_e8m0(amax * max_norm_rcp)`, rounded up by cvt.rp, so the
   block's largest value never saturates; the OCP MX spec's floor(log2 amax) - emax can).
+  nvfp4 (`nvfp4_round_trip`): two levels as TE's NVFP4 quantizer (common/cast/nvfp4): a per-tensor fp32
+  encode scale S = 6 x 448 / amax (fp4_max x fp8_max), a per-16-value block decode scale
+  amax_block / 6 x S stored in E4M3 (weights too: TE's 16 x 16 weight blocks are not emulated), values
+  x / (block scale / S) rounded to
+  the nearest E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6, signed) and saturated at 6. The format knob does not
+  apply (E2M1 everywhere); stochastic rounding and the Hadamard transform are not emulated.
 - `Fp8Linear`: y = deq(q(x)) @ deq(q(w)); backward dY quantized in the gradient format (E5M2 under
   hybrid, E4M3 under e4m3): dX = deq(q(dY)) @ deq(q(w))^T, dW = deq(q(x))^T @ deq(q(dY)).
 - `check_fp8_mlp(recipe, fmt, ...)` runs a two-linear MLP (the fc1 / fc2 of a layer) for `steps` steps in
@@ -19,6 +25,10 @@ module runs those GEMMs' numerics for real on small tensors:
   and of every gradient; FP8_TOLERANCE bounds it. `scale_error` multiplies every dequantization by a wrong
   factor: the negative control, which must fail.
 
+NVFP4_TOLERANCE: E2M1 keeps 1 mantissa bit (relative spacing 2^-1 between 4 and 6, rounding error <= 1/4
+per value), so the same dot-product argument allows ~4x FP8's worst-element error; 0.35 leaves margin over
+what the two-linear MLP measures (0.26) and still catches the wrong scale (a dequantization x2 of both
+operands: ~0.75).
 FP8_TOLERANCE: E4M3 keeps 3 mantissa bits (relative spacing 2^-3, rounding error <= 2^-4 per value),
 E5M2 2 bits (<= 2^-3); a dot product of n such values has a relative error ~ 2^-4 / sqrt(n) on average
 and below ~2^-4 in the worst element, and a backward GEMM combines two quantized operands: 0.15 of the
@@ -37,6 +47,14 @@ from meshsim.scenarios.schema import RunConfig
 FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 BLOCK = {"blockwise": 128, "mxfp8": 32}
 FP8_TOLERANCE = 0.15
+NVFP4_TOLERANCE = 0.35
+FP4_MAX, NVFP4_BLOCK = 6.0, 16
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def tolerance(recipe: str) -> float:
+    """The emulation's bound for `recipe`: NVFP4_TOLERANCE for nvfp4, else FP8_TOLERANCE."""
+    return NVFP4_TOLERANCE if recipe == "nvfp4" else FP8_TOLERANCE
 
 
 def fp8_max(fmt: str) -> float:
@@ -91,11 +109,35 @@ def tensor_scale(x: torch.Tensor, fmt: str, recipe: str, margin: int, history: A
     return fp8_max(fmt) / max(amax, torch.finfo(torch.float32).tiny) / 2.0**margin
 
 
+def _e2m1_round(v: torch.Tensor) -> torch.Tensor:
+    """|v| (already scaled into [0, 6]) to the nearest E2M1 magnitude, saturating at 6."""
+    grid = torch.tensor(E2M1_VALUES, dtype=v.dtype)
+    mids = (grid[1:] + grid[:-1]) / 2
+    return grid[torch.bucketize(v.clamp(0, FP4_MAX), mids)]
+
+
+def nvfp4_round_trip(x2: torch.Tensor, scale_error: float = 1.0) -> torch.Tensor:
+    """[rows, cols] -> deq(q(x)) under NVFP4's two-level scaling (module docstring), blocks of 16 along the
+    last dimension."""
+    tiny = torch.finfo(torch.float32).tiny
+    encode = FP4_MAX * fp8_max("e4m3") / x2.abs().max().clamp_min(tiny)
+    rows, cols = x2.shape
+    pad = (-cols) % NVFP4_BLOCK
+    blocks = torch.nn.functional.pad(x2.abs(), (0, pad)).reshape(rows, -1, NVFP4_BLOCK).amax(dim=-1)
+    stored = (blocks / FP4_MAX * encode).clamp(max=fp8_max("e4m3")).to(torch.float8_e4m3fn).to(torch.float64)
+    decode = (stored / encode).repeat_interleave(NVFP4_BLOCK, dim=-1)[:, :cols].clamp_min(tiny)
+    x64 = x2.to(torch.float64)
+    codes = torch.sign(x64) * _e2m1_round(x64.abs() / decode)
+    return codes * decode / scale_error
+
+
 def quantize(x: torch.Tensor, fmt: str, recipe: str, margin: int = 0, history: AmaxHistory | None = None,
              scale_error: float = 1.0) -> torch.Tensor:
     """x -> its FP8 round trip deq(q(x)) under `recipe` (module docstring); scale_error != 1 corrupts the
     dequantization scale (negative control)."""
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    if recipe == "nvfp4":
+        return nvfp4_round_trip(x2, scale_error).reshape(x.shape)
     if recipe in BLOCK:
         scale = block_scales(x2, fmt, recipe, margin)
     else:
@@ -202,8 +244,10 @@ def check_fp8_run(run) -> tuple[bool, list[str]]:
     kw = dict(history_len=run.fp8_amax_history_len, algo=run.fp8_amax_compute_algo, margin=run.fp8_margin)
     err = check_fp8_mlp(recipe, fmt, **kw)
     bad = check_fp8_mlp(recipe, fmt, **kw, scale_error=CONTROL_SCALE_ERROR)
-    ok = err <= FP8_TOLERANCE < bad
-    return ok, [f"FP8 {recipe} ({fmt}) emulated on CPU (torch float8): worst relative error {err:.3f} vs float64, "
-                f"tolerance {FP8_TOLERANCE} -> {'ok' if err <= FP8_TOLERANCE else 'FAIL'}",
+    bound = tolerance(recipe)
+    ok = err <= bound < bad
+    what = "NVFP4 (E2M1, E4M3 block scales)" if recipe == "nvfp4" else f"FP8 {recipe} ({fmt})"
+    return ok, [f"{what} emulated on CPU (torch float8): worst relative error {err:.3f} vs float64, "
+                f"tolerance {bound} -> {'ok' if err <= bound else 'FAIL'}",
                 f"negative control (dequantization scale x{CONTROL_SCALE_ERROR:g}): {bad:.3f} -> "
-                f"{'fails, as it must' if bad > FP8_TOLERANCE else 'PASSES: the check cannot see a wrong scale'}"]
+                f"{'fails, as it must' if bad > bound else 'PASSES: the check cannot see a wrong scale'}"]
