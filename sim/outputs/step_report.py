@@ -79,6 +79,7 @@ def _precision(recipe: str | None, fmt: str) -> str:
     what = "NVFP4 (E2M1 with E4M3 block scales" if recipe == "nvfp4" else f"FP8 {recipe} ({fmt}"
     return f", {what}; MFU on the 16-bit peak)"
 
+
 def config_line(c: ConfigEcho) -> str:
     """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
     vp = f" vp={c.vp}" if (c.vp or 1) > 1 else ""
@@ -87,7 +88,8 @@ def config_line(c: ConfigEcho) -> str:
         ep += " ep-overlap" + (" +delayed-wgrad" if c.delay_wgrad_compute else "")
     cp = f" cp={c.cp} ({c.cp_comm})" if (c.cp or 1) > 1 else ""
     ep += f" mtp={c.mtp_layers}" if c.mtp_layers else ""  # multi-token prediction depths
-    return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{ep}, "
+    fsdp = " (fsdp)" if c.fsdp else ""  # Megatron-FSDP: weights and gradients sharded over dp too
+    return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{fsdp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
             f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}"
             + _precision(c.fp8, c.fp8_format))

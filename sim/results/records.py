@@ -79,6 +79,7 @@ class ConfigEcho:
     cp_comm: str | None = None
     delay_wgrad_compute: bool | None = None  # with moe_ep_overlap (None without it)
     mtp_layers: int | None = None  # model.mtp_layers, when > 0
+    fsdp: bool | None = None  # parallel.fsdp, when on
 
     def to_json(self) -> JsonDict:
         return _present(self)

@@ -166,6 +166,7 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         cp=rs.cp, cp_comm=par.cp_comm if rs.cp > 1 else None,
         delay_wgrad_compute=par.delay_wgrad_compute if moe and par.moe_ep_overlap else None,
         mtp_layers=sc.model.mtp_layers or None,
+        fsdp=True if par.fsdp else None,
     )
 
 
