@@ -4,7 +4,10 @@ Sources (NVIDIA/Megatron-LM @d98e8a64): megatron/core/optimizer/optimizer_config
 other than fp32 needs --use-precision-aware-optimizer), megatron/training/arguments.py L1883-1887
 (--optimizer-cpu-offload needs --use-precision-aware-optimizer, "as the hybrid device optimizer reuses
 the code path of this flag") and L1208-1211 (--main-grads-dtype bf16 cannot accumulate and reduce
-gradients in fp32). The offload's bandwidth fields describe the offloaded step only.
+gradients in fp32), L1724-1741 (an emerging optimizer such as Muon: not with Megatron-FSDP or torch FSDP2;
+with --use-distributed-optimizer it runs the layer-wise distributed optimizer). The offload's bandwidth fields
+describe the offloaded step only. Muon with the precision-aware or offloaded Adam is refused: meshsim
+does not model those states for its parameters.
 """
 
 from __future__ import annotations
@@ -48,6 +51,23 @@ def check_main_grads_reduce(s: Scenario, ctx: CheckContext) -> None:
                          "and reduced in fp32", "remove run.grad_reduce_dtype, or set optimizer.main_grads_dtype: fp32")
 
 
+def check_muon(s: Scenario, ctx: CheckContext) -> None:
+    o = s.optimizer
+    if o.name != "muon":
+        if o.muon_ns_steps != 5:
+            raise rule_error(ctx, "optimizer.muon_ns_steps", o.muon_ns_steps, "it sets Muon's Newton-Schulz "
+                             "iterations, and optimizer.name is adam", "set optimizer.name: muon, or remove the field")
+        return
+    if s.parallel.fsdp:
+        raise rule_error(ctx, "optimizer.name", "muon", "Megatron's emerging optimizers do not run under "
+                         "Megatron-FSDP (arguments.py L1740)", "set parallel.fsdp: false, or optimizer.name: adam")
+    if o.precision_aware or o.cpu_offload:
+        field = "optimizer.precision_aware" if o.precision_aware else "optimizer.cpu_offload"
+        raise rule_error(ctx, field, True, "meshsim models Muon with Megatron's default fp32 states, not "
+                         "the precision-aware or offloaded Adam", f"remove {field}, or set optimizer.name: adam")
+
+
 Rule = Callable[[Scenario, CheckContext], None]
 
-OPTIMIZER_RULES: tuple[Rule, ...] = (check_precision_aware_dtypes, check_cpu_offload, check_main_grads_reduce)
+OPTIMIZER_RULES: tuple[Rule, ...] = (check_precision_aware_dtypes, check_cpu_offload, check_main_grads_reduce,
+                                     check_muon)

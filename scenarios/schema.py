@@ -286,8 +286,11 @@ class RunConfig(Frozen):
 
 class OptimizerConfig(Frozen):
     """Adam's state precision and placement (Megatron-Core OptimizerConfig, megatron/core/optimizer/
-    optimizer_config.py @d98e8a64); memory and step cost in sim/cost/optimizer_states.py."""
+    optimizer_config.py @d98e8a64); memory and step cost in sim/cost/optimizer_states.py; Muon in
+    sim/schedule/muon.py."""
 
+    name: Literal["adam", "muon"] = "adam"  # --optimizer (muon: Adam for embeddings, norms and biases)
+    muon_ns_steps: int = Field(default=5, ge=1, le=20)  # --muon-num-ns-steps
     precision_aware: bool = False  # --use-precision-aware-optimizer (TE FusedAdam)
     main_grads_dtype: Literal["fp32", "bf16"] = "fp32"  # --main-grads-dtype
     main_params_dtype: Literal["fp32", "fp16"] = "fp32"  # --main-params-dtype

@@ -61,20 +61,17 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.sim.core.units import BF16_BYTES, GB
-from meshsim.sim.cost.fp8_memory import fp8_activation_savings, fp8_weight_extra_bytes, moe_fp8_savings
-from meshsim.sim.cost.fsdp_memory import fsdp_resident_params
+from meshsim.sim.core.units import GB
+from meshsim.sim.cost.fp8_memory import fp8_activation_savings, moe_fp8_savings
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
 from meshsim.sim.cost.mtp_memory import mtp_extra_params, mtp_head_activation_bytes
+from meshsim.sim.cost.state_memory import model_states_gb
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
-from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
 from meshsim.sim.schedule.mtp_ops import mtp_layer_ids
-from meshsim.sim.schedule.optimizer_states import main_grad_bytes, state_bytes
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
 from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 
-WEIGHT_BYTES = BF16_BYTES
 WORKSPACE_GB = 1.0
 
 
@@ -249,30 +246,11 @@ def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
     return int(body + embed + head)
 
 
-def fp8_weights_gb(rs: ResolvedScenario, layers: Sequence[int], head: bool = False) -> float:
-    """GB the FP8 copies add to the 16-bit weights of `layers` (`head`: an FP8 LM head's too; fp8_memory.py)."""
-    d = layer_dims(rs)
-    return fp8_weight_extra_bytes(d, fp8_linear_weights(rs, d, layers, head), rs.scenario.run.fp8_param_gather) / GB
-
-
-def _states(rs: ResolvedScenario, params: int, owned: float) -> tuple[float, float, float, float]:
-    """(weights, grads, GPU optimizer, host optimizer) GB for `params` held and `owned` optimizer-owned
-    parameters (optimizer section: sim/schedule/optimizer_states.py)."""
-    opt, bf16 = rs.scenario.optimizer, rs.scenario.model.dtype == "bf16"
-    gpu_opt, host_opt = state_bytes(opt, bf16, owned)
-    return params * WEIGHT_BYTES / GB, params * main_grad_bytes(opt) / GB, gpu_opt / GB, host_opt / GB
-
-
 def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_params: int = 0,
                layers: Sequence[int] = (), head: bool = False) -> MemoryBreakdown:
     """`params` dense (optimizer sharded over dp), `expert_params` routed experts (over edp); `layers`
     transformer layers and `head` the LM head (their FP8 weight copies)."""
-    shard, eshard = (rs.grad_dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
-    held = params + expert_params
-    resident = fsdp_resident_params(rs, params, expert_params) if rs.scenario.parallel.fsdp else held
-    weights, grads, optimizer, host = _states(rs, resident, params / shard + expert_params / eshard)
-    fp8_scale = resident / held if rs.scenario.run.fp8_param_gather and held else 1.0  # fsdp_memory.py
-    weights += fp8_weights_gb(rs, layers, head) * fp8_scale
+    weights, grads, optimizer, host = model_states_gb(rs, params, expert_params, layers, head)
     acts = activation_b / GB
     total = weights + grads + optimizer + acts + WORKSPACE_GB
     return MemoryBreakdown(weights, grads, optimizer, acts, WORKSPACE_GB, total, rs.gpu.mem_gb,

@@ -34,6 +34,7 @@ from meshsim.sim.schedule.layer_kinds import (
 from meshsim.sim.schedule.layer_ops import backward_template, forward_template
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
 from meshsim.sim.schedule.mtp_ops import head_backward_with_mtp, head_forward_with_mtp, mtp_layer_ids
+from meshsim.sim.schedule.muon import newton_schulz_works, owned_muon_params
 from meshsim.sim.schedule.ops import Elementwise, Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -89,6 +90,11 @@ def _grad_params(t: Templates, layers: int, expert: bool = False) -> list[int]:
             [n for layer in reversed(range(layers)) for _, n in t.layer_bwd(layer).expert_grads]
     per_layer = [n for layer in reversed(range(layers)) for _, n in t.layer_bwd(layer).grads]
     return [n for _, n in t.head_bwd.grads] + per_layer + [n for _, n in t.embed_bwd.grads]
+
+
+def model_layer_ids(rs: ResolvedScenario) -> list[int]:
+    """The decoder's layer numbers, then each MTP depth's (the kind it runs)."""
+    return [*range(rs.scenario.model.layers), *mtp_layer_ids(rs.scenario.model)]
 
 
 def fp8_amax_templates(rs: ResolvedScenario, layers: int) -> tuple[Template, Template] | None:
@@ -166,7 +172,8 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
                     expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, range(layers)),
-                    step=step_plan(rs))
+                    step=step_plan(rs, owned_muon_params(rs, t.plan.d, model_layer_ids(rs))),
+                    pre_step=tuple(newton_schulz_works(rs, t.plan.d, model_layer_ids(rs))))
 
 
 def gathers_overlap(rs: ResolvedScenario) -> bool:

@@ -69,6 +69,7 @@ class DpConfig:
     # (the FP8 linear weights move 1 byte: sim/schedule/fp8_rules.py; the step's average, applied per bucket)
     param_bytes: float = PARAM_BYTES
     step: StepPlan = StepPlan()  # the optimizer step's bytes and host offload (sim/schedule/optimizer_states.py)
+    pre_step: tuple[Work, ...] = ()  # Muon's momentum gathers and Newton-Schulz GEMMs (sim/schedule/muon.py)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,11 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
         before_opt.append(em.add(f"{K.OPT_BLOCK}.{K.EMBED_GRAD}", "bwd", embed, tuple(before_opt)))
     shard, eshard = (cfg.dp, cfg.edp) if cfg.distributed_optimizer else (1, 1)
     owned = -(-cfg.params // shard) + -(-cfg.expert_params // eshard)
-    step = em.add("opt.step", "opt", cfg.step.work(owned), tuple(before_opt))
+    ready = tuple(before_opt)
+    for i, work in enumerate(cfg.pre_step):  # Muon: gathers, then Newton-Schulz, once the gradients are reduced
+        key = f"{K.MUON_GATHER}_{work.group}" if isinstance(work, Collective) else f"{K.MUON_NS}{i}"
+        ready = (em.add(f"{K.OPT_BLOCK}.{key}", "opt", work, ready),)
+    step = em.add("opt.step", "opt", cfg.step.work(owned), ready)
     gather_overlap = cfg.overlap if cfg.gather_overlap is None else cfg.gather_overlap
     if cfg.distributed_optimizer and not gather_overlap:  # overlapped: sim/schedule/param_gather.py, next fwd
         for i, b in enumerate(buckets):

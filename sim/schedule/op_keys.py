@@ -33,6 +33,8 @@ Megatron-FSDP (sim/schedule/fsdp_ops.py), per micro-batch and block: FSDP_GATHER
 all-gathered over "dp", "<block>.mb<m>.<fwd|bwd>.fsdp_gather"; FSDP_GATHER + EXPERT_SUFFIX the routed experts'
 over "edp"), FSDP_GRAD after a block's backward (its gradients reduce-scattered; + EXPERT_SUFFIX over "edp"),
 and, for FP8 without FP8 primary weights, FP8_WEIGHT_CAST before each forward (the gathered weights' cast).
+Muon (sim/schedule/muon.py), before the optimizer step: "opt.muon_gather_<tp|etp>" (the momentum all-gathered over
+the TP / ETP group) and "opt.muon_ns<i>" (the Newton-Schulz GEMMs).
 Pipeline P2P batches are named "<PP_BLOCK>.<send_fwd+recv_bwd...>_c<chunk>.mb<m>" (sim/schedule/pipeline_builder.py).
 With parallel.p2p_scatter_gather each received 1/tp chunk is all-gathered over "tp" by
 "<PP_BLOCK>.<PP_GATHER>_<fwd|bwd>_c<chunk>.mb<m>" (purpose PP_GATHER).
@@ -62,6 +64,7 @@ FP8_AMAX_REDUCE, FP8_AMAX_UPDATE, FP8_WEIGHT_CAST = "fp8_amax_reduce", "fp8_amax
 FP8_BLOCK = "fp8"
 CP_RING, CP_A2A, CP_GATHER, CP_SCATTER = "cp_ring", "cp_a2a", "cp_gather", "cp_scatter"
 FSDP_GATHER, FSDP_GRAD, EXPERT_SUFFIX = "fsdp_gather", "fsdp_grad", "_experts"
+MUON_GATHER, MUON_NS = "muon_gather", "muon_ns"
 MTP_BLOCK, MTP_EH_IN, MTP_EH_OUT, MTP_SP_SPLIT = "mtp", "mtp_eh_in", "mtp_eh_gather", "mtp_sp_split"
 
 

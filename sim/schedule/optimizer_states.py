@@ -22,6 +22,10 @@ optimizer):
   lr, betas, eps and weight decay, so the precision-aware dtypes do not apply); the rest stays on the GPU
   as an fp32 copy with fp32 moments, 12 B.
 
+Muon (optimizer.name: muon, sim/schedule/muon.py): its parameters hold an fp32 master and one fp32 momentum,
+MUON_STATE_BYTES = 8 per owned parameter, and its update streams both states and the 16-bit weight
+(MUON_STEP_BYTES = 20) after the Newton-Schulz GEMMs; the other parameters keep Adam's figures.
+
 Step cost:
 - GPU Adam streams its states: read and write the master and both moments, read the gradient, read and
   write the 16-bit weight: 2 (master + m + v) + grad + 4 bytes per owned parameter (32 B in default
@@ -64,6 +68,8 @@ HOST_STATE_BYTES = 16  # offloaded: fp32 parameter copy, fp32 gradient, two fp32
 HOST_ADAM_TRAFFIC_BYTES = 28  # read param, grad, m, v (4 each); write param, m, v
 OFFLOAD_COPY_BYTES = FP32_BYTES  # each way over PCIe per offloaded parameter
 WEIGHT_RW_BYTES = 2 * BF16_BYTES  # GPU Adam reads and writes the 16-bit weight
+MUON_STATE_BYTES = 8  # Muon: fp32 master + fp32 momentum
+MUON_STEP_BYTES = 2 * MUON_STATE_BYTES + WEIGHT_RW_BYTES  # read and write both states and the 16-bit weight
 PCIE_COPY_EFFICIENCY = 0.8
 DEFAULT_PCIE_GBPS = 32.0  # a topology without a PCIe link at its GPU: Gen4 x16 (hardware-facts.md)
 HOST_ADAM_EFFICIENCY = 0.5
@@ -96,10 +102,10 @@ def offloaded(opt: OptimizerConfig, owned: float) -> float:
     return owned * opt.offload_fraction if opt.cpu_offload else 0.0
 
 
-def state_bytes(opt: OptimizerConfig, bf16: bool, owned: float) -> tuple[float, float]:
-    """(GPU, host) optimizer-state bytes for `owned` parameters."""
+def state_bytes(opt: OptimizerConfig, bf16: bool, owned: float, muon: float = 0.0) -> tuple[float, float]:
+    """(GPU, host) optimizer-state bytes for `owned` parameters, `muon` of them Muon's (8 B each)."""
     host = offloaded(opt, owned)
-    return (owned - host) * gpu_adam_bytes(opt, bf16), host * HOST_STATE_BYTES
+    return (owned - host - muon) * gpu_adam_bytes(opt, bf16) + muon * MUON_STATE_BYTES, host * HOST_STATE_BYTES
 
 
 def gpu_step_bytes_per_param(opt: OptimizerConfig, bf16: bool) -> int:
@@ -133,18 +139,24 @@ class StepPlan:
     pcie_bytes_s: float = 0.0
     host_bytes_s: float = 0.0
     host_overlap: bool = False
+    muon_params: float = 0.0  # owned parameters Muon updates (MUON_STEP_BYTES each; sim/schedule/muon.py)
 
     def work(self, owned: int) -> OptimizerStep:
         """The step over `owned` parameters: the GPU share and the host share (module docstring)."""
         host = round(owned * self.offload_fraction)
-        return OptimizerStep(owned - host, self.bytes_per_param, host, self.pcie_bytes_s, self.host_bytes_s,
-                             self.host_overlap)
+        gpu = owned - host
+        per_param = self.bytes_per_param
+        if self.muon_params and gpu:  # the average over Adam's and Muon's parameters
+            muon = min(self.muon_params, gpu)
+            per_param = ((gpu - muon) * self.bytes_per_param + muon * MUON_STEP_BYTES) / gpu
+        return OptimizerStep(gpu, per_param, host, self.pcie_bytes_s, self.host_bytes_s, self.host_overlap)
 
 
-def step_plan(rs: ResolvedScenario) -> StepPlan:
+def step_plan(rs: ResolvedScenario, muon_params: float = 0.0) -> StepPlan:
+    """`muon_params`: the owned parameters Muon updates (sim/schedule/muon.owned_muon_params)."""
     s = rs.scenario
     opt, bf16 = s.optimizer, s.model.dtype == "bf16"
-    plan = StepPlan(gpu_step_bytes_per_param(opt, bf16))
+    plan = StepPlan(gpu_step_bytes_per_param(opt, bf16), muon_params=muon_params)
     if not opt.cpu_offload:
         return plan
     pcie, host = offload_rates(s, rs.gpu.name, gpu_pcie_gbps(rs), rs.topology.gpus_per_node)

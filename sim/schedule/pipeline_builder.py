@@ -44,6 +44,7 @@ from meshsim.sim.schedule.builder import (
 from meshsim.sim.schedule.dp_ops import DpConfig, all_buckets, step_end_ops
 from meshsim.sim.schedule.ep_overlap import Chain, Emitter
 from meshsim.sim.schedule.mtp_ops import mtp_layer_ids
+from meshsim.sim.schedule.muon import newton_schulz_works, owned_muon_params
 from meshsim.sim.schedule.ops import P2P, Collective, Op, P2PTransfer, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
@@ -203,7 +204,14 @@ def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout
                     kv_grad_params=kv, embed_grad_params=d.vocab * d.hidden if tied else 0,
                     grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp, expert_params=expert_params,
                     param_bytes=gather_param_bytes(rs, d, params, [n for ch in chunks for n in ch.layers]),
-                    step=step_plan(rs))
+                    step=step_plan(rs, owned_muon_params(rs, d, stage_layer_ids(rs, chunks))),
+                    pre_step=tuple(newton_schulz_works(rs, d, stage_layer_ids(rs, chunks))))
+
+
+def stage_layer_ids(rs: ResolvedScenario, chunks: list[ChunkLayout]) -> list[int]:
+    """The stage's decoder layers, and on the loss's stage the MTP depths (sim/schedule/mtp_ops.py)."""
+    head = any(ch.head for ch in chunks)
+    return [n for ch in chunks for n in ch.layers] + (mtp_layer_ids(rs.scenario.model) if head else [])
 
 
 def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates) -> Schedule:
@@ -233,8 +241,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     ops += step_end_ops(len(ops), [], len(ops) - 1, cfg, buckets)
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
     head = any(ch.head for ch in chunks)  # the loss's stage also runs the MTP depths (sim/schedule/mtp_ops.py)
-    layers = [n for ch in chunks for n in ch.layers] + (mtp_layer_ids(rs.scenario.model) if head else [])
-    ops += weight_cast_op(rs, d, layers, step_op, len(ops), head)
+    ops += weight_cast_op(rs, d, stage_layer_ids(rs, chunks), step_op, len(ops), head)
     if overlap_gather:
         ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
