@@ -39,10 +39,22 @@ def _needs_fp8(s: Scenario, source: str) -> None:
     """Knobs that only mean something with run.fp8 on."""
     r = s.run
     for field, value, default in (("fp8_param_gather", r.fp8_param_gather, False),
-                                  ("fp8_attention", r.fp8_attention, False)):
+                                  ("fp8_attention", r.fp8_attention, False),
+                                  ("fp8_first_last_layers_bf16", r.fp8_first_last_layers_bf16, False)):
         if value != default and not r.fp8_on:
             raise _err(source, f"run.{field}", value, "It applies to FP8 training, and run.fp8 is off",
                        "set run.fp8 (delayed, tensorwise, blockwise, mxfp8 or nvfp4), or remove the field")
+
+
+def _bf16_layer_counts(s: Scenario, source: str) -> None:
+    """Megatron reads --num-layers-at-start/end-in-bf16 only with --first-last-layers-bf16."""
+    r = s.run
+    for field, value in (("fp8_layers_at_start_in_bf16", r.fp8_layers_at_start_in_bf16),
+                         ("fp8_layers_at_end_in_bf16", r.fp8_layers_at_end_in_bf16)):
+        if value != 1 and not r.fp8_first_last_layers_bf16:
+            raise _err(source, f"run.{field}", value, "It counts the layers kept in 16 bit, and "
+                       "run.fp8_first_last_layers_bf16 is off", "set run.fp8_first_last_layers_bf16: true, or "
+                       "remove the field")
 
 
 def _delayed_only(s: Scenario, source: str) -> None:
@@ -105,6 +117,7 @@ def _gpu_supports(s: Scenario, gpu: GpuSpec, source: str) -> None:
 def check_fp8(s: Scenario, gpu: GpuSpec, source: str) -> None:
     """Every FP8 rule in order; the first violation is raised as a UserError."""
     _needs_fp8(s, source)
+    _bf16_layer_counts(s, source)
     _delayed_only(s, source)
     _layers_and_modes(s, source)
     _gpu_supports(s, gpu, source)

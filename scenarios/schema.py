@@ -274,6 +274,17 @@ class RunConfig(Frozen):
     fp8_attention: bool = False  # --fp8-dot-product-attention: the attention core in FP8 too
     fp8_output_proj: bool = False  # --fp8-output-proj: the LM head (output layer) in MXFP8 too (mxfp8 only)
     fp8_wgrad: bool = True  # --no-fp8-wgrad sets False: weight-gradient GEMMs in 16 bit
+    # --first-last-layers-bf16 with --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16: those decoder
+    # layers run their linears in 16 bit (Megatron fp8_utils.is_first_last_bf16_layer; fp4_utils alike)
+    fp8_first_last_layers_bf16: bool = False
+    fp8_layers_at_start_in_bf16: int = Field(default=1, ge=0)
+    fp8_layers_at_end_in_bf16: int = Field(default=1, ge=0)
+
+    def bf16_layer(self, layer: int, layers: int) -> bool:
+        """Decoder layer `layer` of `layers` runs 16-bit under an FP8 / NVFP4 recipe (first / last N kept in bf16)."""
+        if not (self.fp8_on and self.fp8_first_last_layers_bf16) or not 0 <= layer < layers:
+            return False
+        return layer < self.fp8_layers_at_start_in_bf16 or layer >= layers - self.fp8_layers_at_end_in_bf16
     fp8_amax_history_len: int = Field(default=1, gt=0, le=65536)  # --fp8-amax-history-len (delayed)
     fp8_amax_compute_algo: Literal["most_recent", "max"] = "most_recent"  # --fp8-amax-compute-algo (delayed)
     fp8_margin: int = Field(default=0, ge=0, le=64)  # --fp8-margin: scale = fp8_max / amax / 2^margin

@@ -102,3 +102,38 @@ def test_nvfp4_rules(run, gpu, field):
     assert err.value.field == field and "\n" not in str(err.value)
     check_fp8(rs.scenario.model_copy(update={"run": rs.scenario.run.model_copy(update={"fp8": "nvfp4"})}),
               B200, "test")  # negative control: plain nvfp4 on Blackwell passes
+
+
+def test_first_and_last_layers_can_stay_16_bit():
+    """run.fp8_first_last_layers_bf16 (Megatron --first-last-layers-bf16, 1 + 1 layers by default): those layers'
+    GEMMs are 16-bit and quantize nothing, they add no FP8 weight copy and keep their 16-bit saved inputs."""
+    from meshsim.sim.cost.fp8_memory import fp8_activation_savings
+    from meshsim.sim.cost.memory import memory_per_gpu
+    from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
+
+    model = {"layers": 4, "hidden": H, "heads": 8, "kv_heads": 4, "ffn_hidden": 512, "seq_len": S, "vocab": 1000,
+             "mlp": "swiglu", "dropout": False, "attention": "flash"}
+    on = make_rs({}, {"fp8": "nvfp4", "fp8_first_last_layers_bf16": True}, gpu="b200", model=model)
+    base = make_rs({}, {"fp8": "nvfp4"}, gpu="b200", model=model)
+    ops = _ops(on)
+    for layer, fp8 in ((0, False), (1, True), (2, True), (3, False)):
+        gemms = [op.work for op in ops if op.name.startswith(f"L{layer}.mb0.") and isinstance(op.work, Gemm)]
+        assert gemms and all(g.fp8 == fp8 for g in gemms)
+        assert any(K.FP8_QUANT in op.name for op in ops if op.name.startswith(f"L{layer}.mb0.")) == fp8
+    d = layer_dims(base)
+    assert fp8_linear_weights(on, d, range(4)) == fp8_linear_weights(base, d, range(4)) // 2
+    extra = memory_per_gpu(on).activations_gb - memory_per_gpu(base).activations_gb
+    assert extra * 1e9 == pytest.approx(2 * fp8_activation_savings(d))
+    assert not any(g.fp8 for op in _ops(make_rs({}, {}, gpu="b200", model=model)) for g in [op.work]
+                   if isinstance(g, Gemm))  # negative control: 16 bit everywhere
+
+
+@pytest.mark.parametrize("run,field", [
+    ({"fp8_first_last_layers_bf16": True}, "run.fp8_first_last_layers_bf16"),  # needs an FP8 recipe
+    ({"fp8": "mxfp8", "fp8_layers_at_end_in_bf16": 2}, "run.fp8_layers_at_end_in_bf16"),  # needs the switch
+])
+def test_first_last_bf16_rules(run, field):
+    rs = make_rs({}, {}, gpu="b200")
+    with pytest.raises(UserError) as err:
+        check_fp8(rs.scenario.model_copy(update={"run": rs.scenario.run.model_copy(update=run)}), B200, "test")
+    assert err.value.field == field

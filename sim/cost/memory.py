@@ -66,7 +66,7 @@ from meshsim.sim.cost.fp8_memory import fp8_activation_savings, moe_fp8_savings
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
 from meshsim.sim.cost.mtp_memory import mtp_extra_params, mtp_head_activation_bytes
 from meshsim.sim.cost.state_memory import model_states_gb
-from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan
+from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan, sixteen_bit
 from meshsim.sim.schedule.mtp_ops import mtp_layer_ids
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
 from meshsim.sim.schedule.pipeline_layout import pipeline_layout
@@ -91,9 +91,10 @@ class MemoryBreakdown:
 
 
 def kinded(rs: ResolvedScenario) -> bool:
-    """Whether memory is summed per layer kind: the layers differ (MoE, MLA) or MTP adds some (of the last's)."""
-    m = rs.scenario.model
-    return m.moe is not None or m.mla is not None or m.mtp_layers > 0
+    """Whether memory is summed per layer kind: the layers differ (MoE, MLA, 16-bit first / last layers under
+    FP8) or MTP adds some (of the last's)."""
+    m, run = rs.scenario.model, rs.scenario.run
+    return m.moe is not None or m.mla is not None or m.mtp_layers > 0 or run.fp8_first_last_layers_bf16 and run.fp8_on
 
 
 def model_layers(rs: ResolvedScenario) -> list[int]:
@@ -104,17 +105,18 @@ def model_layers(rs: ResolvedScenario) -> list[int]:
 def layers_memory(rs: ResolvedScenario, layers: list[int]) -> tuple[int, int, int, int]:
     """(dense params, routed-expert params, activation bytes of one micro-batch, the largest layer's
     activation bytes) of `layers` on one rank, per layer kind (sim/cost/layer_memory.py)."""
-    d = layer_dims(rs)
-    plan, model = layer_plan(rs, d), rs.scenario.model
+    plan, model = layer_plan(rs, layer_dims(rs)), rs.scenario.model
     dense = expert = acts = biggest = 0
     for layer in layers:
-        kind = layer_kind(model, layer)
-        p_dense, p_expert = layer_params(plan, kind)
-        attn = mla_activation_bytes(plan) if plan.mla is not None else (  # its own FP8 savings only
+        kind = layer_kind(model, layer, rs.scenario.run)
+        plan_k = sixteen_bit(plan) if kind.bf16 else plan  # a 16-bit first / last layer keeps no FP8 savings
+        d = plan_k.d
+        p_dense, p_expert = layer_params(plan_k, kind)
+        attn = mla_activation_bytes(plan_k) if plan.mla is not None else (  # its own FP8 savings only
             layer_activation_bytes(d) - dense_mlp_activation_bytes(d) + fp8_activation_savings(d)
             - fp8_activation_savings(d, mlp=False))
         mlp_fp8 = fp8_activation_savings(d) - fp8_activation_savings(d, mlp=False)
-        act = attn + (moe_activation_bytes(plan) - moe_fp8_savings(plan) if kind.moe
+        act = attn + (moe_activation_bytes(plan_k) - moe_fp8_savings(plan_k) if kind.moe
                       else dense_mlp_activation_bytes(d) - mlp_fp8)
         dense, expert, acts, biggest = dense + p_dense, expert + p_expert, acts + act, max(biggest, act)
     return dense, expert, acts, biggest
@@ -191,7 +193,7 @@ def combined_1f1b_activations(rs: ResolvedScenario) -> int | None:
         return None
     model, by_kind, per_layer = rs.scenario.model, {}, []
     for layer in range(model.layers):
-        kind = layer_kind(model, layer)
+        kind = layer_kind(model, layer, rs.scenario.run)
         if kind not in by_kind:
             by_kind[kind] = layers_memory(rs, [layer])[2]
         per_layer.append(by_kind[kind])

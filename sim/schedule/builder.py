@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.scenarios.schema import ModelConfig
+from meshsim.scenarios.schema import ModelConfig, RunConfig
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.dp_ops import PARAM_BYTES, DpConfig, all_buckets, bucket_bytes, step_end_ops
 from meshsim.sim.schedule.ep_overlap import combined_micro_batches
@@ -47,8 +47,9 @@ from meshsim.sim.schedule.template import Template
 class Templates:
     """The block templates of one step: per layer kind (sim/schedule/layer_kinds.py), embedding, head."""
 
-    def __init__(self, d: LayerDims, tied: bool, plan: LayerPlan | None = None, model: ModelConfig | None = None):
-        self.plan, self.model = plan or LayerPlan(d), model
+    def __init__(self, d: LayerDims, tied: bool, plan: LayerPlan | None = None, model: ModelConfig | None = None,
+                 run: RunConfig | None = None):
+        self.plan, self.model, self.run = plan or LayerPlan(d), model, run
         self._kinds: dict[LayerKind, tuple[Template, Template]] = {}
         self.fwd, self.bwd = self.of(PLAIN) if plan is not None else (forward_template(d), backward_template(d))
         self.embed_fwd, self.embed_bwd = embedding_forward(d), embedding_backward(d)
@@ -62,10 +63,10 @@ class Templates:
         return hit
 
     def layer_fwd(self, layer: int) -> Template:
-        return self.of(layer_kind(self.model, layer))[0] if self.model is not None else self.fwd
+        return self.of(layer_kind(self.model, layer, self.run))[0] if self.model is not None else self.fwd
 
     def layer_bwd(self, layer: int) -> Template:
-        return self.of(layer_kind(self.model, layer))[1] if self.model is not None else self.bwd
+        return self.of(layer_kind(self.model, layer, self.run))[1] if self.model is not None else self.bwd
 
 
 def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int, grads: list[tuple[int, int]] | None,
@@ -92,6 +93,12 @@ def _grad_params(t: Templates, layers: int, expert: bool = False) -> list[int]:
     return [n for _, n in t.head_bwd.grads] + per_layer + [n for _, n in t.embed_bwd.grads]
 
 
+def bf16_layers(rs: ResolvedScenario) -> list[int]:
+    """Decoder layers kept in 16 bit under an FP8 / NVFP4 recipe (run.fp8_first_last_layers_bf16)."""
+    m, run = rs.scenario.model, rs.scenario.run
+    return [layer for layer in range(m.layers) if run.bf16_layer(layer, m.layers)]
+
+
 def model_layer_ids(rs: ResolvedScenario) -> list[int]:
     """The decoder's layer numbers, then each MTP depth's (the kind it runs)."""
     return [*range(rs.scenario.model.layers), *mtp_layer_ids(rs.scenario.model)]
@@ -112,10 +119,11 @@ def fp8_amax_templates(rs: ResolvedScenario, layers: int) -> tuple[Template, Tem
 
 
 def step_templates(rs: ResolvedScenario, d: LayerDims, tied: bool) -> Templates:
-    """The templates of `rs`'s step: per layer kind for MoE / MLA / windowed models, the plain ones else."""
-    m = rs.scenario.model
-    t = Templates(d, tied) if m.moe is None and m.mla is None and m.sliding_window is None else \
-        Templates(d, tied, layer_plan(rs, d), m)
+    """The templates of `rs`'s step: per layer kind for MoE / MLA / windowed models and for 16-bit first / last
+    layers under FP8 (run.fp8_first_last_layers_bf16), the plain ones else."""
+    m, run = rs.scenario.model, rs.scenario.run
+    alike = m.moe is None and m.mla is None and m.sliding_window is None and not bf16_layers(rs)
+    t = Templates(d, tied) if alike else Templates(d, tied, layer_plan(rs, d), m, run)
     t.amax = fp8_amax_templates(rs, m.layers) if rs.pp == 1 else None
     if m.mtp_layers:  # multi-token prediction rides with the output layer and loss (sim/schedule/mtp_ops.py)
         last = mtp_layer_ids(m)[0]  # the kind of layer a depth runs

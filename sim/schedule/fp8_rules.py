@@ -25,7 +25,8 @@ Which GEMMs: the four TE linears of a layer (qkv and fc1 are LayerNormLinear, pr
 forward, dgrad and wgrad (wgrad in 16 bit with run.fp8_wgrad false: MLM passes
 override_linear_precision=(False, False, not fp8_wgrad)). The attention core stays 16-bit unless
 run.fp8_attention (TE fp8_dpa); the embedding, the output layer (LM head; MXFP8 with run.fp8_output_proj,
-Megatron's TELMHeadColumnParallelLinear), norms, softmax and the cross-entropy stay 16-bit. (Megatron's --first-last-layers-bf16 is not modeled: every layer runs FP8.)
+Megatron's TELMHeadColumnParallelLinear), norms, softmax and the cross-entropy stay 16-bit. Megatron's --first-last-layers-bf16 keeps the first and last N decoder layers 16-bit
+(run.fp8_first_last_layers_bf16: a 16-bit layer kind, sim/schedule/layer_kinds.py).
 
 Quantize kernels (TE module/linear.py `_linear_forward_impl` / backward, L340-440 and L800-1000):
 - every FP8 GEMM input that is not already FP8 is quantized: the linear input (forward), the output

@@ -6,7 +6,9 @@ dense_layers dense, then MoE every `every`-th) and model.windowed(l) (--window-s
 --window-attn-skip-freq-th layer). Attention is MHA / GQA (sim/schedule/layer_ops.py) or MLA
 (sim/schedule/mla_ops.py); the feed-forward a dense MLP or an MoE block (sim/schedule/moe_ops.py).
 A dense model's layers all have the plain kind, whose templates are layer_ops.forward_template /
-backward_template unchanged. Templates are built once per kind.
+backward_template unchanged. Templates are built once per kind. Under an FP8 / NVFP4 recipe with
+run.fp8_first_last_layers_bf16 the first and last N decoder layers are of a 16-bit kind (`bf16`): their
+plan has FP8 off (Megatron fp8_utils.is_first_last_bf16_layer, @d98e8a64 L711-728).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.scenarios.schema import ModelConfig
+from meshsim.scenarios.schema import ModelConfig, RunConfig
+from meshsim.sim.schedule.fp8_rules import Fp8Plan
 from meshsim.sim.schedule.layer_ops import (
     backward_template,
     block_backward,
@@ -34,14 +37,23 @@ from meshsim.sim.schedule.template import Deps, Template
 class LayerKind:
     moe: bool = False
     window: int | None = None
+    bf16: bool = False  # FP8 off in this layer (run.fp8_first_last_layers_bf16)
 
 
 PLAIN = LayerKind()
 
 
-def layer_kind(model: ModelConfig, layer: int) -> LayerKind:
+def layer_kind(model: ModelConfig, layer: int, run: RunConfig | None = None) -> LayerKind:
+    """The kind of `layer`; with `run`, whether it is one of the first / last layers kept in 16 bit."""
     moe = model.moe is not None and model.moe.is_moe_layer(layer)
-    return LayerKind(moe, model.sliding_window if model.windowed(layer) else None)
+    bf16 = run is not None and run.bf16_layer(layer, model.layers)
+    return LayerKind(moe, model.sliding_window if model.windowed(layer) else None, bf16)
+
+
+def sixteen_bit(plan: LayerPlan) -> LayerPlan:
+    """The plan with FP8 off: the linears (and experts) of a layer kept in 16 bit."""
+    moe = replace(plan.moe, fp8=False) if plan.moe is not None else None
+    return replace(plan, d=replace(plan.d, fp8=Fp8Plan()), moe=moe)
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ def kind_forward(tpl: Template, phase: str, plan: LayerPlan, kind: LayerKind, in
 
 def kind_templates(plan: LayerPlan, kind: LayerKind) -> tuple[Template, Template]:
     """(forward, backward) templates of one layer of `kind` (full recompute: the forward again first)."""
+    if kind.bf16:
+        plan, kind = sixteen_bit(plan), replace(kind, bf16=False)
     d = plan.d
     if kind == PLAIN and plan.mla is None:
         return forward_template(d), backward_template(d)

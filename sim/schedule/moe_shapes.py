@@ -225,9 +225,11 @@ def fp8_linear_weights(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]
     """Weights (no biases) of the FP8 linears on one rank over the layers numbered `layers`, 0 when 16-bit:
     qkv, proj, fc1, fc2 of a dense layer; qkv, proj, the local experts' and the shared expert's of an MoE
     layer (what TE caches as FP8 copies and casts once per step); with `head`, the LM head's too when
-    run.fp8_output_proj runs it in FP8."""
+    run.fp8_output_proj runs it in FP8. Layers kept in 16 bit (run.fp8_first_last_layers_bf16) count none."""
     if not d.fp8.on:
         return 0
+    run, n_layers = rs.scenario.run, rs.scenario.model.layers
+    layers = [layer for layer in layers if not run.bf16_layer(layer, n_layers)]  # 16-bit first / last layers
     moe, m, mla = rs.scenario.model.moe, moe_dims(rs), rs.scenario.model.mla
     n_moe = sum(1 for layer in layers if moe is not None and moe.is_moe_layer(layer))
     dense_attention = sum(g.k * g.n for g in (d.qkv_gemm(), d.proj_gemm()))
