@@ -176,3 +176,15 @@ def test_validate_times_fsdp_schedules_and_checks_numerics_without_it():
     assert not checked.parallel.fsdp and not checked.parallel.distributed_optimizer
     sched = build_schedule(resolve(timed, source))
     assert fsdp_ops(sched)  # what the timing run executes
+
+
+def test_tied_embeddings_the_head_gathers_the_shared_table_and_the_embedding_reduces_it():
+    rs = tiny({**FSDP, "model.tied_embeddings": True})
+    ops, d = by_name(build_schedule(rs)), layer_dims(rs)
+    table = d.vocab * d.hidden
+    gathered = ops[f"head.mb0.fwd.{K.FSDP_GATHER}"].work.nbytes
+    reduced = ops[f"head.mb0.bwd.{K.FSDP_GRAD}"].work.nbytes if f"head.mb0.bwd.{K.FSDP_GRAD}" in ops else 0
+    assert gathered == 2 * table + reduced // 2  # the table plus the head's own (final norm), in bf16
+    assert ops[f"embed.mb0.bwd.{K.FSDP_GRAD}"].work.nbytes >= 4 * table  # the shared gradient, reduced once
+    untied = by_name(build_schedule(tiny(FSDP)))  # negative control: the head's own output layer
+    assert untied[f"head.mb0.fwd.{K.FSDP_GATHER}"].work.nbytes == untied[f"head.mb0.bwd.{K.FSDP_GRAD}"].work.nbytes // 2

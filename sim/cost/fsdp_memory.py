@@ -33,7 +33,7 @@ def largest_unit_params(rs: ResolvedScenario) -> int:
     per_layer = [sum(layer_params(plan, layer_kind(model, layer))) for layer in range(model.layers)]
     table = d.vocab * d.hidden
     mtp = sum(sum(layer_params(plan, layer_kind(model, layer))) for layer in mtp_layer_ids(model))
-    head = (0 if model.tied_embeddings else table) + d.norm_params + mtp_extra_params(rs) + mtp
+    head = table + d.norm_params + mtp_extra_params(rs) + mtp  # tied: the head gathers the shared table too
     return max([*per_layer, table, head])
 
 

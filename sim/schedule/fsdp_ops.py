@@ -4,7 +4,8 @@ Each rank keeps 1/dp of every weight, gradient and optimizer state (the routed e
 on whole weights, so (Megatron-LM @d98e8a64, megatron/core/distributed/fsdp/src/docs/runtime_schedule.md and
 docs/user-guide/features/megatron_fsdp.md, "optim_grads_params"):
 
-- units: the embedding, each transformer layer, and the head (final norm, output layer and MTP depths);
+- units: the embedding, each transformer layer, and the head (final norm, output layer and MTP depths; with
+  tied embeddings the head gathers the shared table too, its gradient reduced with the embedding's);
   a unit's weights are all-gathered over "dp" (bf16, 2 B per parameter; with run.fp8_param_gather the
   step's average of 1 B per FP8 linear weight) and its routed experts' over "edp", before its forward and
   again before its backward (they are freed after the forward; the head's forward and backward follow
@@ -38,6 +39,7 @@ class FsdpConfig:
     param_bytes: float  # bytes per parameter a gather moves (2, less with run.fp8_param_gather)
     grad_bytes: int  # bytes per parameter a reduce-scatter moves (sim/schedule/run_settings.grad_reduce_bytes)
     weight_cast: Callable[[int], Elementwise | None] | None = None  # layer -> its per-forward FP8 weight cast
+    shared_head_params: int = 0  # tied embeddings: the table the head gathers too (its gradient: the embedding's)
 
 
 @dataclass
@@ -49,26 +51,27 @@ class _Use:
     mb: int
 
 
-def block_params(t, b: Block) -> tuple[int, int] | None:
+def block_params(t, b: Block, shared_head: int = 0) -> tuple[int, int] | None:
     """(dense, expert) parameters the block's unit gathers, None when it runs on the unit already gathered
     (the head's backward) or has no weights (delayed FP8 scaling's amax block). Counted from the backward
-    templates' gradient producers, so what is gathered is what is reduce-scattered."""
+    templates' gradient producers, so what is gathered is what is reduce-scattered; with tied embeddings
+    the head gathers the shared table too (`shared_head`), whose gradient the embedding's block reduces."""
     if b.layer is not None:
         bwd = t.layer_bwd(b.layer)
     elif b.tpl is t.embed_fwd or b.tpl is t.embed_bwd:
         bwd = t.embed_bwd
     elif b.tpl is t.head_fwd:
-        bwd = t.head_bwd
+        return sum(n for _, n in t.head_bwd.grads) + shared_head, sum(n for _, n in t.head_bwd.expert_grads)
     else:
         return None
     return sum(n for _, n in bwd.grads), sum(n for _, n in bwd.expert_grads)
 
 
-def _uses(t, layers: int, micro_batches: int) -> list[_Use]:
+def _uses(t, layers: int, micro_batches: int, shared_head: int) -> list[_Use]:
     uses: list[_Use] = []
     for mb in range(micro_batches):
         for b in micro_batch_blocks(t, layers, mb):
-            params = block_params(t, b)
+            params = block_params(t, b, shared_head)
             if params is None and uses:
                 uses[-1].blocks.append(b)
             else:
@@ -110,7 +113,7 @@ def fsdp_micro_batches(ops: list[Op], t, layers: int, micro_batches: int, cfg: F
                        grads: list[tuple[int, int]], expert_grads: list[tuple[int, int]]) -> None:
     """Stamp every micro-batch with its unit gathers and gradient reduce-scatters (module docstring); record
     the last micro-batch's gradient producers into `grads` / `expert_grads` (the optimizer's parameters)."""
-    uses = _uses(t, layers, micro_batches)
+    uses = _uses(t, layers, micro_batches, cfg.shared_head_params)
     gathers = [_gather(ops, uses[0], (), cfg)]
     released: list[tuple[int, ...]] = []  # per use: the ops after which its buffer is free
     x = 0
