@@ -98,3 +98,10 @@ def test_muon_rules(overrides, field):
     with pytest.raises(UserError) as err:
         tiny(overrides)
     assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_the_error_band_says_no_published_run_checks_muon():
+    from meshsim.sim.results.error_band import band_for
+
+    assert "none of them runs Muon" in band_for(tiny(MUON).scenario).sentence()
+    assert "unchecked" not in band_for(tiny({}).scenario).sentence()

@@ -137,3 +137,13 @@ def test_first_last_bf16_rules(run, field):
     with pytest.raises(UserError) as err:
         check_fp8(rs.scenario.model_copy(update={"run": rs.scenario.run.model_copy(update=run)}), B200, "test")
     assert err.value.field == field
+
+
+def test_the_error_band_says_no_published_run_checks_nvfp4():
+    from meshsim.sim.results.error_band import band_for
+
+    rs = make_rs({}, {"fp8": "nvfp4"}, gpu="b200")
+    text = band_for(rs.scenario).sentence()
+    assert text.startswith("±") and "none of them runs NVFP4, so that part is unchecked" in text
+    mx = make_rs({}, {"fp8": "mxfp8"}, gpu="b200")  # negative control: a recipe the fp8 group's cases run
+    assert "unchecked" not in band_for(mx.scenario).sentence()

@@ -9,7 +9,8 @@ writes those figures to error_bands.json beside this module; nothing else writes
 
     group_of(scenario)  = the first STEP_GROUPS entry whose rule matches (the last one, dense, always does)
     error_band(rs)      = that group's out-of-fit MAPE, max and case count (ErrorBand); a group that is
-                          registered but has no figures yet falls back to DEFAULT_GROUP's, and says so
+                          registered but has no figures yet falls back to DEFAULT_GROUP's, and says so;
+                          a mechanism no case runs (UNCHECKED: NVFP4, Muon) is named as unchecked
 
 Adding a group: one StepGroup line in STEP_GROUPS (name, metric title, rule) and its case files under
 benchmarks/accuracy/<name>/ (benchmarks/accuracy.py's docstring).
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class ErrorBand:
     max_error: float  # largest out-of-fit absolute error, fraction
     cases: int  # out-of-fit cases behind the figure
     scenario_group: str = ""  # the scenario's own group when it has no figures yet (fallback), else ""
+    unchecked: tuple[str, ...] = ()  # what the scenario runs that no published run of the group does (UNCHECKED)
 
     def sentence(self) -> str:
         """'±14.9% (max 56.4%): the dense group's out-of-fit iteration-time MAPE over 16 published runs'."""
@@ -64,6 +66,8 @@ class ErrorBand:
                 f"{self.metric} MAPE over {self.cases} published runs")
         if self.scenario_group:
             text += f" (the {self.scenario_group} group has no figures yet)"
+        if self.unchecked:
+            text += f"; none of them runs {' or '.join(self.unchecked)}, so that part is unchecked"
         return text
 
 
@@ -81,14 +85,20 @@ def load_bands(path: Path = BANDS_FILE) -> dict[str, ErrorBand]:
             for name, g in data["groups"].items()}
 
 
+# mechanisms no case of benchmarks/accuracy/ runs: a band must not vouch for them (name -> does the scenario use it)
+UNCHECKED: tuple[tuple[str, Callable[[Scenario], bool]], ...] = (
+    ("NVFP4", lambda scenario: scenario.run.fp8 == "nvfp4"),
+    ("Muon", lambda scenario: scenario.optimizer.name == "muon"),
+)
+
+
 def band_for(scenario: Scenario, bands: dict[str, ErrorBand] | None = None) -> ErrorBand:
-    """The error band of the scenario's group (module doc)."""
+    """The error band of the scenario's group (module doc), naming what in the scenario no case checks."""
     bands = load_bands() if bands is None else bands
     group = group_of(scenario)
-    if group in bands:
-        return bands[group]
-    fallback = bands[DEFAULT_GROUP]
-    return ErrorBand(fallback.group, fallback.metric, fallback.mape, fallback.max_error, fallback.cases, group)
+    unchecked = tuple(name for name, uses in UNCHECKED if uses(scenario))
+    band = bands[group] if group in bands else bands[DEFAULT_GROUP]
+    return replace(band, scenario_group="" if group in bands else group, unchecked=unchecked)
 
 
 def error_band(rs: ResolvedScenario, bands: dict[str, ErrorBand] | None = None) -> ErrorBand:
