@@ -67,7 +67,7 @@ from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, mo
 from meshsim.sim.cost.mtp_memory import mtp_extra_params, mtp_head_activation_bytes
 from meshsim.sim.cost.state_memory import model_states_gb
 from meshsim.sim.schedule.layer_kinds import layer_kind, layer_plan, sixteen_bit
-from meshsim.sim.schedule.mtp_ops import mtp_layer_ids
+from meshsim.sim.schedule.mtp_ops import model_layer_ids, mtp_layer_ids
 from meshsim.sim.schedule.pipeline import PipelineShape, warmup_forwards
 from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
@@ -98,8 +98,8 @@ def kinded(rs: ResolvedScenario) -> bool:
 
 
 def model_layers(rs: ResolvedScenario) -> list[int]:
-    """Every transformer layer a step runs: the decoder's, then each MTP depth's (the last layer's kind)."""
-    return list(range(rs.scenario.model.layers)) + mtp_layer_ids(rs.scenario.model)
+    """Every transformer layer a step runs (sim/schedule/mtp_ops.model_layer_ids)."""
+    return model_layer_ids(rs.scenario.model)
 
 
 def layers_memory(rs: ResolvedScenario, layers: list[int]) -> tuple[int, int, int, int]:

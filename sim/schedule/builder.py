@@ -33,7 +33,12 @@ from meshsim.sim.schedule.layer_kinds import (
 )
 from meshsim.sim.schedule.layer_ops import backward_template, forward_template
 from meshsim.sim.schedule.moe_shapes import fp8_linear_weights
-from meshsim.sim.schedule.mtp_ops import head_backward_with_mtp, head_forward_with_mtp, mtp_layer_ids
+from meshsim.sim.schedule.mtp_ops import (
+    head_backward_with_mtp,
+    head_forward_with_mtp,
+    model_layer_ids,
+    mtp_layer_ids,
+)
 from meshsim.sim.schedule.muon import newton_schulz_works, owned_muon_params
 from meshsim.sim.schedule.ops import Elementwise, Op, Schedule
 from meshsim.sim.schedule.optimizer_states import step_plan
@@ -97,11 +102,6 @@ def bf16_layers(rs: ResolvedScenario) -> list[int]:
     """Decoder layers kept in 16 bit under an FP8 / NVFP4 recipe (run.fp8_first_last_layers_bf16)."""
     m, run = rs.scenario.model, rs.scenario.run
     return [layer for layer in range(m.layers) if run.bf16_layer(layer, m.layers)]
-
-
-def model_layer_ids(rs: ResolvedScenario) -> list[int]:
-    """The decoder's layer numbers, then each MTP depth's (the kind it runs)."""
-    return [*range(rs.scenario.model.layers), *mtp_layer_ids(rs.scenario.model)]
 
 
 def fp8_amax_templates(rs: ResolvedScenario, layers: int) -> tuple[Template, Template] | None:
@@ -180,8 +180,8 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
                     bucket_bytes=dp_bucket_bytes(rs), sp_grad_params=sp, params=params,
                     kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
                     expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, range(layers)),
-                    step=step_plan(rs, owned_muon_params(rs, t.plan.d, model_layer_ids(rs))),
-                    pre_step=tuple(newton_schulz_works(rs, t.plan.d, model_layer_ids(rs))))
+                    step=step_plan(rs, owned_muon_params(rs, t.plan.d, model_layer_ids(rs.scenario.model))),
+                    pre_step=tuple(newton_schulz_works(rs, t.plan.d, model_layer_ids(rs.scenario.model))))
 
 
 def gathers_overlap(rs: ResolvedScenario) -> bool:
@@ -235,7 +235,7 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, [] if p.fsdp else None, expert_grads)
     step_op = next(op.id for op in reversed(ops) if op.name == "opt.step")
     if not (p.fsdp and d.fp8.on and not rs.scenario.run.fp8_param_gather):  # else cast per forward (fsdp_ops)
-        ops += weight_cast_op(rs, d, [*range(model.layers), *mtp_layer_ids(model)], step_op, len(ops), head=True)
+        ops += weight_cast_op(rs, d, model_layer_ids(model), step_op, len(ops), head=True)
     if overlap_gather:
         ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.grad_dp, rs.edp), cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,

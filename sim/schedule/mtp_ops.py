@@ -47,6 +47,11 @@ def mtp_layer_ids(model) -> list[int]:
     return [model.layers - 1] * model.mtp_layers
 
 
+def model_layer_ids(model) -> list[int]:
+    """Every transformer layer a step runs: the decoder's, then each MTP depth's (the last layer's kind)."""
+    return list(range(model.layers)) + mtp_layer_ids(model)
+
+
 def append(dst: Template, src: Template, prefix: str, ext: Ext, *, grads: bool = True) -> int:
     """Copy `src`'s ops into `dst` (suffixes prefixed, local deps shifted, external inputs resolved through
     `ext`); its grads / expert_grads too unless `grads` is False. Returns the offset of src's first op."""
