@@ -93,20 +93,34 @@ def moe_specs(nproc: int) -> list[str]:
     return MOE_SPECS.get(nproc, [""])
 
 
-def default_specs(nproc: int) -> list[str]:
-    """The whole matrix at the scenario's layout, plus a DP layout (nproc >= 2)."""
+def default_specs(nproc: int, tp_one: bool = False) -> list[str]:
+    """The whole matrix at the scenario's layout, plus a DP layout (nproc >= 2). `tp_one`: the scenario shrinks
+    to tp 1 (its tp shares no factor with nproc), where SP variants without a layout cannot run: they run at
+    dp 1 (tp = the processes a stage has) instead, and the scenario's own data-parallel layout is the dp
+    variants'."""
     specs = ["+".join(combo) for combo in itertools.product(*MATRIX)]
     if nproc >= 4:
         specs += ["dp2+sp+swiglu+gqa+full", "dp2+tp+gelu+mha+none"]
     elif nproc == 2:
         specs += ["dp2+tp+gelu+mha+none"]
-    return specs + pipeline_specs(nproc)
+    specs += pipeline_specs(nproc)
+    return [_at_dp1(s) for s in specs] if tp_one else specs
+
+
+def _at_dp1(spec: str) -> str:
+    """An SP spec without a layout token, run at dp 1 (after its pipeline tokens)."""
+    tokens = spec.split("+")
+    if "sp" not in tokens or set(tokens) & set(LAYOUTS):
+        return spec
+    cut = next(i for i, t in enumerate(tokens) if t not in PIPELINES)
+    return "+".join([*tokens[:cut], "dp1", *tokens[cut:]])
 
 
 def scenario_defaults(scenario: Scenario, nproc: int) -> list[str]:
     """The default variants of `scenario` (moe_specs or default_specs); a pipelined scenario runs those
     without a pipeline modifier unpipelined ("pp1"), since the pipeline variants cover its stages."""
-    specs = moe_specs(nproc) if scenario.model.moe is not None else default_specs(nproc)
+    tp_one = math.gcd(scenario.parallel.tp, nproc) == 1
+    specs = moe_specs(nproc) if scenario.model.moe is not None else default_specs(nproc, tp_one)
     if scenario.parallel.pp == 1:
         return specs
     return [s if set(s.split("+")) & set(PIPELINES) else "+".join(t for t in ("pp1", s) if t) for s in specs]
