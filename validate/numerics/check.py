@@ -94,10 +94,10 @@ def moe_specs(nproc: int) -> list[str]:
 
 
 def default_specs(nproc: int, tp_one: bool = False) -> list[str]:
-    """The whole matrix at the scenario's layout, plus a DP layout (nproc >= 2). `tp_one`: the scenario shrinks
-    to tp 1 (its tp shares no factor with nproc), where SP variants without a layout cannot run: they run at
-    dp 1 (tp = the processes a stage has) instead, and the scenario's own data-parallel layout is the dp
-    variants'."""
+    """The whole matrix at the scenario's layout, plus a DP layout (nproc >= 2). `tp_one`: the scenario has no
+    tensor parallelism (tp 1), where SP variants without a layout cannot run: they run at dp 1 (tp = the
+    processes a stage has) instead, and the scenario's own data-parallel layout is the dp variants'. (A
+    scenario with tp > 1 whose tp shares no factor with nproc is refused with the --nproc to use.)"""
     specs = ["+".join(combo) for combo in itertools.product(*MATRIX)]
     if nproc >= 4:
         specs += ["dp2+sp+swiglu+gqa+full", "dp2+tp+gelu+mha+none"]
@@ -119,8 +119,7 @@ def _at_dp1(spec: str) -> str:
 def scenario_defaults(scenario: Scenario, nproc: int) -> list[str]:
     """The default variants of `scenario` (moe_specs or default_specs); a pipelined scenario runs those
     without a pipeline modifier unpipelined ("pp1"), since the pipeline variants cover its stages."""
-    tp_one = math.gcd(scenario.parallel.tp, nproc) == 1
-    specs = moe_specs(nproc) if scenario.model.moe is not None else default_specs(nproc, tp_one)
+    specs = moe_specs(nproc) if scenario.model.moe is not None else default_specs(nproc, scenario.parallel.tp == 1)
     if scenario.parallel.pp == 1:
         return specs
     return [s if set(s.split("+")) & set(PIPELINES) else "+".join(t for t in ("pp1", s) if t) for s in specs]
