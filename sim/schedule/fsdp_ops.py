@@ -96,17 +96,15 @@ def _gather(ops: list[Op], use: _Use, deps: tuple[int, ...], cfg: FsdpConfig) ->
     return tuple(ids)
 
 
-def _reduce(ops: list[Op], b: Block, base: int, mb: int, cfg: FsdpConfig) -> list[int]:
-    """The reduce-scatters of a backward block's gradients (dense over dp, experts over edp); their op ids."""
-    ids = []
+def _reduce(ops: list[Op], b: Block, base: int, mb: int, cfg: FsdpConfig) -> None:
+    """The reduce-scatters of a backward block's gradients (dense over dp, experts over edp)."""
     for group, size, producers, suffix in (("dp", cfg.dp, b.tpl.grads, ""),
                                            ("edp", cfg.edp, b.tpl.expert_grads, K.EXPERT_SUFFIX)):
         n = sum(p for _, p in producers)
         if size > 1 and n > 0:
             work = Collective("reduce_scatter", group, n * cfg.grad_bytes, K.FSDP_GRAD)
             deps = tuple(base + i for i, _ in producers)
-            ids.append(_emit(ops, f"{b.prefix}bwd.{K.FSDP_GRAD}{suffix}", "bwd", work, deps, b.layer, mb))
-    return ids
+            _emit(ops, f"{b.prefix}bwd.{K.FSDP_GRAD}{suffix}", "bwd", work, deps, b.layer, mb)
 
 
 def fsdp_micro_batches(ops: list[Op], t, layers: int, micro_batches: int, cfg: FsdpConfig,

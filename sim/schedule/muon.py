@@ -81,10 +81,14 @@ def layer_matrices(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]) ->
     return out
 
 
+def shard_size(m: Matrix, rs: ResolvedScenario) -> int:
+    """The ranks `m` is sharded over: tp, etp, or 1 when every rank holds it whole."""
+    return {"tp": rs.tp, "etp": rs.etp}.get(m.shard, 1)
+
+
 def local_params(m: Matrix, rs: ResolvedScenario) -> float:
     """The parameters of `m` this rank holds: its TP / ETP shard."""
-    size = {"tp": rs.tp, "etp": rs.etp}.get(m.shard, 1)
-    return m.rows * m.cols / size
+    return m.rows * m.cols / shard_size(m, rs)
 
 
 def owned_muon_params(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int]) -> float:
@@ -109,7 +113,7 @@ def newton_schulz_works(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int
     for m in layer_matrices(rs, d, layers):
         share = 1 / (edp if m.expert else dp)
         shapes[(min(m.rows, m.cols), max(m.rows, m.cols), m.expert)] += share
-        if m.shard and {"tp": rs.tp, "etp": rs.etp}[m.shard] > 1:
+        if shard_size(m, rs) > 1:
             gathered[m.shard] += m.rows * m.cols * share
     works: list[Work] = [Collective("all_gather", group, ceil(n) * FP32_BYTES, K.MUON_GATHER)
                          for group, n in gathered.items() if n > 0]
