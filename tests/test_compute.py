@@ -10,6 +10,7 @@ import pytest
 
 from meshsim.scenarios.profile import CollectivePoint, GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
+from meshsim.sim.cost.attention_rate import softmax_to_mma, width_factor
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.compute import ComputeModel
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, OptimizerStep
@@ -214,6 +215,30 @@ def test_attention_efficiency_by_generation_unless_stated():
     # the FP8 GEMM ceiling follows the same rule: the generation's value unless stated
     assert ComputeModel(H100).knobs.fp8_gemm_efficiency == 0.62
     assert ComputeModel(H100, ComputeTuning(fp8_gemm_efficiency=0.7)).knobs.fp8_gemm_efficiency == 0.7
+
+
+def test_attention_rate_follows_the_head_width():
+    """attention_rate.width_factor: per score w = 2 (d_qk + d_v) MMA FLOPs plus a width-free softmax, so the
+    fraction of peak is w/512 (1 + rho) / (w/512 + rho) of head_dim 128's. Golden numbers: rho = 0.65 on an
+    H100 ((1/16 + 5/128) cycles x 4096 x 0.8 / 512), 1.30 on a B200, 0.90 on a B300 (twice the exp rate)."""
+    h100, b200, b300 = GPUS["h100-sxm"], GPUS["b200"], GPUS["b300"]
+    assert softmax_to_mma(h100) == pytest.approx(0.65)
+    assert softmax_to_mma(b200) == pytest.approx(1.30)
+    assert softmax_to_mma(b300) == pytest.approx(0.90)
+    assert width_factor(h100, 256) == pytest.approx(0.5 * 1.65 / 1.15)  # head_dim 64 (GPT-OSS)
+    assert width_factor(b200, 640) == pytest.approx(1.25 * 2.3 / 2.55)  # MLA: 192 + 128
+    for gpu in (h100, b200, b300):
+        assert width_factor(gpu, 512) == 1.0  # the fitted width itself: unchanged
+    custom = dataclasses.replace(h100, compute_capability=(0, 0))
+    assert width_factor(custom, 256) == 1.0  # a part outside the tables: no correction
+    # in the model: head_dim 64 does half the FLOPs of 128 in 0.5 / 0.717 = 0.70 of its time (not 0.5)
+    wide = Attention(batch=1, heads=4 * 33, kv_heads=4, seq=4096, head_dim=128)
+    narrow = dataclasses.replace(wide, head_dim=64)
+    model = ComputeModel(h100)
+    ratio = (model.time_s(narrow) - 3e-6) / (model.time_s(wide) - 3e-6)
+    assert ratio == pytest.approx(0.5 / width_factor(h100, 256))
+    mla = dataclasses.replace(wide, head_dim=192, v_head_dim=128)
+    assert (model.time_s(mla) - 3e-6) / (model.time_s(wide) - 3e-6) == pytest.approx(1.25 / width_factor(h100, 640))
 
 
 @pytest.mark.parametrize("shape", [(8192, 8192, 8192, 1), (4096, 2880, 5760, 1), (1024, 7168, 2048, 8),

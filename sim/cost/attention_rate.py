@@ -24,14 +24,64 @@ What the values hold, and what they do not: they are the kernels of those softwa
 assumed attention-core recompute (a run without it would imply 3.5 / 4.5 of each rate); a newer cuDNN on
 an H100 may reach more. Override with hardware.compute.attention_efficiency, or measure the kernels
 (`meshsim calibrate`, profile kernel_table flash_attention_fwd / _bwd).
+
+Head width. Every fitted row (and the 0.50 derivation) has head_dim 128: per score element the kernel does
+w = 2 (d_qk + d_v) = 512 tensor-core FLOPs plus a softmax whose work does not depend on the width (one exp
+on the SFU and ~5 FP32 ops). With that split, not overlapped (compute.py's derivation), the time per score
+is w / (F c) + S cycles per SM (F: dense 16-bit tensor FLOPs per clock per SM, c = MMA_CEILING; S: the
+softmax's cycles), so the fraction of peak at width w, relative to the fitted one at 512, is
+
+    width_factor(w) = (w / 512) (1 + rho) / (w / 512 + rho),     rho = S F c / 512,
+
+the softmax's time over the MMA's at head_dim 128: 0.45 on an A100, 0.65 on an H100, 1.30 on a B200
+(tensor cores twice Hopper's per clock, the SFU not), 0.90 on a B300 / GB300 (Blackwell Ultra doubles the
+SFU's exp rate). Head_dim 64 (GPT-OSS) then runs at 0.72 (H100) / 0.64 (B200) of the fitted fraction, MLA's
+192 + 128 (DeepSeek-V3) at 1.09 / 1.13. Per-clock rates: NVIDIA's datasheets divided by SMs x boost clock
+(1,024 / 2,048 / 4,096 / 8,192 dense 16-bit FLOPs per clock per SM on sm_70 / 80 / 90 / 100) and the CUDA
+programming guide's arithmetic-instruction throughput table (exp 16 per clock per SM; FP32 64 lanes per SM
+on sm_70 / 80, 128 from sm_90). Fitted on nothing: no row in our set has another head width, so head_dim
+128 is unchanged; hardware.compute.attention_efficiency is read at head_dim 128 too.
 """
 
 from __future__ import annotations
 
-from meshsim.topologies.gpus import by_gpu_prefix
+from meshsim.topologies.gpus import GpuSpec, by_gpu_prefix
 
 ATTENTION_EFFICIENCY_BY_GPU = {"h100": 0.43, "h200": 0.43, "b200": 0.55}
 DEFAULT_ATTENTION_EFFICIENCY = 0.50
+
+REFERENCE_WIDTH = 512  # 2 (d_qk + d_v) at head_dim 128: the width every fitted rate was measured at
+MMA_CEILING = 0.80  # the tensor cores' sustained fraction inside the kernel (compute.py's derivation)
+SOFTMAX_FP32_OPS = 5  # scale, max, subtract, sum, rescale per score, besides the exp
+MMA_FLOP_PER_CLOCK = {7: 1024, 8: 2048, 9: 4096, 10: 8192}  # dense 16-bit, per SM, by compute capability major
+FP32_LANES = {7: 64, 8: 64, 9: 128, 10: 128}  # FP32 results per clock per SM
+
+
+def exp_per_clock(compute_capability: tuple[int, int]) -> int:
+    """SFU exponentials per clock per SM: 16, 32 on Blackwell Ultra (sm_103)."""
+    return 32 if compute_capability == (10, 3) else 16
+
+
+def softmax_to_mma(gpu: GpuSpec, fp8: bool = False) -> float | None:
+    """rho: the softmax's time per score over the MMA's at head_dim 128 (module docstring); None for a GPU
+    whose compute capability is not in the tables (a custom part: no width correction). FP8 attention
+    doubles the MMA rate (the part's FP8 peak over its 16-bit one)."""
+    major = gpu.compute_capability[0]
+    if major not in MMA_FLOP_PER_CLOCK:
+        return None
+    mma = MMA_FLOP_PER_CLOCK[major] * (gpu.fp8_peak_tflops / gpu.peak_tflops if fp8 else 1.0)
+    softmax_cycles = 1.0 / exp_per_clock(gpu.compute_capability) + SOFTMAX_FP32_OPS / FP32_LANES[major]
+    return softmax_cycles * mma * MMA_CEILING / REFERENCE_WIDTH
+
+
+def width_factor(gpu: GpuSpec, width: float, fp8: bool = False) -> float:
+    """The attention efficiency at `width` = 2 (d_qk + d_v) tensor FLOPs per score, over the fitted one at
+    REFERENCE_WIDTH (module docstring); 1 at head_dim 128 and for GPUs outside the tables."""
+    rho = softmax_to_mma(gpu, fp8)
+    if rho is None or width == REFERENCE_WIDTH:
+        return 1.0
+    x = width / REFERENCE_WIDTH
+    return x * (1.0 + rho) / (x + rho)
 
 
 def attention_efficiency(gpu_name: str) -> float:

@@ -3,9 +3,10 @@
     GEMM         max(flops / (peak x eff(m, n, k)), bytes / (bw x bw_eff)) + launch
                  eff from sim/cost/gemm_efficiency.py; bytes = (2 (mk + kn) + out_bytes mn) batch (16-bit
                  operands; out_bytes 2, or 8 for a wgrad accumulating into the fp32 main grad).
-    Attention    flops / (peak x attention_eff x wave) + launch   (flash; flops in the work: causal
-                 halving and the 2.5x backward are already there). wave = CTA wave quantization with
-                 one CTA per (batch, head, 128-query block).
+    Attention    flops / (peak x attention_eff x width_factor x wave) + launch   (flash; flops in the
+                 work: causal halving and the 2.5x backward are already there). width_factor: the
+                 head width's MMA-to-softmax balance, 1 at head_dim 128 (sim/cost/attention_rate.py).
+                 wave = CTA wave quantization with one CTA per (batch, head, 128-query block).
     Elementwise  (bytes_read + bytes_written) / (bw x elementwise_eff) + launch
     OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch, plus the host-updated share under
                  optimizer.cpu_offload (offload_step_s)
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
-from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency
+from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency, width_factor
 from meshsim.sim.cost.deterministic_fill import fill_bytes
 from meshsim.sim.cost.fp8_gemm import (
     block_scaled_rate,
@@ -232,7 +233,9 @@ class ComputeModel:
                 return _scaled_us(point, a.flops, "flops") * US
         ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
         peak = fp8_peak_tflops(self.gpu) * TFLOPS if a.fp8 else self.peak_flops
-        rate = peak * self.knobs.attention_efficiency * _wave(ctas, self.gpu.sm_count)
+        width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))  # tensor FLOPs per score (attention_rate.py)
+        efficiency = self.knobs.attention_efficiency * width_factor(self.gpu, width, a.fp8)
+        rate = peak * efficiency * _wave(ctas, self.gpu.sm_count)
         slowdown = self.knobs.deterministic_attention_slowdown if a.backward and a.deterministic else 1.0
         return a.flops * slowdown / rate + self.launch_s
 
