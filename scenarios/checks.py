@@ -20,6 +20,7 @@ from meshsim.scenarios.check_base import CheckContext, data_parallel, divisors, 
 from meshsim.scenarios.check_base import rule_error as _err
 from meshsim.scenarios.cp_checks import CP_RULES
 from meshsim.scenarios.fsdp_checks import FSDP_RULES
+from meshsim.scenarios.instance_checks import INSTANCE_RULES
 from meshsim.scenarios.moe_checks import MOE_RULES
 from meshsim.scenarios.optimizer_checks import OPTIMIZER_RULES
 from meshsim.scenarios.pipeline_checks import (
@@ -207,6 +208,7 @@ RULES: tuple[Rule, ...] = (
     *OPTIMIZER_RULES,
     *CP_RULES,
     *FSDP_RULES,
+    *INSTANCE_RULES,
 )
 
 

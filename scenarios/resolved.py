@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from meshsim.scenarios.cp_checks import a2a_size
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.core.mesh import CP_KINDS, EXPERT_KINDS, mesh_group
+from meshsim.sim.core.mesh import CP_KINDS, EXPERT_KINDS, INSTANCE_KINDS, mesh_group
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 
@@ -46,6 +46,12 @@ class ResolvedScenario:
     def grad_dp(self) -> int:
         """Ranks that reduce one gradient and shard the distributed optimizer: dp x cp (Megatron's dp-cp group)."""
         return self.dp * self.cp
+
+    @property
+    def instances(self) -> int:
+        """Distributed-optimizer instances (parallel.dist_opt_instances): the optimizer states shard over
+        grad_dp / instances and edp / instances ranks."""
+        return self.scenario.parallel.dist_opt_instances
 
     @property
     def edp(self) -> int:
@@ -95,9 +101,10 @@ class ResolvedScenario:
 
     def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
         """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp", "embed", "stage", an expert
-        kind ("etp", "ep", "etp_ep", "edp") or a context-parallel kind ("cp", "cp_a2a", "cp_p2p")."""
+        kind ("etp", "ep", "etp_ep", "edp"), a context-parallel kind ("cp", "cp_a2a", "cp_p2p") or a distributed-optimizer-instance kind
+        ("dp_in", "edp_in", "dp_out")."""
         return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp, self.ep, self.etp, self.cp,
-                          self.cp_a2a)
+                          self.cp_a2a, self.instances)
 
     def all_groups(self, kind: str, rank: int = 0) -> tuple[tuple[int, ...], ...]:
         """Every group of that kind in `rank`'s pipeline stage: the symmetric copies that run a collective
@@ -107,7 +114,7 @@ class ResolvedScenario:
             return tuple(self.group("embed", r) for r in range(self.stage_size))
         if kind == "kv":
             return tuple(self.kv_group(base + r) for r in range(0, self.stage_size, self.kv_replicas))
-        if kind in EXPERT_KINDS or kind == "stage" or kind in CP_KINDS:
+        if kind in EXPERT_KINDS or kind == "stage" or kind in CP_KINDS or kind in INSTANCE_KINDS:
             return tuple(dict.fromkeys(self.group(kind, base + r) for r in range(self.stage_size)))
         step = self.tp if kind == "tp" else 1
         count = self.dp * self.cp if kind == "tp" else self.tp

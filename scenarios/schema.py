@@ -215,6 +215,10 @@ class ParallelConfig(Frozen):
     # and gradients sharded over dp too; each layer's weights all-gathered before its forward and its backward,
     # its gradients reduce-scattered after its backward, every micro-batch (sim/schedule/fsdp_ops.py)
     fsdp: bool = False
+    # distributed-optimizer instances (--num-distributed-optimizer-instances): the data-parallel group is cut
+    # into this many contiguous instances; gradients are reduce-scattered inside an instance and their shards
+    # all-reduced across instances, the optimizer state is sharded inside one (sim/schedule/dp_ops.py)
+    dist_opt_instances: int = Field(default=1, gt=0)
     # gradient bucket size (MiB of fp32 gradients) for the DP reduction; None: Megatron-Core's max(40M, 1M x dp)
     # parameters (sim/schedule/dp_ops.bucket_bytes)
     dp_bucket_mib: BucketMiB | None = None

@@ -84,6 +84,7 @@ no_pp = st.fixed_dictionaries({
     "hardware.compute.comm_interference": st.sampled_from([0.0, 0.0, 0.3]),
     "model.mtp_layers": st.sampled_from([0, 0, 0, 1]),  # multi-token prediction rides with the head
     "parallel.fsdp": st.sampled_from([False, False, False, True]),  # gathers that cross micro-batches
+    "parallel.dist_opt_instances": st.sampled_from([1, 1, 1, 2]),  # reduce-scatter, then across instances
 })
 
 
@@ -92,6 +93,10 @@ def _no_pp(overrides: dict, host_mode: tuple) -> dict:
     o.update({"parallel.sp": o["parallel.sp"] and o["parallel.tp"] > 1, "parallel.dp": "auto"})
     if o["parallel.fsdp"]:
         o["parallel.distributed_optimizer"] = True  # Megatron-FSDP runs the distributed optimizer
+    if o["parallel.fsdp"] or o["parallel.gpus"] // o["parallel.tp"] % 2:
+        o["parallel.dist_opt_instances"] = 1  # not modeled beside FSDP; dp must split in two
+    if o["parallel.dist_opt_instances"] > 1:
+        o["parallel.distributed_optimizer"] = True  # the instances cut the distributed optimizer's shards
     if not (o["parallel.distributed_optimizer"] and o["parallel.dp_overlap"]):
         o["parallel.overlap_param_gather"] = None  # Megatron: needs both
     return {**o, **host(o, *host_mode)}

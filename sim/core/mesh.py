@@ -30,6 +30,15 @@ position (r // etp) mod ep and expert-data position (r mod S) // (etp ep), with 
 - "etp_ep": the whole block of etp ep consecutive ranks (the all-gather dispatcher's group, Megatron's tp_ep);
 - "edp": the edp ranks of r's stage at r's (etp, ep) position (the expert gradients' data parallelism).
 With etp = tp the expert TP groups are the attention ones; ep then folds over dp.
+
+Distributed-optimizer instances (parallel.dist_opt_instances = I > 1, Megatron's
+--num-distributed-optimizer-instances, parallel_state.py L984-996 and L1474-1497 at d98e8a64): each
+data-parallel group is cut into I contiguous pieces, Megatron's create_hierarchical_groups with sizes
+[size / I, I], and the distributed optimizer shards inside a piece:
+- "dp_in" / "edp_in": the dp / edp members of r's piece (its instance);
+- "dp_out": the I ranks of r's stage at stride S / I, one per instance at r's place in it: the second
+  level of both hierarchies (the dense and the expert pieces of a rank lie in the same instance, so they
+  share it: get_inter_distributed_optimizer_instance_group, L2457).
 The scenario (scenarios/resolved.py), the engine and validate's process groups all use this one rule.
 """
 
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 EXPERT_KINDS = ("etp", "ep", "etp_ep", "edp")
 CP_KINDS = ("cp", "cp_a2a", "cp_p2p")
+INSTANCE_KINDS = ("dp_in", "edp_in", "dp_out")
 
 
 def cp_group(kind: str, rank: int, tp: int, cp: int, cp_a2a: int = 1) -> tuple[int, ...]:
@@ -71,10 +81,25 @@ def expert_group(kind: str, rank: int, stage_size: int, ep: int, etp: int) -> tu
     raise ValueError(f"unknown expert group kind {kind!r}")
 
 
+def instance_group(kind: str, rank: int, domain: tuple[int, ...], stage_size: int, instances: int
+                   ) -> tuple[int, ...]:
+    """`rank`'s "dp_in" / "edp_in" piece of its `domain` group (dp or edp), or its "dp_out" group across the
+    `instances` pieces (module docstring)."""
+    if kind == "dp_out":
+        stride, base = stage_size // instances, rank // stage_size * stage_size
+        return tuple(base + (rank - base) % stride + j * stride for j in range(instances))
+    k = len(domain) // instances
+    first = domain.index(rank) // k * k
+    return domain[first:first + k]
+
+
 def mesh_group(kind: str, rank: int, tp: int, dp: int, kv_replicas: int = 1, pp: int = 1, ep: int = 1,
-               etp: int = 1, cp: int = 1, cp_a2a: int = 1) -> tuple[int, ...]:
-    """`rank`'s group of a symbolic kind ("tp", "dp", "kv", "pp", "embed", a context-parallel or an expert
-    kind) on the mesh (module docstring)."""
+               etp: int = 1, cp: int = 1, cp_a2a: int = 1, instances: int = 1) -> tuple[int, ...]:
+    """`rank`'s group of a symbolic kind ("tp", "dp", "kv", "pp", "embed", a context-parallel, an expert or
+    a distributed-optimizer-instance kind) on the mesh (module docstring)."""
+    if kind in INSTANCE_KINDS:
+        domain = mesh_group("edp" if kind == "edp_in" else "dp", rank, tp, dp, pp=pp, ep=ep, etp=etp, cp=cp)
+        return instance_group(kind, rank, domain, tp * dp * cp, instances)
     if kind in CP_KINDS:
         return cp_group(kind, rank, tp, cp, cp_a2a)
     dp = dp * cp  # the stage's replicas of a tp group: its dp x cp positions

@@ -8,7 +8,8 @@ of the parameters one rank holds (sim/cost/memory.py adds the activations and th
 
 `held` is every parameter of the rank (FSDP: its shards plus two whole blocks, sim/cost/fsdp_memory.py),
 `owned` the optimizer's share (1 / dp of the dense ones and 1 / edp of the routed experts' under the
-distributed optimizer, all of them otherwise).
+distributed optimizer, all of them otherwise; with parallel.dist_opt_instances I, 1 / (dp / I) and
+1 / (edp / I): each instance holds a whole copy of the states).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def model_states_gb(rs: ResolvedScenario, params: int, expert_params: int, layer
     """(weights, grads, GPU optimizer, host optimizer) GB of `params` dense and `expert_params` routed-expert
     parameters, `layers` transformer layers and `head` the LM head (module docstring)."""
     opt, bf16 = rs.scenario.optimizer, rs.scenario.model.dtype == "bf16"
-    shard, eshard = (rs.grad_dp, rs.edp) if rs.scenario.parallel.distributed_optimizer else (1, 1)
+    shard, eshard = (rs.grad_dp // rs.instances, rs.edp // rs.instances) \
+        if rs.scenario.parallel.distributed_optimizer else (1, 1)  # instances: each shards its own copy
     held = params + expert_params
     resident = fsdp_resident_params(rs, params, expert_params) if rs.scenario.parallel.fsdp else held
     owned = params / shard + expert_params / eshard

@@ -89,6 +89,8 @@ def config_line(c: ConfigEcho) -> str:
     cp = f" cp={c.cp} ({c.cp_comm})" if (c.cp or 1) > 1 else ""
     ep += f" mtp={c.mtp_layers}" if c.mtp_layers else ""  # multi-token prediction depths
     fsdp = " (fsdp)" if c.fsdp else ""  # Megatron-FSDP: weights and gradients sharded over dp too
+    if c.dist_opt_instances:  # the distributed optimizer shards inside each of this many instances
+        fsdp += f" ({c.dist_opt_instances} optimizer instances)"
     return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{fsdp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
             f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}"

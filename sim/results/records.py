@@ -80,6 +80,7 @@ class ConfigEcho:
     delay_wgrad_compute: bool | None = None  # with moe_ep_overlap (None without it)
     mtp_layers: int | None = None  # model.mtp_layers, when > 0
     fsdp: bool | None = None  # parallel.fsdp, when on
+    dist_opt_instances: int | None = None  # parallel.dist_opt_instances, when > 1
 
     def to_json(self) -> JsonDict:
         return _present(self)

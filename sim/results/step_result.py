@@ -167,6 +167,7 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         delay_wgrad_compute=par.delay_wgrad_compute if moe and par.moe_ep_overlap else None,
         mtp_layers=sc.model.mtp_layers or None,
         fsdp=True if par.fsdp else None,
+        dist_opt_instances=par.dist_opt_instances if par.dist_opt_instances > 1 else None,
     )
 
 

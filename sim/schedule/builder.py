@@ -167,7 +167,7 @@ def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], st
     if not linear:
         return []
     p = rs.scenario.parallel
-    owned = -(-linear // rs.dp) if p.distributed_optimizer else linear
+    owned = -(-linear // (rs.grad_dp // rs.instances)) if p.distributed_optimizer else linear  # its shard
     work = weight_cast_work(linear, owned, rs.scenario.run.fp8_param_gather, d.fp8.transpose_free, d.fp8.recipe)
     return [Op(next_id, f"{K.OPT_BLOCK}.{K.FP8_WEIGHT_CAST}", "compute", "compute", "opt", work, (step_op,))]
 
@@ -181,7 +181,8 @@ def dp_config(rs: ResolvedScenario, t: Templates, params: int, expert_params: in
                     kv_grad_params=kv, grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp,
                     expert_params=expert_params, param_bytes=gather_param_bytes(rs, t.plan.d, params, range(layers)),
                     step=step_plan(rs, owned_muon_params(rs, t.plan.d, model_layer_ids(rs.scenario.model))),
-                    pre_step=tuple(newton_schulz_works(rs, t.plan.d, model_layer_ids(rs.scenario.model))))
+                    pre_step=tuple(newton_schulz_works(rs, t.plan.d, model_layer_ids(rs.scenario.model))),
+                    instances=rs.instances)
 
 
 def gathers_overlap(rs: ResolvedScenario) -> bool:
@@ -237,7 +238,8 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     if not (p.fsdp and d.fp8.on and not rs.scenario.run.fp8_param_gather):  # else cast per forward (fsdp_ops)
         ops += weight_cast_op(rs, d, model_layer_ids(model), step_op, len(ops), head=True)
     if overlap_gather:
-        ops = fill_param_gathers(ops, all_buckets(grads, expert_grads, bucket_bytes, rs.grad_dp, rs.edp), cfg.param_bytes)
+        buckets = all_buckets(grads, expert_grads, bucket_bytes, rs.grad_dp, rs.edp, rs.instances)
+        ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,

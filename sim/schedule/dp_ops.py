@@ -14,6 +14,11 @@ reductions (earlier ones accumulate locally).
   starts with it (sim/schedule/param_gather.py); without it (parallel.overlap_param_gather false, which
   defaults to dp_overlap) the gather trails the optimizer here, exposed.
   Otherwise: all-reduce per bucket, every rank updates all its parameters.
+- dist_opt_instances I > 1 (Megatron's --num-distributed-optimizer-instances, param_and_grad_buffer.py
+  L699-760 @d98e8a64): each bucket is reduce-scattered inside its instance ("dp_in" / "edp_in": dp / I
+  ranks, sim/core/mesh.py), then its shard (bucket / (dp / I)) is all-reduced across the I instances
+  ("dp_out"), both on the one communication stream in that order; the optimizer updates a 1/(dp / I)
+  shard and the parameter all-gather runs inside the instance.
 
 GQA with kv_heads < tp: each KV head (its K and V weights, and biases) is replicated on tp/kv_heads ranks,
 each of which back-propagates only its own query heads' share; the replicas' gradients are summed once
@@ -41,6 +46,7 @@ MIB = 1024 * 1024
 # parameters, "larger DP sizes need larger buckets so that collectives do not become latency-bound"
 BUCKET_PARAMS = 40_000_000
 BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+DENSE_GROUPS = ("dp", "dp_in")  # a dense bucket's group: the DP group, or its piece with instances
 
 
 def bucket_bytes(bucket_mib: float | None, dp: int) -> int:
@@ -70,13 +76,21 @@ class DpConfig:
     param_bytes: float = PARAM_BYTES
     step: StepPlan = StepPlan()  # the optimizer step's bytes and host offload (sim/schedule/optimizer_states.py)
     pre_step: tuple[Work, ...] = ()  # Muon's momentum gathers and Newton-Schulz GEMMs (sim/schedule/muon.py)
+    instances: int = 1  # distributed-optimizer instances: the dp and edp shards are dp / I and edp / I
+
+    def shards(self) -> tuple[int, int]:
+        """Ranks the dense and the expert optimizer states are sharded over: dp / I and edp / I with the
+        distributed optimizer, 1 (replicated) without."""
+        if not self.distributed_optimizer:
+            return 1, 1
+        return self.dp // self.instances, self.edp // self.instances
 
 
 @dataclass(frozen=True)
 class Bucket:
     producers: tuple[int, ...]  # op ids producing the bucket's gradients (last micro-batch)
     params: int
-    group: str = "dp"  # "dp", or "edp" for the routed experts' buffer
+    group: str = "dp"  # "dp", or "edp" for the routed experts' buffer; "dp_in" / "edp_in" with instances
 
 
 def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int, group: str = "dp") -> list[Bucket]:
@@ -96,13 +110,15 @@ def make_buckets(producers: list[tuple[int, int]], bucket_bytes: int, group: str
 
 
 def all_buckets(producers: list[tuple[int, int]], expert_producers: list[tuple[int, int]], bucket_bytes: int,
-                dp: int, edp: int) -> list[Bucket]:
+                dp: int, edp: int, instances: int = 1) -> list[Bucket]:
     """The dense buckets (over dp) and the routed experts' (over edp, Megatron-Core DDP's separate expert
     buffers), each only when its group has more than one rank, in the order backward completes them (the
-    dp_comm stream issues them in that order)."""
-    buckets = make_buckets(producers, bucket_bytes) if dp > 1 else []
+    dp_comm stream issues them in that order); with distributed-optimizer instances their groups are the
+    instances' pieces, "dp_in" / "edp_in"."""
+    dense, expert = ("dp_in", "edp_in") if instances > 1 else ("dp", "edp")
+    buckets = make_buckets(producers, bucket_bytes, dense) if dp > 1 else []
     if edp > 1 and expert_producers:
-        buckets += make_buckets(expert_producers, bucket_bytes, "edp")
+        buckets += make_buckets(expert_producers, bucket_bytes, expert)
         buckets.sort(key=lambda b: max(b.producers))
     return buckets
 
@@ -146,19 +162,24 @@ def step_end_ops(start: int, producers: list[tuple[int, int]], end_of_bwd: int, 
         kv = Collective("all_reduce", "kv", cfg.kv_grad_params * GRAD_BYTES, K.KV_GRAD)
         before_opt.append(em.add("opt.kv_grad", "bwd", kv, (end_of_bwd,)))
     if buckets is None:
-        buckets = all_buckets(producers, list(expert_producers), cfg.bucket_bytes, cfg.dp, cfg.edp)
+        buckets = all_buckets(producers, list(expert_producers), cfg.bucket_bytes, cfg.dp, cfg.edp, cfg.instances)
     elif cfg.dp == 1:
-        buckets = [b for b in buckets if b.group != "dp"]
+        buckets = [b for b in buckets if b.group not in DENSE_GROUPS]
     reduce_op = "reduce_scatter" if cfg.distributed_optimizer else "all_reduce"
+    shard, eshard = cfg.shards()
     for i, b in enumerate(buckets):
         deps = b.producers if cfg.overlap else (end_of_bwd,)
-        key = K.DP_GRAD if b.group == "dp" else K.EXPERT_GRAD
+        key = K.DP_GRAD if b.group in DENSE_GROUPS else K.EXPERT_GRAD
         work = Collective(reduce_op, b.group, b.params * cfg.grad_bytes, key)
         before_opt.append(em.add(f"dp.bucket{i}.{reduce_op}", "bwd", work, deps))
+        if cfg.instances > 1:  # the shard, summed across the instances
+            part = -(-b.params // (shard if b.group in DENSE_GROUPS else eshard))
+            across = Collective("all_reduce", "dp_out", part * cfg.grad_bytes, key + K.ACROSS_INSTANCES)
+            before_opt.append(em.add(f"dp.bucket{i}.all_reduce{K.ACROSS_INSTANCES}", "bwd", across,
+                                     (before_opt[-1],)))
     if cfg.embed_grad_params:
         embed = Collective("all_reduce", "embed", cfg.embed_grad_params * GRAD_BYTES, K.EMBED_GRAD)
         before_opt.append(em.add(f"{K.OPT_BLOCK}.{K.EMBED_GRAD}", "bwd", embed, tuple(before_opt)))
-    shard, eshard = (cfg.dp, cfg.edp) if cfg.distributed_optimizer else (1, 1)
     owned = -(-cfg.params // shard) + -(-cfg.expert_params // eshard)
     ready = tuple(before_opt)
     for i, work in enumerate(cfg.pre_step):  # Muon: gathers, then Newton-Schulz, once the gradients are reduced

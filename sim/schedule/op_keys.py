@@ -9,7 +9,8 @@ An op's name is "<block>.mb<m>.<phase>.<key>" inside a micro-batch ("L0.mb0.fwd.
 - the vocab-parallel cross-entropy's all-reduces: XENT_MAX / XENT_PRED / XENT_SUM + ALL_REDUCE;
 - after the backward: LN_GRAD (SP-replicated gradients over TP), KV_GRAD (GQA KV replicas), DP_GRAD and
   DP_PARAM (data-parallel gradient reduction and the distributed optimizer's parameter gather), EMBED_GRAD
-  (pipeline: the tied word-embedding gradient over the first and last stage).
+  (pipeline: the tied word-embedding gradient over the first and last stage); with distributed-optimizer
+instances, DP_GRAD / EXPERT_GRAD + ACROSS_INSTANCES sums a bucket's shard over "dp_out".
 MoE layers (sim/schedule/moe_ops.py) replace MLP_IN / MLP_OUT with the token dispatcher's collectives:
 MOE_DISPATCH / MOE_DISPATCH_PROBS / MOE_COMBINE (all-to-all over "ep", or the flex dispatcher's fused
 kernels), MOE_META (the token counts' all-gather), EXPERT_GATHER / EXPERT_GATHER_PROBS / EXPERT_SCATTER
@@ -59,6 +60,7 @@ EXPERT_GATHER, EXPERT_GATHER_PROBS, EXPERT_SCATTER = "expert_gather", "expert_ga
 MOE_GATHER, MOE_SCATTER = "moe_gather", "moe_scatter"
 SHARED_IN, SHARED_OUT = "shared_in", "shared_out"
 EXPERT_GRAD = "expert_grad"
+ACROSS_INSTANCES = "_across"  # + DP_GRAD / EXPERT_GRAD: a bucket's shard all-reduced across optimizer instances
 FP8_QUANT, FP8_AMAX, FP8_TRANSPOSE = "fp8_quant", "fp8_amax", "fp8_transpose"
 FP8_AMAX_REDUCE, FP8_AMAX_UPDATE, FP8_WEIGHT_CAST = "fp8_amax_reduce", "fp8_amax_update", "fp8_weight_cast"
 FP8_BLOCK = "fp8"

@@ -118,7 +118,8 @@ class Collective:
     """
 
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
-    group: Literal["tp", "dp", "kv", "embed", "ep", "etp", "etp_ep", "edp", "stage", "cp", "cp_a2a", "cp_p2p"]
+    group: Literal["tp", "dp", "kv", "embed", "ep", "etp", "etp_ep", "edp", "stage", "cp", "cp_a2a", "cp_p2p",
+                   "dp_in", "edp_in", "dp_out"]
     nbytes: int
     boundary: str = ""
     # who moves the bytes: "nccl", or a fused expert-parallel kernel of the flex dispatcher ("deepep",
@@ -170,11 +171,12 @@ class OptimizerStep:
 
 
 def comm_stream(group: str) -> Stream:
-    """The stream (and category) of a collective on `group`: DP traffic (the expert gradients' too, and the
+    """The stream (and category) of a collective on `group`: DP traffic (the expert gradients' too, those of
+    distributed-optimizer instances, and the
     tied-embedding gradient all-reduce between the first and last pipeline stage, and FP8 delayed scaling's
     amax all-reduce over the whole stage) on dp_comm, the MoE dispatch / combine and expert-TP collectives on
     ep_comm, context parallelism's on cp_comm, TP and KV on tp_comm."""
-    if group in ("dp", "embed", "edp", "stage"):
+    if group in ("dp", "embed", "edp", "stage", "dp_in", "edp_in", "dp_out"):
         return "dp_comm"
     if group in CP_GROUPS:
         return "cp_comm"

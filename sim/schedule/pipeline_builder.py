@@ -205,7 +205,7 @@ def stage_dp_config(rs: ResolvedScenario, t: Templates, chunks: list[ChunkLayout
                     grad_bytes=grad_reduce_bytes(rs.scenario), edp=rs.edp, expert_params=expert_params,
                     param_bytes=gather_param_bytes(rs, d, params, [n for ch in chunks for n in ch.layers]),
                     step=step_plan(rs, owned_muon_params(rs, d, stage_layer_ids(rs, chunks))),
-                    pre_step=tuple(newton_schulz_works(rs, d, stage_layer_ids(rs, chunks))))
+                    pre_step=tuple(newton_schulz_works(rs, d, stage_layer_ids(rs, chunks))), instances=rs.instances)
 
 
 def stage_layer_ids(rs: ResolvedScenario, chunks: list[ChunkLayout]) -> list[int]:
@@ -234,7 +234,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     ops = st.ops
     # buckets chunk v-1 first: the backward finishes chunks in reverse, and the gathers run in reverse
     buckets = [b for c in reversed(range(len(chunks)))
-               for b in all_buckets(st.grads[c], st.expert_grads[c], size, rs.grad_dp, rs.edp)]
+               for b in all_buckets(st.grads[c], st.expert_grads[c], size, rs.grad_dp, rs.edp, rs.instances)]
     params = sum(n for grads in st.grads for _, n in grads)
     expert_params = sum(n for grads in st.expert_grads for _, n in grads)
     cfg = stage_dp_config(rs, t, chunks, params, expert_params)

@@ -13,7 +13,10 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
 - dropout off (numerics compare deterministic math), tp_comm_overlap, distributed_optimizer and fsdp off
   (the real model issues none of them), except that the timing rules keep fsdp (with the distributed
   optimizer it needs) when the shrunk layout has no pipeline: the timing run executes the schedule's own
-  ops, FSDP's per-block all-gathers and reduce-scatters among them; mlp, GQA-ness, sp, recompute, dtype and the topology are kept
+  ops, FSDP's per-block all-gathers and reduce-scatters among them; they keep distributed-optimizer
+  instances too, as gcd(instances, dp', edp'), with the distributed optimizer (the reduce-scatters inside an
+  instance and the all-reduces across them run for real; the numerics rule drops them: a sum is a sum);
+  mlp, GQA-ness, sp, recompute, dtype and the topology are kept
   (topology.nodes grows when the topology has fewer than nproc GPUs); model.head_dim is dropped (hidden'
   / heads' = r.head_dim already); so are multi-latent attention (standard attention runs instead),
   multi-token prediction, parallel.recompute_modules (the variants set recompute) and a pipeline_layout;
@@ -53,14 +56,16 @@ class ShrinkRule:
     # the timing run executes the schedule's ops (validate/timing/executor.py), FSDP's per-block gathers and
     # reduce-scatters included; the numerics run's real model has no FSDP
     keeps_fsdp: bool = False
+    keeps_instances: bool = False  # distributed-optimizer instances, likewise (the timing run's DP ops)
 
 
 # vocab_per_rank = 128: Megatron pads the vocabulary to a multiple of 128 tp (sim/schedule/shapes.py, padded_vocab), so the
 # real model and the schedule then hold the same table.
 NUMERICS = ShrinkRule(head_dim=8, seq_per_rank=8, vocab_per_rank=128)
-TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128, keeps_fsdp=True)
+TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128, keeps_fsdp=True, keeps_instances=True)
 # On GPUs (NCCL): sizes where kernels are past launch-bound (not exercised here: no GPU on this machine)
-GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096, keeps_fsdp=True)
+GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096, keeps_fsdp=True,
+                        keeps_instances=True)
 
 
 def timing_rule(backend: str) -> ShrinkRule:
@@ -141,6 +146,17 @@ def _expert_fields(m, p, stage: int, hidden: int) -> tuple[dict, dict]:
         ep=ep, etp=etp, moe_dispatcher="alltoall", moe_ep_overlap=False, delay_wgrad_compute=False)
 
 
+def _instances(p, rule: ShrinkRule, tp: int, dp: int, moe_parallel: dict) -> int:
+    """The shrunk layout's distributed-optimizer instances: gcd(instances, dp', edp') under a timing rule
+    (the experts' edp' = tp' dp' / (etp' ep') must split too), 1 otherwise (module docstring)."""
+    if not rule.keeps_instances or p.dist_opt_instances == 1:
+        return 1
+    n = math.gcd(p.dist_opt_instances, dp)
+    if moe_parallel:
+        n = math.gcd(n, tp * dp // (moe_parallel["etp"] * moe_parallel["ep"]))
+    return n
+
+
 def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: str = "") -> Scenario:
     """The shrunk scenario for `nproc` processes (module docstring)."""
     m, p = scenario.model, scenario.parallel
@@ -151,6 +167,7 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
     hidden = heads * rule.head_dim
     moe_model, moe_parallel = _expert_fields(m, p, nproc // pipe["pp"], hidden)
     fsdp = rule.keeps_fsdp and p.fsdp and pipe["pp"] == 1  # FSDP needs the distributed optimizer (rule 17)
+    instances = _instances(p, rule, tp, dp, moe_parallel)
     model = m.model_copy(update=dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=None if kv == heads else kv, head_dim=None,
         ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False,
@@ -159,8 +176,8 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
         mtp_layers=0, mla=None, qk_norm=m.qk_norm and m.mla is None, **moe_model))
     parallel = p.model_copy(update=dict(
         tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch, recompute_modules=None,
-        global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False, distributed_optimizer=fsdp,
-        fsdp=fsdp, cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
+        global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False,
+        distributed_optimizer=fsdp or instances > 1, fsdp=fsdp, dist_opt_instances=instances, cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
     return scenario.model_copy(update=dict(
         name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))

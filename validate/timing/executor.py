@@ -9,9 +9,10 @@ Each work becomes a prepared closure over preallocated operands (identical works
 - Elementwise: a memory-bound kernel touching the work's bytes: copy min(R, W) bytes, read the rest of
   R (sum) or write the rest of W (zero fill);
 - OptimizerStep: the same memory-bound kernel over params x bytes_per_param bytes, half read, half written;
-- Collective: the torch.distributed call on this rank's "tp", "dp", "kv", "embed" or expert-mesh ("ep",
-  "etp", "etp_ep", "edp") group with the work's nbytes (all-gather / reduce-scatter: nbytes is the gathered
-  total, as in nccl-tests; all-to-all: each rank's send buffer, equal splits); a group of one is a no-op;
+- Collective: the torch.distributed call on this rank's "tp", "dp", "kv", "embed", expert-mesh ("ep",
+  "etp", "etp_ep", "edp") or distributed-optimizer-instance ("dp_in", "edp_in", "dp_out") group with the
+  work's nbytes (all-gather / reduce-scatter: nbytes is the gathered total, as in nccl-tests; all-to-all:
+  each rank's send buffer, equal splits); a group of one is a no-op, a kind without groups an error;
 - P2P (a pipeline batch on the pp_comm stream): one dist.batch_isend_irecv of every transfer, each to the
   rank of its peer stage at this rank's (tp, dp) position (sim/core/mesh.py's "pp" group), nbytes each,
   tagged with validate/stack/comm.py's p2p_tag (the rendezvous key the simulator's engine matches on).
@@ -90,7 +91,9 @@ def memory_kernel(read_bytes: int, write_bytes: int, dev: Device) -> Runner:
 
 
 def _collective(c: Collective, dev: Device, groups: dict[str, object]) -> Runner:
-    group = groups.get(c.group)
+    if c.group not in groups:  # a kind the worker built no groups for: a bug, never a silent no-op
+        raise KeyError(f"no process group of kind {c.group!r} for {c.op} ({c.boundary}); built: {sorted(groups)}")
+    group = groups[c.group]
     if group is None or dist.get_world_size(group) == 1:
         return lambda async_op=False: None
     n = dist.get_world_size(group)

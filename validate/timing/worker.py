@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from meshsim.scenarios.load import resolve
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.core.mesh import mesh_group
+from meshsim.sim.core.mesh import INSTANCE_KINDS, mesh_group
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import P2P, Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -151,6 +151,12 @@ def stage_setup(payload: dict) -> tuple[Schedule, dict, Pipeline]:
         # FP8 delayed scaling's amax all-reduce over the whole stage (sim/core/mesh.py "stage")
         blocks = [list(range(s * rs.stage_size, (s + 1) * rs.stage_size)) for s in range(rs.pp)]
         groups["stage"] = new_groups(blocks, dist.get_rank()) if rs.stage_size > 1 else None
+    if rs.instances > 1:  # distributed-optimizer instances: the DP pieces and the groups across them
+        for kind in INSTANCE_KINDS:  # every rank makes every group, in the same order (new_groups)
+            blocks = [list(g) for g in dict.fromkeys(rs.group(kind, r) for r in range(rs.gpus))]
+            groups[kind] = new_groups(blocks, dist.get_rank()) if len(blocks[0]) > 1 else None
+        if rs.scenario.model.moe is None:
+            groups.pop("edp_in")  # a dense model has no expert buffer (made above only to keep ranks in step)
     pipe = Pipeline(mesh_group("pp", dist.get_rank(), rs.tp, rs.dp, pp=rs.pp), rs.pp * rs.vp)
     return schedule, groups, pipe
 
