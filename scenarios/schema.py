@@ -256,6 +256,7 @@ class SweepConfig(Frozen):
     fp8: list[Literal["off", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"]] | None = None
     cp: list[int] | None = None
     fsdp: list[bool] | None = None
+    dist_opt_instances: list[Annotated[int, Field(gt=0)]] | None = None
 
 
 class RunConfig(Frozen):

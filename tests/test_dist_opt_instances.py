@@ -128,3 +128,48 @@ def test_expert_buckets_use_the_experts_instance_and_the_shared_group_across():
         assert a.nbytes == math.ceil(s.nbytes // GRAD_BYTES / 2) * GRAD_BYTES  # edp / instances = 2
     with pytest.raises(UserError, match="edp = 4"):
         tiny({**moe, "parallel.ep": 2, "parallel.dist_opt_instances": 8})
+
+
+def test_a_sweep_over_instances_runs_each_and_says_what_they_changed():
+    """--dist-opt-instances 1,2: every point per value; a point above 1 runs the distributed optimizer; the
+    explanation's sentence carries the records' memory and speed (the optimizer states double)."""
+    from meshsim.sim.sweep.axes import configurations, sweep_axes
+    from meshsim.sim.sweep.explain import explain
+    from meshsim.sim.sweep.instances_explain import instances_sentence
+    from meshsim.sim.sweep.runner import run_sweep
+
+    scenario, source = load_scenario("tiny-2gpu")
+    plain = with_overrides(scenario, {"parallel.gpus": 8, "parallel.global_batch": 16}, source)
+    points = configurations(sweep_axes(plain, {"tp": "1", "dist_opt_instances": "1,2"}))
+    assert [p.dist_opt_instances for p in points] == [1, 2]
+    assert points[1].key.endswith(",instances=2") and "instances" not in points[0].key
+    assert points[1].overrides()["parallel.distributed_optimizer"] is True  # the instances cut its shards
+    assert "parallel.distributed_optimizer" not in points[0].overrides()  # one instance: the scenario's choice
+    scenario = with_overrides(plain, {"parallel.distributed_optimizer": True}, source)
+    one, two = run_sweep(scenario, source, points, progress=False)
+    assert one.ok and two.ok and two.result.memory_gb.optimizer > one.result.memory_gb.optimizer
+    text = instances_sentence(two, one)
+    assert "2 optimizer instances hold" in text and f"{two.result.memory_gb.total * 1e9 / 2**30:.2f}" in text
+    best = max((one, two), key=lambda r: r.result.tokens_per_s)
+    other = two if best is one else one
+    assert instances_sentence(best, other) in explain([one, two])
+
+
+def test_out_of_memory_advice_offers_fewer_instances_and_not_fsdp_beside_them():
+    from meshsim.sim.outputs.advice import memory_fixes
+
+    fixes = " ".join(memory_fixes({"tp": 1, "pp": 1, "distributed_optimizer": True, "fsdp": False,
+                                   "dist_opt_instances": 4}))
+    assert "parallel.dist_opt_instances, now 4" in fixes and "parallel.fsdp" not in fixes
+    assert "dist_opt_instances" not in " ".join(memory_fixes({"tp": 1, "pp": 1, "distributed_optimizer": True}))
+
+
+def test_validate_times_instances_and_checks_numerics_without_them():
+    from meshsim.validate.launch.shrink import NUMERICS, TIMING, shrink
+
+    scenario, source = load_scenario("tiny-2gpu")
+    scenario = with_overrides(scenario, {**BASE, "parallel.dist_opt_instances": 4}, source)
+    timed, checked = shrink(scenario, 4, TIMING, source), shrink(scenario, 4, NUMERICS, source)
+    assert timed.parallel.dist_opt_instances == 4 and timed.parallel.distributed_optimizer
+    assert checked.parallel.dist_opt_instances == 1 and not checked.parallel.distributed_optimizer
+    assert shrink(scenario, 2, TIMING, source).parallel.dist_opt_instances == 2  # gcd(4, dp' = 2)

@@ -61,6 +61,8 @@ def sweep_command(
     fp8: str = typer.Option(None, "--fp8", help=f"FP8 recipes (run.fp8), e.g. off,delayed ({AXIS_HELP})"),
     fsdp: str = typer.Option(None, "--fsdp", help="Megatron-FSDP (ZeRO-3) instead of the distributed optimizer: on, "
                              "off or both"),
+    dist_opt_instances: str = typer.Option(None, "--dist-opt-instances", help="distributed-optimizer instances, "
+                                           f"e.g. 1,2,4 ({AXIS_HELP}); above 1 runs the distributed optimizer"),
     jobs: int = typer.Option(None, "--jobs", "-j", help="local worker processes (default: all cores; 1 = in-process)"),
     out: Path = typer.Option(None, "--out", help="directory for sweep.jsonl (resumable) and report.html"),
     json_path: Path = typer.Option(None, "--json", help="write configurations, skipped, sweet_spot, explanation"),
@@ -69,12 +71,12 @@ def sweep_command(
     engine: str = typer.Option(None, "--engine", help="discrete-event loop of every simulation: native or "
                                "simpy (same figures; default: the scenario's run.engine)"),
 ) -> None:
-    """Sweep tp x pp x vp x sp x micro-batch x overlap x recompute (x ep x etp x cp x fp8 x fsdp) at the scenario's
-    GPU count; name the sweet spot."""
+    """Sweep tp x pp x vp x sp x micro-batch x overlap x recompute (x ep x etp x cp x fp8 x fsdp x optimizer
+    instances) at the scenario's GPU count; name the sweet spot."""
     if jobs is not None and not 1 <= jobs <= MAX_JOBS:
         raise UserError("--jobs", jobs, f"use --jobs 1 to {MAX_JOBS}")
     flags = dict(tp=tp, sp=sp, micro_batch=micro_batch, tp_comm_overlap=tp_comm_overlap, recompute=recompute,
-                 pp=pp, vp=vp, ep=ep, etp=etp, cp=cp, fp8=fp8, fsdp=fsdp)
+                 pp=pp, vp=vp, ep=ep, etp=etp, cp=cp, fp8=fp8, fsdp=fsdp, dist_opt_instances=dist_opt_instances)
     check_engine("--engine", engine)
     base, source = load_scenario(scenario)
     if engine is not None:

@@ -6,8 +6,9 @@ most, with the scenario field that sets it:
 - activation recompute: none -> selective or full; selective -> full; full -> nothing to add;
 - sequence parallelism (tp > 1 only: it shards activations over the tp group);
 - the distributed optimizer (shards optimizer state and master weights over dp; known off only);
+- fewer distributed-optimizer instances (each holds a whole copy of the optimizer state; when above 1);
 - FSDP (shards the weights and gradients over dp too; when the distributed optimizer is known on, FSDP known
-  off, and there is no pipeline, which meshsim's FSDP does not model);
+  off, one optimizer instance, and there is no pipeline, which meshsim's FSDP does not model);
 - a smaller micro-batch (activations scale with it), when it is above 1;
 - a larger tp, while the tp group stays inside one node (beyond it, TP runs over InfiniBand);
 - more pipeline stages (weights, gradients, optimizer state and most activations shrink by 1/pp);
@@ -22,7 +23,8 @@ from typing import Any
 
 def memory_fixes(settings: Mapping[str, Any]) -> list[str]:
     """The suggestions, in the order above. `settings`: a results config echo (tp, pp, sp, recompute,
-    micro_batch, gpus_per_node), with `distributed_optimizer` and `fsdp` when the caller knows them."""
+    micro_batch, gpus_per_node, dist_opt_instances when above 1), with `distributed_optimizer` and `fsdp` when
+    the caller knows them."""
     tp, pp = int(settings.get("tp", 1) or 1), int(settings.get("pp", 1) or 1)
     recompute, dist_opt = settings.get("recompute", "none"), settings.get("distributed_optimizer")
     fixes = {"none": ["activation recompute (parallel.recompute: selective, or full)"],
@@ -31,7 +33,11 @@ def memory_fixes(settings: Mapping[str, Any]) -> list[str]:
         fixes.append("sequence parallelism (parallel.sp: true)")
     if dist_opt is False:
         fixes.append("the distributed optimizer (parallel.distributed_optimizer: true)")
-    if dist_opt is True and settings.get("fsdp") is False and pp == 1:
+    instances = int(settings.get("dist_opt_instances", 1) or 1)
+    if instances > 1:
+        fixes.append(f"fewer distributed-optimizer instances (parallel.dist_opt_instances, now {instances}: each "
+                     "holds a whole copy of the optimizer state)")
+    if dist_opt is True and settings.get("fsdp") is False and pp == 1 and instances == 1:
         fixes.append("FSDP (parallel.fsdp: true shards the weights and gradients over dp too)")
     micro_batch = int(settings.get("micro_batch", 1) or 1)
     if micro_batch > 1:

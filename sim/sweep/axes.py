@@ -1,9 +1,10 @@
 """Sweep axes, their product, and one configuration's run (meshsim sweep).
 
-A sweep varies eleven parallel-configuration axes of one scenario at its fixed GPU count:
+A sweep varies twelve parallel-configuration axes of one scenario at its fixed GPU count:
 tp, sp, micro_batch, tp_comm_overlap, recompute, pp, vp, for MoE models ep and etp (edp follows), cp
 (context parallel), fsdp (Megatron-FSDP's ZeRO-3; an fsdp point runs the distributed optimizer too, as
-Megatron-FSDP turns it on itself), and one run setting, the FP8 recipe (`run.fp8`: off, delayed, tensorwise, blockwise,
+Megatron-FSDP turns it on itself), dist_opt_instances (the distributed optimizer cut into instances; a point
+with more than one runs the distributed optimizer too), and one run setting, the FP8 recipe (`run.fp8`: off, delayed, tensorwise, blockwise,
 mxfp8; RUN_AXES). The data-parallel degree follows from tp, cp and
 pp (`parallel.dp = "auto"`: dp = gpus / (tp x cp x pp)); a combination whose tp x cp x pp does not divide the GPUs,
 or that breaks a pipeline rule (layers divisible by pp x vp, interleaving needs pp > 2, ...), is skipped
@@ -29,7 +30,8 @@ from meshsim.sim.core.errors import UserError, quote
 from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
 from meshsim.sim.core.userio import FileSnapshot, snapshot_files
 
-AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp", "cp", "fp8", "fsdp")
+AXES = ("tp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "pp", "vp", "ep", "etp", "cp", "fp8", "fsdp",
+        "dist_opt_instances")
 RUN_AXES = ("fp8",)  # axes that set scenario run.<name> (the others set parallel.<name>)
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 FP8_CHOICES = ("off", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4")
@@ -94,6 +96,7 @@ PARSERS = {
     "cp": lambda t: parse_int_list("cp", t),
     "fp8": parse_fp8,
     "fsdp": lambda t: parse_switch("fsdp", t),
+    "dist_opt_instances": lambda t: parse_int_list("dist_opt_instances", t),
 }
 
 
@@ -112,6 +115,7 @@ class SweepAxes:
     cp: tuple[int, ...] = (1,)
     fp8: tuple[str, ...] = ("off",)
     fsdp: tuple[bool, ...] = (False,)
+    dist_opt_instances: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)
@@ -130,25 +134,28 @@ class SweepPoint:
     cp: int = 1
     fp8: str = "off"
     fsdp: bool = False
+    dist_opt_instances: int = 1
 
     @property
     def key(self) -> str:
         """Stable identifier, used to resume: 'tp=8,sp=on,mb=1,overlap=off,recompute=none' (+ ',pp=4,vp=2'
         when pipelined, + ',ep=16,etp=1' with expert parallelism, + ',cp=2' with context parallelism, +
-        ',fp8=delayed' with FP8, + ',fsdp=on' with FSDP)."""
+        ',fp8=delayed' with FP8, + ',fsdp=on' with FSDP, + ',instances=2' with optimizer instances)."""
         pipe = f",pp={self.pp},vp={self.vp}" if (self.pp, self.vp) != (1, 1) else ""
         experts = f",ep={self.ep},etp={self.etp}" if (self.ep, self.etp) != (1, 1) else ""
         context = f",cp={self.cp}" if self.cp != 1 else ""
         fp8 = f",fp8={self.fp8}" if self.fp8 != "off" else ""
         fsdp = ",fsdp=on" if self.fsdp else ""
+        fsdp += f",instances={self.dist_opt_instances}" if self.dist_opt_instances > 1 else ""
         return (f"tp={self.tp},sp={_onoff(self.sp)},mb={self.micro_batch},overlap={_onoff(self.tp_comm_overlap)},"
                 f"recompute={self.recompute}{pipe}{experts}{context}{fp8}{fsdp}")
 
     def overrides(self) -> dict[str, object]:
-        """Dotted scenario overrides for scenarios.load.with_overrides; dp follows from tp; an FSDP point runs
-        the distributed optimizer (Megatron-FSDP v1 turns it on, scenarios/fsdp_checks.py)."""
+        """Dotted scenario overrides for scenarios.load.with_overrides; dp follows from tp; an FSDP point, or one
+        with optimizer instances, runs the distributed optimizer (Megatron-FSDP v1 turns it on,
+        scenarios/fsdp_checks.py; the instances cut its shards, scenarios/instance_checks.py)."""
         fields = {f"{'run' if name in RUN_AXES else 'parallel'}.{name}": value for name, value in asdict(self).items()}
-        optimizer = {"parallel.distributed_optimizer": True} if self.fsdp else {}
+        optimizer = {"parallel.distributed_optimizer": True} if self.fsdp or self.dist_opt_instances > 1 else {}
         return {**fields, **optimizer, "parallel.dp": "auto"}
 
 

@@ -37,6 +37,7 @@ from meshsim.sim.sweep.explain_terms import (
 )
 from meshsim.sim.sweep.fp8_explain import fp8_sentence
 from meshsim.sim.sweep.fsdp_explain import fsdp_sentence
+from meshsim.sim.sweep.instances_explain import instances_sentence
 from meshsim.sim.sweep.record import SweepRecord
 
 MAX_SENTENCES = 9
@@ -107,8 +108,12 @@ def no_fit_sentence(records: list[SweepRecord], axes: list[str], settings: Mappi
 
 
 def _point_settings(rec: SweepRecord) -> dict:
-    """What the record's point sets that a config echo lacks: fsdp, and with it the distributed optimizer."""
-    return {"fsdp": True, "distributed_optimizer": True} if rec.point.fsdp else {"fsdp": False}
+    """What the record's point sets that a config echo lacks: fsdp, and with it (or with optimizer instances)
+    the distributed optimizer."""
+    settings: dict = {"fsdp": True, "distributed_optimizer": True} if rec.point.fsdp else {"fsdp": False}
+    if rec.point.dist_opt_instances > 1:
+        settings["distributed_optimizer"] = True
+    return settings
 
 
 def does_not_fit_sentence(rec: SweepRecord, best: SweepRecord | None, axes: list[str]) -> str:
@@ -242,7 +247,7 @@ def _differs(rec: SweepRecord, best: SweepRecord) -> list[str]:
 
 
 def _flipped(records: list[SweepRecord], best: SweepRecord, axis: str) -> SweepRecord | None:
-    """The record equal to `best` except for the boolean `axis`, flipped."""
+    """The first record equal to `best` except for `axis` (a boolean axis: flipped)."""
     for rec in records:
         if _differs(rec, best) == [axis]:
             return rec
@@ -291,4 +296,7 @@ def explain(records: list[SweepRecord], band_of: BandOf | None = None, settings:
         if other is not None:
             on, off = (best, other) if getattr(best.point, axis) else (other, best)
             sentences.append(describe(on, off))
+    other = _flipped(records, best, "dist_opt_instances")  # the first twin with another number of instances
+    if other is not None:
+        sentences.append(instances_sentence(best, other))
     return [s for s in sentences if s][:MAX_SENTENCES]  # skipped configurations: one line each, not here

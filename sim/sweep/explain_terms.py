@@ -15,7 +15,8 @@ from meshsim.sim.sweep.axes import AXES
 from meshsim.sim.sweep.record import SweepRecord
 
 AXIS_LABELS = {"tp": "tp", "sp": "sp", "micro_batch": "mb", "tp_comm_overlap": "overlap", "recompute": "recompute",
-               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp", "cp": "cp", "fp8": "fp8", "fsdp": "fsdp"}
+               "pp": "pp", "vp": "vp", "ep": "ep", "etp": "etp", "cp": "cp", "fp8": "fp8", "fsdp": "fsdp",
+               "dist_opt_instances": "instances"}
 
 
 # ----- selection ------------------------------------------------------------------------------------

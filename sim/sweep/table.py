@@ -24,7 +24,7 @@ from meshsim.sim.sweep.record import SweepRecord
 
 # the table's axis order
 TABLE_AXES = ("tp", "pp", "vp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "ep", "etp", "cp", "fp8",
-              "fsdp")
+              "fsdp", "dist_opt_instances")
 PINNED_AXES = ("tp", "pp", "sp")  # shown at any width, with the axes that vary
 SWEET_MARK = "*"
 MARK_COLUMN = Column("", "left", keep=True)
