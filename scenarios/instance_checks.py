@@ -6,8 +6,8 @@ instances: "Data parallel size should be divisible by partial DistOpt shard fact
 expert data-parallel size too); megatron/core/distributed/param_and_grad_buffer.py L699-760 (the instances
 shard the distributed optimizer: without it there is nothing to split); megatron/core/optimizer/__init__.py
 L838-845 (the layer-wise distributed optimizer of an emerging optimizer such as Muon asserts one instance).
-What meshsim does not model is refused rather than guessed: instances beside Megatron-FSDP (its hybrid
-sharding, --outer-dp-sharding-strategy).
+With parallel.fsdp the instances are Megatron-FSDP's hybrid sharding (HSDP, the default
+--outer-dp-sharding-strategy no_shard; its "optim" variant, HFSDP, is not modelled).
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ def check_instances_shard(s: Scenario, ctx: CheckContext) -> None:
         raise rule_error(ctx, "parallel.dist_opt_instances", p.dist_opt_instances, "the instances split the "
                          "distributed optimizer's sharding, and it is off", "set parallel.distributed_optimizer: "
                          "true, or parallel.dist_opt_instances: 1")
-    if p.fsdp:
-        raise rule_error(ctx, "parallel.dist_opt_instances", p.dist_opt_instances, "meshsim does not model "
-                         "Megatron-FSDP's hybrid sharding (--outer-dp-sharding-strategy)",
-                         "set parallel.dist_opt_instances: 1, or parallel.fsdp: false")
     if s.optimizer.name == "muon":
         raise rule_error(ctx, "parallel.dist_opt_instances", p.dist_opt_instances, "Megatron's layer-wise "
                          "distributed optimizer (Muon's) runs one instance", "set parallel.dist_opt_instances: 1")

@@ -44,7 +44,8 @@ def test_instance_groups_are_megatrons_hierarchy_of_the_dp_and_edp_groups(tp, dp
     edp group's, and the experts' second level is the same "dp_out" group (one inter-instance group)."""
     stage = tp * dp * cp
     for rank in range(2 * stage):  # two pipeline stages
-        g = lambda kind: mesh_group(kind, rank, tp, dp, pp=2, ep=ep, etp=etp, cp=cp, instances=instances)  # noqa: E731
+        g = lambda kind, rank=rank: mesh_group(kind, rank, tp, dp, pp=2, ep=ep, etp=etp, cp=cp,  # noqa: E731
+                                               instances=instances)
         for domain, inner in (("dp", "dp_in"), ("edp", "edp_in")):
             full = list(g(domain))
             first, second = hierarchical(full, (len(full) // instances, instances))
@@ -104,7 +105,6 @@ def test_results_echo_and_header_name_the_instances():
 @pytest.mark.parametrize("overrides,problem", [
     ({"parallel.dist_opt_instances": 2, "parallel.distributed_optimizer": False}, "distributed optimizer"),
     ({"parallel.dist_opt_instances": 3}, "does not divide dp x cp = 8"),
-    ({"parallel.dist_opt_instances": 2, "parallel.fsdp": True}, "hybrid sharding"),
     ({"parallel.dist_opt_instances": 2, "optimizer.name": "muon"}, "layer-wise"),
 ])
 def test_rules_refuse_with_the_fix(overrides, problem):
@@ -173,3 +173,27 @@ def test_validate_times_instances_and_checks_numerics_without_them():
     assert timed.parallel.dist_opt_instances == 4 and timed.parallel.distributed_optimizer
     assert checked.parallel.dist_opt_instances == 1 and not checked.parallel.distributed_optimizer
     assert shrink(scenario, 2, TIMING, source).parallel.dist_opt_instances == 2  # gcd(4, dp' = 2)
+
+
+def test_fsdp_with_instances_is_hybrid_sharding():
+    """Megatron-FSDP's HSDP: each block gathers over its instance (dp / I ranks) and reduce-scatters there in
+    every micro-batch; only the last micro-batch all-reduces each block's gradient shard across the
+    instances; weights, gradients and states shard over dp / I (the resident shards double at I = 2)."""
+    fsdp = {"parallel.fsdp": True, "parallel.global_batch": 32}  # dp 8, 2 micro-batches
+    rs = tiny({**fsdp, "parallel.dist_opt_instances": 2})
+    ops = build_schedule(rs).ops
+    gathers = [op.work for op in ops if K.FSDP_GATHER in op.name]
+    scatters = [op for op in ops if op.name.endswith("." + K.FSDP_GRAD)]
+    across = [op for op in ops if (K.FSDP_GRAD + K.ACROSS_INSTANCES) in op.name]
+    assert gathers and {w.group for w in gathers} == {"dp_in"}
+    assert {op.work.group for op in scatters} == {"dp_in"} and {op.micro_batch for op in scatters} == {0, 1}
+    assert {op.micro_batch for op in across} == {1} and len(across) == len([s for s in scatters if s.micro_batch == 1])
+    by_id = {op.id: op for op in ops}
+    for a in across:
+        (rs_id,) = a.deps
+        assert a.work.group == "dp_out" and by_id[rs_id].work.op == "reduce_scatter"
+        assert a.work.nbytes == math.ceil(by_id[rs_id].work.nbytes // GRAD_BYTES / 4) * GRAD_BYTES
+    assert not [op for op in ops if op.name.startswith("dp.")]  # no DDP buckets under FSDP
+    one, two = (memory_per_gpu(tiny({**fsdp, "parallel.dist_opt_instances": n})) for n in (1, 2))
+    assert two.optimizer_gb == pytest.approx(2 * one.optimizer_gb, rel=1e-3)
+    assert two.weights_gb > one.weights_gb and two.grads_gb > one.grads_gb

@@ -93,8 +93,8 @@ def _no_pp(overrides: dict, host_mode: tuple) -> dict:
     o.update({"parallel.sp": o["parallel.sp"] and o["parallel.tp"] > 1, "parallel.dp": "auto"})
     if o["parallel.fsdp"]:
         o["parallel.distributed_optimizer"] = True  # Megatron-FSDP runs the distributed optimizer
-    if o["parallel.fsdp"] or o["parallel.gpus"] // o["parallel.tp"] % 2:
-        o["parallel.dist_opt_instances"] = 1  # not modeled beside FSDP; dp must split in two
+    if o["parallel.gpus"] // o["parallel.tp"] % 2:
+        o["parallel.dist_opt_instances"] = 1  # dp must split in two (with FSDP: hybrid sharding)
     if o["parallel.dist_opt_instances"] > 1:
         o["parallel.distributed_optimizer"] = True  # the instances cut the distributed optimizer's shards
     if not (o["parallel.distributed_optimizer"] and o["parallel.dp_overlap"]):

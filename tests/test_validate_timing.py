@@ -119,22 +119,26 @@ def test_crosscheck_runs_fsdp_gathers_and_reduce_scatters_for_real(tmp_path):
     assert planned and all(any(name.endswith(p) for name in names) for p in planned)
 
 
-def test_crosscheck_runs_instance_reduce_scatters_and_cross_instance_all_reduces_for_real(tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_crosscheck_runs_instance_reduce_scatters_and_cross_instance_all_reduces_for_real(tmp_path, fsdp):
     """Distributed-optimizer instances (tp 1, dp 4 in 2 instances): the measured step ran every bucket's
     reduce-scatter inside its instance, the all-reduce of its shard across the two, and the parameter
-    all-gather, on gloo groups built from sim/core/mesh.py's instance kinds."""
+    all-gather (with FSDP, hybrid sharding: every block's gathers and reduce-scatters inside the instance,
+    the last micro-batch's all-reduces across), on gloo groups built from sim/core/mesh.py's instance kinds."""
     from meshsim.scenarios.load import with_overrides
     from meshsim.sim.schedule import op_keys as K
 
     sc, src = load_scenario("tiny-2gpu")
     sc = with_overrides(sc, {"parallel.tp": 1, "parallel.distributed_optimizer": True, "parallel.gpus": 4,
-                             "parallel.dist_opt_instances": 2, "parallel.global_batch": 8}, src)
+                             "parallel.dist_opt_instances": 2, "parallel.global_batch": 8,
+                             "parallel.fsdp": fsdp}, src)
     shrunk = shrink(sc, 4, TIMING, src)
     assert shrunk.parallel.dist_opt_instances == 2 and shrunk.parallel.distributed_optimizer
     check = run_crosscheck(sc, src, 4, out_dir=tmp_path, repeats=2)
     assert check.report["numerics_ok"] is True and "dp_comm" in check.report["categories"]
     doc = json.loads((tmp_path / "trace_measured.json").read_text())
     names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"]
-    planned = [op.name for op in schedule_of(shrunk, src).ops if op.name.startswith("dp.")]
+    planned = [op.name for op in schedule_of(shrunk, src).ops
+               if op.name.startswith("dp.") or K.FSDP_GRAD in op.name or K.FSDP_GATHER in op.name]
     assert any(K.ACROSS_INSTANCES in p for p in planned)
     assert all(any(name.endswith(p) for name in names) for p in planned)

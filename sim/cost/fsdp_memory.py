@@ -7,6 +7,9 @@ two FSDP units worth of un-sharded gradient memory"). So weights and gradients a
 
     resident = dense / dp + expert / edp + 2 x largest unit
 
+(with parallel.dist_opt_instances I, Megatron-FSDP's hybrid sharding, dp / I and edp / I: each instance
+holds a whole copy)
+
 parameters, where a unit is one transformer layer, the embedding table, or the head (final norm, output
 layer, and the MTP depths that run with it). The optimizer states are the distributed optimizer's (sharded
 the same way). FP8 copies: with run.fp8_param_gather the FP8 weights are sharded and gathered like the
@@ -40,6 +43,7 @@ def largest_unit_params(rs: ResolvedScenario) -> int:
 def fsdp_resident_params(rs: ResolvedScenario, dense: int, expert: int) -> float:
     """Parameters whose weight and main gradient a rank holds under FSDP (module docstring); with nothing to
     shard (dp = edp = 1) the whole model, as without FSDP (nothing is gathered)."""
-    if rs.grad_dp == 1 and rs.edp == 1:
+    shard, eshard = rs.grad_dp // rs.instances, rs.edp // rs.instances
+    if shard == 1 and eshard == 1:
         return dense + expert
-    return dense / rs.grad_dp + expert / rs.edp + 2 * largest_unit_params(rs)
+    return dense / shard + expert / eshard + 2 * largest_unit_params(rs)

@@ -207,7 +207,7 @@ def fsdp_config(rs: ResolvedScenario, t: Templates) -> FsdpConfig:
 
     return FsdpConfig(rs.grad_dp, rs.edp, gather_param_bytes(rs, d, params, range(layers)),
                       grad_reduce_bytes(rs.scenario), cast if d.fp8.on and not run.fp8_param_gather else None,
-                      d.vocab * d.hidden if rs.scenario.model.tied_embeddings else 0)
+                      d.vocab * d.hidden if rs.scenario.model.tied_embeddings else 0, rs.instances)
 
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:

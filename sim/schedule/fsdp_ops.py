@@ -17,7 +17,14 @@ docs/user-guide/features/megatron_fsdp.md, "optim_grads_params"):
 - gathers and reduce-scatters share one communicator, so they run in issue order on the dp_comm stream
   (the gather for unit k+1 is issued before unit k's reduce-scatter, as the runtime-schedule note says);
 - FP8 without FP8 primary weights: the gathered 16-bit weights are cast before each forward (no FP8 copy
-  outlives a micro-batch), in place of the distributed optimizer's once-per-step cast.
+  outlives a micro-batch), in place of the distributed optimizer's once-per-step cast;
+- hybrid sharding (parallel.dist_opt_instances I > 1, Megatron-FSDP's HSDP: --num-distributed-optimizer-
+  instances with the default --outer-dp-sharding-strategy no_shard; megatron_fsdp.py L757-787 and
+  param_and_grad_buffer.py L4134-4225 @d98e8a64): weights, gradients and states shard inside an instance
+  ("dp_in" / "edp_in"), the gathers and reduce-scatters run there, and in the last micro-batch each
+  reduce-scatter's shard is then all-reduced across the instances ("dp_out"). Megatron issues that
+  all-reduce on a stream of its own; meshsim puts it on the dp_comm stream after the reduce-scatter, so it
+  can hold back the next gather (an upper bound on its exposure).
 
 The step then ends with the optimizer on the owned shard; the next step's first forward gathers again.
 """
@@ -40,6 +47,15 @@ class FsdpConfig:
     grad_bytes: int  # bytes per parameter a reduce-scatter moves (sim/schedule/run_settings.grad_reduce_bytes)
     weight_cast: Callable[[int], Elementwise | None] | None = None  # layer -> its per-forward FP8 weight cast
     shared_head_params: int = 0  # tied embeddings: the table the head gathers too (its gradient: the embedding's)
+    instances: int = 1  # hybrid sharding: shard inside dp / I (edp / I) ranks, all-reduce across the I instances
+
+    def groups(self) -> tuple[tuple[str, int, str], tuple[str, int, str]]:
+        """(group, ranks, op-name suffix) of the dense and the expert shards: over dp and edp, or with
+        instances over their pieces dp_in (dp / I ranks) and edp_in (edp / I)."""
+        if self.instances == 1:
+            return ("dp", self.dp, ""), ("edp", self.edp, K.EXPERT_SUFFIX)
+        return (("dp_in", self.dp // self.instances, ""),
+                ("edp_in", self.edp // self.instances, K.EXPERT_SUFFIX))
 
 
 @dataclass
@@ -89,22 +105,25 @@ def _gather(ops: list[Op], use: _Use, deps: tuple[int, ...], cfg: FsdpConfig) ->
     """The all-gathers of `use`'s unit (dense over dp, experts over edp); their op ids."""
     b, (dense, expert) = use.blocks[0], use.params
     phase, ids = "bwd" if b.backward else "fwd", []
-    for group, size, n, suffix in (("dp", cfg.dp, dense, ""), ("edp", cfg.edp, expert, K.EXPERT_SUFFIX)):
+    for (group, size, suffix), n in zip(cfg.groups(), (dense, expert), strict=True):
         if size > 1 and n > 0:
             work = Collective("all_gather", group, round(n * cfg.param_bytes), K.FSDP_GATHER)
             ids.append(_emit(ops, f"{b.prefix}{phase}.{K.FSDP_GATHER}{suffix}", phase, work, deps, b.layer, use.mb))
     return tuple(ids)
 
 
-def _reduce(ops: list[Op], b: Block, base: int, mb: int, cfg: FsdpConfig) -> None:
-    """The reduce-scatters of a backward block's gradients (dense over dp, experts over edp)."""
-    for group, size, producers, suffix in (("dp", cfg.dp, b.tpl.grads, ""),
-                                           ("edp", cfg.edp, b.tpl.expert_grads, K.EXPERT_SUFFIX)):
+def _reduce(ops: list[Op], b: Block, base: int, mb: int, cfg: FsdpConfig, last: bool) -> None:
+    """The reduce-scatters of a backward block's gradients (dense over dp, experts over edp; with instances
+    inside one, and in the `last` micro-batch their shards all-reduced across the instances)."""
+    for (group, size, suffix), producers in zip(cfg.groups(), (b.tpl.grads, b.tpl.expert_grads), strict=True):
         n = sum(p for _, p in producers)
+        deps = tuple(base + i for i, _ in producers)
         if size > 1 and n > 0:
             work = Collective("reduce_scatter", group, n * cfg.grad_bytes, K.FSDP_GRAD)
-            deps = tuple(base + i for i, _ in producers)
-            _emit(ops, f"{b.prefix}bwd.{K.FSDP_GRAD}{suffix}", "bwd", work, deps, b.layer, mb)
+            deps = (_emit(ops, f"{b.prefix}bwd.{K.FSDP_GRAD}{suffix}", "bwd", work, deps, b.layer, mb),)
+        if cfg.instances > 1 and last and n > 0:
+            work = Collective("all_reduce", "dp_out", -(-n // size) * cfg.grad_bytes, K.FSDP_GRAD + K.ACROSS_INSTANCES)
+            _emit(ops, f"{b.prefix}bwd.{K.FSDP_GRAD}{K.ACROSS_INSTANCES}{suffix}", "bwd", work, deps, b.layer, mb)
 
 
 def fsdp_micro_batches(ops: list[Op], t, layers: int, micro_batches: int, cfg: FsdpConfig,
@@ -129,7 +148,7 @@ def fsdp_micro_batches(ops: list[Op], t, layers: int, micro_batches: int, cfg: F
             ends.append(x)
             if b.backward:
                 ends += [base + i for i, _ in (*b.tpl.grads, *b.tpl.expert_grads)]
-                _reduce(ops, b, base, use.mb, cfg)
+                _reduce(ops, b, base, use.mb, cfg, use.mb == micro_batches - 1)
                 if use.mb == micro_batches - 1:
                     grads += [(base + i, n) for i, n in b.tpl.grads]
                     expert_grads += [(base + i, n) for i, n in b.tpl.expert_grads]

@@ -10,7 +10,8 @@ An op's name is "<block>.mb<m>.<phase>.<key>" inside a micro-batch ("L0.mb0.fwd.
 - after the backward: LN_GRAD (SP-replicated gradients over TP), KV_GRAD (GQA KV replicas), DP_GRAD and
   DP_PARAM (data-parallel gradient reduction and the distributed optimizer's parameter gather), EMBED_GRAD
   (pipeline: the tied word-embedding gradient over the first and last stage); with distributed-optimizer
-instances, DP_GRAD / EXPERT_GRAD + ACROSS_INSTANCES sums a bucket's shard over "dp_out".
+instances, DP_GRAD / EXPERT_GRAD + ACROSS_INSTANCES sums a bucket's shard over "dp_out" (FSDP_GRAD +
+ACROSS_INSTANCES a block's, in FSDP's last micro-batch).
 MoE layers (sim/schedule/moe_ops.py) replace MLP_IN / MLP_OUT with the token dispatcher's collectives:
 MOE_DISPATCH / MOE_DISPATCH_PROBS / MOE_COMBINE (all-to-all over "ep", or the flex dispatcher's fused
 kernels), MOE_META (the token counts' all-gather), EXPERT_GATHER / EXPERT_GATHER_PROBS / EXPERT_SCATTER
