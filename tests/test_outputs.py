@@ -44,7 +44,7 @@ def step_schedule(layers: int, tp: int = 2) -> Schedule:
 
 def fake_rs():
     par = SimpleNamespace(global_batch=8, sp=True, micro_batch=1, recompute="none", tp_comm_overlap=False,
-                          recompute_modules=None, fsdp=False)
+                          recompute_modules=None, fsdp=False, dist_opt_instances=1)
     scenario = SimpleNamespace(parallel=par, model=SimpleNamespace(seq_len=1024, moe=None, mtp_layers=0),
                                topology=SimpleNamespace(preset="x"), run=RunConfig(), optimizer=OptimizerConfig())
     return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1, cp=1,
