@@ -54,6 +54,12 @@ class ResolvedScenario:
         return self.scenario.parallel.dist_opt_instances
 
     @property
+    def instance_shards(self) -> tuple[int, int]:
+        """Ranks one instance shards the dense and the expert states over: grad_dp / instances and
+        edp / instances (the whole groups with one instance)."""
+        return self.grad_dp // self.instances, self.edp // self.instances
+
+    @property
     def edp(self) -> int:
         """Expert data parallel: the stage's ranks over etp x ep (Megatron parallel_state.py L874-883)."""
         return self.stage_size // (self.etp * self.ep)
@@ -101,8 +107,8 @@ class ResolvedScenario:
 
     def group(self, kind: str, rank: int = 0) -> tuple[int, ...]:
         """`rank`'s group of a schedule's symbolic kind: "tp", "dp", "kv", "pp", "embed", "stage", an expert
-        kind ("etp", "ep", "etp_ep", "edp"), a context-parallel kind ("cp", "cp_a2a", "cp_p2p") or a distributed-optimizer-instance kind
-        ("dp_in", "edp_in", "dp_out")."""
+        kind ("etp", "ep", "etp_ep", "edp"), a context-parallel kind ("cp", "cp_a2a", "cp_p2p") or a
+        distributed-optimizer-instance kind ("dp_in", "edp_in", "dp_out")."""
         return mesh_group(kind, rank, self.tp, self.dp, self.kv_replicas, self.pp, self.ep, self.etp, self.cp,
                           self.cp_a2a, self.instances)
 

@@ -43,7 +43,7 @@ def largest_unit_params(rs: ResolvedScenario) -> int:
 def fsdp_resident_params(rs: ResolvedScenario, dense: int, expert: int) -> float:
     """Parameters whose weight and main gradient a rank holds under FSDP (module docstring); with nothing to
     shard (dp = edp = 1) the whole model, as without FSDP (nothing is gathered)."""
-    shard, eshard = rs.grad_dp // rs.instances, rs.edp // rs.instances
+    shard, eshard = rs.instance_shards
     if shard == 1 and eshard == 1:
         return dense + expert
     return dense / shard + expert / eshard + 2 * largest_unit_params(rs)

@@ -39,8 +39,7 @@ def model_states_gb(rs: ResolvedScenario, params: int, expert_params: int, layer
     """(weights, grads, GPU optimizer, host optimizer) GB of `params` dense and `expert_params` routed-expert
     parameters, `layers` transformer layers and `head` the LM head (module docstring)."""
     opt, bf16 = rs.scenario.optimizer, rs.scenario.model.dtype == "bf16"
-    shard, eshard = (rs.grad_dp // rs.instances, rs.edp // rs.instances) \
-        if rs.scenario.parallel.distributed_optimizer else (1, 1)  # instances: each shards its own copy
+    shard, eshard = rs.instance_shards if rs.scenario.parallel.distributed_optimizer else (1, 1)
     held = params + expert_params
     resident = fsdp_resident_params(rs, params, expert_params) if rs.scenario.parallel.fsdp else held
     owned = params / shard + expert_params / eshard

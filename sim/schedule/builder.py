@@ -167,7 +167,7 @@ def weight_cast_op(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], st
     if not linear:
         return []
     p = rs.scenario.parallel
-    owned = -(-linear // (rs.grad_dp // rs.instances)) if p.distributed_optimizer else linear  # its shard
+    owned = -(-linear // rs.instance_shards[0]) if p.distributed_optimizer else linear  # its shard
     work = weight_cast_work(linear, owned, rs.scenario.run.fp8_param_gather, d.fp8.transpose_free, d.fp8.recipe)
     return [Op(next_id, f"{K.OPT_BLOCK}.{K.FP8_WEIGHT_CAST}", "compute", "compute", "opt", work, (step_op,))]
 

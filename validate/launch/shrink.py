@@ -62,7 +62,8 @@ class ShrinkRule:
 # vocab_per_rank = 128: Megatron pads the vocabulary to a multiple of 128 tp (sim/schedule/shapes.py, padded_vocab), so the
 # real model and the schedule then hold the same table.
 NUMERICS = ShrinkRule(head_dim=8, seq_per_rank=8, vocab_per_rank=128)
-TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128, keeps_fsdp=True, keeps_instances=True)
+TIMING = ShrinkRule(head_dim=64, seq_per_rank=128, vocab_per_rank=128, keeps_fsdp=True,
+                    keeps_instances=True)
 # On GPUs (NCCL): sizes where kernels are past launch-bound (not exercised here: no GPU on this machine)
 GPU_TIMING = ShrinkRule(head_dim=128, seq_per_rank=1024, vocab_per_rank=4096, keeps_fsdp=True,
                         keeps_instances=True)
@@ -177,7 +178,8 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
     parallel = p.model_copy(update=dict(
         tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch, recompute_modules=None,
         global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False,
-        distributed_optimizer=fsdp or instances > 1, fsdp=fsdp, dist_opt_instances=instances, cp=1, cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
+        distributed_optimizer=fsdp or instances > 1, fsdp=fsdp, dist_opt_instances=instances, cp=1,
+        cp_comm="p2p", hierarchical_cp=None, **pipe, **moe_parallel))
     topology = scenario.topology.model_copy(update=dict(nodes=_nodes_for(scenario, source, nproc)))
     return scenario.model_copy(update=dict(
         name=f"{scenario.name}-shrunk{nproc}", model=model, parallel=parallel, topology=topology, sweep=None))

@@ -155,8 +155,6 @@ def stage_setup(payload: dict) -> tuple[Schedule, dict, Pipeline]:
         for kind in INSTANCE_KINDS:  # every rank makes every group, in the same order (new_groups)
             blocks = [list(g) for g in dict.fromkeys(rs.group(kind, r) for r in range(rs.gpus))]
             groups[kind] = new_groups(blocks, dist.get_rank()) if len(blocks[0]) > 1 else None
-        if rs.scenario.model.moe is None:
-            groups.pop("edp_in")  # a dense model has no expert buffer (made above only to keep ranks in step)
     pipe = Pipeline(mesh_group("pp", dist.get_rank(), rs.tp, rs.dp, pp=rs.pp), rs.pp * rs.vp)
     return schedule, groups, pipe
 
