@@ -24,7 +24,9 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
   On an H100 the 512 MMA FLOPs take ~0.65 ps at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not
   overlapped (FlashAttention-2) that is 512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the
   backward too (more GEMMs per exp, but atomic dQ accumulation).
-- deterministic_attention_slowdown 1.25: attention backward under run.deterministic (sim/schedule/run_settings.py).
+- deterministic_attention_slowdown 1.25: attention backward under run.deterministic (sim/schedule/run_settings.py)
+  where TE keeps cuDNN (sm_90; sm_100+ without dropout); where it runs FlashAttention 2 instead (below
+  sm_90; sm_100+ with dropout) the backward is priced from FA2's deterministic grid (sim/cost/fa2_deterministic.py).
 - fill_uninitialized (run.deterministic): every fresh output is first filled by PyTorch's deterministic
   mode, + fill_bytes / (bw x mem_bw_eff) + launch per op (sim/cost/deterministic_fill.py).
 - host_dispatch_us: CPU time to issue one op (sim/cost/host_dispatch.py; used by the engine, not here).
@@ -53,6 +55,7 @@ from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
 from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency, width_factor
 from meshsim.sim.cost.deterministic_fill import fill_bytes
+from meshsim.sim.cost.fa2_deterministic import extra_dq_bytes, split_ratio, uses_fa2
 from meshsim.sim.cost.fp8_gemm import (
     block_scaled_rate,
     fp8_gemm_ceiling,
@@ -231,13 +234,24 @@ class ComputeModel:
             point = nearest_kernel(self.profile.kernel_table, kernel, a.flops, "flops")
             if point is not None:
                 return _scaled_us(point, a.flops, "flops") * US
-        ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
         peak = fp8_peak_tflops(self.gpu) * TFLOPS if a.fp8 else self.peak_flops
         width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))  # tensor FLOPs per score (attention_rate.py)
-        efficiency = self.knobs.attention_efficiency * width_factor(self.gpu, width, a.fp8)
-        rate = peak * efficiency * _wave(ctas, self.gpu.sm_count)
+        rate = peak * self.knobs.attention_efficiency * width_factor(self.gpu, width, a.fp8)
+        if a.backward and a.deterministic and uses_fa2(self.gpu, a.dropout):
+            return self._fa2_deterministic_s(a, rate)
+        ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
         slowdown = self.knobs.deterministic_attention_slowdown if a.backward and a.deterministic else 1.0
-        return a.flops * slowdown / rate + self.launch_s
+        return a.flops * slowdown / (rate * _wave(ctas, self.gpu.sm_count)) + self.launch_s
+
+    def _fa2_deterministic_s(self, a: Attention, rate: float) -> float:
+        """FlashAttention 2's deterministic backward (sim/cost/fa2_deterministic.py): the work at `rate`
+        stretched by its grid's load balance, plus the extra fp32 dQ slices' traffic and their fill kernels'
+        launches (the NaN fill and the zeros)."""
+        sms = self.gpu.sm_count
+        kv = a.kv_seq if a.kv_seq is not None else a.seq
+        ratio = split_ratio(sms, a.batch, a.heads, a.seq, kv, a.head_dim, a.causal, a.window)
+        extra = extra_dq_bytes(sms, a.batch, a.heads, a.seq, a.head_dim) / self.elementwise_bw_bytes_s
+        return a.flops * ratio / rate + extra + 3 * self.launch_s
 
     def elementwise_s(self, e: Elementwise) -> float:
         nbytes = e.bytes_read + e.bytes_written

@@ -81,7 +81,7 @@ def kv_bytes(d: LayerDims, sh: CoreShape) -> int:
 
 def _attn(d: LayerDims, sh: CoreShape, q: int, kv: int | None, causal: bool, backward: bool) -> Attention:
     return Attention(d.micro_batch, sh.heads, sh.kv_heads, q, d.head_dim, causal, backward,
-                     backward and d.deterministic, fp8=d.fp8.attention, kv_seq=kv)
+                     backward and d.deterministic, fp8=d.fp8.attention, kv_seq=kv, dropout=d.dropout)
 
 
 def ring_forward(tpl, phase: str, d: LayerDims, sh: CoreShape, n: int, group: str, deps: Deps) -> tuple[int, ...]:

@@ -95,7 +95,7 @@ def _entry(d: LayerDims, width: int, phase: str, purpose: str) -> Collective | N
 
 def _core(d: LayerDims, a: MlaDims, backward: bool) -> Attention:
     return Attention(d.micro_batch, a.heads, a.heads, d.seq, a.qk + a.rope, True, backward,
-                     backward and d.deterministic, d.window, a.v, fp8=d.fp8.attention)
+                     backward and d.deterministic, d.window, a.v, fp8=d.fp8.attention, dropout=d.dropout)
 
 
 def _rope(d: LayerDims, a: MlaDims) -> Elementwise:

@@ -72,6 +72,7 @@ class Attention:
     # keys when they differ from the `seq` queries (context parallelism's ring steps and all-gathered KV);
     # causal then means the queries are the last `seq` of the `kv_seq` positions (a bottom-right mask)
     kv_seq: int | None = None
+    dropout: bool = False  # attention dropout (model.dropout): picks TE's deterministic backend (fa2_deterministic.py)
 
     @property
     def score_pairs(self) -> float:

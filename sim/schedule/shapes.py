@@ -123,7 +123,7 @@ class LayerDims:
 
     def attention(self, backward: bool) -> Attention:
         return Attention(self.micro_batch, self.heads, self.kv_heads, self.seq, self.head_dim, True, backward,
-                         backward and self.deterministic, self.window, fp8=self.fp8.attention)
+                         backward and self.deterministic, self.window, fp8=self.fp8.attention, dropout=self.dropout)
 
     def params(self, g: Gemm) -> int:
         """Weight [k, n] of a linear, plus its bias [n] (n = h for row-parallel: replicated)."""
