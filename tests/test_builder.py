@@ -239,21 +239,36 @@ def test_no_dp_ops_without_dp():
 
 
 # ----- tp_comm_overlap -------------------------------------------------------------------------------------
-def test_overlap_chunks_gather_and_gemm():
-    t = 4
+def test_overlap_is_te_userbuffers_ring_exchange_and_pipeline():
+    """tp_comm_overlap as Transformer Engine's default userbuffers configuration: the gather before qkv is a
+    ring exchange of tp steps (GEMM 0 on the rank's own shard at once, tp - 1 chained one-shard shifts,
+    GEMM i on the shard shift i - 1 brought); the reduce-scatter after proj a pipeline of 4 GEMM chunks, each
+    chunk's collective a userbuffers quarter; the pipeline and bulk GEMMs leave 16 SMs to the comm kernel."""
+    from meshsim.sim.schedule.shapes import UB_COMM_SMS, UB_PIPELINE_SPLITS, USERBUFFERS
+    t = 8
     sched = build_schedule(make_rs(GPT, dict(tp=t, sp=True, micro_batch=2, tp_comm_overlap=True)))
-    ops = {key(op): op for op in layer_ops(sched, 0, 0, ("fwd",))}
-    k = sched.meta["chunks"]
-    assert k == t
-    gathers = [ops[f"attn_in_c{i}"] for i in range(k)]
-    gemms = [ops[f"qkv_c{i}"] for i in range(k)]
-    assert sum(g.work.nbytes for g in gathers) == 128 * 2 * 256 * 2
+    ops = {f"{op.phase}.{key(op)}": op for op in layer_ops(sched, 0, 0, ("fwd", "bwd"))}
+    assert sched.meta["chunks"] == t
+    gemms = [ops[f"fwd.qkv_c{i}"] for i in range(t)]
+    shifts = [ops[f"fwd.attn_in_c{i}"] for i in range(t - 1)]
+    assert f"fwd.attn_in_c{t - 1}" not in ops
+    gathered = 128 * 2 * 256 * 2
+    assert all(c.work.op == "send_recv" and c.work.nbytes == gathered // t for c in shifts)
     assert sum(g.work.m for g in gemms) == 128 * 2
-    for c, g in zip(gathers, gemms, strict=True):
-        assert g.deps == (c.id,)
-    rs_chunks = [ops[f"attn_out_c{i}"] for i in range(k)]
-    assert all(r.deps == (ops[f"proj_c{i}"].id,) for i, r in enumerate(rs_chunks))
-    assert set(ops["attn_res"].deps) >= {r.id for r in rs_chunks}
+    assert not set(gemms[0].deps) & {c.id for c in shifts}  # the rank's own shard: no wait
+    for i in range(1, t):
+        assert gemms[i].deps == (shifts[i - 1].id,)
+        if i < t - 1:
+            assert shifts[i].deps == (shifts[i - 1].id,)
+    rs = [ops[f"fwd.attn_out_c{i}"] for i in range(UB_PIPELINE_SPLITS)]
+    assert all(r.work.kernel == USERBUFFERS and r.deps == (ops[f"fwd.proj_c{i}"].id,) for i, r in enumerate(rs))
+    assert sum(r.work.nbytes for r in rs) == gathered
+    assert set(ops["fwd.attn_res"].deps) >= {r.id for r in rs}
+    assert {ops[f"fwd.proj_c{i}"].work.comm_sms for i in range(UB_PIPELINE_SPLITS)} == {UB_COMM_SMS}
+    assert ops["bwd.qkv_dgrad"].work.comm_sms == ops["bwd.qkv_wgrad"].work.comm_sms == UB_COMM_SMS
+    assert gemms[0].work.comm_sms == 0 and ops["bwd.proj_wgrad"].work.comm_sms == 0
+    plain = build_schedule(make_rs(GPT, dict(tp=t, sp=True, micro_batch=2)))
+    assert {op.work.comm_sms for op in plain.ops if isinstance(op.work, Gemm)} == {0}
 
 
 @pytest.mark.parametrize("kv_heads, tp, bias", [(2, 8, True), (4, 8, False), (8, 8, False), (8, 4, True)])

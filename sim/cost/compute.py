@@ -203,7 +203,8 @@ class ComputeModel:
         raise TypeError(f"unknown work {work!r}")
 
     def gemm_efficiency(self, g: Gemm) -> float:
-        """Fraction of the GEMM's peak (the FP8 peak for an FP8 GEMM: sim/cost/fp8_gemm.py)."""
+        """Fraction of the GEMM's peak (the FP8 peak for an FP8 GEMM: sim/cost/fp8_gemm.py); a GEMM beside a
+        userbuffers kernel (g.comm_sms) runs on the other SMs: their share of the peak, their waves."""
         k = self.knobs
         tiles = DEFAULT_TILES
         if k.tile_m or k.tile_n:
@@ -212,8 +213,8 @@ class ComputeModel:
         peak_tflops = lowp_peak_tflops(self.gpu, self.fp8_recipe) if g.fp8 else self.gpu.peak_tflops
         sustained_tflops = peak_tflops * rate_scale(self.gpu, knob)
         return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=getattr(k, knob), tiles=tiles,
-                               sm_count=self.gpu.sm_count,
-                               k_fill=sustained_tflops * 1e3 / self.gpu.mem_bw_gbps, out_bytes=g.out_bytes)
+                               sm_count=self.gpu.sm_count, k_fill=sustained_tflops * 1e3 / self.gpu.mem_bw_gbps,
+                               out_bytes=g.out_bytes, free_sms=self.gpu.sm_count - g.comm_sms)
 
     def gemm_s(self, g: Gemm) -> float:
         if g.flops == 0:

@@ -89,13 +89,16 @@ def best_shape_factor(m: int, n: int, k: int, batch: int, tiles: tuple[tuple[int
 
 def gemm_efficiency(m: int, n: int, k: int, batch: int = 1, *, ceiling: float = DEFAULT_CEILING,
                     tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES, sm_count: int,
-                    k_fill: float, out_bytes: int = 2) -> float:
+                    k_fill: float, out_bytes: int = 2, free_sms: int | None = None) -> float:
     """Fraction of peak for this shape: ceiling x factor(shape) / factor(8192^3), capped at 1.
 
     out_bytes: bytes per output element the epilogue moves (2 for a 16-bit C, the reference GEMM's); the
     epilogue's cost, and so k_fill, scales with it: an fp32 accumulating C (read 4 + write 4 = 8 bytes)
-    costs 4 x k_fill k-steps per tile."""
+    costs 4 x k_fill k-steps per tile. free_sms (default sm_count): the SMs this GEMM runs on while another
+    kernel holds the rest; its waves are counted on them and its rate scales by free_sms / sm_count (the
+    reference stays the whole GPU's)."""
+    sms = sm_count if free_sms is None else free_sms
     ref = best_shape_factor(REFERENCE_MNK, REFERENCE_MNK, REFERENCE_MNK, 1, tiles, sm_count=sm_count,
                             k_fill=k_fill)
-    this = best_shape_factor(m, n, k, batch, tiles, sm_count=sm_count, k_fill=k_fill * out_bytes / 2)
-    return min(1.0, ceiling * this / ref)
+    this = best_shape_factor(m, n, k, batch, tiles, sm_count=sms, k_fill=k_fill * out_bytes / 2)
+    return min(1.0, ceiling * this / ref) * sms / sm_count

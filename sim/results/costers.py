@@ -29,6 +29,7 @@ from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import events as engine
 from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
+from meshsim.sim.schedule.shapes import UB_PIPELINE_SPLITS, USERBUFFERS
 
 
 def network_tuning(rs: ResolvedScenario):
@@ -66,19 +67,24 @@ class CollectiveCoster:
         if len(group) < 2 or work.nbytes == 0:
             return (0.0, 0.0, {}), replace(row, algo="none", protocol="none", source="trivial")
 
+        # a userbuffers pipeline chunk: 1/k of the whole message's time (sim/schedule/shapes.py, USERBUFFERS)
+        parts, kernel = (UB_PIPELINE_SPLITS, "nccl") if work.kernel == USERBUFFERS else (1, work.kernel)
+        whole = replace(work, nbytes=work.nbytes * parts, kernel=kernel)
         # the scenario's algo/protocol are preferences (tuning): applied where they can serve the op
-        c = collective_cost(self.rs.topology, work.op, group, work.nbytes,
+        c = collective_cost(self.rs.topology, work.op, group, whole.nbytes,
                             concurrent_groups=self._concurrent(work.group, group), tuning=self.tuning,
-                            **flex_arguments(work.kernel, self.rs.topology))
+                            **flex_arguments(kernel, self.rs.topology))
         latency_s, bandwidth_s, source = c.latency_s, c.time_s - c.latency_s, "model"
-        measured_s = self._measured_s(work, len(group))
+        measured_s = self._measured_s(whole, len(group))
         if measured_s is not None:
             latency_s = min(c.latency_s, measured_s)
             bandwidth_s, source = measured_s - latency_s, "calibrated"
+        latency_s, bandwidth_s = latency_s / parts, bandwidth_s / parts
         total_s = latency_s + bandwidth_s
         algbw = work.nbytes / total_s / 1e9 if total_s > 0 else 0.0
+        busbw = c.busbw_gbps * (c.time_s / parts / total_s) if total_s > 0 else 0.0
         row = replace(row, algo=c.algo, protocol=c.protocol, time_us=total_s * 1e6, algbw_gbps=algbw,
-                      busbw_gbps=c.busbw_gbps * (c.time_s / total_s) if total_s > 0 else 0.0, source=source)
+                      busbw_gbps=busbw, source=source)
         return (latency_s, max(0.0, bandwidth_s), dict(c.link_load)), row
 
     def _measured_s(self, work: Collective, ranks: int) -> float | None:

@@ -42,7 +42,7 @@ from meshsim.sim.schedule.elementwise_ops import (
 )
 from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Collective, Elementwise, Gemm
 from meshsim.sim.schedule.run_settings import MAIN_GRAD_ADD_BYTES
-from meshsim.sim.schedule.shapes import LayerDims
+from meshsim.sim.schedule.shapes import USERBUFFERS, LayerDims
 from meshsim.sim.schedule.template import Deps, Template
 
 
@@ -69,24 +69,30 @@ def split(total: int, chunks: int) -> list[int]:
 
 def comm_then_gemm(tpl: Template, phase: str, ckey: str, coll: Collective | None, gkey: str, gemm: Gemm,
                    deps: Deps, chunks: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(collective -> GEMM); chunked along m so chunk i's gather overlaps chunk i-1's GEMM.
+    """(all-gather -> GEMM); returns (collective op indices, GEMM op indices).
 
-    Returns (collective op indices, GEMM op indices)."""
+    chunks > 1 (tp_comm_overlap: chunks = tp) is Transformer Engine's ring exchange (userbuffers
+    split_overlap_ag, comm_gemm_overlap.cpp @d0067d0): step 0's GEMM runs on the rank's own shard at once,
+    while each shard moves one rank along the ring; step i's GEMM runs on the shard step i - 1 received.
+    The tp - 1 moves are chained ring shifts (`send_recv` over the group) of one shard, nbytes / tp."""
     if coll is None:
         return (), (tpl.add(phase, gkey, gemm, deps),)
-    if chunks <= 1:
+    if chunks <= 1 or coll.op != "all_gather":
         c = tpl.add(phase, ckey, coll, deps)
         return (c,), (tpl.add(phase, gkey, gemm, (c,)),)
+    shift = replace(coll, op="send_recv", nbytes=coll.nbytes // chunks)
     cs, gs = [], []
-    for i, (m, nbytes) in enumerate(zip(split(gemm.m, chunks), split(coll.nbytes, chunks), strict=True)):
-        cs.append(tpl.add(phase, f"{ckey}_c{i}", replace(coll, nbytes=nbytes), deps))
-        gs.append(tpl.add(phase, f"{gkey}_c{i}", replace(gemm, m=m), (cs[-1],)))
+    for i, m in enumerate(split(gemm.m, chunks)):
+        gs.append(tpl.add(phase, f"{gkey}_c{i}", replace(gemm, m=m), (cs[-1],) if cs else deps))
+        if i < chunks - 1:
+            cs.append(tpl.add(phase, f"{ckey}_c{i}", shift, (cs[-1],) if cs else deps))
     return tuple(cs), tuple(gs)
 
 
 def gemm_then_comm(tpl: Template, phase: str, gkey: str, gemm: Gemm, deps: Deps, ckey: str,
                    coll: Collective | None, chunks: int) -> tuple[int, ...]:
-    """(GEMM -> collective), chunked along m; returns what consumers depend on (the collectives or GEMM)."""
+    """(GEMM -> collective), chunked along m (tp_comm_overlap's pipeline: chunk i's collective overlaps
+    chunk i + 1's GEMM); returns what consumers depend on (the collectives or GEMM)."""
     if coll is None:
         return (tpl.add(phase, gkey, gemm, deps),)
     if chunks <= 1:
@@ -97,6 +103,11 @@ def gemm_then_comm(tpl: Template, phase: str, gkey: str, gemm: Gemm, deps: Deps,
         g = tpl.add(phase, f"{gkey}_c{i}", replace(gemm, m=m), deps)
         cs.append(tpl.add(phase, f"{ckey}_c{i}", replace(coll, nbytes=nbytes), (g,)))
     return tuple(cs)
+
+
+def pipelined(coll: Collective | None, chunks: int) -> Collective | None:
+    """The collective of tp_comm_overlap's pipelined GEMM chunks: moved by userbuffers (shapes.USERBUFFERS)."""
+    return replace(coll, kernel=USERBUFFERS) if coll is not None and chunks > 1 else coll
 
 
 def dgrad(g: Gemm) -> Gemm:
@@ -134,8 +145,8 @@ def block_forward(tpl: Template, phase: str, d: LayerDims, blk: Block, inp: Deps
     _, col = comm_then_gemm(tpl, phase, blk.entry, coll, blk.col, blk.col_gemm, q, d.chunks)
     mid = blk.middle_fwd(tpl, phase, d, col)
     mid = fp8.quantize(tpl, phase, d, blk.row, d.tokens * blk.row_gemm.k, False, mid, d.fp8.wgrad)
-    out = gemm_then_comm(tpl, phase, blk.row, blk.row_gemm, mid, blk.exit,
-                         boundary_collective(d, exit_, "fwd"), d.chunks)
+    out = gemm_then_comm(tpl, phase, blk.row, replace(blk.row_gemm, comm_sms=d.comm_sms), mid, blk.exit,
+                         pipelined(boundary_collective(d, exit_, "fwd"), d.rs_chunks), d.rs_chunks)
     return tpl.add(phase, blk.res, residual_fwd(d), out + inp)
 
 
@@ -156,11 +167,12 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
         regather = fp8.transpose_after_gather(tpl, d, blk.col, d.tokens * d.hidden, regather)
     coll = boundary_collective(d, entry, "bwd")
     if d.tp_grad_overlap or coll is None:  # bulk-overlapped with wgrad
-        ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid, blk.entry, coll, 1)
+        ready = gemm_then_comm(tpl, "bwd", f"{blk.col}_dgrad", replace(dgrad(blk.col_gemm), comm_sms=d.comm_sms),
+                               mid, blk.entry, coll, 1)
     else:
         dg_col = tpl.add("bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid)
-    col_w = tpl.add("bwd", f"{blk.col}_wgrad", wgrad(blk.col_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad),
-                    mid + regather)
+    col_w = tpl.add("bwd", f"{blk.col}_wgrad", replace(wgrad(blk.col_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad),
+                                                       comm_sms=d.comm_sms), mid + regather)
     row_w = bias_grad(tpl, d, blk.row, blk.row_gemm, main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm)))
     col_w = bias_grad(tpl, d, blk.col, blk.col_gemm, main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm)))
     tpl.grads += [(row_w, d.params(blk.row_gemm)), (col_w, d.params(blk.col_gemm))]

@@ -36,7 +36,9 @@ class Gemm:
     out_bytes: bytes per element of C the epilogue moves: 2 (writes a 16-bit C); FUSED_WGRAD_OUT_BYTES
     = 8 for a weight-gradient GEMM that accumulates into the fp32 main grad (reads and writes 4-byte C:
     Megatron's gradient-accumulation fusion, C = C + X^T dY with beta = 1).
-    fp8: A and B are FP8 (1 byte per element), run at the GPU's FP8 peak (sim/schedule/fp8_rules.py)."""
+    fp8: A and B are FP8 (1 byte per element), run at the GPU's FP8 peak (sim/schedule/fp8_rules.py).
+    comm_sms: the GEMM runs on sm_count - comm_sms SMs (tp_comm_overlap's pipeline and bulk GEMMs,
+    sim/schedule/shapes.UB_COMM_SMS)."""
 
     m: int
     n: int
@@ -44,6 +46,7 @@ class Gemm:
     batch: int = 1
     out_bytes: int = 2
     fp8: bool = False
+    comm_sms: int = 0  # SMs a concurrent userbuffers kernel holds: the GEMM runs on the others (TE's sm margin)
 
     @property
     def flops(self) -> float:
@@ -123,8 +126,9 @@ class Collective:
                    "dp_in", "edp_in", "dp_out"]
     nbytes: int
     boundary: str = ""
-    # who moves the bytes: "nccl", or a fused expert-parallel kernel of the flex dispatcher ("deepep",
-    # "hybridep": sim/cost/collectives/flex.py prices it, with the SMs it occupies)
+    # who moves the bytes: "nccl", a fused expert-parallel kernel of the flex dispatcher ("deepep",
+    # "hybridep": sim/cost/collectives/flex.py prices it, with the SMs it occupies), or "userbuffers" (one
+    # chunk of tp_comm_overlap's pipelined reduce-scatter: sim/schedule/shapes.USERBUFFERS)
     kernel: str = "nccl"
 
 

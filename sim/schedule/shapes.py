@@ -25,10 +25,18 @@ from meshsim.sim.schedule.model_family import (
 )
 from meshsim.sim.schedule.ops import Attention, Gemm
 
-# tp_comm_overlap chunks k = min(tp, 4): chunk i's collective overlaps chunk i-1's GEMM, leaving ~1/k of
-# the collective exposed; past 4 chunks the gain (1/4 -> 1/8 of one collective) is small while each
-# chunk pays the collective latency again and the schedule (and simulation) grows by 2 ops per chunk.
-MAX_OVERLAP_CHUNKS = 4
+# tp_comm_overlap: Transformer Engine's userbuffers with its default configuration (transformer_engine/
+# pytorch/module/base.py @d0067d0, initialize_ub get_default_config; comm_gemm_overlap.cpp): the gathers
+# before qkv / fc1 and before the proj / fc2 dgrad run as a ring exchange in tp steps over the copy engine
+# (num_splits = tp, no SMs held); the reduce-scatters after proj / fc2 as a pipeline of 4 GEMM chunks
+# (num_splits 4) and the column-parallel layers' dgrad / wgrad overlap their collective whole ("bulk"),
+# both with a 16-SM userbuffers kernel beside GEMMs that run on the other SMs (set_sm_margin).
+# A pipeline chunk's collective is priced as its share of the whole message's NCCL time (the userbuffers
+# kernel streams every chunk at the rate of the whole, with no per-chunk protocol ramp): Collective.kernel
+# USERBUFFERS (sim/results/costers.py).
+UB_PIPELINE_SPLITS = 4
+UB_COMM_SMS = 16
+USERBUFFERS = "userbuffers"
 
 
 # Megatron-Core's --recompute-modules under --recompute-granularity selective (megatron/core/transformer/
@@ -72,12 +80,14 @@ class LayerDims:
     flash: bool
     dropout: bool
     recompute: str
-    chunks: int  # tp_comm_overlap: GEMM/collective chunks (1 = no overlap)
+    chunks: int  # tp_comm_overlap: ring-exchange steps of the gathers, tp (1 = no overlap)
     bias: bool
     norm_params: int  # parameters of one norm (2h LayerNorm, h RMSNorm)
     dtype_bytes: int = 2
     grad_fusion: bool = True  # run.grad_accumulation_fusion (sim/schedule/run_settings.py)
     deterministic: bool = False  # run.deterministic
+    rs_chunks: int = 1  # tp_comm_overlap: the reduce-scatters' pipelined GEMM chunks, UB_PIPELINE_SPLITS
+    comm_sms: int = 0  # tp_comm_overlap: SMs the userbuffers kernel holds beside a pipeline or bulk GEMM
     tp_grad_overlap: bool = True  # run.tp_grad_reduce_overlap (sim/schedule/run_settings.py)
     window: int | None = None  # sliding-window attention on this layer (model.sliding_window)
     fp8: Fp8Plan = Fp8Plan()  # run.fp8: the four linears' GEMMs in FP8 (sim/schedule/fp8_rules.py)
@@ -214,12 +224,14 @@ class ModelDims:
         padded vocabulary divided by tp; run settings (attention kernel, dropout, dtype, overlap) from `s`."""
         m, p = s.model, s.parallel
         t = self.tp if tp is None else tp
+        overlap = p.tp_comm_overlap and t > 1
         return LayerDims(
             seq=self.seq // self.cp, micro_batch=self.micro_batch, hidden=self.hidden, tp=t, sp=self.sp and t > 1,
             heads=self.heads // t, kv_heads=max(1, self.kv_heads // t), head_dim=self.head_dim,
             ffn=self.ffn // t, vocab=padded_vocab(self.vocab, t, m.vocab_divisible_by) // t, mlp=self.mlp,
             flash=m.attention == "flash", dropout=m.dropout, recompute=self.recompute,
-            chunks=min(t, MAX_OVERLAP_CHUNKS) if p.tp_comm_overlap and t > 1 else 1,
+            chunks=t if overlap else 1, rs_chunks=UB_PIPELINE_SPLITS if overlap else 1,
+            comm_sms=UB_COMM_SMS if overlap else 0,
             bias=self.linear_bias, norm_params=norm_params(m), qk_norm_params=qk_norm_params(m),
             dtype_bytes=m.dtype_bytes,
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
