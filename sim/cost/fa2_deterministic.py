@@ -21,7 +21,7 @@ slices. Two costs follow:
 1. Load balance. With one CTA resident per SM (the hdim-128 kernel's 144 KB of shared memory is more than
    half of any SM's), CTAs start in launch order as SMs free up, and the kernel lasts as long as its
    most loaded SM. `split_ratio` list-schedules the deterministic grid and divides its makespan by the
-   perfectly balanced time of the same work (total / SMs): 2.11 for the Megatron CI gpt3 7B tp4 case on an
+   perfectly balanced time of the same work (total / SMs): 1.84 for the Megatron CI gpt3 7B tp4 case on an
    A100 (b 2, 8 heads: G = 7, so 112 CTAs on 108 SMs, a second wave of 4, each CTA 9-10 of 64 key blocks).
    A key block's work is the query tiles that see it (all of them, or the causal / windowed band).
 2. Memory. The G slices are written twice (PyTorch's deterministic NaN fill of the fresh tensor, then the
