@@ -159,6 +159,16 @@ def check_sequence_parallel(s: Scenario, ctx: CheckContext) -> None:
                    "ranks", f"use seq_len a multiple of {p.tp} (e.g. {lower or p.tp}), or parallel.sp: false")
 
 
+def check_tp_comm_overlap(s: Scenario, ctx: CheckContext) -> None:
+    """Megatron-LM asserts sequence parallelism for --tp-comm-overlap (megatron/training/arguments.py
+    @d98e8a64 L1441-1442), and turns SP off at tp = 1 just before."""
+    p = s.parallel
+    if p.tp_comm_overlap and not p.sp:
+        raise _err(ctx, "parallel.tp_comm_overlap", True, "Megatron overlaps TP communication with the GEMMs "
+                   "only under sequence parallelism", "set parallel.sp: true (with tp > 1), or "
+                   "parallel.tp_comm_overlap: false")
+
+
 def check_recompute_modules(s: Scenario, ctx: CheckContext) -> None:
     """Megatron-LM reads --recompute-modules only under --recompute-granularity selective; mla_up_proj
     needs MLA and moe_act an MoE layer to act on."""
@@ -202,6 +212,7 @@ RULES: tuple[Rule, ...] = (
     check_global_batch,
     check_interleaved_micro_batches,
     check_sequence_parallel,
+    check_tp_comm_overlap,
     check_recompute_modules,
     check_param_gather_overlap,
     *MOE_RULES,

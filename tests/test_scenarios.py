@@ -247,6 +247,8 @@ ERROR_CASES = {  # id -> (scenario data or YAML text, field, value as it must ap
     "global-batch": (tiny(parallel={"global_batch": 5}), "parallel.global_batch", "5", "4 or 6"),
     "sp-needs-tp": (tiny(parallel={"tp": 1, "sp": True}), "parallel.sp", "True", "tp > 1"),
     "sp-seq-len": (tiny(model={"seq_len": 129}, parallel={"sp": True}), "model.seq_len", "129", "multiple of 2"),
+    "tp-comm-overlap-needs-sp": (tiny(parallel={"sp": False, "tp_comm_overlap": True}),
+                                 "parallel.tp_comm_overlap", "True", "parallel.sp: true"),
     "param-gather-needs-dist-opt": (tiny(parallel={"overlap_param_gather": True}),
                                     "parallel.overlap_param_gather", "True", "distributed_optimizer: true"),
 }

@@ -91,6 +91,7 @@ no_pp = st.fixed_dictionaries({
 def _no_pp(overrides: dict, host_mode: tuple) -> dict:
     o = dict(overrides)
     o.update({"parallel.sp": o["parallel.sp"] and o["parallel.tp"] > 1, "parallel.dp": "auto"})
+    o["parallel.tp_comm_overlap"] = o["parallel.tp_comm_overlap"] and o["parallel.sp"]  # Megatron asserts SP
     if o["parallel.fsdp"]:
         o["parallel.distributed_optimizer"] = True  # Megatron-FSDP runs the distributed optimizer
     if o["parallel.gpus"] // o["parallel.tp"] % 2:
@@ -151,6 +152,7 @@ def test_default_equals_full_on_generated_pipelines(overrides, host_mode, extra)
         o.update({"parallel.first_stage_layers": 1, "parallel.last_stage_layers": 2})
     o.update({"model.layers": layers, "parallel.gpus": tp * pp * dp, "parallel.dp": "auto",
               "parallel.sp": o["parallel.sp"] and tp > 1, "topology.nodes": 4, "parallel.micro_batch": 1})
+    o["parallel.tp_comm_overlap"] = o["parallel.tp_comm_overlap"] and o["parallel.sp"]  # Megatron asserts SP
     o.update(host(o, *host_mode))
     check(o, extra)
 

@@ -224,7 +224,7 @@ class ModelDims:
         padded vocabulary divided by tp; run settings (attention kernel, dropout, dtype, overlap) from `s`."""
         m, p = s.model, s.parallel
         t = self.tp if tp is None else tp
-        overlap = p.tp_comm_overlap and t > 1 and self.sp  # Megatron asserts SP for it (arguments.py L1442)
+        overlap = p.tp_comm_overlap and t > 1 and self.sp  # SP: scenarios/checks.py check_tp_comm_overlap
         return LayerDims(
             seq=self.seq // self.cp, micro_batch=self.micro_batch, hidden=self.hidden, tp=t, sp=self.sp and t > 1,
             heads=self.heads // t, kv_heads=max(1, self.kv_heads // t), head_dim=self.head_dim,
