@@ -40,9 +40,9 @@ import heapq
 import math
 from functools import lru_cache
 
+from meshsim.sim.core.units import FP32_BYTES
 from meshsim.topologies.gpus import GpuSpec
 
-FP32_BYTES = 4
 CTAS_PER_SM = 1  # the backward kernel's shared memory allows one resident CTA (module docstring)
 
 
