@@ -53,6 +53,7 @@ print(json.dumps({"message": message, "children": len(multiprocessing.active_chi
     ("SIGSTOP", r"^rank\(s\) \[1\] stopped responding \(no heartbeat"),
     ("SIGKILL", r"^rank 1 was killed by SIGKILL; rank\(s\) \[0\] (failed while waiting for them|were waiting "
                 r"for them and were stopped)"),
+    ("SIGABRT", r"^rank 1 was killed by SIGABRT \(in selftest_task, launch\.py:\d+\); rank\(s\) \[0\] "),
 ])
 def test_stopped_or_killed_worker_is_named_and_every_worker_stopped(sig, blamed):
     """A SIGSTOPped rank (heartbeat goes stale) or a SIGKILLed one is named, the rank waiting for it is not
@@ -63,6 +64,16 @@ def test_stopped_or_killed_worker_is_named_and_every_worker_stopped(sig, blamed)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["message"] is not None and re.search(blamed, report["message"]), report
     assert report["children"] == 0
+
+
+def test_a_crash_after_the_results_is_reported_and_the_results_stand(capsys):
+    """A rank that aborts once rank 0 has written every rank's result (as gloo's teardown once did in CI)
+    cannot change them: launch returns them and names the crash, with its Python frame, on stderr."""
+    out = launch("selftest", {"teardown_signal_rank": 1, "signal": "SIGABRT"}, 2, timeout_s=30)
+    assert out == [{"rank": 0, "sum": 3.0}, {"rank": 1, "sum": 3.0}]
+    err = capsys.readouterr().err
+    assert re.search(r"rank 1 was killed by SIGABRT \(in _spawn_entry, launch\.py:\d+\) after every rank's "
+                     r"result was gathered", err), err
 
 
 def test_launch_failure_is_one_line_and_exit_1(monkeypatch, capsys):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import importlib
 import json
 import os
@@ -32,7 +33,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from meshsim.sim.core.userio import dumps_finite
-from meshsim.validate.launch.watchdog import LaunchError, heartbeat, stale_after_s, stop_all, wait_for
+from meshsim.validate.launch.watchdog import (
+    RESULTS_FILE,
+    LaunchError,
+    fault_file,
+    heartbeat,
+    stale_after_s,
+    stop_all,
+    wait_for,
+)
 from meshsim.validate.stack.groups import set_timeout as set_group_timeout
 
 TASKS = {
@@ -95,8 +104,10 @@ def worker_main(task: str, payload: dict, out_dir: str, backend: str = "gloo", t
         result = _task(task)(payload)
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
-        if rank == 0:
-            (out / "results.json").write_text(dumps_finite(gathered))  # what load_json reads back
+        if rank == 0:  # written whole, then renamed: the file exists only once complete
+            (out / f"{RESULTS_FILE}.part").write_text(dumps_finite(gathered))  # what load_json reads back
+            os.replace(out / f"{RESULTS_FILE}.part", out / RESULTS_FILE)
+        dist.barrier()  # every rank is past the gather before any rank tears its connections down
     except Exception:
         (out / f"error.{rank}").write_text(traceback.format_exc())
         raise
@@ -112,8 +123,13 @@ def _spawn_entry(local_rank: int, world: int, port: int, task: str, payload: dic
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us, quietly
     if payload.get("absent_rank") == local_rank:  # launcher tests: this rank never joins
         return
+    # A C++ abort or segfault, here or in the interpreter's teardown, leaves its Python stack in this file for
+    # the watchdog; faulthandler holds the file open until the process ends.
+    faulthandler.enable(open(fault_file(Path(out_dir), local_rank), "w"))  # noqa: SIM115
     with heartbeat(Path(out_dir) / f"alive.{local_rank}"):
         worker_main(task, payload, out_dir, backend, timeout_s)
+    if payload.get("teardown_signal_rank") == local_rank:  # launcher tests: a crash after the results
+        os.kill(os.getpid(), getattr(signal, payload["signal"]))
 
 
 def launch(task: str, payload: dict, nproc: int, *, backend: str = "gloo", timeout_s: float = 60.0) -> list:
@@ -128,13 +144,14 @@ def launch(task: str, payload: dict, nproc: int, *, backend: str = "gloo", timeo
         except BaseException:  # a LaunchError, or Ctrl-C / SIGTERM in the parent: no worker outlives it
             stop_all(ctx.processes)
             raise
-        return json.loads((out / "results.json").read_text())
+        return json.loads((out / RESULTS_FILE).read_text())
 
 
 def selftest_task(payload: dict) -> dict:
     """For tests of the launcher: payload {"fail_rank": r} raises there, {"hang_rank": r} sleeps there,
     {"signal_rank": r, "signal": "SIGSTOP" | "SIGKILL"} stops or kills rank r's process, {"absent_rank": r}
-    makes rank r exit before joining (handled in _spawn_entry)."""
+    makes rank r exit before joining and {"teardown_signal_rank": r, "signal": ...} signals rank r once the
+    results are written (both handled in _spawn_entry)."""
     rank = dist.get_rank()
     if payload.get("signal_rank") == rank:  # stop (SIGSTOP) or kill (SIGKILL) this whole process
         os.kill(os.getpid(), getattr(signal, payload["signal"]))
