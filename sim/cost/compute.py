@@ -249,8 +249,7 @@ class ComputeModel:
         stretched by its grid's load balance, plus the extra fp32 dQ slices' traffic and their fill kernels'
         launches (the NaN fill and the zeros)."""
         sms = self.gpu.sm_count
-        kv = a.kv_seq if a.kv_seq is not None else a.seq
-        ratio = split_ratio(sms, a.batch, a.heads, a.seq, kv, a.head_dim, a.causal, a.window)
+        ratio = split_ratio(sms, a.batch, a.heads, a.seq, a.keys, a.head_dim, a.causal, a.window)
         extra = extra_dq_bytes(sms, a.batch, a.heads, a.seq, a.head_dim) / self.elementwise_bw_bytes_s
         return a.flops * ratio / rate + extra + 3 * self.launch_s
 

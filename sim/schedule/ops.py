@@ -78,11 +78,15 @@ class Attention:
     dropout: bool = False  # attention dropout (model.dropout): picks TE's deterministic backend (fa2_deterministic.py)
 
     @property
+    def keys(self) -> int:
+        """Key positions each query row sees before masking: kv_seq when set, else seq."""
+        return self.kv_seq if self.kv_seq is not None else self.seq
+
+    @property
     def score_pairs(self) -> float:
         """Query-key pairs with kv_seq set: seq kv_seq, less seq^2 / 2 under the causal mask (the
         continuous count the s^2 / 2 of the square case uses)."""
-        kv = self.kv_seq if self.kv_seq is not None else self.seq
-        return self.seq * kv - (self.seq * self.seq / 2.0 if self.causal else 0.0)
+        return self.seq * self.keys - (self.seq * self.seq / 2.0 if self.causal else 0.0)
 
     @property
     def flops(self) -> float:
