@@ -24,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from meshsim.scenarios.check_base import CheckContext, divisors, gpus_used, rule_error, use_in
-from meshsim.scenarios.schema import ModelConfig, Scenario
+from meshsim.scenarios.schema import GATED_MLP_NAMES, ModelConfig, Scenario
 
 
 def linear_bias(m: ModelConfig) -> bool:
-    """model.bias, else the model-family default: no biases for gated (swiglu) MLPs. The rule is
+    """model.bias, else the model-family default: no biases for gated (swiglu, quick_geglu) MLPs. The rule is
     sim/schedule/model_family.has_linear_bias, which this layer may not import; tests/test_moe_checks.py
     checks that the two agree."""
-    return m.bias if m.bias is not None else m.mlp != "swiglu"
+    return m.bias if m.bias is not None else m.mlp not in GATED_MLP_NAMES
 
 
 def check_ep_needs_moe(s: Scenario, ctx: CheckContext) -> None:
@@ -52,6 +52,27 @@ def check_moe_layers(s: Scenario, ctx: CheckContext) -> None:
     if moe.top_k > moe.experts:
         raise rule_error(ctx, "model.moe.top_k", moe.top_k, f"Each token picks top_k of the {moe.experts} "
                          "experts", f"use top_k <= {moe.experts}")
+
+
+def check_gated_activation(s: Scenario, ctx: CheckContext) -> None:
+    """--activation-func-clamp-value clamps a GLU's gate and up (Megatron-LM d98e8a64 experts.py / mlp.py
+    glu), so it needs a gated MLP. quick_geglu is priced on routed experts only: Megatron fuses it there
+    (experts.py weighted_bias_quick_geglu_impl), while a dense MLP or shared expert (mlp.py L300-318) has
+    no fused quick-GEGLU and runs it eagerly, which meshsim does not price."""
+    m = s.model
+    if m.activation_clamp is not None and m.mlp not in GATED_MLP_NAMES:
+        raise rule_error(ctx, "model.activation_clamp", m.activation_clamp, f"Megatron clamps the gate and "
+                         f"up of a gated MLP, and model.mlp is {m.mlp}",
+                         f"use model.mlp: {' or '.join(GATED_MLP_NAMES)}, or drop activation_clamp")
+    if m.mlp != "quick_geglu":
+        return
+    moe = m.moe
+    dense = moe is None or moe.dense_layers > 0 or moe.every > 1 or moe.shared_ffn_hidden is not None
+    if dense:
+        raise rule_error(ctx, "model.mlp", m.mlp, "quick_geglu is priced on routed experts only (Megatron "
+                         "runs a dense MLP's or shared expert's quick-GEGLU unfused, which meshsim does not "
+                         "price), and this model has dense MLP layers or a shared expert",
+                         "use model.mlp: swiglu (the same FLOPs and bytes, fused)")
 
 
 def check_router_groups(s: Scenario, ctx: CheckContext) -> None:
@@ -156,6 +177,7 @@ Rule = Callable[[Scenario, CheckContext], None]
 MOE_RULES: tuple[Rule, ...] = (
     check_ep_needs_moe,
     check_moe_layers,
+    check_gated_activation,
     check_router_groups,
     check_capacity,
     check_experts_ep,

@@ -69,13 +69,20 @@ class MlaConfig(Frozen):
         return self.qk_head_dim + self.qk_rope_head_dim
 
 
+# gated MLP activations: fc1 computes gate and up (sim/schedule/model_family.py states the rules)
+GATED_MLP_NAMES = ("swiglu", "quick_geglu")
+
+
 class ModelConfig(Frozen):
     layers: int = Field(gt=0)
     hidden: int = Field(gt=0)
     heads: int = Field(gt=0)
     kv_heads: int | None = Field(default=None, gt=0)  # default: = heads (multi-head attention)
-    ffn_hidden: int | None = Field(default=None, gt=0)  # default: 4*hidden (gelu, relu2), 8/3*hidden rounded (swiglu)
-    mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"  # relu2: non-gated squared ReLU (Nemotron)
+    ffn_hidden: int | None = Field(default=None, gt=0)  # default: 4*hidden (gelu, relu2), 8/3*hidden rounded (gated)
+    # relu2: non-gated squared ReLU (Nemotron); quick_geglu: Megatron --quick-geglu (GPT-OSS), gated
+    mlp: Literal["gelu", "swiglu", "relu2", "quick_geglu"] = "gelu"
+    # Megatron --activation-func-clamp-value: gated MLPs clamp gate and up to it first (GPT-OSS: 7.0)
+    activation_clamp: float | None = Field(default=None, ge=1e-3, le=1e6)
     norm: Literal["layernorm", "rmsnorm"] | None = None  # default: sim/schedule/model_family.py (rmsnorm for swiglu)
     bias: bool | None = None  # biases on every linear; default: sim/schedule/model_family.py (none for swiglu)
     seq_len: int = Field(gt=0)
@@ -103,7 +110,7 @@ class ModelConfig(Frozen):
     def ffn(self) -> int:
         if self.ffn_hidden:
             return self.ffn_hidden
-        return 256 * ((8 * self.hidden // 3 + 255) // 256) if self.mlp == "swiglu" else 4 * self.hidden
+        return 256 * ((8 * self.hidden // 3 + 255) // 256) if self.mlp in GATED_MLP_NAMES else 4 * self.hidden
 
     @property
     def kv_channels(self) -> int:

@@ -17,7 +17,9 @@ Activations kept for backward, per micro-batch (16-bit activations, fp32 routing
   probabilities and routing map, T E (4 + 1); per routed row the experts keep fc1's input 2h, fc1's output
   2 fc1_n, the activation's output 2 f_e and the row's probability 4 (expert_rows rows; the probabilities
   multiply the activation inside the experts, experts.py activation_func_with_probs, so the unpermute is
-  a plain scatter-add that keeps nothing; recompute of moe_act drops the activation's output); the shared expert keeps its fc1 output and activation output on the gathered
+  a plain scatter-add that keeps nothing; recompute of moe_act drops the activation's output; quick-GEGLU's
+  eager clamp makes the fused activation keep the clamped copy of fc1's output, 2 fc1_n more, unless
+  moe_act is recomputed: sim/schedule/moe_act.py); the shared expert keeps its fc1 output and activation output on the gathered
   tokens, 2 (shared_fc1_n + f_s) per token x tp.
 """
 
@@ -62,7 +64,7 @@ def moe_activation_bytes(plan: LayerPlan) -> int:
     d, m = plan.d, plan.moe
     outside = 2 * d.hidden + norm_kept_bytes(plan) + (d.hidden if d.dropout else 0)
     router = m.tokens * m.experts * (PROB_BYTES + ROUTING_MAP_BYTES)
-    act_out = 0 if d.recomputes("moe_act") else 2 * m.ffn
+    act_out = 0 if d.recomputes("moe_act") else 2 * m.ffn + (2 * m.fc1_n if m.eager_clamp else 0)
     experts = m.expert_rows * (2 * m.hidden + 2 * m.fc1_n + act_out + PROB_BYTES)
     shared = m.tokens * m.tp * 2 * (m.shared_fc1_n + m.shared_ffn) if m.shared_ffn else 0
     return d.tokens_out * outside + router + experts + shared

@@ -10,13 +10,16 @@ MLP activations (fc1 -> act -> fc2, ffn = f):
 - gelu:   act(x) = gelu(x)                 fc1 width f,  forward GEMM FLOPs per token 4hf
 - relu2:  act(x) = relu(x)^2 (squared ReLU, So et al. 2021 "Primer"; Nemotron-4), non-gated: as gelu
 - swiglu: act(g, u) = silu(g) * u (Shazeer 2020), gated: fc1 computes gate and up, width 2f, 6hf
+- quick_geglu: act(g, u) = g sigmoid(1.702 g) * (u + offset) (Megatron --quick-geglu, --glu-linear-offset;
+  GPT-OSS), gated: as swiglu. Its kernels move the same bytes; what differs is which of them Megatron fuses
+  (sim/schedule/moe_act.py: the clamp of --activation-func-clamp-value runs eagerly before quick-GEGLU)
 """
 
 from __future__ import annotations
 
-from meshsim.scenarios.schema import ModelConfig
+from meshsim.scenarios.schema import GATED_MLP_NAMES, ModelConfig
 
-GATED_MLPS = frozenset({"swiglu"})
+GATED_MLPS = frozenset(GATED_MLP_NAMES)
 
 
 def is_gated(mlp: str) -> bool:

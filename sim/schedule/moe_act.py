@@ -7,6 +7,13 @@ bias_swiglu_fusion by default). A non-gated activation (GELU; squared ReLU unles
 use_fused_weighted_squared_relu, default False) has no fused kernel (with bias_activation_fusion set it
 raises "Only support fusion of swiglu and quick_gelu"), so eager PyTorch runs act(x), x * probs and
 .to(dtype) as three kernels, and autograd runs their conjugates: `_act_unfused` counts their bytes.
+
+The clamp of --activation-func-clamp-value is fused into SwiGLU's kernel (WeightedSwiGLUFunction takes
+clamp_value) but not into quick-GEGLU's: weighted_bias_quick_geglu_impl (megatron/core/fusions/
+fused_bias_geglu.py L410-431 at d98e8a64) first runs, eagerly, gate.clamp(max=c), up.clamp(-c, c) and
+torch.cat of the two, then the fused kernel on the copy (`_clamp_kernels`). It runs inside the checkpointed
+activation, so recompute of moe_act runs it again; without that recompute the fused function keeps the
+clamped copy for backward (sim/cost/layer_memory.py).
 """
 
 from __future__ import annotations
@@ -52,11 +59,31 @@ def _act_unfused(m: MoeDims, rows: int, backward: bool) -> tuple[tuple[str, Elem
             ("expert_act", Elementwise(f"{m.mlp}_bwd", 2 * n * a, n * a)))
 
 
+def _clamp_kernels(m: MoeDims, backward: bool) -> tuple[tuple[str, Elementwise], ...]:
+    """quick-GEGLU's eager clamp (module docstring) over the [rows, 2 f] fc1 output, n = rows f a bytes per
+    half. Forward: the two clamps read and write each half (2n + 2n), torch.cat copies both (2n + 2n).
+    Backward (autograd): each clamp's gradient reads its gradient and its saved input and writes a gradient
+    (4n read, 2n written), and chunk's backward concatenates the two halves (2n + 2n)."""
+    n = m.expert_rows * m.ffn * m.dtype_bytes
+    if backward:
+        return (("expert_act_clamp", Elementwise("clamp_bwd", 4 * n, 2 * n)),
+                ("expert_act_clamp_cat", Elementwise("cat", 2 * n, 2 * n)))
+    return (("expert_act_clamp", Elementwise("clamp", 2 * n, 2 * n)),
+            ("expert_act_clamp_cat", Elementwise("cat", 2 * n, 2 * n)))
+
+
 def expert_act(tpl: Template, phase: str, m: MoeDims, deps: Deps, backward: bool) -> int:
-    """The routed experts' activation x probability: one fused kernel for gated MLPs, else the eager chain
-    (_act_unfused), each kernel after the previous one; returns the last op."""
+    """The routed experts' activation x probability: one fused kernel for gated MLPs (after quick-GEGLU's
+    eager clamp in forward, before its backward), else the eager chain (_act_unfused), each kernel after
+    the previous one; returns the last op."""
     if is_gated(m.mlp):
-        return tpl.add(phase, "expert_act", act_kernel(m, m.expert_rows, m.fc1_n, m.ffn, backward, True), deps)
+        clamp = _clamp_kernels(m, backward) if m.eager_clamp else ()
+        for suffix, work in () if backward else clamp:
+            deps = (tpl.add(phase, suffix, work, deps),)
+        last = tpl.add(phase, "expert_act", act_kernel(m, m.expert_rows, m.fc1_n, m.ffn, backward, True), deps)
+        for suffix, work in clamp if backward else ():
+            last = tpl.add(phase, suffix, work, (last,))
+        return last
     for suffix, work in _act_unfused(m, m.expert_rows, backward):
         deps = (tpl.add(phase, suffix, work, deps),)
     return deps[0]

@@ -31,6 +31,7 @@ from meshsim.sim.schedule import elementwise_ops as ew
 from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.duality import region_boundaries
+from meshsim.sim.schedule.expert_bias import fc2_bias_backward, fc2_bias_forward
 from meshsim.sim.schedule.layer_ops import (
     boundary_collective,
     comm_then_gemm,
@@ -238,20 +239,22 @@ def combine_backward(tpl: Template, m: MoeDims, g: Deps) -> int:
 # ----- experts ---------------------------------------------------------------------------------------------
 def experts_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, x: int) -> int:
     """fc1, activation x probability, fc2 as grouped GEMMs; under run.fp8 each GEMM's input is quantized first
-    (TE GroupedLinear quantizes every expert's split in one kernel: the same bytes as one tensor)."""
+    (TE GroupedLinear quantizes every expert's split in one kernel: the same bytes as one tensor); with
+    biases, fc2's is added eagerly after it (expert_bias.py)."""
     q = fp8.quantize(tpl, phase, d, "expert_fc1", m.expert_rows * m.hidden, False, (x,), d.fp8.wgrad)
     fc1 = tpl.add(phase, "expert_fc1", m.fc1_gemm(), q)
     act = expert_act(tpl, phase, m, (fc1,), False)
     q = fp8.quantize(tpl, phase, d, "expert_fc2", m.expert_rows * m.ffn, False, (act,), d.fp8.wgrad)
-    return tpl.add(phase, "expert_fc2", m.fc2_gemm(), q)
+    return fc2_bias_forward(tpl, phase, m, (tpl.add(phase, "expert_fc2", m.fc2_gemm(), q),))[0]
 
 
 def experts_backward(tpl: Template, d: LayerDims, m: MoeDims, g: int) -> tuple[int, int, tuple[int, int]]:
-    """Grouped dgrad then wgrad of fc2, the activation's backward, fc1 (each output gradient quantized first
-    under run.fp8); returns (input-gradient op, probability-gradient op, the two wgrad ops)."""
+    """The eager fc2 bias's backward (with biases), grouped dgrad then wgrad of fc2, the activation's
+    backward, fc1 (each output gradient quantized first under run.fp8); returns (input-gradient op, probability-gradient op, the two wgrad ops)."""
     fc1, fc2, w8 = m.fc1_gemm(), m.fc2_gemm(), d.fp8.on and d.fp8.wgrad
     if d.recomputes("moe_act"):  # the activation output fc2's wgrad needs, again
         expert_act(tpl, "recompute", m, (), False)
+    g = fc2_bias_backward(tpl, m, (g,))[0]
     gq = fp8.quantize(tpl, "bwd", d, "expert_fc2", m.expert_rows * m.hidden, False, (g,), d.fp8.wgrad)
     dg2 = tpl.add("bwd", "expert_fc2_dgrad", dgrad(fc2), gq)
     w2 = tpl.add("bwd", "expert_fc2_wgrad", wgrad(fc2, d.grad_fusion, w8), gq)

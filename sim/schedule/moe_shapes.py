@@ -80,6 +80,7 @@ class MoeDims:
     grad_fusion: bool = True
     bias: bool = False
     fp8: bool = False  # run.fp8: the experts' and the shared expert's TE linears run FP8 GEMMs (moe_ops.py)
+    eager_clamp: bool = False  # quick_geglu with activation_clamp: the clamps run eagerly (moe_act.py)
 
     @property
     def sent_rows(self) -> int:
@@ -218,7 +219,7 @@ def moe_dims(rs: ResolvedScenario) -> MoeDims | None:
         flex_backend=p.moe_flex_backend, mlp=m.mlp, sigmoid=moe.router == "sigmoid",
         distinct_ranks=distinct_holders(moe, rs.ep), distinct_nodes=distinct_holders(moe, nodes),
         dtype_bytes=m.dtype_bytes, grad_fusion=s.run.grad_accumulation_fusion, bias=has_linear_bias(m),
-        fp8=s.run.fp8_on)
+        fp8=s.run.fp8_on, eager_clamp=m.mlp == "quick_geglu" and m.activation_clamp is not None)
 
 
 def fp8_linear_weights(rs: ResolvedScenario, d: LayerDims, layers: Sequence[int], head: bool = False) -> int:

@@ -153,9 +153,13 @@ def mlp_block(x, w: dict, i: int, plan: Plan, mesh: Mesh) -> torch.Tensor:
 
 def mlp_activation(mlp: str, y: torch.Tensor) -> torch.Tensor:
     """The MLP activation of sim/schedule/model_family.py: swiglu silu(gate) * up on fc1's [gate | up] columns
-    (this rank's shard of each), relu2 relu(y)^2, gelu gelu(y)."""
+    (this rank's shard of each), quick_geglu gate sigmoid(1.702 gate) * up (Megatron's quick_geglu with its
+    default linear offset 0; the clamp is not applied: it changes which kernels run, not the layout's
+    numerics), relu2 relu(y)^2, gelu gelu(y)."""
     if is_gated(mlp):
         gate, up = y.chunk(2, dim=-1)
+        if mlp == "quick_geglu":
+            return gate * torch.sigmoid(1.702 * gate) * up
         return F.silu(gate) * up
     if mlp == "relu2":
         return torch.relu(y).square()
