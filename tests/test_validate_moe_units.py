@@ -83,7 +83,8 @@ def _one_rank_moe(mlp: str, recompute: str, **moe_kw):
 
 @pytest.mark.parametrize("mlp,recompute,kw", [
     ("swiglu", "none", {}), ("gelu", "full", {"router": "sigmoid", "shared_ffn_hidden": 16, "dense_layers": 1}),
-    ("swiglu", "selective", {"router_groups": 2, "router_group_topk": 1, "shared_ffn_hidden": 8})])
+    ("swiglu", "selective", {"router_groups": 2, "router_group_topk": 1, "shared_ffn_hidden": 8}),
+    ("quick_geglu", "none", {})])  # GPT-OSS's activation, with biases
 def test_single_rank_moe_model_equals_the_dense_reference(mlp, recompute, kw):
     """ep = etp = 1: permute, sort by local expert (4 of them), one computation per expert, unpermute equal
     sum_e p_e MLP_e(x), forward and every gradient (router included); a wrong permutation does not."""
@@ -103,6 +104,18 @@ def test_single_rank_moe_model_equals_the_dense_reference(mlp, recompute, kw):
         assert any(".router." in n for n in w) and any(".experts.3." in n for n in w)
         for n, t in w.items():
             torch.testing.assert_close(t.grad, ref.grads[n], msg=n)
+
+
+def test_quick_geglu_is_megatrons_formula_on_gate_and_up():
+    """quick_geglu(g, u) = g sigmoid(1.702 g) u on fc1's [gate | up] columns (fused_bias_geglu.py quick_geglu,
+    linear offset 0), and not SwiGLU's silu(g) u (a negative control on the same input)."""
+    from meshsim.validate.stack.layers import mlp_activation
+
+    y = torch.tensor([[1.0, -2.0, 0.5, 3.0]], dtype=torch.float64)
+    g, u = y[:, :2], y[:, 2:]
+    expected = g * torch.sigmoid(1.702 * g) * u
+    torch.testing.assert_close(mlp_activation("quick_geglu", y), expected)
+    assert (mlp_activation("swiglu", y) - expected).abs().max() > 1e-3
 
 
 def test_expert_parameters_held_sliced_and_bucketed():

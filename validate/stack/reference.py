@@ -34,8 +34,9 @@ def _linear(x, w: dict, name: str) -> torch.Tensor:
 
 
 def _mlp(y, w: dict, prefix: str, d: ModelDims) -> torch.Tensor:
-    if is_gated(d.mlp):
-        y = F.silu(_linear(y, w, prefix + "gate")) * _linear(y, w, prefix + "up")
+    if is_gated(d.mlp):  # swiglu silu(g) u, quick_geglu g sigmoid(1.702 g) u (written apart from layers.py)
+        g = _linear(y, w, prefix + "gate")
+        y = (F.silu(g) if d.mlp == "swiglu" else g * torch.sigmoid(1.702 * g)) * _linear(y, w, prefix + "up")
     else:
         y = mlp_activation(d.mlp, _linear(y, w, prefix + "fc1"))
     return _linear(y, w, prefix + "fc2")
