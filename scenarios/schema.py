@@ -83,8 +83,8 @@ class ModelConfig(Frozen):
     mlp: Literal["gelu", "swiglu", "relu2", "quick_geglu"] = "gelu"
     # Megatron --activation-func-clamp-value: gated MLPs clamp gate and up to it first (GPT-OSS: 7.0)
     activation_clamp: float | None = Field(default=None, ge=1e-3, le=1e6)
-    norm: Literal["layernorm", "rmsnorm"] | None = None  # default: sim/schedule/model_family.py (rmsnorm for swiglu)
-    bias: bool | None = None  # biases on every linear; default: sim/schedule/model_family.py (none for swiglu)
+    norm: Literal["layernorm", "rmsnorm"] | None = None  # default: sim/schedule/model_family.py (rmsnorm for gated)
+    bias: bool | None = None  # biases on every linear; default: sim/schedule/model_family.py (none for gated)
     seq_len: int = Field(gt=0)
     vocab: int = Field(gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"

@@ -23,7 +23,7 @@ active parameters only (top_k routed experts and the shared expert per token), t
 causal-halved, the padded vocabulary, per token and layer x 3 (fwd + dgrad + wgrad) x 2 (FMA):
     MLP      h f g (dense layers) | h (f_moe k + f_shared) g (MoE layers),   g = 3 swiglu, 2 otherwise
              (Megatron keys g on --swiglu, so a gated quick-GEGLU model counts 2: GPT-OSS-120B then has
-             2.713e10 FLOPs per token, Bridge's H100 row's 158 TFLOP/s at 5,824 tokens/s, section 1.3)
+             2.716e10 FLOPs per token; Bridge's H100 row, 158 TFLOP/s at 5,824 tokens/s, 2.713e10, section 1.3)
     MHA/GQA  h (q + 2 kv) + q h (projections) + s q (core; q = heads x kv_channels, kv = groups x kv_channels)
     MLA      q_lora (h + a (d_qk + d_rope) + 1) [or h a (d_qk + d_rope)] + kv_lora (h + a (d_qk + d_v) + 1)
              + h d_rope + a d_v h (projections) + s a (d_qk + d_rope + d_v) / 2 (core)

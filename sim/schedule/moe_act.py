@@ -78,11 +78,13 @@ def expert_act(tpl: Template, phase: str, m: MoeDims, deps: Deps, backward: bool
     the previous one; returns the last op."""
     if is_gated(m.mlp):
         clamp = _clamp_kernels(m, backward) if m.eager_clamp else ()
-        for suffix, work in () if backward else clamp:
-            deps = (tpl.add(phase, suffix, work, deps),)
+        if not backward:
+            for suffix, work in clamp:
+                deps = (tpl.add(phase, suffix, work, deps),)
         last = tpl.add(phase, "expert_act", act_kernel(m, m.expert_rows, m.fc1_n, m.ffn, backward, True), deps)
-        for suffix, work in clamp if backward else ():
-            last = tpl.add(phase, suffix, work, (last,))
+        if backward:
+            for suffix, work in clamp:
+                last = tpl.add(phase, suffix, work, (last,))
         return last
     for suffix, work in _act_unfused(m, m.expert_rows, backward):
         deps = (tpl.add(phase, suffix, work, deps),)

@@ -250,7 +250,8 @@ def experts_forward(tpl: Template, phase: str, d: LayerDims, m: MoeDims, x: int)
 
 def experts_backward(tpl: Template, d: LayerDims, m: MoeDims, g: int) -> tuple[int, int, tuple[int, int]]:
     """The eager fc2 bias's backward (with biases), grouped dgrad then wgrad of fc2, the activation's
-    backward, fc1 (each output gradient quantized first under run.fp8); returns (input-gradient op, probability-gradient op, the two wgrad ops)."""
+    backward, fc1 (each output gradient quantized first under run.fp8); returns (input-gradient op,
+    probability-gradient op, the two wgrad ops)."""
     fc1, fc2, w8 = m.fc1_gemm(), m.fc2_gemm(), d.fp8.on and d.fp8.wgrad
     if d.recomputes("moe_act"):  # the activation output fc2's wgrad needs, again
         expert_act(tpl, "recompute", m, (), False)
