@@ -5,6 +5,7 @@ factors) run in a subprocess whose generous timeout is the only bound asserted: 
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -167,6 +168,13 @@ def test_bad_output_paths_exit_2_before_any_work(case, tmp_path, capsys, monkeyp
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the output path was checked")
 
+    # import first every module that binds `simulate` by name: one first imported while it is patched
+    # would keep the stand-in after the test (monkeypatch restores only the names it set)
+    binders = ["meshsim.sim.cli.run", "meshsim.sim.sweep.record"]
+    if case.startswith(("calibrate", "validate")):
+        binders.append("meshsim.validate.crosscheck.crosscheck")
+    for module in binders:
+        importlib.import_module(module)
     for target in ("meshsim.sim.results.simulate.simulate", "meshsim.sim.cli.run.simulate",
                    "meshsim.sim.sweep.record.simulate"):
         monkeypatch.setattr(target, no_work)
