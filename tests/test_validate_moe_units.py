@@ -151,6 +151,21 @@ def test_shrunk_moe_scenario_and_default_variants():
     assert any("etp2" in s for s in specs)
 
 
+def test_a_variant_takes_its_activations_biases_not_the_scenarios():
+    """GPT-OSS sets model.bias for its quick-GEGLU; a swiglu etp2 variant takes SwiGLU's default (none, so
+    Megatron's etp rule holds), a gelu one GELU's (biases), and `bias` adds them (then etp2 is refused)."""
+    sc, src = load_scenario("gpt-oss-120b-h100-pp4-ep8")
+    assert sc.model.bias is True and sc.model.mlp == "quick_geglu"
+    swiglu = make_variant(sc, "pp1+dp4+tp+swiglu+ep2+etp2+grouped", 4, src).scenario.model
+    gelu = make_variant(sc, "pp1+dp2+sp+gelu+grouped+shared+full+ep2", 4, src).scenario.model
+    assert (swiglu.mlp, swiglu.bias, gelu.mlp, gelu.bias) == ("swiglu", None, "gelu", None)
+    assert make_variant(sc, "pp1+dp2+sp+gelu+ep2+bias", 4, src).scenario.model.bias is True
+    with pytest.raises(UserError, match="biases"):
+        numerics_payload(sc, src, 4, ["pp1+dp4+tp+swiglu+ep2+etp2+bias"])
+    own = make_variant(sc, "pp1+dp2+tp+quick_geglu+ep2+bias", 4, src).scenario.model
+    assert (own.mlp, own.bias, own.activation_clamp) == ("quick_geglu", True, None)  # the clamp is not run
+
+
 def test_moe_modifiers_and_their_refusals():
     sc, src = load_scenario(MIXTRAL)
     v = make_variant(sc, "dp2+sp+gelu+sigmoid+grouped+shared+dense1+ep2", 4, src).scenario

@@ -20,6 +20,8 @@ The rule (docs/validate.md, "Shrink rule"), for `nproc` processes and a `ShrinkR
   (topology.nodes grows when the topology has fewer than nproc GPUs); model.head_dim is dropped (hidden'
   / heads' = r.head_dim already); so are multi-latent attention (standard attention runs instead),
   multi-token prediction, parallel.recompute_modules (the variants set recompute) and a pipeline_layout;
+  model.activation_clamp is dropped (the real stack does not clamp: it changes which kernels run, not
+  what the layout computes);
   model.qk_norm is kept (validate runs it) unless the model has MLA (where it meant MLA's latent norms);
 - MoE (model.moe): etp' = gcd(etp, S), ep' = gcd(ep, S / etp') on the S = nproc / pp' ranks of a stage;
   `shrink_moe`: two local experts per ep rank (at least 4 experts), top-2, expert and shared FFN =
@@ -174,7 +176,7 @@ def shrink(scenario: Scenario, nproc: int, rule: ShrinkRule = NUMERICS, source: 
         ffn_hidden=2 * hidden, seq_len=rule.seq_per_rank * tp, vocab=rule.vocab_per_rank * tp, dropout=False,
         vocab_divisible_by=1,  # no padding: the real stack's vocabulary is exactly vocab_per_rank x tp
         # the real stack runs no MTP depth and standard attention; with MLA, qk_norm meant its latent norms
-        mtp_layers=0, mla=None, qk_norm=m.qk_norm and m.mla is None, **moe_model))
+        mtp_layers=0, mla=None, qk_norm=m.qk_norm and m.mla is None, activation_clamp=None, **moe_model))
     parallel = p.model_copy(update=dict(
         tp=tp, dp=dp, gpus=nproc, sp=p.sp and tp > 1, micro_batch=rule.micro_batch, recompute_modules=None,
         global_batch=rule.micro_batch * dp * micro_batches, tp_comm_overlap=False,

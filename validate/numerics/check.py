@@ -5,7 +5,7 @@ reference on the whole batch (all DP ranks' sequences), then its own shard of th
 asserts with torch.testing.assert_close (TOLERANCES by dtype) that the loss, its logits shard and EVERY
 parameter shard's gradient equal the reference's. A mismatch names the tensor, the rank and the max error.
 
-Variant specs join modifiers with "+": tp | sp, gelu | swiglu, mha | gqa (kv = tp/2, so KV heads are
+Variant specs join modifiers with "+": tp | sp, gelu | swiglu | quick_geglu, mha | gqa (kv = tp/2, so KV heads are
 replicated when tp > 1), none | selective | full (recompute), tied, qknorm (model.qk_norm: a norm over each
 query and key head), dp1 | dp2 | dp4 (tp = nproc, nproc/2
 or nproc/4; default: the scenario's tp, shrunk; with a pipeline, tp = nproc / pp, ...), pipelines pp1 (none:
@@ -22,7 +22,9 @@ An MoE scenario (model.moe; validate/stack/moe.py runs its layers) takes the MoE
 (group-limited routing), shared (a shared expert), dense1 (the first layer dense), bias (biases on every
 linear), and the negative controls wrong_permute and wrong_combine (ep > 1; validate/stack/moe.py). Its
 default variants are MOE_SPECS[nproc]. Every variant is checked by the scenario rules before any process
-starts (scenarios/moe_checks.py: e.g. etp > 1 refuses biases).
+starts (scenarios/moe_checks.py: e.g. etp > 1 refuses biases). A variant that names its activation (gelu,
+swiglu, quick_geglu) takes that family's default biases (sim/schedule/model_family.py), not the scenario's own
+`model.bias` (GPT-OSS sets it for its quick-GEGLU); `bias` adds them.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ def pipeline_specs(nproc: int) -> list[str]:
 
 
 def _token_changes(token: str, tp: int, heads: int) -> dict:
-    simple = {"tp": {"sp": False}, "sp": {"sp": True}, "gelu": {"mlp": "gelu"}, "swiglu": {"mlp": "swiglu"},
+    simple = {"tp": {"sp": False}, "sp": {"sp": True}, "gelu": {"mlp": "gelu", "bias": None},
+              "swiglu": {"mlp": "swiglu", "bias": None}, "quick_geglu": {"mlp": "quick_geglu", "bias": None},
               "none": {"recompute": "none"}, "selective": {"recompute": "selective"},
               "full": {"recompute": "full"}, "tied": {"tied_embeddings": True}, "mha": {"kv_heads": None},
               "qknorm": {"qk_norm": True},
@@ -189,6 +192,8 @@ def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Var
     for token in tokens:
         if token not in FAULTS and token not in LAYOUTS and token not in PIPELINES and token not in MOE_TOKENS:
             changes.update(_token_changes(token, s.parallel.tp, s.model.heads))
+    if "bias" in tokens:  # after the activation's family default
+        changes["bias"] = True
     if changes.get("sp") and s.parallel.tp == 1:
         raise UserError("--variants", spec, "drop 'sp' or use a layout with tp > 1",
                         problem="Sequence parallelism needs tp > 1")
