@@ -77,7 +77,8 @@ def _check(scenario: str, nproc: int, variants: str | None, dtype: str, ops: boo
 def _moe_note(sc) -> None:
     """What of a scenario --check does not run for real (validate/launch/shrink.py): an MoE scenario's
     dispatcher and token dropping; MLA and MTP; the optimizer section and the recompute modules (numerics checks the
-    forward and backward, not the optimizer; recompute runs the variants' own settings)."""
+    forward and backward, not the optimizer; recompute runs the variants' own settings); the activation's clamp
+    and sliding windows (they change which kernels run and how much attention costs, not the layout's math)."""
     moe, p = sc.model.moe, sc.parallel
     left = ([f"the {p.moe_dispatcher} dispatcher (its layers run with alltoall)"]
             if moe is not None and p.moe_dispatcher != "alltoall" else [])
@@ -85,6 +86,8 @@ def _moe_note(sc) -> None:
     left += ["multi-latent attention (its layers run standard attention)"] if sc.model.mla is not None else []
     left += ["multi-token prediction (model.mtp_layers)"] if sc.model.mtp_layers else []
     left += ["parallel.recompute_modules"] if p.recompute_modules is not None else []
+    left += ["model.activation_clamp (the activation runs unclamped)"] if sc.model.activation_clamp else []
+    left += ["model.sliding_window (attention runs full causal)"] if sc.model.sliding_window else []
     left += ["the optimizer section"] if sc.optimizer.model_dump(exclude_defaults=True) else []
     left += ["FSDP (the timing run executes its gathers and reduce-scatters)"] if p.fsdp else []
     if left:

@@ -168,8 +168,7 @@ def _moe_changes(tokens: list[str], s: Scenario, spec: str) -> dict:
                           ("shared", {"shared_ffn_hidden": s.model.hidden}), ("dense1", {"dense_layers": 1})):
         if token in tokens:
             traits.update(change)
-    changes = {"moe": moe.model_copy(update=traits), "ep": ep, "etp": 2 if "etp2" in tokens else s.parallel.etp}
-    return {**changes, "bias": True} if "bias" in tokens else changes
+    return {"moe": moe.model_copy(update=traits), "ep": ep, "etp": 2 if "etp2" in tokens else s.parallel.etp}
 
 
 def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Variant:
@@ -192,7 +191,7 @@ def make_variant(base: Scenario, spec: str, nproc: int, source: str = "") -> Var
     for token in tokens:
         if token not in FAULTS and token not in LAYOUTS and token not in PIPELINES and token not in MOE_TOKENS:
             changes.update(_token_changes(token, s.parallel.tp, s.model.heads))
-    if "bias" in tokens:  # after the activation's family default
+    if "bias" in tokens:  # the MoE modifier, after any activation token's family default
         changes["bias"] = True
     if changes.get("sp") and s.parallel.tp == 1:
         raise UserError("--variants", spec, "drop 'sp' or use a layout with tp > 1",
