@@ -50,22 +50,21 @@ def _backward_kernels(m: MoeDims) -> tuple[tuple[str, Elementwise, int], ...]:
             ("expert_fc2_bias_split_bwd", Elementwise("cat", n * a, n * a), 2))
 
 
-def fc2_bias_forward(tpl: Template, phase: str, m: MoeDims, deps: Deps) -> Deps:
-    """The eager bias after fc2 when the experts have biases (else nothing); returns the new deps."""
-    if not m.bias:
-        return deps
-    for key, work, calls in _forward_kernels(m):
+def _chain(tpl: Template, phase: str, kernels: tuple[tuple[str, Elementwise, int], ...], deps: Deps) -> Deps:
+    """Add `kernels` in order, each after the previous one; returns the last one's deps."""
+    for key, work, calls in kernels:
         deps = (tpl.add(phase, key, work, deps, host_calls=calls),)
     return deps
 
 
+def fc2_bias_forward(tpl: Template, phase: str, m: MoeDims, deps: Deps) -> Deps:
+    """The eager bias after fc2 when the experts have biases (else nothing); returns the new deps."""
+    return _chain(tpl, phase, _forward_kernels(m), deps) if m.bias else deps
+
+
 def fc2_bias_backward(tpl: Template, m: MoeDims, deps: Deps) -> Deps:
     """Its backward, before fc2's (else nothing); returns the new deps."""
-    if not m.bias:
-        return deps
-    for key, work, calls in _backward_kernels(m):
-        deps = (tpl.add("bwd", key, work, deps, host_calls=calls),)
-    return deps
+    return _chain(tpl, "bwd", _backward_kernels(m), deps) if m.bias else deps
 
 
 def _moved(kernels: tuple[tuple[str, Elementwise, int], ...]) -> int:
