@@ -98,7 +98,26 @@ def check_pipeline_layers(s: Scenario, ctx: CheckContext) -> None:
         fits = [d for d in divisors(units) if d % p.vp == 0 and d // p.vp <= ctx.topology_gpus]
         options = sorted({d // p.vp for d in fits})
         raise _err(ctx, "parallel.pp", p.pp, f"pp x vp = {p.pp} x {p.vp} = {split} must divide {what}",
-                   f"{use_in('pp', options)} at vp = {p.vp}, or change parallel.vp")
+                   f"{use_in('pp', options)} at vp = {p.vp}, or change parallel.vp, or {_other_split(s, split)}")
+
+
+def _other_split(s: Scenario, split: int) -> str:
+    """The fix that keeps pp and vp: the account_for_*_in_split options that make the units divide (Megatron's
+    --account-for-embedding/loss-in-pipeline-split), else a split written out (uneven stages or a layout,
+    each of which replaces those options)."""
+    p, layers = s.parallel, s.model.layers
+    was = (p.account_for_embedding_in_split, p.account_for_loss_in_split)
+    for now in ((True, True), (True, False), (False, True)):
+        units = layers + sum(now)
+        if units % split == 0 and units >= split and now[0] >= was[0] and now[1] >= was[1]:
+            names = " and ".join(f"parallel.account_for_{part}_in_split: true"
+                                 for part, on, before in zip(("embedding", "loss"), now, was, strict=True)
+                                 if on and not before)
+            return f"set {names} ({units} / {split} = {units // split} per virtual stage)"
+    instead = " in place of the account_for_*_in_split options" if any(was) else ""
+    if p.vp == 1:
+        return f"give parallel.first_stage_layers / last_stage_layers, or parallel.pipeline_layout{instead}"
+    return f"write the split as parallel.pipeline_layout ({split} '|'-separated segments){instead}"
 
 
 def check_interleaved_micro_batches(s: Scenario, ctx: CheckContext) -> None:

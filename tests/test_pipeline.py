@@ -219,6 +219,34 @@ def test_invalid_pipeline_configs_are_refused_with_their_rule(case):
     assert fragment in message and "Fix: " in message
 
 
+def test_an_indivisible_split_names_the_option_that_keeps_pp_and_vp():
+    """94 layers on pp 8 x vp 4 (Qwen3-235B's H100 recipe): no pp divides 94 at vp 4, but counting the
+    embedding and the loss as layers does (96 = 32 x 3), so the fix names those options, and applying it
+    loads; 93 layers have no such option and the fix points to a written-out layout (vp = 1: the uneven
+    first/last stages too)."""
+    base = {"model.layers": 94, "parallel.pp": 8, "parallel.vp": 4, "parallel.gpus": 8,
+            "parallel.global_batch": 16}
+    with pytest.raises(Exception) as info:
+        rs_with(**base)
+    fix = str(info.value).split("Fix: ")[1]
+    assert "parallel.account_for_embedding_in_split: true and parallel.account_for_loss_in_split: true" in fix
+    assert "96 / 32 = 3 per virtual stage" in fix
+    rs = rs_with(**base, **{"parallel.account_for_embedding_in_split": True,
+                            "parallel.account_for_loss_in_split": True})
+    assert rs.pp == 8 and rs.vp == 4
+    with pytest.raises(Exception) as info:  # one option set already: only the other one is offered
+        rs_with(**base, **{"parallel.account_for_embedding_in_split": True})
+    fix = str(info.value).split("Fix: ")[1]
+    assert "or set parallel.account_for_loss_in_split: true (96 / 32 = 3 per virtual stage)" in fix
+    with pytest.raises(Exception) as info:
+        rs_with(**{**base, "model.layers": 93})
+    assert "account_for" not in str(info.value) and "parallel.pipeline_layout (32 '|'-separated segments)" \
+        in str(info.value)
+    with pytest.raises(Exception) as info:
+        rs_with(**{**base, "model.layers": 91, "parallel.vp": 1})
+    assert "parallel.first_stage_layers / last_stage_layers" in str(info.value)
+
+
 def test_uneven_and_embedding_accounting_splits():
     from meshsim.sim.schedule.pipeline_layout import pipeline_layout
 

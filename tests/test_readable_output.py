@@ -326,3 +326,23 @@ def test_validate_check_table_at_80_columns_drops_nothing_it_needs():
     text = console.export_text()
     _assert_fits(text)
     assert "L1.mlp.fc2.weight.grad differs on rank 1: max|err| 0.25" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("ep, experts", [(8, 128), (16, 128), (128, 128), (1, 0), (8, 8)])
+def test_out_of_memory_advice_offers_a_larger_ep_below_the_expert_count(ep, experts):
+    fixes = " | ".join(memory_fixes({"tp": 1, "pp": 1, "recompute": "full", "gpus_per_node": 8, "ep": ep,
+                                     "experts": experts}))
+    assert (f"a larger ep (parallel.ep, now {ep}; up to the {experts} experts" in fixes) == (ep < experts)
+
+
+def test_a_larger_ep_lowers_the_memory_it_says_it_lowers():
+    """What the ep advice claims, on Qwen3-30B-A3B's 16 GPUs: ep 8 -> 16 halves each GPU's expert weights
+    and gradients and leaves its optimizer state (sharded over ep x edp = 16 either way) as it was."""
+    from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+    from meshsim.sim.cost.memory import memory_per_gpu
+
+    sc, src = load_scenario("qwen3-30b-a3b-h100-ep16")
+    mem = {ep: memory_per_gpu(resolve(with_overrides(sc, {"parallel.ep": ep}, src), src)) for ep in (8, 16)}
+    assert mem[16].weights_gb < mem[8].weights_gb and mem[16].grads_gb < mem[8].grads_gb
+    assert mem[16].optimizer_gb == pytest.approx(mem[8].optimizer_gb, rel=1e-9)
+    assert mem[16].total_gb < mem[8].total_gb

@@ -94,7 +94,8 @@ def run_command(
     console = make_console()
     print_report(result, console, tokens=budget, band=error_band(rs),
                  settings={"distributed_optimizer": rs.scenario.parallel.distributed_optimizer,
-                           "fsdp": rs.scenario.parallel.fsdp})
+                           "fsdp": rs.scenario.parallel.fsdp,
+                           "experts": rs.scenario.model.moe.experts if rs.scenario.model.moe else 0})
     for kind, path in paths.items():
         console.print(f"{kind}: {user_text(path)}", highlight=False, soft_wrap=True)
     if not result.fits and not allow_oom:

@@ -88,7 +88,8 @@ def sweep_command(
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
     reasons = explain(records, lambda rec: band_for(with_overrides(base, rec.point.overrides(), source)),
-                      settings={"distributed_optimizer": base.parallel.distributed_optimizer})
+                      settings={"distributed_optimizer": base.parallel.distributed_optimizer,
+                                "experts": base.model.moe.experts if base.model.moe else 0})
     written = {}  # files first, so that `meshsim sweep ... | head` still writes them
     if out is not None:
         written["report"] = write_report(records, reasons, sweep_title(records, base.name), out)

@@ -11,6 +11,8 @@ most, with the scenario field that sets it:
   off, one optimizer instance, and there is no pipeline, which meshsim's FSDP does not model);
 - a smaller micro-batch (activations scale with it), when it is above 1;
 - a larger tp, while the tp group stays inside one node (beyond it, TP runs over InfiniBand);
+- a larger ep, while it is below the expert count (each GPU holds experts / ep of the expert weights and
+  gradients; its expert optimizer state is sharded over ep x edp, which stays the same);
 - more pipeline stages (weights, gradients, optimizer state and most activations shrink by 1/pp);
 - more GPUs: more dp shards the distributed optimizer's state, so only when it is on or unknown.
 """
@@ -23,8 +25,8 @@ from typing import Any
 
 def memory_fixes(settings: Mapping[str, Any]) -> list[str]:
     """The suggestions, in the order above. `settings`: a results config echo (tp, pp, sp, recompute,
-    micro_batch, gpus_per_node, dist_opt_instances when above 1), with `distributed_optimizer` and `fsdp` when
-    the caller knows them."""
+    micro_batch, gpus_per_node, ep, dist_opt_instances when above 1), with `distributed_optimizer`, `fsdp` and
+    `experts` (model.moe.experts) when the caller knows them."""
     tp, pp = int(settings.get("tp", 1) or 1), int(settings.get("pp", 1) or 1)
     recompute, dist_opt = settings.get("recompute", "none"), settings.get("distributed_optimizer")
     fixes = {"none": ["activation recompute (parallel.recompute: selective, or full)"],
@@ -45,6 +47,10 @@ def memory_fixes(settings: Mapping[str, Any]) -> list[str]:
     per_node = int(settings.get("gpus_per_node", 0) or 0)
     if per_node and tp < per_node:
         fixes.append(f"a larger tp (parallel.tp, now {tp}; up to {per_node} stays inside one node)")
+    ep, experts = int(settings.get("ep", 1) or 1), int(settings.get("experts", 0) or 0)
+    if ep < experts:
+        fixes.append(f"a larger ep (parallel.ep, now {ep}; up to the {experts} experts: it shards the expert "
+                     "weights and gradients)")
     fixes.append(f"more pipeline stages (parallel.pp, now {pp})")
     if dist_opt is not False:
         fixes.append("more GPUs (a larger dp shards the distributed optimizer's state)")
