@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import get_args
 
 from pydantic import BaseModel, ValidationError
@@ -83,10 +84,12 @@ def _missing(path: str, source: str) -> UserError:
                      problem="Required field is missing")
 
 
-def schema_error(exc: ValidationError, root: type[BaseModel], source: str) -> UserError:
+def schema_error(exc: ValidationError, root: type[BaseModel], source: str,
+                 other_name_fix: Callable[[str, object], str | None] | None = None) -> UserError:
     """Translate pydantic's first error (unknown keys first: they usually explain missing ones) into a
     UserError; errors of the same field from the members of a union are merged ('a whole number or
-    'auto'')."""
+    'auto''). `other_name_fix(path, value)`: the fix when a refused value is another tool's name for an
+    accepted one (scenarios/value_names.py), else None."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     if first["type"] == "extra_forbidden":
@@ -96,5 +99,6 @@ def schema_error(exc: ValidationError, root: type[BaseModel], source: str) -> Us
         return _missing(path, source)
     same = [e for e in errors if _walk(root, e["loc"])[0] == path and e["type"] != "missing"]
     phrases = " or ".join(dict.fromkeys(_phrase(e) for e in same))
-    return UserError(path or "(top level)", first["input"], f"set {path or 'the file'} to {phrases}",
+    fix = other_name_fix(path, first["input"]) if other_name_fix and first["type"] == "literal_error" else None
+    return UserError(path or "(top level)", first["input"], fix or f"set {path or 'the file'} to {phrases}",
                      source=source, problem=f"Expected {phrases}")

@@ -26,6 +26,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from meshsim.scenarios.load import referenced_files
+from meshsim.scenarios.value_names import other_name
 from meshsim.sim.core.errors import UserError, quote
 from meshsim.sim.core.limits import MAX_SWEEP_POINTS, check_at_most
 from meshsim.sim.core.userio import FileSnapshot, snapshot_files
@@ -66,7 +67,10 @@ def _parse_choices(option: str, text: str, choices: tuple[str, ...], what: str) 
     for part in str(text).split(","):
         part = part.strip().lower()
         if part not in choices:
-            raise UserError(option, text, f"use a comma-separated subset of {', '.join(choices)}",
+            meant = other_name(option.lstrip("-").replace("-", "_"), part)
+            hint = f"write {meant[0]!r} for {part!r}" + (f" ({meant[1]})" if meant[1] else "") + ", or " \
+                if meant else ""
+            raise UserError(option, text, f"{hint}use a comma-separated subset of {', '.join(choices)}",
                             problem=f"{part!r} is not {what}")
         if part not in values:
             values.append(part)

@@ -1,0 +1,110 @@
+"""Other tools' names for enumerated values (scenarios/value_names.py): every value the table points to is
+one its fields accept, a refused other name gets a fix naming meshsim's value, and applying that fix loads;
+values the table does not know keep the generic fix (negative control)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args, get_origin
+
+import pytest
+from pydantic import BaseModel
+
+from meshsim.scenarios.load import load_scenario, with_overrides
+from meshsim.scenarios.schema import Scenario
+from meshsim.scenarios.value_names import OTHER_NAMES, other_name_fix
+from meshsim.sim.cli.main import main
+from meshsim.sim.core.errors import UserError
+
+
+def _literals(annotation: object) -> set[str]:
+    if get_origin(annotation) is Literal:
+        return {a for a in get_args(annotation) if isinstance(a, str)}
+    return set().union(*(_literals(a) for a in get_args(annotation))) if get_args(annotation) else set()
+
+
+def _accepted(model: type[BaseModel], name: str, seen: set | None = None) -> set[str]:
+    """The string values every field called `name`, in any section of `model`, accepts."""
+    seen = seen if seen is not None else set()
+    if model in seen:
+        return set()
+    seen.add(model)
+    out: set[str] = set()
+    for field_name, field in model.model_fields.items():
+        if field_name == name:
+            out |= _literals(field.annotation)
+        for sub in _models(field.annotation):
+            out |= _accepted(sub, name, seen)
+    return out
+
+
+def _models(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in get_args(annotation) for m in _models(a)]
+
+
+@pytest.mark.parametrize("field", sorted(OTHER_NAMES))
+def test_every_value_the_table_names_is_accepted_and_no_other_name_is_a_value(field):
+    accepted = _accepted(Scenario, field)
+    assert accepted, f"no scenario field is called {field}"
+    for other, (meant, _) in OTHER_NAMES[field].items():
+        assert meant in accepted, (field, other, meant)
+        assert other not in accepted, (field, other)  # an accepted value is never rewritten
+
+
+OVERRIDES = {
+    "run.fp8": ("current", "tensorwise"),
+    "parallel.moe_dispatcher": ("DeepEP", "flex"),
+    "model.mlp": ("silu", "swiglu"),
+    "model.attention": ("cudnn", "flash"),
+    "model.dtype": ("bfloat16", "bf16"),
+    "parallel.recompute": ("off", "none"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(OVERRIDES))
+def test_a_refused_other_name_names_the_value_and_the_fix_loads(field):
+    scenario, source = load_scenario("mixtral-8x7b-h100-ep8")
+    other, meant = OVERRIDES[field]
+    with pytest.raises(UserError) as info:
+        with_overrides(scenario, {field: other}, source)
+    assert f"Fix: set {field} to {meant!r}" in str(info.value)
+    assert getattr(getattr(with_overrides(scenario, {field: meant}, source), field.split(".")[0]),
+                   field.split(".")[1]) == meant
+
+
+def test_unknown_values_keep_the_generic_fix():
+    scenario, source = load_scenario("tiny-2gpu")
+    with pytest.raises(UserError) as info:
+        with_overrides(scenario, {"run.fp8": "fp9"}, source)
+    assert "Fix: set run.fp8 to one of 'off', 'delayed'" in str(info.value)
+    assert other_name_fix("run.fp8", 8) is None and other_name_fix("model.heads", "silu") is None
+    assert other_name_fix("sweep.fp8[1]", " CS ") == ("set sweep.fp8[1] to 'tensorwise' (FP8 with per-tensor current "
+                                                      "scaling: Megatron-Bridge's FP8-CS, Megatron-LM's --fp8-recipe "
+                                                      "tensorwise)")
+
+
+def test_the_cli_prints_it_on_one_line_and_exits_2(tmp_path, capsys):
+    text = "name: t\nmodel: {layers: 2, hidden: 256, heads: 4, seq_len: 128, vocab: 1024}\n" \
+           "topology: {preset: dgx-h100}\nparallel: {gpus: 2, tp: 2, micro_batch: 2, global_batch: 4}\n" \
+           "run: {fp8: FP8-CS}\n"
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    assert main(["run", str(path), "--outputs", "none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "set run.fp8 to 'tensorwise'" in err[0] and "Traceback" not in err[0]
+
+
+def test_sweep_axes_name_the_value_too():
+    from meshsim.sim.sweep.axes import parse_fp8, parse_recompute
+
+    with pytest.raises(UserError) as info:
+        parse_fp8("off,FP8-MX")
+    assert "Fix: write 'mxfp8' for 'fp8-mx' (Megatron-Bridge's FP8-MX" in str(info.value)
+    with pytest.raises(UserError) as info:
+        parse_recompute("off,full")
+    assert "Fix: write 'none' for 'off', or use a comma-separated subset of none, selective, full" in str(info.value)
+    with pytest.raises(UserError) as info:  # negative control: no other name, the generic fix alone
+        parse_fp8("fp9")
+    assert "Fix: use a comma-separated subset of off" in str(info.value)
+    assert parse_fp8("off,mxfp8") == ("off", "mxfp8")
