@@ -227,6 +227,8 @@ ERROR_CASES = {  # id -> (scenario data or YAML text, field, value as it must ap
     "topology-neither": (tiny(topology={"preset": None}), "topology", "{'preset': None, 'file': None}",
                          "Exactly one"),
     "gpu-preset": (tiny(hardware={"gpu": "h100"}), "hardware.gpu", "'h100'", "did you mean 'h100-sxm'"),
+    # the name it abbreviates, not the one letter away b200
+    "gpu-preset-case": (tiny(hardware={"gpu": "H200"}), "hardware.gpu", "'H200'", "did you mean 'h200-sxm'"),
     "topology-preset": (tiny(topology={"preset": "dgx-h10"}), "topology.preset", "'dgx-h10'", "'dgx-h100'"),
     "topology-file": (tiny(topology={"preset": None, "file": "nope.yaml"}), "topology.file", "'nope.yaml'",
                       "No such file"),

@@ -48,9 +48,18 @@ class CommandFailed(Exception):
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:
-    """The closest valid name to a misspelt one, or None."""
-    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
-    return found[0] if found else None
+    """The closest valid name to a misspelt one, or None: ignoring case, the one name it is a prefix or a
+    '-'-separated part of ('H200' -> 'h200-sxm', not the one letter away 'b200'), else difflib's closest."""
+    by_lower = {choice.lower(): choice for choice in choices}
+    key = name.strip().lower()
+    if key in by_lower:
+        return by_lower[key]
+    for match in (lambda c: c.startswith(key), lambda c: key in c.replace("_", "-").split("-")):
+        hits = [choice for low, choice in by_lower.items() if key and match(low)]
+        if len(hits) == 1:
+            return hits[0]
+    found = difflib.get_close_matches(key, list(by_lower), n=1, cutoff=0.5)
+    return by_lower[found[0]] if found else None
 
 
 def unknown_name_error(field: str, value: str, choices: Iterable[str], *, source: str | None = None) -> UserError:
