@@ -10,7 +10,11 @@ at NVIDIA/Megatron-LM d98e8a64 and NVIDIA/TransformerEngine d0067d0):
   by the a2a size (TE context_parallel.py L4246-4248, AttnFuncWithCPAndQKVOA2A);
 - a2a+p2p needs hierarchical sizes (arguments.py L583-585) whose product is cp (L580-582;
   core/parallel_state.py L1127-1128), and they mean nothing with another cp_comm;
-- not modeled here, so refused rather than simulated wrong: CP with MoE layers, MLA or sliding windows.
+- MoE layers compose with CP as Megatron folds them (parallel_state.py L859-895: attention on the
+  tp-cp-dp-pp RankGenerator, experts on etp-ep-edp-pp over the same ranks, cp = 1 there): each rank routes
+  its s / cp tokens (sim/schedule/moe_shapes.py), and dense gradients reduce over dp x cp, expert ones over
+  edp = tp cp dp / (etp ep);
+- not modeled here, so refused rather than simulated wrong: CP with MLA or sliding windows.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def check_cp_attention(s: Scenario, ctx: CheckContext) -> None:
 
 def check_cp_modeled(s: Scenario, ctx: CheckContext) -> None:
     m, cp = s.model, s.parallel.cp
-    what = "MoE layers" if m.moe else "MLA" if m.mla else "sliding-window attention" if m.sliding_window else None
+    what = "MLA" if m.mla else "sliding-window attention" if m.sliding_window else None
     if cp > 1 and what:
         raise rule_error(ctx, "parallel.cp", cp, f"meshsim does not model context parallelism with {what}",
                          "set parallel.cp: 1")

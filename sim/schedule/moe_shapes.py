@@ -2,7 +2,8 @@
 d98e8a64): how many tokens it routes, sends, receives and runs through each local expert.
 
 With attention tp > 1 the layer input is sequence-sharded (moe_layer.py L636: MoE + TP needs SP), so a
-rank routes T = s b / tp tokens (s b with tp = 1). Each token picks top_k experts (router.py), so the
+rank routes T = s b / (cp tp) tokens: context parallelism leaves each rank s / cp tokens of every sequence
+(its two load-balanced chunks) and SP splits those over tp (s b / cp with tp = 1). Each token picks top_k experts (router.py), so the
 alltoall dispatcher permutes T k rows (moe_utils.permute, one row per token-expert pair) and sends them
 over the ep group (token_dispatcher.py L705); the busiest rank receives T k x load rows, where
 load = model.moe.imbalance (max / mean tokens received over the ep ranks), capped at the capacity factor
@@ -207,7 +208,7 @@ def moe_dims(rs: ResolvedScenario) -> MoeDims | None:
     moe, m, p = s.model.moe, s.model, s.parallel
     if moe is None:
         return None
-    tokens = m.seq_len * p.micro_batch // (rs.tp if p.sp and rs.tp > 1 else 1)
+    tokens = m.seq_len // rs.cp * p.micro_batch // (rs.tp if p.sp and rs.tp > 1 else 1)
     ffn = moe.ffn_hidden // rs.etp
     shared = (moe.shared_ffn_hidden or 0) // rs.tp
     ep_per_node = max(1, rs.topology.gpus_per_node // rs.etp) if rs.ep * rs.etp > rs.topology.gpus_per_node else rs.ep
