@@ -61,8 +61,8 @@ def test_configuration_difference_comes_first_with_per_gpu_throughput(tmp_path, 
          "micro_batch": 1, "topology": "dgx-h100"}
     b = {**a, "gpus": 8, "dp": 1, "tokens_per_s": 0.1e6 / 2.0}
     rows = config_rows(StepResult.from_dict(a), StepResult.from_dict(b))
-    assert [r["name"] for r in rows if r["differs"]] == ["gpus", "dp"]
-    assert [r["name"] for r in rows[:2]] == ["gpus", "dp"] and not rows[2]["differs"]
+    assert [r["name"] for r in rows if r["differs"]] == ["dp", "gpus"]  # in the config echo's order
+    assert [r["name"] for r in rows[:2]] == ["dp", "gpus"] and not rows[2]["differs"]
     assert {"name": "pp", "a": 1, "b": 1, "differs": False} in rows  # absent pp reads 1
     head = {r["name"]: r for r in headline_rows(StepResult.from_dict(a), StepResult.from_dict(b))}
     assert head["tokens/s"]["delta_pct"] == pytest.approx(-90.0)
@@ -153,3 +153,19 @@ def test_compare_cli(tmp_path):
     assert main(["compare", str(a), str(a), "--out", str(tmp_path / "c")]) == 0
     assert (tmp_path / "c" / "trace.json").is_file()
     assert main(["compare", str(a), str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_configuration_names_every_echoed_setting_that_differs():
+    """cp, ep, fp8 and the rest of the config echo (results.ConfigEcho) are compared, not a fixed subset:
+    an FP8 MoE run against a BF16 one with cp shows fp8, cp and cp_comm as differences, a key echoed on one
+    side only reads '-' on the other, and list / section values print readably."""
+    from meshsim.sim.sweep.compare import config_rows
+    from meshsim.sim.sweep.compare_page import fmt_value
+
+    a = {**result("x", 2.0, 1.5, 0.4, 0.1), "tp": 1, "dp": 8, "gpus": 8, "cp": 1, "ep": 8, "fp8": "off"}
+    b = {**a, "dp": 4, "cp": 2, "cp_comm": "p2p", "fp8": "tensorwise"}
+    rows = {r["name"]: r for r in config_rows(StepResult.from_dict(a), StepResult.from_dict(b))}
+    assert {k for k, r in rows.items() if r["differs"]} == {"dp", "cp", "cp_comm", "fp8"}
+    assert (rows["cp_comm"]["a"], rows["ep"]["differs"]) == (None, False)
+    assert fmt_value(["mla_up_proj", "mlp"]) == "mla_up_proj, mlp" and fmt_value({"name": "muon"}) == "name=muon"
+    assert fmt_value({"cpu_offload": True}) == "cpu_offload=on" and fmt_value([]) == "-"

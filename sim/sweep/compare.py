@@ -32,7 +32,7 @@ from meshsim.sim.outputs.step_report import OUTPUT_FILES, STREAM_NAMES, path_row
 from meshsim.sim.outputs.trace import trace_document, trace_events
 from meshsim.sim.results.breakdown import BREAKDOWN_KEYS
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
-from meshsim.sim.results.records import ConfigEcho
+from meshsim.sim.results.records import KEYS, ConfigEcho
 from meshsim.sim.results.result_ranges import result_problem
 from meshsim.sim.results.simulate import simulate_with_events
 from meshsim.sim.results.step_result import StepResult
@@ -52,8 +52,7 @@ BUSY_ROWS = tuple(k for k in {**dict.fromkeys(BREAKDOWN_KEYS), **STREAM_NAMES} i
 SHARES = tuple(CATEGORY_NAMES)  # critical-path rows, in the one category list's order
 PATH_SECTION, BUSY_SECTION = "critical path", "rank 0 streams"
 OPTIONAL_HEADLINE = ("hfu",)  # absent from results written before it existed: shown as "-"
-CONFIG_DIFF_KEYS = ("gpus", "gpu", "topology", "nodes", "tp", "pp", "dp", "sp", "recompute", "micro_batch",
-                    "micro_batches", "global_batch", "seq_len", "tp_comm_overlap")
+CONFIG_DIFF_KEYS = KEYS  # every key a results file echoes (ConfigEcho), in its order: cp, ep, fp8 ... included
 REPLAY_KEYS = ("tp", "sp", "micro_batch", "recompute", "tp_comm_overlap")
 
 
@@ -243,7 +242,8 @@ def compare_files(path_a: str | Path, path_b: str | Path, *, out_dir: str | Path
     return comparison
 
 
-CONFIG_COLUMNS = (Column("", "left", keep=True), Column("A", "left", keep=True), Column("B", "left", keep=True))
+CONFIG_COLUMNS = (Column("", "left", keep=True), Column("A", "left", keep=True, wrap=True),
+                  Column("B", "left", keep=True, wrap=True))
 COMPARED_COLUMNS = (Column("", "left", keep=True, wrap=True), *(Column(h, keep=True) for h in COMPARED_HEAD))
 
 

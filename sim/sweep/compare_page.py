@@ -21,9 +21,14 @@ COMPARED_HEAD = ("A", "B", "B - A", "B vs A")
 
 
 def fmt_value(value: object, name: str = "") -> str:
-    """A configuration cell: on/off, counts with separators, text as it is."""
+    """A configuration cell: on/off, counts with separators, lists comma-joined, sections as key=value,
+    text as it is."""
     if value is None:
         return "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt_value(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={fmt_value(v)}" for k, v in value.items()) or "-"
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
