@@ -28,7 +28,7 @@ from meshsim.scenarios.profile import HardwareProfile, load_profile
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.scenarios.schema_errors import schema_error
-from meshsim.scenarios.value_names import other_name_fix
+from meshsim.scenarios.value_names import megatron_key_fix, other_name_fix
 from meshsim.sim.core.errors import UserError, closest, unknown_name_error
 from meshsim.sim.core.limits import MAX_NODE_GPUS, check_at_most, check_work
 from meshsim.sim.core.userio import is_file, load_yaml
@@ -59,7 +59,7 @@ def validate_scenario(data: object, source: str) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise schema_error(exc, Scenario, source, other_name_fix) from None
+        raise schema_error(exc, Scenario, source, other_name_fix, megatron_key_fix) from None
 
 
 def _locate(path_or_name: str | Path) -> tuple[Path, str]:

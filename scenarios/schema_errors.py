@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import get_args
 
@@ -65,16 +66,29 @@ def _phrase(err: dict) -> str:
     return f"valid input ({err['msg']})"
 
 
-def _unknown_key(root: type[BaseModel], err: dict, source: str) -> UserError:
+def _unknown_key(root: type[BaseModel], err: dict, source: str,
+                 key_fix: Callable[[str], str | None] | None = None) -> UserError:
     parent, model = _walk(root, err["loc"][:-1])
     key = str(err["loc"][-1])
     names = sorted(model.model_fields) if model else []
-    guess = closest(key, names)
-    hint = f"did you mean {guess!r}? " if guess else ""
     where = f"section {parent}" if parent else "the top level"
-    return UserError(f"{parent}.{key}" if parent else key, err["input"],
-                     f"{hint}valid keys in {where}: {', '.join(names)}", source=source,
+    fix = key_fix(key) if key_fix else None
+    if fix is None:
+        guess = closest(key, names)
+        hint = f"did you mean {guess!r}? " if guess else ""
+        fix = f"{hint}valid keys in {where}: {', '.join(names)}"
+    return UserError(f"{parent}.{key}" if parent else key, err["input"], fix, source=source,
                      problem=f"Unknown key {key!r} in {where}")
+
+
+def _case_fix(path: str, err: dict) -> str | None:
+    """'set PATH to 'rmsnorm'' when a refused value differs from an accepted one only in case ('RMSNorm')."""
+    value = err["input"]
+    if err["type"] != "literal_error" or not isinstance(value, str):
+        return None
+    accepted = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+    meant = [a for a in accepted if a.lower() == value.strip().lower()]
+    return f"set {path} to {meant[0]!r} (values are lower case)" if meant else None
 
 
 def _missing(path: str, source: str) -> UserError:
@@ -85,20 +99,23 @@ def _missing(path: str, source: str) -> UserError:
 
 
 def schema_error(exc: ValidationError, root: type[BaseModel], source: str,
-                 other_name_fix: Callable[[str, object], str | None] | None = None) -> UserError:
+                 other_name_fix: Callable[[str, object], str | None] | None = None,
+                 key_fix: Callable[[str], str | None] | None = None) -> UserError:
     """Translate pydantic's first error (unknown keys first: they usually explain missing ones) into a
     UserError; errors of the same field from the members of a union are merged ('a whole number or
     'auto''). `other_name_fix(path, value)`: the fix when a refused value is another tool's name for an
-    accepted one (scenarios/value_names.py), else None."""
+    accepted one (scenarios/value_names.py), else None; `key_fix(key)` likewise for an unknown key (another
+    tool's name for a field)."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     if first["type"] == "extra_forbidden":
-        return _unknown_key(root, first, source)
+        return _unknown_key(root, first, source, key_fix)
     path, _ = _walk(root, first["loc"])
     if first["type"] == "missing":
         return _missing(path, source)
     same = [e for e in errors if _walk(root, e["loc"])[0] == path and e["type"] != "missing"]
     phrases = " or ".join(dict.fromkeys(_phrase(e) for e in same))
-    fix = other_name_fix(path, first["input"]) if other_name_fix and first["type"] == "literal_error" else None
+    fix = _case_fix(path, first) or (other_name_fix(path, first["input"]) if other_name_fix and
+                                     first["type"] == "literal_error" else None)
     return UserError(path or "(top level)", first["input"], fix or f"set {path or 'the file'} to {phrases}",
                      source=source, problem=f"Expected {phrases}")

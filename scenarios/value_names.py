@@ -4,6 +4,8 @@ People write scenarios from Megatron-LM flags, Megatron-Bridge recipes and their
 PyTorch; the same setting has other names there ("FP8-CS" is Megatron-LM's --fp8-recipe tensorwise, the
 DeepEP dispatcher is --moe-token-dispatcher-type flex with --moe-flex-dispatcher-backend deepep). The
 schema keeps one name per value; this table only improves the message when another name is refused.
+MEGATRON_KEYS does the same for keys: a Megatron-LM argument name written as a key is refused with the
+field that sets it (`megatron_key_fix`).
 
 OTHER_NAMES: field name (the last part of its path: `fp8` covers run.fp8 and sweep.fp8) -> lower-cased
 other name -> (meshsim's value, what else to set or why, "" when nothing). Every value named here is one
@@ -39,6 +41,50 @@ OTHER_NAMES: dict[str, dict[str, tuple[str, str]]] = {
     "recompute": {"off": ("none", ""), "no": ("none", ""), "false": ("none", "")},
     "cp_comm": {"all_gather": ("allgather", ""), "all-gather": ("allgather", ""), "a2a_p2p": ("a2a+p2p", "")},
 }
+
+
+# Megatron-LM's argument names (megatron/training/arguments.py; dashes or underscores, as in its YAML configs
+# and Megatron-Bridge recipes) -> the scenario field that sets the same thing
+MEGATRON_KEYS: dict[str, str] = {
+    "num_layers": "model.layers", "hidden_size": "model.hidden", "num_attention_heads": "model.heads",
+    "num_query_groups": "model.kv_heads", "ffn_hidden_size": "model.ffn_hidden", "seq_length": "model.seq_len",
+    "vocab_size": "model.vocab", "kv_channels": "model.head_dim", "swiglu": "model.mlp",
+    "normalization": "model.norm", "qk_layernorm": "model.qk_norm", "mtp_num_layers": "model.mtp_layers",
+    "make_vocab_size_divisible_by": "model.vocab_divisible_by",
+    "num_experts": "model.moe.experts", "moe_router_topk": "model.moe.top_k",
+    "moe_ffn_hidden_size": "model.moe.ffn_hidden", "moe_shared_expert_intermediate_size": "model.moe.shared_ffn_hidden",
+    "moe_router_score_function": "model.moe.router", "moe_router_num_groups": "model.moe.router_groups",
+    "moe_router_group_topk": "model.moe.router_group_topk", "moe_expert_capacity_factor": "model.moe.capacity_factor",
+    "moe_layer_freq": "model.moe.every", "q_lora_rank": "model.mla.q_lora_rank",
+    "kv_lora_rank": "model.mla.kv_lora_rank",
+    "tensor_model_parallel_size": "parallel.tp", "sequence_parallel": "parallel.sp",
+    "pipeline_model_parallel_size": "parallel.pp", "virtual_pipeline_model_parallel_size": "parallel.vp",
+    "context_parallel_size": "parallel.cp",
+    "cp_comm_type": "parallel.cp_comm", "expert_model_parallel_size": "parallel.ep",
+    "expert_tensor_parallel_size": "parallel.etp", "data_parallel_size": "parallel.dp",
+    "micro_batch_size": "parallel.micro_batch", "global_batch_size": "parallel.global_batch",
+    "recompute_granularity": "parallel.recompute", "recompute_modules": "parallel.recompute_modules",
+    "use_distributed_optimizer": "parallel.distributed_optimizer", "overlap_grad_reduce": "parallel.dp_overlap",
+    "overlap_param_gather": "parallel.overlap_param_gather", "tp_comm_overlap": "parallel.tp_comm_overlap",
+    "moe_token_dispatcher_type": "parallel.moe_dispatcher", "moe_flex_dispatcher_backend": "parallel.moe_flex_backend",
+    "overlap_moe_expert_parallel_comm": "parallel.moe_ep_overlap", "delay_wgrad_compute": "parallel.delay_wgrad_compute",
+    "pipeline_model_parallel_layout": "parallel.pipeline_layout",
+    "decoder_first_pipeline_num_layers": "parallel.first_stage_layers",
+    "decoder_last_pipeline_num_layers": "parallel.last_stage_layers",
+    "account_for_embedding_in_pipeline_split": "parallel.account_for_embedding_in_split",
+    "account_for_loss_in_pipeline_split": "parallel.account_for_loss_in_split",
+    "fp8_recipe": "run.fp8", "fp8_format": "run.fp8_format", "fp8_param_gather": "run.fp8_param_gather",
+    "deterministic_mode": "run.deterministic", "gradient_accumulation_fusion": "run.grad_accumulation_fusion",
+}
+
+
+def megatron_key_fix(key: str) -> str | None:
+    """'write it as FIELD (Megatron-LM's --flag)' when `key` is a Megatron-LM argument name, else None."""
+    flag = str(key).strip().lstrip("-").replace("-", "_").lower()
+    field = MEGATRON_KEYS.get(flag)
+    if field is None:
+        return None
+    return f"write it as {field} (Megatron-LM's --{flag.replace('_', '-')}; docs/scenarios.md gives its values)"
 
 
 def other_name(field: str, value: object) -> tuple[str, str] | None:

@@ -108,3 +108,47 @@ def test_sweep_axes_name_the_value_too():
         parse_fp8("fp9")
     assert "Fix: use a comma-separated subset of off" in str(info.value)
     assert parse_fp8("off,mxfp8") == ("off", "mxfp8")
+
+
+def _field_exists(path: str) -> bool:
+    model: type[BaseModel] | None = Scenario
+    for part in path.split("."):
+        if model is None or part not in model.model_fields:
+            return False
+        subs = _models(model.model_fields[part].annotation)
+        model = subs[0] if subs else None
+    return True
+
+
+def test_every_megatron_key_points_to_a_scenario_field():
+    from meshsim.scenarios.value_names import MEGATRON_KEYS
+
+    assert all(_field_exists(path) for path in MEGATRON_KEYS.values()), \
+        [path for path in MEGATRON_KEYS.values() if not _field_exists(path)]
+    assert not _field_exists("parallel.tensor_model_parallel_size")  # the control: the walk can say no
+
+
+@pytest.mark.parametrize("section, key, fix", [
+    ("parallel", "tensor_model_parallel_size", "write it as parallel.tp (Megatron-LM's --tensor-model-parallel-size"),
+    ("parallel", "expert-model-parallel-size", "write it as parallel.ep (Megatron-LM's --expert-model-parallel-size"),
+    ("model", "num_experts", "write it as model.moe.experts (Megatron-LM's --num-experts"),
+    ("parallel", "tpp", "did you mean 'tp'? valid keys in section parallel"),  # not a Megatron name: as before
+])
+def test_a_megatron_argument_written_as_a_key_names_the_field(section, key, fix):
+    scenario, source = load_scenario("tiny-2gpu")
+    data = scenario.model_dump(mode="python", exclude_unset=True)
+    data[section][key] = 2
+    from meshsim.scenarios.load import validate_scenario
+
+    with pytest.raises(UserError) as info:
+        validate_scenario(data, source)
+    assert f"Unknown key {key!r} in section {section}. Fix: {fix}" in str(info.value)
+
+
+@pytest.mark.parametrize("field, value, meant", [("model.norm", "RMSNorm", "rmsnorm"), ("run.fp8", "MXFP8", "mxfp8"),
+                                                 ("model.mlp", "SwiGLU", "swiglu")])
+def test_a_value_in_another_case_names_the_lower_case_one(field, value, meant):
+    scenario, source = load_scenario("tiny-2gpu")
+    with pytest.raises(UserError) as info:
+        with_overrides(scenario, {field: value}, source)
+    assert f"Fix: set {field} to {meant!r} (values are lower case)" in str(info.value)
