@@ -98,6 +98,8 @@ def test_outputs_switch_and_paths_printed(tmp_path, capsys):
     assert f"results: {tmp_path / 'r' / 'results.json'}" in text.replace("\n", "")
     assert "1,000,000,000,000 tokens take" in text and "HFU" in text
     data = json.loads((tmp_path / "r" / "results.json").read_text())
+    gpu_hours = round(1e12 / data["tokens_per_s"] * data["gpus"] / 3600)  # time x GPUs, closed form
+    assert f"on {data['gpus']} GPUs: {gpu_hours:,} GPU-hours" in text.replace("\n", "")
     assert "critical_path" not in data and data["critical_path_top"]
     assert main(["run", TINY, "--out", str(tmp_path / "f"), "--outputs", "results", "--full-critical-path"]) == 0
     assert json.loads((tmp_path / "f" / "results.json").read_text())["critical_path"]

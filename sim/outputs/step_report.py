@@ -121,9 +121,11 @@ def headline(r: StepResult, tokens: float | None = None, band: ErrorBand | None 
         text += "\n" + ep_line(r)
     if band is not None:
         text += "\n" + band_line(band)
-    if tokens:
-        text += (f"\n{fmt_count(tokens)} tokens take [bold]{fmt_duration_long(tokens / r.tokens_per_s)}[/bold] "
-                 f"at this rate" if r.tokens_per_s > 0 else "")
+    if tokens and r.tokens_per_s > 0:
+        seconds = tokens / r.tokens_per_s
+        gpus = f" on {fmt_count(r.config.gpus)} GPUs: {fmt_count(round(seconds * r.config.gpus / 3600))} " \
+               "GPU-hours" if r.config.gpus else ""
+        text += f"\n{fmt_count(tokens)} tokens take [bold]{fmt_duration_long(seconds)}[/bold] at this rate{gpus}"
     return text
 
 
