@@ -15,6 +15,7 @@ from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
 from meshsim.sim.core.outfiles import check_output_dir, check_output_file, output_folder_name
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import parse_count
+from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.outputs.step_report import (
     OUTPUT_FILES,
     OUTPUT_LEVELS,
@@ -93,9 +94,7 @@ def run_command(
         paths["json"] = write_results_json(result, json_path, full_critical_path=full_critical_path)
     console = make_console()
     print_report(result, console, tokens=budget, band=error_band(rs),
-                 settings={"distributed_optimizer": rs.scenario.parallel.distributed_optimizer,
-                           "fsdp": rs.scenario.parallel.fsdp,
-                           "experts": rs.scenario.model.moe.experts if rs.scenario.model.moe else 0})
+                 settings=scenario_settings(rs.scenario))
     for kind, path in paths.items():
         console.print(f"{kind}: {user_text(path)}", highlight=False, soft_wrap=True)
     if not result.fits and not allow_oom:

@@ -19,6 +19,7 @@ from meshsim.sim.core.text import plain, user_text
 from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import summaries
+from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.results.error_band import band_for
 from meshsim.sim.sweep.axes import configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
@@ -88,8 +89,7 @@ def sweep_command(
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
     reasons = explain(records, lambda rec: band_for(with_overrides(base, rec.point.overrides(), source)),
-                      settings={"distributed_optimizer": base.parallel.distributed_optimizer,
-                                "experts": base.model.moe.experts if base.model.moe else 0})
+                      settings=scenario_settings(base))
     written = {}  # files first, so that `meshsim sweep ... | head` still writes them
     if out is not None:
         written["report"] = write_report(records, reasons, sweep_title(records, base.name), out)

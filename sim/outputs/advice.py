@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from meshsim.scenarios.schema import Scenario
+
 
 def memory_fixes(settings: Mapping[str, Any]) -> list[str]:
     """The suggestions, in the order above. `settings`: a results config echo (tp, pp, sp, recompute,
@@ -55,6 +57,13 @@ def memory_fixes(settings: Mapping[str, Any]) -> list[str]:
     if dist_opt is not False:
         fixes.append("more GPUs (a larger dp shards the distributed optimizer's state)")
     return fixes
+
+
+def scenario_settings(scenario: Scenario) -> dict[str, Any]:
+    """What memory_fixes needs from a scenario beyond a result's config echo."""
+    p, moe = scenario.parallel, scenario.model.moe
+    return {"distributed_optimizer": p.distributed_optimizer, "fsdp": p.fsdp,
+            "experts": moe.experts if moe is not None else 0}
 
 
 def fixes_sentence(settings: Mapping[str, Any]) -> str:

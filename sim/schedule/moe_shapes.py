@@ -3,8 +3,8 @@ d98e8a64): how many tokens it routes, sends, receives and runs through each loca
 
 With attention tp > 1 the layer input is sequence-sharded (moe_layer.py L636: MoE + TP needs SP), so a
 rank routes T = s b / (cp tp) tokens: context parallelism leaves each rank s / cp tokens of every sequence
-(its two load-balanced chunks) and SP splits those over tp (s b / cp with tp = 1). Each token picks top_k experts (router.py), so the
-alltoall dispatcher permutes T k rows (moe_utils.permute, one row per token-expert pair) and sends them
+(its two load-balanced chunks) and SP splits those over tp (s b / cp with tp = 1). Each token picks top_k
+experts (router.py), so the alltoall dispatcher permutes T k rows (moe_utils.permute, one row per token-expert pair) and sends them
 over the ep group (token_dispatcher.py L705); the busiest rank receives T k x load rows, where
 load = model.moe.imbalance (max / mean tokens received over the ep ranks), capped at the capacity factor
 when tokens are dropped and equal to it when experts are padded to capacity (moe_utils.get_capacity:
