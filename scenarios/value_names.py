@@ -17,6 +17,7 @@ from __future__ import annotations
 _TENSORWISE = "FP8 with per-tensor current scaling: Megatron-Bridge's FP8-CS, Megatron-LM's --fp8-recipe tensorwise"
 _MXFP8 = "Megatron-Bridge's FP8-MX, Megatron-LM's --fp8-recipe mxfp8"
 _FLEX = "Megatron-LM's --moe-token-dispatcher-type flex"
+_YAML_OFF = "YAML reads an unquoted off as false: quote it"
 
 OTHER_NAMES: dict[str, dict[str, tuple[str, str]]] = {
     "fp8": {name: ("tensorwise", _TENSORWISE) for name in ("current", "cs", "fp8-cs", "fp8_cs", "current_scaling")}
@@ -24,7 +25,7 @@ OTHER_NAMES: dict[str, dict[str, tuple[str, str]]] = {
     | {"delayed_scaling": ("delayed", "Megatron-LM's --fp8-recipe delayed"),
        "fp4": ("nvfp4", "NVFP4, Megatron-LM's --fp4-recipe nvfp4"),
        "block": ("blockwise", "DeepSeek-style 1x128 / 128x128 scaling, Megatron-LM's --fp8-recipe blockwise"),
-       "none": ("off", ""), "false": ("off", ""), "bf16": ("off", "the 16-bit recipe is run.fp8: off")},
+       "none": ("off", ""), "false": ("off", _YAML_OFF), "bf16": ("off", "the 16-bit recipe is run.fp8: 'off'")},
     "moe_dispatcher": {
         "deepep": ("flex", f"{_FLEX} with parallel.moe_flex_backend: deepep"),
         "hybridep": ("flex", f"{_FLEX} with parallel.moe_flex_backend: hybridep"),
@@ -38,7 +39,7 @@ OTHER_NAMES: dict[str, dict[str, tuple[str, str]]] = {
                   for name in ("fused", "cudnn", "fa", "fa2", "fa3", "flash_attention", "flash-attention", "sdpa")}
     | {name: ("unfused", "attention scores materialised in memory") for name in ("local", "eager", "math")},
     "dtype": {"bfloat16": ("bf16", ""), "float16": ("fp16", ""), "half": ("fp16", "")},
-    "recompute": {"off": ("none", ""), "no": ("none", ""), "false": ("none", "")},
+    "recompute": {"off": ("none", ""), "no": ("none", ""), "false": ("none", "YAML reads an unquoted off or no as false")},
     "cp_comm": {"all_gather": ("allgather", ""), "all-gather": ("allgather", ""), "a2a_p2p": ("a2a+p2p", "")},
 }
 
@@ -90,6 +91,8 @@ def megatron_key_fix(key: str) -> str | None:
 def other_name(field: str, value: object) -> tuple[str, str] | None:
     """(meshsim's value, why) when `value` is another tool's name for a value of `field`, else None.
     `field`: a dotted path, list indices included (sweep.fp8[1]), or a bare field name."""
+    if isinstance(value, bool):  # YAML 1.1 reads unquoted off / no / on / yes as booleans
+        value = str(value)
     if not isinstance(value, str):
         return None
     name = field.rsplit(".", 1)[-1].split("[", 1)[0]

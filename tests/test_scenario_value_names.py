@@ -152,3 +152,16 @@ def test_a_value_in_another_case_names_the_lower_case_one(field, value, meant):
     with pytest.raises(UserError) as info:
         with_overrides(scenario, {field: value}, source)
     assert f"Fix: set {field} to {meant!r} (values are lower case)" in str(info.value)
+
+
+def test_an_unquoted_yaml_off_names_the_quoted_value(tmp_path, capsys):
+    """YAML 1.1 reads `fp8: off` and `recompute: off` as false: the fix names the string the field takes."""
+    base = "name: t\nmodel: {layers: 2, hidden: 256, heads: 4, seq_len: 128, vocab: 1024}\n" \
+           "topology: {preset: dgx-h100}\nparallel: {gpus: 2, tp: 2, micro_batch: 2, global_batch: 4%s}\n%s"
+    for extra, run, fix in ((", recompute: off", "", "set parallel.recompute to 'none' (YAML reads an unquoted"),
+                            ("", "run: {fp8: off}\n", "set run.fp8 to 'off' (YAML reads an unquoted off as false")):
+        path = tmp_path / "s.yaml"
+        path.write_text(base % (extra, run))
+        assert main(["run", str(path), "--outputs", "none"]) == 2
+        assert fix in capsys.readouterr().err
+    assert other_name_fix("run.fp8", True) is None  # `on` has no single meaning: the generic fix
