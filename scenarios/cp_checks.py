@@ -14,7 +14,10 @@ at NVIDIA/Megatron-LM d98e8a64 and NVIDIA/TransformerEngine d0067d0):
   tp-cp-dp-pp RankGenerator, experts on etp-ep-edp-pp over the same ranks, cp = 1 there): each rank routes
   its s / cp tokens (sim/schedule/moe_shapes.py), and dense gradients reduce over dp x cp, expert ones over
   edp = tp cp dp / (etp ep);
-- not modeled here, so refused rather than simulated wrong: CP with MLA or sliding windows.
+- MLA composes with CP as Transformer Engine runs it: its fused attention takes Q and K qk + rope wide and V
+  v wide, and the p2p ring sends cat(K, V) flattened (context_parallel.py L1690), so each exchange moves
+  both widths (sim/schedule/cp_ops.py Widths);
+- not modeled here, so refused rather than simulated wrong: CP with sliding windows.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def check_cp_attention(s: Scenario, ctx: CheckContext) -> None:
 
 def check_cp_modeled(s: Scenario, ctx: CheckContext) -> None:
     m, cp = s.model, s.parallel.cp
-    what = "MLA" if m.mla else "sliding-window attention" if m.sliding_window else None
+    what = "sliding-window attention" if m.sliding_window else None
     if cp > 1 and what:
         raise rule_error(ctx, "parallel.cp", cp, f"meshsim does not model context parallelism with {what}",
                          "set parallel.cp: 1")

@@ -86,13 +86,64 @@ def test_cp_halves_the_moe_activations_and_keeps_the_expert_states():
     assert {"cp", "ep"} <= groups
 
 
-@pytest.mark.parametrize("extra", [{"model.sliding_window": 32},
-                                   {"model.mla": {"q_lora_rank": 64, "kv_lora_rank": 32, "qk_head_dim": 32,
-                                                  "qk_rope_head_dim": 16, "v_head_dim": 32}}])
-def test_cp_with_mla_or_windows_stays_refused(extra):
+def test_cp_with_sliding_windows_stays_refused():
     with pytest.raises(UserError) as err:
-        tiny(2, **extra)
+        tiny(2, **{"model.sliding_window": 32})
     assert err.value.field == "parallel.cp" and "does not model context parallelism" in str(err.value)
+
+
+# ----- MLA under CP: Q and K are qk + rope wide, V and the output v wide (cp_ops.Widths) -------------------
+MLA = {"model.mla": {"q_lora_rank": 64, "kv_lora_rank": 32, "qk_head_dim": 32, "qk_rope_head_dim": 16,
+                     "v_head_dim": 24}}
+QK, V = 32 + 16, 24
+
+
+def _works(rs, part: str, phase: str = "fwd") -> list:
+    return [op.work for op in build_schedule(rs).ops if op.micro_batch == 0 and op.layer == 0
+            and op.phase == phase and part in op.name]
+
+
+@pytest.mark.parametrize("cp_comm", ["p2p", "a2a", "allgather"])
+def test_mla_under_cp_moves_both_head_widths(cp_comm):
+    """Per rank: T = s b / (cp tp) local tokens of h = heads / tp heads (tp 2, cp 2: 64 x 2 tokens, 2 heads).
+    p2p: one ring shift of K and V, T h (qk + v) x 2 B; a2a: Q and K at qk, V and the output at v (over T
+    local tokens, before the heads split); allgather: K and V gathered over cp at their own widths."""
+    rs = tiny(2, **MLA, **{"parallel.cp_comm": cp_comm})
+    tokens, heads = 128 // 2 * 2, 4 // 2  # seq / cp x micro-batch, heads / tp
+    unit = tokens * heads * 2  # bytes per unit of head width
+    if cp_comm == "p2p":
+        assert [w.nbytes for w in _works(rs, "cp_ring")] == [unit * (QK + V)]
+    elif cp_comm == "a2a":
+        ops = [op for op in build_schedule(rs).ops if op.micro_batch == 0 and op.layer == 0 and op.phase == "fwd"
+               and isinstance(op.work, Collective) and op.work.group == "cp_a2a"]
+        assert {op.name.rsplit("_", 1)[-1]: op.work.nbytes for op in ops} == \
+            {"q": unit * QK, "k": unit * QK, "v": unit * V, "out": unit * V}
+    else:
+        assert sorted(w.nbytes for w in _works(rs, "cp_gather")) == sorted([2 * unit * QK, 2 * unit * V])
+        assert sorted(w.nbytes for w in _works(rs, "cp_scatter", "bwd")) == sorted([2 * unit * QK, 2 * unit * V])
+    attns = [w for w in _works(rs, "attn") if hasattr(w, "v_head_dim")]
+    assert attns and all((w.head_dim, w.v_head_dim) == (QK, V) for w in attns)
+
+
+def test_standard_attention_under_cp_keeps_one_width():
+    """The negative control: without MLA, K and V are head_dim wide and no Attention carries a V width."""
+    rs = tiny(2)
+    head_dim = rs.scenario.model.hidden // rs.scenario.model.heads
+    tokens, kv_heads = 128 // 2 * 2, max(1, rs.scenario.model.num_kv_heads // 2)
+    assert [w.nbytes for w in _works(rs, "cp_ring")] == [2 * tokens * kv_heads * head_dim * 2]
+    assert all(w.v_head_dim is None for w in _works(rs, "attn") if hasattr(w, "v_head_dim"))
+
+
+def test_mla_moe_under_cp_is_symmetric_and_extrapolates_exactly():
+    rs = tiny(2, **MLA)
+    assert simulate(rs, explicit_ranks=True, full=True).step_time_s == \
+        pytest.approx(simulate(rs, full=True).step_time_s, rel=1e-12)
+    rs = resolved("tiny-2gpu", {"parallel.gpus": 8, "parallel.tp": 2, "parallel.sp": True, "parallel.cp": 2,
+                                "parallel.ep": 4, "parallel.recompute": "selective",
+                                "parallel.recompute_modules": ["mla_up_proj", "core_attn"], **MOE, **MLA})
+    ex, why = simulate_steady(rs, force=True)
+    assert ex is not None, why
+    assert_same_step(ex, simulate(rs, full=True))
 
 
 moe_cp = st.fixed_dictionaries({
@@ -107,6 +158,7 @@ moe_cp = st.fixed_dictionaries({
     "model.layers": st.integers(1, 2),
     "model.seq_len": st.sampled_from([128, 512]),
     "hardware.compute.comm_interference": st.sampled_from([0.0, 0.3]),
+    "mla": st.booleans(),
 })
 
 
@@ -114,9 +166,14 @@ moe_cp = st.fixed_dictionaries({
 @given(overrides=moe_cp, host_mode=HOST)
 def test_default_equals_full_on_generated_moe_cp_scenarios(overrides, host_mode):
     """The steady-state differential test (tests/test_steady_state_generated.py) over MoE x CP layouts on
-    16 GPUs of two DGX H100: tp, cp, cp_comm, ep (inside a node or across), dispatcher, EP overlap, hosts."""
+    16 GPUs of two DGX H100: tp, cp, cp_comm, ep (inside a node or across), dispatcher, EP overlap, MLA or
+    standard attention, hosts."""
     o = {**overrides, **MOE, "parallel.gpus": 16, "topology.nodes": 2, "parallel.dp": "auto",
          "parallel.sp": overrides["parallel.tp"] > 1, "parallel.micro_batch": 1}
+    if o.pop("mla"):
+        o.update(MLA)
+    if o["parallel.cp_comm"] == "a2a" and (4 // o["parallel.tp"]) % o["parallel.cp"]:
+        o["parallel.cp_comm"] = "p2p"  # a2a splits this rank's 4 / tp heads over cp (TE's rule)
     if o["parallel.moe_ep_overlap"]:
         o["parallel.delay_wgrad_compute"] = True
     check({**o, **host(o, *host_mode)}, 0)

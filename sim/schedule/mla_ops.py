@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from meshsim.sim.schedule import fp8_ops as fp8
 from meshsim.sim.schedule import op_keys as K
+from meshsim.sim.schedule.cp_ops import Widths, core_backward_cp, core_forward_cp
 from meshsim.sim.schedule.duality import region_boundaries
 from meshsim.sim.schedule.elementwise_ops import (
     dropout_bwd,
@@ -98,6 +99,20 @@ def _core(d: LayerDims, a: MlaDims, backward: bool) -> Attention:
                      backward and d.deterministic, d.window, a.v, fp8=d.fp8.attention, dropout=d.dropout)
 
 
+def core_forward(tpl: Template, phase: str, d: LayerDims, a: MlaDims, deps: Deps) -> tuple[int, ...]:
+    """The core's forward: one Attention, or context parallelism's (sim/schedule/cp_ops.py) with Q and K
+    qk + rope wide and V v wide."""
+    if d.cp > 1:
+        return core_forward_cp(tpl, phase, d, deps, Widths(a.qk + a.rope, a.v))
+    return (tpl.add(phase, "attn", _core(d, a, False), deps),)
+
+
+def core_backward(tpl: Template, d: LayerDims, a: MlaDims, deps: Deps) -> tuple[int, ...]:
+    if d.cp > 1:
+        return core_backward_cp(tpl, d, deps, Widths(a.qk + a.rope, a.v))
+    return (tpl.add("bwd", "attn", _core(d, a, True), deps),)
+
+
 def _rope(d: LayerDims, a: MlaDims) -> Elementwise:
     n = d.tokens * (a.heads + 1) * a.rope * d.dtype_bytes
     return Elementwise("mla_rope", n, n)
@@ -150,11 +165,11 @@ def mla_forward(tpl: Template, phase: str, d: LayerDims, a: MlaDims, inp: Deps) 
     rope_dep = (tpl.add(phase, K.ATTN_IN + "_rope", rope_in, (kvd,)),) if rope_in is not None else ()
     kv = _up_projection(tpl, phase, d, "kv_up", a.kv_lora, kv_up, (kvn,))
     r = tpl.add(phase, "rope", _rope(d, a), q + kv + rope_dep)
-    core = tpl.add(phase, "attn", _core(d, a, False), (r,))
+    core = core_forward(tpl, phase, d, a, (r,))
     exit_ = region_boundaries(d.sp)[1]
     proj = Gemm(d.tokens, d.hidden, a.heads * a.v, fp8=d.fp8.on)
     coll = exit_.op("fwd")
-    x = fp8.quantize(tpl, phase, d, "proj", d.tokens * a.heads * a.v, False, (core,), d.fp8.wgrad)
+    x = fp8.quantize(tpl, phase, d, "proj", d.tokens * a.heads * a.v, False, core, d.fp8.wgrad)
     out = gemm_then_comm(tpl, phase, "proj", proj, x, K.ATTN_OUT,
                          None if coll.value == "identity" or d.tp == 1 else Collective(coll.value, "tp", d.act_bytes,
                                                                                        exit_.name), 1)
@@ -198,9 +213,9 @@ def mla_backward(tpl: Template, d: LayerDims, a: MlaDims, gin: Deps) -> int:
     if d.recomputes("mla_up_proj"):  # the up projections and RoPE again (sim/schedule/shapes.RECOMPUTE_MODULES)
         up_projections(tpl, "recompute", d, a)
     if d.recomputes("core_attn"):  # the attention core's forward runs again first
-        tpl.add("recompute", "attn", _core(d, a, False), ())
-    core = tpl.add("bwd", "attn", _core(d, a, True), dg)
-    r = tpl.add("bwd", "rope", _rope(d, a), (core,))
+        core_forward(tpl, "recompute", d, a, ())
+    core = core_backward(tpl, d, a, dg)
+    r = tpl.add("bwd", "rope", _rope(d, a), core)
     q_up, kv_up = _up_gemms(d, a)
     q = _up_backward(tpl, d, "q_up" if a.q_lora else "q_proj", q_up, a.q_lora or d.hidden, (r,))
     kv = _up_backward(tpl, d, "kv_up", kv_up, a.kv_lora, (r,))
