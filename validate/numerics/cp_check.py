@@ -45,14 +45,29 @@ class CpVariant:
     seq: int = 64
     head_dim: int = 16
     fault: str | None = None  # one of FAULTS
+    v_head_dim: int | None = None  # V and the output this wide (MLA: 128 against Q and K's 192); None: head_dim
+    rope_dim: int = 8  # with v_head_dim: the rotary part of head_dim in the schedule's MLA model
+
+    @property
+    def v_width(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+
+def _mla(v: CpVariant) -> dict:
+    """The schedule's model for a variant with its own V width: MLA whose Q and K heads are head_dim wide
+    (qk_head_dim + qk_rope_head_dim) and V heads v_head_dim wide (every head its own KV head)."""
+    if v.v_head_dim is None:
+        return {"model.kv_heads": v.kv_heads}
+    return {"model.mla": {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_head_dim": v.head_dim - v.rope_dim,
+                          "qk_rope_head_dim": v.rope_dim, "v_head_dim": v.v_head_dim}}
 
 
 def expected_calls(v: CpVariant) -> list[dict]:
     """The schedule's context-parallel collectives of layer 0, micro-batch 0, for a tiny scenario with v's
     shapes: (name, op, group, elements of the 2-byte model dtype)."""
     scenario, source = load_scenario("tiny-2gpu")
-    over = {"model.layers": 1, "model.hidden": v.heads * v.head_dim, "model.heads": v.heads,
-            "model.kv_heads": v.kv_heads, "model.seq_len": v.seq, "parallel.micro_batch": v.batch,
+    over = {"model.layers": 1, "model.hidden": v.heads * v.head_dim, "model.heads": v.heads, **_mla(v),
+            "model.seq_len": v.seq, "parallel.micro_batch": v.batch,
             "parallel.tp": 1, "parallel.sp": False, "parallel.cp": v.cp, "parallel.cp_comm": v.cp_comm,
             "parallel.gpus": v.cp, "parallel.global_batch": v.batch}
     rs = resolve(with_overrides(scenario, over, source), source)
@@ -76,8 +91,9 @@ def payload(variants: list[CpVariant]) -> dict:
 def _inputs(v: CpVariant) -> list[torch.Tensor]:
     """Q, K, V and dO of the whole sequence, the same on every rank."""
     gen = torch.Generator().manual_seed(SEED)
-    shapes = [(v.batch, v.heads), (v.batch, v.kv_heads), (v.batch, v.kv_heads), (v.batch, v.heads)]
-    return [torch.randn(*bh, v.seq, v.head_dim, generator=gen, dtype=torch.float64) for bh in shapes]
+    shapes = [(v.batch, v.heads, v.head_dim), (v.batch, v.kv_heads, v.head_dim), (v.batch, v.kv_heads, v.v_width),
+              (v.batch, v.heads, v.v_width)]
+    return [torch.randn(b, h, v.seq, d, generator=gen, dtype=torch.float64) for b, h, d in shapes]
 
 
 def reference(v: CpVariant) -> tuple[torch.Tensor, ...]:
