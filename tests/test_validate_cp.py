@@ -60,3 +60,10 @@ def test_an_mla_ring_shift_carries_both_widths(per_rank):
     schedule's MLA model sends (cp_ops.Widths), against 2 x 16 x 16 x 4 = 4,096 at one width."""
     calls = per_rank[0]["p2p-mla"]["calls"]
     assert [c["numel"] for c in calls if ".fwd." in c["name"]] == [3072] * 3
+
+
+def test_an_mla_variant_needs_a_kv_head_per_head():
+    """The schedule's MLA model has one KV head per head: a GQA variant with MLA's widths is refused, not
+    compared with a schedule of other shapes."""
+    with pytest.raises(ValueError, match="kv_heads = heads"):
+        expected_calls(CpVariant("gqa-mla", "p2p", 4, kv_heads=2, v_head_dim=8))

@@ -108,6 +108,7 @@ def core_forward(tpl: Template, phase: str, d: LayerDims, a: MlaDims, deps: Deps
 
 
 def core_backward(tpl: Template, d: LayerDims, a: MlaDims, deps: Deps) -> tuple[int, ...]:
+    """The core's backward (as core_forward); returns what the gradients of Q, K and V depend on."""
     if d.cp > 1:
         return core_backward_cp(tpl, d, deps, Widths(a.qk + a.rope, a.v))
     return (tpl.add("bwd", "attn", _core(d, a, True), deps),)

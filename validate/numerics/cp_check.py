@@ -58,6 +58,8 @@ def _mla(v: CpVariant) -> dict:
     (qk_head_dim + qk_rope_head_dim) and V heads v_head_dim wide (every head its own KV head)."""
     if v.v_head_dim is None:
         return {"model.kv_heads": v.kv_heads}
+    if v.kv_heads != v.heads:
+        raise ValueError(f"variant {v.name}: MLA's shapes need kv_heads = heads ({v.heads}), not {v.kv_heads}")
     return {"model.mla": {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_head_dim": v.head_dim - v.rope_dim,
                           "qk_rope_head_dim": v.rope_dim, "v_head_dim": v.v_head_dim}}
 
