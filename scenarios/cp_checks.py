@@ -17,7 +17,9 @@ at NVIDIA/Megatron-LM d98e8a64 and NVIDIA/TransformerEngine d0067d0):
 - MLA composes with CP as Transformer Engine runs it: its fused attention takes Q and K qk + rope wide and V
   v wide, and the p2p ring sends cat(K, V) flattened (context_parallel.py L1690), so each exchange moves
   both widths (sim/schedule/cp_ops.py Widths);
-- not modeled here, so refused rather than simulated wrong: CP with sliding windows.
+- sliding windows only with cp_comm a2a, where the core is the whole sequence's windowed attention on
+  heads / cp: TE's fused attention refuses windows with p2p and a2a+p2p (utils.py "Filter: Context
+  parallelism", d0067d0), and the allgather chunks' windowed masks are not modeled here.
 """
 
 from __future__ import annotations
@@ -66,11 +68,14 @@ def check_cp_attention(s: Scenario, ctx: CheckContext) -> None:
 
 
 def check_cp_modeled(s: Scenario, ctx: CheckContext) -> None:
-    m, cp = s.model, s.parallel.cp
-    what = "sliding-window attention" if m.sliding_window else None
-    if cp > 1 and what:
-        raise rule_error(ctx, "parallel.cp", cp, f"meshsim does not model context parallelism with {what}",
-                         "set parallel.cp: 1")
+    p = s.parallel
+    if p.cp > 1 and s.model.sliding_window and p.cp_comm != "a2a":
+        why = "Transformer Engine's fused attention refuses sliding windows with context parallelism over " \
+              f"cp_comm {p.cp_comm}" if p.cp_comm in ("p2p", "a2a+p2p") else \
+              "meshsim does not model the allgather chunks' windowed masks"
+        raise rule_error(ctx, "parallel.cp_comm", p.cp_comm, f"Sliding-window attention with cp = {p.cp}: {why}",
+                         "set parallel.cp_comm: a2a (its core is the whole sequence's windowed attention), or "
+                         "parallel.cp: 1")
 
 
 def check_cp_hierarchy(s: Scenario, ctx: CheckContext) -> None:

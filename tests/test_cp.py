@@ -217,4 +217,4 @@ def test_check_cp_times_tp_pp_divides_gpus():
 
 
 def test_check_cp_not_modeled_combinations():
-    assert refused(**{"model.sliding_window": 32}).field == "parallel.cp"
+    assert refused(**{"model.sliding_window": 32}).field == "parallel.cp_comm"  # p2p: TE refuses windows

@@ -86,10 +86,38 @@ def test_cp_halves_the_moe_activations_and_keeps_the_expert_states():
     assert {"cp", "ep"} <= groups
 
 
-def test_cp_with_sliding_windows_stays_refused():
+@pytest.mark.parametrize("cp_comm, why", [("p2p", "fused attention refuses sliding windows"),
+                                          ("allgather", "does not model the allgather chunks")])
+def test_cp_with_sliding_windows_needs_a2a(cp_comm, why):
     with pytest.raises(UserError) as err:
-        tiny(2, **{"model.sliding_window": 32})
-    assert err.value.field == "parallel.cp" and "does not model context parallelism" in str(err.value)
+        tiny(2, **{"model.sliding_window": 32, "parallel.cp_comm": cp_comm})
+    assert err.value.field == "parallel.cp_comm" and why in str(err.value) and "cp_comm: a2a" in str(err.value)
+
+
+def test_a2a_runs_the_window_over_the_whole_sequence():
+    """cp 2 with a2a: after the all-to-all each rank attends the whole sequence (128 tokens x b 2) on
+    heads / (tp cp) = 1 head with the window; its FLOPs are the windowed count, s w - w (w - 1) / 2 pairs,
+    half the heads of the same layer without CP. GPT-OSS's alternating layers: the unwindowed one is causal."""
+    over = {"model.sliding_window": 32, "model.sliding_window_skip_every": 2, "parallel.cp_comm": "a2a"}
+    rs, flat = tiny(2, **over), tiny(1, **over)
+    by_layer = {}
+    for r in (rs, flat):
+        for op in build_schedule(r).ops:
+            if op.micro_batch == 0 and op.phase == "fwd" and op.name.endswith(".attn"):
+                by_layer.setdefault(op.layer, []).append(op.work)
+    for (cp_work, flat_work) in by_layer.values():
+        assert (cp_work.seq, cp_work.heads, cp_work.window) == (128, flat_work.heads // 2, flat_work.window)
+        assert cp_work.flops == pytest.approx(flat_work.flops / 2)
+    windows = [works[0].window for works in by_layer.values()]
+    assert 32 in windows and None in windows
+    pairs = 128 * 32 - 32 * 31 / 2
+    windowed = next(works[0] for works in by_layer.values() if works[0].window)
+    assert windowed.flops == pytest.approx(2 * 2 * windowed.head_dim * 2 * pairs * windowed.heads)
+    rs = resolved("tiny-2gpu", {"parallel.gpus": 8, "parallel.tp": 2, "parallel.sp": True, "parallel.cp": 2,
+                                "parallel.ep": 4, **MOE, **over})
+    ex, why = simulate_steady(rs, force=True)
+    assert ex is not None, why
+    assert_same_step(ex, simulate(rs, full=True))
 
 
 # ----- MLA under CP: Q and K are qk + rope wide, V and the output v wide (cp_ops.Widths) -------------------

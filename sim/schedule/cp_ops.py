@@ -25,7 +25,8 @@ p2p (cp_comm p2p; the ring level of a2a+p2p): a ring of n ranks, rank i sends to
 a2a (Ulysses; L4170): all-to-alls over the a2a group turn [s/cp tokens, h heads] into [s tokens, h/cp
 heads] for Q, K and V before the core and back for the output (one all_to_all_single per tensor,
 flash_attn_a2a_communicate L387-480), and the reverse in backward (dO before, dQ dK dV after); the core
-is ordinary causal attention over the whole sequence on h/cp heads. a2a+p2p: that all-to-all over the
+is ordinary causal attention over the whole sequence on h/cp heads (a sliding window applies there as
+without CP: the only algorithm meshsim runs windows with, scenarios/cp_checks.py). a2a+p2p: that all-to-all over the
 first hierarchical size a, then the p2p ring over the cp / a ranks of the second (L1418: ring neighbours at
 stride a) on the gathered a L tokens and h / a heads.
 allgather (L3014): K and V all-gathered over cp (one all-gather each, L3215-3216), then one causal
@@ -104,10 +105,11 @@ def kv_bytes(d: LayerDims, sh: CoreShape, w: Widths) -> int:
     return k_bytes(d, sh, w) + v_bytes(d, sh, w)
 
 
-def _attn(d: LayerDims, sh: CoreShape, w: Widths, q: int, kv: int | None, causal: bool, backward: bool
-          ) -> Attention:
+def _attn(d: LayerDims, sh: CoreShape, w: Widths, q: int, kv: int | None, causal: bool, backward: bool,
+          window: int | None = None) -> Attention:
     return Attention(d.micro_batch, sh.heads, sh.kv_heads, q, w.qk, causal, backward, backward and d.deterministic,
-                     v_head_dim=w.v if w.v != w.qk else None, fp8=d.fp8.attention, kv_seq=kv, dropout=d.dropout)
+                     window, v_head_dim=w.v if w.v != w.qk else None, fp8=d.fp8.attention, kv_seq=kv,
+                     dropout=d.dropout)
 
 
 def ring_forward(tpl, phase: str, d: LayerDims, sh: CoreShape, w: Widths, n: int, group: str, deps: Deps
@@ -173,7 +175,7 @@ def core_forward_cp(tpl, phase: str, d: LayerDims, deps: Deps, w: Widths | None 
     if n > 1:
         out = ring_forward(tpl, phase, d, sh, w, n, "cp" if a2a == 1 else "cp_p2p", deps)
     else:
-        out = (tpl.add(phase, "attn", _attn(d, sh, w, sh.tokens, None, True, False), deps),)
+        out = (tpl.add(phase, "attn", _attn(d, sh, w, sh.tokens, None, True, False, d.window), deps),)
     if a2a > 1:
         out = a2a_in(tpl, phase, ("out",), (o_bytes(d, local, w),), out)
     return out
@@ -192,7 +194,7 @@ def core_backward_cp(tpl, d: LayerDims, deps: Deps, w: Widths | None = None) -> 
     if n > 1:
         out = ring_backward(tpl, d, sh, w, n, "cp" if a2a == 1 else "cp_p2p", deps)
     else:
-        out = (tpl.add("bwd", "attn", _attn(d, sh, w, sh.tokens, None, True, True), deps),)
+        out = (tpl.add("bwd", "attn", _attn(d, sh, w, sh.tokens, None, True, True, d.window), deps),)
     if a2a > 1:
         out = a2a_in(tpl, "bwd", ("dq", "dk", "dv"), (q_bytes(d, local, w), k_bytes(d, local, w),
                                                      v_bytes(d, local, w)), out)
