@@ -26,9 +26,9 @@ a2a (Ulysses; L4170): all-to-alls over the a2a group turn [s/cp tokens, h heads]
 heads] for Q, K and V before the core and back for the output (one all_to_all_single per tensor,
 flash_attn_a2a_communicate L387-480), and the reverse in backward (dO before, dQ dK dV after); the core
 is ordinary causal attention over the whole sequence on h/cp heads (a sliding window applies there as
-without CP: the only algorithm meshsim runs windows with, scenarios/cp_checks.py). a2a+p2p: that all-to-all over the
-first hierarchical size a, then the p2p ring over the cp / a ranks of the second (L1418: ring neighbours at
-stride a) on the gathered a L tokens and h / a heads.
+without CP: the only algorithm meshsim runs windows with, scenarios/cp_checks.py). a2a+p2p: that
+all-to-all over the first hierarchical size a, then the p2p ring over the cp / a ranks of the second
+(L1418: ring neighbours at stride a) on the gathered a L tokens and h / a heads.
 allgather (L3014): K and V all-gathered over cp (one all-gather each, L3215-3216), then one causal
 attention per local chunk against the keys up to its end (chunk k: c queries, (k + 1) c keys); backward
 gathers K and V again (L3788-3789), runs the two chunk backwards and reduce-scatters dK and dV (L4107-4108).
