@@ -53,9 +53,9 @@ class CpVariant:
         return self.v_head_dim or self.head_dim
 
 
-def _mla(v: CpVariant) -> dict:
-    """The schedule's model for a variant with its own V width: MLA whose Q and K heads are head_dim wide
-    (qk_head_dim + qk_rope_head_dim) and V heads v_head_dim wide (every head its own KV head)."""
+def _attention_overrides(v: CpVariant) -> dict:
+    """The schedule's attention for v: its KV heads, or, with its own V width, MLA whose Q and K heads are
+    head_dim wide (qk_head_dim + qk_rope_head_dim) and V heads v_head_dim wide (every head its own KV head)."""
     if v.v_head_dim is None:
         return {"model.kv_heads": v.kv_heads}
     if v.kv_heads != v.heads:
@@ -68,7 +68,7 @@ def expected_calls(v: CpVariant) -> list[dict]:
     """The schedule's context-parallel collectives of layer 0, micro-batch 0, for a tiny scenario with v's
     shapes: (name, op, group, elements of the 2-byte model dtype)."""
     scenario, source = load_scenario("tiny-2gpu")
-    over = {"model.layers": 1, "model.hidden": v.heads * v.head_dim, "model.heads": v.heads, **_mla(v),
+    over = {"model.layers": 1, "model.hidden": v.heads * v.head_dim, "model.heads": v.heads, **_attention_overrides(v),
             "model.seq_len": v.seq, "parallel.micro_batch": v.batch,
             "parallel.tp": 1, "parallel.sp": False, "parallel.cp": v.cp, "parallel.cp_comm": v.cp_comm,
             "parallel.gpus": v.cp, "parallel.global_batch": v.batch}
