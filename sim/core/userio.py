@@ -184,9 +184,24 @@ def load_yaml(path: str | Path, *, field: str = "file", source: str | None = Non
     return parse_yaml(read_text(path, field=field, source=where), where)
 
 
+def _check_event_depth(text: str, where: str) -> None:
+    """Refuse nesting deeper than MAX_NESTING from the parser's events, before any node is composed:
+    libyaml's composer recurses in C once per level, so 100k nested brackets overflow the C stack (a
+    crash, not a RecursionError); its event parser keeps an explicit stack and is safe at any depth."""
+    depth = 0
+    for event in yaml.parse(text, Loader=StrictLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise _too_deep(where, "YAML")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_yaml(text: str, where: str) -> object:
     """YAML text (of the file `where`) -> the shape-checked document."""
     try:
+        _check_event_depth(text, where)
         data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise yaml_error(exc, text, where) from None
