@@ -36,7 +36,7 @@ and a switch round trip; tuning.cc's NVLS latency is 23 us in v2.18-2.20), loop 
 of port traffic). The 8 x H200 curve (NCCL 2.20.5) and FLUX's H800 NVLS all-gather / reduce-scatter are
 out of fit. Blackwell's 24 channels carry 430 GB/s, fitted on the two-rack GB200 NVL72 curve (issue 42,
 the only Blackwell NVLS curve we have; NCCL's ratios from Hopper gave 508, 17-19% fast there), so a
-72-GPU NVL72 all-reduce reaches ~830 GB/s of busbw at 16 GiB. Overridable: NcclConstants(nvls_channels=...,
+72-GPU NVL72 all-reduce reaches ~820 GB/s of busbw at 16 GiB. Overridable: NcclConstants(nvls_channels=...,
 nvls_channel_gbps=..., nvls_loop_overhead_us=...).
 """
 
