@@ -5,7 +5,7 @@ than one node SM100 runs NVLS_NCHANNELS_SM100 = 32 channels; with two nodes and 
 keeps 32 channels and caps the tree chunk at 64 KiB from 16 GPUs per node (256 KiB at <= 4); with more
 nodes it runs 24 channels (NICs of 48-96 GB/s). Hopper keeps NVLS_NCHANNELS_SM90 = 16, 128 KiB chunks,
 64 KiB from 4 nodes (L227-230). src/enqueue.cc L2276-2285 shrinks the chunk below 32 / 16 / 4 / 1 x
-channels x heads x chunk. A loop moves channels x heads x chunk bytes (all_reduce.h L536: loopCount =
+channels x heads x chunk. A loop moves channels x heads x chunk bytes (all_reduce.h L535: loopCount =
 nHeads x chunkCount per channel).
 
     loops     = ceil(nbytes / (channels x heads x chunk(nbytes)))
