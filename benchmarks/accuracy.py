@@ -43,6 +43,7 @@ from datetime import date
 from pathlib import Path
 
 import accuracy_cases as cases
+import accuracy_nvl72 as nvl72
 from accuracy_moe import layer_rows
 from accuracy_rows import Context, Row, curve_rows, kernel_row, ratio_rows, step_row
 
@@ -68,7 +69,8 @@ def _scaling(ctx: Context, done: dict[str, list[Row]]) -> list[Row]:
 
 def _curves(small: bool) -> Callable[[Context, dict[str, list[Row]]], list[Row]]:
     group = "collectives-small" if small else "collectives"
-    return lambda ctx, done: [r for c in cases.curves() for r in curve_rows(c, ctx) if r.group == group]
+    return lambda ctx, done: [r for r in [*(r for c in cases.curves() for r in curve_rows(c, ctx)),
+                                          *nvl72.curve_rows(ctx)] if r.group == group]
 
 
 def _kernels(ctx: Context, done: dict[str, list[Row]]) -> list[Row]:
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.write_bands and (args.profile or args.only):
         ap.error("--write-bands needs the full default run (no --profile, no --only)")
-    all_fits = cases.fits()
+    all_fits = cases.fits() + nvl72.fits()
     ctx = Context(args.profile, args.only, cases.used_in_fit(all_fits))
     results: dict[str, list[Row]] = {}
     print(f"{'case':60s} {'measured':>9s} {'simulated':>9s} unit  error (simulated / measured - 1)")

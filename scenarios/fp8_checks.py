@@ -9,10 +9,21 @@ an FP8 recipe needs is a property of the GPU generation. Sources (commits of the
   later, CUDA >= 12.9); `_compute_mxfp8_support`: MXFP8 needs compute capability 10.x (Blackwell data
   centre parts; 12.0+ refused there).
 - `_compute_nvfp4_support` (same file, L171-175): NVFP4 needs compute capability 10.0 or later (Blackwell);
-  meshsim also needs the part's FP4 peak (topologies/gpus.py). TE's NVFP4 recipe quantizes no attention
-  (recipe/__init__.py NVFP4BlockScaling.fp8_dpa = False, "Not applying quantization to attention for now"),
-  so run.fp8_attention is refused with it; Megatron's FP4 primary weights (--fp4-param-gather,
-  arguments.py L1104) are not modeled, so run.fp8_param_gather is refused with it too.
+  meshsim also needs the part's FP4 peak (topologies/gpus.py). TE's NVFP4 recipe defaults to 16-bit
+  attention (recipe/__init__.py L571-572, fp8_dpa = False) but runs FP8 attention beside NVFP4 GEMMs when
+  fp8_dpa is set: attention/dot_product_attention/dot_product_attention.py L189-224 (NVFP4 linears with
+  FP8DS or FP8CS attention, NVTE_DPA_FP8_RECIPE), so run.fp8_attention is allowed with nvfp4 and priced as
+  FP8 attention. Megatron's FP4 primary weights (--fp4-param-gather, arguments.py L1104) are not modeled,
+  so run.fp8_param_gather is refused with nvfp4.
+- Float8BlockScaling refuses FP8 attention (recipe/__init__.py L461-463, "FP8 attention is not supported
+  for Float8BlockScaling."): run.fp8_attention is refused with blockwise.
+- Delayed scaling with MoE and MLA runs (NeMo 25.04 trained Mixtral and Grok-1 with it): TE's GroupedLinear
+  keeps per-GEMM quantizers and takes its per-GEMM path under DelayedScaling (module/grouped_linear.py
+  L107-108, L132-152: only the grouped-tensor path is unsupported); Megatron drops save_original_input
+  under delayed (transformer/attention.py L434, moe/shared_experts.py L149), which TE would refuse
+  (grouped_linear.py L678-679). Priced with one amax set per expert GEMM (sim/schedule/fp8_rules.py
+  delayed_fp8_gemms). Refused, as not modeled: delayed with parallel.moe_ep_overlap (combined 1F1B), and
+  FP8 parameter gathers of MoE / MLA models.
 - Megatron-LM megatron/training/arguments.py L1095-1097 (Megatron-LM d98e8a64): --fp8-param-gather only
   with the distributed optimizer (or FSDP, which runs the distributed optimizer too).
 - FP8 dot-product attention is a fused-attention backend (TE DotProductAttention with fp8_dpa): it needs
@@ -69,13 +80,20 @@ def _delayed_only(s: Scenario, source: str) -> None:
 
 def _layers_and_modes(s: Scenario, source: str) -> None:
     r, p = s.run, s.parallel
-    if (s.model.moe is not None or s.model.mla is not None) and (r.fp8 == "delayed" or r.fp8_param_gather):
-        field, value = ("run.fp8", r.fp8) if r.fp8 == "delayed" else ("run.fp8_param_gather", True)
+    if (s.model.moe is not None or s.model.mla is not None) and r.fp8_param_gather:
         kind = "MoE" if s.model.moe is not None else "multi-head latent attention"
-        raise _err(source, field, value, f"For {kind} models FP8 is modeled with current / block scaling and "
-                   "16-bit parameter gathers (delayed scaling's amax bookkeeping of grouped experts and of MLA's "
-                   "five projections, and FP8 weight gathers, are not)",
-                   "use run.fp8: tensorwise, blockwise or mxfp8, without run.fp8_param_gather")
+        raise _err(source, "run.fp8_param_gather", True, f"FP8 parameter gathers of {kind} models (grouped "
+                   "expert weights, MLA's projections) are not modeled; their FP8 GEMMs are",
+                   "drop run.fp8_param_gather (the gathers stay 16-bit)")
+    if r.fp8 == "delayed" and s.model.moe is not None and s.parallel.moe_ep_overlap:
+        raise _err(source, "run.fp8", r.fp8, "Delayed scaling's per-pass amax reduction is not modeled inside "
+                   "the combined 1F1B schedule of parallel.moe_ep_overlap (Megatron runs it: "
+                   "pipeline_parallel/combined_1f1b.py L444-449 wraps the pass in one FP8 context)",
+                   "use run.fp8: tensorwise, blockwise or mxfp8 with parallel.moe_ep_overlap, or drop the overlap")
+    if r.fp8 == "blockwise" and r.fp8_attention:
+        raise _err(source, "run.fp8_attention", True, "Transformer Engine refuses FP8 attention under "
+                   "Float8BlockScaling (common/recipe/__init__.py L461-463: \"FP8 attention is not supported for "
+                   "Float8BlockScaling.\")", "drop run.fp8_attention, or use run.fp8: tensorwise, delayed or mxfp8")
     if r.fp8_param_gather and not p.distributed_optimizer:
         raise _err(source, "run.fp8_param_gather", True, "Megatron keeps FP8 primary weights only with the "
                    "distributed optimizer", "set parallel.distributed_optimizer: true, or drop run.fp8_param_gather")
@@ -84,10 +102,9 @@ def _layers_and_modes(s: Scenario, source: str) -> None:
                    "(transformer_config.py L1569-1575) and only with its own weight (TELMHeadColumnParallelLinear "
                    "refuses skip_weight_param_allocation: no tied embeddings)",
                    "set run.fp8: mxfp8 and model.tied_embeddings: false, or drop run.fp8_output_proj")
-    for field, value in (("fp8_attention", r.fp8_attention), ("fp8_param_gather", r.fp8_param_gather)):
-        if r.fp8 == "nvfp4" and value:
-            raise _err(source, f"run.{field}", True, "Transformer Engine's NVFP4 recipe quantizes no attention, "
-                       "and meshsim does not model FP4 primary weights", f"drop run.{field}, or use run.fp8: mxfp8")
+    if r.fp8 == "nvfp4" and r.fp8_param_gather:
+        raise _err(source, "run.fp8_param_gather", True, "meshsim does not model Megatron's FP4 primary weights "
+                   "(--fp4-param-gather)", "drop run.fp8_param_gather, or use run.fp8: mxfp8")
     if r.fp8_attention and s.model.attention != "flash":
         raise _err(source, "run.fp8_attention", True, "FP8 attention is a fused-attention kernel, and "
                    "model.attention is unfused", "set model.attention: flash, or drop run.fp8_attention")

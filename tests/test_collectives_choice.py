@@ -35,7 +35,7 @@ def test_busbw_factor_follows_nccl_tests():
 
 def test_applicable_algorithms(h100, h100x2):
     assert algorithms_for(h100, "all_reduce", range(8)) == ["ring", "tree", "nvls"]
-    assert algorithms_for(h100x2, "all_reduce", range(16)) == ["ring", "tree", "hierarchical"]
+    assert algorithms_for(h100x2, "all_reduce", range(16)) == ["ring", "tree", "nvls_tree", "hierarchical"]
     assert algorithms_for(h100x2, "all_gather", range(8, 16)) == ["ring", "nvls"]
     assert algorithms_for(h100, "broadcast", range(8)) == ["ring"]
     assert algorithms_for(h100, "all_to_all", range(8)) == ["direct"]

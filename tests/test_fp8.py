@@ -146,7 +146,7 @@ def test_delayed_amax_all_reduce_once_per_pass_over_the_stage():
     reds = [op for op in ops if op.name.endswith(K.FP8_AMAX_REDUCE)]
     assert [op.name for op in reds] == ["fp8.mb0.fwd.fp8_amax_reduce", "fp8.mb0.bwd.fp8_amax_reduce"]
     assert [op.work.nbytes for op in reds] == [L * 4 * 3 * 4, L * 4 * 2 * 4] == \
-        [amax_reduce_bytes(L, False), amax_reduce_bytes(L, True)]
+        [amax_reduce_bytes(4 * L, False), amax_reduce_bytes(4 * L, True)]  # 4 FP8 GEMMs per dense layer
     assert all(op.work.group == "stage" for op in reds)
     tp_only = _ops(make_rs({"tp": 2, "sp": True}, {"fp8": "delayed", "tp_only_amax_reduction": True}, dp=2))
     assert {op.work.group for op in tp_only if op.name.endswith(K.FP8_AMAX_REDUCE)} == {"tp"}
@@ -226,13 +226,17 @@ def test_blockwise_needs_hopper_and_fp8_needs_fp8_tensor_cores():
         check_fp8(s, GPUS["v100-sxm2"], src)
 
 
-def test_delayed_fp8_refused_for_moe_models():
+def test_delayed_fp8_allowed_for_moe_models_refused_with_the_combined_schedule():
+    """TE runs GroupedLinear under DelayedScaling (grouped_linear.py L107-108): allowed; the combined 1F1B
+    schedule's amax reduction is not modeled: refused, naming the field."""
     moe = dict(MODEL, moe={"experts": 4, "top_k": 2, "ffn_hidden": 256})
     s = Scenario.model_validate({"name": "t", "model": moe, "topology": {"preset": "dgx-h100"},
                                  "parallel": {"global_batch": 8}, "run": {"fp8": "delayed"}})
+    check_fp8(s, H100, "test")
+    overlap = s.model_copy(update={"parallel": s.parallel.model_copy(update={"moe_ep_overlap": True})})
     with pytest.raises(UserError) as err:
-        check_fp8(s, H100, "test")
-    assert err.value.field == "run.fp8"
+        check_fp8(overlap, H100, "test")
+    assert err.value.field == "run.fp8" and "combined_1f1b.py" in err.value.problem
 
 
 def test_pipeline_stages_reduce_amaxes_per_chunk_pass_and_cast_their_weights():
@@ -244,7 +248,8 @@ def test_pipeline_stages_reduce_amaxes_per_chunk_pass_and_cast_their_weights():
         reds = [op for op in st.ops if op.name.endswith(K.FP8_AMAX_REDUCE)]
         assert len(reds) == 2 * rs.vp * rs.micro_batches  # forward and backward of every chunk pass
         layers = len(st.meta["layers"][0])
-        assert {op.work.nbytes for op in reds} == {amax_reduce_bytes(layers, False), amax_reduce_bytes(layers, True)}
+        assert {op.work.nbytes for op in reds} == {amax_reduce_bytes(4 * layers, False),
+                                                   amax_reduce_bytes(4 * layers, True)}
         assert sum(op.name == f"opt.{K.FP8_WEIGHT_CAST}" for op in st.ops) == 1
 
 

@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.sim.core.errors import UserError
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.fp8_rules import fp8_tensor_bytes
@@ -40,6 +41,10 @@ def test_every_projection_runs_fp8_after_a_quantize_kernel(recipe):
         assert ops[f"fwd.{key}"].fp8 and ops[f"bwd.{key}_dgrad"].fp8 and ops[f"bwd.{key}_wgrad"].fp8
         assert f"fwd.{key}_{K.FP8_QUANT}" in ops and f"bwd.{key}_{K.FP8_QUANT}" in ops
     assert not ops["fwd.attn"].fp8 and not ops["bwd.attn"].fp8  # the core stays 16-bit ...
+    if recipe == "blockwise":  # TE refuses FP8 attention under Float8BlockScaling (recipe/__init__.py L461-463)
+        with pytest.raises(UserError):
+            tiny({"run.fp8": recipe, "run.fp8_attention": True})
+        return
     on = layer0(tiny({"run.fp8": recipe, "run.fp8_attention": True}))
     assert isinstance(on["fwd.attn"], Attention) and on["fwd.attn"].fp8  # ... unless run.fp8_attention
 

@@ -65,11 +65,10 @@ def test_weight_cast_counts_attention_expert_and_shared_weights():
 
 
 @pytest.mark.parametrize("overrides, field", [
-    ({"run.fp8": "delayed"}, "run.fp8"),
     ({"run.fp8": "blockwise", "run.fp8_param_gather": True, "parallel.distributed_optimizer": True},
      "run.fp8_param_gather"),
-    ({"run.fp8": "delayed", "model.mla": {"kv_lora_rank": 64, "qk_head_dim": 32, "qk_rope_head_dim": 16,
-                                          "v_head_dim": 32}}, "run.fp8"),
+    ({"run.fp8": "delayed", "run.fp8_param_gather": True, "parallel.distributed_optimizer": True},
+     "run.fp8_param_gather"),
 ])
 def test_unmodeled_fp8_moe_settings_are_refused(overrides, field):
     with pytest.raises(UserError) as err:

@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
         min_bytes: str = typer.Option("1K", "--min-bytes", help="smallest size (K/M/G/T = powers of 1024)"),
         max_bytes: str = typer.Option("8G", "--max-bytes", help="largest size"),
         step_factor: float = typer.Option(2.0, "--step-factor", help="size multiplier between rows (> 1)"),
-        algo: str = typer.Option("auto", help="auto | ring | tree | nvls | hierarchical | direct"),
+        algo: str = typer.Option("auto", help="auto | ring | tree | nvls | nvls_tree | hierarchical | direct"),
         protocol: str = typer.Option("auto", help="auto | ll | ll128 | simple | ideal"),
         json_path: Path | None = typer.Option(None, "--json", help="write the rows as JSON here"),
         plot: Path | None = typer.Option(None, "--plot", help="write a busbw-vs-size plotly HTML here"),

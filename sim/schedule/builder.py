@@ -17,7 +17,7 @@ from meshsim.scenarios.schema import ModelConfig, RunConfig
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.dp_ops import PARAM_BYTES, DpConfig, all_buckets, bucket_bytes, step_end_ops
 from meshsim.sim.schedule.ep_overlap import combined_micro_batches
-from meshsim.sim.schedule.fp8_ops import amax_reduce_ops
+from meshsim.sim.schedule.fp8_ops import amax_reduce_ops, delayed_amax_gemms
 from meshsim.sim.schedule.fp8_rules import FP8_BYTES, weight_cast_work
 from meshsim.sim.schedule.fsdp_ops import FsdpConfig, fsdp_micro_batches
 from meshsim.sim.schedule.head_ops import embedding_backward, embedding_forward, head_backward, head_forward
@@ -104,16 +104,18 @@ def bf16_layers(rs: ResolvedScenario) -> list[int]:
     return [layer for layer in range(m.layers) if run.bf16_layer(layer, m.layers)]
 
 
-def fp8_amax_templates(rs: ResolvedScenario, layers: int) -> tuple[Template, Template] | None:
+def fp8_amax_templates(rs: ResolvedScenario, layers: Sequence[int]) -> tuple[Template, Template] | None:
     """Delayed FP8 scaling's per-pass amax reduction and update (sim/schedule/fp8_ops.amax_reduce_ops) over
     the amax group: the stage's tp x dp ranks, or tp with run.tp_only_amax_reduction; None for other recipes."""
     r = rs.scenario.run
     if r.fp8 != "delayed":
         return None
     group, size = ("tp", rs.tp) if r.tp_only_amax_reduction else ("stage", rs.tp * rs.dp)
+    m, keep = rs.scenario.model, set(bf16_layers(rs))
+    gemms = delayed_amax_gemms(m, rs.ep, [layer for layer in layers if layer not in keep])
     tpls = (Template(), Template())
     for backward, tpl in enumerate(tpls):
-        tpl.marks["out"] = amax_reduce_ops(tpl, layers, bool(backward), r.fp8_amax_history_len,
+        tpl.marks["out"] = amax_reduce_ops(tpl, gemms, bool(backward), r.fp8_amax_history_len,
                                            group if size > 1 else None)
     return tpls
 
@@ -124,7 +126,7 @@ def step_templates(rs: ResolvedScenario, d: LayerDims, tied: bool) -> Templates:
     m, run = rs.scenario.model, rs.scenario.run
     alike = m.moe is None and m.mla is None and m.sliding_window is None and not bf16_layers(rs)
     t = Templates(d, tied) if alike else Templates(d, tied, layer_plan(rs, d), m, run)
-    t.amax = fp8_amax_templates(rs, m.layers) if rs.pp == 1 else None
+    t.amax = fp8_amax_templates(rs, range(m.layers)) if rs.pp == 1 else None
     if m.mtp_layers:  # multi-token prediction rides with the output layer and loss (sim/schedule/mtp_ops.py)
         last = mtp_layer_ids(m)[0]  # the kind of layer a depth runs
         t.head_fwd = head_forward_with_mtp(m.mtp_layers, d, t.head_fwd, t.embed_fwd, t.layer_fwd(last))

@@ -10,6 +10,7 @@ for the transpose after a gather (sim/schedule/op_keys.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,8 +18,11 @@ from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.fp8_rules import (
     AMAX,
     AMAX_BYTES,
+    ATTENTION_LINEARS,
+    MLA_LINEARS,
     amax_reduce_bytes,
     amax_update_work,
+    delayed_fp8_gemms,
     fp8_tensor_bytes,
     quantize_works,
     transpose_work,
@@ -69,7 +73,18 @@ def transpose_after_gather(tpl: Any, d: LayerDims, key: str, elements: int, deps
     return (tpl.add("bwd", f"{key}_{K.FP8_TRANSPOSE}", transpose_work(elements), deps),)
 
 
-def amax_reduce_ops(tpl: Any, fp8_layers: int, backward: bool, history_len: int, group: str | None) -> int:
+def delayed_amax_gemms(model: Any, ep: int, fp8_layers: Sequence[int]) -> int:
+    """FP8 GEMMs of the delayed-scaling region (fp8_rules.delayed_fp8_gemms) over the decoder layers
+    `fp8_layers` (those not kept in 16 bit) of `model` (scenarios.schema.Model) with `ep`-way experts."""
+    moe, mla = model.moe, model.mla
+    attention = ATTENTION_LINEARS if mla is None else MLA_LINEARS + (1 if mla.q_lora_rank else 0)
+    moe_layers = sum(1 for layer in fp8_layers if moe is not None and moe.is_moe_layer(layer))
+    local = moe.experts // ep if moe is not None else 0
+    shared = moe is not None and moe.shared_ffn_hidden is not None
+    return delayed_fp8_gemms(attention, len(fp8_layers) - moe_layers, moe_layers, local, shared)
+
+
+def amax_reduce_ops(tpl: Any, fp8_gemms: int, backward: bool, history_len: int, group: str | None) -> int:
     """Delayed scaling, once per micro-batch and pass: the region's amaxes all-reduced (MAX) over the amax
     group (None: a group of one rank, which TE skips), then the fused history / scale update; returns the
     update op, which its consumers wait for (the reduction is synchronous: async_op=False). The external
@@ -77,6 +92,6 @@ def amax_reduce_ops(tpl: Any, fp8_layers: int, backward: bool, history_len: int,
     phase, ext = ("bwd", "gin") if backward else ("fwd", "in")
     deps: Deps = (ext,)
     if group is not None:
-        coll = Collective("all_reduce", group, amax_reduce_bytes(fp8_layers, backward), K.FP8_AMAX_REDUCE)
+        coll = Collective("all_reduce", group, amax_reduce_bytes(fp8_gemms, backward), K.FP8_AMAX_REDUCE)
         deps = (tpl.add(phase, K.FP8_AMAX_REDUCE, coll, deps),)
-    return tpl.add(phase, K.FP8_AMAX_UPDATE, amax_update_work(fp8_layers, backward, history_len), deps)
+    return tpl.add(phase, K.FP8_AMAX_UPDATE, amax_update_work(fp8_gemms, backward, history_len), deps)

@@ -15,8 +15,9 @@ with the random Hadamard transform of the columnwise copy: quantizer.cpp NVFP4Qu
 `nvte_hadamard_transform_amax`) and, where the tensor is sequence-sharded, all-reduces it over TP
 (`with_amax_reduction`), as tensorwise does; then one kernel writes the rowwise and the columnwise copies
 (`nvte_quantize_with_hadamard_transform`), each scaled along its own direction, as MXFP8's. Its GEMMs run at
-the FP4 peak (sim/cost/fp8_gemm.py). TE's recipe quantizes no attention (fp8_dpa False): with nvfp4 the
-attention core stays 16-bit. Stochastic rounding of gradients and the Hadamard transform change numerics,
+the FP4 peak (sim/cost/fp8_gemm.py). TE's recipe quantizes no attention by default (fp8_dpa False,
+recipe/__init__.py L571-572): with nvfp4 the attention core stays 16-bit unless run.fp8_attention, which TE
+runs in FP8 beside the NVFP4 linears (dot_product_attention.py L189-224, NVTE_DPA_FP8_RECIPE). Stochastic rounding of gradients and the Hadamard transform change numerics,
 not bytes.
 Format (MLM transformer_config.py `fp8`): hybrid = E4M3 activations and weights, E5M2 gradients; e4m3
 everywhere. The format changes the numerics (validate/numerics/fp8_emulation.py), not the time.
@@ -85,6 +86,7 @@ NVFP4_WEIGHT_BLOCK = 16 * 16  # weights: one E4M3 scale per 16 x 16 block (2D qu
 AMAX_PASS_RECIPES = ("tensorwise", "nvfp4")  # a separate amax pass before the cast, all-reduced over TP under SP
 AMAX_PER_GEMM_FWD, AMAX_PER_GEMM_BWD = 3, 2  # TE fp8_meta: (input, weight, output), (grad out, grad in)
 LINEARS_PER_LAYER = 4  # qkv, proj, fc1, fc2
+ATTENTION_LINEARS, MLA_LINEARS, MLP_LINEARS = 2, 4, 2  # qkv + proj; MLA q, kv_down, kv_up, proj (+ q_down); fc1 + fc2
 # kernel names (Elementwise.kernel) of the quantize work, defined once
 QUANTIZE, CAST_TRANSPOSE, TRANSPOSE, AMAX, AMAX_UPDATE, WEIGHT_CAST = (
     "fp8_quantize", "fp8_cast_transpose", "fp8_transpose", "fp8_amax", "fp8_amax_update", "fp8_weight_cast")
@@ -161,15 +163,27 @@ def transpose_work(elements: int) -> Elementwise:
     return Elementwise(TRANSPOSE, elements * FP8_BYTES, elements * FP8_BYTES)
 
 
-def amax_reduce_bytes(fp8_layers: int, backward: bool) -> int:
-    """Bytes of delayed scaling's per-pass amax all-reduce over `fp8_layers` layers of a stage."""
+def delayed_fp8_gemms(attention_linears: int, dense_layers: int, moe_layers: int, local_experts: int,
+                      shared_expert: bool) -> int:
+    """FP8 GEMMs with their own delayed-scaling amaxes in a region of decoder layers (TE fp8_meta per GEMM:
+    module/base.py L1139, `num_gemms x 3` forward, `x 2` backward). A Linear / LayerNormLinear is one GEMM;
+    an expert GroupedLinear is `num_gemms` = local experts GEMMs (grouped_linear.py), each with its own
+    quantizers - under DelayedScaling TE takes its per-GEMM path, the grouped-tensor path being unsupported
+    (grouped_linear.py L107-108, L132-152). So a layer has its attention linears (2; MLA 4, or 5 with a q
+    down-projection) plus fc1 + fc2 (dense) or 2 x local experts (+ 2 for a shared expert, a plain TE MLP)."""
+    per_moe = MLP_LINEARS * local_experts + (MLP_LINEARS if shared_expert else 0)
+    return (dense_layers + moe_layers) * attention_linears + dense_layers * MLP_LINEARS + moe_layers * per_moe
+
+
+def amax_reduce_bytes(fp8_gemms: int, backward: bool) -> int:
+    """Bytes of delayed scaling's per-pass amax all-reduce over the region's `fp8_gemms` FP8 GEMMs."""
     per_gemm = AMAX_PER_GEMM_BWD if backward else AMAX_PER_GEMM_FWD
-    return fp8_layers * LINEARS_PER_LAYER * per_gemm * AMAX_BYTES
+    return fp8_gemms * per_gemm * AMAX_BYTES
 
 
-def amax_update_work(fp8_layers: int, backward: bool, history_len: int) -> Elementwise:
+def amax_update_work(fp8_gemms: int, backward: bool, history_len: int) -> Elementwise:
     """The fused amax-history and scale update after the reduction: reads and writes the history and scales."""
-    n = amax_reduce_bytes(fp8_layers, backward) // AMAX_BYTES
+    n = amax_reduce_bytes(fp8_gemms, backward) // AMAX_BYTES
     nbytes = n * (history_len + 1) * AMAX_BYTES
     return Elementwise(AMAX_UPDATE, nbytes, nbytes)
 

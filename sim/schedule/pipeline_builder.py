@@ -92,7 +92,7 @@ class _Stage:
         self.last_item: tuple[int, ...] = ()  # what the next item waits for when P2P is blocking
         self.last_compute: tuple[int, ...] = ()  # what a posted (overlapped) P2P batch waits for
         # delayed FP8 scaling: one amax reduction per chunk pass (Megatron's region is the chunk's layer stack)
-        self.amax = {len(ch.layers): fp8_amax_templates(rs, len(ch.layers)) for ch in chunks if ch.layers}
+        self.amax = {tuple(ch.layers): fp8_amax_templates(rs, ch.layers) for ch in chunks if ch.layers}
         d = layer_dims(rs)
         self.gather_bytes = p2p_bytes(d) if scatter_gather(rs, d) else 0  # the whole tensor, gathered over tp
         self.nbytes = p2p_bytes(d) // rs.tp if self.gather_bytes else p2p_bytes(d)
@@ -151,7 +151,7 @@ class _Stage:
         for layer in ch.layers:
             fwd = t.layer_fwd(layer)
             x = stamp(fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + fwd.marks["out"]
-        amax = self.amax.get(len(ch.layers))
+        amax = self.amax.get(tuple(ch.layers))
         if amax is not None:
             x = stamp(amax[0], ops, f"{K.FP8_BLOCK}.c{ch.chunk}.mb{mb}.", {"in": x}, None, mb) + amax[0].marks["out"]
         if ch.head:
@@ -163,7 +163,7 @@ class _Stage:
         t = self.t
         blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)] if ch.head else []
         blocks += [(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(ch.layers)]
-        amax = self.amax.get(len(ch.layers))
+        amax = self.amax.get(tuple(ch.layers))
         blocks += [(amax[1], f"{K.FP8_BLOCK}.c{ch.chunk}.mb{mb}.", None)] if amax is not None else []
         blocks += [(t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None)] if ch.embedding else []
         ext, g = ("loss", self.loss[(mb, ch.chunk)]) if ch.head else ("gin", g)

@@ -24,6 +24,7 @@ from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.groups import by_node
 from meshsim.sim.cost.collectives.nccl_limits import MAX_CHANNELS, channels_used, default_channels
 from meshsim.sim.cost.collectives.nvls_limits import nvls_channels
+from meshsim.sim.cost.collectives.nvls_tree_limits import nvls_tree_call_channels
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, NcclConstants, family
 from meshsim.topologies.gpus import GPUS
 from meshsim.topologies.model import Topology
@@ -89,6 +90,8 @@ def kernel_channels(topo: Topology, algo: str, protocol: str, nbytes: int, ranks
         return 0
     if algo == "nvls":
         return nvls_channels(topo.gpu, constants.nvls_channels)
+    if algo == "nvls_tree":
+        return nvls_tree_call_channels(topo, group)
     channels = group_channels(topo, group, constants)
     if protocol == IDEAL:
         return channels

@@ -17,12 +17,13 @@ from typing import Any
 from meshsim.sim.core.errors import UserError, unknown_name_error
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_applies
 from meshsim.sim.cost.collectives.nvls import NVLS_OPS, nvls_switches, topology_has_nvls
+from meshsim.sim.cost.collectives.nvls_tree import nvls_tree_applies
 from meshsim.sim.cost.collectives.protocols import IDEAL, protocols_for
 from meshsim.topologies.model import Topology
 
 # send_recv: the ring shift of context parallelism's KV ring (direct.shift_plan)
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
-ALGOS = ("ring", "tree", "nvls", "hierarchical", "direct")
+ALGOS = ("ring", "tree", "nvls", "nvls_tree", "hierarchical", "direct")
 PROTOCOL_NAMES = ("ll", "ll128", "simple", IDEAL)
 
 
@@ -35,6 +36,8 @@ def algorithms_for(topo: Topology, op: str, ranks: Sequence[int]) -> list[str]:
         algos.append("tree")
     if op in NVLS_OPS and len(ranks) >= 2 and nvls_switches(topo, ranks):
         algos.append("nvls")
+    if nvls_tree_applies(topo, op, ranks):
+        algos.append("nvls_tree")
     if op == "all_reduce" and hierarchical_applies(topo, ranks):
         algos.append("hierarchical")
     return algos
@@ -45,6 +48,8 @@ def _why_not(topo: Topology, op: str, algo: str) -> str:
         return f"{topo.name} has no NVSwitch with in-network reduction (NVLS)"
     if algo == "nvls" and op in NVLS_OPS:
         return "NVLS needs every rank on the same NVLS switch (one NVLink domain)"
+    if algo == "nvls_tree" and op == "all_reduce":
+        return "nvls_tree needs >= 2 nodes, each an NVLS domain holding >= 2 of the ranks, and NICs"
     if algo == "hierarchical" and op == "all_reduce":
         return "hierarchical needs >= 2 ranks on each of >= 2 nodes"
     return f"{algo} does not implement {op}"

@@ -37,6 +37,8 @@ from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.nvls import nvls_plan
 from meshsim.sim.cost.collectives.nvls_limits import nvls_kernel_s
+from meshsim.sim.cost.collectives.nvls_tree import nvls_tree_plan
+from meshsim.sim.cost.collectives.nvls_tree_limits import nvls_tree_scale
 from meshsim.sim.cost.collectives.phases import Plan, PlanCost, evaluate
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, NcclConstants, family
 from meshsim.sim.cost.collectives.ring import ring_plan
@@ -84,6 +86,8 @@ def build_plan(topo: Topology, algo: str, op: str, ranks: Sequence[int]) -> Plan
         return tree_plan(topo, ranks)
     if algo == "nvls":
         return nvls_plan(topo, op, ranks)
+    if algo == "nvls_tree":
+        return nvls_tree_plan(topo, ranks)
     if algo == "hierarchical":
         return hierarchical_plan(topo, ranks)
     if algo == "direct":
@@ -157,7 +161,7 @@ def _fill_s(pc: PlanCost, op: str, protocol: str, constants: NcclConstants, step
     """Simple/LL128 pipeline fill (protocols.SIMPLE_FILL_BYTES_PER_CHANNEL): per step, each channel's fill
     bytes at the channel's share of the bus bandwidth - steps x channels x min(fill, nbytes / (ranks x
     channels)) / busbw (a slice cannot exceed its chunk). NVLS (one switch round trip) and LL have none."""
-    if protocol not in ("simple", "ll128") or pc.algo == "nvls" or pc.s_per_byte <= 0 or ranks < 2:
+    if protocol not in ("simple", "ll128") or family(pc.algo) == "nvls" or pc.s_per_byte <= 0 or ranks < 2:
         return 0.0
     busbw = busbw_factor(op, ranks) / pc.s_per_byte
     per_channel = constants.simple_fill_bytes_per_channel
@@ -208,6 +212,8 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
                                  constants.nvls_channel_gbps, constants.nvls_loop_overhead_us)
         link_s = nbytes * pc.s_per_byte
         return min(constants.bw_scale(pc.algo, op, protocol), link_s / kernel_s if kernel_s > link_s else 1.0)
+    if pc.algo == "nvls_tree":
+        return min(constants.bw_scale(pc.algo, op, protocol), nvls_tree_scale(topo, pc, ranks, nbytes, constants))
     if not constants.protocol_limits:
         return constants.bw_scale(pc.algo, op, protocol)
     raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
@@ -230,7 +236,7 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
     time = lat + bw
     algbw = nbytes / time / GB if time > 0 else 0.0
     # NVLS's channel bound leaves its links partly idle; the other algorithms load theirs at the flat factor
-    load = scale if algo == "nvls" else constants.bw_scale(algo, op, protocol) / constants.bw_factor[protocol]
+    load = scale if family(algo) == "nvls" else constants.bw_scale(algo, op, protocol) / constants.bw_factor[protocol]
     return CollectiveCost(op, algo, protocol, nbytes, len(ranks), time, lat, bw, algbw,
                           algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, load))
 

@@ -34,10 +34,9 @@ Three constants are **fitted** on the 8 x H100 curve of section B from 2 MiB to 
 (benchmarks/accuracy/fits.yaml): NVLS latency 12 us (protocols.HW_US, its one step per call: launch
 and a switch round trip; tuning.cc's NVLS latency is 23 us in v2.18-2.20), loop overhead 4.4 us, per-channel 18.75 GB/s (16 channels: 300 GB/s
 of port traffic). The 8 x H200 curve (NCCL 2.20.5) and FLUX's H800 NVLS all-gather / reduce-scatter are
-out of fit. Blackwell has no NVLS curve in our set: its 24 channels carry Hopper's 300 GB/s scaled by
-NCCL's own ratios, the per-GPU NVLink rate (40.1 / 20.6, topo.h) and tuning.cc's nvlsEfficiency
-(0.74 / 0.85, v2.30.4): 508 GB/s, so a 72-GPU NVL72 all-reduce reaches ~990 GB/s of busbw, not the
-~1,180 that twice Hopper's figure gave. Overridable: NcclConstants(nvls_channels=...,
+out of fit. Blackwell's 24 channels carry 430 GB/s, fitted on the two-rack GB200 NVL72 curve (issue 42,
+the only Blackwell NVLS curve we have; NCCL's ratios from Hopper gave 508, 17-19% fast there), so a
+72-GPU NVL72 all-reduce reaches ~820 GB/s of busbw at 16 GiB. Overridable: NcclConstants(nvls_channels=...,
 nvls_channel_gbps=..., nvls_loop_overhead_us=...).
 """
 
@@ -54,9 +53,11 @@ NVLS_CHANNELS = {"hopper": 16, "blackwell": 24}
 NVLS_PIPELINE_FILL_LOOPS = 2  # three warp-group stages (scatter, reduce/multicast, gather): two loops to fill
 NVLS_LOOP_OVERHEAD_US = 4.4  # fitted, 8 x H100 section-B curve
 HOPPER_NVLS_GBPS = 300.0  # fitted, same curve: port traffic of all 16 channels (18.75 GB/s each)
-# Blackwell: no curve in our set. Scaled from Hopper by NCCL's own figures: the per-GPU NVLink rate
-# (18 x 40.1 vs 18 x 20.6 GB/s, topo.h) and tuning.cc's nvlsEfficiency (Blackwell 0.74 vs Hopper 0.85, v2.30.4)
-BLACKWELL_NVLS_GBPS = HOPPER_NVLS_GBPS * (40.1 / 20.6) * (0.74 / 0.85)
+# Blackwell: fitted (issue 42) on the only Blackwell NVLS curve in our set, the all-reduce over two GB200 NVL72
+# racks (public-measurements-3.md section 3, 512 MiB-16 GiB; NVLS tree, nvls_tree_limits.py), 430 GB/s of
+# port traffic per GPU over one rack's 24 channels. Hopper's 300 scaled by NCCL's own figures (NVLink 40.1 /
+# 20.6 per link, topo.h; nvlsEfficiency 0.74 / 0.85, tuning.cc) gave 508, 17-19% fast on that curve.
+BLACKWELL_NVLS_GBPS = 430.0
 NVLS_CHANNEL_GBPS = {"hopper": HOPPER_NVLS_GBPS / NVLS_CHANNELS["hopper"],
                      "blackwell": BLACKWELL_NVLS_GBPS / NVLS_CHANNELS["blackwell"]}
 DEFAULT_NVLS_GENERATION = "hopper"  # NVLS needs NVSwitch gen 3+: Hopper or later
@@ -68,6 +69,11 @@ NVLS_CHUNK_STEPS = ((64, 64 * 1024), (8, 32 * 1024), (2, 16 * 1024))
 def _row(gpu: str) -> str:
     gen = generation(gpu)
     return gen if gen in NVLS_CHANNELS else DEFAULT_NVLS_GENERATION
+
+
+def nvls_generation(gpu: str) -> str:
+    """NCCL's NVLS row for a GPU preset: "hopper" or "blackwell" (Hopper for anything older)."""
+    return _row(gpu)
 
 
 def nvls_channels(gpu: str, channels: int | None = None) -> int:
@@ -97,3 +103,9 @@ def nvls_kernel_s(gpu: str, op: str, nbytes: int, ranks: int, channels: int | No
     port_bytes = nbytes * max(port_fractions(op, ranks))
     per_loop_s = overhead_s + port_bytes / loops / (nch * per * 1e9)
     return (loops + NVLS_PIPELINE_FILL_LOOPS) * per_loop_s
+
+
+def nvls_port_gbps(gpu: str, channels: int | None = None, per_channel_gbps: float | None = None) -> float:
+    """The NVLS kernel's port traffic per GPU (GB/s): one node's channels x per-channel rate (overridable)."""
+    per = NVLS_CHANNEL_GBPS[_row(gpu)] if per_channel_gbps is None else per_channel_gbps
+    return nvls_channels(gpu, channels) * per

@@ -45,7 +45,8 @@ BASE_US = {
 }
 # Per-step hardware latency (us), tuning.cc. Tree over PCIe is not in the reference: the ring figures are
 # used. NVLS: one "step" per call (into the switch and back out), 12 us, fitted with the NVLS kernel's loop
-# model on the 8 x H100 nccl-tests curve (nvls_limits.py; tuning.cc charges 23-25 us).
+# model on the 8 x H100 nccl-tests curve (nvls_limits.py; tuning.cc charges 23-25 us). NVLS tree's network
+# step (each tree level, up and down): tuning.cc's NET NVLSTree Simple 20.9 us (NVIDIA/nccl 5067397c L173).
 HW_US = {
     "ring": {"nvlink": {"ll": 0.6, "ll128": 1.9, "simple": 3.4},
              "pcie": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
@@ -53,7 +54,7 @@ HW_US = {
     "tree": {"nvlink": {"ll": 0.6, "ll128": 1.25, "simple": 4.0},
              "pcie": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
              "network": {"ll": 5.0, "ll128": 8.5, "simple": 14.0}},
-    "nvls": {"nvlink": {"simple": 12.0}},
+    "nvls": {"nvlink": {"simple": 12.0}, "network": {"simple": 20.9}},
 }
 BW_FACTOR = {"ll": 0.5, "ll128": 0.92, "simple": 1.0, IDEAL: 1.0}  # tuning.cc protocol factors
 # Tree all-reduce (tuning.cc). NVLS has no flat factor: tuning.cc's 0.85 (Hopper) stands for what bounds NVLS
@@ -89,13 +90,17 @@ INTERNAL_EFFICIENCY = 1.0  # CPU-socket links: no NCCL figure, taken at peak
 
 
 def family(algo: str) -> str:
-    """Which NCCL latency table an algorithm uses: hierarchical and direct are made of ring-like steps."""
+    """Which NCCL latency table an algorithm uses: hierarchical and direct are made of ring-like steps,
+    NVLS tree shares NVLS's (its NVLink step; its network steps have their own row)."""
+    if algo == "nvls_tree":
+        return "nvls"
     return algo if algo in ("tree", "nvls") else "ring"
 
 
 def protocols_for(algo: str) -> tuple[str, ...]:
-    """NCCL protocols an algorithm supports: NVLS only Simple, the others LL, LL128 and Simple."""
-    return ("simple",) if algo == "nvls" else PROTOCOLS
+    """NCCL protocols an algorithm supports: NVLS and NVLS tree only Simple (tuning.cc L301), the others
+    LL, LL128 and Simple."""
+    return ("simple",) if family(algo) == "nvls" else PROTOCOLS
 
 
 @dataclass(frozen=True)
