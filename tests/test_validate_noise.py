@@ -14,66 +14,73 @@ from meshsim.validate import noise
 QUIET, LOAD = (0.1, 2), (3.5, 2)
 
 
-def test_spread_is_the_decile_range_over_the_median():
-    # 1..11: p10 = 2, p90 = 10 (inclusive quantiles), median 6 -> 8/6
-    assert noise.spread([float(x) for x in range(1, 12)]) == pytest.approx(8 / 6)
-    assert noise.spread([2.0] * 30) == 0.0
-    assert noise.spread([1.0]) == 0.0 and noise.spread([]) == 0.0
+def test_excess_is_the_mean_over_the_best_repeat():
+    assert noise.excess([1.0, 2.0, 3.0]) == pytest.approx(1.0)  # mean 2 over min 1
+    assert noise.excess([2.0] * 30) == 0.0
+    assert noise.excess([]) == 0.0 and noise.excess([0.0, 0.0]) == 0.0
+
+
+def test_excess_is_weighed_by_time():
+    # a 10 ms work at its best every time and a 10 us work 4x its best on average: 0.3% of the sum, not 300%
+    big, small = [10e-3] * 4, [10e-6, 70e-6, 10e-6, 70e-6]
+    assert noise.weighted_excess([big, small]) == pytest.approx(30e-6 / 10.01e-3)
+    assert noise.weighted_excess([small]) == pytest.approx(3.0)
 
 
 def test_one_stray_repeat_does_not_make_a_machine_noisy_but_many_do():
     steady = [1.0] * 29 + [5.0]  # one time slice lost in 30 rounds
-    assert noise.spread(steady) < 0.2
-    busy = [1.0, 2.5, 1.2, 3.0, 1.1, 4.0] * 5  # a third of the rounds stretched by other processes
-    assert noise.spread(busy) > 1.0 > noise.MAX_SPREAD
+    assert noise.excess(steady) < 0.2
+    busy = [1.0, 2.5, 1.2, 3.0, 1.1, 4.0] * 5  # most rounds stretched by other processes
+    assert noise.excess(busy) > 1.0 > noise.MAX_EXCESS
 
 
-def test_round_totals_reduce_over_ranks_as_the_profile_does():
+def test_over_ranks_reduces_each_round_as_the_profile_does():
     # per_rank[rank][item][round]: two ranks, two items, two rounds
     rank0 = [[1.0, 2.0], [10.0, 20.0]]
     rank1 = [[3.0, 4.0], [30.0, 40.0]]
-    assert noise.round_totals([rank0, rank1], collective=False) == [22.0, 33.0]  # means: 2 + 20, 3 + 30
-    assert noise.round_totals([rank0, rank1], collective=True) == [11.0, 22.0]  # mins: 1 + 10, 2 + 20
-
-
-def _samples(rounds: list[float], items: int = 3) -> list[list[float]]:
-    """items x rounds, each item taking 1/items of the round's total."""
-    return [[t / items for t in rounds] for _ in range(items)]
+    assert noise.over_ranks([rank0, rank1], collective=False) == [[2.0, 3.0], [20.0, 30.0]]
+    assert noise.over_ranks([rank0, rank1], collective=True) == [[1.0, 2.0], [10.0, 20.0]]
 
 
 def _per_rank(compute_rounds, collective_rounds, memory_rounds=None) -> list[dict]:
-    memory_rounds = memory_rounds or [1.0] * len(compute_rounds)
-    rank = {"compute": _samples(compute_rounds), "memory": _samples(memory_rounds, 4),
-            "collectives": _samples(collective_rounds)}
+    """Both ranks alike: three compute works and three collectives following the given rounds."""
+    memory_rounds = memory_rounds or [0.01] * len(compute_rounds)  # memory kernels: short, steady
+    rank = {"compute": [list(compute_rounds)] * 3, "memory": [list(memory_rounds)] * 4,
+            "collectives": [list(collective_rounds)] * 3}
     return [rank, rank]
 
 
-def test_calibration_noise_is_its_noisiest_phase():
-    quiet = [1.0, 1.02, 0.99, 1.01, 1.0] * 6
-    busy = [1.0, 2.0, 1.1, 3.0, 1.0] * 6
-    found = noise.calibration_noise(_per_rank(quiet, busy), LOAD)
-    assert found.what == "collectives rounds" and found.samples == 30 and found.too_noisy()
-    assert found.spread == pytest.approx(noise.spread(busy))
-    calm = noise.calibration_noise(_per_rank(quiet, quiet), QUIET)
-    assert calm.spread == pytest.approx(0.03) and not calm.too_noisy()  # negative control
+QUIET_ROUNDS = [1.0, 1.02, 0.99, 1.01, 1.0] * 6  # mean 1.004, best 0.99
+BUSY_ROUNDS = [1.0, 2.0, 1.1, 3.0, 1.0] * 6  # mean 1.62, best 1.0
 
 
-def test_refusal_is_one_line_exit_2_naming_spread_load_bound_and_flag():
-    busy = noise.calibration_noise(_per_rank([1.0, 2.0, 1.1, 3.0, 1.0] * 6, [1.0] * 30), LOAD)
+def test_calibration_noise_judges_compute_and_memory_and_reports_collectives():
+    found = noise.calibration_noise(_per_rank(BUSY_ROUNDS, QUIET_ROUNDS), LOAD)
+    assert found.samples == 30 and found.too_noisy()
+    # compute (3 works, mean 1.62 over best 1.0) and memory (4 kernels at 0.01, steady): 3 x 0.62 / 3.04
+    assert found.excess == pytest.approx(3 * 0.62 / 3.04)
+    assert found.collectives_excess == pytest.approx(1.004 / 0.99 - 1)
+    noisy_collectives = noise.calibration_noise(_per_rank(QUIET_ROUNDS, BUSY_ROUNDS), QUIET)
+    assert not noisy_collectives.too_noisy()  # negative control: gloo's waiting tail is not judged
+    assert noisy_collectives.collectives_excess == pytest.approx(0.62)
+
+
+def test_refusal_is_one_line_exit_2_naming_excess_load_bound_and_flag():
+    busy = noise.calibration_noise(_per_rank([1.0, 3.0, 1.1, 4.0, 1.0] * 6, QUIET_ROUNDS), LOAD)
     with pytest.raises(CommandFailed) as raised:
         noise.refuse_noisy_profile(busy, accept=False)
     message = str(raised.value)
     assert raised.value.exit_code == EXIT_USER_ERROR and "\n" not in message
-    assert f"{noise.MAX_SPREAD:.0%}" in message and noise.ACCEPT_FLAG in message
-    assert "over 30 compute rounds" in message and "load 3.5 per core (2 cores)" in message
+    assert f"{noise.MAX_EXCESS:.0%}" in message and noise.ACCEPT_FLAG in message
+    assert "best of 30 repeats" in message and "load 3.5 per core (2 cores)" in message
     noise.refuse_noisy_profile(busy, accept=True)  # the user insists: no raise
-    noise.refuse_noisy_profile(noise.calibration_noise(_per_rank([1.0] * 30, [1.0] * 30), QUIET), accept=False)
+    noise.refuse_noisy_profile(noise.calibration_noise(_per_rank(QUIET_ROUNDS, QUIET_ROUNDS), QUIET), accept=False)
 
 
 def test_step_noise_warns_only_beyond_the_bound():
     assert noise.noisy_step_warning(noise.step_noise([0.050, 0.051, 0.050, 0.052, 0.050], QUIET)) is None
     warning = noise.noisy_step_warning(noise.step_noise([0.050, 0.120, 0.050, 0.200, 0.060], LOAD))
-    assert warning is not None and "5 timed steps" in warning and f"{noise.MAX_SPREAD:.0%}" in warning
+    assert warning is not None and "5 repeats of timed steps" in warning and f"{noise.MAX_EXCESS:.0%}" in warning
 
 
 def test_load_per_core_reads_the_os():
@@ -109,7 +116,7 @@ def _results(scale_by_round: list[float]) -> list[dict]:
 
 @pytest.mark.parametrize("case", ["quiet", "busy", "busy-accepted"])
 def test_calibrate_refuses_to_write_a_profile_from_noisy_timings(case, tmp_path, capsys):
-    scale = [1.0, 1.01, 0.99, 1.0, 1.02] * 6 if case == "quiet" else [1.0, 2.0, 1.1, 3.5, 1.0] * 6
+    scale = QUIET_ROUNDS if case == "quiet" else [1.0, 3.0, 1.1, 4.0, 1.0] * 6
     results, out = tmp_path / "results.json", tmp_path / "profile.yaml"
     results.write_text(json.dumps(_results(scale)))
     argv = ["calibrate", "tiny-2gpu", "--nproc", "2", "--backend", "gloo", "--from-results", str(results),
@@ -119,10 +126,10 @@ def test_calibrate_refuses_to_write_a_profile_from_noisy_timings(case, tmp_path,
     if case == "busy":
         lines = [line for line in captured.err.splitlines() if line.strip()]
         assert code == EXIT_USER_ERROR and len(lines) == 1 and "Traceback" not in captured.err, captured.err
-        assert "not writing a calibrated profile" in lines[0] and "30%" in lines[0] and "--accept-noise" in lines[0]
+        assert "not writing a calibrated profile" in lines[0] and "50%" in lines[0] and "--accept-noise" in lines[0]
         assert not out.exists()
         return
     assert code == 0, captured.err
     text = out.read_text()
-    assert "timing_noise" in text and "timing noise: spread" in captured.out
+    assert "timing_noise" in text and "timing noise: mean" in captured.out
     assert ("accepted" in text) == (case == "busy-accepted")

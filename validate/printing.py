@@ -114,9 +114,10 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
 
 
 def _print_noise(console, record: dict) -> None:
-    """The timed steps' spread and the load, and the warning when the spread is beyond the bound."""
-    noise = Noise(record["spread"], record["what"], record["samples"], record["load_per_core"], record["cores"])
-    console.print(f"measurement noise: {noise.describe()} (bound {record['max_spread']:.0%})", highlight=False)
+    """The timed steps' excess over the fastest and the load, and the warning beyond the bound."""
+    noise = Noise(record["excess"], record["what"], record["samples"], record["load_per_core"], record["cores"],
+                  record.get("collectives_excess"))
+    console.print(f"measurement noise: {noise.describe()} (bound {record['max_excess']:.0%})", highlight=False)
     warning = noisy_step_warning(noise)
     if warning:
         console.print(f"[yellow]{warning}[/]", highlight=False)
@@ -134,6 +135,6 @@ def print_profile(profile, path: Path, console=None) -> None:
     if measured:  # the times kappa comes from, and what they mean (validate/calibrate/interference.py)
         console.print(f"kappa measured: {measured}", highlight=False, markup=False)
     noise = profile.measured_on.get("timing_noise")
-    if noise:  # validate/noise.py: the spread of the repeated timings and the load they ran under
+    if noise:  # validate/noise.py: the repeats' excess over the best and the load they ran under
         console.print(f"timing noise: {noise}", highlight=False, markup=False)
     console.print(f"written: {user_text(path)}  (use it with hardware: {{profile: {user_text(path)}}})")

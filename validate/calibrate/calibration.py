@@ -20,8 +20,8 @@ Measured (workers on nproc processes at once, so compute sees the same contentio
 Each measurement: the mean of REPEATS runs after WARMUP untimed ones, in rounds over all items
 (round_robin_samples_s says why rounds; reduce_samples why the mean, and why a collective's time is
 the minimum over ranks of each round).
-Noise: the spread of the rounds' totals and the load average before the workers started
-(validate/noise.py) go into measured_on["timing_noise"]; beyond noise.MAX_SPREAD no profile is written
+Noise: the means' excess over the best repeats and the load average before the workers started
+(validate/noise.py) go into measured_on["timing_noise"]; beyond noise.MAX_EXCESS no profile is written
 unless the caller accepts the noise.
 """
 
@@ -153,7 +153,7 @@ def _device_figures(backend: str, best_tflops: float | None, bw_gbps: float):
 
 def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: str, scenario: str,
                   noise: str | None = None):
-    """Reduce the workers' samples (reduce_samples) into a HardwareProfile; `noise`: their spread and load."""
+    """Reduce the workers' samples (reduce_samples) into a HardwareProfile; `noise`: their excess and load."""
     works = compute_works(schedule)
     compute_s = reduce_samples([r["compute"] for r in per_rank], collective=False)
     points = [p for p in (_kernel_point(w, t) for w, t in zip(works, compute_s, strict=True)) if p is not None]
@@ -200,8 +200,8 @@ def calibration_payload(scenario, source: str, nproc: int, backend: str):
 
 def checked_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: str, scenario: str,
                     load: tuple[float | None, int], accept_noise: bool = False):
-    """build_profile, refused (noise.refuse_noisy_profile: one line, exit 2) when the samples' spread is
-    beyond the bound and the caller does not accept the noise; the spread is kept in measured_on."""
+    """build_profile, refused (noise.refuse_noisy_profile: one line, exit 2) when the samples' means sit
+    too far above their best repeats and the caller does not accept it; the excess is kept in measured_on."""
     noise = calibration_noise(per_rank, load)
     refuse_noisy_profile(noise, accept_noise)
     note = noise.describe() + (" (beyond the bound, accepted)" if noise.too_noisy() else "")

@@ -90,7 +90,7 @@ class CrossCheck:
 def compare(result: StepResult, measured: Measured, numerics_ok: bool | None,
             load: tuple[float | None, int] = (None, 0)) -> CrossCheck:
     """result: the StepResult of simulating the same shrunk scenario with the calibrated profile; load: the
-    load average per core before the timed run (validate/noise.py), reported with its steps' spread."""
+    load average per core before the timed run (validate/noise.py), reported with its steps' excess."""
     replay = measured.replay()
     pipeline = len(measured.schedules) > 1
     m_crit = critical_path(measured.schedules, replay)
@@ -160,7 +160,7 @@ def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str 
     calibrated), trace_measured.json and trace_merged.json into out_dir; with trace_dir, Kineto traces of
     extra as-scheduled steps (validate/timing/profiled.py) and the shrunk scenario they ran there.
     A calibration too noisy to trust raises before anything is written, unless accept_noise
-    (validate/noise.py); the timed run's own spread and load are in the report ("noise")."""
+    (validate/noise.py); the timed run's own excess and load are in the report ("noise")."""
     out = Path(out_dir) if out_dir is not None else None
     shrunk, variants, payload = timing_payload(scenario, source, nproc, backend, repeats=repeats,
                                                numerics=numerics)
