@@ -19,8 +19,8 @@ Measure (pure functions, no torch, so a test can inject timings):
   the workers start. Above 1, runnable processes outnumber cores and every timing waits for a core.
   A machine loaded so evenly that every repeat is equally slow shows no excess: the load says so.
 The refusal is on the measured excess (what the profile is made of); the load is reported beside it.
-Measured on the 2-core project VM at load 2.8 per core: compute excess 3.2 (the profile priced compute
-at 4.2x its best repeats) and the cross-check's compute error +480%.
+Measured on the 2-core project VM at load 6.2 per core: a calibration's excess 908% and the cross-check's
+compute error +908% (docs/benchmarks.md, "Noise").
 """
 
 from __future__ import annotations
