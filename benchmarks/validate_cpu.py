@@ -83,7 +83,7 @@ def main() -> None:
         cells.append(f"{statistics.median(kappas):.2f} [{', '.join(f'{k:.2f}' for k in kappas)}]")
         print(f"{label:34s} {ms[0]:7.2f} {ms[1]:7.2f} {ms[2]:7.2f}  {cells[0]:24s} {cells[1]:24s} {cells[2]:24s} "
               f"{cells[3]}")
-        for r in reports:  # validate/noise.py: a trial beyond the bound measured the load, not the model
+        for r in reports:  # validate/calibrate/noise.py: a trial beyond the bound measured the load, not the model
             print(f"  noise: calibration {r['calibration_noise']}; timed steps {r['noise']['excess']:.0%}")
     for key, errs in summary.items():
         print(f"{key}: {sum(e <= 10.0 for e in errs)} of {len(errs)} cases within 10% (median of {args.trials} "

@@ -1,4 +1,4 @@
-"""validate/noise.py: the spread of repeated timings, golden on injected samples, and the refusal to write a
+"""validate/calibrate/noise.py: the spread of repeated timings, golden on injected samples, and the refusal to write a
 calibrated profile from timings that disagree (issue 43: +166% to +465% on a busy machine, no warning)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from meshsim.sim.cli.main import main
 from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed
-from meshsim.validate import noise
+from meshsim.validate.calibrate import noise
 
 QUIET, LOAD = (0.1, 2), (3.5, 2)
 

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.text import user_text
-from meshsim.validate.noise import Noise, noisy_step_warning
+from meshsim.validate.calibrate.noise import Noise, noisy_step_warning
 from meshsim.validate.numerics.opcount import per_block_counts
 
 MAX_LINES = 8  # findings printed per variant (worst first)
@@ -135,6 +135,6 @@ def print_profile(profile, path: Path, console=None) -> None:
     if measured:  # the times kappa comes from, and what they mean (validate/calibrate/interference.py)
         console.print(f"kappa measured: {measured}", highlight=False, markup=False)
     noise = profile.measured_on.get("timing_noise")
-    if noise:  # validate/noise.py: the repeats' excess over the best and the load they ran under
+    if noise:  # validate/calibrate/noise.py: the repeats' excess over the best and the load they ran under
         console.print(f"timing noise: {noise}", highlight=False, markup=False)
     console.print(f"written: {user_text(path)}  (use it with hardware: {{profile: {user_text(path)}}})")

@@ -49,7 +49,7 @@ def calibrate_command(
     scenario_opt: str = typer.Option(None, "--scenario", help="the scenario the trace ran (same as the argument)"),
     step: int = typer.Option(None, "--step", help="with --from-trace: only ProfilerStep#STEP"),
     accept_noise: bool = typer.Option(False, "--accept-noise", help="write the profile even when its repeated "
-                                      "timings disagree beyond the bound (a busy machine; validate/noise.py)"),
+                                      "timings disagree beyond the bound (a busy machine; validate/calibrate/noise.py)"),
 ) -> None:
     """Measure GEMMs, attention, memory-bound kernels and collectives; write a hardware profile."""
     if from_trace:

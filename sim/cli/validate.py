@@ -132,7 +132,7 @@ def validate_command(
                                "scenario.yaml they ran (meshsim trace summary / compare --trace / calibrate "
                                "--from-trace read them)"),
     accept_noise: bool = typer.Option(False, "--accept-noise", help="calibrate even when the repeated timings "
-                                      "disagree beyond the bound (a busy machine; validate/noise.py)"),
+                                      "disagree beyond the bound (a busy machine; validate/calibrate/noise.py)"),
 ) -> None:
     """Run the scenario's TP/SP step for real: numerics (--check), or simulated vs measured step time."""
     if check:

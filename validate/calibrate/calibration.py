@@ -21,7 +21,7 @@ Each measurement: the mean of REPEATS runs after WARMUP untimed ones, in rounds 
 (round_robin_samples_s says why rounds; reduce_samples why the mean, and why a collective's time is
 the minimum over ranks of each round).
 Noise: the means' excess over the best repeats and the load average before the workers started
-(validate/noise.py) go into measured_on["timing_noise"]; beyond noise.MAX_EXCESS no profile is written
+(validate/calibrate/noise.py) go into measured_on["timing_noise"]; beyond noise.MAX_EXCESS no profile is written
 unless the caller accepts the noise.
 """
 
@@ -48,10 +48,10 @@ from meshsim.sim.cost.collectives import busbw_factor
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, Schedule, Work
 from meshsim.validate.calibrate.interference import interference_samples, reduce_interference
+from meshsim.validate.calibrate.noise import calibration_noise, load_per_core, refuse_noisy_profile
 from meshsim.validate.calibrate.sampling import reduce_samples, round_robin_samples_s
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, without_profile
-from meshsim.validate.noise import calibration_noise, load_per_core, refuse_noisy_profile
 from meshsim.validate.stack.groups import new_groups
 from meshsim.validate.timing.executor import Device, Runners, memory_kernel
 from meshsim.validate.timing.worker import schedule_from_payload

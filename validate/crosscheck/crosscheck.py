@@ -34,9 +34,9 @@ from meshsim.sim.results.simulate import simulate
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.schedule.ops import STREAMS
 from meshsim.validate.calibrate.calibration import calibrate
+from meshsim.validate.calibrate.noise import load_per_core, step_noise
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, with_profile, without_profile
-from meshsim.validate.noise import load_per_core, step_noise
 from meshsim.validate.numerics.check import merge, numerics_payload
 from meshsim.validate.timing.measured import Measured, reduce_run, stage_schedules_of
 from meshsim.validate.timing.trace_merge import write_measured_trace, write_merged_trace
@@ -90,7 +90,7 @@ class CrossCheck:
 def compare(result: StepResult, measured: Measured, numerics_ok: bool | None,
             load: tuple[float | None, int] = (None, 0)) -> CrossCheck:
     """result: the StepResult of simulating the same shrunk scenario with the calibrated profile; load: the
-    load average per core before the timed run (validate/noise.py), reported with its steps' excess."""
+    load average per core before the timed run (validate/calibrate/noise.py), reported with its steps' excess."""
     replay = measured.replay()
     pipeline = len(measured.schedules) > 1
     m_crit = critical_path(measured.schedules, replay)
@@ -160,7 +160,7 @@ def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str 
     calibrated), trace_measured.json and trace_merged.json into out_dir; with trace_dir, Kineto traces of
     extra as-scheduled steps (validate/timing/profiled.py) and the shrunk scenario they ran there.
     A calibration too noisy to trust raises before anything is written, unless accept_noise
-    (validate/noise.py); the timed run's own excess and load are in the report ("noise")."""
+    (validate/calibrate/noise.py); the timed run's own excess and load are in the report ("noise")."""
     out = Path(out_dir) if out_dir is not None else None
     shrunk, variants, payload = timing_payload(scenario, source, nproc, backend, repeats=repeats,
                                                numerics=numerics)
