@@ -133,3 +133,17 @@ def test_calibrate_refuses_to_write_a_profile_from_noisy_timings(case, tmp_path,
     text = out.read_text()
     assert "timing_noise" in text and "timing noise: mean" in captured.out
     assert ("accepted" in text) == (case == "busy-accepted")
+
+
+@pytest.mark.parametrize("steps_s, warned", [([0.050, 0.051, 0.050, 0.052, 0.050], False),
+                                             ([0.050, 0.120, 0.050, 0.200, 0.060], True)])
+def test_crosscheck_report_prints_its_noise_and_warns_beyond_the_bound(steps_s, warned, capsys):
+    """The cross-check's printout (validate/printing.py) from the report's "noise" record."""
+    from meshsim.sim.core.console import make_console
+    from meshsim.validate.printing import _print_noise
+
+    record = noise.step_noise(steps_s, LOAD).as_record()
+    _print_noise(make_console(), record)
+    out = capsys.readouterr().out
+    assert "measurement noise: mean" in out and "5 repeats of timed steps" in out and "bound 50%" in out
+    assert ("measured under noise" in out) == warned
