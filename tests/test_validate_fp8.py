@@ -4,12 +4,13 @@ guard of the GPU FP8 GEMM calibration (which cannot run here)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from meshsim.scenarios.load import load_scenario
-from meshsim.sim.core.errors import CommandFailed
-from meshsim.validate.calibrate import fp8_gemm
-from meshsim.validate.numerics.fp8_emulation import (
+torch = pytest.importorskip("torch")  # meshsim[validate]: the module is skipped, not an error, without it
+
+from meshsim.scenarios.load import load_scenario  # noqa: E402
+from meshsim.sim.core.errors import CommandFailed  # noqa: E402
+from meshsim.validate.calibrate import fp8_gemm  # noqa: E402
+from meshsim.validate.numerics.fp8_emulation import (  # noqa: E402
     FP8_TOLERANCE,
     AmaxHistory,
     check_fp8_mlp,

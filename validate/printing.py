@@ -8,6 +8,7 @@ from rich.text import Text
 
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.text import user_text
+from meshsim.validate.calibrate.noise import Noise, noisy_step_warning
 from meshsim.validate.numerics.opcount import per_block_counts
 
 MAX_LINES = 8  # findings printed per variant (worst first)
@@ -98,6 +99,8 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
                       f"measured {share['pipeline_bubble']['measured']:.1%} ({report.get('pp', 1)} stages)")
     agree = report["critical_path_agreement"]
     console.print(f"critical path: {agree['on_both']} ops on both, Jaccard {agree['jaccard']:.2f}")
+    if report.get("noise"):
+        _print_noise(console, report["noise"])
     if out_dir is not None:
         console.print(f"traces: {user_text(Path(out_dir) / 'trace_merged.json')} (open in https://ui.perfetto.dev)")
     failed = report["numerics_ok"] is False
@@ -108,6 +111,16 @@ def print_crosscheck(report: dict, out_dir: Path | None, tolerance: float | None
         console.print(f"[red]step-time error {_fmt_err(err)} exceeds the tolerance of {tolerance}%[/]")
         failed = True
     return 1 if failed else 0
+
+
+def _print_noise(console, record: dict) -> None:
+    """The timed steps' excess over the fastest and the load, and the warning beyond the bound."""
+    noise = Noise(record["excess"], record["what"], record["samples"], record["load_per_core"], record["cores"],
+                  record.get("collectives_excess"))
+    console.print(f"measurement noise: {noise.describe()} (bound {record['max_excess']:.0%})", highlight=False)
+    warning = noisy_step_warning(noise)
+    if warning:
+        console.print(f"[yellow]{warning}[/]", highlight=False)
 
 
 def print_profile(profile, path: Path, console=None) -> None:
@@ -121,4 +134,7 @@ def print_profile(profile, path: Path, console=None) -> None:
     measured = profile.measured_on.get("comm_interference")
     if measured:  # the times kappa comes from, and what they mean (validate/calibrate/interference.py)
         console.print(f"kappa measured: {measured}", highlight=False, markup=False)
+    noise = profile.measured_on.get("timing_noise")
+    if noise:  # validate/calibrate/noise.py: the repeats' excess over the best and the load they ran under
+        console.print(f"timing noise: {noise}", highlight=False, markup=False)
     console.print(f"written: {user_text(path)}  (use it with hardware: {{profile: {user_text(path)}}})")

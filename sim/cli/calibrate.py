@@ -48,13 +48,15 @@ def calibrate_command(
                                           "rank; repeatable); no processes are run, torch is not needed"),
     scenario_opt: str = typer.Option(None, "--scenario", help="the scenario the trace ran (same as the argument)"),
     step: int = typer.Option(None, "--step", help="with --from-trace: only ProfilerStep#STEP"),
+    accept_noise: bool = typer.Option(False, "--accept-noise", help="write the profile even when its repeated "
+                                      "timings disagree beyond the bound (a busy machine; validate/calibrate/noise.py)"),
 ) -> None:
     """Measure GEMMs, attention, memory-bound kernels and collectives; write a hardware profile."""
     if from_trace:
         _calibrate_from_trace(from_trace, scenario_opt or scenario, out, step)
         return
     # meshsim[validate] extra: these modules import torch
-    from meshsim.validate.calibrate.calibration import build_profile, calibrate, calibration_payload
+    from meshsim.validate.calibrate.calibration import calibrate, calibration_payload, checked_profile
     from meshsim.validate.printing import print_profile
     from meshsim.validate.timing.measured import schedule_of
 
@@ -73,10 +75,11 @@ def calibrate_command(
         return
     if per_rank is not None:
         with reading_results(from_results):
-            profile = build_profile(schedule_of(shrunk, source), per_rank, f"{shrunk.name}-{be}-{n}proc", be, sc.name)
+            profile = checked_profile(schedule_of(shrunk, source), per_rank, f"{shrunk.name}-{be}-{n}proc", be,
+                                      sc.name, (None, 0), accept_noise)  # load: of the machine that ran them
         save_profile(profile, path)
     else:
-        profile = calibrate(shrunk, source, n, backend=be, out=path)
+        profile = calibrate(shrunk, source, n, backend=be, out=path, accept_noise=accept_noise)
     print_profile(profile, path)
 
 

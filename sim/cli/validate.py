@@ -131,6 +131,8 @@ def validate_command(
                                "as-scheduled steps into this folder (rank<R>.json) with the shrunk "
                                "scenario.yaml they ran (meshsim trace summary / compare --trace / calibrate "
                                "--from-trace read them)"),
+    accept_noise: bool = typer.Option(False, "--accept-noise", help="calibrate even when the repeated timings "
+                                      "disagree beyond the bound (a busy machine; validate/calibrate/noise.py)"),
 ) -> None:
     """Run the scenario's TP/SP step for real: numerics (--check), or simulated vs measured step time."""
     if check:
@@ -146,12 +148,13 @@ def validate_command(
         raise UserError("--trace", str(trace), "drop --trace with --dump-payload / --from-results (the traces are "
                         "recorded by processes this command spawns)")
     _exit(_crosscheck(scenario, n, be, profile, tolerance, json_path, out, repeats, dump_payload, per_rank, trace,
-                      from_results))
+                      from_results, accept_noise))
 
 
 def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance: float | None,
                 json_path: Path | None, out: Path | None, repeats: int, dump: Path | None,
-                per_rank: list | None, trace: Path | None = None, results_path: Path | None = None) -> int:
+                per_rank: list | None, trace: Path | None = None, results_path: Path | None = None,
+                accept_noise: bool = False) -> int:
     # meshsim[validate] extra: these modules import torch
     from meshsim.validate.crosscheck.crosscheck import finish, run_crosscheck, timing_payload
     from meshsim.validate.printing import print_crosscheck
@@ -182,7 +185,7 @@ def _crosscheck(scenario: str, n: int, be: str, profile: Path | None, tolerance:
             result = finish(shrunk, source, str(profile), variants_, measured, out_dir)
     else:
         result = run_crosscheck(sc, source, n, profile=str(profile) if profile else None, out_dir=out_dir,
-                                backend=be, repeats=repeats, trace_dir=trace)
+                                backend=be, repeats=repeats, trace_dir=trace, accept_noise=accept_noise)
         if trace is not None:
             echo_plain(f"traces: {trace} (meshsim trace summary {trace}; meshsim compare {trace / 'scenario.yaml'} "
                        f"--trace {trace})")

@@ -73,6 +73,9 @@ def unknown_name_error(field: str, value: str, choices: Iterable[str], *, source
 
 # optional dependencies -> the pyproject.toml extra that installs them (project.optional-dependencies)
 EXTRAS = {"torch": "validate", "ray": "ray"}
+# plain `pip install torch` on Linux pulls the CUDA build (several GB, useless without an NVIDIA GPU)
+CPU_TORCH = ("; without an NVIDIA GPU, first install torch's CPU build: pip install torch --index-url "
+             "https://download.pytorch.org/whl/cpu")
 
 
 def missing_extra(module: str | None) -> str | None:
@@ -82,5 +85,7 @@ def missing_extra(module: str | None) -> str | None:
     extra = EXTRAS.get(top)
     if extra is None:
         return None
-    return (f"this command needs {top}, which is not installed. Fix: pip install 'meshsim[{extra}]' "
+    line = (f"this command needs {top}, which is not installed. Fix: pip install 'meshsim[{extra}]' "
             f"(or, from a checkout, pip install '.[{extra}]')")
+    return line + CPU_TORCH if top == "torch" else line
+

@@ -20,6 +20,9 @@ Measured (workers on nproc processes at once, so compute sees the same contentio
 Each measurement: the mean of REPEATS runs after WARMUP untimed ones, in rounds over all items
 (round_robin_samples_s says why rounds; reduce_samples why the mean, and why a collective's time is
 the minimum over ranks of each round).
+Noise: the means' excess over the best repeats and the load average before the workers started
+(validate/calibrate/noise.py) go into measured_on["timing_noise"]; beyond noise.MAX_EXCESS no profile is written
+unless the caller accepts the noise.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from meshsim.sim.cost.collectives import busbw_factor
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, Schedule, Work
 from meshsim.validate.calibrate.interference import interference_samples, reduce_interference
+from meshsim.validate.calibrate.noise import calibration_noise, load_per_core, refuse_noisy_profile
 from meshsim.validate.calibrate.sampling import reduce_samples, round_robin_samples_s
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, without_profile
@@ -147,8 +151,9 @@ def _device_figures(backend: str, best_tflops: float | None, bw_gbps: float):
     return GpuFigures(peak_tflops=best_tflops, mem_bw_gbps=bw_gbps)
 
 
-def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: str, scenario: str):
-    """Reduce the workers' samples (reduce_samples) into a HardwareProfile."""
+def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: str, scenario: str,
+                  noise: str | None = None):
+    """Reduce the workers' samples (reduce_samples) into a HardwareProfile; `noise`: their excess and load."""
     works = compute_works(schedule)
     compute_s = reduce_samples([r["compute"] for r in per_rank], collective=False)
     points = [p for p in (_kernel_point(w, t) for w, t in zip(works, compute_s, strict=True)) if p is not None]
@@ -163,6 +168,8 @@ def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: 
         colls.append(CollectivePoint(op=op, ranks=g, nbytes=nbytes, time_us=t * 1e6, algbw_gbps=algbw,
                                      busbw_gbps=algbw * busbw_factor(op, g)))
     on = measured_on(backend, len(per_rank), per_rank[0]["device"], scenario)
+    if noise is not None:
+        on["timing_noise"] = noise
     interference = reduce_interference([r.get("interference") for r in per_rank])
     kappa = None
     if interference is not None:
@@ -191,14 +198,28 @@ def calibration_payload(scenario, source: str, nproc: int, backend: str):
     return shrunk, {"scenario": shrunk.model_dump(mode="json"), "source": source}
 
 
-def calibrate(scenario, source: str, nproc: int, *, backend: str = "gloo", out=None, timeout_s: float = 300.0):
+def checked_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: str, scenario: str,
+                    load: tuple[float | None, int], accept_noise: bool = False):
+    """build_profile, refused (noise.refuse_noisy_profile: one line, exit 2) when the samples' means sit
+    too far above their best repeats and the caller does not accept it; the excess is kept in measured_on."""
+    noise = calibration_noise(per_rank, load)
+    refuse_noisy_profile(noise, accept_noise)
+    note = noise.describe() + (" (beyond the bound, accepted)" if noise.too_noisy() else "")
+    return build_profile(schedule, per_rank, name, backend, scenario, note)
+
+
+def calibrate(scenario, source: str, nproc: int, *, backend: str = "gloo", out=None, timeout_s: float = 300.0,
+              accept_noise: bool = False):
     """Measure on nproc local processes the works of `scenario`'s schedule (pass it shrunk for CPU);
-    returns the HardwareProfile and writes it to `out` when given (scenarios/profile.py save_profile)."""
+    returns the HardwareProfile and writes it to `out` when given (scenarios/profile.py save_profile).
+    Too noisy a measurement writes nothing and raises (checked_profile)."""
     scenario = without_profile(scenario)
     schedule = build_schedule(resolve(scenario, source))
     payload = {"scenario": scenario.model_dump(mode="json"), "source": source}
+    load = load_per_core()  # before the workers add their own
     per_rank = launch("calibrate", payload, nproc, backend=backend, timeout_s=timeout_s)
-    profile = build_profile(schedule, per_rank, f"{scenario.name}-{backend}-{nproc}proc", backend, scenario.name)
+    profile = checked_profile(schedule, per_rank, f"{scenario.name}-{backend}-{nproc}proc", backend, scenario.name,
+                              load, accept_noise)
     if out is not None:
         save_profile(profile, out)
     return profile

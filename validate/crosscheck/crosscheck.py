@@ -34,6 +34,7 @@ from meshsim.sim.results.simulate import simulate
 from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.schedule.ops import STREAMS
 from meshsim.validate.calibrate.calibration import calibrate
+from meshsim.validate.calibrate.noise import load_per_core, step_noise
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, with_profile, without_profile
 from meshsim.validate.numerics.check import merge, numerics_payload
@@ -86,8 +87,10 @@ class CrossCheck:
     measured_path: tuple[Segment, ...]
 
 
-def compare(result: StepResult, measured: Measured, numerics_ok: bool | None) -> CrossCheck:
-    """result: the StepResult of simulating the same shrunk scenario with the calibrated profile."""
+def compare(result: StepResult, measured: Measured, numerics_ok: bool | None,
+            load: tuple[float | None, int] = (None, 0)) -> CrossCheck:
+    """result: the StepResult of simulating the same shrunk scenario with the calibrated profile; load: the
+    load average per core before the timed run (validate/calibrate/noise.py), reported with its steps' excess."""
     replay = measured.replay()
     pipeline = len(measured.schedules) > 1
     m_crit = critical_path(measured.schedules, replay)
@@ -105,7 +108,7 @@ def compare(result: StepResult, measured: Measured, numerics_ok: bool | None) ->
         "error_pct": error_pct(result.step_time_s, measured.step_s),
         "simulated_serial_s": serial_s, "error_serial_pct": error_pct(serial_s, measured.step_s),
         "replayed_step_s": replay.step_time_s, "timed_step_s": measured.timed_step_s,
-        "categories": categories,
+        "categories": categories, "noise": step_noise(measured.steps_s, load).as_record(),
         "critical_path_agreement": {"share": share, "jaccard": jaccard(a, b), "on_both": len(a & b),
                                     "only_simulated": sorted(a - b), "only_measured": sorted(b - a)},
     }
@@ -123,13 +126,13 @@ def timing_payload(scenario: Scenario, source: str, nproc: int, backend: str, *,
 
 
 def finish(shrunk: Scenario, source: str, profile: str, variants: list, measured: Measured,
-           out: Path | None) -> CrossCheck:
+           out: Path | None, load: tuple[float | None, int] = (None, 0)) -> CrossCheck:
     """Simulate the shrunk scenario with the profile, compare with the measured run, write the traces."""
     result = simulate(resolve(with_profile(shrunk, profile), source), full=True)  # compared op by op
     numerics_ok = None
     if measured.numerics is not None:
         numerics_ok = all(r.ok for r in merge(variants, measured.numerics, source, compare_ops=False))
-    check = compare(result, measured, numerics_ok)
+    check = compare(result, measured, numerics_ok, load)
     if out is not None:
         write_measured_trace(out / "trace_measured.json", measured.events, check.measured_path)
         write_merged_trace(out / "trace_merged.json", result.events, check.sim_path, measured.events,
@@ -150,11 +153,14 @@ def write_traced_scenario(shrunk: Scenario, source: str, trace_dir: Path) -> Pat
 
 def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str | None = None,
                    out_dir: str | Path | None = None, backend: str = "gloo", repeats: int = 5,
-                   numerics: bool = True, trace_dir: str | Path | None = None) -> CrossCheck:
+                   numerics: bool = True, trace_dir: str | Path | None = None,
+                   accept_noise: bool = False) -> CrossCheck:
     """Shrink -> calibrate (unless `profile`) -> run for real (with the numerics check of the scenario's
     own variant in the same processes) -> simulate with the profile -> compare. Writes profile.yaml (when
     calibrated), trace_measured.json and trace_merged.json into out_dir; with trace_dir, Kineto traces of
-    extra as-scheduled steps (validate/timing/profiled.py) and the shrunk scenario they ran there."""
+    extra as-scheduled steps (validate/timing/profiled.py) and the shrunk scenario they ran there.
+    A calibration too noisy to trust raises before anything is written, unless accept_noise
+    (validate/calibrate/noise.py); the timed run's own excess and load are in the report ("noise")."""
     out = Path(out_dir) if out_dir is not None else None
     shrunk, variants, payload = timing_payload(scenario, source, nproc, backend, repeats=repeats,
                                                numerics=numerics)
@@ -165,6 +171,8 @@ def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str 
         if out is None:
             raise ValueError("run_crosscheck needs out_dir to write the calibrated profile into")
         profile = str(out / "profile.yaml")
-        calibrate(shrunk, source, nproc, backend=backend, out=profile)
+        calibrate(shrunk, source, nproc, backend=backend, out=profile, accept_noise=accept_noise)
+    load = load_per_core()
     per_rank = launch("timing", payload, nproc, backend=backend, timeout_s=300.0)
-    return finish(shrunk, source, profile, variants, reduce_run(stage_schedules_of(shrunk, source), per_rank), out)
+    measured = reduce_run(stage_schedules_of(shrunk, source), per_rank)
+    return finish(shrunk, source, profile, variants, measured, out, load)

@@ -43,6 +43,7 @@ class Measured:
     timed_step_s: float  # the timed (serial, barriered) step: median over steps of the max over ranks
     events: tuple[Event, ...]  # every rank's median timed step
     numerics: list | None  # per-rank numerics rows when requested
+    steps_s: tuple[float, ...] = ()  # every as-scheduled step (max over ranks), in order: their spread is the noise
 
     @property
     def stage_size(self) -> int:
@@ -108,7 +109,8 @@ def reduce_run(schedules: Schedule | Sequence[Schedule], per_rank: list[dict]) -
              for stat in (statistics.median, statistics.fmean)]
     return Measured(schedules, *stats, statistics.median(steps), statistics.median(timed),
                     measured_events(schedules, per_rank),
-                    [r["numerics"] for r in per_rank] if per_rank[0].get("numerics") is not None else None)
+                    [r["numerics"] for r in per_rank] if per_rank[0].get("numerics") is not None else None,
+                    tuple(steps))
 
 
 def schedule_of(scenario: Scenario, source: str) -> Schedule:
