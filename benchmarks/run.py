@@ -7,19 +7,30 @@ Cases (issue 10's targets):
 - deepseek-v3: the built-in deepseek-v3-h100-ep64 (Megatron-Bridge's H100 recipe, 1,024 GPUs, 256 micro-batches
   per replica), target <= 3x the default case (issue 19);
 - llama70b-<gpus>: the default scenario on 64 ... 16,384 H100 (tp 8, dp = gpus / 8) with 8 micro-batches
-  per replica (global batch = 8 x dp), target < 1 s at 16,384 and flat within 20% from 64.
+  per replica (global batch = 8 x dp), target < 1 s at 16,384 and flat within 20% from 64;
+- llama31-405b: the built-in llama31-405b-h100-tp8-pp8-cp2 (512 H100, TP 8 + SP, PP 8 x VP 8, CP 2, FP8
+  delayed, 256 micro-batches per replica), target <= 3x the default with RSS <= 300 MB (issue 40).
 
 Each case runs `python -m meshsim.sim.cli.main run SCENARIO --out TMP` in a fresh process; its CPU time and
 peak RSS come from os.wait4 (CPU time is the figure to trust on a shared machine, where wall time also
 counts other people's work; on a busy machine the CPU minimum is the steadiest figure). Extra arguments
 after `--` go to every `meshsim run` (e.g. `-- --full`, `-- --outputs none`).
 
-    python benchmarks/run.py [--runs 5] [--cases default,gpt3-gb1536-overlap] [-- --full]
+`--baseline DIR` also times a second source tree (a checkout of another commit, e.g. `git archive main |
+tar -x -C DIR`) in the same command, its runs interleaved with this tree's so both see the same machine
+load: the child imports `meshsim` from DIR through a folder of links put first on PYTHONPATH. Both trees
+are byte-compiled first and the children may write bytecode (a user's installed meshsim has it; without
+it every run would recompile ~450 modules), so start-up is measured as a user meets it. The line after
+each pair gives the CPU minimum ratio (this tree / baseline), and every case's ratio to the default
+case of the same tree where the default is among the cases.
+
+    python benchmarks/run.py [--runs 5] [--cases default,gpt3-gb1536-overlap] [--baseline DIR] [-- --full]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import subprocess
@@ -33,6 +44,7 @@ import yaml
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 
 LLAMA_GPUS = (64, 1024, 16384)
+PACKAGE_DIRS = ("sim", "topologies", "scenarios")  # the meshsim subpackages a `meshsim run` imports
 
 
 def _variant(name: str, parallel: dict, topology: dict, out: Path) -> str:
@@ -66,20 +78,53 @@ def cases(tmp: Path) -> dict[str, str]:
     for gpus in LLAMA_GPUS:
         out[f"llama70b-{gpus}"] = _variant(DEFAULT_SCENARIO, {"global_batch": 8 * gpus // 8},
                                            {"nodes": gpus // 8}, tmp)
+    # issue 40: Llama 3.1 405B, TP 8 + SP, PP 8 x VP 8, CP 2, FP8 delayed, on 512 H100 (<= 3x, <= 300 MB)
+    # (its file, not its name: a --baseline tree older than the scenario runs the same file)
+    out["llama31-405b"] = str(builtin_scenarios()["llama31-405b-h100-tp8-pp8-cp2"])
     return out
 
 
-def run_once(scenario: str, extra: list[str], out: Path) -> tuple[float, float, float]:
+def tree_env(tree: Path | None, tmp: Path) -> dict[str, str]:
+    """The environment of a child that runs `tree`'s meshsim (None: the installed one, this tree)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["OMP_NUM_THREADS"] = "1"
+    if tree is not None:
+        shim = tmp / "baseline-path" / "meshsim"
+        shim.mkdir(parents=True, exist_ok=True)
+        for name in (*PACKAGE_DIRS, "validate"):
+            link = shim / name
+            if not link.exists():
+                link.symlink_to(tree / name, target_is_directory=True)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim.parent), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def byte_compile(tree: Path) -> None:
+    """Write the bytecode of a tree's packages once, so no timed run pays for compiling them."""
+    for name in PACKAGE_DIRS:
+        compileall.compile_dir(tree / name, quiet=1)
+
+
+def run_once(scenario: str, extra: list[str], out: Path, env: dict[str, str]) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in MB) of one `meshsim run` process."""
     cmd = [sys.executable, "-m", "meshsim.sim.cli.main", "run", scenario, "--out", str(out), *extra]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall_s = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) not in (0, 3):  # 3: does not fit in GPU memory, still simulated
         raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode()[-2000:]}")
     return wall_s, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def summary(name: str, runs: list[tuple[float, float, float]], out: Path, extra: list[str]) -> str:
+    walls = sorted(w for w, _, _ in runs)
+    cpus = sorted(c for _, c, _ in runs)
+    written = out.iterdir() if out.is_dir() else ()  # --outputs none writes nothing
+    size_mb = sum(f.stat().st_size for f in written) / 1e6
+    return (f"{name:<22} wall median {statistics.median(walls):6.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}, "
+            f"{len(runs)} runs), CPU median {statistics.median(cpus):6.2f} s (min {cpus[0]:.2f}), peak RSS "
+            f"{max(r for _, _, r in runs):6.0f} MB, outputs {size_mb:6.1f} MB  {' '.join(extra)}")
 
 
 def main() -> None:
@@ -88,7 +133,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another source tree (with sim/, topologies/, scenarios/) timed in the same command")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    here = Path(__file__).resolve().parent.parent
+    trees = {"": None} if args.baseline is None else {"": None, "baseline ": args.baseline.resolve()}
     with tempfile.TemporaryDirectory(prefix="meshsim-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         chosen = cases(tmp)
@@ -96,15 +145,27 @@ def main() -> None:
         unknown = [c for c in wanted if c not in chosen]
         if unknown:
             raise SystemExit(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(chosen)}")
+        envs = {}
+        for label, tree in trees.items():
+            byte_compile(tree or here)
+            envs[label] = tree_env(tree, tmp)
+        default_cpu: dict[str, float] = {}
         for name in wanted:
-            runs = [run_once(chosen[name], extra, tmp / name) for _ in range(args.runs)]
-            walls = sorted(w for w, _, _ in runs)
-            cpus = sorted(c for _, c, _ in runs)
-            written = (tmp / name).iterdir() if (tmp / name).is_dir() else ()  # --outputs none writes nothing
-            size_mb = sum(f.stat().st_size for f in written) / 1e6
-            print(f"{name:<22} wall median {statistics.median(walls):6.2f} s (min {walls[0]:.2f}, max {walls[-1]:.2f}, "
-                  f"{args.runs} runs), CPU median {statistics.median(cpus):6.2f} s (min {cpus[0]:.2f}), peak RSS {max(r for _, _, r in runs):6.0f} MB, "
-                  f"outputs {size_mb:6.1f} MB  {' '.join(extra)}", flush=True)
+            runs: dict[str, list] = {label: [] for label in trees}
+            for _ in range(args.runs):  # interleaved: both trees see the same load
+                for label in trees:
+                    runs[label].append(run_once(chosen[name], extra, tmp / (label.strip() or "this") / name,
+                                                envs[label]))
+            best = {}
+            for label in trees:
+                best[label] = min(c for _, c, _ in runs[label])
+                if name == "default":
+                    default_cpu[label] = best[label]
+                ratio = f", {best[label] / default_cpu[label]:.2f}x the default" if label in default_cpu else ""
+                print(summary(label + name, runs[label], tmp / (label.strip() or "this") / name, extra) + ratio,
+                      flush=True)
+            if args.baseline is not None:
+                print(f"{'':<22} CPU min this tree / baseline: {best[''] / best['baseline ']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -113,12 +113,20 @@ def _node_name(name: str, n: int) -> str:
 
 
 def _copy_nodes(node: Topology, nodes: int) -> tuple[list[Device], list[Link]]:
+    """`nodes` copies of the template's devices and links, node-major, named as `_node_name` names them.
+    Built from the template's structure: each name's node-independent tail is split off once, so a copy
+    costs one string join per name and one record per device or link (no per-name parsing)."""
+    def tail(name: str) -> str:  # _node_name(name, n) == f"n{n}" + tail(name)
+        return name[2:] if name.startswith("n0.") else "." + name
+
+    dev_parts = [(tail(d.name), d.kind, d.in_network_reduction) for d in node.devices]
+    link_parts = [(tail(lk.src), tail(lk.dst), lk.bw_gbps, lk.latency_us, lk.kind) for lk in node.links]
     devices: list[Device] = []
     links: list[Link] = []
     for n in range(nodes):
-        devices += [Device(_node_name(d.name, n), d.kind, n, d.in_network_reduction) for d in node.devices]
-        links += [Link(_node_name(lk.src, n), _node_name(lk.dst, n), lk.bw_gbps, lk.latency_us, lk.kind)
-                  for lk in node.links]
+        prefix = f"n{n}"
+        devices += [Device(prefix + name, kind, n, nvls) for name, kind, nvls in dev_parts]
+        links += [Link(prefix + src, prefix + dst, bw, lat, kind) for src, dst, bw, lat, kind in link_parts]
     return devices, links
 
 
@@ -131,10 +139,11 @@ def multiply(node: Topology, nodes: int, *, nic_gbitps: float, switch_latency_us
     devices, links = _copy_nodes(node, nodes)
     ib_base = len(links)
     to_switch_us = switch_latency_us + IB_WIRE_US
+    nic_tails = [_node_name(nic, 0)[2:] for nic in nics]  # _node_name(nic, n) == f"n{n}" + tail
     for n in range(nodes):
-        for r, nic in enumerate(nics):
-            leaf = f"leaf.r{r}.{n // nodes_per_leaf}"
-            nic_name = _node_name(nic, n)
+        prefix, leaf_no = f"n{n}", f".{n // nodes_per_leaf}"
+        for r, tail in enumerate(nic_tails):
+            leaf, nic_name = f"leaf.r{r}{leaf_no}", prefix + tail
             links += [Link(nic_name, leaf, nic_gbps, to_switch_us, "ib"), Link(leaf, nic_name, nic_gbps, IB_WIRE_US, "ib")]
     uplink_base = len(links)
     for r in range(rails):

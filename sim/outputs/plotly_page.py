@@ -24,11 +24,17 @@ from meshsim.sim.core.outfiles import open_own_for_writing
 
 
 def typed_array(values: Iterable[float]) -> dict[str, str]:
-    """A float32 typed-array spec plotly.js decodes (NaN kept: it breaks a line between segments)."""
-    data = array("f", values)
-    if sys.byteorder != "little":
-        data.byteswap()
-    return {"dtype": "f4", "bdata": base64.b64encode(data.tobytes()).decode("ascii")}
+    """A float32 typed-array spec plotly.js decodes (NaN kept: it breaks a line between segments). A numpy
+    array is converted by numpy (float64 -> float32 rounds to nearest, as the C cast array("f") uses does),
+    anything else through array("f"): the same bytes for the same values."""
+    if hasattr(values, "astype"):  # a numpy array: no per-value Python float
+        raw = values.astype("<f4").tobytes()
+    else:
+        data = array("f", values)
+        if sys.byteorder != "little":
+            data.byteswap()
+        raw = data.tobytes()
+    return {"dtype": "f4", "bdata": base64.b64encode(raw).decode("ascii")}
 
 
 def decode_typed_array(spec: Mapping[str, str]) -> list[float]:

@@ -13,9 +13,12 @@ Sized for a browser: hover text is kept for micro-batches 0 and last and the ops
 without hover, and back-to-back ops of one category on one lane are drawn as one bar (merged_runs),
 which keeps a 20k-op step to a few MB.
 
-Scales to tens of thousands of ops: bars are WebGL line segments (scattergl, segments separated by
+Scales to hundreds of thousands of ops: bars are WebGL line segments (scattergl, segments separated by
 NaN), one trace per category, plus one invisible marker trace per category carrying the hover text,
-never one trace object per op; coordinates are embedded as base64 float32 typed arrays.
+never one trace object per op; coordinates are embedded as base64 float32 typed arrays. The runs of
+back-to-back ops and the busy intervals are found with numpy (`_lane_runs`: a sort and a per-lane
+running maximum), giving the same floats as the loop over sorted tuples they replace
+(tests/test_timeline_runs.py checks the two over generated events).
 
 The figure is a plain dict in plotly.js's schema (`timeline_spec`), written to HTML without importing
 plotly (sim/outputs/plotly_page.py); `timeline_figure` wraps it in a plotly Figure for notebooks and tests.
@@ -28,8 +31,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gbps, fmt_s
 from meshsim.sim.engine.events import STREAMS, Event
@@ -118,15 +124,12 @@ class _Busy:
     sums (bisect: O(log n) a query)."""
 
     def __init__(self, events: Sequence[Event]):
-        runs: list[list[float]] = []
-        for start, end in sorted((e.start_s, e.end_s) for e in events if e.category == "compute"):
-            if runs and start <= runs[-1][1]:
-                runs[-1][1] = max(runs[-1][1], end)
-            else:
-                runs.append([start, end])
-        self.starts = [r[0] for r in runs]
-        self.ends = [r[1] for r in runs]
-        self.before = list(accumulate((e - s for s, e in runs), initial=0.0))
+        compute = [e for e in events if e.category == "compute"]
+        lane, starts, ends = _lane_runs(np.zeros(len(compute), np.int64), _times(compute, "start_s"),
+                                        _times(compute, "end_s"), 0.0)
+        self.starts = starts.tolist()
+        self.ends = ends.tolist()
+        self.before = list(accumulate((e - s for s, e in zip(self.starts, self.ends, strict=True)), initial=0.0))
 
     def _upto(self, t: float) -> float:
         """Compute time in [0, t]."""
@@ -179,43 +182,89 @@ def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
     return (lo - pad) * 1e3, (hi + pad) * 1e3
 
 
+def _times(events: Sequence[Event], field: str) -> np.ndarray:
+    return np.fromiter(map(attrgetter(field), events), np.float64, len(events))
+
+
+def _lane_runs(lane: np.ndarray, start: np.ndarray, end: np.ndarray, gap_s: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lane, start, end) of the maximal runs of intervals on one lane that touch or overlap (the next
+    starts at most gap_s after the run's end so far), in (lane, start) order: the loop
+
+        for lane, start, end in sorted(zip(lane, start, end)):
+            if the lane's open run ends at e and start <= e + gap_s: e = max(e, end)   else: open a run
+
+    vectorised. With every end >= its start, the run's end so far is the running maximum of the lane's ends
+    (an earlier run ended before the current one's first start, which is <= every later end), so a run
+    starts where the lane changes or start > (running max before it) + gap_s, and ends at the running max of
+    its last interval: the same floats, no arithmetic but the comparison's one addition."""
+    order = np.lexsort((end, start, lane))
+    lane, start, end = lane[order], start[order], end[order]
+    n = len(lane)
+    if n == 0:
+        return lane, start, end
+    cummax = np.empty(n)
+    edges = [0, *(np.flatnonzero(lane[1:] != lane[:-1]) + 1).tolist(), n]
+    for a, b in zip(edges, edges[1:], strict=False):
+        np.maximum.accumulate(end[a:b], out=cummax[a:b])
+    first = np.ones(n, dtype=bool)
+    first[1:] = (lane[1:] != lane[:-1]) | (start[1:] > cummax[:-1] + gap_s)
+    heads = np.flatnonzero(first)
+    lasts = np.append(heads[1:] - 1, n - 1)
+    return lane[heads], start[heads], cummax[lasts]
+
+
+class _Columns:
+    """Every event's lane, start and end as arrays, built once per timeline and sliced per trace."""
+
+    def __init__(self, events: Sequence[Event], lanes: dict[tuple[int, str], int]):
+        self.lane = np.fromiter((lanes[(e.rank, e.stream)] for e in events), np.int64, len(events))
+        self.start, self.end = _times(events, "start_s"), _times(events, "end_s")
+        if np.any(self.end < self.start):  # the vectorised merge assumes end >= start, as an event log has
+            raise ValueError("an event ends before it starts")
+
+    def runs(self, picked: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """_lane_runs of the picked events (all by default), MERGE_GAP_S apart."""
+        if picked is None:
+            return _lane_runs(self.lane, self.start, self.end, MERGE_GAP_S)
+        return _lane_runs(self.lane[picked], self.start[picked], self.end[picked], MERGE_GAP_S)
+
+
 def merged_runs(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> list[tuple[int, float, float]]:
     """(lane, start_s, end_s) of maximal runs of back-to-back events on one lane: drawn in one colour,
     a run looks exactly like its ops side by side, at a fraction of the bytes (a compute stream is
     mostly one run per gap)."""
-    runs: list[list] = []
-    last: dict[int, list] = {}
-    for lane, start, end in sorted((lanes[(e.rank, e.stream)], e.start_s, e.end_s) for e in events):
-        run = last.get(lane)
-        if run is not None and start <= run[2] + MERGE_GAP_S:
-            run[2] = max(run[2], end)
-        else:
-            run = last[lane] = [lane, start, end]
-            runs.append(run)
-    return [tuple(r) for r in runs]
+    lane, start, end = _Columns(events, lanes).runs()
+    return list(zip(lane.tolist(), start.tolist(), end.tolist(), strict=True))
 
 
-def _segments(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> tuple[dict, dict]:
+def _segment_arrays(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[dict, dict]:
     """x = [start, end, NaN] per run of ops (ms), y = [lane, lane, NaN]: NaN breaks the line between bars.
     float32 typed arrays: lane ids are exact, times (ms) keep ~7 digits (0.5 us at 7 s), a fraction of
     the bytes of JSON lists."""
-    nan = float("nan")
-    runs = merged_runs(events, lanes)
-    x = [v for r in runs for v in (r[1] * 1e3, r[2] * 1e3, nan)]
-    y = [v for r in runs for v in (r[0], r[0], nan)]
-    return typed_array(x), typed_array(y)
+    x = np.full((len(lane), 3), np.nan)
+    x[:, 0], x[:, 1] = start * 1e3, end * 1e3
+    y = np.full((len(lane), 3), np.nan)
+    y[:, 0] = y[:, 1] = lane
+    return typed_array(x.ravel()), typed_array(y.ravel())
 
 
-def _category_traces(category: str, events: Sequence[Event], lanes: dict, hover_texts: Sequence[str | None]
+def _segments(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> tuple[dict, dict]:
+    """_segment_arrays of the events' merged runs."""
+    return _segment_arrays(*_Columns(events, lanes).runs())
+
+
+def _category_traces(category: str, cols: _Columns, picked: np.ndarray, hover_texts: Sequence[str | None]
                      ) -> list[dict]:
+    """The bars of the picked events (indexes into cols) and the invisible markers carrying their hover."""
     colour = COLOURS.get(category, "#888888")
-    x, y = _segments(events, lanes)
+    x, y = _segment_arrays(*cols.runs(picked))
     bars = {"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": colour, "width": BAR_PX},
             "name": category, "legendgroup": category, "hoverinfo": "skip", "connectgaps": False}
     idx = [i for i, t in enumerate(hover_texts) if t is not None]
-    mid = typed_array([(events[i].start_s + events[i].end_s) * 5e2 for i in idx])
-    lane = typed_array([lanes[(events[i].rank, events[i].stream)] for i in idx])
-    hover = {"type": "scattergl", "x": mid, "y": lane, "mode": "markers",
+    shown = picked[idx]
+    hover = {"type": "scattergl", "x": typed_array((cols.start[shown] + cols.end[shown]) * 5e2),
+             "y": typed_array(cols.lane[shown].astype(np.float64)), "mode": "markers",
              "marker": {"color": colour, "size": BAR_PX, "opacity": 0},
              "hovertext": [hover_texts[i] for i in idx], "hoverinfo": "text", "legendgroup": category,
              "showlegend": False, "name": category}
@@ -251,14 +300,15 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
     by_category: dict[str, list[int]] = {}
     for i, e in enumerate(events):
         by_category.setdefault(e.category, []).append(i)
+    cols = _Columns(events, lanes)
     for category in COLOURS:
         picked = by_category.get(category)
         if picked:
-            sel = [events[i] for i in picked]
-            data += _category_traces(category, sel, lanes, _hover_texts(events, picked, hovered, crit, by_op))
-    on_path = [e for e in events if (e.rank, e.op_id) in crit]
+            data += _category_traces(category, cols, np.array(picked, dtype=np.int64),
+                                     _hover_texts(events, picked, hovered, crit, by_op))
+    on_path = [i for i, e in enumerate(events) if (e.rank, e.op_id) in crit]
     if on_path:
-        x, y = _segments(on_path, lanes)
+        x, y = _segment_arrays(*cols.runs(np.array(on_path, dtype=np.int64)))
         data.append({"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": "#222222", "width": 3},
                      "name": "critical path", "hoverinfo": "skip", "connectgaps": False})
     config = result.config if result is not None else None

@@ -128,8 +128,10 @@ class _Context:
                                  self.config)
 
 
-def _by_key(events: Iterable[Event]) -> dict[tuple[int, int], Event]:
-    return {(ev.rank, ev.op_id): ev for ev in events}
+def _by_key(events: Iterable[Event], keys: set[tuple[int, int]]) -> dict[tuple[int, int], Event]:
+    """(rank, op id) -> event for the critical path's ops only (`keys`: all the arrows look up), not a dict
+    of every event of the step."""
+    return {key: ev for ev in events if (key := (ev.rank, ev.op_id)) in keys}
 
 
 def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Segment] = (), *, pid_offset: int = 0,
@@ -145,7 +147,7 @@ def iter_trace_events(events: Sequence[Event], critical_path: Sequence[Segment] 
         yield from op_slices(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in ctx.crit, ctx.info(ev)[0],
                            ctx.device(ev))
     yield from _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset)
-    yield from flows(critical_path, _by_key(events), pid_offset, flow_id_base)
+    yield from flows(critical_path, _by_key(events, ctx.crit), pid_offset, flow_id_base)
 
 
 def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Segment] = (), *, pid_offset: int = 0,
@@ -162,7 +164,7 @@ def iter_trace_json(events: Sequence[Event], critical_path: Sequence[Segment] = 
         info, info_json = ctx.info(ev)
         yield op_slices_json(ev, pid_offset + ev.rank, (ev.rank, ev.op_id) in crit, info, info_json, ctx.device(ev))
     yield from map(encode_json, _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset))
-    yield from flows_json(critical_path, _by_key(events), pid_offset, flow_id_base)
+    yield from flows_json(critical_path, _by_key(events, ctx.crit), pid_offset, flow_id_base)
 
 
 def trace_events(events: Iterable[Event], critical_path: Sequence[Segment] = (), **kw) -> list[dict]:

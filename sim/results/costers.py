@@ -1,12 +1,13 @@
 """What the engine is handed to price a step's ops, built from one ResolvedScenario: pure cost functions
 (sim/cost) wrapped as the engine's callables and memoized.
 
-- `CollectiveCoster`: collective(op, group) -> (latency_s, bandwidth_s, link_load), memoized per (op, group,
-  nbytes, kernel), costed on the real group with every other group of the same kind as concurrent
-  (symmetric contention is in the cost); the hardware profile's measured table first (its time split
-  into the analytic latency part, capped at the measured time, and a bandwidth part that contends for
-  links), else the analytic model with hardware.network's algo / protocol / tuning. `rows` / `chosen`
-  give the per-collective report rows.
+- `CollectiveCoster`: collective(op, group) -> (latency_s, bandwidth_s, link_load), memoized per (op, group
+  kind, group, nbytes, kernel), costed on the real group with every other group of the same kind as
+  concurrent (symmetric contention is in the cost); the hardware profile's measured table first (its time
+  split into the analytic latency part, capped at the measured time, and a bandwidth part that contends for
+  links), else the analytic model with hardware.network's algo / protocol / tuning. A group in a later
+  block of the fabric that repeats the first exactly is priced as its translated copy in the first block
+  (sim/results/fabric_blocks.py). `rows` / `chosen` give the per-collective report rows.
 - `P2PCoster`: pipeline transfers on their real route, the other (tp, dp) positions' copies concurrent.
 - `compute_fn`: kernel time per op (sim/cost/compute.py), memoized by the identity of the op's work.
 - `comm_interference` (kappa) and `host_issue_times` (sim/cost/host_dispatch.py): the scenario's value,
@@ -27,6 +28,7 @@ from meshsim.sim.cost.collectives.p2p import p2p_cost
 from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import events as engine
+from meshsim.sim.results.fabric_blocks import FabricBlocks
 from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
 from meshsim.sim.schedule.shapes import UB_PIPELINE_SPLITS, USERBUFFERS
@@ -42,22 +44,44 @@ def network_tuning(rs: ResolvedScenario):
 
 
 class CollectiveCoster:
-    """collective(op, group) -> (latency_s, bandwidth_s, link_load), memoized per (op, group, nbytes)."""
+    """collective(op, group) -> (latency_s, bandwidth_s, link_load), memoized per (op, kind, group, nbytes, kernel).
 
-    def __init__(self, rs: ResolvedScenario):
+    What the pure cost depends on, and so the memo key: the topology, the network tuning and the profile are
+    fixed per coster; the rest is (op, the group's ranks, nbytes) for the model, the group kind (it picks the
+    concurrent groups, `rs.all_groups(kind, group[0])`, and names the report row), and the kernel (userbuffers
+    chunking, the flex dispatcher's arguments). The measured table reads (op, group size, nbytes)."""
+
+    def __init__(self, rs: ResolvedScenario, translate: bool = True):
         self.rs = rs
         self.tuning = network_tuning(rs)
-        self.memo: dict[tuple[str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
+        self.blocks = FabricBlocks.of(rs) if translate else None
+        self.memo: dict[tuple[str, str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
 
     def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
         return self.cost(op.work, group)[0]
 
     def cost(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
-        key = (work.op, group, work.nbytes, work.kernel)
+        key = (work.op, work.group, group, work.nbytes, work.kernel)
         hit = self.memo.get(key)
         if hit is None:
-            hit = self.memo[key] = self._compute(work, group)
+            hit = self.memo[key] = self._translated(work, group) or self._compute(work, group)
         return hit
+
+    def _translated(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow] | None:
+        """The cost of the group's copy in the fabric's first block, its link loads moved back to the group's
+        own links; None when the group is in the first block, or its block is not an exact repeat of it, or
+        its concurrent groups are not the copy's translated (then it is priced directly)."""
+        blocks = self.blocks
+        shift = blocks.shift(group) if blocks is not None and work.group != "embed" else 0
+        if not shift:
+            return None
+        base = tuple(r - shift for r in group)
+        moved = tuple(tuple(r - shift for r in g) for g in self._concurrent(work.group, group))
+        if self._concurrent(work.group, base) != moved or not all(blocks.shift(g) == shift
+                                                                  for g in self._concurrent(work.group, group)):
+            return None
+        (latency_s, bandwidth_s, load), row = self.cost(work, base)
+        return (latency_s, bandwidth_s, {blocks.link(li, shift): v for li, v in load.items()}), row
 
     def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         return tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)

@@ -229,9 +229,12 @@ def _type_part(part: str) -> str:
     return "" if _INDEX.match(part) else _CHUNK.sub("", _BUCKET.sub("bucket", part))
 
 
+@functools.lru_cache(maxsize=1 << 17)
 def op_type(name: str) -> str:
     """An op name without its layer, micro-batch, bucket and chunk indices:
-    "L3.mb0.fwd.fc1_c2" -> "fwd.fc1", "dp.bucket7.reduce_scatter" -> "dp.bucket.reduce_scatter"."""
+    "L3.mb0.fwd.fc1_c2" -> "fwd.fc1", "dp.bucket7.reduce_scatter" -> "dp.bucket.reduce_scatter".
+    Memoized (a pure function of the name): a run summarises one critical path several times (report rows,
+    EP totals, the printed table), each time over the same names."""
     return ".".join(t for t in map(_type_part, name.split(".")) if t)
 
 
