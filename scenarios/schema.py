@@ -150,7 +150,7 @@ class NetworkTuning(Frozen):
     """Collective cost-model knobs; defaults and sources in sim/cost/collectives/protocols.py."""
 
     link_efficiency: Efficiency | None = None  # achievable fraction of link peak
-    algo: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
+    algo: Literal["auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical"] = "auto"
     protocol: Literal["auto", "ll", "ll128", "simple"] = "auto"
 
 
