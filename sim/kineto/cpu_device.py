@@ -25,8 +25,8 @@ def _elements(dims: tuple) -> int:
         first = first[0]
     n = 1
     for d in first:
-        n *= int(d) if isinstance(d, int) else 1
-    return n if first else 0
+        n *= d if type(d) is int and d > 0 else 1
+    return n if first and n <= 1 << 53 else 0
 
 
 def _comm_event(op: HostOp) -> DeviceEvent:

@@ -34,7 +34,7 @@ class Kernel(NamedTuple):
 
 def default_group(rt: RankTrace) -> int | None:
     """The group size of a collective that records none (sim/kineto/collectives.py)."""
-    sizes = {int(p.get("pg_size", 0)) for p in rt.pg_config if int(p.get("pg_size", 0) or 0) > 1}
+    sizes = {p.get("pg_size", 0) for p in rt.pg_config if p.get("pg_size", 0) > 1}  # ints (load.py checks)
     if len(sizes) == 1:
         return sizes.pop()
     return rt.world_size if isinstance(rt.world_size, int) and rt.world_size > 1 else None

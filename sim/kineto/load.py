@@ -33,30 +33,90 @@ GPU_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
 HOST_CATS = frozenset(("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"))
 NCCL_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
              "Process Group Description", "Process Group Ranks", "bytes")
-STEP = re.compile(r"^ProfilerStep#(\d+)$")
+STEP = re.compile(r"^ProfilerStep#(\d{1,9})$")
 RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
 
 
 Window = tuple[float, float]  # [from, to] in the trace's us: events starting outside it are dropped
 
 
+MAX_NAME_CHARS = 16_384  # an event or thread name is kept to this many characters (C++ kernel names: ~2,000)
+MAX_NAMES_CHARS = 1 << 28  # distinct names held, all together (256 Mi characters)
+MAX_TIME_US = 1e18  # |ts| and dur (us; Kineto's ts are ~1.7e15 us since the epoch)
+MAX_COUNT = 1 << 53  # an NCCL element / byte count or group size
+MAX_RANKS_CHARS = 1 << 20  # a "Process Group Ranks" string
+COUNT_ARGS = ("In msg nelems", "Out msg nelems", "Group size", "bytes")
+TEXT_ARGS = ("Collective name", "dtype", "Process Group Name", "Process Group Description")
+
+
+def _ranks_ok(value: object) -> bool:
+    """A "Process Group Ranks" value PyTorch writes: a list of ints or its text ("[0, 1, 2]")."""
+    if isinstance(value, list):
+        return all(type(v) is int for v in value)
+    return isinstance(value, str) and len(value) <= MAX_RANKS_CHARS and \
+        all(len(d) <= 9 for d in re.findall(r"\d+", value))
+
+
 class _Collector:
-    def __init__(self, window: Window | None = None) -> None:
-        self.window = window
+    """Keeps what the summary reads of each event (module docstring); every field it keeps is checked
+    (a number where a number belongs, finite and in range; names cut to MAX_NAME_CHARS), and a bad one
+    is one UserError naming the event, the field and the value."""
+
+    def __init__(self, path: Path, window: Window | None = None) -> None:
+        self.path, self.window = path, window
         self.device: list[DeviceEvent] = []
         self.host: list[HostOp] = []
         self.threads: dict[int, str] = {}
         self.members: dict[str, Any] = {}
         self.names: dict[str, str] = {}
         self.shapes: dict[tuple, tuple] = {}  # Input Dims / Input type tuples, each distinct one kept once
-        self.count = 0
+        self.checked_ranks: set[str] = set()
+        self.count = self.name_chars = 0
+
+    def refuse(self, field: str, value: object, what: str) -> UserError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return UserError("trace", str(self.path), FIX, problem=f"Event {self.count:,}: {field} is {shown}; {what}")
 
     def name(self, text: object) -> str:
-        text = str(text)
+        text = text if type(text) is str else str(text)
         found = self.names.get(text)
         if found is None:
-            found = self.names[text] = sys.intern(text)
+            clean = text[:MAX_NAME_CHARS].encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> ?
+            self.name_chars += len(clean)
+            if self.name_chars > MAX_NAMES_CHARS:
+                raise self.refuse("name", clean, f"the trace's distinct names exceed {MAX_NAMES_CHARS >> 20} Mi "
+                                  "characters (README, Limits)")
+            found = self.names[text if len(text) <= MAX_NAME_CHARS else clean] = sys.intern(clean)
         return found
+
+    def time(self, ev: dict, key: str, default: float | None = None) -> float:
+        value = ev.get(key, default)
+        if type(value) not in (float, int) or not -MAX_TIME_US <= value <= MAX_TIME_US:
+            raise self.refuse(key, value, f"Kineto writes a number of microseconds (at most {MAX_TIME_US:.0e})")
+        if key == "dur" and value < 0:
+            raise self.refuse(key, value, "a duration is not negative")
+        return float(value)
+
+    def comm_args(self, args: dict) -> dict | None:
+        kept = {k: args[k] for k in NCCL_ARGS if k in args}
+        if not kept:
+            return None
+        for k in COUNT_ARGS:
+            v = kept.get(k)
+            if v is not None and (type(v) is not int or not 0 <= v <= MAX_COUNT):
+                raise self.refuse(f"args.{k!r}", v, f"PyTorch records a non-negative integer (at most {MAX_COUNT:,})")
+        for k in TEXT_ARGS:
+            if k in kept:
+                kept[k] = self.name(kept[k])
+        ranks = kept.get("Process Group Ranks")
+        if ranks is not None and not (type(ranks) is str and ranks in self.checked_ranks):
+            if not _ranks_ok(ranks):
+                raise self.refuse("args.'Process Group Ranks'", ranks, "PyTorch records a list of ranks, e.g. "
+                                  "[0, 1, 2, 3] (ranks of at most 9 digits)")
+            if type(ranks) is str:
+                self.checked_ranks.add(ranks)
+        return kept
 
     def add(self, ev: object) -> None:
         self.count += 1
@@ -70,35 +130,34 @@ class _Collector:
         elif ph == "X" and cat in HOST_CATS and type(ev.get("tid")) is int:
             self._host(ev, cat)
         elif ph == "M" and ev.get("name") == "thread_name" and type(ev.get("tid")) is int:
-            self.threads[ev["tid"]] = str((ev.get("args") or {}).get("name", ""))
+            args = ev.get("args")
+            self.threads[ev["tid"]] = self.name(args.get("name", "")) if isinstance(args, dict) else ""
 
     def _inside(self, ev: dict) -> bool:
         ts = ev.get("ts")
-        if not isinstance(ts, int | float):
-            return False
+        if type(ts) not in (float, int):
+            return True  # kept, so that the check refuses it
         return self.window[0] <= ts <= self.window[1] or str(ev.get("name", "")).startswith("ProfilerStep#")
 
     def _device(self, ev: dict, cat: str) -> None:
-        args = ev.get("args") or {}
-        try:
-            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-            device, stream = int(ev.get("pid", 0)), int(args.get("stream", ev.get("tid", 0)))
-        except (KeyError, TypeError, ValueError):
-            return
-        kept = {k: args[k] for k in NCCL_ARGS if k in args} or None
+        args = ev.get("args")
+        args = args if isinstance(args, dict) else {}
+        ts, dur = self.time(ev, "ts"), self.time(ev, "dur", 0.0)
+        device, stream = ev.get("pid", 0), args.get("stream", ev.get("tid", 0))
+        if type(device) is not int or type(stream) is not int:
+            return  # not a GPU's activity (Chrome-trace pids and tids may be names)
+        kept = self.comm_args(args)
         corr = args.get("correlation", -1)
         self.device.append(DeviceEvent(ts, dur, device, stream, self.name(ev.get("name", "")), cat,
                                        corr if type(corr) is int else -1, kept))
 
     def _host(self, ev: dict, cat: str) -> None:
-        args = ev.get("args") or {}
-        try:
-            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
-            return
+        args = ev.get("args")
+        args = args if isinstance(args, dict) else {}
+        ts, dur = self.time(ev, "ts"), self.time(ev, "dur", 0.0)
         corr = args.get("correlation", -1)
         dims, types = args.get("Input Dims"), args.get("Input type")
-        comm = {k: args[k] for k in NCCL_ARGS if k in args} or None
+        comm = self.comm_args(args)
         self.host.append(HostOp(ts, dur, ev["tid"], self.name(ev.get("name", "")), cat,
                                 corr if type(corr) is int else -1, self.shared(_frozen(dims)),
                                 self.shared(_frozen(types)), comm))
@@ -129,6 +188,28 @@ def _steps(host: list[HostOp]) -> tuple[Step, ...]:
     return tuple(sorted(found.values(), key=lambda s: s.ts))
 
 
+def _distributed(info: object, path: Path) -> dict:
+    """distributedInfo with its fields checked: rank and world_size integers, pg_config a list of dicts
+    with integer pg_size; a wrong type is one UserError naming the field."""
+    if not isinstance(info, dict):
+        return {}
+    for key, low in (("rank", 0), ("world_size", 1)):
+        v = info.get(key)
+        if v is not None and (type(v) is not int or not low <= v <= MAX_COUNT):
+            raise UserError("trace", str(path), FIX, problem=f"distributedInfo.{key} is {str(v)[:60]!r}; "
+                            f"PyTorch records an integer >= {low}")
+    pgs = info.get("pg_config")
+    rows = [p for p in pgs if isinstance(p, dict)] if isinstance(pgs, list) else []
+    for p in rows:
+        size = p.get("pg_size", 0)
+        if type(size) is not int or not 0 <= size <= MAX_COUNT:
+            raise UserError("trace", str(path), FIX, problem=f"distributedInfo.pg_config pg_size is "
+                            f"{str(size)[:60]!r}; PyTorch records an integer")
+    backend = info.get("backend")
+    return {"rank": info.get("rank"), "world_size": info.get("world_size"), "pg_config": tuple(rows),
+            "backend": str(backend)[:64] if backend is not None else None}
+
+
 def _rank(info: dict, path: Path) -> int:
     rank = info.get("rank")
     if type(rank) is int and rank >= 0:
@@ -141,35 +222,32 @@ def _device_figures(props: object, device: int) -> tuple[str, int | None]:
     rows = [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
     row = next((p for p in rows if p.get("id") == device), rows[0] if rows else {})
     sms = row.get("numSms")
-    return str(row.get("name", "")), sms if type(sms) is int else None
+    return str(row.get("name", ""))[:200], sms if type(sms) is int and 0 < sms <= MAX_COUNT else None
 
 
 def scan_steps(path: str | Path, progress: Progress | None = None) -> tuple[tuple[Step, ...], int]:
     """A first pass that keeps nothing but the ProfilerStep spans: (steps, events in the file)."""
-    found, count = {}, 0
+    found, col = {}, _Collector(Path(path))
     for kind, ev in iter_trace(path, progress):
         if kind != "event":
             continue
-        count += 1
+        col.count += 1
         if isinstance(ev, dict) and ev.get("cat") == "user_annotation" and (m := STEP.match(str(ev.get("name")))):
-            found.setdefault(int(m.group(1)), Step(int(m.group(1)), float(ev.get("ts", 0)), float(ev.get("dur", 0))))
-    return tuple(sorted(found.values(), key=lambda st: st.ts)), count
+            found.setdefault(int(m.group(1)), Step(int(m.group(1)), col.time(ev, "ts"), col.time(ev, "dur", 0.0)))
+    return tuple(sorted(found.values(), key=lambda st: st.ts)), col.count
 
 
 def load_rank(path: str | Path, progress: Progress | None = None, window: Window | None = None) -> RankTrace:
     """Read one rank's trace (plain or gzip JSON) into a RankTrace; with `window`, only the events that
     start inside it (and every ProfilerStep span), so memory follows the window, not the file."""
     path = Path(path)
-    col = _Collector(window)
+    col = _Collector(path, window)
     for kind, item in iter_trace(path, progress):
         if kind == "event":
             col.add(item)
         else:
             col.members[item[0]] = item[1]
-    info = col.members.get("distributedInfo")
-    info = info if isinstance(info, dict) else {}
-    if "traceEvents" not in col.members and col.count == 0:
-        raise UserError("trace", str(path), FIX, problem="No traceEvents in it (not a PyTorch profiler trace?)")
+    info = _distributed(col.members.get("distributedInfo"), path)
     host = sorted(col.host, key=lambda op: (op.tid, op.ts, -op.dur))
     device = sorted(col.device, key=lambda ev: (ev.ts, ev.stream))
     cpu = not device
@@ -181,9 +259,7 @@ def load_rank(path: str | Path, progress: Progress | None = None, window: Window
                         problem=f"No GPU events (kernels, copies) in its {col.count:,} events, and no host "
                                 "operators to treat the CPU as the device")
     name, sms = _device_figures(col.members.get("deviceProperties"), device[0].device if not cpu else 0)
-    pgs = info.get("pg_config")
     return RankTrace(path=str(path), rank=_rank(info, path), world_size=info.get("world_size"),
                      backend=info.get("backend"), device_name=name or ("CPU" if cpu else "GPU"), sm_count=sms,
                      cpu_device=cpu, steps=_steps(host), device=tuple(device), host=tuple(host),
-                     thread_names=col.threads, pg_config=tuple(p for p in pgs if isinstance(p, dict))
-                     if isinstance(pgs, list) else (), events_read=col.count)
+                     thread_names=col.threads, pg_config=info["pg_config"] if info else (), events_read=col.count)
