@@ -106,6 +106,8 @@ class _Buffer:
                 raise self.error(f"Malformed JSON ({str(err)[:120]})") from None
             if end >= len(self.text) and not isinstance(value, dict | list | str) and self.more():
                 continue  # a number or literal cut by the buffer's end: decode it again, whole
+            if end - self.pos > MAX_VALUE_BYTES:
+                raise self.error(f"A value larger than {MAX_VALUE_BYTES >> 20} MiB (README, Limits)")
             if isinstance(value, dict | list):
                 check_nesting(value, depth, self.path, self.offset + self.pos)
             self.pos = end
