@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshsim.sim.cli.main import main
-from meshsim.sim.kineto import classify, jsonstream, jsonstream_py
+from meshsim.sim.kineto import classify, jsonstream, jsonstream_py, load, ranks, spill
 from meshsim.sim.kineto.load import MAX_NAME_CHARS, load_rank
 from meshsim.sim.kineto.ranks import all_summaries, load_ranks, summaries
 from tests.kineto_traces import cpu_op, document, one_step
@@ -253,11 +253,34 @@ def _steps(n: int) -> dict:
 
 
 @BACKENDS
-def test_max_events_1_reads_each_step_once_and_agrees_with_the_whole(tmp_path, capsys, backend):
+@pytest.mark.parametrize("flush", [7, spill.FLUSH_RECORDS])  # records spilled to disk, or all held
+def test_max_events_1_reads_the_file_once_and_agrees_with_the_whole(tmp_path, capsys, monkeypatch, backend, flush):
+    monkeypatch.setattr(load, "FLUSH_RECORDS", flush)
+    monkeypatch.setattr(spill, "FLUSH_RECORDS", flush)
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_steps(200)))
     whole = summaries(load_ranks([path]))
+    parses = []
+    monkeypatch.setattr(ranks, "read_rank", lambda *a, **k: parses.append(a) or load.read_rank(*a, **k))
     _, batched = all_summaries([path], budget=1)
-    assert batched == whole
+    assert batched == whole and len(parses) == 1
     assert main(_summary(path, "--max-events", "1", "--json", str(tmp_path / "s.json"))) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=30), st.lists(st.integers(0, 12), min_size=1, max_size=6))
+def test_split_by_window_equals_filtering_each_window(starts, lengths):
+    """The spill split (sim/kineto/spill.py) against the long way: each window filtered from all records."""
+    steps = sorted(set(starts))
+    windows = []
+    for i, a in enumerate(steps):
+        windows.append((float(a - lengths[i % len(lengths)]), float(steps[i + 1] if i + 1 < len(steps) else a + 5)))
+    records = [(float(t) / 2, 1.0, 0, 0, "k", "kernel", -1, None) for t in range(-30, 100)]
+    whole = spill.Spill()
+    whole.write([], records[:50])
+    whole.write([], records[50:])
+    parts = spill.split(whole, windows)
+    for (a, b), part in zip(windows, parts, strict=True):
+        got = [r for _, dev in part.chunks() for r in dev]
+        assert got == [r for r in records if a <= r[0] <= b]
 

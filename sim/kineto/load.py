@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from meshsim.sim.core.errors import UserError
 from meshsim.sim.kineto.cpu_device import cpu_device_events
 from meshsim.sim.kineto.jsonstream import FIX, Progress, iter_trace
 from meshsim.sim.kineto.records import DeviceEvent, HostOp, RankTrace, Step
+from meshsim.sim.kineto.spill import FLUSH_RECORDS, Spill
 
 GPU_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
 HOST_CATS = frozenset(("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"))
@@ -37,7 +39,6 @@ STEP = re.compile(r"^ProfilerStep#(\d{1,9})$")
 RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
 
 
-Window = tuple[float, float]  # [from, to] in the trace's us: events starting outside it are dropped
 
 
 MAX_NAME_CHARS = 16_384  # an event or thread name is kept to this many characters (C++ kernel names: ~2,000)
@@ -62,8 +63,9 @@ class _Collector:
     (a number where a number belongs, finite and in range; names cut to MAX_NAME_CHARS), and a bad one
     is one UserError naming the event, the field and the value."""
 
-    def __init__(self, path: Path, window: Window | None = None) -> None:
-        self.path, self.window = path, window
+    def __init__(self, path: Path, hold: int | None = None) -> None:
+        self.path, self.hold, self.spill = path, hold, None
+        self.steps: dict[int, Step] = {}
         self.device: list[DeviceEvent] = []
         self.host: list[HostOp] = []
         self.threads: dict[int, str] = {}
@@ -71,7 +73,8 @@ class _Collector:
         self.names: dict[str, str] = {}
         self.shapes: dict[tuple, tuple] = {}  # Input Dims / Input type tuples, each distinct one kept once
         self.checked_ranks: set[str] = set()
-        self.count = self.name_chars = 0
+        self.count = self.name_chars = self.gpu_events = self.host_ops = 0
+        self.first_device: int | None = None
 
     def refuse(self, field: str, value: object, what: str) -> UserError:
         shown = repr(value)
@@ -123,8 +126,6 @@ class _Collector:
         if not isinstance(ev, dict):
             return
         ph, cat = ev.get("ph"), ev.get("cat")
-        if self.window is not None and ph == "X" and not self._inside(ev):
-            return
         if ph == "X" and cat in GPU_CATS:
             self._device(ev, cat)
         elif ph == "X" and cat in HOST_CATS and type(ev.get("tid")) is int:
@@ -132,12 +133,6 @@ class _Collector:
         elif ph == "M" and ev.get("name") == "thread_name" and type(ev.get("tid")) is int:
             args = ev.get("args")
             self.threads[ev["tid"]] = self.name(args.get("name", "")) if isinstance(args, dict) else ""
-
-    def _inside(self, ev: dict) -> bool:
-        ts = ev.get("ts")
-        if type(ts) not in (float, int):
-            return True  # kept, so that the check refuses it
-        return self.window[0] <= ts <= self.window[1] or str(ev.get("name", "")).startswith("ProfilerStep#")
 
     def _device(self, ev: dict, cat: str) -> None:
         args = ev.get("args")
@@ -148,6 +143,9 @@ class _Collector:
             return  # not a GPU's activity (Chrome-trace pids and tids may be names)
         kept = self.comm_args(args)
         corr = args.get("correlation", -1)
+        self.gpu_events += 1
+        if self.first_device is None:
+            self.first_device = device
         self.device.append(DeviceEvent(ts, dur, device, stream, self.name(ev.get("name", "")), cat,
                                        corr if type(corr) is int else -1, kept))
 
@@ -158,9 +156,20 @@ class _Collector:
         corr = args.get("correlation", -1)
         dims, types = args.get("Input Dims"), args.get("Input type")
         comm = self.comm_args(args)
-        self.host.append(HostOp(ts, dur, ev["tid"], self.name(ev.get("name", "")), cat,
-                                corr if type(corr) is int else -1, self.shared(_frozen(dims)),
-                                self.shared(_frozen(types)), comm))
+        op = HostOp(ts, dur, ev["tid"], self.name(ev.get("name", "")), cat, corr if type(corr) is int else -1,
+                    self.shared(_frozen(dims)), self.shared(_frozen(types)), comm)
+        self.host.append(op)
+        self.host_ops += 1
+        if cat == "user_annotation" and (m := STEP.match(op.name)):
+            self.steps.setdefault(int(m.group(1)), Step(int(m.group(1)), op.ts, op.dur))
+        if self.hold is not None and len(self.host) + len(self.device) > max(self.hold, FLUSH_RECORDS):
+            self.flush()
+
+    def flush(self) -> None:
+        """Move the records held to the spill file (sim/kineto/spill.py)."""
+        self.spill = self.spill or Spill()
+        self.spill.write(self.host, self.device)
+        self.host, self.device, self.shapes = [], [], {}
 
     def shared(self, value: tuple) -> tuple:
         """One object per distinct tuple: a step repeats its shapes (hundreds of MB on a large trace)."""
@@ -178,14 +187,6 @@ def _frozen(value: object) -> tuple:
         return out
     except TypeError:  # a TensorList: lists nested deeper
         return tuple(_frozen(v) if type(v) is list else v for v in value)
-
-
-def _steps(host: list[HostOp]) -> tuple[Step, ...]:
-    found = {}
-    for op in host:
-        if op.cat == "user_annotation" and (m := STEP.match(op.name)):
-            found.setdefault(int(m.group(1)), Step(int(m.group(1)), op.ts, op.dur))
-    return tuple(sorted(found.values(), key=lambda s: s.ts))
 
 
 def _distributed(info: object, path: Path) -> dict:
@@ -225,41 +226,78 @@ def _device_figures(props: object, device: int) -> tuple[str, int | None]:
     return str(row.get("name", ""))[:200], sms if type(sms) is int and 0 < sms <= MAX_COUNT else None
 
 
-def scan_steps(path: str | Path, progress: Progress | None = None) -> tuple[tuple[Step, ...], int]:
-    """A first pass that keeps nothing but the ProfilerStep spans: (steps, events in the file)."""
-    found, col = {}, _Collector(Path(path))
-    for kind, ev in iter_trace(path, progress):
-        if kind != "event":
-            continue
-        col.count += 1
-        if isinstance(ev, dict) and ev.get("cat") == "user_annotation" and (m := STEP.match(str(ev.get("name")))):
-            found.setdefault(int(m.group(1)), Step(int(m.group(1)), col.time(ev, "ts"), col.time(ev, "dur", 0.0)))
-    return tuple(sorted(found.values(), key=lambda st: st.ts)), col.count
+@dataclass
+class RankRecords:
+    """One parse of a rank's file: its figures and steps, and its kept records, in memory or spilled to
+    disk (`spill`) when more than `hold` were kept."""
+
+    path: Path
+    info: dict
+    device_name: str
+    sm_count: int | None
+    threads: dict[int, str]
+    steps: tuple[Step, ...]
+    events_read: int
+    kept: int
+    cpu_device: bool  # no GPU activity in the whole file: the CPU is the device (sim/kineto/cpu_device.py)
+    host: list[HostOp] = field(default_factory=list)
+    device: list[DeviceEvent] = field(default_factory=list)
+    spill: Spill | None = None
+
+    @property
+    def rank(self) -> int:
+        return _rank(self.info, self.path)
+
+    def all_records(self) -> tuple[list[HostOp], list[DeviceEvent]]:
+        if self.spill is None:
+            return self.host, self.device
+        return self.spill.records_back()
 
 
-def load_rank(path: str | Path, progress: Progress | None = None, window: Window | None = None) -> RankTrace:
-    """Read one rank's trace (plain or gzip JSON) into a RankTrace; with `window`, only the events that
-    start inside it (and every ProfilerStep span), so memory follows the window, not the file."""
+def read_rank(path: str | Path, progress: Progress | None = None, hold: int | None = None) -> RankRecords:
+    """Parse one rank's trace (plain or gzip JSON) once; with `hold`, records beyond about that many are
+    spilled to a temporary file as they are read, so memory follows `hold`, not the file."""
     path = Path(path)
-    col = _Collector(path, window)
+    col = _Collector(path, hold)
     for kind, item in iter_trace(path, progress):
         if kind == "event":
             col.add(item)
         else:
             col.members[item[0]] = item[1]
+    if col.spill is not None:
+        col.flush()
+    if not col.gpu_events and not col.host_ops:
+        raise _no_device(path, col.count)
     info = _distributed(col.members.get("distributedInfo"), path)
-    host = sorted(col.host, key=lambda op: (op.tid, op.ts, -op.dur))
-    device = sorted(col.device, key=lambda ev: (ev.ts, ev.stream))
-    cpu = not device
-    if cpu:
-        device = cpu_device_events(host, col.threads)
-    if not device:
-        raise UserError("trace", str(path), "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
-                        "so GPU kernels are recorded (docs/validate.md, 'Capturing a trace')",
-                        problem=f"No GPU events (kernels, copies) in its {col.count:,} events, and no host "
-                                "operators to treat the CPU as the device")
-    name, sms = _device_figures(col.members.get("deviceProperties"), device[0].device if not cpu else 0)
-    return RankTrace(path=str(path), rank=_rank(info, path), world_size=info.get("world_size"),
-                     backend=info.get("backend"), device_name=name or ("CPU" if cpu else "GPU"), sm_count=sms,
-                     cpu_device=cpu, steps=_steps(host), device=tuple(device), host=tuple(host),
-                     thread_names=col.threads, pg_config=info["pg_config"] if info else (), events_read=col.count)
+    name, sms = _device_figures(col.members.get("deviceProperties"), col.first_device or 0)
+    kept = (col.spill.records if col.spill is not None else 0) + len(col.host) + len(col.device)
+    return RankRecords(path, info, name, sms, col.threads, tuple(sorted(col.steps.values(), key=lambda s: s.ts)),
+                       col.count, kept, not col.gpu_events, col.host, col.device, col.spill)
+
+
+def _no_device(path: Path, events: int) -> UserError:
+    return UserError("trace", str(path), "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] so "
+                     "GPU kernels are recorded (docs/validate.md, 'Capturing a trace')",
+                     problem=f"No GPU events (kernels, copies) in its {events:,} events, and no host operators "
+                             "to treat the CPU as the device")
+
+
+def rank_trace(rec: RankRecords, host: list[HostOp], device: list[DeviceEvent]) -> RankTrace:
+    """The RankTrace of `rec` holding the records `host` and `device` (all of them, or a window's)."""
+    host = sorted(host, key=lambda op: (op.tid, op.ts, -op.dur))
+    cpu = rec.cpu_device
+    device = cpu_device_events(host, rec.threads) if cpu else sorted(device, key=lambda ev: (ev.ts, ev.stream))
+    if not device and not rec.steps:
+        raise _no_device(rec.path, rec.events_read)
+    info = rec.info
+    return RankTrace(path=str(rec.path), rank=rec.rank, world_size=info.get("world_size"),
+                     backend=info.get("backend"), device_name=rec.device_name or ("CPU" if cpu else "GPU"),
+                     sm_count=rec.sm_count, cpu_device=cpu, steps=rec.steps, device=tuple(device), host=tuple(host),
+                     thread_names=rec.threads, pg_config=info["pg_config"] if info else (),
+                     events_read=rec.events_read)
+
+
+def load_rank(path: str | Path, progress: Progress | None = None) -> RankTrace:
+    """Read one rank's trace whole into a RankTrace."""
+    rec = read_rank(path, progress)
+    return rank_trace(rec, *rec.all_records())
