@@ -128,6 +128,7 @@ SANE = {  # name -> the trace: read, with the odd field ignored or made harmless
     "dims of 1e29 (floats)": _with(lambda ev, d: ev[1]["args"].update({"Input Dims": [[1e29] * 12, [1e29] * 12]})),
     "dims of 1e18 (int64)": _with(lambda ev, d: ev[1]["args"].update({"Input Dims": [[10**18] * 12, [10**18] * 2]})),
     "lone surrogate": _with(lambda ev, d: ev[3].update({"name": "gemm\ud800"})),
+    "names a list and a number": _with(lambda ev, d: (ev[3].update({"name": ["x"]}), ev[1].update({"name": 7}))),
     "thread_name args a list": _with(lambda ev, d: ev.append({"ph": "M", "name": "thread_name", "tid": 1,
                                                               "args": ["x"]})),
 }

@@ -24,6 +24,7 @@ what was found (`meshsim trace` exits 2, no traceback).
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,7 +45,9 @@ except ImportError:  # pragma: no cover - exercised by forcing backend="python" 
     _yajl = None
 
 BACKENDS = ("yajl2_c", "python")
-DEFAULT_BACKEND = "yajl2_c" if _yajl is not None else "python"
+PARSER_ENV = "MESHSIM_TRACE_PARSER"  # yajl2_c or python: the parser used when none is named (benchmarks)
+DEFAULT_BACKEND = os.environ.get(PARSER_ENV) if os.environ.get(PARSER_ENV) in BACKENDS else \
+    "yajl2_c" if _yajl is not None else "python"
 READ_BYTES = 1 << 18  # bytes per read of the (decompressed) file
 
 

@@ -48,6 +48,7 @@ MAX_COUNT = 1 << 53  # an NCCL element / byte count or group size
 MAX_RANKS_CHARS = 1 << 20  # a "Process Group Ranks" string
 COUNT_ARGS = ("In msg nelems", "Out msg nelems", "Group size", "bytes")
 TEXT_ARGS = ("Collective name", "dtype", "Process Group Name", "Process Group Description")
+NCCL_KEYS = frozenset(NCCL_ARGS)
 
 
 def _ranks_ok(value: object) -> bool:
@@ -64,7 +65,8 @@ class _Collector:
     is one UserError naming the event, the field and the value."""
 
     def __init__(self, path: Path, hold: int | None = None) -> None:
-        self.path, self.hold, self.spill = path, hold, None
+        self.path, self.spill = path, None
+        self.limit = None if hold is None else max(hold, FLUSH_RECORDS)  # records held before a flush
         self.steps: dict[int, Step] = {}
         self.device: list[DeviceEvent] = []
         self.host: list[HostOp] = []
@@ -101,10 +103,18 @@ class _Collector:
             raise self.refuse(key, value, "a duration is not negative")
         return float(value)
 
+    def times(self, ev: dict) -> tuple[float, float]:
+        """(ts, dur) of a kept event, checked (the common case in one test; `time` names a bad one)."""
+        ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+        if (type(ts) is float or type(ts) is int) and (type(dur) is float or type(dur) is int) \
+                and -MAX_TIME_US <= ts <= MAX_TIME_US and 0 <= dur <= MAX_TIME_US:
+            return float(ts), float(dur)
+        return self.time(ev, "ts"), self.time(ev, "dur", 0.0)
+
     def comm_args(self, args: dict) -> dict | None:
-        kept = {k: args[k] for k in NCCL_ARGS if k in args}
-        if not kept:
+        if NCCL_KEYS.isdisjoint(args):
             return None
+        kept = {k: args[k] for k in NCCL_ARGS if k in args}
         for k in COUNT_ARGS:
             v = kept.get(k)
             if v is not None and (type(v) is not int or not 0 <= v <= MAX_COUNT):
@@ -123,47 +133,53 @@ class _Collector:
 
     def add(self, ev: object) -> None:
         self.count += 1
-        if not isinstance(ev, dict):
+        if type(ev) is not dict:
             return
-        ph, cat = ev.get("ph"), ev.get("cat")
-        if ph == "X" and cat in GPU_CATS:
-            self._device(ev, cat)
-        elif ph == "X" and cat in HOST_CATS and type(ev.get("tid")) is int:
-            self._host(ev, cat)
+        ph = ev.get("ph")
+        if ph == "X":
+            cat = ev.get("cat")
+            if cat in GPU_CATS:
+                self._device(ev, cat)
+            elif cat in HOST_CATS and type(ev.get("tid")) is int:
+                self._host(ev, cat)
+            if self.limit is not None and not self.count & 1023 and len(self.host) + len(self.device) > self.limit:
+                self.flush()
         elif ph == "M" and ev.get("name") == "thread_name" and type(ev.get("tid")) is int:
             args = ev.get("args")
             self.threads[ev["tid"]] = self.name(args.get("name", "")) if isinstance(args, dict) else ""
 
     def _device(self, ev: dict, cat: str) -> None:
         args = ev.get("args")
-        args = args if isinstance(args, dict) else {}
-        ts, dur = self.time(ev, "ts"), self.time(ev, "dur", 0.0)
+        if type(args) is not dict:
+            args = {}
+        ts, dur = self.times(ev)
         device, stream = ev.get("pid", 0), args.get("stream", ev.get("tid", 0))
         if type(device) is not int or type(stream) is not int:
             return  # not a GPU's activity (Chrome-trace pids and tids may be names)
-        kept = self.comm_args(args)
         corr = args.get("correlation", -1)
         self.gpu_events += 1
         if self.first_device is None:
             self.first_device = device
-        self.device.append(DeviceEvent(ts, dur, device, stream, self.name(ev.get("name", "")), cat,
-                                       corr if type(corr) is int else -1, kept))
+        name = ev.get("name", "")
+        name = (self.names.get(name) if type(name) is str else None) or self.name(name)
+        self.device.append(DeviceEvent(ts, dur, device, stream, name, cat,
+                                       corr if type(corr) is int else -1, self.comm_args(args)))
 
     def _host(self, ev: dict, cat: str) -> None:
         args = ev.get("args")
-        args = args if isinstance(args, dict) else {}
-        ts, dur = self.time(ev, "ts"), self.time(ev, "dur", 0.0)
+        if type(args) is not dict:
+            args = {}
+        ts, dur = self.times(ev)
         corr = args.get("correlation", -1)
         dims, types = args.get("Input Dims"), args.get("Input type")
-        comm = self.comm_args(args)
-        op = HostOp(ts, dur, ev["tid"], self.name(ev.get("name", "")), cat, corr if type(corr) is int else -1,
-                    self.shared(_frozen(dims)), self.shared(_frozen(types)), comm)
-        self.host.append(op)
+        name = ev.get("name", "")
+        name = (self.names.get(name) if type(name) is str else None) or self.name(name)
+        self.host.append(HostOp(ts, dur, ev["tid"], name, cat, corr if type(corr) is int else -1,
+                                self.shared(_frozen(dims)) if dims else (), self.shared(_frozen(types)) if types else (),
+                                self.comm_args(args)))
         self.host_ops += 1
-        if cat == "user_annotation" and (m := STEP.match(op.name)):
-            self.steps.setdefault(int(m.group(1)), Step(int(m.group(1)), op.ts, op.dur))
-        if self.hold is not None and len(self.host) + len(self.device) > max(self.hold, FLUSH_RECORDS):
-            self.flush()
+        if cat == "user_annotation" and (m := STEP.match(name)):
+            self.steps.setdefault(int(m.group(1)), Step(int(m.group(1)), ts, dur))
 
     def flush(self) -> None:
         """Move the records held to the spill file (sim/kineto/spill.py)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.kineto.critical_path import critical_path_breakdown
+from meshsim.sim.kineto.critical_path import RankIndex, critical_path_breakdown
 from meshsim.sim.kineto.jsonstream import Progress
 from meshsim.sim.kineto.kernels import Kernel, classify_rank, clipped, kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.load import RankRecords, rank_trace, read_rank
@@ -40,6 +40,13 @@ FIX_PATHS = "give trace files (.json or .json.gz) or folders of them, one file p
 class RankData:
     trace: RankTrace
     kernels: tuple[Kernel, ...]
+    starts: tuple[float, ...] = ()  # each kernel's start (us), in order
+    longest_us: float = 0.0  # the longest kernel
+
+    @classmethod
+    def of(cls, trace: RankTrace) -> RankData:
+        kernels = tuple(classify_rank(trace))
+        return cls(trace, kernels, tuple(k.ev.ts for k in kernels), max((k.ev.dur for k in kernels), default=0.0))
 
 
 def trace_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -80,7 +87,7 @@ def _read_all(files: Sequence[Path], progress: Callable[[Path], Progress | None]
 
 
 def _classified(traces: Sequence[RankTrace]) -> list[RankData]:
-    ranks = [RankData(rt, tuple(classify_rank(rt))) for rt in traces]
+    ranks = [RankData.of(rt) for rt in traces]
     check_clocks(ranks)
     return ranks
 
@@ -162,18 +169,20 @@ def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool
         steps = trace_steps(data.trace)
         colls = _collectives(data)
         index = {id(k): i for i, k in enumerate(colls)}
+        rank_index = RankIndex(data.trace.host, data.kernels) if critical else None
         for st, window in zip(steps, step_windows(steps), strict=True):
             if (step is not None and st.number != step) or (only is not None and st.number not in only):
                 continue
-            started = kernels_in(data.kernels, window)
+            started = kernels_in(data.kernels, window, data.starts)
             comm_us = None
             if mins is not None:
                 comm_us = [mins[data.trace.rank][index[id(k)]] if id(k) in index else k.ev.dur
                            for k in started if k.coll is not None]
-            summary = summarize_step(data.trace.rank, st.number, window, started, clipped(data.kernels, window),
+            summary = summarize_step(data.trace.rank, st.number, window, started,
+                                     clipped(data.kernels, window, data.starts, data.longest_us),
                                      comm_us)
             if critical:
-                path = critical_path_breakdown(data.trace.host, started, data.kernels, window)
+                path = critical_path_breakdown(data.trace.host, started, data.kernels, window, rank_index)
                 summary = replace(summary, critical_path=path)
             out.append(summary)
     if step is not None and not out:
