@@ -128,10 +128,22 @@ SANE = {  # name -> the trace: read, with the odd field ignored or made harmless
     "dims of 1e29 (floats)": _with(lambda ev, d: ev[1]["args"].update({"Input Dims": [[1e29] * 12, [1e29] * 12]})),
     "dims of 1e18 (int64)": _with(lambda ev, d: ev[1]["args"].update({"Input Dims": [[10**18] * 12, [10**18] * 2]})),
     "lone surrogate": _with(lambda ev, d: ev[3].update({"name": "gemm\ud800"})),
+    "dims holding objects": _with(lambda ev, d: ev[1]["args"].update({"Input Dims": [{"a": 1}, [[{"b": 2}]]],
+                                                                       "Input type": [{"c": 3}]})),
     "names a list and a number": _with(lambda ev, d: (ev[3].update({"name": ["x"]}), ev[1].update({"name": 7}))),
     "thread_name args a list": _with(lambda ev, d: ev.append({"ph": "M", "name": "thread_name", "tid": 1,
                                                               "args": ["x"]})),
 }
+
+
+def _cpu_trace(dims) -> dict:
+    """A gloo run (no GPU activity): an operator and a gloo all-reduce span with odd `Input Dims`."""
+    return document([cpu_op("ProfilerStep#1", 0.0, 1000.0, cat="user_annotation"), cpu_op("aten::mm", 1.0, 100.0),
+                     cpu_op("gloo:all_reduce", 200.0, 300.0, tid=9, **{"Input Dims": dims, "Input type": [None]})])
+
+
+for _dims in ([5], [None], [[None]], [{"a": 1}], [["x"]]):
+    SANE[f"cpu trace, gloo dims {_dims}"] = _cpu_trace(_dims)
 
 
 @BACKENDS

@@ -126,8 +126,9 @@ def summary_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on a terminal"),
     critical_path: bool = typer.Option(True, "--critical-path/--no-critical-path",
                                        help="HTA's critical path per step (the slowest part on large traces)"),
-    max_events: int = typer.Option(MAX_KEPT_EVENTS, "--max-events", help="events held in memory at once (~300 "
-                                   "bytes each); larger traces are read again per batch of steps"),
+    max_events: int = typer.Option(MAX_KEPT_EVENTS, "--max-events", help="trace records held in memory at once (~1 KB "
+                                   "each with their kernels); larger traces are spilled to a temporary file as they "
+                                   "are parsed, then summarized per batch of steps"),
 ) -> None:
     """Per rank and step: busy time by category and kernel class, exposed communication, idle, critical path;
     collectives with their bus bandwidth; GEMMs with their throughput."""

@@ -21,8 +21,10 @@ ISSUE_PREFIX = "c10d::"
 
 def _elements(dims: tuple) -> int:
     first = dims[0] if dims else ()
-    while first and isinstance(first[0], tuple):  # a TensorList: the first tensor
+    while isinstance(first, tuple) and first and isinstance(first[0], tuple):  # a TensorList: the first tensor
         first = first[0]
+    if not isinstance(first, tuple):
+        return 0
     n = 1
     for d in first:
         n *= d if type(d) is int and d > 0 else 1

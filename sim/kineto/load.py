@@ -198,11 +198,11 @@ def _frozen(value: object) -> tuple:
     if type(value) is not list:
         return ()
     try:
-        out = tuple(tuple(v) if type(v) is list else v for v in value)
+        out = tuple([tuple(v) if type(v) is list else v for v in value])
         hash(out)
         return out
-    except TypeError:  # a TensorList: lists nested deeper
-        return tuple(_frozen(v) if type(v) is list else v for v in value)
+    except TypeError:  # a TensorList (lists nested deeper), or an object where a size belongs (made None)
+        return tuple(_frozen(v) if type(v) is list else None if type(v) is dict else v for v in value)
 
 
 def _distributed(info: object, path: Path) -> dict:

@@ -192,7 +192,8 @@ def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool
     return out
 
 
-MAX_KEPT_EVENTS = 1_000_000  # records held at once (~200 B each): larger traces are spilled, then read per step batch
+MAX_KEPT_EVENTS = 400_000  # records held at once (~1 KB each with their kernels and launches): larger traces are
+# spilled to disk as they are parsed, then summarized per batch of steps (a 1 GB trace: peak RSS in benchmarks/trace_read.py)
 
 
 def step_windows_of(steps: Sequence[Step], numbers: Sequence[int]) -> Window | None:
