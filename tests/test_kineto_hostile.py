@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshsim.sim.cli.main import main
+from meshsim.sim.core.errors import UserError
 from meshsim.sim.kineto import classify, jsonstream, jsonstream_py, load, ranks, spill
 from meshsim.sim.kineto.load import MAX_NAME_CHARS, load_rank
 from meshsim.sim.kineto.ranks import all_summaries, load_ranks, summaries
@@ -297,3 +298,40 @@ def test_split_by_window_equals_filtering_each_window(starts, lengths):
         got = [r for _, dev in part.chunks() for r in dev]
         assert got == [r for r in records if a <= r[0] <= b]
 
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+_TEXT = st.text(alphabet='[]{}"\\ a\u00e9', max_size=6)
+_JSON = st.recursive(st.none() | st.integers(-5, 5) | _TEXT,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=12)
+
+
+@pytest.mark.parametrize("parser", jsonstream.BACKENDS)
+@settings(max_examples=100, deadline=None)
+@given(_JSON, st.integers(24, 34), st.integers(1, 40))
+def test_nesting_is_refused_exactly_when_too_deep(tmp_path_factory, parser, value, wrap, read):
+    """The yajl path's nesting check on raw bytes (strings with brackets, quotes and backslashes, any
+    read size), and the fallback's on parsed values, against the depth of the value: refused exactly
+    when deeper than 32."""
+    for _ in range(wrap):
+        value = [value]
+    doc = {"a": "[{\\\"", "traceEvents": [value]}
+    path = tmp_path_factory.mktemp("guard") / "t.json"
+    path.write_text(json.dumps(doc))
+    deep = 2 + _depth(value) > 32  # the object (1), traceEvents (2), then the value's own containers
+    old = jsonstream.READ_BYTES, jsonstream_py.CHUNK_CHARS
+    jsonstream.READ_BYTES = jsonstream_py.CHUNK_CHARS = read
+    try:
+        events = [item for kind, item in jsonstream.iter_trace(path, backend=parser) if kind == "event"]
+        assert not deep and events == [value]
+    except UserError as err:
+        assert deep and "Nested more than 32" in str(err), err
+    finally:
+        jsonstream.READ_BYTES, jsonstream_py.CHUNK_CHARS = old

@@ -2,9 +2,9 @@
 walked by hand, each element of traceEvents decoded by json's C decoder (`raw_decode`) on a text buffer
 of CHUNK_CHARS characters refilled from the file.
 
-An element that straddles the end of the buffer fails to decode with an error at the buffer's end; the
-buffer is then refilled and the element decoded again. An error before the buffer's end, or the file
-ending inside the document, is a malformed or truncated trace. The same limits as the yajl path: NaN,
+An element that straddles the end of the buffer fails to decode (at the end, or earlier for a cut escape
+or literal); the buffer is then refilled and the element decoded again, up to MAX_VALUE_BYTES. An error
+that stays once the file is read to its end is a malformed or truncated trace. The same limits as the yajl path: NaN,
 Infinity, integers outside int64 and overflowing floats refused by the decoder's hooks; containers
 nested at most MAX_NESTING deep (top-level object = 1); a value of at most MAX_VALUE_BYTES characters.
 Members after traceEvents are parsed and checked, not returned (as the yajl path).
@@ -91,14 +91,13 @@ class _Buffer:
         while True:
             try:
                 value, end = DECODER.raw_decode(self.text, self.pos)
-            except json.JSONDecodeError as err:
-                at_end = err.pos >= len(self.text) - 1 or "Unterminated" in err.msg
-                if at_end and len(self.text) - self.pos <= MAX_VALUE_BYTES and self.more():
+            except json.JSONDecodeError as err:  # perhaps only cut by the buffer's end: refill, decode again
+                if len(self.text) - self.pos <= MAX_VALUE_BYTES and self.more():
                     continue
-                if at_end and self.eof:
-                    raise self.error("The file ends inside the document (truncated?)") from None
-                if at_end:
+                if not self.eof:
                     raise self.error(f"A value larger than {MAX_VALUE_BYTES >> 20} MiB (README, Limits)") from None
+                if err.pos >= len(self.text) - 1 or "Unterminated" in err.msg:
+                    raise self.error("The file ends inside the document (truncated?)") from None
                 raise self.error(f"Malformed JSON ({err.msg})", err.pos) from None
             except RecursionError:
                 raise self.error(f"Nested more than {MAX_NESTING} levels (README, Limits)") from None
