@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,26 +43,33 @@ def _step(i: int, name: str = "sm90_xmma_gemm_bf16") -> list[dict]:
     ]
 
 
-def _write(path: Path, events_text: str, blanks: int = 0) -> Path:
-    text = HEAD + " " * blanks + events_text + TAIL
-    if path.name.endswith(".gz"):
-        with gzip.open(path, "wt", compresslevel=9) as fh:
-            fh.write(text)
-    else:
-        path.write_text(text)
+def _write(path: Path, events: Iterable[dict], blanks: int = 0) -> Path:
+    """The trace streamed to disk (nothing large is built here: a child's peak RSS, as os.wait4 reports
+    it, starts from this process's size at the fork)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wt") as fh:
+        fh.write(HEAD)
+        for _ in range(blanks >> 20):
+            fh.write(" " * (1 << 20))
+        for i, event in enumerate(events):
+            fh.write((", " if i else "") + json.dumps(event))
+        fh.write(TAIL)
     return path
 
 
-def case_files(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
+def _names() -> Iterator[dict]:
+    yield from _step(0)
+    for i in range(360):
+        yield {"ph": "X", "cat": "cpu_op", "name": f"{i:04d}" + "n" * (3 << 20), "pid": 1, "tid": 2, "ts": 10.0 + i,
+               "dur": 1.0}
+
+
+def case_files(tmp: Path) -> dict[str, tuple[Callable[[], Path], list[str]]]:
     return {
-        "steps": (lambda: _write(tmp / "steps.json", ", ".join(json.dumps(e) for i in range(1000) for e in _step(i))),
-                  ["--max-events", "1"]),
-        "cudnn": (lambda: _write(tmp / "cudnn.json", ", ".join(json.dumps(e) for e in _step(0, "cudnn" * 12_000))), []),
-        "blanks": (lambda: _write(tmp / "blanks.json.gz", ", ".join(json.dumps(e) for e in _step(0)), 300 << 20), []),
-        "names": (lambda: _write(tmp / "names.json", ", ".join(
-            [json.dumps(e) for e in _step(0)] + [json.dumps({"ph": "X", "cat": "cpu_op", "name": f"{i:04d}" + "n" * (3 << 20),
-                                                            "pid": 1, "tid": 2, "ts": 10.0 + i, "dur": 1.0})
-                                                 for i in range(360)])), []),
+        "steps": (lambda: _write(tmp / "steps.json", (e for i in range(1000) for e in _step(i))), ["--max-events", "1"]),
+        "cudnn": (lambda: _write(tmp / "cudnn.json", _step(0, "cudnn" * 12_000)), []),
+        "blanks": (lambda: _write(tmp / "blanks.json.gz", _step(0), 300 << 20), []),
+        "names": (lambda: _write(tmp / "names.json", _names()), []),
         "valid": (lambda: (write_trace(tmp / "valid.json", 150_000_000, False), tmp / "valid.json")[1], []),
     }
 
