@@ -9,8 +9,15 @@ Kept per event (everything else is dropped as it is read):
   `record_param_comms`;
 - thread names (ph "M"), ProfilerStep#N spans (user_annotation), distributedInfo (rank, world size,
   backend, process groups) and deviceProperties (name, SM count).
-Names are interned and shape tuples shared, so a name or shape repeated a million times is held once;
-what is kept costs ~150 bytes per host event and ~200 per GPU event (benchmarks/trace_read.py).
+Names are interned (cut to MAX_NAME_CHARS, all of them together at most MAX_NAMES_CHARS) and shape
+tuples shared, so a name or shape repeated a million times is held once; what is kept costs ~150 bytes
+per host event and ~200 per GPU event. Every kept field is checked as it is read (`_Collector`): ts and
+dur numbers within MAX_TIME_US (dur >= 0), NCCL counts non-negative integers, ranks lists of short
+integers, distributedInfo's rank / world_size / pg_size integers; a wrong one is one UserError naming the
+event, the field and the value. `args` that is not an object, and odd shapes, are read as absent.
+
+`read_rank` parses a file once; with `hold`, the records beyond it are spilled to a temporary file
+(sim/kineto/spill.py) and `rank_trace` builds a RankTrace of any subset (a step window's) later.
 
 A trace without GPU activity is a CPU run when it has host operators (torch.profiler on gloo, e.g.
 `meshsim validate --trace` on CPU): its device events are then derived from the host
