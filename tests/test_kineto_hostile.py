@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import re
 
 import pytest
@@ -205,6 +206,18 @@ def test_an_existing_json_is_replaced_whole_and_kept_on_failure(tmp_path, capsys
     bad.write_text("{")
     assert main(_summary(bad, "--json", str(out))) == 2
     assert json.loads(out.read_text())["steps"]  # the earlier result is not lost
+    out.chmod(0o640)
+    assert main(_summary(path, "--json", str(out))) == 0
+    assert out.stat().st_mode & 0o777 == 0o640 and not list(tmp_path.glob(".s.json.*"))  # mode kept, no temp left
+    fresh = tmp_path / "fresh.json"
+    assert main(_summary(path, "--json", str(fresh))) == 0
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_calibrate_and_compare_refuse_the_same_trace_in_one_line(tmp_path, capsys):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterable
@@ -126,7 +127,11 @@ def write_output_file(flag: str, path: Path, data: str | bytes) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name[:64]}.", suffix=".tmp")
+        tmp = folder / f".{path.name[:64]}.{secrets.token_hex(6)}.tmp"
+        # 0o666 less the umask, as open() would create it; an existing file keeps its own mode
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        if mode is not None:
+            os.fchmod(fd, stat.S_IMODE(mode))
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
         os.replace(tmp, path)  # replaces a link put there meanwhile, never writes through it
