@@ -159,7 +159,10 @@ class _Collector:
         args = ev.get("args")
         if type(args) is not dict:
             args = {}
-        ts, dur = self.times(ev)
+        ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+        if type(ts) is not float or type(dur) is not float or not (-MAX_TIME_US <= ts <= MAX_TIME_US
+                                                                 and 0.0 <= dur <= MAX_TIME_US):
+            ts, dur = self.times(ev)  # ints, or a bad value to name
         device, stream = ev.get("pid", 0), args.get("stream", ev.get("tid", 0))
         if type(device) is not int or type(stream) is not int:
             return  # not a GPU's activity (Chrome-trace pids and tids may be names)
@@ -169,21 +172,24 @@ class _Collector:
             self.first_device = device
         name = ev.get("name", "")
         name = (self.names.get(name) if type(name) is str else None) or self.name(name)
-        self.device.append(DeviceEvent(ts, dur, device, stream, name, cat,
-                                       corr if type(corr) is int else -1, self.comm_args(args)))
+        self.device.append(DeviceEvent(ts, dur, device, stream, name, cat, corr if type(corr) is int else -1,
+                                       None if NCCL_KEYS.isdisjoint(args) else self.comm_args(args)))
 
     def _host(self, ev: dict, cat: str) -> None:
         args = ev.get("args")
         if type(args) is not dict:
             args = {}
-        ts, dur = self.times(ev)
+        ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+        if type(ts) is not float or type(dur) is not float or not (-MAX_TIME_US <= ts <= MAX_TIME_US
+                                                                 and 0.0 <= dur <= MAX_TIME_US):
+            ts, dur = self.times(ev)  # ints, or a bad value to name
         corr = args.get("correlation", -1)
         dims, types = args.get("Input Dims"), args.get("Input type")
         name = ev.get("name", "")
         name = (self.names.get(name) if type(name) is str else None) or self.name(name)
         self.host.append(HostOp(ts, dur, ev["tid"], name, cat, corr if type(corr) is int else -1,
                                 self.shared(_frozen(dims)) if dims else (), self.shared(_frozen(types)) if types else (),
-                                self.comm_args(args)))
+                                None if NCCL_KEYS.isdisjoint(args) else self.comm_args(args)))
         self.host_ops += 1
         if cat == "user_annotation" and (m := STEP.match(name)):
             self.steps.setdefault(int(m.group(1)), Step(int(m.group(1)), ts, dur))

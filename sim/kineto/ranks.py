@@ -16,9 +16,11 @@ validate's timing does with its barrier'd runs, docs/validate.md section 5).
 
 from __future__ import annotations
 
+import gc
 import statistics
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -145,17 +147,33 @@ def all_summaries(paths: Sequence[str | Path], progress: Callable[[Path], Progre
                   ) -> tuple[list[RankData], list[StepSummary]]:
     """(the last batch's ranks, every (rank, step) summary), the traces read in bounded batches (windowed)."""
     ranks, out = [], []
-    for ranks, only in windowed(paths, progress, step, budget or MAX_KEPT_EVENTS):
-        out += summaries(ranks, step, critical, only)
+    with paused_gc():
+        for ranks, only in windowed(paths, progress, step, budget or MAX_KEPT_EVENTS):
+            out += summaries(ranks, step, critical, only)
     return ranks, out
 
 
 def load_for(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
              step: int | None = None) -> list[RankData]:
     """The traces whole, or only ProfilerStep#step's window when a step is named (bounded memory)."""
-    if step is None:
-        return load_ranks(paths, progress)
-    return next(windowed(paths, progress, step))[0]
+    with paused_gc():
+        if step is None:
+            return load_ranks(paths, progress)
+        return next(windowed(paths, progress, step))[0]
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused while traces are read: they allocate millions of acyclic
+    tuples, and every full collection walks all of them (~25% of the reading time at 50 MB, measured
+    with gc on and off in one session); reference counting still frees every record as before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool = True,
