@@ -173,6 +173,12 @@ def test_json_to_dev_full_is_one_line(tmp_path, capsys):
     _one_line_exit_2(capsys, _summary(path, "--json", "/dev/full"), "/dev/full", "No space left")
 
 
+def test_json_to_dev_null_is_written(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(one_step()))
+    assert main(_summary(path, "--json", "/dev/null")) == 0
+
+
 def test_a_dangling_json_symlink_is_not_written_through(tmp_path, capsys):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(one_step()))

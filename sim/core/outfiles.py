@@ -46,6 +46,10 @@ def check_output_file(flag: str, path: Path | None) -> None:
     path = Path(path)
     if path.is_symlink():
         check_own_file(flag, path)
+    if path.is_char_device() or path.is_fifo():  # /dev/null, /dev/full, a pipe: written in place
+        if not os.access(path, os.W_OK):
+            raise UserError(flag, str(path), "give a writable file", problem="Not writable")
+        return
     if path.is_dir():
         raise UserError(flag, str(path), "give a file path, not a directory", problem="Is a directory")
     _probe_directory(flag, path.parent if str(path.parent) else Path("."))
