@@ -9,7 +9,7 @@ import json
 import pytest
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.kineto import jsonstream
+from meshsim.sim.kineto import jsonstream, jsonstream_py
 from meshsim.sim.kineto.classify import kernel_class
 from meshsim.sim.kineto.collectives import normalize_op
 from meshsim.sim.kineto.jsonstream import iter_trace
@@ -25,9 +25,9 @@ def two_rank():
     return load_ranks([TWO_RANK])
 
 
-def _members_and_events(path):
+def _members_and_events(path, backend=None):
     members, events = {}, []
-    for kind, item in iter_trace(path):
+    for kind, item in iter_trace(path, backend=backend):
         if kind == "event":
             events.append(item)
         else:
@@ -35,32 +35,48 @@ def _members_and_events(path):
     return members, events
 
 
+BACKENDS = pytest.mark.parametrize("backend", jsonstream.BACKENDS)
+
+
+def _head(doc):
+    """The members written before traceEvents (the ones iter_trace returns)."""
+    keys = list(doc)
+    return {k: doc[k] for k in keys[:keys.index("traceEvents")]}
+
+
+@BACKENDS
 @pytest.mark.parametrize("chunk", [3, 17, 4096])
-def test_streaming_equals_json_load_at_any_chunk_boundary(tmp_path, monkeypatch, chunk):
+def test_streaming_equals_json_load_at_any_chunk_boundary(tmp_path, monkeypatch, chunk, backend):
     doc = one_step()
-    doc["traceEvents"].append({"ph": "i", "name": "n \\\" {[", "ts": 1.5e3, "args": {"s": "]}"}})
+    doc["traceEvents"].append({"ph": "i", "name": "n \\\\\\\" {[", "ts": 1.5e3, "args": {"s": "]}\\"}})
     path = write(tmp_path / "t.json", doc)
-    monkeypatch.setattr(jsonstream, "CHUNK_CHARS", chunk)
-    members, events = _members_and_events(path)
+    monkeypatch.setattr(jsonstream_py, "CHUNK_CHARS", chunk)
+    monkeypatch.setattr(jsonstream, "READ_BYTES", chunk)
+    members, events = _members_and_events(path, backend)
     assert events == doc["traceEvents"]
-    assert members == {k: v for k, v in doc.items() if k != "traceEvents"}
+    assert members == _head(doc) and "traceName" not in members
 
 
-def test_real_trace_streams_as_json_load_reads_it(monkeypatch):
-    monkeypatch.setattr(jsonstream, "CHUNK_CHARS", 4096)  # thousands of refills inside events
-    members, events = _members_and_events(TWO_RANK)
+@BACKENDS
+def test_real_trace_streams_as_json_load_reads_it(monkeypatch, backend):
+    monkeypatch.setattr(jsonstream_py, "CHUNK_CHARS", 4096)  # thousands of refills inside events
+    monkeypatch.setattr(jsonstream, "READ_BYTES", 4096)
+    members, events = _members_and_events(TWO_RANK, backend)
     whole = json.loads(gzip.decompress(TWO_RANK.read_bytes()))
     assert events == whole["traceEvents"] and members["distributedInfo"] == whole["distributedInfo"]
 
 
+@BACKENDS
 @pytest.mark.parametrize("text,problem", [
     ('{"traceEvents": [{"ph": "X", "ts": 1}, {"ph": "X", "ts"', "truncated"),
-    ('{"traceEvents": [{"ph": "X"} {"ph": "X"}]}', "Expected ',' or ']'"),
+    ('{"traceEvents": [{"ph": "X"} {"ph": "X"}]}', "Malformed JSON"),
     ('[1, 2]', "a trace is one JSON object"),
     ('', "truncated"),
     ('{"traceEvents": [{"ph": "X", "ts": 1}]} trailing', "Unexpected text"),
+    ('{"schemaVersion": 1}', "No traceEvents"),
 ])
-def test_malformed_or_truncated_files_are_one_user_error(tmp_path, text, problem):
+def test_malformed_or_truncated_files_are_one_user_error(tmp_path, monkeypatch, text, problem, backend):
+    monkeypatch.setattr(jsonstream, "DEFAULT_BACKEND", backend)
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(UserError) as err:

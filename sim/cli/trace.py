@@ -19,7 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.fmt import fmt_bytes
-from meshsim.sim.core.outfiles import check_output_file
+from meshsim.sim.core.outfiles import check_output_file, write_output_file
 from meshsim.sim.core.text import echo_plain, user_text
 from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.kineto.document import summary_document
@@ -73,7 +73,7 @@ def _step_row(s: dict) -> list[str]:
 def print_summary(doc: dict, console) -> None:
     for r in doc["ranks"]:
         kind = "CPU as the device" if r["cpu_device"] else r["device"]
-        console.print(f"rank {r['rank']} of {r['world_size'] or '?'} ({user_text(r['backend'] or '?')}, {user_text(kind)}): {user_text(r['path'])}, "
+        console.print(f"rank {r['rank']} of {user_text(str(r['world_size'] or '?'))} ({user_text(r['backend'] or '?')}, {user_text(kind)}): {user_text(r['path'])}, "
                       f"{r['events']:,} events, {r['device_events']:,} device events", highlight=False)
     title = ("Steps (ms): busy rows overlap; exposed comm = communication with no compute running; path: = "
              "HTA's critical path by what bounds it")
@@ -126,8 +126,9 @@ def summary_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on a terminal"),
     critical_path: bool = typer.Option(True, "--critical-path/--no-critical-path",
                                        help="HTA's critical path per step (the slowest part on large traces)"),
-    max_events: int = typer.Option(MAX_KEPT_EVENTS, "--max-events", help="events held in memory at once (~300 "
-                                   "bytes each); larger traces are read again per batch of steps"),
+    max_events: int = typer.Option(MAX_KEPT_EVENTS, "--max-events", help="trace records held in memory at once (~1 KB "
+                                   "each with their kernels); larger traces are spilled to a temporary file as they "
+                                   "are parsed, then summarized per batch of steps"),
 ) -> None:
     """Per rank and step: busy time by category and kernel class, exposed communication, idle, critical path;
     collectives with their bus bandwidth; GEMMs with their throughput."""
@@ -138,8 +139,7 @@ def summary_command(
         ranks, steps = all_summaries(paths, factory, step, critical=critical_path, budget=max_events)
     doc = summary_document(ranks, steps)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(dumps_finite(doc, indent=1))
+        write_output_file("--json", json_path, dumps_finite(doc, indent=1))
     print_summary(doc, make_console())
     if json_path is not None:
         echo_plain(f"json: {json_path}")

@@ -5,13 +5,19 @@ finished computation, and written only inside meshsim's own output folder, never
   folder are not symlinks or directories.
 - `open_own_file` / `open_own_for_writing`: open such a file with O_NOFOLLOW, so a link put there after
   the checks is refused at the write too.
+- `write_output_file(flag, path, data)`: write a whole output file (--json, --out's files) without ever
+  following a link: a regular file is written beside it and renamed over it (a failed write leaves the
+  old file whole), a character device or FIFO named directly (/dev/null, /dev/full, a pipe) is written
+  in place; any OSError (a full disk, /dev/full) is one UserError, exit 2.
 - `output_folder_name`: a scenario name made safe to use as one folder name (the name is a label only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterable
@@ -33,10 +39,17 @@ def _probe_directory(flag: str, directory: Path) -> None:
 
 
 def check_output_file(flag: str, path: Path | None) -> None:
-    """Before any work: `path` is not a directory and its folder is (made) writable."""
+    """Before any work: `path` is not a symlink (even dangling) nor a directory, and its folder is (made)
+    writable."""
     if path is None:
         return
     path = Path(path)
+    if path.is_symlink():
+        check_own_file(flag, path)
+    if path.is_char_device() or path.is_fifo():  # /dev/null, /dev/full, a pipe: written in place
+        if not os.access(path, os.W_OK):
+            raise UserError(flag, str(path), "give a writable file", problem="Not writable")
+        return
     if path.is_dir():
         raise UserError(flag, str(path), "give a file path, not a directory", problem="Is a directory")
     _probe_directory(flag, path.parent if str(path.parent) else Path("."))
@@ -50,6 +63,10 @@ def check_output_dir(flag: str, path: Path | None, files: Iterable[str] = ()) ->
     if path is None:
         return
     path = Path(path)
+    if path.is_symlink():
+        raise UserError(flag, str(path), f"give the folder itself, not a link to it, or choose another {flag}",
+                        problem="Is a symlink (meshsim never writes through a link, which could point "
+                        "outside the output folder)")
     if path.exists() and not path.is_dir():
         raise UserError(flag, str(path), "give a directory (it is created if missing)",
                         problem="Exists and is not a directory")
@@ -91,6 +108,58 @@ def open_own_for_writing(path: Path, mode: str = "w", flag: str = "--out"):
     at the write too, never followed."""
     fd = open_own_file(flag, Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     return os.fdopen(fd, mode)
+
+
+def write_output_file(flag: str, path: Path, data: str | bytes) -> None:
+    """Write `data` as the whole file `path` (module docstring): never through a symlink; a regular file
+    replaced atomically; a character device or FIFO written in place; an OSError is one UserError."""
+    path = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise _write_error(flag, path, exc) from None
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        _write_in_place(flag, path, payload)
+        return
+    if mode is not None and not stat.S_ISREG(mode):
+        check_own_file(flag, path)  # a symlink or directory: the one-line reason
+        raise UserError(flag, str(path), f"remove {path} or choose another {flag}",
+                        problem="Exists and is not a regular file")
+    folder = path.parent if str(path.parent) else Path(".")
+    tmp = None
+    try:
+        tmp = folder / f".{path.name[:64]}.{secrets.token_hex(6)}.tmp"
+        # 0o666 less the umask, as open() would create it; an existing file keeps its own mode
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        if mode is not None:
+            os.fchmod(fd, stat.S_IMODE(mode))
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+        os.replace(tmp, path)  # replaces a link put there meanwhile, never writes through it
+        tmp = None
+    except OSError as exc:
+        raise _write_error(flag, path, exc) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _write_in_place(flag: str, path: Path, payload: bytes) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+    except OSError as exc:
+        raise _write_error(flag, path, exc) from None
+
+
+def _write_error(flag: str, path: Path, exc: OSError) -> UserError:
+    return UserError(flag, str(path), "give a writable file on a disk with room for it",
+                     problem=f"Cannot write it ({exc.strerror or exc})")
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -74,11 +74,15 @@ def dtype_bytes(dtype: object) -> int:
     return DTYPE_BYTES.get(key, 4)
 
 
+MAX_ELEMENTS = 1 << 53  # a message of more elements is not a recorded one (sim/kineto/load.py checks the args)
+
+
 def _ranks(value: object) -> tuple[int, ...]:
+    """Ranks as recorded: a list, or its text ("[0, 1]"; load.py refuses numbers of more than 9 digits)."""
     if isinstance(value, (list, tuple)):
         return tuple(int(v) for v in value if isinstance(v, int))
     if isinstance(value, str):
-        return tuple(int(v) for v in re.findall(r"-?\d+", value))
+        return tuple(int(v) for v in re.findall(r"-?\d{1,9}", value))
     return ()
 
 
@@ -91,7 +95,8 @@ def _elements(dims: tuple) -> int:
             n = 1
             for x in d:
                 n *= x
-            best = max(best, n)
+            if n <= MAX_ELEMENTS:
+                best = max(best, n)
     return best
 
 

@@ -21,12 +21,14 @@ ISSUE_PREFIX = "c10d::"
 
 def _elements(dims: tuple) -> int:
     first = dims[0] if dims else ()
-    while first and isinstance(first[0], tuple):  # a TensorList: the first tensor
+    while isinstance(first, tuple) and first and isinstance(first[0], tuple):  # a TensorList: the first tensor
         first = first[0]
+    if not isinstance(first, tuple):
+        return 0
     n = 1
     for d in first:
-        n *= int(d) if isinstance(d, int) else 1
-    return n if first else 0
+        n *= d if type(d) is int and d > 0 else 1
+    return n if first and n <= 1 << 53 else 0
 
 
 def _comm_event(op: HostOp) -> DeviceEvent:

@@ -26,6 +26,7 @@ PyTorch >= 2.1 with them enabled), which add zero-weight GPU -> CPU edges; data-
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict, deque
 from collections.abc import Sequence
 
@@ -156,16 +157,43 @@ def _queue_lengths(kernels: Sequence[Kernel]) -> dict[int, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+class RankIndex:
+    """What every step of one rank shares, computed once (not once per step): its CPU operators and
+    runtime calls in host order (thread, start) with each thread's range, the backward-thread merge, and
+    the queue lengths of its kernels."""
+
+    def __init__(self, host: Sequence[HostOp], all_kernels: Sequence[Kernel]) -> None:
+        cats = ("cpu_op",) + tuple(RUNTIME_CATS)
+        self.ops = [op for op in host if op.cat in cats]  # host order: (tid, ts, -dur)
+        self.ts = [op.ts for op in self.ops]
+        self.threads: list[tuple[int, int]] = []
+        for i, op in enumerate(self.ops):
+            if not self.threads or self.ops[self.threads[-1][0]].tid != op.tid:
+                self.threads.append((i, i))
+            self.threads[-1] = (self.threads[-1][0], i + 1)
+        self.remap = _main_threads(host)
+        self.queue = _queue_lengths(all_kernels)
+
+    def cpu_in(self, a: float, b: float) -> list[HostOp]:
+        """The operators and runtime calls starting in [a, b), in host order."""
+        out: list[HostOp] = []
+        for lo, hi in self.threads:
+            out += self.ops[bisect_left(self.ts, a, lo, hi):bisect_left(self.ts, b, lo, hi)]
+        return out
+
+
 def critical_path_breakdown(host: Sequence[HostOp], kernels: Sequence[Kernel], all_kernels: Sequence[Kernel],
-                            window: tuple[float, float]) -> dict[str, float]:
-    """Seconds of the step's critical path bound by each of BOUNDS (module docstring)."""
+                            window: tuple[float, float], index: RankIndex | None = None) -> dict[str, float]:
+    """Seconds of the step's critical path bound by each of BOUNDS (module docstring); `index`: the
+    rank's RankIndex, when the caller summarizes several steps."""
     a, b = window
-    cpu = [op for op in host if op.cat in ("cpu_op",) + tuple(RUNTIME_CATS) and a <= op.ts < b]
+    index = index or RankIndex(host, all_kernels)
+    cpu = index.cpu_in(a, b)
     runtime_of = {(op.tid, op.ts): i for i, op in enumerate(cpu) if op.cat in RUNTIME_CATS}
     gpu = sorted((k for k in kernels if (k.launch.tid, k.launch.ts) in runtime_of), key=lambda k: k.ev.ts)
     g = _Graph([op.ts for op in cpu] + [k.ev.ts for k in gpu], [op.end for op in cpu] + [k.ev.end for k in gpu])
-    _cpu_edges(g, cpu, _main_threads(host))
-    queue, last = _queue_lengths(all_kernels), {}
+    _cpu_edges(g, cpu, index.remap)
+    queue, last = index.queue, {}
     for j, k in enumerate(gpu):
         i = len(cpu) + j
         g.add(i, g.n + i, OP, i)

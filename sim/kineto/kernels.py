@@ -34,7 +34,7 @@ class Kernel(NamedTuple):
 
 def default_group(rt: RankTrace) -> int | None:
     """The group size of a collective that records none (sim/kineto/collectives.py)."""
-    sizes = {int(p.get("pg_size", 0)) for p in rt.pg_config if int(p.get("pg_size", 0) or 0) > 1}
+    sizes = {p.get("pg_size", 0) for p in rt.pg_config if p.get("pg_size", 0) > 1}  # ints (load.py checks)
     if len(sizes) == 1:
         return sizes.pop()
     return rt.world_size if isinstance(rt.world_size, int) and rt.world_size > 1 else None
@@ -71,17 +71,21 @@ def step_windows(steps: Sequence[Step]) -> list[tuple[float, float]]:
     return [(s.ts, steps[i + 1].ts if i + 1 < len(steps) else s.end) for i, s in enumerate(steps)]
 
 
-def kernels_in(kernels: Sequence[Kernel], window: tuple[float, float]) -> list[Kernel]:
-    """The kernels that start inside `window` (start order)."""
-    starts = [k.ev.ts for k in kernels]
+def kernels_in(kernels: Sequence[Kernel], window: tuple[float, float], starts: Sequence[float] | None = None
+               ) -> list[Kernel]:
+    """The kernels that start inside `window` (start order); `starts`: their starts, when the caller has
+    them (one list per rank, not one per step)."""
+    starts = [k.ev.ts for k in kernels] if starts is None else starts
     return list(kernels[bisect_left(starts, window[0]):bisect_left(starts, window[1])])
 
 
-def clipped(kernels: Sequence[Kernel], window: tuple[float, float]) -> list[Kernel]:
-    """Every kernel overlapping `window`, its interval cut to the window (busy time inside a step)."""
+def clipped(kernels: Sequence[Kernel], window: tuple[float, float], starts: Sequence[float] | None = None,
+            longest: float | None = None) -> list[Kernel]:
+    """Every kernel overlapping `window`, its interval cut to the window (busy time inside a step);
+    `starts` and `longest` (the longest duration) when the caller has them."""
     a, b = window
-    longest = max((k.ev.dur for k in kernels), default=0.0)
-    starts = [k.ev.ts for k in kernels]
+    longest = max((k.ev.dur for k in kernels), default=0.0) if longest is None else longest
+    starts = [k.ev.ts for k in kernels] if starts is None else starts
     out = []
     for k in kernels[bisect_left(starts, a - longest):bisect_left(starts, b)]:
         s, e = max(k.ev.ts, a), min(k.ev.end, b)

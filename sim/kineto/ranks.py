@@ -16,17 +16,21 @@ validate's timing does with its barrier'd runs, docs/validate.md section 5).
 
 from __future__ import annotations
 
+import gc
 import statistics
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.kineto.critical_path import critical_path_breakdown
+from meshsim.sim.kineto.critical_path import RankIndex, critical_path_breakdown
 from meshsim.sim.kineto.jsonstream import Progress
 from meshsim.sim.kineto.kernels import Kernel, classify_rank, clipped, kernels_in, step_windows, trace_steps
-from meshsim.sim.kineto.load import Window, load_rank, scan_steps
+from meshsim.sim.kineto.load import RankRecords, rank_trace, read_rank
 from meshsim.sim.kineto.records import RankTrace, Step
+from meshsim.sim.kineto.spill import Window, split
 from meshsim.sim.kineto.step_summary import StepSummary, summarize_step
 
 CLOCK_SLACK_US = 50.0
@@ -38,6 +42,13 @@ FIX_PATHS = "give trace files (.json or .json.gz) or folders of them, one file p
 class RankData:
     trace: RankTrace
     kernels: tuple[Kernel, ...]
+    starts: tuple[float, ...] = ()  # each kernel's start (us), in order
+    longest_us: float = 0.0  # the longest kernel
+
+    @classmethod
+    def of(cls, trace: RankTrace) -> RankData:
+        kernels = tuple(classify_rank(trace))
+        return cls(trace, kernels, tuple(k.ev.ts for k in kernels), max((k.ev.dur for k in kernels), default=0.0))
 
 
 def trace_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -56,20 +67,31 @@ def trace_files(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def load_ranks(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
-               windows: Mapping[Path, Window] | None = None) -> list[RankData]:
-    """Every rank's trace, classified, sorted by rank; two files of one rank are refused. `windows`
-    limits what is kept of each file (sim/kineto/load.py)."""
-    ranks: dict[int, RankData] = {}
-    for path in trace_files(paths):
-        rt = load_rank(path, progress(path) if progress else None, (windows or {}).get(path))
-        if rt.rank in ranks:
+def load_ranks(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None
+               ) -> list[RankData]:
+    """Every rank's trace whole, classified, sorted by rank; two files of one rank are refused."""
+    records = _read_all(trace_files(paths), progress, None)
+    return _classified([rank_trace(rec, *rec.all_records()) for rec in records])
+
+
+def _read_all(files: Sequence[Path], progress: Callable[[Path], Progress | None] | None,
+              hold: int | None) -> list[RankRecords]:
+    """One parse of each file (`hold`: records kept in memory per file, the rest spilled); sorted by rank,
+    two files of one rank refused."""
+    found: dict[int, RankRecords] = {}
+    for path in files:
+        rec = read_rank(path, progress(path) if progress else None, hold)
+        if rec.rank in found:
             raise UserError("trace", str(path), "give one trace file per rank",
-                            problem=f"Rank {rt.rank} is also in {ranks[rt.rank].trace.path}")
-        ranks[rt.rank] = RankData(rt, tuple(classify_rank(rt)))
-    checked = [ranks[r] for r in sorted(ranks)]
-    check_clocks(checked)
-    return checked
+                            problem=f"Rank {rec.rank} is also in {found[rec.rank].path}")
+        found[rec.rank] = rec
+    return [found[r] for r in sorted(found)]
+
+
+def _classified(traces: Sequence[RankTrace]) -> list[RankData]:
+    ranks = [RankData.of(rt) for rt in traces]
+    check_clocks(ranks)
+    return ranks
 
 
 def _collectives(data: RankData) -> list[Kernel]:
@@ -125,17 +147,33 @@ def all_summaries(paths: Sequence[str | Path], progress: Callable[[Path], Progre
                   ) -> tuple[list[RankData], list[StepSummary]]:
     """(the last batch's ranks, every (rank, step) summary), the traces read in bounded batches (windowed)."""
     ranks, out = [], []
-    for ranks, only in windowed(paths, progress, step, budget or MAX_KEPT_EVENTS):
-        out += summaries(ranks, step, critical, only)
+    with paused_gc():
+        for ranks, only in windowed(paths, progress, step, budget or MAX_KEPT_EVENTS):
+            out += summaries(ranks, step, critical, only)
     return ranks, out
 
 
 def load_for(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
              step: int | None = None) -> list[RankData]:
     """The traces whole, or only ProfilerStep#step's window when a step is named (bounded memory)."""
-    if step is None:
-        return load_ranks(paths, progress)
-    return next(windowed(paths, progress, step))[0]
+    with paused_gc():
+        if step is None:
+            return load_ranks(paths, progress)
+        return next(windowed(paths, progress, step))[0]
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused while traces are read: they allocate millions of acyclic
+    tuples, and every full collection walks all of them (~25% of the reading time at 50 MB, measured
+    with gc on and off in one session); reference counting still frees every record as before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool = True,
@@ -149,18 +187,20 @@ def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool
         steps = trace_steps(data.trace)
         colls = _collectives(data)
         index = {id(k): i for i, k in enumerate(colls)}
+        rank_index = RankIndex(data.trace.host, data.kernels) if critical else None
         for st, window in zip(steps, step_windows(steps), strict=True):
             if (step is not None and st.number != step) or (only is not None and st.number not in only):
                 continue
-            started = kernels_in(data.kernels, window)
+            started = kernels_in(data.kernels, window, data.starts)
             comm_us = None
             if mins is not None:
                 comm_us = [mins[data.trace.rank][index[id(k)]] if id(k) in index else k.ev.dur
                            for k in started if k.coll is not None]
-            summary = summarize_step(data.trace.rank, st.number, window, started, clipped(data.kernels, window),
+            summary = summarize_step(data.trace.rank, st.number, window, started,
+                                     clipped(data.kernels, window, data.starts, data.longest_us),
                                      comm_us)
             if critical:
-                path = critical_path_breakdown(data.trace.host, started, data.kernels, window)
+                path = critical_path_breakdown(data.trace.host, started, data.kernels, window, rank_index)
                 summary = replace(summary, critical_path=path)
             out.append(summary)
     if step is not None and not out:
@@ -170,45 +210,58 @@ def summaries(ranks: Sequence[RankData], step: int | None = None, critical: bool
     return out
 
 
-MAX_KEPT_EVENTS = 1_000_000  # events held at once (~300 B each): larger traces are read in step windows
-EVENT_BYTES = 250  # JSON bytes of a typical Kineto event (kernels with their args ~400, flows ~100)
-GZIP_RATIO = 10  # a Kineto trace compresses ten- to twentyfold (the two public ones: 13x, 19x)
+MAX_KEPT_EVENTS = 400_000  # records held at once (~1 KB each with their kernels and launches): larger traces are
+# spilled to disk as they are parsed, then summarized per batch of steps (a 1 GB trace: peak RSS in benchmarks/trace_read.py)
 
 
-def step_windows_of(files: Sequence[Path], numbers: Sequence[int], steps: Mapping[Path, Sequence[Step]]
-                    ) -> dict[Path, Window]:
-    """Per file, the span of the given steps, opened one step to the left (the kernels running into the
-    first step and the launches of its first kernels) and to the next step's start on the right."""
-    out = {}
-    for f in files:
-        mine = [s for s in steps[f] if s.number in numbers]
-        if mine:
-            later = [s.ts for s in steps[f] if s.ts > mine[-1].ts]
-            out[f] = (mine[0].ts - mine[0].dur, later[0] if later else mine[-1].end)
-    return out
+def step_windows_of(steps: Sequence[Step], numbers: Sequence[int]) -> Window | None:
+    """The span of the given steps, opened one step to the left (the kernels running into the first step
+    and the launches of its first kernels) and to the next step's start on the right."""
+    mine = [s for s in steps if s.number in numbers]
+    if not mine:
+        return None
+    later = [s.ts for s in steps if s.ts > mine[-1].ts]
+    return (mine[0].ts - mine[0].dur, later[0] if later else mine[-1].end)
+
+
+def _batch_records(rec: RankRecords, windows: Sequence[Window]) -> Iterator[tuple[list, list]]:
+    """(host, device) records of each window, in order: sliced from the records sorted by start when
+    they are in memory, else from the spill split once by window (sim/kineto/spill.py)."""
+    if rec.spill is None:
+        host, device = sorted(rec.host, key=lambda r: r.ts), sorted(rec.device, key=lambda r: r.ts)
+        hs, ds = [r.ts for r in host], [r.ts for r in device]
+        for a, b in windows:
+            yield (host[bisect_left(hs, a):bisect_right(hs, b)], device[bisect_left(ds, a):bisect_right(ds, b)])
+        return
+    parts = split(rec.spill, windows)
+    rec.spill.close()
+    for part in parts:
+        records = part.records_back()
+        part.close()
+        yield records
 
 
 def windowed(paths: Sequence[str | Path], progress: Callable[[Path], Progress | None] | None = None,
              step: int | None = None, budget: int = MAX_KEPT_EVENTS) -> Iterator[tuple[list[RankData], set[int] | None]]:
     """The traces in batches of steps, each batch (its ranks, its step numbers) held alone, so that about
-    `budget` events are in memory whatever the files' size: a first pass finds the ProfilerStep spans and
-    counts events, then each batch re-reads the files keeping only its steps' windows. Traces small
-    enough (or without steps) come whole, in one batch (step numbers None: all)."""
+    `budget` records are in memory whatever the files' size: each file is parsed once, its records beyond
+    budget / files spilled to disk, then each batch takes its steps' windows. Traces that fit (or have
+    no steps) come whole, in one batch (step numbers None: all)."""
     files = trace_files(paths)
-    big = sum(f.stat().st_size * (GZIP_RATIO if f.name.endswith(".gz") else 1) for f in files) > budget * EVENT_BYTES
-    scans = {f: scan_steps(f, progress(f) if progress else None) for f in files} if step is not None or big else {}
-    if not scans or any(not st for st, _ in scans.values()):
-        yield load_ranks(files, progress), None
+    records = _read_all(files, progress, max(1, budget // len(files)))
+    kept = sum(r.kept for r in records)
+    if any(not r.steps for r in records) or (step is None and kept <= budget):
+        yield _classified([rank_trace(rec, *rec.all_records()) for rec in records]), None
         return
-    numbers = sorted(set.intersection(*({s.number for s in st} for st, _ in scans.values())))
+    numbers = sorted(set.intersection(*({s.number for s in r.steps} for r in records)))
     if step is not None:
         if step not in numbers:
             raise UserError("--step", step, f"give one of the traced steps: {', '.join(map(str, numbers)) or 'none'}",
                             problem="No such ProfilerStep in every trace")
         numbers = [step]
-    per_step = max(count / len(st) for st, count in scans.values()) * len(files)
+    per_step = max(r.kept / len(r.steps) for r in records) * len(records)
     size = max(1, int(budget // max(per_step, 1.0)))
-    steps = {f: scans[f][0] for f in files}
-    for i in range(0, len(numbers), size):
-        chunk = numbers[i:i + size]
-        yield load_ranks(files, progress, step_windows_of(files, chunk, steps)), set(chunk)
+    batches = [numbers[i:i + size] for i in range(0, len(numbers), size)]
+    parts = [_batch_records(rec, [step_windows_of(rec.steps, chunk) for chunk in batches]) for rec in records]
+    for chunk in batches:
+        yield _classified([rank_trace(rec, *next(part)) for rec, part in zip(records, parts, strict=True)]), set(chunk)

@@ -33,10 +33,17 @@ class GemmShape(NamedTuple):
         return f"{head}{self.m}x{self.n}x{self.k}"
 
 
+MAX_EXTENT = 1 << 53  # a GEMM's m, n, k or batch above this is not a recorded shape (its FLOPs overflow)
+
+
 def _tensor(dims: object) -> tuple[int, ...] | None:
-    if isinstance(dims, tuple) and dims and all(type(d) is int and d > 0 for d in dims):
+    if isinstance(dims, tuple) and dims and all(type(d) is int and 0 < d <= MAX_EXTENT for d in dims):
         return dims
     return None
+
+
+def _bounded(shape: GemmShape | None) -> GemmShape | None:
+    return shape if shape is not None and max(shape) <= MAX_EXTENT else None
 
 
 def _pair(a: Sequence[int], b: Sequence[int]) -> GemmShape | None:
@@ -51,7 +58,11 @@ def _pair(a: Sequence[int], b: Sequence[int]) -> GemmShape | None:
 @lru_cache(maxsize=1 << 16)
 def gemm_shape(op_name: str, dims: tuple) -> GemmShape | None:
     """(m, n, k, batch) of the GEMM operator `op_name` with recorded `Input Dims` (module docstring;
-    memoized: a step repeats its shapes)."""
+    memoized: a step repeats its shapes); None when not a GEMM's or any extent is above MAX_EXTENT."""
+    return _bounded(_gemm_shape(op_name, dims))
+
+
+def _gemm_shape(op_name: str, dims: tuple) -> GemmShape | None:
     tensors = [_tensor(d) for d in dims]
     short = op_name.split("::")[-1]
     if short in ("mm", "bmm", "matmul") and len(tensors) >= 2 and tensors[0] and tensors[1]:

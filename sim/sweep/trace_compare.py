@@ -234,7 +234,7 @@ def busbw_rows(sim: SimSide, steps: Sequence[StepSummary]) -> list[dict[str, Any
 
 def step_kernels(data: RankData, step: int | None) -> list[list[Kernel]]:
     steps = trace_steps(data.trace)
-    return [kernels_in(data.kernels, w) for s, w in zip(steps, step_windows(steps), strict=True)
+    return [kernels_in(data.kernels, w, data.starts) for s, w in zip(steps, step_windows(steps), strict=True)
             if step is None or s.number == step]
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from meshsim.sim.core.outfiles import write_output_file
 from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.kineto.classify import family, work_class
 from meshsim.sim.kineto.kernels import Kernel
@@ -97,7 +98,7 @@ def write_outputs(out: Path, doc: dict, sim: SimSide, kernels: Sequence[Kernel],
     """compare_trace.json, compare_trace.html and the merged trace.json in `out`; their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "compare_trace.json", "page": out / "compare_trace.html", "trace": out / "trace.json"}
-    paths["json"].write_text(dumps_finite(doc, indent=1))
+    write_output_file("--out", paths["json"], dumps_finite(doc, indent=1))
     title = f"{sim.label}: simulated (top) and traced rank {rank} (bottom)"
     lanes = len({e.stream for e in sim.events}) + len({k.ev.stream for k in kernels})
     write_page(paths["page"], figure(sim, kernels, t0_us, title), 260 + 2 * LANE_PX * lanes)
@@ -105,5 +106,5 @@ def write_outputs(out: Path, doc: dict, sim: SimSide, kernels: Sequence[Kernel],
     sim_events = trace_events([e._replace(start_s=e.start_s - t_sim, end_s=e.end_s - t_sim) for e in sim.events],
                               (), result=sim.result)
     merged = merge_traces(sim_events, measured_trace_events(kernels, t0_us, rank), "simulated", "measured")
-    paths["trace"].write_text(dumps_finite(merged, separators=(",", ":")))
+    write_output_file("--out", paths["trace"], dumps_finite(merged, separators=(",", ":")))
     return {k: str(v) for k, v in paths.items()}
