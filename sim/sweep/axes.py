@@ -219,7 +219,9 @@ def scenario_digest(scenario, source: str = "", files: FileSnapshot | None = Non
 
 
 # ----- running one configuration --------------------------------------------------------------------
-def skip_reason(err: UserError) -> str:
-    """The problem and fix of a UserError, without the file prefix: why a configuration was skipped."""
+def skip_reason(err: UserError, source: str | None = None) -> str:
+    """The problem and fix of a UserError: why a configuration was skipped; prefixed with the file it names
+    when that is not the sweep's scenario `source` (a hardware profile, a topology file)."""
     problem = f"{err.problem}. " if err.problem else ""
-    return f"{err.field} = {quote(err.value)}: {problem}{err.fix}"
+    where = f"{err.source}: " if err.source and err.source != source else ""
+    return f"{where}{err.field} = {quote(err.value)}: {problem}{err.fix}"

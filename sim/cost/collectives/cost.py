@@ -33,6 +33,7 @@ from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.channels import group_channels
 from meshsim.sim.cost.collectives.choose import OPS, candidates
 from meshsim.sim.cost.collectives.direct import direct_plan, shift_plan
+from meshsim.sim.cost.collectives.groups import by_node
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.nvls import nvls_plan
@@ -214,7 +215,7 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
     channels = group_channels(topo, ranks, constants)
     algo = "tree" if pc.algo == "tree" else family(pc.algo)
     used = channels_used(nbytes, algo, protocol, len(ranks), channels)
-    nodes = len({topo.node_of(r) for r in ranks})
+    nodes = len(by_node(topo, ranks))
     eff = protocol_busbw_gbps(raw_gbps, algo=algo, op=op, protocol=protocol, gen=generation(topo.gpu),
                               nodes=nodes, channels=channels, used=used)
     return eff / raw_gbps
