@@ -103,6 +103,13 @@ def usage_line(exc: Exception, args: list[str] = ()) -> str:
         guess = closest(name, commands)
         hint = f"did you mean {guess!r}? " if guess else ""
         return f"{message.split('.')[0]}. Fix: {hint}use one of {', '.join(commands)} (meshsim --help)"
+    if message.startswith("No such option") and ctx is not None and ctx.command.name == "run":
+        from meshsim.sim.cli.run import unknown_option_fix  # the run command's own fields
+
+        option = message.split(":", 1)[1].split()[0] if ":" in message else ""
+        fix = unknown_option_fix(option)
+        if fix:
+            return f"{message.split('.')[0].rstrip('.')}. Fix: {fix}, or see `{path} --help`"
     return f"{message.rstrip('.')}. Fix: see `{path} --help`"
 
 

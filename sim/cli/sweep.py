@@ -26,7 +26,7 @@ from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.results.error_band import band_for
-from meshsim.sim.sweep.axes import configurations, sweep_axes
+from meshsim.sim.sweep.axes import block_axes_swept, configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import explain
 from meshsim.sim.sweep.explain_terms import label, ok, sweet_spot, varying_axes
@@ -36,6 +36,7 @@ from meshsim.sim.sweep.runner import run_sweep
 from meshsim.sim.sweep.store import JSONL_NAME, LOCK_NAME
 from meshsim.sim.sweep.table import (
     SWEET_MARK,
+    mfu_note,
     share_columns,
     share_legend,
     share_rows,
@@ -89,6 +90,13 @@ def sweep_command(
         base = with_overrides(base, {"run.engine": engine}, source)
     axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)
+    also = block_axes_swept(base, flags)
+    if also:  # said before the work: the flags do not replace the block, they replace its axes they name
+        listed = "; ".join(f"{a} {', '.join(map(_flag_text, getattr(axes, a)))}" for a in also)
+        make_console().print(f"note: {len(points)} configurations: the scenario's sweep: block also sweeps "
+                             f"{listed}; pin {'it' if len(also) == 1 else 'them'} with "
+                             f"{', '.join('--' + a.replace('_', '-') + ' VALUE' for a in also)}",
+                             highlight=False, markup=False)
     check_output_dir("--out", out, (JSONL_NAME, LOCK_NAME, REPORT_NAME))
     check_output_file("--json", json_path)
     if json_path is not None:
@@ -122,6 +130,10 @@ def check_all_skipped_alike(records: list[SweepRecord], source: str) -> None:
         what = "its one configuration" if len(records) == 1 else f"all {len(records)} configurations"
         raise CommandFailed(f"{source}: the sweep skipped {what} for one reason: {reasons.pop()}",
                             exit_code=EXIT_USER_ERROR)
+
+
+def _flag_text(value: object) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def sweep_document(records: list[SweepRecord], reasons: list[str]) -> dict:
@@ -160,6 +172,8 @@ def print_results(records: list[SweepRecord], reasons: list[str], *, title: str,
         print_fitted(console, fitted_table(heading, columns, rows, console.width, row_styles=styles))
     if ran:
         console.print(share_legend(ran), highlight=False)
+    if mfu_note(ran):
+        console.print(mfu_note(ran), highlight=False)
     for rec in records:  # each reason whole, wrapped at the width between words
         if not ok(rec):
             console.print(skipped_line(rec, records), highlight=False, markup=False)

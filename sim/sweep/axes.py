@@ -183,6 +183,16 @@ def sweep_axes(scenario, flags: dict[str, str | None] | None = None) -> SweepAxe
     return SweepAxes(**values)
 
 
+def block_axes_swept(scenario, flags: dict[str, str | None]) -> list[str]:
+    """The axes the scenario's `sweep:` block sweeps (more than one value) beside the flags given: they
+    multiply with the flags' axes, which a reader of the command line alone would not expect. [] when no
+    flag is given (the block is the whole sweep) or the block sweeps nothing else."""
+    block = scenario.sweep
+    if block is None or not any(v is not None for v in flags.values()):
+        return []
+    return [a for a in AXES if flags.get(a) is None and len(set(getattr(block, a) or ())) > 1]
+
+
 def configurations(axes: SweepAxes) -> list[SweepPoint]:
     """The product of the axes, tp outermost (the table reads by tp); at most MAX_SWEEP_POINTS. At tp = 1
     sequence parallelism is off, as Megatron turns it off there ("Disabling sequence parallelism because
