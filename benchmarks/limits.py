@@ -3,8 +3,8 @@ and 1 GB on the project machine, and one step past the limit is refused at once.
 time and peak RSS of each whole `meshsim` process (os.wait4), and its exit status (2 = refused).
 
 Cases at the limits:
-- passes-full: 80 layers x 125 micro-batches simulated whole (--full): op bound 502,362 (MAX_SIMULATED_OPS);
-- cp-ring-500: 500 layers, a 64-rank CP p2p ring, 3 micro-batches, --full: op bound 755,024 (522,047 real);
+- passes-full: 80 layers x 125 micro-batches simulated whole (--full): op bound 496,944;
+- cp-ring-500: 500 layers, a 64-rank CP p2p ring, 3 micro-batches, --full: op bound 755,040 (MAX_SIMULATED_OPS);
 - pipeline-48: 48 stages of 1 layer, 208 micro-batches, --full: 9,984 layer passes over 48 simulated ranks;
 - node-576: one custom node of 576 GPUs (MAX_NODE_GPUS) on one switch, dp 576 (a 576-rank ring and tree);
 - alltoall-512: `meshsim collective --op all_to_all` over 512 ranks (MAX_ALL_TO_ALL_RANKS), one size;

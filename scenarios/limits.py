@@ -51,19 +51,24 @@ CORE_OPS = 40  # a dense layer: norms, QKV / proj / fc1 / fc2 and their grads, a
 FEATURE_OPS = {"tp": 8, "moe": 56, "mla": 16, "fp8": 16, "qk_norm": 8, "cp": 16, "fsdp": 8, "moe_ep_overlap": 24}
 GATHER_CHUNK_OPS = 4  # tp_comm_overlap, per chunk and side: 2 gathered GEMMs x (one shift + one GEMM chunk)
 RING_FWD_OPS, RING_BWD_OPS = 2, 3  # CP p2p, per ring step: shift + attention (+ merge) / shift + attention + fix
+# recompute "selective": the ops each recomputed module re-runs in backward (upper bounds; measured: all five
+# on an MoE + MLA layer at tp 2 add 12); unset modules (Megatron's default list): all counted
+RECOMPUTE_MODULE_OPS = {"core_attn": 8, "mla_up_proj": 8, "mlp": 8, "moe_act": 4, "layernorm": 4}
 PIPE_CHUNK_OPS = 8  # per model chunk (pp x vp) and micro-batch: its P2P sends and receives, both directions
 
 
 def ops_per_layer_pass_bound(scenario: Scenario) -> int:
-    """Upper bound on the ops one layer adds per micro-batch (forward, backward, its recomputed forward):
+    """Upper bound on the ops one layer adds per micro-batch (forward, backward, what backward recomputes):
 
-        ops <= F (1 + r) + B,   F = core / 2 + g c + ring_f n,   B = core / 2 + g c + ring_b n,
+        ops <= F + B + R,   F = core / 2 + g c + ring_f n,   B = core / 2 + g c + ring_b n,
 
-    r = 1 under any recompute (the forward re-run in backward), c = tp chunks of each TP gather under
+    R = F under recompute "full" (the forward re-run), under "selective" the sum of RECOMPUTE_MODULE_OPS
+    over its modules plus ring_f n when core_attn is one (the ring's forward again) plus g c when a module
+    around a gathered GEMM is (mla_up_proj, mlp, layernorm), else 0; c = tp chunks of each TP gather under
     tp_comm_overlap (Transformer Engine's ring exchange), g = GATHER_CHUNK_OPS, n = steps of the CP p2p
     ring (cp / a2a size, when > 1: attention + KV shift per step, plus a merge forward and a gradient fix
-    backward), core = CORE_OPS + the FEATURE_OPS present. Independent
-    of the model's sizes: the op count is a property of the layout, not of hidden or seq_len."""
+    backward), core = CORE_OPS + the FEATURE_OPS present. Independent of the model's sizes: the op count
+    is a property of the layout, not of hidden or seq_len."""
     m, p = scenario.model, scenario.parallel
     present = {"tp": p.tp > 1, "moe": m.moe is not None, "mla": m.mla is not None, "fp8": scenario.run.fp8 != "off",
                "qk_norm": m.qk_norm, "cp": p.cp > 1, "fsdp": p.fsdp, "moe_ep_overlap": p.moe_ep_overlap}
@@ -74,7 +79,19 @@ def ops_per_layer_pass_bound(scenario: Scenario) -> int:
     side = core // 2 + GATHER_CHUNK_OPS * chunks
     forward = side + RING_FWD_OPS * ring
     backward = side + RING_BWD_OPS * ring
-    return forward * (2 if p.recompute != "none" else 1) + backward
+    return forward + backward + _recomputed_ops(p, forward, ring, chunks)
+
+
+def _recomputed_ops(p, forward: int, ring: int, chunks: int) -> int:
+    """R of ops_per_layer_pass_bound."""
+    if p.recompute == "full":
+        return forward
+    if p.recompute != "selective":
+        return 0
+    modules = set(p.recompute_modules) if p.recompute_modules is not None else set(RECOMPUTE_MODULE_OPS)
+    gathered = bool(modules & {"mla_up_proj", "mlp", "layernorm"})
+    return (sum(RECOMPUTE_MODULE_OPS[name] for name in modules) + RING_FWD_OPS * ring * ("core_attn" in modules)
+            + GATHER_CHUNK_OPS * chunks * gathered)
 
 
 def simulated_ops_bound(scenario: Scenario, micro_batches: int, ranks_per_stage: int = 1) -> int:

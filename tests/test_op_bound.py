@@ -123,6 +123,10 @@ EDGES = {
     "ep overlap, delayed wgrad, MLA, MTP": {"model.moe": MOE, "model.mla": MLA, "model.mtp_layers": 1,
                                             "parallel.ep": 4, "parallel.moe_ep_overlap": True,
                                             "parallel.delay_wgrad_compute": True},
+    "tp 8 chunks, cp ring, every recompute module": {
+        "parallel.tp": 8, "parallel.sp": True, "parallel.tp_comm_overlap": True, "parallel.cp": 8,
+        "parallel.recompute": "selective", "model.moe": MOE, "model.mla": MLA, "parallel.ep": 2,
+        "parallel.recompute_modules": ["core_attn", "mla_up_proj", "mlp", "moe_act", "layernorm"]},
     "one layer per chunk, pp 4 x vp 2": {"parallel.pp": 4, "parallel.vp": 2, "parallel.p2p_scatter_gather": True,
                                           "parallel.tp": 2},
 }
@@ -139,7 +143,8 @@ def test_the_op_bound_holds_at_its_layout_terms(case):
 
 def test_the_layout_terms_grow_as_the_ring_and_the_chunks():
     """Closed-form golden numbers: a dense layer of 40 ops; each p2p ring step adds 2 forward and 3 backward
-    ops, 7 under recompute (the forward re-run); each tp_comm_overlap chunk 8 (4 per side), 12 under it."""
+    ops, 7 under recompute (the forward re-run); each tp_comm_overlap chunk 8 (4 per side), 12 under it;
+    selective recompute adds its modules' ops."""
     def bound(**parallel) -> int:
         data = {"name": "g", "model": {"layers": 1, "hidden": 256, "heads": 4, "seq_len": 1024, "vocab": 128},
                 "topology": {"preset": "dgx-h100"}, "parallel": {"global_batch": 8, **parallel}}
@@ -149,6 +154,10 @@ def test_the_layout_terms_grow_as_the_ring_and_the_chunks():
     assert bound(cp=64, recompute="full") - bound(cp=2, recompute="full") == 62 * 7
     assert bound(tp=8, sp=True, tp_comm_overlap=True) - bound(tp=8, sp=True) == 8 * 8
     assert bound(tp=8, sp=True, tp_comm_overlap=True, recompute="full") - bound(tp=8, sp=True, recompute="full") == 8 * 12
+    core_attn = {"recompute": "selective", "recompute_modules": ["core_attn"]}
+    assert bound(**core_attn) - bound() == 8  # selective: the modules' ops, not the whole forward again
+    assert bound(cp=64, **core_attn) - bound(cp=2, **core_attn) == 62 * 7  # the ring's forward again
+    assert bound(recompute="selective") - bound() == 32  # unset modules: every module counted
 
 
 def test_a_long_cp_ring_over_many_layers_is_one_line_exit_2(tmp_path: Path, capsys):

@@ -8,12 +8,14 @@ in step. Where a number comes from a measurement it is stated beside it (2-core 
 - 800,000 ops of one simulation run, by a closed-form bound over the scenario that is >= the ops the
   builder makes (scenarios/limits.simulated_ops_bound: layers x micro-batches x a per-layer-pass bound that
   grows with the layout's ring and chunk counts; tests/test_op_bound.py checks it against the built
-  schedules of generated scenarios, where the real count reached at most ~0.7 of it). A run is the whole
+  schedules of generated scenarios, where the real count reached at most ~0.71 of it). A run is the whole
   step, or the short run its steady state is extrapolated from (~2 pp + 2 micro-batches for a pipeline);
-  a pipeline simulates every stage, so its stages' layers add up to model.layers. The engine costs ~40 us
-  and ~1.2 KB per op (a 64-rank CP ring over 500 layers, 3 micro-batches: 522,047 ops, 22 s and 640 MB on
-  a loaded 2-core machine), so a run stays under a minute and 1 GB. Counting layer passes (main before
-  issue 44, ~110 ops each assumed) let a CP ring of 64 ranks (350 ops per pass) run 99 s and 2 GB.
+  a pipeline simulates every stage, so its stages' layers add up to model.layers. The engine costs
+  ~25-40 us CPU and ~1 KB per op (a 64-rank CP ring over 500 layers, 3 micro-batches: 522,047 ops, 22 s
+  and 640 MB on a loaded 2-core machine; DeepSeek-V3's step of 72 micro-batches, --full: 410,083 ops,
+  bound 654,080, 9.8 s CPU and 485 MB), so at most ~570,000 real ops (0.71 x the limit) stay under a
+  minute and 1 GB; benchmarks/limits.py prints the cases at the limit. Counting layer passes (main
+  before issue 44, ~110 ops each assumed) let a CP ring of 64 ranks (350 ops per pass) run 99 s and 2 GB.
 - 576 GPUs in one node of a simulated scenario (NVL576, the largest announced NVLink domain): ring search,
   tree plans and link sharing are quadratic in the GPUs of a node (1,280 GPUs: 75 s, 1.1 GB); loading or
   showing a larger custom node stays cheap (one search per switch).
