@@ -74,8 +74,13 @@ def _profile_key(tmp_path: Path) -> tuple[list, str]:
     return ["run", write_scenario(tmp_path, hardware={"profile": "p.yaml"})], "p.yaml: line 3"
 
 
+def _profile_flag_key(tmp_path: Path) -> tuple[list, str]:
+    (tmp_path / "p.yaml").write_text("name: p\n? [gemm_table]\n: []\n")
+    return ["run", write_scenario(tmp_path), "--profile", tmp_path / "p.yaml"], "p.yaml: line 2"
+
+
 @pytest.mark.parametrize("case", [_scenario_list_key, _top_level_mapping_key, _flow_list_key, _topology_file_key,
-                                  _profile_key])
+                                  _profile_key, _profile_flag_key])
 def test_a_list_or_mapping_as_a_yaml_key_is_one_line(case, tmp_path, capsys):
     args, needle = case(tmp_path)
     one_line_exit_2([*args, "--outputs", "none"], capsys, needle, "used as a key")
