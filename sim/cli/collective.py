@@ -20,7 +20,6 @@ from meshsim.sim.core.fmt import fmt_bytes, fmt_count
 from meshsim.sim.core.limits import (
     MAX_ALL_TO_ALL_RANKS,
     MAX_COLLECTIVE_BYTES,
-    MAX_SIZE_ROW_RANKS,
     MAX_SIZE_ROWS,
     check_at_most,
     check_nodes,
@@ -57,15 +56,6 @@ def _check_rows(min_bytes: int, max_bytes: int, step_factor: float) -> None:
         rows = math.floor(math.log(max_bytes / min_bytes) / math.log(step_factor) + 1e-9) + 1
         check_at_most("--step-factor", step_factor, MAX_SIZE_ROWS, "use a larger --step-factor or a narrower "
                       "--min-bytes..--max-bytes range", what="rows", amount=rows)
-
-
-def _check_row_ranks(rows: int, ranks: int) -> None:
-    """sizes x ranks at most MAX_SIZE_ROW_RANKS: each size is priced over the whole group, per algorithm."""
-    most = max(1, MAX_SIZE_ROW_RANKS // ranks)
-    check_at_most("--step-factor", f"{rows:,} sizes x {ranks:,} ranks", MAX_SIZE_ROW_RANKS,
-                  f"use at most {most:,} sizes on {ranks:,} ranks (a larger --step-factor or a narrower "
-                  "--min-bytes..--max-bytes range), or fewer --ranks / --nodes", what="sizes x ranks",
-                  amount=rows * ranks)
 
 
 def _check_names(op: str, algo: str, protocol: str) -> None:
@@ -114,7 +104,6 @@ def run_collective(topology: str, nodes: int, op: str, ranks: int | None, min_by
     sizes = sweep_sizes(low, high, step_factor)
     topo = build_topology(topology, nodes)
     group = _ranks(ranks, topo.num_gpus, topo.name, op)
-    _check_row_ranks(len(sizes), len(group))
     rows = sweep(topo, op, group, sizes, algo=algo, protocol=protocol)
     title = f"{op} on {len(group)} ranks of {topo.name} (simulated nccl-tests)"
     print_table(rows, title)

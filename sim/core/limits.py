@@ -40,9 +40,6 @@ MAX_EXPLICIT_RANKS = 64  # ranks simulated by `meshsim run --explicit-ranks` (tp
 MAX_SWEEP_POINTS = 1_024  # configurations of one sweep (product of its axes)
 MAX_COLLECTIVE_BYTES = 1 << 50  # one collective's payload (1 PiB), `meshsim collective --max-bytes`
 MAX_SIZE_ROWS = 1_000  # sizes of one `meshsim collective` sweep (min..max by --step-factor)
-MAX_SIZE_ROW_RANKS = 4_000_000  # sizes x ranks of one `meshsim collective` sweep (each size is priced per
-# algorithm and protocol over the whole group: ~1.5 us per rank and curve on a 2-core CPU; 16,384 ranks x 41
-# sizes with --plot: 10.5 s CPU, ~0.1 s per size, so at most ~244 sizes on 16,384 ranks, all 1,000 below 4,000)
 MAX_DEVICES = 20_000  # devices of a custom topology file (one node)
 MAX_LINKS = 200_000  # links of a custom topology file (one node)
 MAX_NICS_PER_NODE = 256  # NICs of one custom node joined into several nodes (one rail each)
