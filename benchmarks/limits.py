@@ -3,14 +3,18 @@ and 1 GB on the project machine, and one step past the limit is refused at once.
 time and peak RSS of each whole `meshsim` process (os.wait4), and its exit status (2 = refused).
 
 Cases at the limits:
-- passes-full: 80 layers x 125 micro-batches simulated whole (--full): 10,000 layer passes (MAX_LAYER_PASSES);
+- passes-full: 80 layers x 125 micro-batches simulated whole (--full): op bound 496,944;
+- cp-ring-500: 500 layers, a 64-rank CP p2p ring, 3 micro-batches, --full: op bound 755,040 (MAX_SIMULATED_OPS);
 - pipeline-48: 48 stages of 1 layer, 208 micro-batches, --full: 9,984 layer passes over 48 simulated ranks;
 - node-576: one custom node of 576 GPUs (MAX_NODE_GPUS) on one switch, dp 576 (a 576-rank ring and tree);
 - alltoall-512: `meshsim collective --op all_to_all` over 512 ranks (MAX_ALL_TO_ALL_RANKS), one size;
 - moe-ep512: an MoE step whose expert all-to-all spans 512 ranks;
 - allreduce-16384: `meshsim collective --op all_reduce` over 16,384 GPUs (MAX_GPUS), 24 sizes;
+- sizes-905-plot: `meshsim collective` over 16,384 GPUs, 905 sizes (1 B..1 TiB by 1.02816) with --plot
+  (issue 44: past 120 s; each size priced from the group's memoized split, without copying link loads:
+  30.9 s CPU, 304 MB on a loaded 2-core machine);
 and past them (each must exit 2 in about a second): pipeline-100 (100 stages x 1,000 micro-batches),
-node-1300, alltoall-1024.
+cp-ring-500 x 10 micro-batches (issue 44: 99 s and 2 GB before the op bound), node-1300, alltoall-1024.
 
     python benchmarks/limits.py [--cases node-576,alltoall-512]
 """
@@ -49,6 +53,7 @@ def cases(folder: Path) -> dict[str, list[str]]:
     """Case name -> meshsim arguments."""
     small = {**MODEL, "layers": 4, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336}
     moe = {**small, "moe": {"experts": 512, "top_k": 8, "ffn_hidden": 768}}
+    cp_model = {"layers": 500, "hidden": 256, "heads": 4, "seq_len": 1024, "vocab": 1024}
     run = ["run", "--outputs", "none"]
     return {
         "passes-full": [*run, "--full", _scenario(folder, "passes", MODEL, {"preset": "dgx-h100", "nodes": 1},
@@ -61,6 +66,12 @@ def cases(folder: Path) -> dict[str, list[str]]:
         "moe-ep512": [*run, _scenario(folder, "ep512", moe, {"preset": "dgx-h100", "nodes": 64},
                                       {"tp": 1, "ep": 512, "micro_batch": 1, "global_batch": 512})],
         "allreduce-16384": ["collective", "--op", "all_reduce", "--nodes", "2048"],
+        "cp-ring-500": [*run, "--full", _scenario(folder, "cp64", cp_model, {"preset": "dgx-h100", "nodes": 8},
+                                                  {"tp": 1, "cp": 64, "micro_batch": 1, "global_batch": 3})],
+        "cp-ring-500x10 (refused)": [*run, _scenario(folder, "cp64x10", cp_model, {"preset": "dgx-h100", "nodes": 8},
+                                                     {"tp": 1, "cp": 64, "micro_batch": 1, "global_batch": 10})],
+        "sizes-905-plot": ["collective", "--nodes", "2048", "--min-bytes", "1", "--max-bytes", "1T", "--step-factor",
+                           "1.02816", "--plot", str(folder / "busbw.html")],
         "pipeline-100 (refused)": [*run, _scenario(folder, "pp100", {**small, "layers": 100}, {"preset": "dgx-h100", "nodes": 13},
                                                    {"tp": 1, "pp": 100, "gpus": 100, "micro_batch": 1, "global_batch": 1000})],
         "node-1300 (refused)": [*run, _scenario(folder, "node1300", small, {"file": _node(folder, 1300)},

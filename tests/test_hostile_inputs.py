@@ -255,7 +255,7 @@ UNBOUNDED_CASES = {
     "pipeline of 100 stages x 1,000 micro-batches": (
         lambda p: ["run", scenario(p, model={"layers": 100}, topology={"nodes": 13},
                                    parallel={"gpus": 100, "tp": 1, "pp": 100, "micro_batch": 1, "global_batch": 1000}),
-                   "--outputs", "none"], "layer passes simulated"),
+                   "--outputs", "none"], "ops simulated"),
     "all-to-all over 128 nodes": (lambda p: ["collective", "--op", "all_to_all", "--nodes", "128"], "all-to-all"),
     "layers: 1000000": (lambda p: ["run", scenario(p, model={"layers": 1_000_000})], "model.layers"),
     "global_batch: 1000000000": (lambda p: ["run", scenario(p, parallel={"global_batch": 1_000_000_000})],

@@ -104,6 +104,12 @@ def usage_line(exc: Exception, args: list[str] = ()) -> str:
         guess = closest(name, commands)
         hint = f"did you mean {guess!r}? " if guess else ""
         return f"{message.split('.')[0]}. Fix: {hint}use one of {', '.join(commands)} (meshsim --help)"
+    module = COMMAND_MODULES.get(ctx.command.name) if ctx is not None else None
+    if message.startswith("No such option") and module is not None:  # a command module may name the way
+        hint = getattr(importlib.import_module(module), "unknown_option_fix", None)  # loaded: its command ran
+        fix = hint(message.split(":", 1)[1].split()[0]) if hint is not None and ":" in message else None
+        if fix:
+            return f"{message.split('.')[0].rstrip('.')}. Fix: {fix}, or see `{path} --help`"
     return f"{message.rstrip('.')}. Fix: see `{path} --help`"
 
 

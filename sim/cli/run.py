@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import typer
 
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, with_overrides
+from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.console import Column, fitted_table, make_console
 from meshsim.sim.core.engines import check_engine
-from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError
+from meshsim.sim.core.errors import EXIT_DOES_NOT_FIT, UserError, closest
 from meshsim.sim.core.limits import MAX_EXPLICIT_RANKS, check_at_most
 from meshsim.sim.core.outfiles import check_output_dir, check_output_file, output_folder_name
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import parse_count
+from meshsim.sim.core.userio import parse_yaml
 from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.outputs.step_report import (
     OUTPUT_FILES,
@@ -69,6 +72,9 @@ def run_command(
                                  "--from-trace) replacing the scenario's hardware.profile"),
     engine: str = typer.Option(None, "--engine", help="discrete-event loop: native (default, faster) or simpy; "
                                "same figures (default: the scenario's run.engine)"),
+    set_values: list[str] = typer.Option(None, "--set", help="override one scenario field, SECTION.FIELD=VALUE "
+                                         "(repeatable; VALUE in YAML), e.g. --set parallel.tp=4 --set "
+                                         "parallel.sp=true; checked like the file"),
 ) -> None:
     """Simulate one training step: report, results.json, Perfetto trace.json, timeline.html.
 
@@ -78,7 +84,7 @@ def run_command(
         raise UserError("--outputs", outputs, f"use one of {', '.join(OUTPUT_LEVELS)}")
     budget = _tokens(tokens)
     check_engine("--engine", engine)
-    rs = load_with_profile(scenario or DEFAULT_SCENARIO, profile)
+    rs = load_with_profile(scenario or DEFAULT_SCENARIO, profile, parse_sets(set_values or []))
     out_dir = _out_dir(out, rs.name) if outputs != "none" else None  # --outputs none touches no folder
     check_output_file("--json", json_path)
     if explicit_ranks:
@@ -103,15 +109,72 @@ def run_command(
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
-def load_with_profile(scenario: str, profile: Path | None):
-    """The resolved scenario, with `profile` (a path from the working directory) as its hardware.profile."""
-    if profile is None:
+def load_with_profile(scenario: str, profile: Path | None, overrides: dict[str, object] | None = None):
+    """The resolved scenario, with `profile` (a path from the working directory) as its hardware.profile
+    and the --set `overrides` (dotted keys) applied; schema and cross-field checks run on the result."""
+    overrides = dict(overrides or {})
+    if profile is not None:
+        if not profile.is_file():
+            raise UserError("--profile", str(profile), "give a profile YAML written by meshsim calibrate",
+                            problem="No such file")
+        overrides["hardware.profile"] = str(profile.resolve())
+    if not overrides:
         return load_and_resolve(scenario)
-    if not profile.is_file():
-        raise UserError("--profile", str(profile), "give a profile YAML written by meshsim calibrate",
-                        problem="No such file")
     sc, source = load_scenario(scenario)
-    return resolve(with_overrides(sc, {"hardware.profile": str(profile.resolve())}, source), source)
+    return resolve(with_overrides(sc, overrides, source), source)
+
+
+SET_FIX = "write --set SECTION.FIELD=VALUE, e.g. --set parallel.tp=4 (fields: docs/scenarios.md)"
+
+
+def parse_sets(items: list[str]) -> dict[str, object]:
+    """--set SECTION.FIELD=VALUE items -> {dotted key: value}, each VALUE read as YAML ('4' -> 4, 'true',
+    '[core_attn, mlp]', '' -> null); the key must name a field of the scenario schema."""
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError("--set", item, SET_FIX, problem="Not a KEY=VALUE override")
+        check_set_key(key, item)
+        if key in overrides:
+            raise UserError("--set", item, f"give {key} once", problem="The same field is set twice")
+        overrides[key] = parse_yaml(text, f"--set {key}") if text.strip() else None
+    return overrides
+
+
+def check_set_key(key: str, item: str) -> None:
+    """`key` is SECTION.FIELD (or deeper) of the scenario schema: an unknown one is named with the closest."""
+    model, parts = Scenario, key.split(".")
+    for depth, part in enumerate(parts):
+        fields = getattr(model, "model_fields", None)
+        if fields is None:
+            return  # below a free-form value (a mapping the schema does not model): the schema decides
+        if part not in fields:
+            prefix = ".".join(parts[:depth])
+            names = [f"{prefix}.{f}" if prefix else f for f in fields]
+            guess = closest(".".join(parts[: depth + 1]), names)
+            hint = f"did you mean {guess}? " if guess else ""
+            raise UserError("--set", item, f"{hint}use one of {', '.join(names)}", problem=f"Unknown field {key}")
+        model = _model_of(fields[part].annotation)
+
+
+def _model_of(annotation: object) -> object:
+    """The pydantic model inside a field's annotation (X, X | None), or None for a plain value."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
+            return candidate
+    return None
+
+
+def unknown_option_fix(option: str) -> str | None:
+    """For `meshsim run NAME --tp 4`: the --set override that does it, when a scenario field has that name."""
+    name = option.lstrip("-").replace("-", "_")
+    for section, field in Scenario.model_fields.items():
+        model = _model_of(field.annotation)
+        if model is not None and name in model.model_fields:
+            return f"set a scenario field with --set {section}.{name}=VALUE (repeatable)"
+    return None
 
 
 SCENARIO_COLUMNS = (Column("name", "left", keep=True), Column("model", "left", rank=2),

@@ -12,16 +12,21 @@ from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.engines import check_engine
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError
 from meshsim.sim.core.fmt import fmt_bytes, fmt_pct
-from meshsim.sim.core.outfiles import check_output_dir, check_output_file
+from meshsim.sim.core.outfiles import (
+    check_output_dir,
+    check_output_file,
+    check_own_file,
+    open_own_for_writing,
+)
 from meshsim.sim.core.text import plain, user_text
 from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.kineto.kernels import kernels_in, step_windows, trace_steps
 from meshsim.sim.kineto.ranks import summaries
 from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.results.error_band import band_for
-from meshsim.sim.sweep.axes import configurations, sweep_axes
+from meshsim.sim.sweep.axes import block_axes_swept, configurations, sweep_axes
 from meshsim.sim.sweep.compare import compare_files, print_comparison
 from meshsim.sim.sweep.explain import explain
 from meshsim.sim.sweep.explain_terms import label, ok, sweet_spot, varying_axes
@@ -31,6 +36,7 @@ from meshsim.sim.sweep.runner import run_sweep
 from meshsim.sim.sweep.store import JSONL_NAME, LOCK_NAME
 from meshsim.sim.sweep.table import (
     SWEET_MARK,
+    mfu_note,
     share_columns,
     share_legend,
     share_rows,
@@ -84,8 +90,17 @@ def sweep_command(
         base = with_overrides(base, {"run.engine": engine}, source)
     axes = sweep_axes(base, flags)  # bad axis values fail here, before any work
     points = configurations(axes)
+    also = block_axes_swept(base, flags)
+    if also:  # said before the work: the flags do not replace the block, they replace its axes they name
+        listed = "; ".join(f"{a} {', '.join(map(_flag_text, getattr(axes, a)))}" for a in also)
+        make_console().print(f"note: {len(points)} configurations: the scenario's sweep: block also sweeps "
+                             f"{listed}; pin {'it' if len(also) == 1 else 'them'} with "
+                             f"{', '.join('--' + a.replace('_', '-') + ' VALUE' for a in also)}",
+                             highlight=False, markup=False)
     check_output_dir("--out", out, (JSONL_NAME, LOCK_NAME, REPORT_NAME))
     check_output_file("--json", json_path)
+    if json_path is not None:
+        check_own_file("--json", Path(json_path))  # a device (/dev/full) or a link: refused before the work
     workers = min(jobs or os.cpu_count() or 1, len(points))
     records = run_sweep(base, source, points, jobs=workers, out_dir=out, ray_address=ray, progress=progress)
     reasons = explain(records, lambda rec: band_for(with_overrides(base, rec.point.overrides(), source)),
@@ -97,9 +112,28 @@ def sweep_command(
     if json_path is not None:
         write_sweep_json(json_path, records, reasons)
         written["json"] = json_path
+    check_all_skipped_alike(records, source)
     print_results(records, reasons, title=f"{base.name}: {len(points)} configurations")
     for kind, path in written.items():
         typer.echo(plain(f"{kind}: {path}"))
+    if not any(ok(rec) for rec in records):
+        raise CommandFailed(f"none of the {len(records)} configurations could run: each is skipped for the reason "
+                            "printed above; change the axes or the scenario", exit_code=EXIT_USER_ERROR)
+
+
+def check_all_skipped_alike(records: list[SweepRecord], source: str) -> None:
+    """A sweep whose every configuration is skipped for one and the same reason (an input error that no
+    axis changes: a broken hardware profile, a rule every point breaks) stops with that reason as its one
+    line, exit status 2."""
+    reasons = {rec.reason for rec in records if not ok(rec)}
+    if records and len(reasons) == 1 and not any(ok(rec) for rec in records):
+        what = "its one configuration" if len(records) == 1 else f"all {len(records)} configurations"
+        raise CommandFailed(f"{source}: the sweep skipped {what} for one reason: {reasons.pop()}",
+                            exit_code=EXIT_USER_ERROR)
+
+
+def _flag_text(value: object) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def sweep_document(records: list[SweepRecord], reasons: list[str]) -> dict:
@@ -111,9 +145,17 @@ def sweep_document(records: list[SweepRecord], reasons: list[str]) -> dict:
 
 
 def write_sweep_json(path: Path, records: list[SweepRecord], reasons: list[str]) -> None:
+    """The --json document, opened as `run --json` opens its file (never through a link, a regular file
+    only); a failed write (a full disk) is one line naming the flag."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps_finite(sweep_document(records, reasons), indent=1))
+    text = dumps_finite(sweep_document(records, reasons), indent=1)
+    try:
+        with open_own_for_writing(path, flag="--json") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise UserError("--json", str(path), "give a path on a disk with room (sweep.jsonl in --out keeps every "
+                        "configuration)", problem=f"Cannot write the file ({exc.strerror or exc})") from None
 
 
 def print_results(records: list[SweepRecord], reasons: list[str], *, title: str, console: Console | None = None) -> None:
@@ -130,11 +172,11 @@ def print_results(records: list[SweepRecord], reasons: list[str], *, title: str,
         print_fitted(console, fitted_table(heading, columns, rows, console.width, row_styles=styles))
     if ran:
         console.print(share_legend(ran), highlight=False)
-    skipped = [skipped_line(rec, records) for rec in records if not ok(rec)]
-    for line in skipped:  # one line each, cut to the width: every reason in full is in --json and sweep.jsonl
-        console.print(line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis", crop=True)
-    if any(len(line) > console.width for line in skipped):
-        console.print(f"(skip reasons cut at {console.width} columns: --json PATH has each in full)", highlight=False)
+    if mfu_note(ran):
+        console.print(mfu_note(ran), highlight=False)
+    for rec in records:  # each reason whole, wrapped at the width between words
+        if not ok(rec):
+            console.print(skipped_line(rec, records), highlight=False, markup=False)
     console.print()
     for sentence in reasons:
         console.print(f"- {user_text(sentence)}", highlight=False)

@@ -5,7 +5,9 @@ would assume 80 columns and truncate every wide table to unreadable ellipses, so
 wide width instead (override with the COLUMNS environment variable).
 
 Tables that could outgrow a terminal go through `fitted_table`: the columns a reader came for are kept,
-secondary ones are dropped (rightmost, least important first) and named in a note under the table.
+secondary ones are dropped (rightmost, least important first) and named in a note under the table; a
+table whose kept columns alone are too wide is printed as one block per row (`stacked`), never with its
+words broken across lines.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.errors import MarkupError
+from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
@@ -122,8 +125,11 @@ def fitted_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[
     word longer than that folds onto the next line rather than end in an ellipsis. A row that is
     SECTION draws a rule."""
     shown = fit_columns(columns, rows, width)
-    table = Table(title=user_text(title), title_justify="left", header_style="bold")
     data = [r for r in rows if r is not SECTION]
+    natural = sum(_natural(columns[i], [r[i] for r in data]) + CELL_OVERHEAD for i in shown) + 1
+    if natural > width:  # the kept columns alone are too wide: rich would break their words ("resul t")
+        return stacked(title, columns, rows, width, row_styles=row_styles), ""
+    table = Table(title=user_text(title), title_justify="left", header_style="bold")
     widths = column_widths([columns[i] for i in shown], [[r[i] for r in data] for i in shown], width)
     for i, w in zip(shown, widths, strict=True):
         table.add_column(columns[i].header, justify=columns[i].justify, width=w, overflow="fold")
@@ -137,6 +143,33 @@ def fitted_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[
     hidden = [columns[i].header for i in range(len(columns)) if i not in shown]
     note = f"(not shown at {width} columns: {', '.join(hidden)}; widen the terminal)" if hidden else ""
     return table, note
+
+
+def _cell(value: object) -> Text:
+    return value if isinstance(value, Text) else Text(plain(str(value)))
+
+
+def stacked(title: str, columns: Sequence[Column], rows: Sequence[Sequence[str] | None], width: int,
+            *, row_styles: Sequence[str | None] = ()) -> Group:
+    """A table too wide for `width` even with only its kept columns, as one block per row: each column's
+    header beside its value, every column shown; values wrap at their spaces (a word longer than the
+    value column, width - the longest header - 1, still folds). Blocks are separated by a blank line, a
+    SECTION by a rule."""
+    head = min(max(cell_len(c.header) for c in columns), max(8, width // 3))
+    parts: list = [Text(plain(title), style="bold")]
+    styles = iter(list(row_styles) + [None] * len(rows))
+    for row in rows:
+        if row is SECTION:
+            parts.append(Rule(style="dim"))
+            continue
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bold", width=head, overflow="fold")
+        grid.add_column(width=max(1, width - head - 1), overflow="fold")
+        style = next(styles)
+        for column, value in zip(columns, row, strict=True):
+            grid.add_row(Text(column.header), _cell(value), style=style)
+        parts += [Text(""), grid]
+    return Group(*parts)
 
 
 def print_fitted(console: Console, fitted: tuple[Table, str]) -> None:

@@ -47,9 +47,16 @@ class CommandFailed(Exception):
         super().__init__(" ".join(message.split()))
 
 
+def family(name: str) -> str:
+    """A name's first '-'-separated part, lower case: its family or generation ('h100-80gb' -> 'h100')."""
+    return name.strip().lower().replace("_", "-").split("-")[0]
+
+
 def closest(name: str, choices: Iterable[str]) -> str | None:
     """The closest valid name to a misspelt one, or None: ignoring case, the one name it is a prefix or a
-    '-'-separated part of ('H200' -> 'h200-sxm', not the one letter away 'b200'), else difflib's closest."""
+    '-'-separated part of ('H200' -> 'h200-sxm', not the one letter away 'b200'), else the closest of its
+    own family when it has one ('h100-80gb' -> 'h100-sxm', not the closer-spelt 'a100-80gb'), else
+    difflib's closest."""
     by_lower = {choice.lower(): choice for choice in choices}
     key = name.strip().lower()
     if key in by_lower:
@@ -58,6 +65,10 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
         hits = [choice for low, choice in by_lower.items() if key and match(low)]
         if len(hits) == 1:
             return hits[0]
+    kin = [low for low in by_lower if key and family(low) == family(key)]
+    if kin:
+        found = difflib.get_close_matches(key, kin, n=1, cutoff=0.0)
+        return by_lower[found[0]]
     found = difflib.get_close_matches(key, list(by_lower), n=1, cutoff=0.5)
     return by_lower[found[0]] if found else None
 

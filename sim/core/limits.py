@@ -5,12 +5,17 @@ The table in README.md ("Limits") and docs/scenarios.md ("Limits") lists the sam
 in step. Where a number comes from a measurement it is stated beside it (2-core CPU, Python 3.11):
 - 16,384 GPUs (2,048 eight-GPU nodes): llama2-70b on 2,048 DGX H100 nodes simulates in ~20 s; the cost
   of a DP collective grows with the number of concurrent groups it is costed against.
-- 10,000 layer passes (model.layers x micro-batches per step, whatever pp is: a pipeline simulates every
-  stage, so its stages' layers add up to model.layers): the builder emits at most ~110 ops per layer pass
-  (TP overlap chunks, full recompute), so at most ~1.1 M ops; the engine runs ~30 us per op (a pipeline of
-  100 stages simulating 20,100 layer passes took 62 s and 850 MB), i.e. under a minute and ~1 GB even
-  when the steady state cannot be extrapolated. Counting only one stage's layers (main before issue 21)
-  let a 100-stage pipeline of 1,000 micro-batches through at 10x this cost.
+- 800,000 ops of one simulation run, by a closed-form bound over the scenario that is >= the ops the
+  builder makes (scenarios/limits.simulated_ops_bound: layers x micro-batches x a per-layer-pass bound that
+  grows with the layout's ring and chunk counts; tests/test_op_bound.py checks it against the built
+  schedules of generated scenarios, where the real count reached at most ~0.71 of it). A run is the whole
+  step, or the short run its steady state is extrapolated from (~2 pp + 2 micro-batches for a pipeline);
+  a pipeline simulates every stage, so its stages' layers add up to model.layers. The engine costs
+  ~25-40 us CPU and ~1 KB per op (a 64-rank CP ring over 500 layers, 3 micro-batches: 522,047 ops, 22 s
+  and 640 MB on a loaded 2-core machine; DeepSeek-V3's step of 72 micro-batches, --full: 410,083 ops,
+  bound 654,080, 9.8 s CPU and 485 MB), so at most ~570,000 real ops (0.71 x the limit) stay under a
+  minute and 1 GB; benchmarks/limits.py prints the cases at the limit. Counting layer passes (main
+  before issue 44, ~110 ops each assumed) let a CP ring of 64 ranks (350 ops per pass) run 99 s and 2 GB.
 - 576 GPUs in one node of a simulated scenario (NVL576, the largest announced NVLink domain): ring search,
   tree plans and link sharing are quadratic in the GPUs of a node (1,280 GPUs: 75 s, 1.1 GB); loading or
   showing a larger custom node stays cheap (one search per switch).
@@ -30,7 +35,7 @@ MAX_LAYERS = 1_000  # model.layers (the largest public dense models have ~126)
 MAX_MODEL_DIM = 1 << 24  # hidden, ffn_hidden, heads, kv_heads, seq_len, vocab (16,777,216)
 MAX_GPUS = 16_384  # GPUs of a topology (nodes x GPUs per node)
 MAX_MICRO_BATCHES = 10_000  # micro-batches per DP rank per step (global_batch / (micro_batch x dp))
-MAX_LAYER_PASSES = 10_000  # model.layers x micro-batches per step (bounds the ops simulated, see above)
+MAX_SIMULATED_OPS = 800_000  # ops of one simulation run, by a closed-form bound (see above)
 MAX_EXPLICIT_RANKS = 64  # ranks simulated by `meshsim run --explicit-ranks` (tp x min(dp, 2))
 MAX_SWEEP_POINTS = 1_024  # configurations of one sweep (product of its axes)
 MAX_COLLECTIVE_BYTES = 1 << 50  # one collective's payload (1 PiB), `meshsim collective --max-bytes`
@@ -79,15 +84,18 @@ def check_work(layers: int, micro_batches: int, *, source: str | None = None) ->
                   what="micro-batches per step (global_batch / (micro_batch x dp))")
 
 
-def check_simulated_work(layers: int, micro_batches: int, *, source: str | None = None, pp: int = 1,
-                         why: str = "") -> None:
-    """Before the engine runs: layer passes simulated = model.layers (a pipeline simulates every stage,
-    whose layers add up to model.layers) x the micro-batches of this run (the whole step, or the short
-    run its steady state is extrapolated from, ~2 pp + 2 micro-batches for a pipeline)."""
-    most = max(1, MAX_LAYER_PASSES // layers)
+def check_simulated_ops(bound: int, layers: int, micro_batches: int, *, most: int, ops_per_pass: int,
+                        source: str | None = None, pp: int = 1, why: str = "") -> None:
+    """Before the engine runs: `bound` (scenarios/limits.simulated_ops_bound, a closed form that is >= the ops
+    the run builds) is at most MAX_SIMULATED_OPS. The run simulates model.layers (a pipeline simulates every
+    stage, whose layers add up to model.layers) x its micro-batches layer passes (the whole step, or the
+    short run its steady state is extrapolated from, ~2 pp + 2 micro-batches for a pipeline), each of at
+    most `ops_per_pass` ops; `most`: the micro-batches the bound allows."""
     stages = f"; with pp = {pp} the steady state needs ~{2 * pp + 2} micro-batches simulated: use fewer " \
              "pipeline stages" if pp > 1 else ""
-    check_at_most("model.layers x micro-batches", f"{layers:,} x {micro_batches:,}", MAX_LAYER_PASSES,
-                  f"use at most {most:,} micro-batches per step with {layers:,} layers (a smaller global_batch, a "
-                  f"larger micro_batch or more dp), or fewer layers{stages}", source=source,
-                  what=f"layer passes simulated{why} ({layers:,} x {micro_batches:,})", amount=layers * micro_batches)
+    check_at_most("model.layers x micro-batches", f"{layers:,} x {micro_batches:,}", MAX_SIMULATED_OPS,
+                  f"use at most {most:,} micro-batches per step (a smaller global_batch, a larger micro_batch or "
+                  f"more dp), fewer layers, or a layout with fewer ops per layer (a smaller cp ring, no "
+                  f"tp_comm_overlap, no recompute){stages}", source=source,
+                  what=f"ops simulated{why}, bounded by {layers:,} layers x {micro_batches:,} micro-batches x <= "
+                       f"{ops_per_pass:,} ops per layer pass,", amount=bound)

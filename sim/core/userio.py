@@ -116,8 +116,14 @@ class StrictLoader(_SAFE_BASE):
 
 
 def _mapping_without_duplicates(loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A mapping whose keys are plain values (a list or mapping as a key, `? [a, b]`, is refused: no meshsim
+    field is named by one, and Python cannot hash it) and given once each."""
     seen: set = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a {kind} used as a key; keys are names (`key: value`)", key_node.start_mark)
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)

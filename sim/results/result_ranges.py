@@ -1,15 +1,19 @@
 """The plausible range of every number of a results file (results.json, a sweep record's result), defined
 once: `compare`, the sweep store and `validate --from-results` check a file they read against it, so a
 string where a number belongs, 1e+308 or a 1,000-digit integer is one line naming the field and its
-range (exit 2), never a traceback or an Infinity downstream. Ranges (sim/core/quantities.py style) are
+range (exit 2), never a traceback or an Infinity downstream; the settings it echoes (tp, gpus, sp ...:
+sim/results/records.ConfigEcho) are of their type, counts whole numbers in COUNT_RANGE. Ranges (sim/core/quantities.py style) are
 wide: they exclude only what no simulated step can produce.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
+from dataclasses import fields
 
 from meshsim.sim.core.quantities import in_range, range_words
+from meshsim.sim.results.records import ConfigEcho
 
 # headline field -> (low, high, unit); absent optional fields are allowed (OPTIONAL below)
 HEADLINE_RANGES = {
@@ -22,6 +26,10 @@ SECTION_RANGES = {  # every number of the section (flags such as memory_gb.fits 
     # memory_gb.stages are not numbers of the section)
     "breakdown_s": (0.0, 1e9, "s"), "memory_gb": (0.0, 1e9, "GB"), "critical_path_share": (0.0, 1.0, ""),
 }
+COUNT_RANGE = (0, 10**9)  # every count a results file echoes (tp, gpus, micro_batches, ops_per_rank ...)
+# the other plain values of a results file besides ConfigEcho's settings: their types
+OTHER_TYPES = {"scenario": str, "fits": bool, "source": str, "explicit_ranks": bool, "simulated_ranks": int,
+               "ops_per_rank": int}
 SLACK = 1e-9  # float rounding of sums (a share of 1.0000000000000002, a waiting time of -1e-17 s)
 
 
@@ -33,6 +41,34 @@ def _out(field: str, value: object, low: float, high: float, unit: str) -> str |
         return f"{field} is missing (expected {range_words(low, high, unit)})"
     shown = repr(value)[:40] if not isinstance(value, int) or abs(value) < 10**30 else f"{float(value):.3g}"
     return f"{field} = {shown} is not {range_words(low, high, unit)}"
+
+
+def _echo_types() -> dict[str, type]:
+    """Each echoed setting's type, from ConfigEcho's annotations (X | None -> X; list[str] -> list)."""
+    hints = typing.get_type_hints(ConfigEcho)
+    plain = {}
+    for f in fields(ConfigEcho):
+        kind = next(a for a in typing.get_args(hints[f.name]) if a is not type(None))
+        plain[f.name] = typing.get_origin(kind) or kind
+    return plain
+
+
+ECHO_TYPES = {**_echo_types(), **OTHER_TYPES}
+TYPE_WORDS = {int: "a whole number", bool: "true or false", str: "a string", list: "a list", dict: "a section"}
+
+
+def _setting_problem(field: str, value: object, kind: type) -> str | None:
+    """A setting echoed in a results file is absent, null or of its type (a count within COUNT_RANGE)."""
+    if value is None:
+        return None
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _out(field, value, *COUNT_RANGE, "")
+    elif kind is dict and isinstance(value, Mapping) or kind is not dict and isinstance(value, kind):
+        if kind is list and not all(isinstance(item, str) for item in value):
+            return f"{field} = {repr(value)[:40]} is not a list of names"
+        return None
+    return f"{field} = {repr(value)[:40]} is not {TYPE_WORDS[kind]}"
 
 
 def result_problem(data: object) -> str | None:
@@ -57,4 +93,8 @@ def result_problem(data: object) -> str | None:
                 return problem
     if "total" not in data["memory_gb"] or isinstance(data["memory_gb"]["total"], bool):
         return "memory_gb.total is missing"
+    for field, kind in ECHO_TYPES.items():
+        problem = _setting_problem(field, data.get(field), kind)
+        if problem:
+            return problem
     return None

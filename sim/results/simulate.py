@@ -33,9 +33,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
+from meshsim.scenarios.limits import check_run_ops
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.engines import EngineName
-from meshsim.sim.core.limits import check_simulated_work
 from meshsim.sim.cost.flops import hardware_flops_per_step, model_flops_per_step
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
@@ -66,8 +66,13 @@ def rank_groups(rs: ResolvedScenario, schedules: Sequence[Schedule], ranks: tupl
 
 def simulated_ranks(rs: ResolvedScenario, explicit_ranks: bool) -> tuple[int, ...]:
     """Per pipeline stage: its first rank alone, or one TP group times min(dp, 2) replicas."""
-    per_stage = range(rs.tp * rs.cp * min(rs.dp, 2)) if explicit_ranks else range(1)
+    per_stage = range(ranks_per_stage(rs, explicit_ranks))
     return tuple(stage * rs.stage_size + r for stage in range(rs.pp) for r in per_stage)
+
+
+def ranks_per_stage(rs: ResolvedScenario, explicit_ranks: bool) -> int:
+    """Ranks simulated per pipeline stage (simulated_ranks): each runs its stage's whole schedule."""
+    return rs.tp * rs.cp * min(rs.dp, 2) if explicit_ranks else 1
 
 
 def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tuple[int, ...],
@@ -90,7 +95,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, 
     """The whole step simulated: its result, its event log and stage 0's schedule (the others:
     build_stage_schedules(rs)); `state` is what the result's steady_state says about it (simulate: why
     the step was not extrapolated)."""
-    check_simulated_work(rs.scenario.model.layers, rs.micro_batches, source=rs.source, pp=rs.pp)
+    check_run_ops(rs.scenario, rs.micro_batches, source=rs.source, ranks_per_stage=ranks_per_stage(rs, explicit_ranks))
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
@@ -148,8 +153,8 @@ def plan_and_run(rs: ResolvedScenario, force: bool) -> tuple[steady_state.Plan, 
 def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, coster: CollectiveCoster,
                engine_name: EngineName | None) -> steady_state.Run:
     """The step shortened to `micro_batches`, simulated whole (the run simulate_steady extrapolates)."""
-    check_simulated_work(rs.scenario.model.layers, micro_batches, source=rs.source, pp=rs.pp,
-                         why=" by the steady state's run")
+    check_run_ops(rs.scenario, micro_batches, source=rs.source, ranks_per_stage=ranks_per_stage(rs, explicit_ranks),
+                  why=" by the steady state's run")
     short = replace(rs, micro_batches=micro_batches)
     schedules = build_stage_schedules(short)
     log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
@@ -212,8 +217,8 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
         result, reason = simulate_steady(rs, explicit_ranks=explicit_ranks, engine_name=engine_name)
         if result is not None:
             return result
-    check_simulated_work(rs.scenario.model.layers, rs.micro_batches, source=rs.source,
-                         why=f" by the whole step (not extrapolated: {reason})")
+    check_run_ops(rs.scenario, rs.micro_batches, source=rs.source, ranks_per_stage=ranks_per_stage(rs, explicit_ranks),
+                  why=f" by the whole step (not extrapolated: {reason})")
     return simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name,
                                 state=steady_state.SteadyState("full", reason))[0]
 

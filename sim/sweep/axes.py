@@ -183,6 +183,16 @@ def sweep_axes(scenario, flags: dict[str, str | None] | None = None) -> SweepAxe
     return SweepAxes(**values)
 
 
+def block_axes_swept(scenario, flags: dict[str, str | None]) -> list[str]:
+    """The axes the scenario's `sweep:` block sweeps (more than one value) beside the flags given: they
+    multiply with the flags' axes, which a reader of the command line alone would not expect. [] when no
+    flag is given (the block is the whole sweep) or the block sweeps nothing else."""
+    block = scenario.sweep
+    if block is None or not any(v is not None for v in flags.values()):
+        return []
+    return [a for a in AXES if flags.get(a) is None and len(set(getattr(block, a) or ())) > 1]
+
+
 def configurations(axes: SweepAxes) -> list[SweepPoint]:
     """The product of the axes, tp outermost (the table reads by tp); at most MAX_SWEEP_POINTS. At tp = 1
     sequence parallelism is off, as Megatron turns it off there ("Disabling sequence parallelism because
@@ -219,7 +229,9 @@ def scenario_digest(scenario, source: str = "", files: FileSnapshot | None = Non
 
 
 # ----- running one configuration --------------------------------------------------------------------
-def skip_reason(err: UserError) -> str:
-    """The problem and fix of a UserError, without the file prefix: why a configuration was skipped."""
+def skip_reason(err: UserError, source: str | None = None) -> str:
+    """The problem and fix of a UserError: why a configuration was skipped; prefixed with the file it names
+    when that is not the sweep's scenario `source` (a hardware profile, a topology file)."""
     problem = f"{err.problem}. " if err.problem else ""
-    return f"{err.field} = {quote(err.value)}: {problem}{err.fix}"
+    where = f"{err.source}: " if err.source and err.source != source else ""
+    return f"{where}{err.field} = {quote(err.value)}: {problem}{err.fix}"

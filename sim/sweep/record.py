@@ -94,5 +94,5 @@ def run_point(scenario, source: str, point: SweepPoint, digest: str = "",
         with gc_frozen():
             record = SweepRecord.ran(point, digest, simulate(rs))
     except UserError as err:
-        record = SweepRecord.skipped(point, digest, skip_reason(err))
+        record = SweepRecord.skipped(point, digest, skip_reason(err, source))
     return dataclasses.replace(record, elapsed_s=time.perf_counter() - start_s)

@@ -26,6 +26,7 @@ from meshsim.sim.sweep.record import SweepRecord
 TABLE_AXES = ("tp", "pp", "vp", "sp", "micro_batch", "tp_comm_overlap", "recompute", "ep", "etp", "cp", "fp8",
               "fsdp", "dist_opt_instances")
 PINNED_AXES = ("tp", "pp", "sp")  # shown at any width, with the axes that vary
+LAYOUT_AXES = ("tp", "pp", "cp")  # tp x pp x cp x dp = the GPUs: each shown at any width once it is not 1
 SWEET_MARK = "*"
 MARK_COLUMN = Column("", "left", keep=True)
 COMPUTE_WAITS = "compute waits"
@@ -45,8 +46,11 @@ def _marks(records: list[SweepRecord]) -> list[str]:
 
 
 def _axis_columns(records: list[SweepRecord]) -> list[Column]:
-    varying = set(varying_axes(records))
-    return [Column(AXIS_LABELS[a], keep=a in varying or a in PINNED_AXES, rank=3) for a in TABLE_AXES]
+    """Kept: the pinned axes, those that vary, and a layout axis whose degree is not 1 in some row (a
+    hidden cp = 2 would leave tp=1 pp=1 dp=4 on 8 GPUs looking wrong)."""
+    kept = set(varying_axes(records)) | set(PINNED_AXES)
+    kept |= {a for a in LAYOUT_AXES if any(getattr(r.point, a, 1) not in (1, None) for r in records)}
+    return [Column(AXIS_LABELS[a], keep=a in kept, rank=3) for a in TABLE_AXES]
 
 
 def _axis_cells(record: SweepRecord) -> list[str]:
@@ -166,3 +170,14 @@ def report_rows(records: list[SweepRecord]) -> list[list[str]]:
         tail = [f"{p}%" for p in whole_percents([share.get(k, 0.0) for k in cats])] if share is not None else ["-"] * len(cats)
         rows.append(row + tail)
     return rows
+
+
+def mfu_note(records: list[SweepRecord]) -> str:
+    """What MFU is measured against when a row trains in FP8 / NVFP4 ('' otherwise): the GPU's dense 16-bit
+    peak, as `meshsim run` says, so a low-precision step can pass 100%."""
+    recipes = sorted({r.result["fp8"] for r in records if ok(r) and r.result["fp8"] not in (None, "off")})
+    if not recipes:
+        return ""
+    above = any(r.result.mfu > 1 for r in records if ok(r))
+    return (f"MFU is on the GPU's dense 16-bit peak, also for the {', '.join(recipes)} rows (as meshsim run "
+            f"reports it){': above 100% means faster than that peak' if above else ''}.")

@@ -33,6 +33,7 @@ from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.channels import group_channels
 from meshsim.sim.cost.collectives.choose import OPS, candidates
 from meshsim.sim.cost.collectives.direct import direct_plan, shift_plan
+from meshsim.sim.cost.collectives.groups import by_node
 from meshsim.sim.cost.collectives.hierarchical import hierarchical_plan
 from meshsim.sim.cost.collectives.nccl_limits import channels_used, generation, protocol_busbw_gbps
 from meshsim.sim.cost.collectives.nvls import nvls_plan
@@ -220,7 +221,7 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
     channels = group_channels(topo, ranks, constants)
     algo = "tree" if pc.algo == "tree" else family(pc.algo)
     used = channels_used(nbytes, algo, protocol, len(ranks), channels)
-    nodes = len({topo.node_of(r) for r in ranks})
+    nodes = len(by_node(topo, ranks))
     eff = protocol_busbw_gbps(raw_gbps, algo=algo, op=op, protocol=protocol, gen=generation(topo.gpu),
                               nodes=nodes, channels=channels, used=used)
     return eff / raw_gbps
@@ -243,10 +244,12 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
 
 def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, *, algo: str = "auto",
                     protocol: str = "auto", concurrent_groups: Sequence[Sequence[int]] = (), tuning=None,
-                    constants: NcclConstants | None = None) -> CollectiveCost:
+                    constants: NcclConstants | None = None, link_loads: bool = True) -> CollectiveCost:
     """Predicted time of `op` over `ranks` moving `nbytes` (nccl-tests convention), with the (algorithm,
     protocol) NCCL would pick - the fastest predicted - unless forced. `concurrent_groups` run the same
-    collective at the same time and share links with it. A group of one rank or 0 bytes costs 0."""
+    collective at the same time and share links with it. A group of one rank or 0 bytes costs 0.
+    link_loads=False leaves link_load empty (a size sweep's rows need only the times: the copy of a
+    16,384-rank plan's link loads was most of each size's cost); every other figure is the same."""
     ranks = tuple(int(r) for r in ranks)
     _check(topo, op, ranks, nbytes)
     if len(ranks) < 2 or nbytes == 0:
@@ -260,4 +263,4 @@ def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, 
         if best is None or cost.time_s < best.time_s:
             best = cost
     assert best is not None
-    return replace(best, link_load=dict(best.link_load))  # a plain dict the caller may keep or change
+    return replace(best, link_load=dict(best.link_load) if link_loads else {})  # a plain dict the caller may change

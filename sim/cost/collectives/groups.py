@@ -1,6 +1,6 @@
 """How a group of ranks sits on the machine: ranks per node, and the order NCCL would chain them in a node.
 
-- `by_node`: the group's ranks split per node (nodes ascending, ranks ascending inside a node).
+- `by_node`: the group's ranks split per node (nodes ascending, ranks ascending inside a node), memoized.
 - `intra_cycle`: an order of a node's ranks in which every consecutive pair (cyclically) is joined by a
   shortest route - on an NVSwitch every order qualifies and the ascending order is kept; on a switchless
   NVLink mesh (DGX-1) it finds a Hamiltonian cycle over direct links, as NCCL's ring search does. A
@@ -17,11 +17,20 @@ from meshsim.topologies.model import Topology
 _SEARCH_BUDGET = 20_000  # DFS steps before falling back to ascending order
 
 
-def by_node(topo: Topology, ranks: Sequence[int]) -> list[list[int]]:
-    nodes: dict[int, list[int]] = {}
-    for r in sorted(set(ranks)):
-        nodes.setdefault(topo.node_of(r), []).append(r)
-    return [nodes[n] for n in sorted(nodes)]
+def by_node(topo: Topology, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The group's ranks per node (nodes ascending, ranks ascending inside a node), as tuples memoized per
+    (topology, group): pricing one group at many sizes (`meshsim collective`, 1,000 sizes on 16,384 ranks)
+    splits it once, not once per size, algorithm and protocol. Immutable, so no caller can change the
+    memo; it is this pure function's own result."""
+    key = tuple(ranks)
+    tab = cache.table(topo, "by_node")
+    hit = tab.get(key)
+    if hit is None:
+        nodes: dict[int, list[int]] = {}
+        for r in sorted(set(key)):
+            nodes.setdefault(topo.node_of(r), []).append(r)
+        hit = cache.remember(tab, key, tuple(tuple(nodes[n]) for n in sorted(nodes)))
+    return hit
 
 
 def ranks_per_node(topo: Topology, ranks: Sequence[int]) -> int | None:

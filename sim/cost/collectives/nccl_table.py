@@ -53,7 +53,8 @@ def row_of(cost: CollectiveCost) -> Row:
 
 def sweep(topo: Topology, op: str, ranks: Sequence[int], sizes: Sequence[int], *, algo: str = "auto",
           protocol: str = "auto", tuning=None) -> list[Row]:
-    return [row_of(collective_cost(topo, op, ranks, s, algo=algo, protocol=protocol, tuning=tuning)) for s in sizes]
+    return [row_of(collective_cost(topo, op, ranks, s, algo=algo, protocol=protocol, tuning=tuning, link_loads=False))
+            for s in sizes]
 
 
 def curves(topo: Topology, op: str, ranks: Sequence[int], sizes: Sequence[int], *, protocol: str = "auto",
