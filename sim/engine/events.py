@@ -1,8 +1,9 @@
 """Discrete-event engine: orders a Schedule's ops in time on the simulated ranks.
 
 `check_inputs` validates a run's inputs; `run` drives the processes (sim/engine/processes.py) on an event
-loop with loop.py's interface, meshsim's own (`engine="native"`) or simpy's (`"simpy"`,
-sim/engine/simpy_loop.py), which give bit-identical logs. It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
+loop with loop.py's interface, meshsim's own (`engine="python"`, alias "native") or simpy's (`"simpy"`,
+sim/engine/simpy_loop.py), or all of it on the compiled core (`"compiled"`, the default: sim/engine/_core.pyx
+over compiled.py's arrays; the Python core when the extension is not built), which give bit-identical logs. It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
 `collective(op, group) -> (latency_s, bandwidth_s, link_load)` for collectives (`group` = the global
 ranks of the op's real TP or DP group, from `group_of`).
 
@@ -49,12 +50,13 @@ proof, sim/results/period_proof.py, reads).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
 from meshsim.sim.core.mesh import mesh_group
+from meshsim.sim.engine import compiled
 from meshsim.sim.engine.arbiter import Job
 from meshsim.sim.engine.host import host_syncs
 from meshsim.sim.engine.processes import (
@@ -67,7 +69,7 @@ from meshsim.sim.engine.processes import (
     Processes,
     Transfer,
 )
-from meshsim.sim.engine.simpy_loop import make_loop
+from meshsim.sim.engine.simpy_loop import make_loop, resolve_engine
 from meshsim.sim.schedule.ops import P2P, STREAMS, Collective, Elementwise, Op, OptimizerStep, Schedule
 
 __all__ = ["CollectiveFn", "CommTiming", "ComputeFn", "Event", "EventLog", "GroupFn", "Job", "P2PFn", "Transfer",
@@ -210,6 +212,14 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     start the host allows (sim/cost/host_dispatch.py; one sequence per stage with several schedules);
     () = no host limit. p2p: the P2P transfer coster. engine: the event loop (sim/engine/simpy_loop.py)."""
     inputs = check_inputs(schedule, ranks, group_of, comm_interference, issue_s, stage_of, p2p)
+    engine = resolve_engine(engine)
+    if engine == "compiled":
+        events_, transfers, jobs, finished = compiled.run(
+            inputs, (schedule,) if isinstance(schedule, Schedule) else tuple(schedule), compute_s, collective, p2p, Event,
+            work_bytes)
+        _check_all_ran(inputs, finished, len(events_))
+        return EventLog(tuple(events_), inputs.ranks, max((e.end_s for e in events_), default=0.0),
+                        transfers=tuple(transfers), jobs=tuple(jobs))
     events: list[Event] = []
     append = events.append
 
@@ -226,16 +236,16 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     procs = Processes(inputs, make_loop(engine), compute_s, collective, p2p, record)
     procs.start()
     procs.env.run()
-    _check_all_ran(inputs, procs, len(events))
+    _check_all_ran(inputs, procs.finished.__getitem__, len(events))
     return EventLog(tuple(events), inputs.ranks, max((e.end_s for e in events), default=0.0),
                     transfers=tuple(procs.transfers), jobs=tuple(procs.arbiter.records))
 
 
-def _check_all_ran(inputs: Inputs, procs: Processes, ran: int) -> None:
+def _check_all_ran(inputs: Inputs, finished: Callable[[int], Container[int]], ran: int) -> None:
     ops_of = [[op for ops in streams.values() for op in ops] for streams in inputs.per_stream]
     expected = sum(len(ops_of[inputs.stage_of(r)]) for r in inputs.ranks)
     if ran != expected:
         stuck = sorted({(r, op.id, op.name) for r in inputs.ranks for op in ops_of[inputs.stage_of(r)]
-                        if op.id not in procs.finished[r]})[:3]
+                        if op.id not in finished(r)})[:3]
         raise ValueError(f"deadlock: {expected - ran} ops never ran, e.g. {stuck} "
                          "(a dependency on a later op of the same stream, or a collective some peer never issues)")
