@@ -11,14 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.sim.cli.main import main
 from meshsim.sim.cost.host_dispatch import issue_times_s
-from meshsim.sim.engine import compiled
+from meshsim.sim.engine import compiled, simpy_loop
 from meshsim.sim.engine.events import run, symmetric_groups
 from meshsim.sim.outputs.step_report import results_json_text
 from meshsim.sim.results.simulate import simulate
 from meshsim.sim.schedule.ops import P2P, Collective, Elementwise, Op, P2PTransfer, Schedule
 
-pytestmark = pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled core is not built")
+built = pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled core is not built")
 
 DURATIONS = (0.0, 0.5, 1.0, 1.0, 2.0, 0.25)  # repeats and binary fractions: many exact ties
 LOADS = ({0: 1.0}, {1: 1.0}, {0: 0.6, 1: 0.7}, {0: 0.5}, {}, {2: 1.0, 0: 0.3})
@@ -80,6 +81,7 @@ def flat_runs(draw):
                 group_of=symmetric_groups(tp, dp), comm_interference=kappa, issue_s=issue_s)
 
 
+@built
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(flat_runs())
 def test_generated_single_stage_runs_are_bit_identical_on_every_engine(kwargs):
@@ -133,12 +135,14 @@ def pipelines(draw):
                 comm_interference=draw(st.sampled_from([0.0, 0.5])))
 
 
+@built
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pipelines())
 def test_generated_pipelines_are_bit_identical_on_every_engine(kwargs):
     _same_on_every_engine(**kwargs)
 
 
+@built
 def test_a_deadlock_is_reported_alike():
     """Negative control: an op that waits for a later op of its own stream never runs, on either core."""
     ops = (Op(0, "a", "compute", "compute", "fwd", Elementwise("a", 0, 0), (1,)),
@@ -160,9 +164,24 @@ LIBRARY = {
 }
 
 
+@built
 @pytest.mark.parametrize("name", sorted(LIBRARY))
 def test_library_results_json_is_byte_identical_across_engines(name):
     scenario, source = load_scenario(name)
     rs = resolve(with_overrides(scenario, LIBRARY[name], source) if LIBRARY[name] else scenario, source)
     texts = {engine: results_json_text(simulate(rs, engine_name=engine)) for engine in ("compiled", "python")}
     assert texts["compiled"] == texts["python"]
+
+
+def test_without_the_extension_the_python_core_runs_and_run_says_so(monkeypatch, capsys, tmp_path):
+    """The extension is optional: "compiled" then runs the Python core (the same figures), and `meshsim run`
+    says so in one line; "native" stays an alias of "python"."""
+    assert simpy_loop.resolve_engine("native") == "python"
+    monkeypatch.setattr(compiled, "AVAILABLE", False)
+    assert simpy_loop.resolve_engine("compiled") == "python"
+    assert main(["run", "tiny-2gpu", "--outputs", "none"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "compiled engine core" in line]
+    assert notes == ["meshsim: the compiled engine core is not built (no C compiler at install); running the "
+                     "Python core: the same figures, slower"]
+    assert main(["run", "tiny-2gpu", "--outputs", "none", "--engine", "simpy"]) == 0
+    assert "compiled engine core" not in capsys.readouterr().err  # asked for another engine: nothing to say

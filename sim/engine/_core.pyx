@@ -24,7 +24,12 @@ form, host issue times per op; the costers (compute_s, collective, p2p) and the 
 callables, called at the same points, with the same arguments, as the Python engine calls them.
 """
 
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdlib cimport free, malloc, realloc
+
+cdef extern from "Python.h":
+    object PyType_GenericAlloc(type t, Py_ssize_t nitems)
 
 cdef enum:
     URGENT = 0
@@ -840,23 +845,28 @@ cdef class Core:
         return 0
 
     # ----- output --------------------------------------------------------------------------------------
-    def events(self, event_type):
-        """The finished ops as event_type records (events.Event), in completion order."""
+    def events(self, type event_type):
+        """(the finished ops as event_type records (events.Event, a 15-field tuple subclass) in completion
+        order, as a tuple; the latest end, as max() over them gives it, 0.0 when none)."""
         cdef Py_ssize_t k
         cdef Rec* r
         cdef Stage st
-        new = tuple.__new__
-        out = []
-        append = out.append
+        cdef tuple info, size
+        cdef tuple out = PyTuple_New(self.rec_n)
+        cdef object ev
+        cdef double latest = 0.0
         for k in range(self.rec_n):
             r = &self.recs[k]
-            st = self.rank_stage[r.ri]
-            op_id, name, stream, category, phase, layer, mb = st.info[r.op]
-            nbytes, flops = st.sizes[r.op]
-            append(new(event_type, (self.ranks[r.ri], op_id, name, stream, category, phase, layer, mb,
-                                    r.start_s, r.end_s, r.wait_s, nbytes, flops,
-                                    None if r.peer < 0 else r.peer, None if r.peer_op < 0 else r.peer_op)))
-        return out
+            if k == 0 or r.end_s > latest:
+                latest = r.end_s
+            st = <Stage>self.rank_stage[r.ri]
+            info = <tuple>st.info[r.op]
+            size = <tuple>st.sizes[r.op]
+            ev = _new_event(event_type, self.ranks[r.ri], info, r.start_s, r.end_s, r.wait_s, size,
+                            None if r.peer < 0 else r.peer, None if r.peer_op < 0 else r.peer_op)
+            Py_INCREF(ev)
+            PyTuple_SET_ITEM(out, k, ev)
+        return out, latest
 
     def finished_ids(self, Py_ssize_t ri):
         """The op ids rank index `ri` finished."""
@@ -870,3 +880,27 @@ cdef inline bint _contains(list items, object x):
         if y is x:
             return True
     return False
+
+
+cdef inline void _put(object t, Py_ssize_t i, object v):
+    Py_INCREF(v)
+    PyTuple_SET_ITEM(t, i, v)
+
+
+cdef object _new_event(type event_type, object rank, tuple info, double start_s, double end_s, double wait_s,
+                       tuple size, object peer, object peer_op):
+    """event_type(rank, *info, start_s, end_s, wait_s, *size, peer, peer_op), built in place: a tuple
+    subclass instance allocated by its type and filled like a tuple (what tuple.__new__ does, without the
+    argument tuple)."""
+    cdef object ev = PyType_GenericAlloc(event_type, 15)
+    _put(ev, 0, rank)
+    for i in range(7):
+        _put(ev, 1 + i, info[i])
+    _put(ev, 8, start_s)
+    _put(ev, 9, end_s)
+    _put(ev, 10, wait_s)
+    _put(ev, 11, size[0])
+    _put(ev, 12, size[1])
+    _put(ev, 13, peer)
+    _put(ev, 14, peer_op)
+    return ev

@@ -81,9 +81,12 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
 
 
 def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn, p2p: P2PFn | None,
-        event_type: type, work_bytes: Callable[[Op], int]) -> tuple[list, list[Transfer], list[Job], Callable[[int], set[int]]]:
-    """The engine on the compiled core: (events in completion order, transfers, arbiter jobs, rank -> the op
-    ids it finished). event_type, work_bytes: events.Event and events.work_bytes (that module calls this one)."""
+        event_type: type, work_bytes: Callable[[Op], int]
+        ) -> tuple[tuple, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
+    """The engine on the compiled core: (events in completion order, the latest end (0.0: none), transfers,
+    arbiter jobs, rank -> the op ids it finished). event_type, work_bytes: events.Event and events.work_bytes (that module calls this one)."""
+    # the core fills event_type records like tuples: a tuple subclass without slots of its own
+    assert issubclass(event_type, tuple) and event_type.__basicsize__ == tuple.__basicsize__
     stage_of = inputs.stage_of
     ranks = inputs.ranks
     stage_ranks: dict[int, int] = {}
@@ -101,4 +104,5 @@ def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, col
                       p2p, inputs.group_of, inputs.kappa, MemoRates(), Transfer, Job)
     core.run()
     position = {r: i for i, r in enumerate(ranks)}
-    return core.events(event_type), core.transfers, core.records, lambda r: core.finished_ids(position[r])
+    events, latest_s = core.events(event_type)
+    return events, latest_s, core.transfers, core.records, lambda r: core.finished_ids(position[r])

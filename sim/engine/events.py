@@ -214,11 +214,11 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     inputs = check_inputs(schedule, ranks, group_of, comm_interference, issue_s, stage_of, p2p)
     engine = resolve_engine(engine)
     if engine == "compiled":
-        events_, transfers, jobs, finished = compiled.run(
+        events_, latest_s, transfers, jobs, finished = compiled.run(
             inputs, (schedule,) if isinstance(schedule, Schedule) else tuple(schedule), compute_s, collective, p2p, Event,
             work_bytes)
         _check_all_ran(inputs, finished, len(events_))
-        return EventLog(tuple(events_), inputs.ranks, max((e.end_s for e in events_), default=0.0),
+        return EventLog(events_, inputs.ranks, latest_s,
                         transfers=tuple(transfers), jobs=tuple(jobs))
     events: list[Event] = []
     append = events.append
