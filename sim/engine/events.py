@@ -52,6 +52,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not
 from typing import NamedTuple
 
 from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
@@ -157,11 +159,29 @@ def work_bytes(op: Op) -> int:
 _new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling __new__: one call less per event
 
 
-def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
-    ids = {op.id for op in schedule.ops}
-    if len(ids) != len(schedule.ops):
+_ID, _DEPS, _STREAM, _WAIT, _CALLS = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls"))
+
+
+def _valid_ops(ops: Sequence[Op]) -> bool:
+    """_first_problem finds nothing, decided by whole-schedule passes (sets and C-level maps, not a
+    Python loop per op): each test is the per-op test of _first_problem over every op at once."""
+    ids = list(map(_ID, ops))
+    known = set(ids)
+    if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
+        return False
+    if not set(map(_STREAM, ops)).issubset(STREAMS) or (ops and min(map(_CALLS, ops)) < 0):
+        return False
+    waits = list(map(_WAIT, ops))
+    waiting = compress(zip(waits, ids, strict=True), map(is_not, waits, repeat(None)))
+    return all(0 <= wait < op_id for wait, op_id in waiting)
+
+
+def _first_problem(ops: Sequence[Op]) -> None:
+    """The first invalid op, in schedule order, as a ValueError naming it."""
+    ids = {op.id for op in ops}
+    if len(ids) != len(ops):
         raise ValueError("schedule has duplicate op ids")
-    for op in schedule.ops:
+    for op in ops:
         missing = [d for d in op.deps if d not in ids]
         if missing:
             raise ValueError(f"op {op.id} ({op.name}) depends on unknown op ids {missing}")
@@ -171,10 +191,24 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
             raise ValueError(f"op {op.id} ({op.name}): its host waits for op {op.host_wait}, not an earlier op")
         if op.host_calls < 0:
             raise ValueError(f"op {op.id} ({op.name}) has {op.host_calls} host calls")
+
+
+def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
+    if not _valid_ops(schedule.ops):
+        _first_problem(schedule.ops)
+    kinds = {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}
     for rank in ranks:
-        for kind in {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}:
+        for kind in kinds:
             if rank not in group_of(kind, rank):
                 raise ValueError(f"group_of({kind!r}, {rank}) does not contain rank {rank}")
+
+
+def _by_stream(schedule: Schedule) -> dict[str, list[Op]]:
+    """{stream: schedule.by_stream(stream)} for every stream, in one pass (streams checked by _check)."""
+    out: dict[str, list[Op]] = {s: [] for s in STREAMS}
+    for op in schedule.ops:
+        out[op.stream].append(op)
+    return out
 
 
 def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], group_of: GroupFn | None = None,
@@ -196,7 +230,7 @@ def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], 
         if times and len(times) != len(sched.ops):
             raise ValueError(f"issue_s has {len(times)} entries for {len(sched.ops)} ops")
     issue_of = {r: per_stage_issue[stage_of(r)] for r in ranks if per_stage_issue and per_stage_issue[stage_of(r)]}
-    per_stream = tuple({s: sched.by_stream(s) for s in STREAMS} for sched in stages)
+    per_stream = tuple(_by_stream(sched) for sched in stages)
     syncs = [host_syncs(sched.ops, times) for sched, times in zip(stages, per_stage_issue, strict=False)]
     syncs_of = {r: syncs[stage_of(r)] for r in issue_of if syncs[stage_of(r)] is not None}
     return Inputs(ranks, stage_of, group_of, issue_of, comm_interference, per_stream, syncs_of)
