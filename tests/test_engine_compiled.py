@@ -74,6 +74,9 @@ def flat_runs(draw):
         latency_s, bandwidth_s, load = comm[op.id]
         return latency_s, bandwidth_s, LOADS[load]
 
+    if not skew and draw(st.booleans()):  # one time per work (each op has its own): the core prices it once
+        compute_s.by_work = True
+
     kappa = draw(st.sampled_from([0.0, 0.0, 0.5, 1.0]))
     dispatch_us = draw(st.sampled_from([None, 0.0, 2e5, 1e6]))
     issue_s = issue_times_s(sched, dispatch_us * 1e-6) if dispatch_us is not None else ()

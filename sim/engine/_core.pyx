@@ -125,16 +125,21 @@ cdef class Stage:
     cdef int[::1] point_of          # index of the last host sync at or before the op (-1: none); len 0: no syncs
     cdef int[::1] awaited           # per sync: the op index it waits for
     cdef double[::1] base_s         # per sync: the static clock when it starts waiting
+    cdef double[::1] dur            # compute ops: their time, priced once per work (len 0: ask compute_s per op)
+    cdef bint priced
+    cdef public object dur_arr
     cdef public int stage            # its index (the arbiter key of a collective's copies: (stage, op id))
     cdef public list op_ids
     cdef public list sizes          # per op: (bytes, flops) of its work (events.work_bytes, Op.flops)
     cdef public list info           # per op: (op id, name, stream, category, phase, layer, micro-batch)
 
-    def set_arrays(self, kind, dep_ptr, dep_idx, issue, point_of, awaited, base_s):
+    def set_arrays(self, kind, dep_ptr, dep_idx, issue, point_of, awaited, base_s, durations):
         self.kind_arr, self.dep_ptr_arr, self.dep_idx_arr = kind, dep_ptr, dep_idx
         self.issue_arr, self.point_arr, self.awaited_arr, self.base_arr = issue, point_of, awaited, base_s
         self.kind, self.dep_ptr, self.dep_idx = kind, dep_ptr, dep_idx
         self.issue, self.point_of, self.awaited, self.base_s = issue, point_of, awaited, base_s
+        self.dur_arr, self.dur = durations, durations
+        self.priced = durations.shape[0] > 0
 
 
 cdef class Proc:
@@ -592,7 +597,7 @@ cdef class Core:
                             rv.start_s = self.now
                             p.phase = S_XFER
                 else:
-                    dur_s = self.compute_s(st.ops[p.op], rank)
+                    dur_s = st.dur[p.op] if st.priced else self.compute_s(st.ops[p.op], rank)
                     p.phase = S_COMPUTE_DONE
                     if dur_s > 0:
                         if self.kappa > 0:

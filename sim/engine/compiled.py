@@ -14,8 +14,9 @@ setup.py); without it events.run falls back to the Python core (`core_name()`).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -42,7 +43,7 @@ _FIELDS = attrgetter("id", "name", "stream", "category", "phase", "layer", "micr
 
 
 def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float], syncs,
-           work_bytes: Callable[[Op], int]) -> _core.Stage:
+           work_bytes: Callable[[Op], int], price: Callable[[Op], float] | None = None) -> _core.Stage:
     """One stage's arrays (module docstring). Ops are numbered by their position in the schedule; every
     per-op list is built by C-level map/zip passes, not a Python loop per op."""
     ops = schedule.ops
@@ -60,6 +61,11 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     kind = np.fromiter(map(kind_of.__getitem__, types), dtype=np.intc, count=len(ops))
     one_op_of = dict(zip(map(id, works), ops, strict=True))  # stamped ops share their work: size each once
     size_of = {key: (work_bytes(op), op.flops) for key, op in one_op_of.items()}
+    if price is not None:  # priced once per work (run's docstring)
+        time_of = {key: float(price(op)) for key, op in one_op_of.items() if not isinstance(op.work, Collective | P2P)}
+        durations = np.fromiter(map(time_of.get, map(id, works), repeat(0.0)), dtype=np.float64, count=len(ops))
+    else:
+        durations = np.zeros(0)
     st = _core.Stage()
     st.ops, st.op_ids, st.info = list(ops), ids, list(map(_FIELDS, ops))
     st.sizes = list(map(size_of.__getitem__, map(id, works)))
@@ -76,11 +82,26 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
         base = np.array(syncs.base_s, dtype=np.float64)
     else:
         point, awaited, base = np.zeros(0, dtype=np.intc), np.zeros(0, dtype=np.intc), np.zeros(0)
-    st.set_arrays(kind, dep_ptr, dep_idx, issue_arr, point, awaited, base)
+    st.set_arrays(kind, dep_ptr, dep_idx, issue_arr, point, awaited, base, durations)
     return st
 
 
-def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn, p2p: P2PFn | None,
+def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn,
+        p2p: P2PFn | None, event_type: type, work_bytes: Callable[[Op], int]
+        ) -> tuple[tuple, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
+    """_run with the cyclic garbage collector paused: a run allocates an event tuple per (rank, op) and a few
+    per op, none of them cyclic garbage, and each collection the allocations would trigger rescans the
+    whole young generation (and now and then every object alive). Pausing it changes no value."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(inputs, schedules, compute_s, collective, p2p, event_type, work_bytes)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn, p2p: P2PFn | None,
         event_type: type, work_bytes: Callable[[Op], int]
         ) -> tuple[tuple, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
     """The engine on the compiled core: (events in completion order, the latest end (0.0: none), transfers,
@@ -93,11 +114,13 @@ def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, col
     for r in ranks:
         stage_ranks.setdefault(stage_of(r), r)
     stages = []
+    by_work = getattr(compute_s, "by_work", False)
     for stage, streams in enumerate(inputs.per_stream):
         first = stage_ranks.get(stage)
         issue = inputs.issue_of.get(first, ()) if first is not None else ()
         syncs = inputs.syncs_of.get(first) if first is not None else None
-        stages.append(_stage(stage, schedules[stage], streams, issue, syncs, work_bytes))
+        price = (lambda op, rank=first: compute_s(op, rank)) if by_work and first is not None else None
+        stages.append(_stage(stage, schedules[stage], streams, issue, syncs, work_bytes, price))
     issue_ranks = frozenset(r for r in ranks if inputs.issue_of.get(r))
     sync_ranks = frozenset(r for r in ranks if r in inputs.syncs_of)
     core = _core.Core(stages, [stage_of(r) for r in ranks], ranks, issue_ranks, sync_ranks, compute_s, collective,
