@@ -235,6 +235,7 @@ cdef class Core:
     cdef object transfer_type
     # the arbiter
     cdef object rates
+    cdef dict rate_memo          # MemoRates._memo: ids of the loads -> (the loads, their rates)
     cdef list jobs
     cdef double last_s
     cdef int timer
@@ -298,6 +299,8 @@ cdef class Core:
         self.now = 0.0
         self.seq = 0
         self.rates = rates
+        memo = getattr(rates, "_memo", None)  # arbiter.MemoRates (rates_of); any other rates function: called
+        self.rate_memo = memo if type(memo) is dict else None
         self.jobs = []
         self.last_s = 0.0
         self.timer = -1
@@ -763,14 +766,14 @@ cdef class Core:
             wait_s = x if x > 0.0 else 0.0
         else:
             if not self.owning and len(self.jobs_of_key) == n:  # one job per key: its own load
-                rates = self.rates([(<_Job>j).load for j in jobs])
+                rates = self.rates_of([(<_Job>j).load for j in jobs])
                 if len(rates) != n:
                     raise ValueError("rates of a different length than the jobs")
                 for k in range(n):
                     (<_Job>jobs[k]).rate = rates[k]
             else:
                 keys = self.key_loads()
-                rate_of = dict(zip(keys, self.rates(list(keys.values())), strict=True))
+                rate_of = dict(zip(keys, self.rates_of(list(keys.values())), strict=True))
                 for job in jobs:
                     job.rate = rate_of[job.key]
             job = <_Job>jobs[0]
@@ -785,6 +788,15 @@ cdef class Core:
         self.timer = self.timeout(wait_s)
         self.add_cb(self.timer, CB_TICK, 0)
         return 0
+
+    cdef object rates_of(self, list loads):
+        """self.rates(loads), answered from arbiter.MemoRates' own first table when it holds them (the lookup
+        its __call__ makes, without the call), else by the call (which fills that table)."""
+        if self.rate_memo is not None:
+            hit = self.rate_memo.get(tuple([id(load) for load in loads]))
+            if hit is not None:
+                return (<tuple>hit)[1]
+        return self.rates(loads)
 
     cdef dict key_loads(self):
         cdef dict keys = {}, owns = {}
