@@ -167,13 +167,18 @@ LIBRARY = {
 }
 
 
+EXPLICIT = ("mixtral-8x7b-h100-ep8", "llama2-70b-h100-pp4", "llama3-70b-h100-cp2")  # also with explicit ranks
+
+
 @built
-@pytest.mark.parametrize("name", sorted(LIBRARY))
-def test_library_results_json_is_byte_identical_across_engines(name):
+@pytest.mark.parametrize(("name", "explicit"), [(n, False) for n in sorted(LIBRARY)] + [(n, True) for n in EXPLICIT])
+def test_library_results_json_is_byte_identical_across_engines(name, explicit):
+    """Explicit ranks: real rendezvous of every TP (and EP, CP) group member, symmetric copies sharing keys."""
     scenario, source = load_scenario(name)
     rs = resolve(with_overrides(scenario, LIBRARY[name], source) if LIBRARY[name] else scenario, source)
-    texts = {engine: results_json_text(simulate(rs, engine_name=engine)) for engine in ("compiled", "python")}
-    assert texts["compiled"] == texts["python"]
+    texts = {engine: results_json_text(simulate(rs, explicit_ranks=explicit, engine_name=engine))
+             for engine in ("compiled", "python", "simpy")}
+    assert texts["compiled"] == texts["python"] == texts["simpy"]
 
 
 def test_without_the_extension_the_python_core_runs_and_run_says_so(monkeypatch, capsys, tmp_path):
