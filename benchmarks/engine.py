@@ -5,9 +5,10 @@ whole step), then repeats those calls: the collective and compute costers are wa
 engine's own cost (us per event). The critical path is timed the same way on fresh event logs. Whole
 processes (imports, outputs) are benchmarks/run.py's job.
 
-Each engine (the native loop and simpy, sim/engine/simpy_loop.py) is timed on the same calls.
+Each engine (the compiled core, the Python core on its own loop and on simpy's, sim/core/engines.py) is timed
+on the same calls.
 
-    python benchmarks/engine.py [--repeats 7] [--engines native,simpy] [SCENARIO ...]   (default: the default scenario)
+    python benchmarks/engine.py [--repeats 7] [--engines compiled,python,simpy] [SCENARIO ...]   (default: the default scenario)
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenarios", nargs="*", default=[DEFAULT_SCENARIO])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--engines", default="native,simpy", help="comma-separated engine names")
+    ap.add_argument("--engines", default="compiled,python,simpy", help="comma-separated engine names")
     args = ap.parse_args()
     for name in args.scenarios:
         engine_calls, path_calls = recorded_calls(name)
@@ -69,7 +70,7 @@ def main() -> None:
         for engine in args.engines.split(","):
             engine_s = min_cpu_s(lambda calls=engine_calls, e=engine: [engine_run(*a, **{**k, "engine": e})
                                                                        for a, k in calls], args.repeats)
-            print(f"{name:<26} {engine:<6} engine {engine_s * 1e3:7.1f} ms ({len(engine_calls)} runs, {n_events} "
+            print(f"{name:<26} {engine:<8} engine {engine_s * 1e3:7.1f} ms ({len(engine_calls)} runs, {n_events} "
                   f"events, {engine_s / max(n_events, 1) * 1e6:5.2f} us/event), critical path {path_s * 1e3:6.1f} ms",
                   flush=True)
 

@@ -100,11 +100,12 @@ def test_the_engine_is_a_scenario_option_and_the_figures_do_not_depend_on_it():
     and its events included, is the same."""
     overrides = {**CASES["1f1b-kappa"][0], "parallel.global_batch": 48, "run.cuda_graphs": True}
     rs, on_simpy = _tiny(**overrides), _tiny(**overrides, **{"run.engine": "simpy"})
-    assert on_simpy.scenario.run.engine == "simpy" and rs.scenario.run.engine == "native"
-    native, simpy_result = simulate(rs), simulate(on_simpy)
+    assert on_simpy.scenario.run.engine == "simpy" and rs.scenario.run.engine == "compiled"
+    native, simpy_result = simulate(rs, engine_name="native"), simulate(on_simpy)
     assert native.steady_state.path == "extrapolated"
     assert native == simpy_result and native.events == simpy_result.events
     assert simulate(rs, engine_name="simpy").events == native.events
+    assert simulate(rs).events == native.events  # the default: the compiled core
 
 
 def test_an_unknown_engine_is_refused():

@@ -14,6 +14,7 @@ import pytest
 
 from meshsim.sim.cli.main import main
 from meshsim.sim.core.errors import EXIT_USER_ERROR, missing_extra
+from meshsim.sim.engine import compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +29,8 @@ def test_version_is_the_installed_distributions(capsys):
     from importlib import metadata
 
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"meshsim {metadata.version('meshsim')}"
+    core = "compiled" if compiled.AVAILABLE else "python (the compiled core is not built)"
+    assert capsys.readouterr().out.strip() == f"meshsim {metadata.version('meshsim')} (engine core: {core})"
     version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     assert metadata.version("meshsim") == version
 
@@ -87,7 +89,7 @@ def test_packaging_config_lists_every_shipped_folder_and_an_spdx_license(pyproje
     assert sorted(shipped - set(tool["packages"])) == []
     assert set(tool["package-dir"]) == set(tool["packages"])
     assert isinstance(pyproject["project"]["license"], str)
-    assert pyproject["build-system"]["requires"] == ["setuptools>=77"]
+    assert pyproject["build-system"]["requires"] == ["setuptools>=77", "Cython>=3"]
     for package, patterns in tool["package-data"].items():  # data is declared on the package that holds it
         folder = ROOT / tool["package-dir"][package]
         assert all("/" not in p and list(folder.glob(p)) for p in patterns), (package, patterns)

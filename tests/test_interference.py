@@ -13,6 +13,7 @@ import pytest
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import ComputeTuning, Scenario
+from meshsim.sim.core.engines import DEFAULT_ENGINE
 from meshsim.sim.engine import arbiter
 from meshsim.sim.engine.events import run, symmetric_groups
 from meshsim.sim.results.costers import comm_interference
@@ -29,11 +30,11 @@ def coll(i, name, deps=(), group="tp"):
     return Op(i, name, stream, stream, "fwd", Collective("all_reduce", group, 1000), tuple(deps), None, None)
 
 
-def overlap_log(g_s, c_s, kappa, ranks=(0,), tp=2, dp=1, lat_s=0.0):
+def overlap_log(g_s, c_s, kappa, ranks=(0,), tp=2, dp=1, lat_s=0.0, engine=DEFAULT_ENGINE):
     """One compute op `gemm` of g_s and one collective `ar` (latency lat_s, bandwidth c_s), both at t = 0."""
     schedule = Schedule((comp(0, "gemm"), coll(1, "ar")), tp=tp, dp=dp, micro_batches=1)
     return run(schedule, ranks, lambda op, rank: g_s, lambda op, group: (lat_s, c_s, {7: 1.0}),
-               symmetric_groups(tp, dp), comm_interference=kappa)
+               symmetric_groups(tp, dp), comm_interference=kappa, engine=engine)
 
 
 def ends(log, rank=0):
@@ -80,13 +81,16 @@ def test_kappa_zero_keeps_compute_off_the_arbiter(monkeypatch):
         keys.append(key)
         return drain(self, key, *args, **kwargs)
 
-    monkeypatch.setattr(arbiter.Arbiter, "drain", spy)
-    log = overlap_log(3.0, 2.0, 0.0)
+    monkeypatch.setattr(arbiter.Arbiter, "drain", spy)  # the Python core's arbiter
+    log = overlap_log(3.0, 2.0, 0.0, engine="python")
     assert keys == [(0, 1)]  # only the collective's bandwidth part (stage 0, op 1); the GEMM is a plain timeout
     assert [(e.name, e.start_s, e.end_s) for e in log.events] == [("ar", 0.0, 2.0), ("gemm", 0.0, 3.0)]
     keys.clear()
-    overlap_log(3.0, 2.0, 0.5)
+    overlap_log(3.0, 2.0, 0.5, engine="python")
     assert keys == [("compute", 0), (0, 1)]
+    # every core records the jobs it drained (in finishing order): the same keys on the default one
+    assert [j.key for j in overlap_log(3.0, 2.0, 0.0).jobs] == [(0, 1)]
+    assert [j.key for j in overlap_log(3.0, 2.0, 0.5).jobs] == [(0, 1), ("compute", 0)]
 
 
 def tiny(kappa=None, **overrides):

@@ -3,13 +3,14 @@ this file only assembles them and turns every error into one line without a trac
 usage errors) exit 2, a command that could not finish (CommandFailed: a worker died, a signal) exits with
 its own status, 1 by default. A command that needs an optional extra that is not installed (torch for
 `validate` / `calibrate`) is a user error too: one line naming the `pip install` that adds it, exit 2.
-`meshsim --version` prints the installed package's version."""
+`meshsim --version` prints the installed package's version and the engine core in use."""
 
 from __future__ import annotations
 
 import atexit
 import gc
 import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -34,12 +35,21 @@ COMMAND_MODULES = {  # command -> the module that registers it (each module regi
 }
 
 
+def engine_core() -> str:
+    """The engine core `--engine compiled` (the default) runs on: the built extension, or the Python core
+    (found without importing it: --version stays cheap)."""
+    if importlib.util.find_spec("meshsim.sim.engine._core") is not None:
+        return "engine core: compiled"
+    return "engine core: python (the compiled core is not built)"
+
+
 def version_text() -> str:
-    """'meshsim 0.1.0': the installed distribution's version (pyproject.toml's project.version)."""
+    """'meshsim 0.1.0 (engine core: compiled)': the installed distribution's version (pyproject.toml's
+    project.version) and the engine core in use."""
     try:
-        return f"meshsim {metadata.version('meshsim')}"
+        return f"meshsim {metadata.version('meshsim')} ({engine_core()})"
     except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-        return "meshsim (not installed: pip install .)"
+        return f"meshsim (not installed: pip install .) ({engine_core()})"
 
 
 def _show_version(value: bool) -> None:

@@ -18,6 +18,7 @@ from meshsim.sim.core.outfiles import check_output_dir, check_output_file, outpu
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.units import parse_count
 from meshsim.sim.core.userio import parse_yaml
+from meshsim.sim.engine import compiled
 from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.outputs.step_report import (
     OUTPUT_FILES,
@@ -70,8 +71,9 @@ def run_command(
                               "steady state (same figures; trace and timeline then hold every op)"),
     profile: Path = typer.Option(None, "--profile", help="hardware profile YAML (meshsim calibrate, also "
                                  "--from-trace) replacing the scenario's hardware.profile"),
-    engine: str = typer.Option(None, "--engine", help="discrete-event loop: native (default, faster) or simpy; "
-                               "same figures (default: the scenario's run.engine)"),
+    engine: str = typer.Option(None, "--engine", help="discrete-event engine: compiled (the default, "
+                               "fastest), python (alias native) or simpy; same figures (default: the scenario's "
+                               "run.engine)"),
     set_values: list[str] = typer.Option(None, "--set", help="override one scenario field, SECTION.FIELD=VALUE "
                                          "(repeatable; VALUE in YAML), e.g. --set parallel.tp=4 --set "
                                          "parallel.sp=true; checked like the file"),
@@ -92,6 +94,9 @@ def run_command(
         check_at_most("--explicit-ranks", ranks, MAX_EXPLICIT_RANKS, "drop --explicit-ranks (rank 0 alone gives "
                       "the same step on a symmetric mesh), or use a smaller tp", what="ranks simulated (tp x "
                       "min(dp, 2))")
+    if (engine or rs.scenario.run.engine) == "compiled" and not compiled.AVAILABLE:
+        typer.echo("meshsim: the compiled engine core is not built (no C compiler at install); running the "
+                   "Python core: the same figures, slower", err=True)
     with gc_frozen(keep=True):  # the command ends after the block: no collection rescans its objects
         result = simulate(rs, explicit_ranks=explicit_ranks, full=full, engine_name=engine)
         paths = write_outputs(result, result.events, out_dir, html=not no_html, level=outputs,

@@ -75,7 +75,7 @@ def sweep_command(
     json_path: Path = typer.Option(None, "--json", help="write configurations, skipped, sweet_spot, explanation"),
     ray: str = typer.Option(None, "--ray", help="run as Ray tasks: a cluster address, 'auto' or 'local'"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
-    engine: str = typer.Option(None, "--engine", help="discrete-event loop of every simulation: native or "
+    engine: str = typer.Option(None, "--engine", help="discrete-event engine of every simulation: compiled, python or "
                                "simpy (same figures; default: the scenario's run.engine)"),
 ) -> None:
     """Sweep tp x pp x vp x sp x micro-batch x overlap x recompute (x ep x etp x cp x fp8 x fsdp x optimizer

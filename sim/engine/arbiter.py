@@ -52,7 +52,8 @@ class MemoRates:
     them, so the same few combinations of concurrent collectives recur all step long), then on their
     items in order, numbered (equal mappings from another cost entry, or from an earlier engine run: the
     two short runs of a steady-state extrapolation share most of them). fair_rates reads only the items
-    of each mapping, in order, so equal ordered items give bit-identical rates."""
+    of each mapping, in order, so equal ordered items give bit-identical rates. The compiled core looks up
+    `_memo` itself before calling (sim/engine/_core.pyx rates_of): keep its key the tuple of the ids."""
 
     def __init__(self, rates: RatesFn = fair_rates):
         self._rates = rates

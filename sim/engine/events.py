@@ -1,8 +1,9 @@
 """Discrete-event engine: orders a Schedule's ops in time on the simulated ranks.
 
 `check_inputs` validates a run's inputs; `run` drives the processes (sim/engine/processes.py) on an event
-loop with loop.py's interface, meshsim's own (`engine="native"`) or simpy's (`"simpy"`,
-sim/engine/simpy_loop.py), which give bit-identical logs. It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
+loop with loop.py's interface, meshsim's own (`engine="python"`, alias "native") or simpy's (`"simpy"`,
+sim/engine/simpy_loop.py), or all of it on the compiled core (`"compiled"`, the default: sim/engine/_core.pyx
+over compiled.py's arrays; the Python core when the extension is not built), which give bit-identical logs. It never computes a cost: the caller supplies `compute_s(op, rank)` for compute ops and
 `collective(op, group) -> (latency_s, bandwidth_s, link_load)` for collectives (`group` = the global
 ranks of the op's real TP or DP group, from `group_of`).
 
@@ -49,12 +50,15 @@ proof, sim/results/period_proof.py, reads).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not
 from typing import NamedTuple
 
 from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
 from meshsim.sim.core.mesh import mesh_group
+from meshsim.sim.engine import compiled
 from meshsim.sim.engine.arbiter import Job
 from meshsim.sim.engine.host import host_syncs
 from meshsim.sim.engine.processes import (
@@ -67,7 +71,7 @@ from meshsim.sim.engine.processes import (
     Processes,
     Transfer,
 )
-from meshsim.sim.engine.simpy_loop import make_loop
+from meshsim.sim.engine.simpy_loop import make_loop, resolve_engine
 from meshsim.sim.schedule.ops import P2P, STREAMS, Collective, Elementwise, Op, OptimizerStep, Schedule
 
 __all__ = ["CollectiveFn", "CommTiming", "ComputeFn", "Event", "EventLog", "GroupFn", "Job", "P2PFn", "Transfer",
@@ -155,11 +159,29 @@ def work_bytes(op: Op) -> int:
 _new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling __new__: one call less per event
 
 
-def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
-    ids = {op.id for op in schedule.ops}
-    if len(ids) != len(schedule.ops):
+_ID, _DEPS, _STREAM, _WAIT, _CALLS = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls"))
+
+
+def _valid_ops(ops: Sequence[Op]) -> bool:
+    """_first_problem finds nothing, decided by whole-schedule passes (sets and C-level maps, not a
+    Python loop per op): each test is the per-op test of _first_problem over every op at once."""
+    ids = list(map(_ID, ops))
+    known = set(ids)
+    if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
+        return False
+    if not set(map(_STREAM, ops)).issubset(STREAMS) or (ops and min(map(_CALLS, ops)) < 0):
+        return False
+    waits = list(map(_WAIT, ops))
+    waiting = compress(zip(waits, ids, strict=True), map(is_not, waits, repeat(None)))
+    return all(0 <= wait < op_id for wait, op_id in waiting)
+
+
+def _first_problem(ops: Sequence[Op]) -> None:
+    """The first invalid op, in schedule order, as a ValueError naming it."""
+    ids = {op.id for op in ops}
+    if len(ids) != len(ops):
         raise ValueError("schedule has duplicate op ids")
-    for op in schedule.ops:
+    for op in ops:
         missing = [d for d in op.deps if d not in ids]
         if missing:
             raise ValueError(f"op {op.id} ({op.name}) depends on unknown op ids {missing}")
@@ -169,10 +191,24 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
             raise ValueError(f"op {op.id} ({op.name}): its host waits for op {op.host_wait}, not an earlier op")
         if op.host_calls < 0:
             raise ValueError(f"op {op.id} ({op.name}) has {op.host_calls} host calls")
+
+
+def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
+    if not _valid_ops(schedule.ops):
+        _first_problem(schedule.ops)
+    kinds = {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}
     for rank in ranks:
-        for kind in {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}:
+        for kind in kinds:
             if rank not in group_of(kind, rank):
                 raise ValueError(f"group_of({kind!r}, {rank}) does not contain rank {rank}")
+
+
+def _by_stream(schedule: Schedule) -> dict[str, list[Op]]:
+    """{stream: schedule.by_stream(stream)} for every stream, in one pass (streams checked by _check)."""
+    out: dict[str, list[Op]] = {s: [] for s in STREAMS}
+    for op in schedule.ops:
+        out[op.stream].append(op)
+    return out
 
 
 def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], group_of: GroupFn | None = None,
@@ -194,7 +230,7 @@ def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], 
         if times and len(times) != len(sched.ops):
             raise ValueError(f"issue_s has {len(times)} entries for {len(sched.ops)} ops")
     issue_of = {r: per_stage_issue[stage_of(r)] for r in ranks if per_stage_issue and per_stage_issue[stage_of(r)]}
-    per_stream = tuple({s: sched.by_stream(s) for s in STREAMS} for sched in stages)
+    per_stream = tuple(_by_stream(sched) for sched in stages)
     syncs = [host_syncs(sched.ops, times) for sched, times in zip(stages, per_stage_issue, strict=False)]
     syncs_of = {r: syncs[stage_of(r)] for r in issue_of if syncs[stage_of(r)] is not None}
     return Inputs(ranks, stage_of, group_of, issue_of, comm_interference, per_stream, syncs_of)
@@ -210,6 +246,14 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     start the host allows (sim/cost/host_dispatch.py; one sequence per stage with several schedules);
     () = no host limit. p2p: the P2P transfer coster. engine: the event loop (sim/engine/simpy_loop.py)."""
     inputs = check_inputs(schedule, ranks, group_of, comm_interference, issue_s, stage_of, p2p)
+    engine = resolve_engine(engine)
+    if engine == "compiled":
+        events_, latest_s, transfers, jobs, finished = compiled.run(
+            inputs, (schedule,) if isinstance(schedule, Schedule) else tuple(schedule), compute_s, collective, p2p, Event,
+            work_bytes)
+        _check_all_ran(inputs, finished, len(events_))
+        return EventLog(events_, inputs.ranks, latest_s,
+                        transfers=tuple(transfers), jobs=tuple(jobs))
     events: list[Event] = []
     append = events.append
 
@@ -226,16 +270,16 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
     procs = Processes(inputs, make_loop(engine), compute_s, collective, p2p, record)
     procs.start()
     procs.env.run()
-    _check_all_ran(inputs, procs, len(events))
+    _check_all_ran(inputs, procs.finished.__getitem__, len(events))
     return EventLog(tuple(events), inputs.ranks, max((e.end_s for e in events), default=0.0),
                     transfers=tuple(procs.transfers), jobs=tuple(procs.arbiter.records))
 
 
-def _check_all_ran(inputs: Inputs, procs: Processes, ran: int) -> None:
+def _check_all_ran(inputs: Inputs, finished: Callable[[int], Container[int]], ran: int) -> None:
     ops_of = [[op for ops in streams.values() for op in ops] for streams in inputs.per_stream]
     expected = sum(len(ops_of[inputs.stage_of(r)]) for r in inputs.ranks)
     if ran != expected:
         stuck = sorted({(r, op.id, op.name) for r in inputs.ranks for op in ops_of[inputs.stage_of(r)]
-                        if op.id not in procs.finished[r]})[:3]
+                        if op.id not in finished(r)})[:3]
         raise ValueError(f"deadlock: {expected - ran} ops never ran, e.g. {stuck} "
                          "(a dependency on a later op of the same stream, or a collective some peer never issues)")

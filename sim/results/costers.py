@@ -185,6 +185,7 @@ def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
             hit = memo[id(work)] = (work, model.time_s(work))
         return hit[1]
 
+    compute_s.by_work = True  # the same time for every op of one work on every rank (sim/engine/compiled.py)
     return compute_s
 
 

@@ -1,0 +1,923 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The compiled event core: sim/engine/loop.py, processes.py and arbiter.py as one state machine over arrays.
+
+The same engine as the Python reference, step for step (sim/engine/events.py states its rules):
+
+- the heap orders entries by (time, priority, sequence number) and every push takes the next number, in the
+  order the Python engine pushes (process starts URGENT, `succeed` and timeouts NORMAL);
+- a signal keeps its callbacks in the order they were added (a waiting process, an all-of counter, the
+  arbiter's timer); processing one marks it done, then calls them in order; waiting on a done signal
+  continues at once;
+- each generator of processes.py (a FIFO stream, a P2P batch, a P2P transfer) is a process with an explicit
+  resume point (`phase`) that does, between two waits, exactly what the generator does between two yields;
+- the arbiter drains jobs with the same float operations in the same order and asks the same rates function
+  (arbiter.MemoRates) for rates.
+
+Every float is an IEEE double computed by the same operation as in Python (`a + b`, `a - b`, `a * b`,
+`a / b`, and max/min written as Python's builtins pick: the first argument unless a later one is strictly
+greater / smaller); the module is compiled with -O2 -ffp-contract=off and no fast-math (setup.py), so no
+operation is fused or reordered. tests/test_engine_compiled.py checks it event for event against the
+Python core on generated inputs and on library scenarios.
+
+Inputs are arrays per pipeline stage (sim/engine/compiled.py builds them): op kind, dependency lists in CSR
+form, host issue times per op; the costers (compute_s, collective, p2p) and the rates function are Python
+callables, called at the same points, with the same arguments, as the Python engine calls them.
+"""
+
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.stdlib cimport free, malloc, realloc
+
+cdef extern from "Python.h":
+    object PyType_GenericAlloc(type t, Py_ssize_t nitems)
+
+cdef enum:
+    URGENT = 0
+    NORMAL = 1
+
+cdef enum:
+    CB_RESUME = 0
+    CB_ALLOF = 1
+    CB_TICK = 2
+
+cdef enum:
+    K_COMPUTE = 0
+    K_COLLECTIVE = 1
+    K_P2P = 2
+
+# resume points of a stream process
+cdef enum:
+    S_NEXT = 0
+    S_DEPS = 1
+    S_ISSUE = 2
+    S_HOST = 3
+    S_ISSUE_WAIT = 4
+    S_START = 5
+    S_XFER = 6
+    S_XFER_BW = 7
+    S_XFER_DONE = 8
+    S_RV_WAITED = 9
+    S_COMPUTE_DONE = 10
+    S_END = 11
+
+ctypedef struct Entry:
+    double t
+    int prio
+    long long seq
+    int sig
+
+ctypedef struct Sig:
+    int done
+    int head
+    int tail
+
+ctypedef struct Node:
+    int kind
+    int arg
+    int next
+
+ctypedef struct Rec:
+    int ri
+    int op
+    double start_s
+    double end_s
+    double wait_s
+    long long peer
+    long long peer_op
+
+cdef double _EPS_S = 1e-15
+
+
+cdef inline bint _less(Entry* a, Entry* b) noexcept nogil:
+    """(time, priority, sequence) lexicographically, as Python compares the heap's tuples."""
+    if a.t != b.t:
+        return a.t < b.t
+    if a.prio != b.prio:
+        return a.prio < b.prio
+    return a.seq < b.seq
+
+
+cdef void* _grow(void* ptr, Py_ssize_t* cap, Py_ssize_t need, size_t size) except NULL:
+    cdef Py_ssize_t new_cap = cap[0]
+    if need <= new_cap and ptr != NULL:
+        return ptr
+    if new_cap < 16:
+        new_cap = 16
+    while new_cap < need:
+        new_cap *= 2
+    cdef void* out = realloc(ptr, new_cap * size)
+    if out == NULL:
+        raise MemoryError()
+    cap[0] = new_cap
+    return out
+
+
+cdef class Stage:
+    """One pipeline stage's schedule as arrays (sim/engine/compiled.py)."""
+    cdef public list ops            # the Op records, by index
+    cdef public list streams        # per FIFO stream with ops: its op indices in order (int arrays)
+    cdef public list batches        # op indices of the pp_comm stream, in order
+    cdef public object kind_arr, dep_ptr_arr, dep_idx_arr, issue_arr, point_arr, awaited_arr, base_arr
+    cdef int[::1] kind
+    cdef int[::1] dep_ptr
+    cdef int[::1] dep_idx
+    cdef double[::1] issue          # host issue time per op index (len 0: none)
+    cdef int[::1] point_of          # index of the last host sync at or before the op (-1: none); len 0: no syncs
+    cdef int[::1] awaited           # per sync: the op index it waits for
+    cdef double[::1] base_s         # per sync: the static clock when it starts waiting
+    cdef double[::1] dur            # compute ops: their time, priced once per work (len 0: ask compute_s per op)
+    cdef bint priced
+    cdef public object dur_arr
+    cdef public int stage            # its index (the arbiter key of a collective's copies: (stage, op id))
+    cdef public list op_ids
+    cdef public list sizes          # per op: (bytes, flops) of its work (events.work_bytes, Op.flops)
+    cdef public list info           # per op: (op id, name, stream, category, phase, layer, micro-batch)
+
+    def set_arrays(self, kind, dep_ptr, dep_idx, issue, point_of, awaited, base_s, durations):
+        self.kind_arr, self.dep_ptr_arr, self.dep_idx_arr = kind, dep_ptr, dep_idx
+        self.issue_arr, self.point_arr, self.awaited_arr, self.base_arr = issue, point_of, awaited, base_s
+        self.kind, self.dep_ptr, self.dep_idx = kind, dep_ptr, dep_idx
+        self.issue, self.point_of, self.awaited, self.base_s = issue, point_of, awaited, base_s
+        self.dur_arr, self.dur = durations, durations
+        self.priced = durations.shape[0] > 0
+
+
+cdef class Proc:
+    cdef int pid
+    cdef int kind          # 0 stream, 1 P2P batch, 2 P2P transfer
+    cdef int ri
+    cdef Stage stage
+    cdef int phase
+    cdef int[::1] ops      # stream: its op indices
+    cdef Py_ssize_t pos
+    cdef int op            # the current op index
+    cdef int dep           # next position in the op's dependency list
+    cdef double at_s
+    cdef double start_s
+    cdef object group
+    cdef object work_group
+    cdef int members
+    cdef _Rendezvous rv
+    cdef object rv_key
+    cdef double bw_s
+    cdef object load
+    cdef list posts
+    cdef _Posted posted
+    cdef object key
+    cdef object nbytes
+
+
+cdef class _Rendezvous:
+    cdef int expected
+    cdef int arrived
+    cdef long long last
+    cdef double last_s
+    cdef double start_s
+    cdef long long last_op
+    cdef int done
+
+
+cdef class _Posted:
+    cdef int done
+    cdef long long rank
+    cdef long long op_id
+    cdef double posted_s
+    cdef double start_s
+    cdef long long last
+    cdef long long last_op
+
+
+cdef class _Job:
+    cdef object key
+    cdef double remaining_s
+    cdef object load
+    cdef int done
+    cdef object own
+    cdef double rate
+    cdef object tag
+    cdef double start_s
+
+
+cdef class Core:
+    """One run: the loop, the processes' shared state, the arbiter."""
+    # the loop
+    cdef public double now
+    cdef Entry* heap
+    cdef Py_ssize_t heap_n, heap_cap
+    cdef long long seq
+    cdef Sig* sigs
+    cdef Py_ssize_t sig_n, sig_cap
+    cdef Node* nodes
+    cdef Py_ssize_t node_n, node_cap
+    cdef int* allof_left
+    cdef int* allof_sig
+    cdef Py_ssize_t allof_n, allof_cap
+    cdef list procs
+    # the run
+    cdef list stages            # Stage per stage
+    cdef list rank_stage        # per rank index: its Stage
+    cdef long long[::1] ranks
+    cdef object rank_set
+    cdef object compute_s, collective, p2p, group_of
+    cdef double kappa
+    cdef int* offset            # per rank index: where its ops start in the per-(rank, op) arrays
+    cdef char* done
+    cdef double* end_s
+    cdef int* waiters
+    cdef char* has_issue
+    cdef char* has_syncs
+    cdef list delays
+    cdef list cpu_load
+    cdef dict comm_cpu, open, groups, posted
+    cdef public list transfers
+    cdef Rec* recs
+    cdef Py_ssize_t rec_n, rec_cap
+    cdef object transfer_type
+    # the arbiter
+    cdef object rates
+    cdef dict rate_memo          # MemoRates._memo: ids of the loads -> (the loads, their rates)
+    cdef list jobs
+    cdef double last_s
+    cdef int timer
+    cdef dict merged, jobs_of_key
+    cdef int owning
+    cdef public list records
+    cdef object job_type
+
+    def __dealloc__(self):
+        free(self.heap)
+        free(self.sigs)
+        free(self.nodes)
+        free(self.allof_left)
+        free(self.allof_sig)
+        free(self.offset)
+        free(self.done)
+        free(self.end_s)
+        free(self.waiters)
+        free(self.has_issue)
+        free(self.has_syncs)
+        free(self.recs)
+
+    def __init__(self, stages, rank_stage_index, ranks, issue_ranks, sync_ranks, compute_s, collective, p2p,
+                 group_of, double kappa, rates, transfer_type, job_type):
+        cdef Py_ssize_t n_ranks = len(ranks), ri, total = 0
+        cdef Stage st
+        self.stages = list(stages)
+        self.rank_stage = [self.stages[i] for i in rank_stage_index]
+        import numpy as np
+        self.ranks = np.asarray(ranks, dtype=np.int64)
+        self.rank_set = frozenset(ranks)
+        self.compute_s, self.collective, self.p2p, self.group_of = compute_s, collective, p2p, group_of
+        self.kappa = kappa
+        self.offset = <int*>malloc((n_ranks + 1) * sizeof(int))
+        self.has_issue = <char*>malloc((n_ranks + 1) * sizeof(char))
+        self.has_syncs = <char*>malloc((n_ranks + 1) * sizeof(char))
+        if self.offset == NULL or self.has_issue == NULL or self.has_syncs == NULL:
+            raise MemoryError()
+        for ri in range(n_ranks):
+            st = self.rank_stage[ri]
+            self.offset[ri] = total
+            total += len(st.ops)
+            self.has_issue[ri] = ranks[ri] in issue_ranks
+            self.has_syncs[ri] = ranks[ri] in sync_ranks
+        self.offset[n_ranks] = total
+        self.done = <char*>malloc((total + 1) * sizeof(char))
+        self.end_s = <double*>malloc((total + 1) * sizeof(double))
+        self.waiters = <int*>malloc((total + 1) * sizeof(int))
+        if self.done == NULL or self.end_s == NULL or self.waiters == NULL:
+            raise MemoryError()
+        for ri in range(total):
+            self.done[ri] = 0
+            self.end_s[ri] = 0.0
+            self.waiters[ri] = -1
+        self.delays = [[] for _ in range(n_ranks)]
+        self.cpu_load = [{("cpu", r): 1.0} for r in ranks]
+        self.comm_cpu, self.open, self.groups, self.posted = {}, {}, {}, {}
+        self.transfers = []
+        self.transfer_type = transfer_type
+        self.procs = []
+        self.now = 0.0
+        self.seq = 0
+        self.rates = rates
+        memo = getattr(rates, "_memo", None)  # arbiter.MemoRates (rates_of); any other rates function: called
+        self.rate_memo = memo if type(memo) is dict else None
+        self.jobs = []
+        self.last_s = 0.0
+        self.timer = -1
+        self.merged, self.jobs_of_key = {}, {}
+        self.owning = 0
+        self.records = []
+        self.job_type = job_type
+
+    # ----- the loop ------------------------------------------------------------------------------------
+    cdef int new_sig(self) except -1:
+        self.sigs = <Sig*>_grow(self.sigs, &self.sig_cap, self.sig_n + 1, sizeof(Sig))
+        cdef int s = <int>self.sig_n
+        self.sigs[s].done = 0
+        self.sigs[s].head = -1
+        self.sigs[s].tail = -1
+        self.sig_n += 1
+        return s
+
+    cdef int add_cb(self, int sig, int kind, int arg) except -1:
+        self.nodes = <Node*>_grow(self.nodes, &self.node_cap, self.node_n + 1, sizeof(Node))
+        cdef int n = <int>self.node_n
+        self.node_n += 1
+        self.nodes[n].kind = kind
+        self.nodes[n].arg = arg
+        self.nodes[n].next = -1
+        if self.sigs[sig].tail == -1:
+            self.sigs[sig].head = n
+        else:
+            self.nodes[self.sigs[sig].tail].next = n
+        self.sigs[sig].tail = n
+        return 0
+
+    cdef int push(self, double t, int prio, int sig) except -1:
+        self.heap = <Entry*>_grow(self.heap, &self.heap_cap, self.heap_n + 1, sizeof(Entry))
+        cdef Py_ssize_t i = self.heap_n, parent
+        cdef Entry e
+        e.t, e.prio, e.seq, e.sig = t, prio, self.seq, sig
+        self.seq += 1
+        self.heap_n += 1
+        while i > 0:
+            parent = (i - 1) >> 1
+            if _less(&e, &self.heap[parent]):
+                self.heap[i] = self.heap[parent]
+                i = parent
+            else:
+                break
+        self.heap[i] = e
+        return 0
+
+    cdef Entry pop(self) noexcept:
+        cdef Entry top = self.heap[0]
+        cdef Entry last
+        cdef Py_ssize_t i = 0, child, n
+        self.heap_n -= 1
+        n = self.heap_n
+        if n > 0:
+            last = self.heap[n]
+            while True:
+                child = 2 * i + 1
+                if child >= n:
+                    break
+                if child + 1 < n and _less(&self.heap[child + 1], &self.heap[child]):
+                    child += 1
+                if _less(&self.heap[child], &last):
+                    self.heap[i] = self.heap[child]
+                    i = child
+                else:
+                    break
+            self.heap[i] = last
+        return top
+
+    cdef int succeed(self, int sig) except -1:
+        return self.push(self.now, NORMAL, sig)
+
+    cdef int timeout(self, double delay_s) except -1:
+        if delay_s < 0:
+            raise ValueError(f"negative delay {delay_s}")
+        cdef int s = self.new_sig()
+        self.push(self.now + delay_s, NORMAL, s)
+        return s
+
+    cdef int start(self, Proc p) except -1:
+        p.pid = len(self.procs)
+        self.procs.append(p)
+        cdef int s = self.new_sig()
+        self.add_cb(s, CB_RESUME, p.pid)
+        self.push(self.now, URGENT, s)
+        return 0
+
+    cdef bint wait(self, int sig, Proc p) except -1:
+        """True: `p` now waits for `sig`; False: `sig` is processed, go on at once."""
+        if self.sigs[sig].done:
+            return False
+        self.add_cb(sig, CB_RESUME, p.pid)
+        return True
+
+    cdef int all_of(self, list sigs) except -1:
+        cdef int done = self.new_sig(), a, s
+        if not sigs:
+            self.succeed(done)
+            return done
+        self.allof_left = <int*>_grow(self.allof_left, &self.allof_cap, self.allof_n + 1, sizeof(int))
+        self.allof_sig = <int*>realloc(self.allof_sig, self.allof_cap * sizeof(int))
+        if self.allof_sig == NULL:
+            raise MemoryError()
+        a = <int>self.allof_n
+        self.allof_n += 1
+        self.allof_left[a] = len(sigs)
+        self.allof_sig[a] = done
+        for s in sigs:
+            if self.sigs[s].done:
+                self.allof_check(a)
+            else:
+                self.add_cb(s, CB_ALLOF, a)
+        return done
+
+    cdef int allof_check(self, int a) except -1:
+        self.allof_left[a] -= 1
+        if self.allof_left[a] == 0:
+            self.succeed(self.allof_sig[a])
+        return 0
+
+    def run(self):
+        """Start the processes in (rank, stream) order and process events until none is left."""
+        cdef Py_ssize_t ri
+        cdef Stage st
+        cdef Proc p
+        cdef Entry e
+        cdef int node, kind, arg
+        for ri in range(len(self.ranks)):
+            st = self.rank_stage[ri]
+            for ops in st.streams:
+                p = Proc()
+                p.kind, p.ri, p.stage, p.ops, p.pos, p.phase = 0, <int>ri, st, ops, 0, S_NEXT
+                self.start(p)
+            for op in st.batches:
+                p = Proc()
+                p.kind, p.ri, p.stage, p.op, p.phase = 1, <int>ri, st, op, 0
+                self.start(p)
+        while self.heap_n:
+            e = self.pop()
+            self.now = e.t
+            self.sigs[e.sig].done = 1
+            node = self.sigs[e.sig].head
+            while node != -1:
+                kind = self.nodes[node].kind
+                arg = self.nodes[node].arg
+                if kind == CB_RESUME:
+                    self.resume(<Proc>self.procs[arg])
+                elif kind == CB_ALLOF:
+                    self.allof_check(arg)
+                else:
+                    self.tick(e.sig)
+                node = self.nodes[node].next
+
+    cdef int resume(self, Proc p) except -1:
+        if p.kind == 0:
+            return self.step_stream(p)
+        if p.kind == 1:
+            return self.step_batch(p)
+        return self.step_transfer(p)
+
+    # ----- the processes (processes.py) ----------------------------------------------------------------
+    cdef int waiter(self, int ri, int op) except -1:
+        cdef int at = self.offset[ri] + op
+        cdef int s = self.waiters[at]
+        if s == -1:
+            s = self.new_sig()
+            self.waiters[at] = s
+        return s
+
+    cdef int finish(self, int ri, int op, double start_s, double wait_s, long long peer, long long peer_op) except -1:
+        cdef int at = self.offset[ri] + op
+        cdef int s
+        self.done[at] = 1
+        self.end_s[at] = self.now
+        s = self.waiters[at]
+        if s != -1:
+            self.waiters[at] = -1
+            self.succeed(s)
+        self.recs = <Rec*>_grow(self.recs, &self.rec_cap, self.rec_n + 1, sizeof(Rec))
+        cdef Rec* r = &self.recs[self.rec_n]
+        r.ri, r.op, r.start_s, r.end_s, r.wait_s, r.peer, r.peer_op = ri, op, start_s, self.now, wait_s, peer, peer_op
+        self.rec_n += 1
+        return 0
+
+    cdef bint wait_deps(self, Proc p) except -1:
+        """Wait for the op's deps in order (True: waiting now)."""
+        cdef Stage st = p.stage
+        cdef int end = st.dep_ptr[p.op + 1], d
+        cdef int base = self.offset[p.ri]
+        while p.dep < end:
+            d = st.dep_idx[p.dep]
+            p.dep += 1
+            if not self.done[base + d]:
+                if self.wait(self.waiter(p.ri, d), p):
+                    return True
+        return False
+
+    cdef tuple group(self, object kind, long long rank):
+        key = (kind, rank)
+        hit = self.groups.get(key)
+        if hit is None:
+            group = self.group_of(kind, rank)
+            hit = self.groups[key] = (group, sum(1 for r in group if r in self.rank_set))
+        return <tuple>hit
+
+    cdef object copy_key(self, Stage st, Proc p):
+        """processes.copy_key: (stage, op id), or ("embed", name) for a collective spanning stages."""
+        if p.work_group == "embed":
+            return ("embed", st.ops[p.op].name)
+        return (st.stage, st.op_ids[p.op])
+
+    cdef object comm_load(self, object group):
+        if self.kappa <= 0:
+            return None
+        load = self.comm_cpu.get(group)
+        if load is None:
+            load = self.comm_cpu[group] = {("cpu", r): self.kappa for r in group if r in self.rank_set}
+        return load
+
+    cdef int step_stream(self, Proc p) except -1:
+        cdef Stage st = p.stage
+        cdef long long rank = self.ranks[p.ri]
+        cdef double dur_s, lat_s, prev_s, cand_s
+        cdef int point, i, awaited, base = self.offset[p.ri], s
+        cdef list known
+        cdef _Rendezvous rv
+        while True:
+            if p.phase == S_NEXT:
+                if p.pos >= p.ops.shape[0]:
+                    p.phase = S_END
+                    return 0
+                p.op = p.ops[p.pos]
+                p.dep = st.dep_ptr[p.op]
+                p.phase = S_DEPS
+            if p.phase == S_DEPS:
+                if self.wait_deps(p):
+                    return 0
+                p.phase = S_ISSUE
+            if p.phase == S_ISSUE:
+                if self.has_issue[p.ri]:
+                    p.at_s = st.issue[p.op]
+                    if self.has_syncs[p.ri] and st.point_of[p.op] >= 0:
+                        p.phase = S_HOST
+                    else:
+                        p.phase = S_ISSUE_WAIT
+                else:
+                    p.phase = S_START
+            if p.phase == S_HOST:  # processes.host_delay
+                point = st.point_of[p.op]
+                known = <list>self.delays[p.ri]
+                while len(known) <= point:
+                    i = len(known)
+                    awaited = st.awaited[i]
+                    if not self.done[base + awaited]:
+                        if self.wait(self.waiter(p.ri, awaited), p):
+                            return 0
+                        continue
+                    prev_s = <double>known[i - 1] if i else 0.0
+                    cand_s = self.end_s[base + awaited] - st.base_s[i]
+                    known.append(cand_s if cand_s > prev_s else prev_s)  # host.next_delay_s: max(prev, cand)
+                p.at_s = p.at_s + <double>known[point]
+                p.phase = S_ISSUE_WAIT
+            if p.phase == S_ISSUE_WAIT:
+                p.phase = S_START
+                if p.at_s > self.now:
+                    if self.wait(self.timeout(p.at_s - self.now), p):
+                        return 0
+            if p.phase == S_START:
+                p.start_s = self.now
+                if st.kind[p.op] == K_COLLECTIVE:
+                    op = st.ops[p.op]
+                    p.work_group = op.work.group
+                    p.group, p.members = self.group(p.work_group, rank)
+                    if p.members == 1:
+                        p.rv = None
+                        p.phase = S_XFER
+                    else:  # processes.rendezvous
+                        key = (op.name if p.work_group == "embed" else op.id, p.group)  # stages number ops apart
+                        rv = self.open.get(key)
+                        if rv is None:
+                            rv = _Rendezvous()
+                            rv.expected, rv.arrived, rv.last, rv.last_s, rv.last_op = p.members, 0, -1, -1.0, -1
+                            rv.start_s = 0.0
+                            rv.done = self.new_sig()
+                            self.open[key] = rv
+                        rv.arrived += 1
+                        if self.now > rv.last_s or rank > rv.last:  # the member that issued last; ties: higher rank
+                            rv.last, rv.last_op, rv.last_s = rank, st.op_ids[p.op], self.now
+                        p.rv, p.rv_key = rv, key
+                        if rv.arrived < rv.expected:
+                            p.phase = S_RV_WAITED
+                            if self.wait(rv.done, p):
+                                return 0
+                        else:
+                            rv.start_s = self.now
+                            p.phase = S_XFER
+                else:
+                    dur_s = st.dur[p.op] if st.priced else self.compute_s(st.ops[p.op], rank)
+                    p.phase = S_COMPUTE_DONE
+                    if dur_s > 0:
+                        if self.kappa > 0:
+                            s = self.drain(("compute", rank), dur_s, self.cpu_load[p.ri], None,
+                                           (rank, st.op_ids[p.op]))
+                        else:
+                            s = self.timeout(dur_s)
+                        if self.wait(s, p):
+                            return 0
+            if p.phase == S_XFER:  # processes.transfer
+                lat_s, p.bw_s, p.load = self.collective(st.ops[p.op], p.group)
+                p.phase = S_XFER_BW
+                if lat_s > 0:
+                    if self.wait(self.timeout(lat_s), p):
+                        return 0
+            if p.phase == S_XFER_BW:
+                p.phase = S_XFER_DONE
+                if p.bw_s > 0:
+                    s = self.drain(self.copy_key(st, p), p.bw_s, p.load, self.comm_load(p.group),
+                                   (rank, st.op_ids[p.op]))
+                    if self.wait(s, p):
+                        return 0
+            if p.phase == S_XFER_DONE:
+                p.load = None
+                if p.rv is None:
+                    self.finish(p.ri, p.op, p.start_s, 0.0, rank, -1)
+                else:
+                    rv = p.rv
+                    del self.open[p.rv_key]
+                    self.succeed(rv.done)
+                    self.finish(p.ri, p.op, p.start_s, rv.start_s - p.start_s, rv.last, rv.last_op)
+                p.pos += 1
+                p.phase = S_NEXT
+                p.rv = None
+                continue
+            if p.phase == S_RV_WAITED:
+                rv = p.rv
+                self.finish(p.ri, p.op, p.start_s, rv.start_s - p.start_s, rv.last, rv.last_op)
+                p.pos += 1
+                p.phase = S_NEXT
+                p.rv = None
+                continue
+            if p.phase == S_COMPUTE_DONE:
+                self.finish(p.ri, p.op, p.start_s, 0.0, -1, -1)
+                p.pos += 1
+                p.phase = S_NEXT
+                continue
+
+    cdef int step_batch(self, Proc p) except -1:
+        """processes.p2p_batch: deps, post every transfer, end when the last one ends."""
+        cdef Stage st = p.stage
+        cdef _Posted best, q
+        cdef Py_ssize_t k
+        if p.phase == 0:
+            p.dep = st.dep_ptr[p.op]
+            p.phase = 1
+        if p.phase == 1:
+            if self.wait_deps(p):
+                return 0
+            p.start_s = self.now
+            p.posts = [self.post(p, t) for t in st.ops[p.op].work.transfers]
+            p.phase = 2
+            if self.wait(self.all_of([(<_Posted>q).done for q in p.posts]), p):
+                return 0
+        if p.phase == 2:
+            best = <_Posted>p.posts[0]
+            for k in range(1, len(p.posts)):
+                q = <_Posted>p.posts[k]
+                if q.start_s > best.start_s or (q.start_s == best.start_s and q.last > best.last):
+                    best = q
+            p.posts = None
+            p.phase = 3
+            self.finish(p.ri, p.op, p.start_s, best.start_s - p.start_s, best.last, best.last_op)
+        return 0
+
+    cdef _Posted post(self, Proc p, object t):
+        """processes.post: the second end to post runs the transfer."""
+        cdef long long rank = self.ranks[p.ri]
+        cdef Stage st = p.stage
+        cdef _Posted mine
+        cdef Proc x
+        other = self.group("pp", rank)[0][t.peer_stage]
+        if other not in self.rank_set:
+            op = st.ops[p.op]
+            raise ValueError(f"op {op.id} ({op.name}) on rank {rank}: P2P peer rank {other} is not simulated")
+        if t.send:
+            key = (rank, other, t.direction, t.micro_batch, t.sender_vstage)
+        else:
+            key = (other, rank, t.direction, t.micro_batch, t.sender_vstage)
+        mine = self.posted.pop(key, None)
+        if mine is None:
+            mine = _Posted()
+            mine.done, mine.rank, mine.op_id, mine.posted_s = self.new_sig(), rank, st.op_ids[p.op], self.now
+            mine.start_s, mine.last, mine.last_op = 0.0, -1, -1
+            self.posted[key] = mine
+            return mine
+        mine.start_s = self.now
+        if self.now > mine.posted_s or rank > mine.rank:  # the end that posted last; ties: the higher rank
+            mine.last, mine.last_op = rank, st.op_ids[p.op]
+        else:
+            mine.last, mine.last_op = mine.rank, mine.op_id
+        x = Proc()
+        x.kind, x.ri, x.stage, x.phase, x.posted, x.key, x.nbytes = 2, p.ri, st, 0, mine, key, t.nbytes
+        self.start(x)
+        return mine
+
+    cdef int step_transfer(self, Proc p) except -1:
+        """processes.transfer_p2p: latency, then bandwidth through the arbiter."""
+        cdef double lat_s
+        cdef int s
+        key = p.key
+        if p.phase == 0:
+            lat_s, p.bw_s, p.load = self.p2p(key[0], key[1], p.nbytes)
+            p.phase = 1
+            if lat_s > 0:
+                if self.wait(self.timeout(lat_s), p):
+                    return 0
+        if p.phase == 1:
+            p.phase = 2
+            if p.bw_s > 0:
+                s = self.drain(("p2p", key[2], key[3], key[4]), p.bw_s, p.load, None, key)
+                if self.wait(s, p):
+                    return 0
+        if p.phase == 2:
+            p.phase = 3
+            p.load = None
+            self.transfers.append(self.transfer_type(key[0], key[1], key[2], key[3], key[4], p.posted.start_s,
+                                                     self.now))
+            self.succeed(p.posted.done)
+        return 0
+
+    # ----- the arbiter (arbiter.py) --------------------------------------------------------------------
+    cdef int drain(self, object key, double work_s, object load, object own, object tag) except -1:
+        self.advance()
+        cdef _Job job = _Job()
+        job.key, job.remaining_s, job.load, job.done, job.own = key, work_s, load, self.new_sig(), own
+        job.rate, job.tag, job.start_s = 1.0, tag, self.now
+        self.jobs.append(job)
+        self.jobs_of_key[key] = self.jobs_of_key.get(key, 0) + 1
+        if own:
+            self.owning += 1
+        self.reschedule()
+        return job.done
+
+    cdef int advance(self) except -1:
+        cdef double dt = self.now - self.last_s
+        cdef _Job job
+        if dt > 0:
+            for job in self.jobs:
+                job.remaining_s = job.remaining_s - job.rate * dt
+        self.last_s = self.now
+        return 0
+
+    cdef int reschedule(self) except -1:
+        cdef list jobs = self.jobs
+        cdef _Job job
+        cdef double wait_s, x
+        cdef Py_ssize_t k, n = len(jobs)
+        if n == 1:
+            job = <_Job>jobs[0]
+            job.rate = 1.0
+            x = job.remaining_s / job.rate
+            wait_s = x if x > 0.0 else 0.0
+        else:
+            if not self.owning and len(self.jobs_of_key) == n:  # one job per key: its own load
+                rates = self.rates_of([(<_Job>j).load for j in jobs])
+                if len(rates) != n:
+                    raise ValueError("rates of a different length than the jobs")
+                for k in range(n):
+                    (<_Job>jobs[k]).rate = rates[k]
+            else:
+                keys = self.key_loads()
+                rate_of = dict(zip(keys, self.rates_of(list(keys.values())), strict=True))
+                for job in jobs:
+                    job.rate = rate_of[job.key]
+            job = <_Job>jobs[0]
+            wait_s = job.remaining_s / job.rate
+            for k in range(1, n):
+                job = <_Job>jobs[k]
+                x = job.remaining_s / job.rate
+                if x < wait_s:
+                    wait_s = x
+            if not wait_s > 0.0:
+                wait_s = 0.0
+        self.timer = self.timeout(wait_s)
+        self.add_cb(self.timer, CB_TICK, 0)
+        return 0
+
+    cdef object rates_of(self, list loads):
+        """self.rates(loads), answered from arbiter.MemoRates' own first table when it holds them (the lookup
+        its __call__ makes, without the call), else by the call (which fills that table)."""
+        if self.rate_memo is not None:
+            hit = self.rate_memo.get(tuple([id(load) for load in loads]))
+            if hit is not None:
+                return (<tuple>hit)[1]
+        return self.rates(loads)
+
+    cdef dict key_loads(self):
+        cdef dict keys = {}, owns = {}
+        cdef _Job job
+        for job in self.jobs:
+            keys.setdefault(job.key, job.load)
+            if job.own:
+                owns.setdefault(job.key, []).append(job.own)
+        for key, parts in owns.items():
+            keys[key] = self.merge(keys[key], parts)
+        return keys
+
+    cdef object merge(self, object load, list owns):
+        memo_key = (id(load), *map(id, owns))
+        hit = self.merged.get(memo_key)
+        if hit is None:
+            merged = dict(load)
+            for own in owns:
+                merged.update(own)
+            hit = self.merged[memo_key] = ([load, *owns], merged)
+        return hit[1]
+
+    cdef int forget(self, _Job job) except -1:
+        cdef int left = self.jobs_of_key[job.key] - 1
+        if left:
+            self.jobs_of_key[job.key] = left
+        else:
+            del self.jobs_of_key[job.key]
+        if job.own:
+            self.owning -= 1
+        return 0
+
+    cdef int tick(self, int timer) except -1:
+        if timer != self.timer:  # superseded by a later start or finish
+            return 0
+        self.advance()
+        cdef list jobs = self.jobs, finished = [], rest
+        cdef _Job job, best
+        cdef double cap, x, best_x
+        for job in jobs:
+            cap = job.rate if job.rate > 1.0 else 1.0
+            if job.remaining_s <= _EPS_S * cap:
+                finished.append(job)
+        if not finished:  # round-off: the earliest job is a hair short; finish it now
+            best = <_Job>jobs[0]
+            best_x = best.remaining_s / best.rate
+            for job in jobs[1:]:
+                x = job.remaining_s / job.rate
+                if x < best_x:
+                    best, best_x = job, x
+            finished.append(best)
+        if len(finished) < len(jobs):
+            rest = [job for job in jobs if not _contains(finished, job)]
+        else:
+            rest = []
+        self.jobs = rest
+        for job in finished:
+            self.forget(job)
+            self.records.append(self.job_type(job.tag, job.key, job.start_s, self.now, job.load, job.own))
+            self.succeed(job.done)
+        if self.jobs:
+            self.reschedule()
+        return 0
+
+    # ----- output --------------------------------------------------------------------------------------
+    def events(self, type event_type):
+        """(the finished ops as event_type records (events.Event, a 15-field tuple subclass) in completion
+        order, as a tuple; the latest end, as max() over them gives it, 0.0 when none)."""
+        cdef Py_ssize_t k
+        cdef Rec* r
+        cdef Stage st
+        cdef tuple info, size
+        cdef tuple out = PyTuple_New(self.rec_n)
+        cdef object ev
+        cdef double latest = 0.0
+        for k in range(self.rec_n):
+            r = &self.recs[k]
+            if k == 0 or r.end_s > latest:
+                latest = r.end_s
+            st = <Stage>self.rank_stage[r.ri]
+            info = <tuple>st.info[r.op]
+            size = <tuple>st.sizes[r.op]
+            ev = _new_event(event_type, self.ranks[r.ri], info, r.start_s, r.end_s, r.wait_s, size,
+                            None if r.peer < 0 else r.peer, None if r.peer_op < 0 else r.peer_op)
+            Py_INCREF(ev)
+            PyTuple_SET_ITEM(out, k, ev)
+        return out, latest
+
+    def finished_ids(self, Py_ssize_t ri):
+        """The op ids rank index `ri` finished."""
+        cdef Stage st = self.rank_stage[ri]
+        cdef int base = self.offset[ri]
+        return {st.op_ids[k] for k in range(len(st.ops)) if self.done[base + k]}
+
+
+cdef inline bint _contains(list items, object x):
+    for y in items:
+        if y is x:
+            return True
+    return False
+
+
+cdef inline void _put(object t, Py_ssize_t i, object v):
+    Py_INCREF(v)
+    PyTuple_SET_ITEM(t, i, v)
+
+
+cdef object _new_event(type event_type, object rank, tuple info, double start_s, double end_s, double wait_s,
+                       tuple size, object peer, object peer_op):
+    """event_type(rank, *info, start_s, end_s, wait_s, *size, peer, peer_op), built in place: a tuple
+    subclass instance allocated by its type and filled like a tuple (what tuple.__new__ does, without the
+    argument tuple)."""
+    cdef object ev = PyType_GenericAlloc(event_type, 15)
+    _put(ev, 0, rank)
+    for i in range(7):
+        _put(ev, 1 + i, info[i])
+    _put(ev, 8, start_s)
+    _put(ev, 9, end_s)
+    _put(ev, 10, wait_s)
+    _put(ev, 11, size[0])
+    _put(ev, 12, size[1])
+    _put(ev, 13, peer)
+    _put(ev, 14, peer_op)
+    return ev

@@ -1,0 +1,131 @@
+"""The compiled core's inputs: each pipeline stage's schedule as arrays, built once per run from the checked
+Inputs (sim/engine/events.py check_inputs), and the run itself (sim/engine/_core.pyx).
+
+Per stage, ops are numbered by their position in stream order (FIFO streams in FIFO_STREAMS order, then the
+pp_comm batches): `kind` (0 compute, 1 collective, 2 P2P batch), dependency lists in CSR form (`dep_ptr`,
+`dep_idx`, as op indices, in each op's deps order), the host's issue time per op and its syncs
+(sim/engine/host.py: `point_of` per op, and per sync the awaited op's index and its base clock). What the
+records need per op (id, name, stream, category, phase, layer, micro-batch, bytes, flops) is a tuple built
+once per op, so an event costs one tuple.
+
+`AVAILABLE` says whether the extension was built (`pip install` builds it where a C compiler is present;
+setup.py); without it events.run falls back to the Python core (`core_name()`).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from itertools import chain, repeat
+from operator import attrgetter
+
+import numpy as np
+
+from meshsim.sim.engine.arbiter import Job, MemoRates
+from meshsim.sim.engine.processes import CollectiveFn, ComputeFn, Inputs, P2PFn, Transfer
+from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, Collective, Op, Schedule
+
+try:
+    from meshsim.sim.engine import _core
+except ImportError:  # no C compiler at install time: the Python core runs instead
+    _core = None
+
+AVAILABLE = _core is not None
+
+
+def core_name() -> str:
+    """The core `--engine compiled` runs on: the Cython extension, or the Python one when it is missing."""
+    return "compiled (Cython)" if AVAILABLE else "python (the compiled core is not built)"
+
+
+_ID, _WORK, _DEPS = attrgetter("id"), attrgetter("work"), attrgetter("deps")
+_FIELDS = attrgetter("id", "name", "stream", "category", "phase", "layer", "micro_batch")
+
+
+def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float], syncs,
+           work_bytes: Callable[[Op], int], price: Callable[[Op], float] | None = None) -> _core.Stage:
+    """One stage's arrays (module docstring). Ops are numbered by their position in the schedule; every
+    per-op list is built by C-level map/zip passes, not a Python loop per op."""
+    ops = schedule.ops
+    ids = list(map(_ID, ops))
+    dense = ids == list(range(len(ops)))  # ids are positions (every built schedule): deps need no lookup
+    position = None if dense else {op_id: i for i, op_id in enumerate(ids)}
+    works = list(map(_WORK, ops))
+    deps = list(map(_DEPS, ops))
+    dep_ptr = np.zeros(len(ops) + 1, dtype=np.intc)
+    np.cumsum(np.fromiter(map(len, deps), dtype=np.intc, count=len(ops)), out=dep_ptr[1:])
+    flat = chain.from_iterable(deps) if dense else map(position.__getitem__, chain.from_iterable(deps))
+    dep_idx = np.fromiter(flat, dtype=np.intc, count=int(dep_ptr[-1]))
+    types = list(map(type, works))
+    kind_of = {t: 1 if issubclass(t, Collective) else 2 if issubclass(t, P2P) else 0 for t in set(types)}
+    kind = np.fromiter(map(kind_of.__getitem__, types), dtype=np.intc, count=len(ops))
+    one_op_of = dict(zip(map(id, works), ops, strict=True))  # stamped ops share their work: size each once
+    size_of = {key: (work_bytes(op), op.flops) for key, op in one_op_of.items()}
+    if price is not None:  # priced once per work (run's docstring)
+        time_of = {key: float(price(op)) for key, op in one_op_of.items() if not isinstance(op.work, Collective | P2P)}
+        durations = np.fromiter(map(time_of.get, map(id, works), repeat(0.0)), dtype=np.float64, count=len(ops))
+    else:
+        durations = np.zeros(0)
+    st = _core.Stage()
+    st.ops, st.op_ids, st.info = list(ops), ids, list(map(_FIELDS, ops))
+    st.sizes = list(map(size_of.__getitem__, map(id, works)))
+    index = _ID if dense else (lambda op: position[op.id])
+    st.streams = [np.fromiter(map(index, streams[s]), dtype=np.intc, count=len(streams[s]))
+                  for s in FIFO_STREAMS if streams[s]]
+    st.batches = list(map(index, streams["pp_comm"]))
+    st.stage = stage
+    ids_arr = np.asarray(ids, dtype=np.intp)
+    issue_arr = np.asarray(issue, dtype=np.float64)[ids_arr] if len(issue) else np.zeros(0)
+    if syncs is not None:
+        point = np.asarray(syncs.point_of, dtype=np.intc)[ids_arr]
+        awaited = np.array([a if dense else position[a] for a in syncs.awaited], dtype=np.intc)
+        base = np.array(syncs.base_s, dtype=np.float64)
+    else:
+        point, awaited, base = np.zeros(0, dtype=np.intc), np.zeros(0, dtype=np.intc), np.zeros(0)
+    st.set_arrays(kind, dep_ptr, dep_idx, issue_arr, point, awaited, base, durations)
+    return st
+
+
+def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn,
+        p2p: P2PFn | None, event_type: type, work_bytes: Callable[[Op], int]
+        ) -> tuple[tuple, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
+    """_run with the cyclic garbage collector paused: a run allocates an event tuple per (rank, op) and a few
+    per op, none of them cyclic garbage, and each collection the allocations would trigger rescans the
+    whole young generation (and now and then every object alive). Pausing it changes no value."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(inputs, schedules, compute_s, collective, p2p, event_type, work_bytes)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn, p2p: P2PFn | None,
+        event_type: type, work_bytes: Callable[[Op], int]
+        ) -> tuple[tuple, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
+    """The engine on the compiled core: (events in completion order, the latest end (0.0: none), transfers,
+    arbiter jobs, rank -> the op ids it finished). event_type, work_bytes: events.Event and events.work_bytes (that module calls this one)."""
+    # the core fills event_type records like tuples: a tuple subclass without slots of its own
+    assert issubclass(event_type, tuple) and event_type.__basicsize__ == tuple.__basicsize__
+    stage_of = inputs.stage_of
+    ranks = inputs.ranks
+    stage_ranks: dict[int, int] = {}
+    for r in ranks:
+        stage_ranks.setdefault(stage_of(r), r)
+    stages = []
+    by_work = getattr(compute_s, "by_work", False)
+    for stage, streams in enumerate(inputs.per_stream):
+        first = stage_ranks.get(stage)
+        issue = inputs.issue_of.get(first, ()) if first is not None else ()
+        syncs = inputs.syncs_of.get(first) if first is not None else None
+        price = (lambda op, rank=first: compute_s(op, rank)) if by_work and first is not None else None
+        stages.append(_stage(stage, schedules[stage], streams, issue, syncs, work_bytes, price))
+    issue_ranks = frozenset(r for r in ranks if inputs.issue_of.get(r))
+    sync_ranks = frozenset(r for r in ranks if r in inputs.syncs_of)
+    core = _core.Core(stages, [stage_of(r) for r in ranks], ranks, issue_ranks, sync_ranks, compute_s, collective,
+                      p2p, inputs.group_of, inputs.kappa, MemoRates(), Transfer, Job)
+    core.run()
+    position = {r: i for i, r in enumerate(ranks)}
+    events, latest_s = core.events(event_type)
+    return events, latest_s, core.transfers, core.records, lambda r: core.finished_ids(position[r])

@@ -1,0 +1,195 @@
+"""The compiled core (sim/engine/_core.pyx) against the Python reference: the same event log, float for float
+(compared through repr, so -0.0 and every last bit count), the same transfers and arbiter jobs, the same
+deadlock message, on generated inputs aimed at its edges (ties at equal times, zero durations and zero
+latency / bandwidth parts, skewed ranks at rendezvous, links shared by concurrent collectives, kappa > 0,
+host syncs, P2P batches that cross), and the same results.json on library scenarios of every kind."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.sim.cli.main import main
+from meshsim.sim.cost.host_dispatch import issue_times_s
+from meshsim.sim.engine import compiled, simpy_loop
+from meshsim.sim.engine.events import run, symmetric_groups
+from meshsim.sim.outputs.step_report import results_json_text
+from meshsim.sim.results.simulate import simulate
+from meshsim.sim.schedule.ops import P2P, Collective, Elementwise, Op, P2PTransfer, Schedule
+
+built = pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled core is not built")
+
+DURATIONS = (0.0, 0.5, 1.0, 1.0, 2.0, 0.25)  # repeats and binary fractions: many exact ties
+LOADS = ({0: 1.0}, {1: 1.0}, {0: 0.6, 1: 0.7}, {0: 0.5}, {}, {2: 1.0, 0: 0.3})
+
+
+def _outcome(**kwargs):
+    """The run's whole observable outcome as text (events, step time, transfers, jobs), or its error."""
+    try:
+        log = run(**kwargs)
+    except ValueError as exc:
+        return f"error: {exc}"
+    return repr((log.events, log.step_time_s, log.transfers, log.jobs, log.ranks))
+
+
+def _same_on_every_engine(**kwargs) -> str:
+    outcomes = {engine: _outcome(**kwargs, engine=engine) for engine in ("compiled", "python", "simpy")}
+    assert outcomes["compiled"] == outcomes["python"] == outcomes["simpy"]
+    return outcomes["compiled"]
+
+
+@st.composite
+def flat_runs(draw):
+    """One stage: compute and collectives on tp/dp groups of 1-4 explicit ranks, random deps (earlier ops, or
+    a later one now and then: a deadlock both cores must report alike), rank-skewed durations, shared links,
+    kappa, and a host clock with syncs."""
+    tp, dp = draw(st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]))
+    n = draw(st.integers(1, 14))
+    ops = []
+    for i in range(n):
+        deps = tuple(sorted(set(draw(st.lists(st.integers(0, max(i - 1, 0)), max_size=3))))) if i else ()
+        if i and draw(st.integers(0, 30)) == 0:
+            deps = (*deps, draw(st.integers(i, n - 1)))  # a later op: may deadlock (one of the same stream does)
+            deps = tuple(d for d in deps if d != i)
+        wait = draw(st.sampled_from([None, None, None, *range(i)])) if i else None
+        if draw(st.booleans()):
+            group = draw(st.sampled_from(["tp", "dp"]))
+            stream = "tp_comm" if group == "tp" else "dp_comm"
+            work = Collective("all_reduce", group, 1000 * (i + 1))
+        else:
+            stream, work = "compute", Elementwise(f"k{i}", 8 * i, 8)
+        ops.append(Op(i, f"op{i}", stream, stream, "fwd", work, deps, 0, 0, host_wait=wait))
+    sched = Schedule(tuple(ops), tp=tp, dp=dp, micro_batches=1)
+    durations = draw(st.lists(st.sampled_from(DURATIONS), min_size=n, max_size=n))
+    skew = draw(st.sampled_from([0.0, 0.0, 0.5, 1.0]))
+    comm = draw(st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.125, 1.0]), st.sampled_from(DURATIONS),
+                                   st.sampled_from(range(len(LOADS)))), min_size=n, max_size=n))
+
+    def compute_s(op, rank):
+        return durations[op.id] + skew * (rank % 2) * (op.id % 3)
+
+    def collective(op, group):
+        latency_s, bandwidth_s, load = comm[op.id]
+        return latency_s, bandwidth_s, LOADS[load]
+
+    if not skew and draw(st.booleans()):  # one time per work (each op has its own): the core prices it once
+        compute_s.by_work = True
+
+    kappa = draw(st.sampled_from([0.0, 0.0, 0.5, 1.0]))
+    dispatch_us = draw(st.sampled_from([None, 0.0, 2e5, 1e6]))
+    issue_s = issue_times_s(sched, dispatch_us * 1e-6) if dispatch_us is not None else ()
+    return dict(schedule=sched, ranks=list(range(tp * dp)), compute_s=compute_s, collective=collective,
+                group_of=symmetric_groups(tp, dp), comm_interference=kappa, issue_s=issue_s)
+
+
+@built
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flat_runs())
+def test_generated_single_stage_runs_are_bit_identical_on_every_engine(kwargs):
+    _same_on_every_engine(**kwargs)
+
+
+@st.composite
+def pipelines(draw):
+    """Two stages, one rank each: forward micro-batches flow 0 -> 1, gradients 1 -> 0, through P2P batches
+    that may cross (a send and a receive in one batch), zero-cost transfers, one shared link."""
+    mbs = draw(st.integers(1, 3))
+    cross = draw(st.booleans())
+    d = draw(st.lists(st.sampled_from(DURATIONS), min_size=4 * mbs, max_size=4 * mbs))
+    s0, s1 = [], []
+
+    def add(ops, name, work, deps=(), stream="compute"):
+        ops.append(Op(len(ops), name, stream, stream, "fwd", work, tuple(deps), 0, None))
+        return len(ops) - 1
+
+    def xfer(send, direction, mb, sender, peer):
+        return P2PTransfer(send, direction, mb, sender, peer, 4096)
+
+    fwd0 = [add(s0, f"F{m}", Elementwise(f"f0_{m}", 1, 1)) for m in range(mbs)]
+    recv_b = []
+    for m in range(mbs):
+        transfers = [xfer(True, "fwd", m, 0, 1)]
+        if cross and m:  # the send of micro-batch m with the receive of m - 1's gradient
+            transfers.append(xfer(False, "bwd", m - 1, 1, 1))
+            recv_b.append(add(s0, f"P{m}", P2P(tuple(transfers)), [fwd0[m]], "pp_comm"))
+        else:
+            add(s0, f"P{m}", P2P(tuple(transfers)), [fwd0[m]], "pp_comm")
+    while len(recv_b) < mbs:
+        recv_b.append(add(s0, f"R{len(recv_b)}", P2P((xfer(False, "bwd", len(recv_b), 1, 1),)), (), "pp_comm"))
+    for m in range(mbs):
+        add(s0, f"B{m}", Elementwise(f"b0_{m}", 2, 2), [recv_b[m]])
+    for m in range(mbs):
+        r = add(s1, f"R{m}", P2P((xfer(False, "fwd", m, 0, 0),)), (), "pp_comm")
+        f = add(s1, f"F{m}", Elementwise(f"f1_{m}", 1, 1), [r])
+        b = add(s1, f"B{m}", Elementwise(f"b1_{m}", 2, 2), [f])
+        add(s1, f"S{m}", P2P((xfer(True, "bwd", m, 1, 0),)), [b], "pp_comm")
+    stages = [Schedule(tuple(ops), tp=1, dp=1, micro_batches=mbs, pp=2, stage=k) for k, ops in enumerate((s0, s1))]
+    p2p_costs = draw(st.tuples(st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 1.0, 2.0]),
+                               st.sampled_from(range(len(LOADS)))))
+
+    def compute_s(op, rank):
+        return d[(op.id + 2 * rank) % len(d)]
+
+    return dict(schedule=stages, ranks=[0, 1], compute_s=compute_s, collective=lambda op, g: (0.0, 1.0, {0: 1.0}),
+                group_of=lambda kind, rank: (0, 1), stage_of=lambda rank: rank,
+                p2p=lambda src, dst, nbytes: (p2p_costs[0], p2p_costs[1], LOADS[p2p_costs[2]]),
+                comm_interference=draw(st.sampled_from([0.0, 0.5])))
+
+
+@built
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pipelines())
+def test_generated_pipelines_are_bit_identical_on_every_engine(kwargs):
+    _same_on_every_engine(**kwargs)
+
+
+@built
+def test_a_deadlock_is_reported_alike():
+    """Negative control: an op that waits for a later op of its own stream never runs, on either core."""
+    ops = (Op(0, "a", "compute", "compute", "fwd", Elementwise("a", 0, 0), (1,)),
+           Op(1, "b", "compute", "compute", "fwd", Elementwise("b", 0, 0)))
+    out = _same_on_every_engine(schedule=Schedule(ops, tp=1, dp=1, micro_batches=1), ranks=[0],
+                                compute_s=lambda op, r: 1.0, collective=lambda op, g: (0, 0, {}))
+    assert out.startswith("error: deadlock: 2 ops never ran")
+
+
+# every kind of step: pipelined (interleaved), MoE / EP (with the dispatcher's host syncs), CP, FP8, and one
+# whose host cannot keep up; the default scenario; each with a few micro-batches so the suite stays quick
+LIBRARY = {
+    "llama2-70b-h100-tp8": {},
+    "llama2-70b-h100-pp4": {},
+    "mixtral-8x7b-h100-ep8": {},
+    "llama3-70b-h100-cp2": {},
+    "llama3-8b-h100-fp8": {},
+    "tiny-2gpu": {"hardware.compute.host_dispatch_us": 400.0},
+}
+
+
+EXPLICIT = ("mixtral-8x7b-h100-ep8", "llama2-70b-h100-pp4", "llama3-70b-h100-cp2")  # also with explicit ranks
+
+
+@built
+@pytest.mark.parametrize(("name", "explicit"), [(n, False) for n in sorted(LIBRARY)] + [(n, True) for n in EXPLICIT])
+def test_library_results_json_is_byte_identical_across_engines(name, explicit):
+    """Explicit ranks: real rendezvous of every TP (and EP, CP) group member, symmetric copies sharing keys."""
+    scenario, source = load_scenario(name)
+    rs = resolve(with_overrides(scenario, LIBRARY[name], source) if LIBRARY[name] else scenario, source)
+    texts = {engine: results_json_text(simulate(rs, explicit_ranks=explicit, engine_name=engine))
+             for engine in ("compiled", "python", "simpy")}
+    assert texts["compiled"] == texts["python"] == texts["simpy"]
+
+
+def test_without_the_extension_the_python_core_runs_and_run_says_so(monkeypatch, capsys, tmp_path):
+    """The extension is optional: "compiled" then runs the Python core (the same figures), and `meshsim run`
+    says so in one line; "native" stays an alias of "python"."""
+    assert simpy_loop.resolve_engine("native") == "python"
+    monkeypatch.setattr(compiled, "AVAILABLE", False)
+    assert simpy_loop.resolve_engine("compiled") == "python"
+    assert main(["run", "tiny-2gpu", "--outputs", "none"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "compiled engine core" in line]
+    assert notes == ["meshsim: the compiled engine core is not built (no C compiler at install); running the "
+                     "Python core: the same figures, slower"]
+    assert main(["run", "tiny-2gpu", "--outputs", "none", "--engine", "simpy"]) == 0
+    assert "compiled engine core" not in capsys.readouterr().err  # asked for another engine: nothing to say
