@@ -1,10 +1,10 @@
 """Inputs at the documented limits (sim/core/limits.py, README "Limits"): each finishes in under a minute
-and 1 GB on the project machine, and one step past the limit is refused at once. Prints wall time, CPU
+and (at the op limit) about 1.1 GB on the project machine, and one step past the limit is refused at once. Prints wall time, CPU
 time and peak RSS of each whole `meshsim` process (os.wait4), and its exit status (2 = refused).
 
 Cases at the limits:
 - passes-full: 80 layers x 125 micro-batches simulated whole (--full): op bound 496,944;
-- cp-ring-500: 500 layers, a 64-rank CP p2p ring, 3 micro-batches, --full: op bound 755,040 (MAX_SIMULATED_OPS);
+- cp-ring-500: 500 layers, a 64-rank CP p2p ring, 5 micro-batches, --full: op bound 1,132,560 (MAX_SIMULATED_OPS);
 - pipeline-48: 48 stages of 1 layer, 208 micro-batches, --full: 9,984 layer passes over 48 simulated ranks;
 - node-576: one custom node of 576 GPUs (MAX_NODE_GPUS) on one switch, dp 576 (a 576-rank ring and tree);
 - alltoall-512: `meshsim collective --op all_to_all` over 512 ranks (MAX_ALL_TO_ALL_RANKS), one size;
@@ -67,7 +67,7 @@ def cases(folder: Path) -> dict[str, list[str]]:
                                       {"tp": 1, "ep": 512, "micro_batch": 1, "global_batch": 512})],
         "allreduce-16384": ["collective", "--op", "all_reduce", "--nodes", "2048"],
         "cp-ring-500": [*run, "--full", _scenario(folder, "cp64", cp_model, {"preset": "dgx-h100", "nodes": 8},
-                                                  {"tp": 1, "cp": 64, "micro_batch": 1, "global_batch": 3})],
+                                                  {"tp": 1, "cp": 64, "micro_batch": 1, "global_batch": 5})],
         "cp-ring-500x10 (refused)": [*run, _scenario(folder, "cp64x10", cp_model, {"preset": "dgx-h100", "nodes": 8},
                                                      {"tp": 1, "cp": 64, "micro_batch": 1, "global_batch": 10})],
         "sizes-905-plot": ["collective", "--nodes", "2048", "--min-bytes", "1", "--max-bytes", "1T", "--step-factor",

@@ -5,17 +5,19 @@ The table in README.md ("Limits") and docs/scenarios.md ("Limits") lists the sam
 in step. Where a number comes from a measurement it is stated beside it (2-core CPU, Python 3.11):
 - 16,384 GPUs (2,048 eight-GPU nodes): llama2-70b on 2,048 DGX H100 nodes simulates in ~20 s; the cost
   of a DP collective grows with the number of concurrent groups it is costed against.
-- 800,000 ops of one simulation run, by a closed-form bound over the scenario that is >= the ops the
+- 1,200,000 ops of one simulation run, by a closed-form bound over the scenario that is >= the ops the
   builder makes (scenarios/limits.simulated_ops_bound: layers x micro-batches x a per-layer-pass bound that
   grows with the layout's ring and chunk counts; tests/test_op_bound.py checks it against the built
-  schedules of generated scenarios, where the real count reached at most ~0.71 of it). A run is the whole
+  schedules of generated scenarios, where the real count reached at most ~0.74 of it). A run is the whole
   step, or the short run its steady state is extrapolated from (~2 pp + 2 micro-batches for a pipeline);
-  a pipeline simulates every stage, so its stages' layers add up to model.layers. The engine costs
-  ~25-40 us CPU and ~1 KB per op (a 64-rank CP ring over 500 layers, 3 micro-batches: 522,047 ops, 22 s
-  and 640 MB on a loaded 2-core machine; DeepSeek-V3's step of 72 micro-batches, --full: 410,083 ops,
-  bound 654,080, 9.8 s CPU and 485 MB), so at most ~570,000 real ops (0.71 x the limit) stay under a
-  minute and 1 GB; benchmarks/limits.py prints the cases at the limit. Counting layer passes (main
-  before issue 44, ~110 ops each assumed) let a CP ring of 64 ranks (350 ops per pass) run 99 s and 2 GB.
+  a pipeline simulates every stage, so its stages' layers add up to model.layers. Set so the library's
+  llama31-405b-h100-tp8-pp8-cp2 runs (its steady-state run: 56 micro-batches, 856,091 ops, bound
+  1,152,768). With the compiled core a run costs ~15 us CPU and ~1.2 KB per op: 405B, 12 s CPU and
+  1.1 GB; at the limit, a 64-rank CP ring over 500 layers, 5 micro-batches, --full (bound 1,132,560):
+  13 s CPU and 1.1 GB (benchmarks/limits.py, loaded 2-core machine). So accepted runs stay under a minute
+  but not under 1 GB: memory per op (the Op objects, ~340 B of it) is what holds the limit down. Counting
+  layer passes (before issue 44, ~110 ops each assumed) let a CP ring of 64 ranks (350 ops per pass) run
+  99 s and 2 GB.
 - 576 GPUs in one node of a simulated scenario (NVL576, the largest announced NVLink domain): ring search,
   tree plans and link sharing are quadratic in the GPUs of a node (1,280 GPUs: 75 s, 1.1 GB); loading or
   showing a larger custom node stays cheap (one search per switch).
@@ -35,7 +37,7 @@ MAX_LAYERS = 1_000  # model.layers (the largest public dense models have ~126)
 MAX_MODEL_DIM = 1 << 24  # hidden, ffn_hidden, heads, kv_heads, seq_len, vocab (16,777,216)
 MAX_GPUS = 16_384  # GPUs of a topology (nodes x GPUs per node)
 MAX_MICRO_BATCHES = 10_000  # micro-batches per DP rank per step (global_batch / (micro_batch x dp))
-MAX_SIMULATED_OPS = 800_000  # ops of one simulation run, by a closed-form bound (see above)
+MAX_SIMULATED_OPS = 1_200_000  # ops of one simulation run, by a closed-form bound (see above)
 MAX_EXPLICIT_RANKS = 64  # ranks simulated by `meshsim run --explicit-ranks` (tp x min(dp, 2))
 MAX_SWEEP_POINTS = 1_024  # configurations of one sweep (product of its axes)
 MAX_COLLECTIVE_BYTES = 1 << 50  # one collective's payload (1 PiB), `meshsim collective --max-bytes`
