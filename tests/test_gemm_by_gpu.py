@@ -52,3 +52,12 @@ def test_bf16_reduction_halves_the_grads_and_the_wgrad_epilogue():
     bf = resolve(with_overrides(rs.scenario, {"run.grad_reduce_dtype": "bf16"}, "test"), "test")
     assert layer_dims(rs).main_grad_bytes == 4 and layer_dims(bf).main_grad_bytes == 2
     assert memory_per_gpu(bf).grads_gb == pytest.approx(memory_per_gpu(rs).grads_gb / 2, rel=1e-12)
+
+
+def test_moe_expert_wgrads_accumulate_into_the_main_grad_dtype():
+    """The routed experts' and the shared expert's fused wgrads follow the main grad too (moe_ops.py)."""
+    from meshsim.sim.schedule.moe_shapes import moe_dims
+
+    rs = load_and_resolve("mixtral-8x7b-h100-ep8")
+    bf = resolve(with_overrides(rs.scenario, {"run.grad_reduce_dtype": "bf16"}, "test"), "test")
+    assert moe_dims(rs).main_grad_bytes == 4 and moe_dims(bf).main_grad_bytes == 2
