@@ -24,10 +24,11 @@ B200 = GPUS["b200"]
 
 def test_nvfp4_gemm_runs_at_the_fp4_peak_with_the_block_scaled_fraction():
     """8192^3 on B200 (the shape model's reference): the fraction of the FP8 peak an MXFP8 GEMM reaches
-    (0.51 x 0.92) applied to the FP4 peak (9,000): half the MXFP8 time, less the launch. A skinny-k GEMM keeps
-    less of it: k_fill grows with the peak (closed form from the shape model)."""
+    (0.52 x 0.92; was 0.51 before issue 42) applied to the FP4 peak (9,000): half the MXFP8 time, less
+    the launch. A skinny-k GEMM keeps less of it: k_fill grows with the peak (closed form from the shape
+    model)."""
     nv, mx = ComputeModel(B200, fp8_recipe="nvfp4"), ComputeModel(B200, fp8_recipe="mxfp8")
-    ceiling = 0.51 * 0.92
+    ceiling = 0.52 * 0.92
     g = Gemm(8192, 8192, 8192, fp8=True)
     assert nv.gemm_efficiency(g) == pytest.approx(ceiling, rel=1e-12)
     assert nv.gemm_s(g) == pytest.approx(2 * 8192**3 / (9000e12 * ceiling) + 3e-6, rel=1e-12)

@@ -19,8 +19,8 @@ kernel launch:
     fill_s(work) = fill_bytes(work) / (bw x mem_bw_eff) + launch        (0 when fill_bytes = 0)
 
 fill_bytes(work), the bytes of the fresh outputs of one op:
-- Gemm: m n batch x 2 (a new 16-bit C); 0 when the GEMM accumulates into the fp32 main grad
-  (out_bytes FUSED_WGRAD_OUT_BYTES: C += X^T dY, no allocation);
+- Gemm: m n batch x 2 (a new 16-bit C); 0 when the GEMM accumulates into the fp32
+  or a bf16 one (out_bytes > 2: C += X^T dY, no allocation);
 - Attention: forward O (batch heads seq v_dim x 2) and the fp32 softmax statistics (batch heads seq x 4);
   backward dQ (batch heads seq d x 2), dK and dV (batch kv_heads seq (d + v_dim) x 2);
 - Elementwise: bytes_written, except the in-place kernels of IN_PLACE_KERNELS;
@@ -30,7 +30,7 @@ fill_bytes(work), the bytes of the fresh outputs of one op:
 from __future__ import annotations
 
 from meshsim.sim.core.units import BF16_BYTES, FP32_BYTES
-from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Attention, Elementwise, Gemm, Work
+from meshsim.sim.schedule.ops import Attention, Elementwise, Gemm, Work
 
 # Elementwise kernels that write into tensors that already exist: the fp32 main-grad accumulation
 # (main_grad.add_ in Megatron's DDP hooks) and the cross-entropy's exp and softmax, which Megatron's
@@ -43,7 +43,7 @@ IN_PLACE_KERNELS = frozenset({"main_grad_add", "xent_exp", "xent_loss"})
 def fill_bytes(work: Work) -> int:
     """Bytes of the fresh outputs `work` allocates (module docstring); 0 for other works."""
     if isinstance(work, Gemm):
-        return 0 if work.out_bytes == FUSED_WGRAD_OUT_BYTES else work.m * work.n * work.batch * BF16_BYTES
+        return 0 if work.out_bytes > BF16_BYTES else work.m * work.n * work.batch * BF16_BYTES  # > 2: C += ...
     if isinstance(work, Attention):
         v_dim = work.v_head_dim or work.head_dim
         rows_q = work.batch * work.heads * work.seq

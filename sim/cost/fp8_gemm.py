@@ -14,9 +14,9 @@ so both values come from whole-step rows of public-measurements-2.md (benchmarks
 them; every other fp8 case is out of fit):
 - h100 / h200 0.62: fitted on the NeMo 24.07 Llama 2 7B FP8 row (8 H100, tp 1, the compute-bound case)
   with the H100 attention rate of sim/cost/attention_rate.py (0.60 before that rate was fitted);
-- b200 0.51: fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-B200 (tp 1) with
+- b200 0.52: fitted on the Megatron-Bridge 25.11 Llama 3 8B FP8-CS row on DGX-B200 (tp 1) with
   the B200 attention rate and Blackwell's transpose-free per-tensor FP8 (sim/schedule/fp8_rules.py);
-  GB200 carries the B200 die and runs at its absolute rate: 0.51 x 4500 / 5000 of its own FP8 peak
+  GB200 carries the B200 die and runs at its absolute rate: 0.52 x 4500 / 5000 of its own FP8 peak
   (sim/cost/reference_rate.py; its rows are out of fit).
 BLOCK_SCALED_RATE_BY_GPU: block-scaled recipes' GEMMs reach a fraction of that per-tensor ceiling. A per-tensor
 FP8 GEMM applies its two scales once, in the epilogue. A block-scaled one applies a scale per K-block inside the
@@ -52,7 +52,7 @@ from meshsim.topologies.gpus import GpuSpec, by_gpu_prefix
 FP8_OPERAND_BYTES = 1.0
 NVFP4 = "nvfp4"
 NVFP4_OPERAND_BYTES = 0.5 + 1 / 16  # E2M1 value + an E4M3 scale per 16 values (the fp32 tensor scale: negligible)
-FP8_GEMM_CEILING_BY_GPU = {"h100": 0.62, "h200": 0.62, "b200": 0.51}
+FP8_GEMM_CEILING_BY_GPU = {"h100": 0.62, "h200": 0.62, "b200": 0.52}
 DEFAULT_FP8_CEILING = 0.60
 # Block-scaled FP8 GEMMs (blockwise, mxfp8): the fraction of the per-tensor ceiling they reach (module doc)
 BLOCK_SCALED_RATE_BY_GPU = {"h100": 0.89, "h200": 0.89, "b200": 0.92}

@@ -46,4 +46,4 @@ def model_states_gb(rs: ResolvedScenario, params: int, expert_params: int, layer
     gpu_opt, host_opt = state_bytes(opt, bf16, owned, owned_muon_params(rs, layer_dims(rs), layers))
     fp8_scale = resident / held if rs.scenario.run.fp8_param_gather and held else 1.0  # fsdp_memory.py
     weights = resident * WEIGHT_BYTES / GB + fp8_weights_gb(rs, layers, head) * fp8_scale
-    return weights, resident * main_grad_bytes(opt) / GB, gpu_opt / GB, host_opt / GB
+    return weights, resident * main_grad_bytes(opt, rs.scenario.run.grad_reduce_dtype) / GB, gpu_opt / GB, host_opt / GB

@@ -140,7 +140,7 @@ def head_backward(d: LayerDims, tied: bool) -> Template:
         ready = gemm_then_comm(tpl, "bwd", "logits_dgrad", dgrad(logits_gemm(d)), dy, K.HEAD_IN, coll, 1)
     else:
         dg = tpl.add("bwd", "logits_dgrad", dgrad(logits_gemm(d)), dy)
-    w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d), d.grad_fusion, d.fp8.on and d.fp8.wgrad),
+    w = tpl.add("bwd", "logits_wgrad", wgrad(logits_gemm(d), d.grad_fusion, d.fp8.on and d.fp8.wgrad, d.main_grad_bytes),
                 dy + regather)
     if not tied:
         w = main_grad_add(tpl, d, "logits", w, d.vocab * d.hidden)

@@ -40,7 +40,7 @@ from meshsim.sim.schedule.elementwise_ops import (
     residual_fwd,
     residual_grad_add,
 )
-from meshsim.sim.schedule.ops import FUSED_WGRAD_OUT_BYTES, Collective, Elementwise, Gemm
+from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm
 from meshsim.sim.schedule.run_settings import MAIN_GRAD_ADD_BYTES
 from meshsim.sim.schedule.shapes import USERBUFFERS, LayerDims
 from meshsim.sim.schedule.template import Deps, Template
@@ -114,11 +114,13 @@ def dgrad(g: Gemm) -> Gemm:
     return Gemm(g.m, g.k, g.n, g.batch, fp8=g.fp8)
 
 
-def wgrad(g: Gemm, fused_accumulation: bool = False, fp8: bool | None = None) -> Gemm:
-    """dW = X^T dY; with gradient-accumulation fusion the GEMM accumulates into the fp32 main grad. In FP8
-    when the forward GEMM is (`fp8` None) or as given (run.fp8_wgrad false: 16-bit)."""
-    return Gemm(g.k, g.n, g.m, g.batch, FUSED_WGRAD_OUT_BYTES if fused_accumulation else 2,
-                fp8=g.fp8 if fp8 is None else fp8)
+def wgrad(g: Gemm, fused_accumulation: bool = False, fp8: bool | None = None, main_grad_bytes: int = 4) -> Gemm:
+    """dW = X^T dY; with gradient-accumulation fusion the GEMM accumulates into the main grad, C = C + X^T dY:
+    it reads and writes `main_grad_bytes` per element (fp32: 4 + 4, ops.FUSED_WGRAD_OUT_BYTES; a bf16 main grad: 2 + 2,
+    TE linear.py L1250-1262 @d0067d0: out_dtype = main_grad.dtype, out = main_grad). In FP8 when the forward
+    GEMM is (`fp8` None) or as given (run.fp8_wgrad false: 16-bit)."""
+    out_bytes = 2 * main_grad_bytes if fused_accumulation else 2
+    return Gemm(g.k, g.n, g.m, g.batch, out_bytes, fp8=g.fp8 if fp8 is None else fp8)
 
 
 # ----- one block (attention or MLP): norm -> entry -> column GEMM -> middle -> row GEMM -> exit -> add --
@@ -158,7 +160,7 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
     coll = fp8.fp8_gather(d, boundary_collective(d, exit_, "bwd"), both_copies=True)
     cs, dg = comm_then_gemm(tpl, "bwd", blk.exit, coll, f"{blk.row}_dgrad", dgrad(blk.row_gemm), g, d.chunks)
     row_dy = fp8.transpose_after_gather(tpl, d, blk.row, d.tokens * d.hidden, cs or g)
-    row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad), row_dy)
+    row_w = tpl.add("bwd", f"{blk.row}_wgrad", wgrad(blk.row_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad, d.main_grad_bytes), row_dy)
     mid = blk.middle_bwd(tpl, d, dg)
     mid = fp8.quantize(tpl, "bwd", d, blk.col, d.tokens * blk.col_gemm.n, False, mid, d.fp8.wgrad)
     regather: tuple[int, ...] = ()
@@ -171,7 +173,7 @@ def block_backward(tpl: Template, d: LayerDims, blk: Block, gin: Deps) -> int:
                                mid, blk.entry, coll, 1)
     else:
         dg_col = tpl.add("bwd", f"{blk.col}_dgrad", dgrad(blk.col_gemm), mid)
-    col_w = tpl.add("bwd", f"{blk.col}_wgrad", replace(wgrad(blk.col_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad),
+    col_w = tpl.add("bwd", f"{blk.col}_wgrad", replace(wgrad(blk.col_gemm, d.grad_fusion, d.fp8.on and d.fp8.wgrad, d.main_grad_bytes),
                                                        comm_sms=d.comm_sms), mid + regather)
     row_w = bias_grad(tpl, d, blk.row, blk.row_gemm, main_grad_add(tpl, d, blk.row, row_w, d.params(blk.row_gemm)))
     col_w = bias_grad(tpl, d, blk.col, blk.col_gemm, main_grad_add(tpl, d, blk.col, col_w, d.params(blk.col_gemm)))

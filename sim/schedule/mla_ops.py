@@ -178,7 +178,7 @@ def mla_forward(tpl: Template, phase: str, d: LayerDims, a: MlaDims, inp: Deps) 
 
 
 def _wgrad(tpl: Template, d: LayerDims, key: str, g: Gemm, deps: Deps) -> int:
-    w = tpl.add("bwd", f"{key}_wgrad", wgrad(g, d.grad_fusion, d.fp8.on and d.fp8.wgrad), deps)
+    w = tpl.add("bwd", f"{key}_wgrad", wgrad(g, d.grad_fusion, d.fp8.on and d.fp8.wgrad, d.main_grad_bytes), deps)
     tpl.grads.append((w, g.k * g.n))
     return w
 

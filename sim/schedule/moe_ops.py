@@ -93,7 +93,7 @@ def shared_backward(tpl: Template, d: LayerDims, m: MoeDims, g: Deps) -> int:
     coll = fp8.fp8_gather(d, boundary_collective(d, exit_, "bwd"), both_copies=True)
     cs, dg = comm_then_gemm(tpl, "bwd", K.SHARED_OUT, coll, "shared_fc2_dgrad", dgrad(fc2), g, 1)
     dy = fp8.transpose_after_gather(tpl, d, "shared_fc2", rows * m.hidden, cs or g)
-    w2 = tpl.add("bwd", "shared_fc2_wgrad", wgrad(fc2, d.grad_fusion, w8), dy)
+    w2 = tpl.add("bwd", "shared_fc2_wgrad", wgrad(fc2, d.grad_fusion, w8, d.main_grad_bytes), dy)
     act = tpl.add("bwd", "shared_act", act_kernel(m, rows, m.shared_fc1_n, m.shared_ffn, True, False), dg)
     mid = fp8.quantize(tpl, "bwd", d, "shared_fc1", rows * m.shared_fc1_n, False, (act,), d.fp8.wgrad)
     regather: tuple[int, ...] = ()
@@ -102,7 +102,7 @@ def shared_backward(tpl: Template, d: LayerDims, m: MoeDims, g: Deps) -> int:
         regather = fp8.transpose_after_gather(tpl, d, "shared_fc1", rows * m.hidden, regather)
     ready = gemm_then_comm(tpl, "bwd", "shared_fc1_dgrad", dgrad(fc1), mid, K.SHARED_IN,
                            boundary_collective(d, entry, "bwd"), 1)
-    w1 = tpl.add("bwd", "shared_fc1_wgrad", wgrad(fc1, d.grad_fusion, w8), mid + regather)
+    w1 = tpl.add("bwd", "shared_fc1_wgrad", wgrad(fc1, d.grad_fusion, w8, d.main_grad_bytes), mid + regather)
     tpl.grads += [(w2, d.params(fc2)), (w1, d.params(fc1))]  # weights and (add_bias_linear) biases
     return ready[-1]
 
@@ -258,11 +258,11 @@ def experts_backward(tpl: Template, d: LayerDims, m: MoeDims, g: int) -> tuple[i
     g = fc2_bias_backward(tpl, m, (g,))[0]
     gq = fp8.quantize(tpl, "bwd", d, "expert_fc2", m.expert_rows * m.hidden, False, (g,), d.fp8.wgrad)
     dg2 = tpl.add("bwd", "expert_fc2_dgrad", dgrad(fc2), gq)
-    w2 = tpl.add("bwd", "expert_fc2_wgrad", wgrad(fc2, d.grad_fusion, w8), gq)
+    w2 = tpl.add("bwd", "expert_fc2_wgrad", wgrad(fc2, d.grad_fusion, w8, d.main_grad_bytes), gq)
     act = expert_act(tpl, "bwd", m, (dg2,), True)
     aq = fp8.quantize(tpl, "bwd", d, "expert_fc1", m.expert_rows * m.fc1_n, False, (act,), d.fp8.wgrad)
     dg1 = tpl.add("bwd", "expert_fc1_dgrad", dgrad(fc1), aq)
-    w1 = tpl.add("bwd", "expert_fc1_wgrad", wgrad(fc1, d.grad_fusion, w8), aq)
+    w1 = tpl.add("bwd", "expert_fc1_wgrad", wgrad(fc1, d.grad_fusion, w8, d.main_grad_bytes), aq)
     fc2_params = m.local_experts * (m.ffn * m.hidden + (m.hidden if m.bias else 0))
     tpl.expert_grads += [(w2, fc2_params), (w1, m.expert_params - fc2_params)]
     return dg1, act, (w2, w1)

@@ -32,6 +32,7 @@ from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.mla_ops import mla_dims
 from meshsim.sim.schedule.model_family import fc1_width, has_linear_bias
 from meshsim.sim.schedule.ops import Gemm
+from meshsim.sim.schedule.optimizer_states import main_grad_bytes
 from meshsim.sim.schedule.shapes import LayerDims
 
 ROUTING_MAP_BYTES = 1  # bool per (token, expert)
@@ -79,6 +80,7 @@ class MoeDims:
     distinct_nodes: float  # flex: expected nodes one token goes to
     dtype_bytes: int = 2
     grad_fusion: bool = True
+    main_grad_bytes: int = 4  # the main-grad element a fused wgrad accumulates into (optimizer_states.py)
     bias: bool = False
     fp8: bool = False  # run.fp8: the experts' and the shared expert's TE linears run FP8 GEMMs (moe_ops.py)
     eager_clamp: bool = False  # quick_geglu with activation_clamp: the clamps run eagerly (moe_act.py)
@@ -220,6 +222,7 @@ def moe_dims(rs: ResolvedScenario) -> MoeDims | None:
         flex_backend=p.moe_flex_backend, mlp=m.mlp, sigmoid=moe.router == "sigmoid",
         distinct_ranks=distinct_holders(moe, rs.ep), distinct_nodes=distinct_holders(moe, nodes),
         dtype_bytes=m.dtype_bytes, grad_fusion=s.run.grad_accumulation_fusion, bias=has_linear_bias(m),
+        main_grad_bytes=main_grad_bytes(s.optimizer, s.run.grad_reduce_dtype),
         fp8=s.run.fp8_on, eager_clamp=m.mlp == "quick_geglu" and m.activation_clamp is not None)
 
 

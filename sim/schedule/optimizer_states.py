@@ -78,9 +78,14 @@ HOST_DRAM_GBPS = {"h100-sxm": 614.4, "h200-sxm": 614.4, "a100-80gb": 409.6, "a10
 DEFAULT_HOST_DRAM_GBPS = 409.6  # a GPU without a DGX host of its own above: the DGX A100 figure
 
 
-def main_grad_bytes(opt: OptimizerConfig) -> int:
-    """Bytes of one main gradient (the DDP buffer element)."""
-    return BF16_BYTES if opt.main_grads_dtype == "bf16" else FP32_BYTES
+def main_grad_bytes(opt: OptimizerConfig, grad_reduce_dtype: str | None = None) -> int:
+    """Bytes of one main gradient (the DDP buffer element): bf16 with main_grads_dtype bf16, or with a bf16
+    gradient reduction (run.grad_reduce_dtype: bf16, Megatron --grad-reduce-in-bf16 / NeMo's
+    grad_reduce_in_fp32 False): accumulate_allreduce_grads_in_fp32 is then off (arguments.py L1213-1214
+    @d98e8a64) and DDP groups the parameters into buffers of the parameter dtype
+    (distributed_data_parallel.py L191-192, group_params_for_buffers); else fp32."""
+    bf16 = opt.main_grads_dtype == "bf16" or grad_reduce_dtype == "bf16"
+    return BF16_BYTES if bf16 else FP32_BYTES
 
 
 def master_bytes(opt: OptimizerConfig, bf16: bool) -> int:

@@ -24,6 +24,7 @@ from meshsim.sim.schedule.model_family import (
     qk_norm_params,
 )
 from meshsim.sim.schedule.ops import Attention, Gemm
+from meshsim.sim.schedule.optimizer_states import main_grad_bytes
 
 # tp_comm_overlap: Transformer Engine's userbuffers with its default configuration (transformer_engine/
 # pytorch/module/base.py @d0067d0, initialize_ub get_default_config; comm_gemm_overlap.cpp): the gathers
@@ -85,6 +86,7 @@ class LayerDims:
     norm_params: int  # parameters of one norm (2h LayerNorm, h RMSNorm)
     dtype_bytes: int = 2
     grad_fusion: bool = True  # run.grad_accumulation_fusion (sim/schedule/run_settings.py)
+    main_grad_bytes: int = 4  # the main-grad element a fused wgrad accumulates into (optimizer_states.py)
     deterministic: bool = False  # run.deterministic
     rs_chunks: int = 1  # tp_comm_overlap: the reduce-scatters' pipelined GEMM chunks, UB_PIPELINE_SPLITS
     comm_sms: int = 0  # tp_comm_overlap: SMs the userbuffers kernel holds beside a pipeline or bulk GEMM
@@ -235,6 +237,7 @@ class ModelDims:
             bias=self.linear_bias, norm_params=norm_params(m), qk_norm_params=qk_norm_params(m),
             dtype_bytes=m.dtype_bytes,
             grad_fusion=s.run.grad_accumulation_fusion, deterministic=s.run.deterministic,
+            main_grad_bytes=main_grad_bytes(s.optimizer, s.run.grad_reduce_dtype),
             tp_grad_overlap=s.run.tp_grad_reduce_overlap,
             fp8=Fp8Plan(s.run.fp8, s.run.fp8_wgrad, s.run.fp8_on and s.run.fp8_attention, any_layout_fp8,
                         s.run.fp8_on and s.run.fp8_output_proj),
