@@ -56,13 +56,14 @@ def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Ma
         else:
             oom += 1
         bar.update(task, advance=1, refresh=True)
+    screened = time.monotonic()
     task = bar.add_task("bounding layouts", total=len(candidates))
     entries = []
     for c in candidates:
         entries.append((Entry(c.layout, lower_bound(c.rs)), band_for(c.rs.scenario)))
         bar.update(task, advance=1, refresh=True)
     entries.sort(key=lambda t: t[0].bound.step_s)  # stable: ties keep enumeration order
-    return len(todo), refusals, oom, entries, variants
+    return len(todo), refusals, oom, entries, variants, screened
 
 
 def _simulate(batch: list[Entry], variants: Variants, source: str, *, jobs: int, out_dir, ray: str | None,
@@ -86,7 +87,9 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
     """Branch and bound over the layouts of `scenario` (module docstring)."""
     start = time.monotonic()
     with _bar(progress) as bar:
-        searched, refusals, oom, banded, variants = screen_and_bound(scenario, source, fixed or {}, opened or {}, bar)
+        searched, refusals, oom, banded, variants, screened = screen_and_bound(scenario, source, fixed or {},
+                                                                               opened or {}, bar)
+        phases = [("screen", screened - start), ("bound", time.monotonic() - screened)]
         entries = [e for e, _ in banded]
         bands = {e.key: b for e, b in banded}
         margin = max((b.mape for b in bands.values()), default=0.0)
@@ -115,10 +118,11 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
             bar.update(task, completed=i, description=f"simulating: best {best.key if best else '-'}"[:48],
                        refresh=True)
         bar.update(task, total=i, description=f"simulated {i}, pruned {len(entries) - i}", refresh=True)
-    return _outcome(scenario, searched, refusals, oom, entries, failed, best, i, stop, start, bands)
+    phases.append(("simulate", time.monotonic() - start - sum(t for _, t in phases)))
+    return _outcome(scenario, searched, refusals, oom, entries, failed, best, i, stop, start, bands, tuple(phases))
 
 
-def _outcome(scenario: Scenario, searched, refusals, oom, entries, failed, best, i, stop, start, bands
+def _outcome(scenario: Scenario, searched, refusals, oom, entries, failed, best, i, stop, start, bands, phases
              ) -> SearchResult:
     proven = best is not None and stop != "budget" and (i == len(entries) or entries[i].bound.step_s >= best.step_s)
     reason = {"bound": "the next bound is beyond the best step and its error band",
@@ -131,5 +135,5 @@ def _outcome(scenario: Scenario, searched, refusals, oom, entries, failed, best,
         records = [e.record for e in entries if e.record is not None]
         reasons = tuple(explain(records, lambda rec: band, settings=scenario_settings(scenario)))
     return SearchResult(scenario.name, searched, by_rule(refusals), oom, tuple(entries), tuple(failed), best, proven,
-                        reason, within, band, reasons, time.monotonic() - start)
+                        reason, within, band, reasons, time.monotonic() - start, phases)
 

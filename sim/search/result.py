@@ -49,6 +49,7 @@ class SearchResult:
     band: ErrorBand | None  # the winner's accuracy group's band
     explanation: tuple[str, ...]
     wall_s: float
+    phase_s: tuple[tuple[str, float], ...] = ()  # wall seconds of screening, bounding, simulating
 
     @property
     def refused_total(self) -> int:
