@@ -20,9 +20,11 @@ trust on a shared machine). `--budget S` stops a case's simulations after S seco
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
 import time
+from pathlib import Path
 
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.search.branch import search
@@ -50,7 +52,7 @@ def cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_case(name: str, jobs: int, budget_s: float | None) -> None:
+def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = None) -> None:
     scenario, source = case_scenario(name)
     wall0, cpu0 = time.monotonic(), cpu_s()
     result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False)
@@ -61,6 +63,7 @@ def run_case(name: str, jobs: int, budget_s: float | None) -> None:
     tight = f"median {statistics.median(ratios):.3f}, worst {min(ratios):.3f}" if ratios else "-"
     print(f"{name}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
           f"{result.out_of_memory:,}, legal {legal:,}, simulated {len(result.simulated):,} ({share} of legal), "
+          f"of which {result.needed_for_proof:,} for the proof (bound < winner's step), "
           f"pruned {result.pruned:,}; bound/simulated {tight}; wall {wall:,.1f} s ("
           + ", ".join(f"{k} {v:,.1f}" for k, v in result.phase_s) + f"), CPU {cpu:,.1f} s (jobs {jobs})")
     if result.winner is not None:
@@ -69,6 +72,10 @@ def run_case(name: str, jobs: int, budget_s: float | None) -> None:
               f"{len(result.within_error)} within the error band")
     for rc in result.refused[:6]:
         print(f"  refused by {rc.rule}: {rc.count:,}")
+    if dump:
+        rows = [{"layout": e.key, "bound_s": e.bound.step_s, "step_s": e.step_s, "term": list(e.bound.binding)}
+                for e in result.entries]
+        Path(dump, f"{name}.json").write_text(json.dumps(rows, indent=0))
 
 
 def main() -> None:
@@ -76,9 +83,10 @@ def main() -> None:
     parser.add_argument("--cases", default="llama3-70b-64,deepseek-v3-1024,llama31-405b-512")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--budget", type=float, default=None, help="seconds of simulation per case")
+    parser.add_argument("--dump", default=None, help="folder for one JSON per case: every layout's bound and step")
     args = parser.parse_args()
     for name in args.cases.split(","):
-        run_case(name, args.jobs, args.budget)
+        run_case(name, args.jobs, args.budget, args.dump)
 
 
 if __name__ == "__main__":

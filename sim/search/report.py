@@ -20,7 +20,8 @@ def summary_line(result: SearchResult) -> str:
     failed = f" ({len(result.failed)} refused by the simulation)" if result.failed else ""
     return (f"searched {result.searched:,}, refused {result.refused_total:,}" + (f" ({rules})" if rules else "")
             + f", out of memory {result.out_of_memory:,}, pruned by the bound {result.pruned:,}, "
-            f"simulated {len(result.simulated):,}{failed}")
+            f"simulated {len(result.simulated):,}{failed} ({result.needed_for_proof:,} of them for the proof, the "
+            "rest for the error band)")
 
 
 def verdict(result: SearchResult) -> str:

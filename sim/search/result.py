@@ -60,6 +60,14 @@ class SearchResult:
         return tuple(e for e in self.entries if e.record is not None)
 
     @property
+    def needed_for_proof(self) -> int:
+        """Layouts whose bound is below the winner's step: any branch and bound with this bound simulates
+        them (the rest of the simulated ones are the error band's)."""
+        if self.winner is None:
+            return len(self.entries)
+        return sum(1 for e in self.entries if e.bound.step_s < self.winner.step_s)
+
+    @property
     def pruned(self) -> int:
         return sum(1 for e in self.entries if e.record is None)
 
