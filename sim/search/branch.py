@@ -102,7 +102,7 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
             if entries[i].bound.step_s >= limit:
                 stop = "bound"
                 break
-            if budget_s is not None and time.monotonic() - start > budget_s:
+            if budget_s is not None and best is not None and time.monotonic() - start > budget_s:
                 stop = "budget"
                 break
             batch = [e for e in entries[i:i + max(1, jobs)] if e.bound.step_s < limit]

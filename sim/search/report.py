@@ -20,8 +20,8 @@ def summary_line(result: SearchResult) -> str:
     failed = f" ({len(result.failed)} refused by the simulation)" if result.failed else ""
     return (f"searched {result.searched:,}, refused {result.refused_total:,}" + (f" ({rules})" if rules else "")
             + f", out of memory {result.out_of_memory:,}, pruned by the bound {result.pruned:,}, "
-            f"simulated {len(result.simulated):,}{failed} ({result.needed_for_proof:,} of them for the proof, the "
-            "rest for the error band)")
+            f"simulated {len(result.simulated):,}{failed}" + (f" ({result.needed_for_proof:,} of them for the proof, "
+                                                              "the rest for the error band)" if result.proven else ""))
 
 
 def verdict(result: SearchResult) -> str:
