@@ -52,6 +52,7 @@ SPACES = st.fixed_dictionaries({
     "cp": st.sampled_from(["1", "1,2"]),
     "fsdp": st.sampled_from(["off", "both"]),
     "fp8": st.sampled_from(["off", "off,tensorwise"]),
+    "embedding_in_split": st.sampled_from(["off", "both"]),
 })
 
 
@@ -63,7 +64,7 @@ def test_search_finds_the_exhaustive_sweeps_winner(space, moe, host_us):
     opened = dict(parse_assignment("--space", f"{k}={v}", False) for k, v in space.items())
     if moe:
         opened |= dict([parse_assignment("--space", "ep=2,4", False), parse_assignment("--space", "etp=1", False)])
-    fixed = {"dist_opt_instances": (1,)}
+    fixed = {"dist_opt_instances": (1,), "loss_in_split": (False,)}
     result = search(scenario, source, fixed=fixed, opened=opened)
     best, records = exhaustive(scenario, source, fixed, opened)
     assert (result.winner is None) == (best is None)
@@ -81,7 +82,7 @@ def test_search_finds_the_exhaustive_sweeps_winner(space, moe, host_us):
 
 def test_counts_add_up_and_the_winner_is_proven():
     scenario, source = small()
-    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,)})
+    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)})
     assert result.searched == result.refused_total + result.out_of_memory + len(result.entries)
     assert len(result.simulated) + result.pruned == len(result.entries)
     assert result.proven and result.stop_reason.startswith("the next bound")
@@ -92,7 +93,7 @@ def test_counts_add_up_and_the_winner_is_proven():
 
 def test_within_error_lists_every_simulated_layout_inside_the_band():
     scenario, source = small()
-    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,)})
+    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)})
     limit = result.winner.step_s * (1 + result.band.mape)
     inside = {e.key for e in result.simulated if e.step_s is not None and e.step_s <= limit} - {result.winner.key}
     assert {e.key for e in result.within_error} == inside
@@ -101,14 +102,14 @@ def test_within_error_lists_every_simulated_layout_inside_the_band():
 
 def test_resumes_from_the_sweep_store(tmp_path, monkeypatch):
     scenario, source = small()
-    first = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,)}, out_dir=tmp_path)
+    first = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}, out_dir=tmp_path)
     calls = []
 
     def counting(*args, **kwargs):
         calls.append(args[2])
         return run_point(*args, **kwargs)
 
-    again = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,)}, out_dir=tmp_path, runner=counting)
+    again = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}, out_dir=tmp_path, runner=counting)
     assert calls == [] and again.winner.key == first.winner.key and again.winner.step_s == first.winner.step_s
 
 

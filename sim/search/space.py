@@ -2,17 +2,20 @@
 
 A layout is a sweep configuration (sim/sweep/axes.SweepPoint: tp, sp, micro_batch, tp_comm_overlap,
 recompute, pp, vp, ep, etp, cp, fp8, fsdp, dist_opt_instances) plus the settings a sweep point does not
-carry (VARIANT_AXES: cp_comm, moe_dispatcher, dp_overlap, overlap_param_gather, distributed_optimizer),
+carry (VARIANT_AXES: cp_comm, moe_dispatcher, dp_overlap, overlap_param_gather, distributed_optimizer, and
+the pipeline split's embedding_in_split and loss_in_split),
 applied to the scenario as dotted overrides. Which values are legal is not decided here: every layout is
 resolved with the scenario checks (sim/search/screen.py); the space only says which values to try.
 
 Default values (an axis the user neither fixes nor opens), DEFAULT_VALUES: powers of two for the degrees,
-every recompute mode, both TP overlaps, the distributed optimizer and FSDP; the scenario's own value for
+every recompute mode, both TP overlaps, the distributed optimizer and FSDP, both pipeline-split options
+(with pp > 1: what lets 126 layers + embedding + loss split over 8 stages); the scenario's own value for
 the FP8 recipe (opened only by --space fp8=...), the variant settings and dist_opt_instances. sp is on
 (Megatron's choice with tp > 1; --space sp=on,off opens it). A scenario with a pipeline_layout keeps its
 pp and vp (the layout fixes both); opening them drops the layout for the layouts that change them.
 Canonical forms, so no layout appears twice: sp off at tp = 1 (Megatron turns it off there), the
-scenario's cp_comm at cp = 1, ep = etp = 1 for a dense model.
+scenario's cp_comm at cp = 1, the scenario's split options at pp = 1 (and under its own pipeline_layout),
+ep = etp = 1 for a dense model.
 """
 
 from __future__ import annotations
@@ -50,14 +53,20 @@ VARIANT_AXES = {  # axis -> (scenario field, parser)
     "dp_overlap": ("parallel.dp_overlap", lambda t: parse_switch("dp_overlap", t)),
     "overlap_param_gather": ("parallel.overlap_param_gather", lambda t: parse_switch("overlap_param_gather", t)),
     "distributed_optimizer": ("parallel.distributed_optimizer", lambda t: parse_switch("distributed_optimizer", t)),
+    # the pipeline split: the embedding / the loss counted as a layer of the first / last stage (Megatron's
+    # --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)
+    "embedding_in_split": ("parallel.account_for_embedding_in_split",
+                           lambda t: parse_switch("embedding_in_split", t)),
+    "loss_in_split": ("parallel.account_for_loss_in_split", lambda t: parse_switch("loss_in_split", t)),
 }
+PIPELINE_SPLIT_AXES = ("embedding_in_split", "loss_in_split")  # only with pp > 1
 ALL_AXES = (*AXES, *VARIANT_AXES)
 ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "overlap": "tp_comm_overlap", "instances":
            "dist_opt_instances", "dispatcher": "moe_dispatcher", "dist_opt": "distributed_optimizer"}
 DEFAULT_VALUES: dict[str, tuple] = {
     "tp": (1, 2, 4, 8), "sp": (True,), "micro_batch": (1, 2, 4), "tp_comm_overlap": (False, True),
     "recompute": ("none", "selective", "full"), "pp": (1, 2, 4, 8, 16), "vp": (1, 2, 4), "cp": (1, 2, 4),
-    "fsdp": (False, True),
+    "fsdp": (False, True), "embedding_in_split": (False, True), "loss_in_split": (False, True),
 }
 MOE_DEFAULTS: dict[str, tuple] = {"ep": (1, 2, 4, 8, 16, 32, 64), "etp": (1, 2)}
 
@@ -171,6 +180,8 @@ def _canonical(scenario: Scenario, combo: dict) -> Layout:
         combo["sp"] = False
     if combo["cp"] == 1:
         combo["cp_comm"] = p.cp_comm
+    if combo["pp"] == 1 or p.pipeline_layout is not None and (combo["pp"], combo["vp"]) == (p.pp, p.vp):
+        combo.update({a: scenario_value(scenario, a) for a in PIPELINE_SPLIT_AXES})
     if scenario.model.moe is None:
         combo["ep"] = combo["etp"] = 1
     point = SweepPoint(**{a: combo[a] for a in AXES})
