@@ -21,7 +21,9 @@ The argument (exact arithmetic first; the float margin is step 6):
 4. The host: a FIFO op starts no earlier than its host issued it, and the issue time is at least the
    static clock, the cumulative dispatch time of every op before it in list order (sim/cost/host_dispatch.py;
    a sync only delays the host, sim/engine/host.py). So T >= host(s) = the static clock of stage s's last
-   FIFO op (0 under cuda_graphs or without a host model).
+   FIFO op (0 under cuda_graphs or without a host model), and >= the same sum over FIFO ops only, which
+   the bound takes: how a step pairs its P2P batches (warm-up, steady, cool-down) varies with m, so their
+   dispatch per micro-batch is not the same in a short schedule (the generated test found it).
 5. The full step from a short schedule. With m micro-batches, busy(s, x) = O + sum_{k<m} W(k), where W(k)
    sums the ops stamped for micro-batch k (op.micro_batch == k) and O the ops of no micro-batch (the
    optimizer, the gradient reduction, the step's closing ops); host(s) splits the same way when every
@@ -36,10 +38,18 @@ The argument (exact arithmetic first; the float margin is step 6):
    (arbiter._EPS_S). The bound is scaled by (1 - 1e-9) and lowered by 2e-15 s per op it sums, far above
    the rounding of sums of at most 10^7 terms.
 
-So lower_bound = max over stages and FIFO streams of busy, and over stages of host, is <= T.
+7. Fill and drain (sim/search/pipeline_bound.py states and proves it): before a stream's first ops can
+   start, the ops they wait for on other stages must run (the pipeline's fill), and after its last ops
+   the ops that wait for them must (the drain); est and tail, computed on the short schedules with the
+   same durations, bound both, and T >= fill + busy(s, x) + drain for every stage and stream.
+8. Premise P' of step 7: the ops up to the first op of micro-batch 1, and those after the last op of
+   micro-batch m' - 2, are the same in the full step (renumbered to its last micro-batch); not needed
+   when m' = m.
 
-What it leaves out, and is loose by: pipeline fill and drain (a stage's idle time waiting for its
-neighbours), communication exposed by dependencies (a compute op waiting for a collective it needs),
+So lower_bound = max over stages and FIFO streams of fill + busy + drain, and over stages of host, is <= T.
+
+What it leaves out, and is loose by: the bubbles inside the steady phase of a pipeline, communication
+exposed by dependencies in the middle of the step (a compute op waiting for a collective it needs),
 contention and kappa's slow-down, host syncs. A bound that is provably valid and loose only prunes less.
 """
 
@@ -52,6 +62,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.results.costers import CollectiveCoster, compute_fn, host_issue_times
 from meshsim.sim.schedule.ops import FIFO_STREAMS, Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+from meshsim.sim.search.pipeline_bound import Pipeline
 
 RELATIVE_MARGIN = 1e-9  # step 6: float rounding of the engine's sums
 PER_OP_MARGIN_S = 2e-15  # step 6: the arbiter's completion epsilon, per op summed
@@ -145,6 +156,8 @@ def _host_clock(rs: ResolvedScenario, schedule: Schedule, m: int, m_short: int) 
     per_mb: dict[int, float] = defaultdict(float)
     other = 0.0
     for i, op in enumerate(schedule.ops[: last + 1]):
+        if op.stream not in FIFO_STREAMS:  # P2P batches: how a step pairs them varies with m; left out (>= 0)
+            continue
         dispatch_s = issue[i] - (issue[i - 1] if i else 0.0)
         if op.micro_batch is None:
             other += dispatch_s
@@ -159,9 +172,13 @@ def lower_bound(rs: ResolvedScenario) -> Bound:
     short = rs if m_short == m else replace(rs, micro_batches=m_short)
     price = _Pricer(rs)
     stages, worst_s, ops = [], 0.0, 0
-    for schedule in build_stage_schedules(short):
+    schedules = build_stage_schedules(short)
+    pipe = Pipeline(schedules, lambda op, stage: price(op, stage * rs.stage_size))
+    for schedule in schedules:
         rank = schedule.stage * rs.stage_size
         busy, n_ops = _stream_busy(schedule, rank, price, m, m_short)
+        if pipe.ok:  # step 7: the fill before and the drain after each stream's busy time
+            busy = {x: t + sum(pipe.fill_drain(schedule.stage, x)) for x, t in busy.items()}
         host_s = _host_clock(short, schedule, m, m_short)
         stage = StageBound(schedule.stage, tuple(busy.items()), host_s)
         stages.append(stage)
