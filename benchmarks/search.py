@@ -15,6 +15,7 @@ winner, whether it is proven, wall and CPU seconds (CPU of this process and its 
 trust on a shared machine). `--budget S` stops a case's simulations after S seconds (then not proven).
 
     python benchmarks/search.py [--cases llama3-70b-64,...] [--jobs 2] [--budget 600]
+    python benchmarks/search.py --sample 4     # screening counts, and 4 layouts bounded and simulated
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ import time
 from pathlib import Path
 
 from meshsim.scenarios.load import load_scenario, with_overrides
+from meshsim.sim.results.simulate import simulate
+from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.branch import search
+from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
+from meshsim.sim.search.space import build_space, layouts
+from meshsim.sim.sweep.axes import referenced_snapshot
 
 LLAMA_405B = {"model.layers": 126, "model.hidden": 16384, "model.ffn_hidden": 53248, "model.heads": 128,
               "model.kv_heads": 8, "model.seq_len": 8192, "model.vocab": 128256, "topology.nodes": 64,
@@ -78,15 +84,42 @@ def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = No
         Path(dump, f"{name}.json").write_text(json.dumps(rows, indent=0))
 
 
+def sample_case(name: str, n: int) -> None:
+    """--sample N: screen the whole space (counts and CPU), then bound and simulate N legal layouts spread
+    over the bound order: per-layout costs and tightness where a whole search does not fit the time."""
+    scenario, source = case_scenario(name)
+    cpu0 = cpu_s()
+    todo = layouts(scenario, build_space(scenario))
+    variants, files = Variants(scenario, source), referenced_snapshot(scenario, source)
+    outcomes = [screen(layout, variants, files) for layout in todo]
+    legal = [o for o in outcomes if isinstance(o, Candidate)]
+    refused = sum(isinstance(o, Refusal) for o in outcomes)
+    screen_cpu = cpu_s() - cpu0
+    print(f"{name}: searched {len(todo):,}, refused {refused:,}, out of memory {len(outcomes) - refused - len(legal):,}, "
+          f"legal {len(legal):,}; screening CPU {screen_cpu:,.1f} s", flush=True)
+    for c in legal[:: max(1, len(legal) // n)][:n]:
+        t0 = cpu_s()
+        bound = lower_bound(c.rs)
+        t1 = cpu_s()
+        step = simulate(c.rs).step_time_s
+        print(f"  {c.layout.key}: bound {bound.step_s:.4f} s, simulated {step:.4f} s, bound/simulated "
+              f"{bound.step_s / step:.3f} ({bound.binding[1]}); CPU bound {t1 - t0:.2f} s, simulate {cpu_s() - t1:.2f} s",
+              flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="llama3-70b-64,deepseek-v3-1024,llama31-405b-512")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--budget", type=float, default=None, help="seconds of simulation per case")
+    parser.add_argument("--sample", type=int, default=0, help="screen only, then bound and simulate N layouts")
     parser.add_argument("--dump", default=None, help="folder for one JSON per case: every layout's bound and step")
     args = parser.parse_args()
     for name in args.cases.split(","):
-        run_case(name, args.jobs, args.budget, args.dump)
+        if args.sample:
+            sample_case(name, args.sample)
+        else:
+            run_case(name, args.jobs, args.budget, args.dump)
 
 
 if __name__ == "__main__":
