@@ -26,6 +26,7 @@ LAYERS = (
     "meshsim.sim.results",
     "meshsim.sim.outputs",
     "meshsim.sim.sweep",
+    "meshsim.sim.search",  # branch and bound over layouts: runs them through the sweep
     "meshsim.sim.api",
     "meshsim.validate.stack",
     "meshsim.validate.launch",

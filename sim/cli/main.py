@@ -29,6 +29,7 @@ COMMAND_MODULES = {  # command -> the module that registers it (each module regi
     "scenarios": "meshsim.sim.cli.run",
     "sweep": "meshsim.sim.cli.sweep",
     "compare": "meshsim.sim.cli.sweep",
+    "search": "meshsim.sim.cli.search",
     "validate": "meshsim.sim.cli.validate",  # torch imported lazily
     "calibrate": "meshsim.sim.cli.calibrate",  # torch imported lazily, none with --from-trace
     "trace": "meshsim.sim.cli.trace",  # meshsim trace summary (Kineto traces; no torch)

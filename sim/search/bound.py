@@ -1,0 +1,188 @@
+"""A lower bound on a layout's simulated step, computed without the engine: `lower_bound(rs).step_s`.
+
+Claim: lower_bound(rs).step_s <= simulate(rs).step_time_s for every resolved scenario rs.
+
+The argument (exact arithmetic first; the float margin is step 6):
+
+1. simulate(rs) is the engine's time T of the whole step: its steady-state extrapolation is proven
+   equal to the full run (sim/results/steady_state.py), and it falls back to the full run otherwise.
+   T is the end of the last event of any simulated rank.
+2. The engine (sim/engine/processes.py `stream`) runs every FIFO stream (compute, tp_comm, dp_comm,
+   ep_comm, cp_comm; sim/schedule/ops.FIFO_STREAMS) of a simulated rank one op at a time, in list order:
+   an op starts no earlier than the previous op of its stream ended, and the first no earlier than 0.
+   So for every stage s (its first rank, which the engine simulates) and every FIFO stream x,
+   T >= busy(s, x) = the sum over the stream's ops of their durations.
+3. A duration is at least its priced cost. A compute op lasts compute_s(op, rank) (a timeout when kappa =
+   0; with kappa > 0 that many standalone seconds drained through the arbiter at a rate r <= 1,
+   sim/engine/arbiter.py). A collective lasts its rendezvous wait (>= 0) plus latency_s (a timeout) plus
+   bandwidth_s drained at r <= 1: at least latency_s + bandwidth_s. Both prices come from the same pure
+   functions the engine is handed (sim/results/costers.py compute_fn, CollectiveCoster, on the same
+   groups rs.group(kind, rank)), so busy(s, x) >= the sum of the priced costs.
+4. The host: a FIFO op starts no earlier than its host issued it, and the issue time is at least the
+   static clock, the cumulative dispatch time of every op before it in list order (sim/cost/host_dispatch.py;
+   a sync only delays the host, sim/engine/host.py). So T >= host(s) = the static clock of stage s's last
+   FIFO op (0 under cuda_graphs or without a host model), and >= the same sum over FIFO ops only, which
+   the bound takes: how a step pairs its P2P batches (warm-up, steady, cool-down) varies with m, so their
+   dispatch per micro-batch is not the same in a short schedule (the generated test found it).
+5. The full step from a short schedule. With m micro-batches, busy(s, x) = O + sum_{k<m} W(k), where W(k)
+   sums the ops stamped for micro-batch k (op.micro_batch == k) and O the ops of no micro-batch (the
+   optimizer, the gradient reduction, the step's closing ops); host(s) splits the same way when every
+   micro-batch op comes before the last FIFO op. Premise P, the builder's: every micro-batch's ops are
+   stamped from the same block templates (sim/schedule/stamping.py, pipeline_builder.py), they differ
+   only by whether the micro-batch is the first, an interior or the last one, and the ops of no
+   micro-batch do not depend on m. The bound builds a schedule of m' = min(m, max(3, pp)) micro-batches,
+   which holds all three kinds, and takes O' + m min_{k<m'} W'(k) <= O + sum_k W(k). When m' = m the sum
+   is the full step's and P is not used. P is what tests/test_search_bound.py's generated differential
+   test (dense, MoE, CP, FP8, host-bound, pipelined) checks, with the bound against the engine.
+6. Floats: the engine adds times in floats and its arbiter counts under 1e-15 s as done
+   (arbiter._EPS_S). The bound is scaled by (1 - 1e-9) and lowered by 2e-15 s per op it sums, far above
+   the rounding of sums of at most 10^7 terms.
+
+7. Fill and drain (sim/search/pipeline_bound.py states and proves it): before a stream's first ops can
+   start, the ops they wait for on other stages must run (the pipeline's fill), and after its last ops
+   the ops that wait for them must (the drain); est and tail, computed on the short schedules with the
+   same durations, bound both, and T >= fill + busy(s, x) + drain for every stage and stream.
+8. Premise P' of step 7: the ops up to the first op of micro-batch 1, and those after the last op of
+   micro-batch m' - 2, are the same in the full step (renumbered to its last micro-batch); not needed
+   when m' = m.
+
+So lower_bound = max over stages and FIFO streams of fill + busy + drain, and over stages of host, is <= T.
+
+What it leaves out, and is loose by: the bubbles inside the steady phase of a pipeline, communication
+exposed by dependencies in the middle of the step (a compute op waiting for a collective it needs),
+contention and kappa's slow-down, host syncs. A bound that is provably valid and loose only prunes less.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from meshsim.scenarios.resolved import ResolvedScenario
+from meshsim.sim.results.costers import CollectiveCoster, compute_fn, host_issue_times
+from meshsim.sim.schedule.ops import FIFO_STREAMS, Collective, Schedule
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+from meshsim.sim.search.pipeline_bound import Pipeline
+
+RELATIVE_MARGIN = 1e-9  # step 6: float rounding of the engine's sums
+PER_OP_MARGIN_S = 2e-15  # step 6: the arbiter's completion epsilon, per op summed
+KINDS_OF_MICRO_BATCH = 3  # step 5: first, interior, last
+
+
+@dataclass(frozen=True)
+class StageBound:
+    """One stage's terms: every FIFO stream's busy time and the host's static clock, for the full step."""
+
+    stage: int
+    busy_s: tuple[tuple[str, float], ...]  # (stream, seconds), streams with ops only
+    host_s: float
+
+    @property
+    def worst(self) -> tuple[str, float]:
+        """The binding term: ("compute", s), ("tp_comm", s), ... or ("host", s)."""
+        return max((*self.busy_s, ("host", self.host_s)), key=lambda t: t[1])
+
+
+@dataclass(frozen=True)
+class Bound:
+    step_s: float  # the lower bound, margins applied
+    stages: tuple[StageBound, ...]
+    short_micro_batches: int  # m' of step 5 (== micro_batches: no premise used)
+    micro_batches: int
+
+    @property
+    def binding(self) -> tuple[int, str]:
+        """(stage, term) that gives the bound."""
+        best = max(self.stages, key=lambda sb: sb.worst[1])
+        return best.stage, best.worst[0]
+
+
+def short_micro_batches(rs: ResolvedScenario) -> int:
+    """m' = min(m, max(3, pp)): the first, an interior and the last micro-batch (step 5)."""
+    return min(rs.micro_batches, max(KINDS_OF_MICRO_BATCH, rs.pp))
+
+
+class _Pricer:
+    """Priced duration of a FIFO op on a rank: compute_s, or latency + bandwidth of its collective (step 3)."""
+
+    def __init__(self, rs: ResolvedScenario):
+        self.rs, self.compute_s, self.coster = rs, compute_fn(rs), CollectiveCoster(rs)
+
+    def __call__(self, op, rank: int) -> float:
+        if isinstance(op.work, Collective):
+            latency_s, bandwidth_s, _ = self.coster(op, self.rs.group(op.work.group, rank))
+            return latency_s + bandwidth_s
+        return self.compute_s(op, rank)
+
+
+def _full_step_sum(per_mb: dict[int, float], other: float, m: int, m_short: int) -> float:
+    """O + sum_k W(k) when the schedule is the full one, else O' + m min_k W'(k) (step 5)."""
+    if not per_mb:
+        return other
+    if m_short == m:
+        return other + sum(per_mb.values())
+    return other + m * min(per_mb.get(k, 0.0) for k in range(m_short))
+
+
+def _stream_busy(schedule: Schedule, rank: int, price: _Pricer, m: int, m_short: int) -> tuple[dict, int]:
+    """stream -> its full-step busy time (steps 2, 3, 5); and how many ops the sums stand for."""
+    per_mb: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    other: dict[str, float] = defaultdict(float)
+    ops = 0
+    for op in schedule.ops:
+        if op.stream not in FIFO_STREAMS:
+            continue
+        d = price(op, rank)
+        if op.micro_batch is None:
+            other[op.stream] += d
+            ops += 1
+        else:
+            per_mb[op.stream][op.micro_batch] += d
+            ops += m / m_short
+    busy = {x: _full_step_sum(per_mb.get(x, {}), other.get(x, 0.0), m, m_short)
+            for x in FIFO_STREAMS if x in other or x in per_mb}
+    return busy, int(ops) + 1
+
+
+def _host_clock(rs: ResolvedScenario, schedule: Schedule, m: int, m_short: int) -> float:
+    """The static host clock of the last FIFO op, full step (steps 4, 5); 0 without a host model or when
+    an op of a micro-batch comes after the last FIFO op (the split of step 5 does not hold)."""
+    issue = host_issue_times(rs, schedule)
+    if not issue:
+        return 0.0
+    last = max((i for i, op in enumerate(schedule.ops) if op.stream in FIFO_STREAMS), default=-1)
+    if last < 0 or any(op.micro_batch is not None for op in schedule.ops[last + 1:]):
+        return 0.0
+    per_mb: dict[int, float] = defaultdict(float)
+    other = 0.0
+    for i, op in enumerate(schedule.ops[: last + 1]):
+        if op.stream not in FIFO_STREAMS:  # P2P batches: how a step pairs them varies with m; left out (>= 0)
+            continue
+        dispatch_s = issue[i] - (issue[i - 1] if i else 0.0)
+        if op.micro_batch is None:
+            other += dispatch_s
+        else:
+            per_mb[op.micro_batch] += dispatch_s
+    return _full_step_sum(per_mb, other, m, m_short)
+
+
+def lower_bound(rs: ResolvedScenario) -> Bound:
+    """The bound of the module docstring for the layout `rs` describes."""
+    m, m_short = rs.micro_batches, short_micro_batches(rs)
+    short = rs if m_short == m else replace(rs, micro_batches=m_short)
+    price = _Pricer(rs)
+    stages, worst_s, ops = [], 0.0, 0
+    schedules = build_stage_schedules(short)
+    pipe = Pipeline(schedules, lambda op, stage: price(op, stage * rs.stage_size))
+    for schedule in schedules:
+        rank = schedule.stage * rs.stage_size
+        busy, n_ops = _stream_busy(schedule, rank, price, m, m_short)
+        if pipe.ok:  # step 7: the fill before and the drain after each stream's busy time
+            busy = {x: t + sum(pipe.fill_drain(schedule.stage, x)) for x, t in busy.items()}
+        host_s = _host_clock(short, schedule, m, m_short)
+        stage = StageBound(schedule.stage, tuple(busy.items()), host_s)
+        stages.append(stage)
+        if stage.worst[1] > worst_s:
+            worst_s, ops = stage.worst[1], n_ops
+    step_s = max(0.0, worst_s * (1.0 - RELATIVE_MARGIN) - PER_OP_MARGIN_S * ops)
+    return Bound(step_s, tuple(stages), m_short, m)

@@ -1,0 +1,78 @@
+"""The search's typed records: one per bounded layout, and the whole outcome (sim/search/branch.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshsim.sim.results.error_band import ErrorBand
+from meshsim.sim.search.bound import Bound
+from meshsim.sim.search.screen import Refusal, RuleCount
+from meshsim.sim.search.space import Layout
+from meshsim.sim.sweep.record import SweepRecord
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A legal layout that fits: its lower bound and, when simulated, its sweep record."""
+
+    layout: Layout
+    bound: Bound
+    record: SweepRecord | None = None  # None: pruned (never simulated)
+
+    @property
+    def key(self) -> str:
+        return self.layout.key
+
+    @property
+    def step_s(self) -> float | None:
+        return self.record.result.step_time_s if self.record is not None and self.record.ok else None
+
+    @property
+    def tightness(self) -> float | None:
+        """bound / simulated step (<= 1 by the bound's proof)."""
+        step = self.step_s
+        return self.bound.step_s / step if step else None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    scenario: str
+    searched: int  # layouts enumerated
+    refused: tuple[RuleCount, ...]  # by rule
+    out_of_memory: int
+    entries: tuple[Entry, ...]  # every legal layout that fits, in ascending bound order
+    failed: tuple[Refusal, ...]  # simulated but refused by a check of the simulation itself
+    winner: Entry | None
+    proven: bool  # every layout not simulated has a bound >= the winner's step
+    stop_reason: str
+    within_error: tuple[Entry, ...]  # simulated, not the winner, step within the error band of the winner's
+    band: ErrorBand | None  # the winner's accuracy group's band
+    explanation: tuple[str, ...]
+    wall_s: float
+    phase_s: tuple[tuple[str, float], ...] = ()  # wall seconds of screening, bounding, simulating
+
+    @property
+    def refused_total(self) -> int:
+        return sum(r.count for r in self.refused)
+
+    @property
+    def simulated(self) -> tuple[Entry, ...]:
+        return tuple(e for e in self.entries if e.record is not None)
+
+    @property
+    def needed_for_proof(self) -> int:
+        """Layouts whose bound is below the winner's step: any branch and bound with this bound simulates
+        them (the rest of the simulated ones are the error band's)."""
+        if self.winner is None:
+            return len(self.entries)
+        return sum(1 for e in self.entries if e.bound.step_s < self.winner.step_s)
+
+    @property
+    def pruned(self) -> int:
+        return sum(1 for e in self.entries if e.record is None)
+
+    def runners_up(self, k: int) -> tuple[Entry, ...]:
+        """The k fastest simulated layouts after the winner."""
+        ranked = sorted((e for e in self.simulated if e.step_s is not None and e.record.fits and e is not self.winner),
+                        key=lambda e: e.step_s)
+        return tuple(ranked[:k])

@@ -1,0 +1,191 @@
+"""The search space: which values each layout axis takes, parsed from --fix / --space, and its layouts.
+
+A layout is a sweep configuration (sim/sweep/axes.SweepPoint: tp, sp, micro_batch, tp_comm_overlap,
+recompute, pp, vp, ep, etp, cp, fp8, fsdp, dist_opt_instances) plus the settings a sweep point does not
+carry (VARIANT_AXES: cp_comm, moe_dispatcher, dp_overlap, overlap_param_gather, distributed_optimizer, and
+the pipeline split's embedding_in_split and loss_in_split),
+applied to the scenario as dotted overrides. Which values are legal is not decided here: every layout is
+resolved with the scenario checks (sim/search/screen.py); the space only says which values to try.
+
+Default values (an axis the user neither fixes nor opens), DEFAULT_VALUES: powers of two for the degrees,
+every recompute mode, both TP overlaps, the distributed optimizer and FSDP, both pipeline-split options
+(with pp > 1: what lets 126 layers + embedding + loss split over 8 stages); the scenario's own value for
+the FP8 recipe (opened only by --space fp8=...), the variant settings and dist_opt_instances. sp is on
+(Megatron's choice with tp > 1; --space sp=on,off opens it). A scenario with a pipeline_layout keeps its
+pp and vp (the layout fixes both); opening them drops the layout for the layouts that change them.
+Canonical forms, so no layout appears twice: sp off at tp = 1 (Megatron turns it off there), the
+scenario's cp_comm at cp = 1, the scenario's split options at pp = 1 (and under its own pipeline_layout),
+ep = etp = 1 for a dense model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import get_args
+
+from meshsim.scenarios.schema import ParallelConfig, Scenario
+from meshsim.sim.core.errors import UserError, closest
+from meshsim.sim.sweep.axes import AXES, PARSERS, SweepPoint, parse_switch
+
+MAX_LAYOUTS = 200_000  # layouts one search enumerates (each is resolved: ~1 ms)
+
+
+def _choices(field: str) -> tuple[str, ...]:
+    return tuple(get_args(ParallelConfig.model_fields[field].annotation))
+
+
+def _parse_choice(axis: str, text: str) -> tuple[str, ...]:
+    allowed = _choices(axis)
+    values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",")))
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise UserError(axis, text, f"use a comma-separated subset of {', '.join(allowed)}",
+                        problem=f"{bad[0]!r} is not a {axis.replace('_', ' ')}")
+    return values
+
+
+VARIANT_AXES = {  # axis -> (scenario field, parser)
+    "cp_comm": ("parallel.cp_comm", lambda t: _parse_choice("cp_comm", t)),
+    "moe_dispatcher": ("parallel.moe_dispatcher", lambda t: _parse_choice("moe_dispatcher", t)),
+    "dp_overlap": ("parallel.dp_overlap", lambda t: parse_switch("dp_overlap", t)),
+    "overlap_param_gather": ("parallel.overlap_param_gather", lambda t: parse_switch("overlap_param_gather", t)),
+    "distributed_optimizer": ("parallel.distributed_optimizer", lambda t: parse_switch("distributed_optimizer", t)),
+    # the pipeline split: the embedding / the loss counted as a layer of the first / last stage (Megatron's
+    # --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)
+    "embedding_in_split": ("parallel.account_for_embedding_in_split",
+                           lambda t: parse_switch("embedding_in_split", t)),
+    "loss_in_split": ("parallel.account_for_loss_in_split", lambda t: parse_switch("loss_in_split", t)),
+}
+PIPELINE_SPLIT_AXES = ("embedding_in_split", "loss_in_split")  # only with pp > 1
+ALL_AXES = (*AXES, *VARIANT_AXES)
+ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "overlap": "tp_comm_overlap", "instances":
+           "dist_opt_instances", "dispatcher": "moe_dispatcher", "dist_opt": "distributed_optimizer"}
+DEFAULT_VALUES: dict[str, tuple] = {
+    "tp": (1, 2, 4, 8), "sp": (True,), "micro_batch": (1, 2, 4), "tp_comm_overlap": (False, True),
+    "recompute": ("none", "selective", "full"), "pp": (1, 2, 4, 8, 16), "vp": (1, 2, 4), "cp": (1, 2, 4),
+    "fsdp": (False, True), "embedding_in_split": (False, True), "loss_in_split": (False, True),
+}
+MOE_DEFAULTS: dict[str, tuple] = {"ep": (1, 2, 4, 8, 16, 32, 64), "etp": (1, 2)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout: a sweep point and the variant settings (dotted key, value), sorted by key."""
+
+    point: SweepPoint
+    variant: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The point's sweep key, then the variant settings: 'tp=8,...,recompute=none;cp_comm=a2a'."""
+        extra = ",".join(f"{k.split('.')[-1]}={_text(v)}" for k, v in self.variant)
+        return self.point.key + (f";{extra}" if extra else "")
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """axis -> the values the search tries (ALL_AXES order)."""
+
+    values: tuple[tuple[str, tuple], ...]
+
+    def of(self, axis: str) -> tuple:
+        return dict(self.values)[axis]
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for _, v in self.values)
+
+
+def axis_name(text: str, option: str, given: str) -> str:
+    """'micro-batch' -> 'micro_batch'; an unknown axis is a UserError naming the closest one."""
+    name = ALIASES.get(text.strip(), text.strip().replace("-", "_"))
+    if name not in ALL_AXES:
+        near = closest(name, ALL_AXES)
+        hint = f"did you mean {near}? " if near else ""
+        raise UserError(option, given, f"{hint}axes: {', '.join(ALL_AXES)}", problem=f"{text!r} is not an axis")
+    return name
+
+
+def parse_assignment(option: str, text: str, single: bool) -> tuple[str, tuple]:
+    """'tp=2,4' -> ('tp', (2, 4)) for --space; --fix (single) takes exactly one value."""
+    if "=" not in text:
+        raise UserError(option, text, "write AXIS=VALUE" + ("" if single else "S, e.g. tp=2,4,8") +
+                        (", e.g. tp=8" if single else ""), problem="no '=' in it")
+    axis, _, value = text.partition("=")
+    name = axis_name(axis, option, text)
+    parser = PARSERS.get(name) or VARIANT_AXES[name][1]
+    try:
+        values = parser(value)
+    except UserError as err:
+        raise UserError(option, text, err.fix, problem=err.problem or f"{value!r} is not a value of {name}") from None
+    if single and len(values) != 1:
+        raise UserError(option, text, f"give one value with --fix (--space {name}=A,B for several)",
+                        problem=f"{len(values)} values")
+    return name, values
+
+
+def scenario_value(scenario: Scenario, axis: str) -> object:
+    if axis == "fp8":
+        return scenario.run.fp8
+    field = VARIANT_AXES[axis][0].split(".")[-1] if axis in VARIANT_AXES else axis
+    return getattr(scenario.parallel, field)
+
+
+def build_space(scenario: Scenario, fixed: Mapping[str, tuple] = (), opened: Mapping[str, tuple] = ()) -> SearchSpace:
+    """The values of every axis: --fix, else --space, else the defaults of the module docstring."""
+    fixed, opened = dict(fixed), dict(opened)
+    moe = scenario.model.moe is not None
+    pinned_pipeline = scenario.parallel.pipeline_layout is not None
+    values = []
+    for axis in ALL_AXES:
+        if axis in fixed:
+            chosen = fixed[axis]
+        elif axis in opened:
+            chosen = opened[axis]
+        elif axis in ("pp", "vp") and pinned_pipeline:
+            chosen = (scenario_value(scenario, axis),)
+        elif axis in MOE_DEFAULTS:
+            chosen = MOE_DEFAULTS[axis] if moe else (1,)
+        elif axis in DEFAULT_VALUES:
+            chosen = DEFAULT_VALUES[axis]
+        else:
+            chosen = (scenario_value(scenario, axis),)
+        values.append((axis, tuple(chosen)))
+    return SearchSpace(tuple(values))
+
+
+def layouts(scenario: Scenario, space: SearchSpace) -> list[Layout]:
+    """Every layout of the space in canonical form (module docstring), without repeats; at most MAX_LAYOUTS."""
+    if space.size > MAX_LAYOUTS:
+        raise UserError("--space", f"{space.size:,} layouts", "fix more axes (--fix AXIS=V) or give fewer values "
+                        "(--space AXIS=V1,V2)", problem=f"more than {MAX_LAYOUTS:,} layouts to enumerate")
+    names = [a for a, _ in space.values]
+    out = (_canonical(scenario, dict(zip(names, combo, strict=True)))
+           for combo in itertools.product(*(v for _, v in space.values)))
+    return list(dict.fromkeys(out))
+
+
+def _canonical(scenario: Scenario, combo: dict) -> Layout:
+    p = scenario.parallel
+    if combo["tp"] == 1:
+        combo["sp"] = False
+    if combo["cp"] == 1:
+        combo["cp_comm"] = p.cp_comm
+    if combo["pp"] == 1 or p.pipeline_layout is not None and (combo["pp"], combo["vp"]) == (p.pp, p.vp):
+        combo.update({a: scenario_value(scenario, a) for a in PIPELINE_SPLIT_AXES})
+    if scenario.model.moe is None:
+        combo["ep"] = combo["etp"] = 1
+    point = SweepPoint(**{a: combo[a] for a in AXES})
+    variant = {VARIANT_AXES[a][0]: combo[a] for a in VARIANT_AXES if combo[a] != scenario_value(scenario, a)}
+    if p.pipeline_layout is not None and (point.pp, point.vp) != (p.pp, p.vp):
+        variant["parallel.pipeline_layout"] = None
+    return Layout(point, tuple(sorted(variant.items())))

@@ -1,0 +1,155 @@
+"""meshsim search: on generated small spaces its winner is the exhaustive sweep's (step equal to 1e-12),
+what it prunes is provably slower, its counts add up, it resumes from the sweep store, and bad --fix /
+--space are one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshsim.scenarios.load import load_scenario, with_overrides
+from meshsim.sim.api import search as api_search
+from meshsim.sim.cli.main import main
+from meshsim.sim.search.branch import search
+from meshsim.sim.search.screen import Variants
+from meshsim.sim.search.space import build_space, layouts, parse_assignment
+from meshsim.sim.sweep.explain_terms import sweet_spot
+from meshsim.sim.sweep.record import run_point
+
+MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False, "model.mlp": "swiglu"}
+
+
+def small(gpus: int = 8, moe: bool = False, **extra):
+    """tiny-2gpu (2 layers, hidden 256) on `gpus` GPUs of a DGX H100, global batch 16."""
+    scenario, source = load_scenario("tiny-2gpu")
+    over = {"parallel.gpus": gpus, "parallel.global_batch": 16, "model.layers": 4, "model.seq_len": 256, **(MOE if moe else {}), **extra}
+    return with_overrides(scenario, over, source), source
+
+
+def exhaustive(scenario, source, fixed, opened):
+    """Every layout of the space simulated (the sweep's run_point), the sweet spot's record."""
+    variants = Variants(scenario, source)
+    records = []
+    for layout in layouts(scenario, build_space(scenario, fixed, opened)):
+        try:
+            base = variants(layout)
+        except Exception:  # a variant the schema refuses: refused in search too
+            continue
+        records.append(run_point(base, source, layout.point))
+    return sweet_spot(records), records
+
+
+SPACES = st.fixed_dictionaries({
+    "tp": st.sampled_from(["1,2", "2,4", "1,4,8"]),
+    "pp": st.sampled_from(["1", "1,2", "2,4"]),
+    "vp": st.sampled_from(["1", "1,2"]),
+    "micro_batch": st.sampled_from(["1", "1,2", "2"]),
+    "recompute": st.sampled_from(["none", "none,full", "selective,full"]),
+    "tp_comm_overlap": st.sampled_from(["off", "both"]),
+    "cp": st.sampled_from(["1", "1,2"]),
+    "fsdp": st.sampled_from(["off", "both"]),
+    "fp8": st.sampled_from(["off", "off,tensorwise"]),
+    "embedding_in_split": st.sampled_from(["off", "both"]),
+})
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(space=SPACES, moe=st.booleans(), host_us=st.sampled_from([None, 200.0]))
+def test_search_finds_the_exhaustive_sweeps_winner(space, moe, host_us):
+    extra = {"hardware.compute.host_dispatch_us": host_us} if host_us else {"run.cuda_graphs": True}
+    scenario, source = small(moe=moe, **extra)
+    opened = dict(parse_assignment("--space", f"{k}={v}", False) for k, v in space.items())
+    if moe:
+        opened |= dict([parse_assignment("--space", "ep=2,4", False), parse_assignment("--space", "etp=1", False)])
+    fixed = {"dist_opt_instances": (1,), "loss_in_split": (False,)}
+    result = search(scenario, source, fixed=fixed, opened=opened)
+    best, records = exhaustive(scenario, source, fixed, opened)
+    assert (result.winner is None) == (best is None)
+    if best is None:
+        return
+    assert result.proven
+    assert result.winner.step_s == pytest.approx(best.result.step_time_s, rel=1e-12, abs=0)
+    assert len([r for r in records if r.fits]) == len([e for e in result.entries if e.record is None or e.record.fits])
+    for e in result.entries:  # what was pruned: its bound is at least the winner's step
+        if e.record is None:
+            assert e.bound.step_s >= result.winner.step_s
+        else:
+            assert e.bound.step_s <= e.step_s
+
+
+def test_counts_add_up_and_the_winner_is_proven():
+    scenario, source = small()
+    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)})
+    assert result.searched == result.refused_total + result.out_of_memory + len(result.entries)
+    assert len(result.simulated) + result.pruned == len(result.entries)
+    assert result.proven and result.stop_reason.startswith("the next bound")
+    assert result.pruned > 0  # negative control: a bound that never prunes would simulate everything
+    bounds = [e.bound.step_s for e in result.entries]
+    assert bounds == sorted(bounds)
+
+
+def test_within_error_lists_every_simulated_layout_inside_the_band():
+    scenario, source = small()
+    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)})
+    limit = result.winner.step_s * (1 + result.band.mape)
+    inside = {e.key for e in result.simulated if e.step_s is not None and e.step_s <= limit} - {result.winner.key}
+    assert {e.key for e in result.within_error} == inside
+    assert all(e.bound.step_s >= limit or e.record is not None for e in result.entries)
+
+
+def test_resumes_from_the_sweep_store(tmp_path, monkeypatch):
+    scenario, source = small()
+    first = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}, out_dir=tmp_path)
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[2])
+        return run_point(*args, **kwargs)
+
+    again = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}, out_dir=tmp_path, runner=counting)
+    assert calls == [] and again.winner.key == first.winner.key and again.winner.step_s == first.winner.step_s
+
+
+def test_api_search_takes_command_line_text():
+    scenario, source = small()
+    result = api_search(scenario, source, fix={"tp": "2", "fsdp": "off", "cp": "1"}, space={"pp": "1,2"})
+    assert {e.layout.point.tp for e in result.entries} == {2}
+    assert result.winner is not None and result.proven
+
+
+def test_cli_search_writes_report_and_json(tmp_path, capsys):
+    code = main(["search", "tiny-2gpu", "--gpus", "4", "--fix", "fsdp=off", "--fix", "cp=1", "--space", "pp=1,2",
+                 "--jobs", "1", "--no-progress", "--out", str(tmp_path), "--json", str(tmp_path / "s.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "is the fastest layout of the space under meshsim's model" in out and "pruned by the bound" in out
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["proven_optimal"] and doc["searched"] == sum(doc["refused"].values()) + doc["out_of_memory"] + len(
+        doc["layouts"])
+    assert "Lower bound against the simulated step" in (tmp_path / "report.html").read_text()
+
+
+BAD = {
+    "--fix without =": (["--fix", "tp"], "--fix"),
+    "--fix with two values": (["--fix", "tp=2,4"], "give one value with --fix"),
+    "--fix unknown axis": (["--fix", "tpp=2"], "did you mean tp?"),
+    "--space bad integer": (["--space", "tp=two"], "'two' is not a positive integer"),
+    "--space bad recompute": (["--space", "recompute=some"], "recompute"),
+    "--space bad switch": (["--space", "sp=maybe"], "on, off or both"),
+    "--space bad cp_comm": (["--space", "cp_comm=ring"], "p2p"),
+    "--fix and --space on one axis": (["--fix", "tp=2", "--space", "tp=2,4"], "not both"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_fix_and_space_are_one_line_errors(case, capsys):
+    args, needle = BAD[case]
+    code = main(["search", "tiny-2gpu", "--no-progress", *args])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Fix: " in lines[0], err
+    assert needle in lines[0], lines[0]
