@@ -285,25 +285,26 @@ def test_sweep_over_pp_skips_invalid_combinations_and_explains_the_bubble():
 def test_the_work_limit_counts_every_stage_of_every_run():
     """A pipeline simulates every stage, so a run's work is model.layers x its micro-batches whatever pp
     is, checked before each run (as a bound on its ops, scenarios/limits.py): GPT-3 175B (96 layers, pp 8)
-    with 112 micro-batches loads, but its whole step (an op bound of 972,704) is refused before any work; a 100-stage pipeline of 1,000 micro-batches is
-    refused at its steady-state run (100 x 201). The rule of main before issue 21 counted one stage's
+    with 144 micro-batches loads, but its whole step (an op bound of 1,248,160) is refused before any work; a 100-stage pipeline of 1,000 micro-batches is
+    refused at its steady-state runs (the first, 100 x 201, fits the op limit; the retry with later cuts,
+    100 x 303, does not). The rule of main before issue 21 counted one stage's
     layers and let both through (the second ran 62 s and 850 MB)."""
     from meshsim.scenarios.load import load_scenario, resolve, with_overrides
     from meshsim.sim.core.errors import UserError
     from meshsim.sim.results.simulate import simulate
 
     scenario, source = load_scenario("gpt3-175b-a100-pp8")
-    big = {"topology.nodes": 128, "parallel.vp": 12, "parallel.global_batch": 16 * 112}
+    big = {"topology.nodes": 128, "parallel.vp": 12, "parallel.global_batch": 16 * 144}
     rs = resolve(with_overrides(scenario, big, source), source)
-    assert (rs.dp, rs.micro_batches, rs.pp, rs.vp) == (16, 112, 8, 12)
-    with pytest.raises(UserError, match=r"by the whole step .*96 layers x 112 micro-batches x <= 80 ops per layer "
-                                        r"pass, is 972,704 .* at most 91 micro-batches"):
+    assert (rs.dp, rs.micro_batches, rs.pp, rs.vp) == (16, 144, 8, 12)
+    with pytest.raises(UserError, match=r"by the whole step .*96 layers x 144 micro-batches x <= 80 ops per layer "
+                                        r"pass, is 1,248,160 .* at most 138 micro-batches"):
         simulate(rs, full=True)
     tiny, tiny_source = load_scenario("tiny-2gpu")
     deep = {"model.layers": 100, "parallel.pp": 100, "parallel.tp": 1, "parallel.sp": False, "parallel.gpus": 100,
             "topology.nodes": 13, "parallel.global_batch": 1000, "parallel.micro_batch": 1, "parallel.dp": "auto"}
     rs = resolve(with_overrides(tiny, deep, tiny_source), tiny_source)
-    with pytest.raises(UserError, match=r"steady state's run, bounded by 100 layers x 201 micro-batches .* use fewer "
+    with pytest.raises(UserError, match=r"steady state's run, bounded by 100 layers x 303 micro-batches .* use fewer "
                                         r"pipeline stages"):
         simulate(rs)
 
