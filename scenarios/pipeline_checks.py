@@ -142,7 +142,7 @@ def check_interleaved_micro_batches(s: Scenario, ctx: CheckContext) -> None:
                    f"micro-batches, here {p.pp} <= {n} <= {m} fails", _group_fix(p, m, dp, n))
     if m % n and m % n < p.pp:
         raise _err(ctx, field, value, f"micro-batches {m} mod microbatch_group_size {n} = {m % n} is neither "
-                   f"0 nor >= pp = {p.pp} ({MEGATRON_GROUP_RULE}: the last group would leave dependency bubbles)",
+                   f"0 nor >= pp = {p.pp} (the dependency-bubble rule of {MEGATRON_GROUP_RULE})",
                    _group_fix(p, m, dp, n))
 
 
