@@ -5,7 +5,7 @@ in Megatron's order, and every N it refuses is one line, exit 2.
 The expected orders come from a transcription of Megatron-LM d98e8a64dd
 megatron/core/pipeline_parallel/schedules.py written here independently of sim/schedule/pipeline.py:
 get_schedule_table (L989-1016), get_pp_rank_microbatches' warm-up count (L929-986), the warm-up /
-steady / cool-down loops (L1573-2060) and recv_tensor_from_previous_stage (L1286-1331), whose leading
+steady / cool-down loops (L1573-2070) and recv_tensor_from_previous_stage (L1285-1332), whose leading
 stage receives what the ending stage sent p - 1 entries earlier (the mechanism main lacked: with N != p
 stage 0 waited for a tensor the last stage had not yet sent, a deadlock).
 """

@@ -163,14 +163,14 @@ def warmup_forwards(shape: PipelineShape, r: int) -> int:
 def received_after(shape: PipelineShape, r: int, direction: Direction, table: list[tuple[int, int]],
                    k: int) -> tuple[int, int] | None:
     """(micro-batch, chunk) of the tensor stage r receives in the batch posted after its k-th compute of
-    `direction`, or None (Megatron-LM d98e8a64 schedules.py recv_tensor_from_previous_stage, L1286-1331).
+    `direction`, or None (Megatron-LM d98e8a64 schedules.py recv_tensor_from_previous_stage, L1285-1332).
 
     Most stages receive the input of their own next entry, table[k + 1]. The leading stage (stage 0 for
     activations, stage p - 1 for gradients) instead receives what the ending stage (p - 1, resp. 0) sent
     at its entry k - (p - 1), the one aligned with k: table[k - (p - 1)] = (mb, c) arrives as (mb, c + 1)
     (gradients: c - 1), and nothing when k < p - 1 or c is the last chunk of that direction. With N = p
     both rules name table[k + 1]; with N > p the leading stage receives up to N - p + 1 entries ahead of
-    use (Megatron's fwd/bwd_recv_buffer_size, L1563-1572). Nothing is received after the last entry.
+    use (Megatron's fwd/bwd_recv_buffer_size, L1554-1567). Nothing is received after the last entry.
     `table`: the direction's order (schedule_table; gradients visit chunk v - 1 - c)."""
     if not 0 <= k < len(table) - 1:
         return None
