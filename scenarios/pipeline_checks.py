@@ -120,11 +120,17 @@ def _other_split(s: Scenario, split: int) -> str:
     return f"write the split as parallel.pipeline_layout ({split} '|'-separated segments){instead}"
 
 
+MEGATRON_GROUP_RULE = "Megatron-LM's interleaved schedule (schedules.py, forward_backward_pipelining_with_interleaving)"
+
+
 def check_interleaved_micro_batches(s: Scenario, ctx: CheckContext) -> None:
-    """Megatron's interleaved schedule: p <= N <= m, and m mod N is 0 or >= p (N = group size)."""
+    """Megatron's interleaved schedule: p <= N <= m (else ValueError), and m mod N is 0 or >= p (else
+    RuntimeError, "dependency bubbles"); N = group size, default p (Megatron-LM d98e8a64
+    megatron/core/pipeline_parallel/schedules.py L1160-1180, model_parallel_config.py L567-568). These are the
+    only values it refuses: every other N builds and runs (sim/schedule/pipeline.py received_after)."""
     p = s.parallel
     if p.vp == 1:
-        return
+        return  # Megatron's non-interleaved schedule ignores the group size
     dp = data_parallel(s, gpus_used(s, ctx.topology_gpus))
     if dp < 1 or p.global_batch % (p.micro_batch * dp):
         return  # reported by check_dp_matches_gpus / check_global_batch
@@ -132,11 +138,22 @@ def check_interleaved_micro_batches(s: Scenario, ctx: CheckContext) -> None:
     field, value = ("parallel.microbatch_group_size", n) if p.microbatch_group_size else ("parallel.global_batch",
                                                                                        p.global_batch)
     if not p.pp <= n <= m:
-        raise _err(ctx, field, value, f"The interleaved schedule needs pp <= microbatch_group_size <= "
-                   f"micro-batches, here {p.pp} <= {n} <= {m} fails", f"use global_batch >= "
-                   f"{max(n, p.pp) * p.micro_batch * dp} (micro-batches >= {max(n, p.pp)}), or "
-                   "parallel.microbatch_group_size between pp and the micro-batches")
+        raise _err(ctx, field, value, f"{MEGATRON_GROUP_RULE} needs pp <= microbatch_group_size <= "
+                   f"micro-batches, here {p.pp} <= {n} <= {m} fails", _group_fix(p, m, dp, n))
     if m % n and m % n < p.pp:
         raise _err(ctx, field, value, f"micro-batches {m} mod microbatch_group_size {n} = {m % n} is neither "
-                   f"0 nor >= pp = {p.pp} (Megatron's dependency-bubble rule)",
-                   f"use global_batch a multiple of {n * p.micro_batch * dp}, or another group size")
+                   f"0 nor >= pp = {p.pp} (the dependency-bubble rule of {MEGATRON_GROUP_RULE})",
+                   _group_fix(p, m, dp, n))
+
+
+def _group_fix(p, m: int, dp: int, n: int) -> str:
+    """The fix: group sizes that work with these micro-batches, else the global batch that fits N."""
+    sizes = [g for g in range(p.pp, m + 1) if m % g == 0 or m % g >= p.pp]
+    if p.microbatch_group_size and sizes:
+        shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+        return (f"set parallel.microbatch_group_size to one of {shown} (for {m} micro-batches), or remove it "
+                f"(default pp = {p.pp})" + ("" if p.pp in sizes else f" and use global_batch a multiple of "
+                                             f"{p.pp * p.micro_batch * dp}"))
+    least = max(n, p.pp)
+    return (f"use global_batch a multiple of {n * p.micro_batch * dp} (micro-batches >= {least}, a multiple of "
+            f"{n}), or parallel.microbatch_group_size between pp and the micro-batches")

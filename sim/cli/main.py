@@ -1,8 +1,10 @@
 """The `meshsim` command line. Each command lives in its own module exposing `register(app)`;
 this file only assembles them and turns every error into one line without a traceback: user errors (and
 usage errors) exit 2, a command that could not finish (CommandFailed: a worker died, a signal) exits with
-its own status, 1 by default. A command that needs an optional extra that is not installed (torch for
-`validate` / `calibrate`) is a user error too: one line naming the `pip install` that adds it, exit 2.
+its own status, 1 by default; any other exception is meshsim's own bug (an engine deadlock, say): one
+line naming it an internal error, exit 1 (MESHSIM_TRACEBACK=1 re-raises it with its traceback). A command
+that needs an optional extra that is not installed (torch for `validate` / `calibrate`) is a user error
+too: one line naming the `pip install` that adds it, exit 2.
 `meshsim --version` prints the installed package's version and the engine core in use."""
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import NoReturn
 
 import typer
 
-from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError, closest, missing_extra
+from meshsim.sim.core.errors import (
+    EXIT_FAILED,
+    EXIT_USER_ERROR,
+    CommandFailed,
+    UserError,
+    closest,
+    missing_extra,
+)
 from meshsim.sim.core.text import plain
 
 COMMAND_MODULES = {  # command -> the module that registers it (each module registers all of its commands)
@@ -174,8 +183,22 @@ def main(argv: list[str] | None = None, *, program: bool = False) -> int:
         if callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int):
             typer.echo(f"error: {usage_line(exc, sys.argv[1:] if argv is None else argv)}", err=True)
             return EXIT_USER_ERROR
-        raise
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        typer.echo(f"error: {internal_error_line(exc)}", err=True)
+        return EXIT_FAILED
     return code if isinstance(code, int) else 0
+
+
+TRACEBACK_ENV = "MESHSIM_TRACEBACK"  # set (to anything) to see an internal error's traceback
+
+
+def internal_error_line(exc: BaseException) -> str:
+    """One line for an error that is meshsim's own fault, not the input's (an engine deadlock, a broken
+    invariant): named as an internal error, with its type and first line, and how to get the traceback."""
+    first = " ".join(str(exc).split())[:400] or "(no message)"
+    return (f"internal error (a meshsim bug, not a problem with your input): {type(exc).__name__}: {first}; "
+            f"rerun with {TRACEBACK_ENV}=1 for the traceback and report it with the scenario")
 
 
 def _reader_left() -> int:

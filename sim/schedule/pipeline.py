@@ -10,9 +10,11 @@ group (default p):
 - interleaved 1F1B (v > 1): forwards follow the schedule table (groups of N micro-batches, chunk 0 over
   the group, then chunk 1, ...), backwards the same table with chunk v - 1 - c; w = min(2(p - r - 1) +
   (v - 1) N, v m) warm-up forwards, then steady F/B pairs, then cool-down backwards. With P2P overlap
-  each compute posts one batch (its send + the receive of the next compute of the same direction),
-  waited only by the compute that uses the received tensor; without overlap the steady round's sends
-  and receives form one blocking batch after the backward.
+  each compute posts one batch (its send + one receive), waited only by the compute that uses the
+  received tensor; without overlap the steady round's sends and receives form one blocking batch after
+  the backward. A batch's receive is the input of the stage's next compute of that direction, except
+  on the leading stage (0 for activations, p - 1 for gradients), which receives what the ending stage
+  sent p - 1 entries earlier (received_after): with N > p it runs up to N - p + 1 entries ahead.
 - combined 1F1B (parallel.moe_ep_overlap, interleaved only): one more warm-up forward, and each steady F/B
   pair is one Combined step (sim/schedule/pipeline_combined.py) whose batches are posted inside it (overlap)
   or form one blocking batch after it.
@@ -158,6 +160,30 @@ def warmup_forwards(shape: PipelineShape, r: int) -> int:
     return min(2 * (shape.p - r - 1) + (shape.v - 1) * shape.n + shape.combined, shape.v * shape.m)
 
 
+def received_after(shape: PipelineShape, r: int, direction: Direction, table: list[tuple[int, int]],
+                   k: int) -> tuple[int, int] | None:
+    """(micro-batch, chunk) of the tensor stage r receives in the batch posted after its k-th compute of
+    `direction`, or None (Megatron-LM d98e8a64 schedules.py recv_tensor_from_previous_stage, L1285-1332).
+
+    Most stages receive the input of their own next entry, table[k + 1]. The leading stage (stage 0 for
+    activations, stage p - 1 for gradients) instead receives what the ending stage (p - 1, resp. 0) sent
+    at its entry k - (p - 1), the one aligned with k: table[k - (p - 1)] = (mb, c) arrives as (mb, c + 1)
+    (gradients: c - 1), and nothing when k < p - 1 or c is the last chunk of that direction. With N = p
+    both rules name table[k + 1]; with N > p the leading stage receives up to N - p + 1 entries ahead of
+    use (Megatron's fwd/bwd_recv_buffer_size, L1554-1567). Nothing is received after the last entry.
+    `table`: the direction's order (schedule_table; gradients visit chunk v - 1 - c)."""
+    if not 0 <= k < len(table) - 1:
+        return None
+    leading = r == (0 if direction == "fwd" else shape.p - 1)
+    if not leading:
+        return table[k + 1]
+    if k < shape.p - 1:
+        return None
+    mb, c = table[k - (shape.p - 1)]
+    step = 1 if direction == "fwd" else -1
+    return (mb, c + step) if 0 <= c + step < shape.v else None
+
+
 def interleaved(shape: PipelineShape, r: int) -> list[PipeStep]:
     """Interleaved 1F1B on stage r (module docstring)."""
     fwd = schedule_table(shape.m, shape.v, shape.n)
@@ -172,6 +198,11 @@ def interleaved(shape: PipelineShape, r: int) -> list[PipeStep]:
         return Compute("B", *bwd[k])
 
     def t(send: bool, direction: Direction, k: int) -> list[Transfer]:
+        """The send of entry k, or (receive) what arrives after entry k - 1 (received_after)."""
+        if not send:
+            table = fwd if direction == "fwd" else bwd
+            got = received_after(shape, r, direction, table, k - 1) if k > 0 else table[0]
+            return [Transfer(False, direction, *got)] if got is not None else []
         table = fwd if direction == "fwd" else bwd
         return [Transfer(send, direction, *table[k])] if 0 <= k < total else []
 
