@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.kineto import fast, jsonstream
 from meshsim.sim.kineto.cpu_device import cpu_device_events
 from meshsim.sim.kineto.jsonstream import FIX, Progress, iter_trace
 from meshsim.sim.kineto.records import DeviceEvent, HostOp, RankTrace, Step
@@ -288,11 +289,13 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
     spilled to a temporary file as they are read, so memory follows `hold`, not the file."""
     path = Path(path)
     col = _Collector(path, hold)
-    for kind, item in iter_trace(path, progress):
-        if kind == "event":
-            col.add(item)
-        else:
-            col.members[item[0]] = item[1]
+    if jsonstream.DEFAULT_BACKEND != "compiled" or not fast.collect(path, col, progress, _members):
+        col = _Collector(path, hold)
+        for kind, item in iter_trace(path, progress):
+            if kind == "event":
+                col.add(item)
+            else:
+                col.members[item[0]] = item[1]
     if col.spill is not None:
         col.flush()
     if not col.gpu_events and not col.host_ops:
@@ -302,6 +305,16 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
     kept = (col.spill.records if col.spill is not None else 0) + len(col.host) + len(col.device)
     return RankRecords(path, info, name, sms, col.threads, tuple(sorted(col.steps.values(), key=lambda s: s.ts)),
                        col.count, kept, not col.gpu_events, col.host, col.device, col.spill)
+
+
+def _members(path: Path) -> list[tuple[str, Any]]:
+    """The top-level members before traceEvents, from the reference parser (it stops at the first event)."""
+    out = []
+    for kind, item in iter_trace(path):
+        if kind == "event":
+            break
+        out.append(item)
+    return out
 
 
 def _no_device(path: Path, events: int) -> UserError:

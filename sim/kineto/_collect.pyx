@@ -1,0 +1,449 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled trace reader (optional; sim/kineto/fast.py runs it, load.py is the reference).
+
+`scan` walks a trace's bytes once and hands each element of traceEvents, decoded into the same Python
+value ijson's yajl2_c backend builds, to `add` (the collector's). It accepts only a strict subset of
+what the reference path (sim/kineto/jsonstream.py: _Guard + yajl) accepts, and returns False ("ask the
+reference") at the first byte outside that subset, so on any input it either gives what the reference
+gives or nothing:
+- JSON's grammar with blanks " \\t\\n\\r" only; containers nested at most MAX_NESTING deep (top-level
+  object = 1); one object at the top with nothing but blanks after it; at least one traceEvents member,
+  an array (every traceEvents array is read, as ijson.items does);
+- strings of at most MAX_STRING bytes, valid UTF-8 (Python's strict decoder), escapes \\" \\\\ \\/ \\b
+  \\f \\n \\r \\t and \\uXXXX outside 0000 and the surrogates D800-DFFF (yajl makes a lone surrogate '?');
+- integers of magnitude at most 2**63 - 1 (yajl refuses the others, -2**63 too: "integer overflow"); other numbers of at most
+  MAX_NUMBER characters, read with Python's correctly rounded float(), refused when infinite or when a
+  non-zero mantissa rounds to zero (yajl's strtod is correctly rounded too; the edges go to the reference);
+- a top-level member (traceEvents' elements one at a time) of at most MAX_UNIT bytes.
+The members before traceEvents are not returned: fast.py takes them from the reference parser.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_New, PyDict_SetItem
+from cpython.list cimport PyList_Append
+from cpython.long cimport PyLong_FromLongLong
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
+from libc.string cimport memcmp, memcpy
+
+cdef extern from "Python.h":
+    const void *PyUnicode_DATA(object o)
+    double PyOS_string_to_double(const char *s, char **endptr, PyObject *overflow_exception) except? -1.0
+
+MAX_NESTING = 32
+MAX_STRING = 1 << 20
+MAX_NUMBER = 60
+MAX_UNIT = 8 << 20
+READ_BYTES = 1 << 20
+
+DEF CACHE_SLOTS = 8192
+DEF CACHE_MAX = 512
+
+cdef inline const char *_data(object text):
+    """The bytes of a compact ASCII str (what PyUnicode_DecodeASCII makes)."""
+    return <const char *> PyUnicode_DATA(text)
+
+
+cdef enum:
+    OK = 0
+    MORE = -1  # ran into the end of the buffer before the end of the file: refill and parse again
+    OUT = -2  # outside the accepted subset: the reference parser decides
+
+
+cdef class _Decoder:
+    cdef bytes buf
+    cdef const unsigned char *p
+    cdef Py_ssize_t n
+    cdef bint eof
+    cdef list cache  # CACHE_SLOTS str (or None): ASCII strings seen, by a hash of their bytes
+    cdef int max_nesting
+    cdef Py_ssize_t max_string
+
+    def __cinit__(self):
+        self.cache = [None] * CACHE_SLOTS
+        self.max_nesting = MAX_NESTING
+        self.max_string = MAX_STRING
+        self.buf = b""
+        self.n = 0
+        self.eof = False
+
+    cdef void set(self, bytes buf, bint eof):
+        self.buf = buf
+        self.p = <const unsigned char *> PyBytes_AS_STRING(buf)
+        self.n = PyBytes_GET_SIZE(buf)
+        self.eof = eof
+
+    cdef inline Py_ssize_t ws(self, Py_ssize_t i):
+        cdef unsigned char c
+        while i < self.n:
+            c = self.p[i]
+            if c == 32 or c == 10 or c == 13 or c == 9:
+                i += 1
+            else:
+                return i
+        return i
+
+    cdef object ascii(self, Py_ssize_t a, Py_ssize_t b):
+        """The str of the ASCII bytes [a, b), one object per distinct text among recent ones."""
+        cdef Py_ssize_t length = b - a
+        cdef unsigned long long h
+        cdef Py_ssize_t k, slot
+        cdef object found
+        if length > CACHE_MAX:
+            return PyUnicode_DecodeASCII(<const char *> self.p + a, length, NULL)
+        h = 1469598103934665603ULL ^ <unsigned long long> length
+        k = a
+        while k < b:
+            h = (h ^ self.p[k]) * 1099511628211ULL
+            k += 1
+        slot = <Py_ssize_t> (h & (CACHE_SLOTS - 1))
+        found = self.cache[slot]
+        if found is not None and len(<str> found) == length and memcmp(_data(found), self.p + a, length) == 0:
+            return found
+        found = PyUnicode_DecodeASCII(<const char *> self.p + a, length, NULL)
+        self.cache[slot] = found
+        return found
+
+    cdef Py_ssize_t string(self, Py_ssize_t i, list out) except -3:
+        """The string whose opening quote is at i - 1: appended to out; the index after its closing quote."""
+        cdef Py_ssize_t a = i
+        cdef unsigned char c
+        while i < self.n:
+            c = self.p[i]
+            if c == 34:
+                if i - a > self.max_string:
+                    return OUT
+                out.append(self.ascii(a, i))
+                return i + 1
+            if c == 92 or c < 32 or c >= 128:
+                return self.slow_string(a, out)
+            i += 1
+        return MORE if not self.eof else OUT
+
+    cdef Py_ssize_t slow_string(self, Py_ssize_t a, list out) except -3:
+        """A string with escapes or non-ASCII bytes (module docstring)."""
+        cdef bytearray text = bytearray()
+        cdef Py_ssize_t i = a, start = a
+        cdef unsigned char c
+        cdef int code, k, d
+        while i < self.n:
+            c = self.p[i]
+            if c == 34:
+                text += self.buf[start:i]
+                if len(text) > self.max_string or i - a > self.max_string:
+                    return OUT
+                try:
+                    out.append(PyUnicode_DecodeUTF8(<const char *> text, len(text), NULL))
+                except UnicodeDecodeError:
+                    return OUT
+                return i + 1
+            if c < 32:
+                return OUT
+            if c == 92:
+                text += self.buf[start:i]
+                if i + 1 >= self.n:
+                    return MORE if not self.eof else OUT
+                c = self.p[i + 1]
+                if c == 117:  # \uXXXX
+                    if i + 6 > self.n:
+                        return MORE if not self.eof else OUT
+                    code = 0
+                    for k in range(2, 6):
+                        d = self.p[i + k]
+                        if 48 <= d <= 57:
+                            code = code * 16 + d - 48
+                        elif 97 <= d <= 102:
+                            code = code * 16 + d - 87
+                        elif 65 <= d <= 70:
+                            code = code * 16 + d - 55
+                        else:
+                            return OUT
+                    if code == 0 or 0xD800 <= code <= 0xDFFF:
+                        return OUT
+                    text += chr(code).encode("utf-8")
+                    i += 6
+                else:
+                    if c == 34 or c == 92 or c == 47:
+                        text.append(c)
+                    elif c == 98:
+                        text.append(8)
+                    elif c == 102:
+                        text.append(12)
+                    elif c == 110:
+                        text.append(10)
+                    elif c == 114:
+                        text.append(13)
+                    elif c == 116:
+                        text.append(9)
+                    else:
+                        return OUT
+                    i += 2
+                start = i
+                continue
+            i += 1
+        return MORE if not self.eof else OUT
+
+    cdef Py_ssize_t number(self, Py_ssize_t i, list out) except -3:
+        cdef Py_ssize_t a = i, digits_start
+        cdef unsigned long long v = 0
+        cdef int digits = 0
+        cdef bint neg = False, is_float = False, nonzero = False
+        cdef char tmp[64]
+        cdef double x
+        if self.p[i] == 45:
+            neg = True
+            i += 1
+            if i >= self.n:
+                return MORE if not self.eof else OUT
+        if self.p[i] == 48:
+            i += 1
+            digits = 1
+        elif 49 <= self.p[i] <= 57:
+            while i < self.n and 48 <= self.p[i] <= 57:
+                if digits < 19:
+                    v = v * 10 + (self.p[i] - 48)
+                digits += 1
+                i += 1
+            nonzero = True
+        else:
+            return OUT
+        if i < self.n and self.p[i] == 46:
+            is_float = True
+            i += 1
+            digits_start = i
+            while i < self.n and 48 <= self.p[i] <= 57:
+                if self.p[i] != 48:
+                    nonzero = True
+                i += 1
+            if i == digits_start:
+                return MORE if i >= self.n and not self.eof else OUT
+        if i < self.n and (self.p[i] == 101 or self.p[i] == 69):
+            is_float = True
+            i += 1
+            if i < self.n and (self.p[i] == 43 or self.p[i] == 45):
+                i += 1
+            digits_start = i
+            while i < self.n and 48 <= self.p[i] <= 57:
+                i += 1
+            if i == digits_start:
+                return MORE if i >= self.n and not self.eof else OUT
+        if i >= self.n and not self.eof:
+            return MORE  # the number may go on in the next read
+        if not is_float:
+            if digits > 19 or v > 9223372036854775807ULL:  # yajl's range: |n| <= 2**63 - 1
+                return OUT
+            out.append(PyLong_FromLongLong(-<long long> v if neg else <long long> v))
+            return i
+        if i - a > MAX_NUMBER:
+            return OUT
+        memcpy(tmp, self.p + a, i - a)
+        tmp[i - a] = 0
+        x = PyOS_string_to_double(tmp, NULL, NULL)
+        if x == float("inf") or x == -float("inf") or (x == 0.0 and nonzero):
+            return OUT
+        out.append(x)
+        return i
+
+    cdef Py_ssize_t literal(self, Py_ssize_t i, const char *word, Py_ssize_t size, object value, list out) except -3:
+        if i + size > self.n:
+            if self.eof or memcmp(self.p + i, word, self.n - i) != 0:
+                return OUT
+            return MORE
+        if memcmp(self.p + i, word, size) != 0:
+            return OUT
+        out.append(value)
+        return i + size
+
+    cdef Py_ssize_t value(self, Py_ssize_t i, int depth, list out) except -3:
+        """Decode the value at i (blanks skipped) into out; the index after it, MORE or OUT."""
+        cdef unsigned char c
+        i = self.ws(i)
+        if i >= self.n:
+            return MORE if not self.eof else OUT
+        c = self.p[i]
+        if c == 34:
+            return self.string(i + 1, out)
+        if c == 123 or c == 91:
+            if depth > self.max_nesting:
+                return OUT
+            return self.obj(i + 1, depth, out) if c == 123 else self.arr(i + 1, depth, out)
+        if c == 45 or 48 <= c <= 57:
+            return self.number(i, out)
+        if c == 116:
+            return self.literal(i, b"true", 4, True, out)
+        if c == 102:
+            return self.literal(i, b"false", 5, False, out)
+        if c == 110:
+            return self.literal(i, b"null", 4, None, out)
+        return OUT
+
+    cdef Py_ssize_t obj(self, Py_ssize_t i, int depth, list out) except -3:
+        cdef dict d = PyDict_New()
+        cdef list kv = []
+        i = self.ws(i)
+        if i >= self.n:
+            return MORE if not self.eof else OUT
+        if self.p[i] == 125:
+            out.append(d)
+            return i + 1
+        while True:
+            if i >= self.n:
+                return MORE if not self.eof else OUT
+            if self.p[i] != 34:
+                return OUT
+            i = self.string(i + 1, kv)
+            if i < 0:
+                return i
+            i = self.ws(i)
+            if i >= self.n:
+                return MORE if not self.eof else OUT
+            if self.p[i] != 58:
+                return OUT
+            i = self.value(i + 1, depth + 1, kv)
+            if i < 0:
+                return i
+            PyDict_SetItem(d, kv[0], kv[1])  # a repeated key: the last value, as ijson's builder
+            del kv[:]
+            i = self.ws(i)
+            if i >= self.n:
+                return MORE if not self.eof else OUT
+            if self.p[i] == 125:
+                out.append(d)
+                return i + 1
+            if self.p[i] != 44:
+                return OUT
+            i = self.ws(i + 1)
+
+    cdef Py_ssize_t arr(self, Py_ssize_t i, int depth, list out) except -3:
+        cdef list items = []
+        i = self.ws(i)
+        if i >= self.n:
+            return MORE if not self.eof else OUT
+        if self.p[i] == 93:
+            out.append(items)
+            return i + 1
+        while True:
+            i = self.value(i, depth + 1, items)
+            if i < 0:
+                return i
+            i = self.ws(i)
+            if i >= self.n:
+                return MORE if not self.eof else OUT
+            if self.p[i] == 93:
+                out.append(items)
+                return i + 1
+            if self.p[i] != 44:
+                return OUT
+            i += 1
+
+
+
+
+cdef class _Reader:
+    """The bytes of the stream in a buffer refilled by READ_BYTES; `unit` decodes one value, refilling
+    while it runs past the buffer's end."""
+    cdef object stream, progress, bytes_read
+    cdef _Decoder dec
+    cdef Py_ssize_t pos, read_bytes
+    cdef bint eof
+
+    def __cinit__(self, stream, progress, bytes_read, Py_ssize_t read_bytes):
+        self.stream, self.progress, self.bytes_read, self.read_bytes = stream, progress, bytes_read, read_bytes
+        self.dec = _Decoder()
+        self.pos = 0
+        self.eof = False
+
+    cdef bint more(self) except -1:
+        """Drop what was parsed and read more; False at the end of the file."""
+        cdef bytes chunk
+        if self.eof:
+            return False
+        chunk = self.stream.read(self.read_bytes)
+        if self.progress is not None:
+            self.progress(self.bytes_read())
+        if not chunk:
+            self.eof = True
+            self.dec.set(self.dec.buf[self.pos:], True)
+        else:
+            self.dec.set(self.dec.buf[self.pos:] + chunk, False)
+        self.pos = 0
+        return True
+
+    cdef int char(self) except -3:
+        """The next non-blank byte (not consumed), -1 at the end of the file."""
+        while True:
+            self.pos = self.dec.ws(self.pos)
+            if self.pos < self.dec.n:
+                return self.dec.p[self.pos]
+            if not self.more():
+                return -1
+
+    cdef int unit(self, int depth, list out) except -3:
+        """Decode one value into out: OK or OUT."""
+        cdef Py_ssize_t end
+        while True:
+            end = self.dec.value(self.pos, depth, out)
+            if end >= 0:
+                self.pos = end
+                return OK
+            if end == OUT or self.dec.n - self.pos > MAX_UNIT:
+                return OUT
+            del out[:]
+            if not self.more():
+                return OUT
+
+
+def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ_BYTES):
+    """Feed every element of the trace's traceEvents to `add`, in order; True when the whole document is
+    inside the accepted subset (module docstring), False at the first byte outside it (then `add` has
+    seen some events and the caller discards them)."""
+    cdef _Reader r = _Reader(stream, progress, bytes_read, max(1, read_bytes))
+    cdef list out = []
+    cdef int c
+    cdef bint seen = False, first = True
+    if r.char() != 123:
+        return False
+    r.pos += 1
+    while True:
+        c = r.char()
+        if c == 125 and first:
+            r.pos += 1
+            break
+        if c != 34:
+            return False
+        if r.unit(2, out) != OK:
+            return False
+        key = out.pop()
+        if r.char() != 58:
+            return False
+        r.pos += 1
+        if key == "traceEvents":
+            if r.char() != 91:
+                return False
+            r.pos += 1
+            if r.char() == 93:
+                r.pos += 1
+            else:
+                while True:
+                    if r.unit(3, out) != OK:
+                        return False
+                    add(out.pop())
+                    c = r.char()
+                    r.pos += 1
+                    if c == 93:
+                        break
+                    if c != 44:
+                        return False
+            seen = True
+        else:
+            if r.unit(2, out) != OK:
+                return False
+            del out[:]
+        first = False
+        c = r.char()
+        r.pos += 1
+        if c == 125:
+            break
+        if c != 44:
+            return False
+    return r.char() == -1 and seen

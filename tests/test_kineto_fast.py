@@ -1,0 +1,160 @@
+"""The compiled trace reader (sim/kineto/_collect.pyx via sim/kineto/fast.py) against the reference
+(ijson's yajl2_c + load.py's collector): generated traces aimed at its edges (numbers at the int64 / float /
+MAX_TIME_US boundaries, -0, underflow, escapes, non-ASCII and invalid UTF-8, surrogates, repeated keys,
+odd types where Kineto writes numbers, nested args, steps, correlation ids, read sizes of a few bytes)
+must give the same records, or the same one-line error."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+
+import ijson.backends.yajl2_c as yajl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.kineto import fast, jsonstream
+from meshsim.sim.kineto.load import _Collector, read_rank
+from tests.kineto_traces import SIXTEEN_RANK, TWO_RANK
+
+_collect = pytest.importorskip("meshsim.sim.kineto._collect")
+
+
+class Raw(str):
+    """A number written as this exact text."""
+
+
+class Pairs(list):
+    """An object written from (key, value) pairs: keys may repeat."""
+
+
+def dumps(value, ascii_only: bool, blank: str) -> str:
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, Pairs | dict):
+        pairs = value if isinstance(value, Pairs) else list(value.items())
+        inner = f",{blank}".join(f"{json.dumps(k, ensure_ascii=ascii_only)}{blank}:{dumps(v, ascii_only, blank)}"
+                                 for k, v in pairs)
+        return "{" + blank + inner + "}"
+    if isinstance(value, list):
+        return "[" + f",{blank}".join(dumps(v, ascii_only, blank) for v in value) + blank + "]"
+    return json.dumps(value, ensure_ascii=ascii_only)
+
+
+EDGE_NUMBERS = ["0", "-0", "0.0", "-0.0", "1", "-1", "7", "2.5", "1e18", "1E+18", "-1e18", "1.0000000000000002e18",
+                "1000000000000000000", "1000000000000000001", "-999999999999999999", "123456789012345678",
+                "-9223372036854775807", "99999999999999999999",
+                "9223372036854775807", "-9223372036854775808", "9223372036854775808", "1e-400", "4.9e-324",
+                "2.2250738585072014e-308", "1e308", "1e309", "-1e309", "1700000000000000.5", "1.7e15",
+                "9007199254740993", "9007199254740992", "0.1", "1e0", "12e-1", "0e5", "-0e-5", "00", "1.", "-",
+                ".5", "+1", "1e", "0x10", "NaN", "Infinity"]
+number = st.one_of(st.sampled_from(EDGE_NUMBERS).map(Raw), st.integers(-2**64, 2**64),
+                   st.floats(allow_nan=False, allow_infinity=False), st.floats(-1e19, 1e19))
+text = st.one_of(st.sampled_from(["", "X", "M", "kernel", "cpu_op", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                                  "aten::mm", "ProfilerStep#3", "ProfilerStep#0012", "thread_name", "gloo:all_reduce",
+                                  "[0, 1, 2, 3]", "[1234567890]", "a\"b\\c/\n\t\u0001", "\u00e9\u4e2d\U0001F600",
+                                  "\ud800", "\udc00x", "\x00", "x" * 600]),
+                 st.text(max_size=12))
+scalar = st.one_of(number, text, st.booleans(), st.none())
+json_value = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                          st.dictionaries(text, inner, max_size=4)), max_leaves=12)
+dims = st.one_of(st.lists(st.lists(number, max_size=3), max_size=3), json_value)
+ARG_KEYS = {"stream": number, "correlation": number, "Input Dims": dims, "Input type": st.lists(text, max_size=3),
+            "Collective name": text, "In msg nelems": number, "Out msg nelems": number, "Group size": number,
+            "dtype": text, "Process Group Name": text, "Process Group Description": text,
+            "Process Group Ranks": st.one_of(text, st.lists(number, max_size=4), json_value),
+            "bytes": number, "name": text, "External id": number}
+
+
+def _optional(fields: dict) -> st.SearchStrategy:
+    return st.fixed_dictionaries({}, optional=fields).flatmap(
+        lambda d: st.one_of(st.just(d), st.just(Pairs(list(d.items()) + list(d.items())[:1]))))
+
+
+args = st.one_of(_optional(ARG_KEYS), json_value)
+event = st.one_of(_optional({
+    "ph": st.one_of(st.sampled_from(["X", "M", "i", "s"]), scalar),
+    "cat": st.one_of(st.sampled_from(["kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation",
+                                      "cuda_runtime", "cuda_driver", "ac2g"]), scalar),
+    "name": text, "pid": st.one_of(st.integers(0, 3), scalar), "tid": st.one_of(st.integers(0, 3), scalar),
+    "ts": number, "dur": number, "args": args}), json_value)
+document = st.fixed_dictionaries({
+    "head": st.dictionaries(st.sampled_from(["schemaVersion", "deviceProperties", "distributedInfo"]), json_value),
+    "events": st.lists(event, max_size=12), "ascii": st.booleans(), "blank": st.sampled_from(["", " ", "\n\t "]),
+    "read": st.sampled_from([1, 3, 7, 64, 1 << 20]), "gz": st.booleans()})
+
+
+def _write(path, doc: dict) -> None:
+    body = dumps(Pairs([*doc["head"].items(), ("traceEvents", doc["events"]), ("traceName", "t")]),
+                 doc["ascii"], doc["blank"]).encode("utf-8", "surrogatepass")
+    path.write_bytes(gzip.compress(body) if doc["gz"] else body)
+
+
+def _outcome(path, monkeypatch, backend: str):
+    monkeypatch.setattr(jsonstream, "DEFAULT_BACKEND", backend)
+    try:
+        rec = read_rank(path)
+    except UserError as err:
+        return ("error", str(err))
+    host, device = rec.all_records()
+    return ("records", repr((rec.info, rec.device_name, rec.sm_count, rec.threads, rec.steps, rec.events_read,
+                             rec.kept, rec.cpu_device, host, device)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=document)
+def test_compiled_reader_equals_the_reference_on_generated_traces(tmp_path, monkeypatch, doc):
+    path = tmp_path / "t.json"
+    _write(path, doc)
+    monkeypatch.setattr(fast, "READ_BYTES", doc["read"])
+    assert _outcome(path, monkeypatch, "compiled") == _outcome(path, monkeypatch, "yajl2_c")
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=document)
+def test_what_the_scanner_accepts_decodes_as_yajl_does(doc):
+    """Value level: every event the scanner hands on equals (type and sign included) yajl's."""
+    doc["gz"] = False
+    body = dumps(Pairs([("traceEvents", doc["events"])]), doc["ascii"], doc["blank"]).encode("utf-8", "surrogatepass")
+    mine: list = []
+    if not _collect.scan(io.BytesIO(body), mine.append, read_bytes=doc["read"]):
+        return
+    theirs = list(yajl.items(io.BytesIO(body), "traceEvents.item", use_float=True))
+    assert repr(mine) == repr(theirs) and _types(mine) == _types(theirs)
+
+
+def _types(value):
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value).__name__
+
+
+@pytest.mark.parametrize("trace", [TWO_RANK, SIXTEEN_RANK])
+def test_public_traces_take_the_compiled_path_and_agree(trace, monkeypatch):
+    calls = []
+    real = _collect.scan
+    monkeypatch.setattr(_collect, "scan", lambda *a: calls.append(real(*a)) or calls[-1])
+    compiled = _outcome(trace, monkeypatch, "compiled")
+    assert calls == [True]  # no fallback
+    assert compiled == _outcome(trace, monkeypatch, "yajl2_c") and compiled[0] == "records"
+
+
+@pytest.mark.parametrize("body", [
+    b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "\\ud800", "ts": 1, "dur": 1}]}',  # yajl: '?'
+    b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1e400, "dur": 1}]}',
+    b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 12345678901234567890, "dur": 1}]}',
+    b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "1", "dur": 1}]}',
+    b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1}]} x',
+])
+def test_what_the_scanner_leaves_is_the_references_answer(tmp_path, monkeypatch, body):
+    """Negative controls: each one is outside the compiled subset or refused by the collector (the compiled
+    path gives way), and the answer is the reference's."""
+    path = tmp_path / "t.json"
+    path.write_bytes(body)
+    assert not fast.collect(path, _Collector(path), None, lambda p: [])
+    assert _outcome(path, monkeypatch, "compiled") == _outcome(path, monkeypatch, "yajl2_c")
