@@ -78,7 +78,7 @@ args = st.one_of(_optional(ARG_KEYS), json_value)
 event = st.one_of(_optional({
     "ph": st.one_of(st.sampled_from(["X", "M", "i", "s"]), scalar),
     "cat": st.one_of(st.sampled_from(["kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation",
-                                      "cuda_runtime", "cuda_driver", "ac2g"]), scalar),
+                                      "cuda_runtime", "cuda_driver", "ac2g"]), json_value),
     "name": text, "pid": st.one_of(st.integers(0, 3), scalar), "tid": st.one_of(st.integers(0, 3), scalar),
     "ts": number, "dur": number, "args": args}), json_value)
 document = st.fixed_dictionaries({

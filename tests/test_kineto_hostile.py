@@ -133,6 +133,7 @@ SANE = {  # name -> the trace: read, with the odd field ignored or made harmless
     "dims holding objects": _with(lambda ev, d: ev[1]["args"].update({"Input Dims": [{"a": 1}, [[{"b": 2}]]],
                                                                        "Input type": [{"c": 3}]})),
     "names a list and a number": _with(lambda ev, d: (ev[3].update({"name": ["x"]}), ev[1].update({"name": 7}))),
+    "cat a list and an object": _with(lambda ev, d: ev.extend([{**ev[3], "cat": ["kernel"]}, {**ev[1], "cat": {}}])),
     "thread_name args a list": _with(lambda ev, d: ev.append({"ph": "M", "name": "thread_name", "tid": 1,
                                                               "args": ["x"]})),
 }

@@ -146,6 +146,8 @@ class _Collector:
         ph = ev.get("ph")
         if ph == "X":
             cat = ev.get("cat")
+            if type(cat) is not str:  # a list or object is no category (and not hashable)
+                cat = None
             if cat in GPU_CATS:
                 self._device(ev, cat)
             elif cat in HOST_CATS and type(ev.get("tid")) is int:
