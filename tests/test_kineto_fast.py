@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.kineto import fast, jsonstream
+from meshsim.sim.kineto import fast, jsonstream, load
 from meshsim.sim.kineto.load import _Collector, read_rank
 from tests.kineto_traces import SIXTEEN_RANK, TWO_RANK
 
@@ -93,10 +93,10 @@ def _write(path, doc: dict) -> None:
     path.write_bytes(gzip.compress(body) if doc["gz"] else body)
 
 
-def _outcome(path, monkeypatch, backend: str):
+def _outcome(path, monkeypatch, backend: str, hold: int | None = None):
     monkeypatch.setattr(jsonstream, "DEFAULT_BACKEND", backend)
     try:
-        rec = read_rank(path)
+        rec = read_rank(path, hold=hold)
     except UserError as err:
         return ("error", str(err))
     host, device = rec.all_records()
@@ -134,14 +134,25 @@ def _types(value):
     return type(value).__name__
 
 
+@pytest.mark.parametrize("compiled_add", [True, False])
 @pytest.mark.parametrize("trace", [TWO_RANK, SIXTEEN_RANK])
-def test_public_traces_take_the_compiled_path_and_agree(trace, monkeypatch):
+def test_public_traces_take_the_compiled_path_and_agree(trace, monkeypatch, compiled_add):
+    monkeypatch.setattr(fast, "COMPILED_ADD", compiled_add)
     calls = []
     real = _collect.scan
     monkeypatch.setattr(_collect, "scan", lambda *a: calls.append(real(*a)) or calls[-1])
     compiled = _outcome(trace, monkeypatch, "compiled")
     assert calls == [True]  # no fallback
     assert compiled == _outcome(trace, monkeypatch, "yajl2_c") and compiled[0] == "records"
+
+
+@pytest.mark.parametrize("compiled_add", [True, False])
+def test_spilled_records_agree(monkeypatch, compiled_add):
+    """With records spilled to disk every 1,024 events (the collector's flush), the same records come back."""
+    monkeypatch.setattr(fast, "COMPILED_ADD", compiled_add)
+    monkeypatch.setattr(load, "FLUSH_RECORDS", 1)
+    compiled = _outcome(TWO_RANK, monkeypatch, "compiled", hold=1)
+    assert compiled == _outcome(TWO_RANK, monkeypatch, "yajl2_c", hold=1) == _outcome(TWO_RANK, monkeypatch, "yajl2_c")
 
 
 @pytest.mark.parametrize("body", [

@@ -401,6 +401,7 @@ def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ
     cdef list out = []
     cdef int c
     cdef bint seen = False, first = True
+    cdef Adder fast_add = add if isinstance(add, Adder) else None
     if r.char() != 123:
         return False
     r.pos += 1
@@ -427,7 +428,10 @@ def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ
                 while True:
                     if r.unit(3, out) != OK:
                         return False
-                    add(out.pop())
+                    if fast_add is not None:
+                        fast_add.add(out.pop())
+                    else:
+                        add(out.pop())
                     c = r.char()
                     r.pos += 1
                     if c == 93:
@@ -447,3 +451,165 @@ def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ
         if c != 44:
             return False
     return r.char() == -1 and seen
+
+
+# ----- the collector's per-event work, compiled (load.py's _Collector.add is the reference) -----------
+cdef extern from "Python.h":
+    PyObject *PyType_GenericAlloc(PyTypeObject *t, Py_ssize_t n) except NULL
+    ctypedef struct PyTypeObject
+
+from cpython.ref cimport Py_INCREF, Py_DECREF
+from cpython.tuple cimport PyTuple_SET_ITEM
+
+cdef dict _NO_ARGS = {}
+
+
+cdef inline object _record(type cls, tuple items):
+    """cls(*items) for a NamedTuple class: the tuple subclass's instance, as tuple.__new__(cls, items)."""
+    cdef Py_ssize_t n = len(items), k
+    cdef object out = <object> PyType_GenericAlloc(<PyTypeObject *> cls, n)
+    Py_DECREF(out)  # the cast took a second reference
+    for k in range(n):
+        item = items[k]
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(out, k, item)
+    return out
+
+
+cdef class Adder:
+    """The collector's `add` (sim/kineto/load.py _Collector) for the events the scanner decodes: the common
+    events (ph "X" of a GPU or host category, well-formed) are kept here, in the reference's order of
+    operations and with its checks; everything else calls the collector's own methods (times, name,
+    comm_args, step, frozen shapes, thread names, flush), so a refusal is the reference's."""
+    cdef object col, frozen, limit
+    cdef type device_t, host_t
+    cdef frozenset gpu_cats, host_cats
+    cdef tuple nccl_args
+    cdef double max_t
+    cdef dict names
+    cdef list host, device
+    cdef dict shapes
+    cdef public long long count, gpu_events, host_ops
+    cdef bint first_seen
+
+    def __init__(self, col, frozen, device_t, host_t, gpu_cats, host_cats, nccl_args, double max_t):
+        self.col, self.frozen, self.limit = col, frozen, col.limit
+        self.device_t, self.host_t = device_t, host_t
+        self.gpu_cats, self.host_cats, self.nccl_args, self.max_t = gpu_cats, host_cats, tuple(nccl_args), max_t
+        self.names = col.names
+        self.count, self.gpu_events, self.host_ops = col.count, col.gpu_events, col.host_ops
+        self.first_seen = col.first_device is not None
+        self.refresh()
+
+    cdef void refresh(self):
+        self.host, self.device, self.shapes = self.col.host, self.col.device, self.col.shapes
+
+    def finish(self):
+        """Write the counts back to the collector."""
+        col = self.col
+        col.count, col.gpu_events, col.host_ops = self.count, self.gpu_events, self.host_ops
+
+    def __call__(self, ev):
+        self.add(ev)
+
+    cdef int add(self, object ev) except -1:
+        self.count += 1
+        if type(ev) is not dict:
+            return 0
+        ph = (<dict> ev).get("ph")
+        if type(ph) is str and <str> ph == "X":
+            cat = (<dict> ev).get("cat")
+            if type(cat) is not str:
+                cat = None
+            if cat in self.gpu_cats:
+                self.add_device(<dict> ev, cat)
+            elif cat in self.host_cats and type((<dict> ev).get("tid")) is int:
+                self.add_host(<dict> ev, cat)
+            if self.limit is not None and not self.count & 1023 and \
+                    len(self.host) + len(self.device) > self.limit:
+                self.col.count = self.count
+                self.col.flush()
+                self.refresh()
+        elif type(ph) is str and <str> ph == "M":
+            self.col.count = self.count - 1
+            self.col.add(ev)
+        return 0
+
+    cdef tuple times(self, dict ev):
+        ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+        if type(ts) is float and type(dur) is float and -self.max_t <= <double> ts <= self.max_t and \
+                0.0 <= <double> dur <= self.max_t:
+            return (ts, dur)
+        self.col.count = self.count
+        return tuple(self.col.times(ev))
+
+    cdef object name(self, dict ev):
+        name = ev.get("name", "")
+        if type(name) is str:
+            found = self.names.get(name)
+            if found is not None and len(<str> found):
+                return found
+        self.col.count = self.count
+        return self.col.name(name)
+
+    cdef object comm(self, dict args):
+        for key in self.nccl_args:
+            if key in args:
+                self.col.count = self.count
+                return self.col.comm_args(args)
+        return None
+
+    cdef object shape(self, object value):
+        """col.shared(_frozen(value)) for a truthy value; the common list of flat lists built here."""
+        cdef list items
+        cdef tuple out
+        cdef Py_ssize_t k
+        if type(value) is not list:
+            return ()
+        items = <list> value
+        for v in items:
+            if type(v) is dict:
+                return self.col.shared(self.frozen(value))
+            if type(v) is list:
+                for x in <list> v:
+                    if type(x) is list or type(x) is dict:
+                        return self.col.shared(self.frozen(value))
+        out = tuple([tuple(<list> v) if type(v) is list else v for v in items])
+        if not out:
+            return ()
+        return self.shapes.setdefault(out, out)
+
+    cdef int add_device(self, dict ev, str cat) except -1:
+        args = ev.get("args")
+        if type(args) is not dict:
+            args = _NO_ARGS
+        ts, dur = self.times(ev)
+        device, stream = ev.get("pid", 0), (<dict> args).get("stream", ev.get("tid", 0))
+        if type(device) is not int or type(stream) is not int:
+            return 0
+        corr = (<dict> args).get("correlation", -1)
+        self.gpu_events += 1
+        if not self.first_seen:
+            self.first_seen = True
+            self.col.first_device = device
+        name = self.name(ev)
+        self.device.append(_record(self.device_t, (ts, dur, device, stream, name, cat,
+                                                   corr if type(corr) is int else -1, self.comm(<dict> args))))
+        return 0
+
+    cdef int add_host(self, dict ev, str cat) except -1:
+        args = ev.get("args")
+        if type(args) is not dict:
+            args = _NO_ARGS
+        ts, dur = self.times(ev)
+        corr = (<dict> args).get("correlation", -1)
+        dims, types = (<dict> args).get("Input Dims"), (<dict> args).get("Input type")
+        name = self.name(ev)
+        self.host.append(_record(self.host_t, (ts, dur, ev["tid"], name, cat, corr if type(corr) is int else -1,
+                                               self.shape(dims) if dims else (), self.shape(types) if types else (),
+                                               self.comm(<dict> args))))
+        self.host_ops += 1
+        if cat == "user_annotation":
+            self.col.count = self.count
+            self.col.step(name, ts, dur)
+        return 0

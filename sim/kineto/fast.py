@@ -1,7 +1,9 @@
 """The compiled trace reader (sim/kineto/_collect.pyx, built by setup.py when a C compiler is present) and
 its fallback to the reference reader (sim/kineto/jsonstream.py's parsers, load.py's _Collector).
 
-`collect` runs the compiled byte scanner over the file, handing each event to the collector; the scanner
+`collect` runs the compiled byte scanner over the file, handing each event to the collector (its compiled
+`add`, _collect.Adder, which keeps the common events itself and calls the collector's methods for the
+rest); the scanner
 accepts only a strict subset of what the reference parser accepts (_collect.pyx's docstring) and decodes
 each event into the value yajl2_c builds, so when it finishes, the collector holds what the reference
 run gives. At anything else (a byte outside that subset, an unreadable file, a field the collector
@@ -27,18 +29,25 @@ except ImportError:  # no C compiler at install time: the reference reader runs
 
 AVAILABLE = _collect is not None
 READ_BYTES = 1 << 20  # bytes per read of the (decompressed) file
+COMPILED_ADD = True  # the collector's per-event work compiled too (_collect.Adder; tests compare both)
 
 
-def collect(path: Path, col: Any, progress: Progress | None,
-            members: Callable[[Path], list[tuple[str, Any]]]) -> bool:
+def collect(path: Path, col: Any, progress: Progress | None, members: Callable[[Path], list[tuple[str, Any]]],
+            adder: tuple = ()) -> bool:
     """Feed `col` every event of `path` with the compiled scanner, and the members `members(path)` gives;
-    False (col to be discarded) when the reference must read the file instead (module docstring)."""
+    False (col to be discarded) when the reference must read the file instead (module docstring).
+    `adder`: the arguments of _collect.Adder after the collector (its compiled `add`; without them, or
+    with COMPILED_ADD False, the collector's own `add` takes each event)."""
     if _collect is None:
         return False
     try:
+        compiled = bool(adder) and COMPILED_ADD
+        add = _collect.Adder(col, *adder) if compiled else col.add
         stream, bytes_read = open_binary(path)
         with stream:
-            done = _collect.scan(stream, col.add, progress, bytes_read, READ_BYTES)
+            done = _collect.scan(stream, add, progress, bytes_read, READ_BYTES)
+        if compiled:
+            add.finish()
     except (UserError, OSError, EOFError, zlib.error, MemoryError, RecursionError):
         done = False
     if not done:

@@ -194,7 +194,12 @@ class _Collector:
                                 self.shared(_frozen(dims)) if dims else (), self.shared(_frozen(types)) if types else (),
                                 None if NCCL_KEYS.isdisjoint(args) else self.comm_args(args)))
         self.host_ops += 1
-        if cat == "user_annotation" and (m := STEP.match(name)):
+        if cat == "user_annotation":
+            self.step(name, ts, dur)
+
+    def step(self, name: str, ts: float, dur: float) -> None:
+        """A user annotation: kept as a step when it is ProfilerStep#N (the first of each N)."""
+        if m := STEP.match(name):
             self.steps.setdefault(int(m.group(1)), Step(int(m.group(1)), ts, dur))
 
     def flush(self) -> None:
@@ -291,7 +296,8 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
     spilled to a temporary file as they are read, so memory follows `hold`, not the file."""
     path = Path(path)
     col = _Collector(path, hold)
-    if jsonstream.DEFAULT_BACKEND != "compiled" or not fast.collect(path, col, progress, _members):
+    compiled = (_frozen, DeviceEvent, HostOp, GPU_CATS, HOST_CATS, NCCL_ARGS, MAX_TIME_US)  # fast.py's Adder
+    if jsonstream.DEFAULT_BACKEND != "compiled" or not fast.collect(path, col, progress, _members, compiled):
         col = _Collector(path, hold)
         for kind, item in iter_trace(path, progress):
             if kind == "event":
