@@ -126,6 +126,44 @@ def test_what_the_scanner_accepts_decodes_as_yajl_does(doc):
     assert repr(mine) == repr(theirs) and _types(mine) == _types(theirs)
 
 
+@settings(max_examples=200, deadline=None)
+@given(doc=document)
+def test_events_kept_to_the_collectors_keys_equal_yajls_restricted(doc):
+    """With the collector's keys (load.EVENT_KEYS, ARG_KEYS), each event is yajl's with only those members
+    (of args: only ARG_KEYS, a non-object args None), a non-object event None."""
+    body = dumps(Pairs([("traceEvents", doc["events"])]), doc["ascii"], doc["blank"]).encode("utf-8", "surrogatepass")
+    mine: list = []
+    if not _collect.scan(io.BytesIO(body), mine.append, None, None, doc["read"], load.EVENT_KEYS, load.ARG_KEYS):
+        return
+    theirs = [_restricted(ev) for ev in yajl.items(io.BytesIO(body), "traceEvents.item", use_float=True)]
+    assert repr(mine) == repr(theirs) and _types(mine) == _types(theirs)
+
+
+def _restricted(ev):
+    if not isinstance(ev, dict):
+        return None
+    out = {k: v for k, v in ev.items() if k in load.EVENT_KEYS}
+    if "args" in out:
+        args = out["args"]
+        out["args"] = {k: v for k, v in args.items() if k in load.ARG_KEYS} if isinstance(args, dict) else None
+    return out
+
+
+decimal = st.builds(lambda sign, whole, frac, zeros, exp: f"{sign}{whole}.{frac}{'0' * zeros}{exp}",
+                    st.sampled_from(["", "-"]), st.integers(0, 10**19), st.integers(0, 10**19).map(str),
+                    st.integers(0, 4), st.one_of(st.just(""), st.integers(-30, 30).map(lambda e: f"e{e}")))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(texts=st.lists(decimal, min_size=1, max_size=20))
+def test_numbers_read_as_float_reads_them(texts):
+    """The scanner's exact fast path (Clinger: mantissa < 2**53, |exponent| <= 22) and its fallback to
+    float() give float(text), bit for bit."""
+    mine: list = []
+    assert _collect.scan(io.BytesIO(("{\"traceEvents\": [" + ", ".join(texts) + "]}").encode()), mine.append)
+    assert [repr(v) for v in mine] == [repr(float(t)) for t in texts]
+
+
 def _types(value):
     if isinstance(value, dict):
         return {k: _types(v) for k, v in value.items()}

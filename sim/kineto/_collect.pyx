@@ -24,7 +24,10 @@ from cpython.list cimport PyList_Append
 from cpython.long cimport PyLong_FromLongLong
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
+from libc.math cimport isinf
 from libc.string cimport memcmp, memcpy
+
+cimport cython
 
 cdef extern from "Python.h":
     const void *PyUnicode_DATA(object o)
@@ -44,12 +47,18 @@ cdef inline const char *_data(object text):
     return <const char *> PyUnicode_DATA(text)
 
 
+cdef double _POW10[23]
+for _k in range(23):
+    _POW10[_k] = float(10 ** _k)
+
+
 cdef enum:
     OK = 0
     MORE = -1  # ran into the end of the buffer before the end of the file: refill and parse again
     OUT = -2  # outside the accepted subset: the reference parser decides
 
 
+@cython.final
 cdef class _Decoder:
     cdef bytes buf
     cdef const unsigned char *p
@@ -58,6 +67,7 @@ cdef class _Decoder:
     cdef list cache  # CACHE_SLOTS str (or None): ASCII strings seen, by a hash of their bytes
     cdef int max_nesting
     cdef Py_ssize_t max_string
+    cdef object val  # the value decoded last (with keep)
 
     def __cinit__(self):
         self.cache = [None] * CACHE_SLOTS
@@ -91,8 +101,12 @@ cdef class _Decoder:
         cdef object found
         if length > CACHE_MAX:
             return PyUnicode_DecodeASCII(<const char *> self.p + a, length, NULL)
-        h = 1469598103934665603ULL ^ <unsigned long long> length
+        h = 1469598103934665603ULL ^ <unsigned long long> length  # FNV-1a of the first and last 16 bytes
         k = a
+        while k < b and k < a + 16:
+            h = (h ^ self.p[k]) * 1099511628211ULL
+            k += 1
+        k = b - 16 if b - 16 > k else k
         while k < b:
             h = (h ^ self.p[k]) * 1099511628211ULL
             k += 1
@@ -104,8 +118,8 @@ cdef class _Decoder:
         self.cache[slot] = found
         return found
 
-    cdef Py_ssize_t string(self, Py_ssize_t i, list out) except -3:
-        """The string whose opening quote is at i - 1: appended to out; the index after its closing quote."""
+    cdef Py_ssize_t string(self, Py_ssize_t i, bint keep) except -3:
+        """The string whose opening quote is at i - 1 (into self.val with keep); the index after its closing quote."""
         cdef Py_ssize_t a = i
         cdef unsigned char c
         while i < self.n:
@@ -113,14 +127,15 @@ cdef class _Decoder:
             if c == 34:
                 if i - a > self.max_string:
                     return OUT
-                out.append(self.ascii(a, i))
+                if keep:
+                    self.val = self.ascii(a, i)
                 return i + 1
             if c == 92 or c < 32 or c >= 128:
-                return self.slow_string(a, out)
+                return self.slow_string(a, keep)
             i += 1
         return MORE if not self.eof else OUT
 
-    cdef Py_ssize_t slow_string(self, Py_ssize_t a, list out) except -3:
+    cdef Py_ssize_t slow_string(self, Py_ssize_t a, bint keep) except -3:
         """A string with escapes or non-ASCII bytes (module docstring)."""
         cdef bytearray text = bytearray()
         cdef Py_ssize_t i = a, start = a
@@ -133,9 +148,11 @@ cdef class _Decoder:
                 if len(text) > self.max_string or i - a > self.max_string:
                     return OUT
                 try:
-                    out.append(PyUnicode_DecodeUTF8(<const char *> text, len(text), NULL))
+                    value = PyUnicode_DecodeUTF8(<const char *> text, len(text), NULL)
                 except UnicodeDecodeError:
                     return OUT
+                if keep:
+                    self.val = value
                 return i + 1
             if c < 32:
                 return OUT
@@ -183,10 +200,10 @@ cdef class _Decoder:
             i += 1
         return MORE if not self.eof else OUT
 
-    cdef Py_ssize_t number(self, Py_ssize_t i, list out) except -3:
+    cdef Py_ssize_t number(self, Py_ssize_t i, bint keep) except -3:
         cdef Py_ssize_t a = i, digits_start
         cdef unsigned long long v = 0
-        cdef int digits = 0
+        cdef int digits = 0, frac = 0, exp10 = 0, exp_sign = 1
         cdef bint neg = False, is_float = False, nonzero = False
         cdef char tmp[64]
         cdef double x
@@ -214,6 +231,10 @@ cdef class _Decoder:
             while i < self.n and 48 <= self.p[i] <= 57:
                 if self.p[i] != 48:
                     nonzero = True
+                if digits < 19:
+                    v = v * 10 + (self.p[i] - 48)
+                    frac += 1
+                digits += 1
                 i += 1
             if i == digits_start:
                 return MORE if i >= self.n and not self.eof else OUT
@@ -221,9 +242,12 @@ cdef class _Decoder:
             is_float = True
             i += 1
             if i < self.n and (self.p[i] == 43 or self.p[i] == 45):
+                exp_sign = -1 if self.p[i] == 45 else 1
                 i += 1
             digits_start = i
             while i < self.n and 48 <= self.p[i] <= 57:
+                if exp10 < 100000:
+                    exp10 = exp10 * 10 + (self.p[i] - 48)
                 i += 1
             if i == digits_start:
                 return MORE if i >= self.n and not self.eof else OUT
@@ -232,113 +256,162 @@ cdef class _Decoder:
         if not is_float:
             if digits > 19 or v > 9223372036854775807ULL:  # yajl's range: |n| <= 2**63 - 1
                 return OUT
-            out.append(PyLong_FromLongLong(-<long long> v if neg else <long long> v))
+            if keep:
+                self.val = PyLong_FromLongLong(-<long long> v if neg else <long long> v)
+            return i
+        while frac > 0 and v % 10 == 0 and digits <= 19:  # 1700000000000000.0: the fraction's trailing zeros
+            v //= 10
+            frac -= 1
+        exp10 = exp_sign * exp10 - frac
+        if digits <= 19 and v <= 9007199254740992ULL and -22 <= exp10 <= 22:
+            # Clinger's fast path: the mantissa (< 2**53) and 10**|e| (|e| <= 22) are exact doubles, so one
+            # IEEE multiplication or division gives the correctly rounded value, as float(text) does.
+            x = <double> v * _POW10[exp10] if exp10 >= 0 else <double> v / _POW10[-exp10]
+            if keep:
+                self.val = -x if neg else x
             return i
         if i - a > MAX_NUMBER:
             return OUT
         memcpy(tmp, self.p + a, i - a)
         tmp[i - a] = 0
         x = PyOS_string_to_double(tmp, NULL, NULL)
-        if x == float("inf") or x == -float("inf") or (x == 0.0 and nonzero):
+        if isinf(x) or (x == 0.0 and nonzero):
             return OUT
-        out.append(x)
+        if keep:
+            self.val = x
         return i
 
-    cdef Py_ssize_t literal(self, Py_ssize_t i, const char *word, Py_ssize_t size, object value, list out) except -3:
+    cdef Py_ssize_t literal(self, Py_ssize_t i, const char *word, Py_ssize_t size, object value, bint keep) except -3:
         if i + size > self.n:
             if self.eof or memcmp(self.p + i, word, self.n - i) != 0:
                 return OUT
             return MORE
         if memcmp(self.p + i, word, size) != 0:
             return OUT
-        out.append(value)
+        if keep:
+            self.val = value
         return i + size
 
-    cdef Py_ssize_t value(self, Py_ssize_t i, int depth, list out) except -3:
-        """Decode the value at i (blanks skipped) into out; the index after it, MORE or OUT."""
+    cdef Py_ssize_t value(self, Py_ssize_t i, int depth, bint keep) except -3:
+        """The value at i (blanks skipped), decoded into self.val with keep (else checked only); the index
+        after it, MORE or OUT."""
         cdef unsigned char c
         i = self.ws(i)
         if i >= self.n:
             return MORE if not self.eof else OUT
         c = self.p[i]
         if c == 34:
-            return self.string(i + 1, out)
+            return self.string(i + 1, keep)
         if c == 123 or c == 91:
             if depth > self.max_nesting:
                 return OUT
-            return self.obj(i + 1, depth, out) if c == 123 else self.arr(i + 1, depth, out)
+            return self.obj(i + 1, depth, keep, None, None) if c == 123 else self.arr(i + 1, depth, keep)
         if c == 45 or 48 <= c <= 57:
-            return self.number(i, out)
+            return self.number(i, keep)
         if c == 116:
-            return self.literal(i, b"true", 4, True, out)
+            return self.literal(i, b"true", 4, True, keep)
         if c == 102:
-            return self.literal(i, b"false", 5, False, out)
+            return self.literal(i, b"false", 5, False, keep)
         if c == 110:
-            return self.literal(i, b"null", 4, None, out)
+            return self.literal(i, b"null", 4, None, keep)
         return OUT
 
-    cdef Py_ssize_t obj(self, Py_ssize_t i, int depth, list out) except -3:
-        cdef dict d = PyDict_New()
-        cdef list kv = []
+    cdef Py_ssize_t obj(self, Py_ssize_t i, int depth, bint keep, frozenset keys, frozenset args_keys) except -3:
+        """The object whose '{' is at i - 1 (at `depth`), into self.val with keep. `keys`: only these
+        members are kept (the others checked only); `args_keys`: the members kept of an "args" object (a
+        non-object "args" is kept as None: the collector reads either as no args)."""
+        cdef dict d = PyDict_New() if keep else None
+        cdef object key
+        cdef Py_ssize_t j
         i = self.ws(i)
         if i >= self.n:
             return MORE if not self.eof else OUT
         if self.p[i] == 125:
-            out.append(d)
+            self.val = d
             return i + 1
         while True:
             if i >= self.n:
                 return MORE if not self.eof else OUT
             if self.p[i] != 34:
                 return OUT
-            i = self.string(i + 1, kv)
+            i = self.string(i + 1, keep)
             if i < 0:
                 return i
+            key = self.val if keep else None
             i = self.ws(i)
             if i >= self.n:
                 return MORE if not self.eof else OUT
             if self.p[i] != 58:
                 return OUT
-            i = self.value(i + 1, depth + 1, kv)
-            if i < 0:
-                return i
-            PyDict_SetItem(d, kv[0], kv[1])  # a repeated key: the last value, as ijson's builder
-            del kv[:]
+            if not keep or (keys is not None and key not in keys):
+                i = self.value(i + 1, depth + 1, False)
+                if i < 0:
+                    return i
+            else:
+                if keys is not None and args_keys is not None and key == "args":
+                    j = self.ws(i + 1)
+                    if j >= self.n:
+                        return MORE if not self.eof else OUT
+                    if self.p[j] == 123:
+                        if depth + 1 > self.max_nesting:
+                            return OUT
+                        i = self.obj(j + 1, depth + 1, True, args_keys, None)
+                    else:
+                        i = self.value(j, depth + 1, False)
+                        self.val = None
+                else:
+                    i = self.value(i + 1, depth + 1, True)
+                if i < 0:
+                    return i
+                PyDict_SetItem(d, key, self.val)  # a repeated key: the last value, as ijson's builder
             i = self.ws(i)
             if i >= self.n:
                 return MORE if not self.eof else OUT
             if self.p[i] == 125:
-                out.append(d)
+                self.val = d
                 return i + 1
             if self.p[i] != 44:
                 return OUT
             i = self.ws(i + 1)
 
-    cdef Py_ssize_t arr(self, Py_ssize_t i, int depth, list out) except -3:
-        cdef list items = []
+    cdef Py_ssize_t event(self, Py_ssize_t i, frozenset keys, frozenset args_keys) except -3:
+        """An element of traceEvents (depth 3) into self.val: an object with only `keys` kept (obj),
+        anything else checked and kept as None (the collector counts it, nothing more)."""
+        i = self.ws(i)
+        if i >= self.n:
+            return MORE if not self.eof else OUT
+        if self.p[i] == 123:
+            return self.obj(i + 1, 3, True, keys, args_keys)
+        i = self.value(i, 3, False)
+        self.val = None
+        return i
+
+    cdef Py_ssize_t arr(self, Py_ssize_t i, int depth, bint keep) except -3:
+        cdef list items = [] if keep else None
         i = self.ws(i)
         if i >= self.n:
             return MORE if not self.eof else OUT
         if self.p[i] == 93:
-            out.append(items)
+            self.val = items
             return i + 1
         while True:
-            i = self.value(i, depth + 1, items)
+            i = self.value(i, depth + 1, keep)
             if i < 0:
                 return i
+            if keep:
+                items.append(self.val)
             i = self.ws(i)
             if i >= self.n:
                 return MORE if not self.eof else OUT
             if self.p[i] == 93:
-                out.append(items)
+                self.val = items
                 return i + 1
             if self.p[i] != 44:
                 return OUT
             i += 1
 
 
-
-
+@cython.final
 cdef class _Reader:
     """The bytes of the stream in a buffer refilled by READ_BYTES; `unit` decodes one value, refilling
     while it runs past the buffer's end."""
@@ -378,27 +451,30 @@ cdef class _Reader:
             if not self.more():
                 return -1
 
-    cdef int unit(self, int depth, list out) except -3:
-        """Decode one value into out: OK or OUT."""
+    cdef int unit(self, int depth, frozenset keys=None, frozenset args_keys=None) except -3:
+        """Decode one value into self.dec.val (an event's kept members only, with `keys`): OK or OUT."""
         cdef Py_ssize_t end
         while True:
-            end = self.dec.value(self.pos, depth, out)
+            end = self.dec.value(self.pos, depth, True) if keys is None else \
+                self.dec.event(self.pos, keys, args_keys)
             if end >= 0:
                 self.pos = end
                 return OK
             if end == OUT or self.dec.n - self.pos > MAX_UNIT:
                 return OUT
-            del out[:]
             if not self.more():
                 return OUT
 
 
-def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ_BYTES):
+def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ_BYTES, keys=None, args_keys=None):
     """Feed every element of the trace's traceEvents to `add`, in order; True when the whole document is
     inside the accepted subset (module docstring), False at the first byte outside it (then `add` has
-    seen some events and the caller discards them)."""
+    seen some events and the caller discards them). With `keys`, each event is decoded with only the
+    members `keys` names (and of its "args" object, `args_keys`), the rest checked and dropped; an event
+    that is not an object is given as None."""
+    cdef frozenset event_keys = frozenset(keys) if keys is not None else None
+    cdef frozenset event_args_keys = frozenset(args_keys) if args_keys is not None else None
     cdef _Reader r = _Reader(stream, progress, bytes_read, max(1, read_bytes))
-    cdef list out = []
     cdef int c
     cdef bint seen = False, first = True
     cdef Adder fast_add = add if isinstance(add, Adder) else None
@@ -412,9 +488,9 @@ def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ
             break
         if c != 34:
             return False
-        if r.unit(2, out) != OK:
+        if r.unit(2) != OK:
             return False
-        key = out.pop()
+        key = r.dec.val
         if r.char() != 58:
             return False
         r.pos += 1
@@ -426,12 +502,12 @@ def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ
                 r.pos += 1
             else:
                 while True:
-                    if r.unit(3, out) != OK:
+                    if r.unit(3, event_keys, event_args_keys) != OK:
                         return False
                     if fast_add is not None:
-                        fast_add.add(out.pop())
+                        fast_add.add(r.dec.val)
                     else:
-                        add(out.pop())
+                        add(r.dec.val)
                     c = r.char()
                     r.pos += 1
                     if c == 93:
@@ -440,9 +516,8 @@ def scan(stream, add, progress=None, bytes_read=None, Py_ssize_t read_bytes=READ
                         return False
             seen = True
         else:
-            if r.unit(2, out) != OK:
+            if r.unit(2) != OK:
                 return False
-            del out[:]
         first = False
         c = r.char()
         r.pos += 1
@@ -476,6 +551,7 @@ cdef inline object _record(type cls, tuple items):
     return out
 
 
+@cython.final
 cdef class Adder:
     """The collector's `add` (sim/kineto/load.py _Collector) for the events the scanner decodes: the common
     events (ph "X" of a GPU or host category, well-formed) are kept here, in the reference's order of

@@ -33,11 +33,12 @@ COMPILED_ADD = True  # the collector's per-event work compiled too (_collect.Add
 
 
 def collect(path: Path, col: Any, progress: Progress | None, members: Callable[[Path], list[tuple[str, Any]]],
-            adder: tuple = ()) -> bool:
+            adder: tuple = (), keys: tuple | None = None) -> bool:
     """Feed `col` every event of `path` with the compiled scanner, and the members `members(path)` gives;
     False (col to be discarded) when the reference must read the file instead (module docstring).
     `adder`: the arguments of _collect.Adder after the collector (its compiled `add`; without them, or
-    with COMPILED_ADD False, the collector's own `add` takes each event)."""
+    with COMPILED_ADD False, the collector's own `add` takes each event). `keys`: (event keys, args keys),
+    the only members the collector reads: the rest are checked and dropped as they are scanned."""
     if _collect is None:
         return False
     try:
@@ -45,7 +46,7 @@ def collect(path: Path, col: Any, progress: Progress | None, members: Callable[[
         add = _collect.Adder(col, *adder) if compiled else col.add
         stream, bytes_read = open_binary(path)
         with stream:
-            done = _collect.scan(stream, add, progress, bytes_read, READ_BYTES)
+            done = _collect.scan(stream, add, progress, bytes_read, READ_BYTES, *(keys or (None, None)))
         if compiled:
             add.finish()
     except (UserError, OSError, EOFError, zlib.error, MemoryError, RecursionError):

@@ -57,6 +57,10 @@ MAX_RANKS_CHARS = 1 << 20  # a "Process Group Ranks" string
 COUNT_ARGS = ("In msg nelems", "Out msg nelems", "Group size", "bytes")
 TEXT_ARGS = ("Collective name", "dtype", "Process Group Name", "Process Group Description")
 NCCL_KEYS = frozenset(NCCL_ARGS)
+# Every member _Collector reads of an event, and of its args (a non-object args is read as none): the
+# compiled scanner (sim/kineto/fast.py) keeps only these. A key read here must be named here.
+EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")
+ARG_KEYS = ("stream", "correlation", "Input Dims", "Input type", "name", *NCCL_ARGS)
 
 
 def _ranks_ok(value: object) -> bool:
@@ -297,7 +301,8 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
     path = Path(path)
     col = _Collector(path, hold)
     compiled = (_frozen, DeviceEvent, HostOp, GPU_CATS, HOST_CATS, NCCL_ARGS, MAX_TIME_US)  # fast.py's Adder
-    if jsonstream.DEFAULT_BACKEND != "compiled" or not fast.collect(path, col, progress, _members, compiled):
+    if jsonstream.DEFAULT_BACKEND != "compiled" or \
+            not fast.collect(path, col, progress, _members, compiled, (EVENT_KEYS, ARG_KEYS)):
         col = _Collector(path, hold)
         for kind, item in iter_trace(path, progress):
             if kind == "event":
