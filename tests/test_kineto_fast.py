@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.kineto import fast, jsonstream, load
 from meshsim.sim.kineto.load import _Collector, read_rank
+from meshsim.sim.kineto.records import HostOp
 from tests.kineto_traces import SIXTEEN_RANK, TWO_RANK
 
 _collect = pytest.importorskip("meshsim.sim.kineto._collect")
@@ -207,3 +208,13 @@ def test_what_the_scanner_leaves_is_the_references_answer(tmp_path, monkeypatch,
     path.write_bytes(body)
     assert not fast.collect(path, _Collector(path), None, lambda p: [])
     assert _outcome(path, monkeypatch, "compiled") == _outcome(path, monkeypatch, "yajl2_c")
+
+
+def test_compiled_records_are_the_named_tuples_make_builds():
+    rows = [(1.0, 2.0, 3, "aten::mm", "cpu_op", -1, ((4, 5),), ("float",), None),
+            (0.5, 0.0, 1, "k", "cuda_runtime", 7, (), (), {"Collective name": "allreduce"})]
+    mine, theirs = _collect.records(HostOp, rows), list(map(HostOp._make, rows))
+    assert mine == theirs and [type(r) for r in mine] == [HostOp, HostOp] and mine[1].corr == 7
+    for short in [(1.0,) * 6, (1.0,) * 10]:  # a row of the wrong length: _make's own TypeError
+        with pytest.raises(TypeError):
+            _collect.records(HostOp, [short])

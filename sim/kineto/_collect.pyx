@@ -689,3 +689,15 @@ cdef class Adder:
             self.col.count = self.count
             self.col.step(name, ts, dur)
         return 0
+
+
+def records(type cls, list rows):
+    """[cls._make(row) for row in rows] for a NamedTuple class and rows of tuples (a spill's records back)."""
+    cdef Py_ssize_t size = len(cls._fields)
+    out = []
+    for row in rows:
+        if type(row) is not tuple or len(<tuple> row) != size:
+            out.append(cls._make(row))  # the reference's own answer (its TypeError included)
+        else:
+            out.append(_record(cls, <tuple> row))
+    return out

@@ -54,18 +54,27 @@ def _launch_of(stack: Sequence[HostOp], ts: float, tid: int, own: HostOp | None 
     return Launch(ts, tid, shape, comm, label)
 
 
-def _sweep(ops: Iterable[HostOp], wanted) -> dict[int, Launch]:
-    """key -> Launch for every op `wanted(op)` returns a key for (ops of one thread, sorted by start)."""
+def _sweep(ops: Iterable[HostOp], wanted=None, corrs: set[int] | None = None) -> dict[int, Launch]:
+    """key -> Launch for every op `wanted(op)` returns a key for (ops of one thread, sorted by start); with
+    `corrs` instead, the runtime calls whose correlation is in it, by correlation. `ends` holds each open
+    op's end (its ts + dur, the `end` the stack's top is compared with)."""
     found: dict[int, Launch] = {}
     stack: list[HostOp] = []
+    ends: list[float] = []
     for op in ops:
-        while stack and stack[-1].end <= op.ts:
+        ts, cat = op.ts, op.cat
+        while ends and ends[-1] <= ts:
             stack.pop()
-        key = wanted(op)
+            ends.pop()
+        if corrs is not None:
+            key = op.corr if cat in RUNTIME_CATS and op.corr in corrs else None
+        else:
+            key = wanted(op)
         if key is not None:
-            found[key] = _launch_of(stack, op.ts, op.tid, op if op.cat == "cpu_op" else None)
-        if op.cat not in RUNTIME_CATS:
+            found[key] = _launch_of(stack, ts, op.tid, op if cat == "cpu_op" else None)
+        if cat not in RUNTIME_CATS:
             stack.append(op)
+            ends.append(ts + op.dur)
     return found
 
 
@@ -81,7 +90,7 @@ def gpu_launches(host: Sequence[HostOp], device: Sequence[DeviceEvent]) -> list[
     wanted = {ev.corr for ev in device if ev.corr >= 0}
     found: dict[int, Launch] = {}
     for ops in _by_thread(host):
-        found.update(_sweep(ops, lambda op: op.corr if op.cat in RUNTIME_CATS and op.corr in wanted else None))
+        found.update(_sweep(ops, corrs=wanted))
     return [found.get(ev.corr, NO_LAUNCH) if ev.corr >= 0 else NO_LAUNCH for ev in device]
 
 

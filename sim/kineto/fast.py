@@ -58,3 +58,8 @@ def collect(path: Path, col: Any, progress: Progress | None, members: Callable[[
     for key, value in members(path):
         col.members[key] = value
     return True
+
+
+def typed(cls: type, rows: list[tuple]) -> list:
+    """[cls._make(row) for row in rows], compiled when the extension is built (sim/kineto/spill.py)."""
+    return _collect.records(cls, rows) if _collect is not None else list(map(cls._make, rows))

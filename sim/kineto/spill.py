@@ -18,6 +18,7 @@ from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
 
+from meshsim.sim.kineto.fast import typed
 from meshsim.sim.kineto.records import DeviceEvent, HostOp
 
 Window = tuple[float, float]  # [from, to] in the trace's us
@@ -51,8 +52,8 @@ class Spill:
         host: list[HostOp] = []
         device: list[DeviceEvent] = []
         for h, d in self.chunks():
-            host += map(HostOp._make, h)
-            device += map(DeviceEvent._make, d)
+            host += typed(HostOp, h)
+            device += typed(DeviceEvent, d)
         return host, device
 
     def close(self) -> None:
