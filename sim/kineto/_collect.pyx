@@ -701,3 +701,19 @@ def records(type cls, list rows):
         else:
             out.append(_record(cls, <tuple> row))
     return out
+
+
+from bisect import bisect_right as _bisect_right
+
+
+def route(list records, int side, list starts, list ends, list reach, list order, list bufs):
+    """spill.route compiled (the same statements; Python's comparisons and bisect): each record appended
+    to the buffer of every window holding its start (rec[0])."""
+    cdef Py_ssize_t i
+    for rec in records:
+        ts = rec[0]
+        i = _bisect_right(starts, ts) - 1
+        while i >= 0 and reach[i] >= ts:
+            if ends[i] >= ts:
+                (<list> (<tuple> bufs[order[i]])[side]).append(rec)
+            i -= 1

@@ -18,7 +18,7 @@ from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
 
-from meshsim.sim.kineto.fast import typed
+from meshsim.sim.kineto.fast import _collect, typed
 from meshsim.sim.kineto.records import DeviceEvent, HostOp
 
 Window = tuple[float, float]  # [from, to] in the trace's us
@@ -78,22 +78,31 @@ class _Index:
             i -= 1
 
 
+def route(records: list[tuple], side: int, starts: list[float], ends: list[float], reach: list[float],
+          order: list[int], bufs: list[tuple[list, list]]) -> None:
+    """Append each record to side `side` of the buffer of every window holding its start (_Index.holding,
+    inlined: one bisect and a step or two left per record). The reference of _collect.route."""
+    for rec in records:
+        ts = rec[0]
+        i = bisect_right(starts, ts) - 1
+        while i >= 0 and reach[i] >= ts:
+            if ends[i] >= ts:
+                bufs[order[i]][side].append(rec)
+            i -= 1
+
+
+ROUTE = route if _collect is None else _collect.route  # compiled when the extension is built (tests compare)
+
+
 def split(spill: Spill, windows: Sequence[Window]) -> list[Spill]:
-    """One spill per window with the records that start in it (module docstring; _Index.holding,
-    inlined: one bisect and a step or two left per record)."""
+    """One spill per window with the records that start in it (module docstring; `route`)."""
     index = _Index(windows)
     starts, ends, reach, order = index.starts, index.ends, index.reach, index.order
     out = [Spill() for _ in windows]
     bufs: list[tuple[list, list]] = [([], []) for _ in windows]
     for host, device in spill.chunks():
         for side, records in ((0, host), (1, device)):
-            for rec in records:
-                ts = rec[0]
-                i = bisect_right(starts, ts) - 1
-                while i >= 0 and reach[i] >= ts:
-                    if ends[i] >= ts:
-                        bufs[order[i]][side].append(rec)
-                    i -= 1
+            ROUTE(records, side, starts, ends, reach, order, bufs)
         for i, buf in enumerate(bufs):
             if len(buf[0]) + len(buf[1]) >= FLUSH_RECORDS:
                 out[i].write(*buf)
