@@ -96,20 +96,23 @@ cdef class _Decoder:
     cdef object ascii(self, Py_ssize_t a, Py_ssize_t b):
         """The str of the ASCII bytes [a, b), one object per distinct text among recent ones."""
         cdef Py_ssize_t length = b - a
-        cdef unsigned long long h
+        cdef unsigned long long h, w1, w2
         cdef Py_ssize_t k, slot
         cdef object found
         if length > CACHE_MAX:
             return PyUnicode_DecodeASCII(<const char *> self.p + a, length, NULL)
-        h = 1469598103934665603ULL ^ <unsigned long long> length  # FNV-1a of the first and last 16 bytes
-        k = a
-        while k < b and k < a + 16:
-            h = (h ^ self.p[k]) * 1099511628211ULL
-            k += 1
-        k = b - 16 if b - 16 > k else k
-        while k < b:
-            h = (h ^ self.p[k]) * 1099511628211ULL
-            k += 1
+        if length >= 8:  # the length and the first and last 8 bytes, mixed (the slot's text is compared whole)
+            memcpy(&w1, self.p + a, 8)
+            memcpy(&w2, self.p + b - 8, 8)
+            h = (w1 * 0x9E3779B97F4A7C15ULL) ^ (w2 * 0xC2B2AE3D27D4EB4FULL) ^ (<unsigned long long> length << 7)
+            h ^= h >> 29
+        else:
+            h = 1469598103934665603ULL ^ <unsigned long long> length
+            k = a
+            while k < b:
+                h = (h ^ self.p[k]) * 1099511628211ULL
+                k += 1
+            h ^= h >> 29
         slot = <Py_ssize_t> (h & (CACHE_SLOTS - 1))
         found = self.cache[slot]
         if found is not None and len(<str> found) == length and memcmp(_data(found), self.p + a, length) == 0:
