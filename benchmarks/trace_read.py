@@ -10,6 +10,11 @@ process, once per parser named (`--backend yajl2_c compiled`: the reference and 
 same file, one after the other; their JSON summaries are compared byte for byte); printed: its CPU time (user + system, os.wait4: the machine is shared, so wall time measures
 the neighbours too), MB of JSON per CPU-second, wall time and peak RSS. Targets (issue 43): >= 50 MB/s,
 a 1 GB trace in <= 30 s, <= 500 MB RSS. Not run by the tests.
+
+Parsers: "compiled" (the default when the optional extension sim/kineto/_collect.pyx is built by setup.py:
+`pip install -e .` with a C compiler), "yajl2_c" (the reference: ijson's C parser and the Python
+collector), "python" (json's decoder, without ijson). Before and after, on one file, in one command:
+    python benchmarks/trace_read.py --keep /tmp/t1g.json --backend yajl2_c compiled
 """
 
 from __future__ import annotations

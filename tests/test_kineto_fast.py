@@ -10,7 +10,6 @@ import gzip
 import io
 import json
 
-import ijson.backends.yajl2_c as yajl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +20,8 @@ from meshsim.sim.kineto.load import _Collector, read_rank
 from meshsim.sim.kineto.records import HostOp
 from tests.kineto_traces import SIXTEEN_RANK, TWO_RANK
 
-_collect = pytest.importorskip("meshsim.sim.kineto._collect")
+_collect = pytest.importorskip("meshsim.sim.kineto._collect")  # built by setup.py (a C compiler and Cython)
+yajl = pytest.importorskip("ijson.backends.yajl2_c")  # the reference parser
 
 
 class Raw(str):
