@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.kineto import fast, jsonstream, load
+from meshsim.sim.kineto import context, fast, jsonstream, load
 from meshsim.sim.kineto.load import _Collector, read_rank
 from meshsim.sim.kineto.records import HostOp
 from tests.kineto_traces import SIXTEEN_RANK, TWO_RANK
@@ -218,3 +218,23 @@ def test_compiled_records_are_the_named_tuples_make_builds():
     for short in [(1.0,) * 6, (1.0,) * 10]:  # a row of the wrong length: _make's own TypeError
         with pytest.raises(TypeError):
             _collect.records(HostOp, [short])
+
+
+host_op = st.builds(
+    lambda tid, ts, dur, name, cat, corr, dims, args: HostOp(float(ts) / 2, float(dur) / 2, tid, name, cat, corr, dims,
+                                                              (), args),
+    st.integers(0, 2), st.integers(0, 60), st.integers(0, 20),
+    st.sampled_from(["aten::mm", "nccl:all_reduce", "gloo:all_reduce", "L0.mb0.fwd.qkv", "dp.grad", "ProfilerStep#1",
+                     "cudaLaunchKernel", "record_param_comms", "x"]),
+    st.sampled_from(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]), st.integers(-1, 12),
+    st.sampled_from([(), ((4, 4), (4, 4))]), st.sampled_from([None, {}, {"Collective name": "allreduce"}, {"x": 1}]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(ops=st.lists(host_op, max_size=40), corrs=st.sets(st.integers(0, 12)))
+def test_compiled_launch_sweep_equals_the_python_one(ops, corrs):
+    """context.gpu_launches' sweep (each runtime call's open operators: shape, collective, label), compiled
+    against context.sweep_runtime on generated threads (nesting, ties, zero lengths, repeated correlations)."""
+    ops = sorted(ops, key=lambda op: (op.tid, op.ts, -op.dur))
+    mine = context._compiled_sweep(ops, corrs)
+    assert mine == context.sweep_runtime(ops, corrs) and all(type(v) is context.Launch for v in mine.values())

@@ -720,3 +720,35 @@ def route(list records, int side, list starts, list ends, list reach, list order
             if ends[i] >= ts:
                 (<list> (<tuple> bufs[order[i]])[side]).append(rec)
             i -= 1
+
+
+def sweep_runtime(list ops, set corrs, frozenset runtime, type launch_t, comm_match, label_match):
+    """context._sweep(ops, corrs=corrs) with its _launch_of, compiled (the same statements, Python's
+    comparisons): correlation -> Launch of each runtime call whose correlation is in `corrs` (ops of one
+    thread sorted by start; HostOp fields by position: ts 0, dur 1, tid 2, name 3, cat 4, corr 5, dims 6,
+    args 8)."""
+    cdef dict found = {}
+    cdef list stack = [], ends = []
+    cdef Py_ssize_t k
+    for op in ops:
+        ts, cat = op[0], op[4]
+        while ends and ends[len(ends) - 1] <= ts:  # (no negative index: wraparound is off)
+            stack.pop()
+            ends.pop()
+        if cat in runtime:
+            corr = op[5]
+            if corr in corrs:
+                shape = comm = label = None
+                for k in range(len(stack) - 1, -1, -1):
+                    open_op = stack[k]
+                    if shape is None and open_op[4] == "cpu_op" and open_op[6]:
+                        shape = open_op
+                    if comm is None and (comm_match(open_op[3]) or (open_op[8] and "Collective name" in open_op[8])):
+                        comm = open_op
+                    if label is None and open_op[4] == "user_annotation" and label_match(open_op[3]):
+                        label = open_op[3]
+                found[corr] = _record(launch_t, (ts, op[2], shape, comm, label))
+        else:
+            stack.append(op)
+            ends.append(ts + op[1])
+    return found

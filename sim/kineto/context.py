@@ -78,6 +78,23 @@ def _sweep(ops: Iterable[HostOp], wanted=None, corrs: set[int] | None = None) ->
     return found
 
 
+def sweep_runtime(ops: list[HostOp], corrs: set[int]) -> dict[int, Launch]:
+    """correlation -> Launch of each runtime call of `ops` (one thread's, sorted by start) whose correlation
+    is in `corrs`: the reference of the compiled _collect.sweep_runtime."""
+    return _sweep(ops, corrs=corrs)
+
+
+def _compiled_sweep(ops: list[HostOp], corrs: set[int]) -> dict[int, Launch]:
+    return _collect.sweep_runtime(ops, corrs, RUNTIME_CATS, Launch, COMM_ANNOTATION.match, OP_LABEL.match)
+
+
+try:  # the compiled sweep (setup.py builds it where a C compiler is present); tests compare the two
+    from meshsim.sim.kineto import _collect
+    SWEEP_RUNTIME = _compiled_sweep
+except ImportError:
+    SWEEP_RUNTIME = sweep_runtime
+
+
 def _by_thread(host: Sequence[HostOp]) -> list[list[HostOp]]:
     threads: dict[int, list[HostOp]] = {}
     for op in host:  # already sorted by (tid, ts, -dur)
@@ -90,7 +107,7 @@ def gpu_launches(host: Sequence[HostOp], device: Sequence[DeviceEvent]) -> list[
     wanted = {ev.corr for ev in device if ev.corr >= 0}
     found: dict[int, Launch] = {}
     for ops in _by_thread(host):
-        found.update(_sweep(ops, corrs=wanted))
+        found.update(SWEEP_RUNTIME(ops, wanted))
     return [found.get(ev.corr, NO_LAUNCH) if ev.corr >= 0 else NO_LAUNCH for ev in device]
 
 
