@@ -1,9 +1,11 @@
-"""Builds the optional compiled engine core (sim/engine/_core.pyx, sim/engine/compiled.py) with Cython.
+"""Builds meshsim's optional compiled extensions with Cython:
+- meshsim.sim.engine._core (sim/engine/_core.pyx), the engine's core, when that source is present;
+- meshsim.sim.kineto._collect (sim/kineto/_collect.pyx), the trace reader's byte scanner (sim/kineto/fast.py).
 
-Everything else is in pyproject.toml. The extension is optional: without Cython or a working C compiler the
-build goes on without it and the Python core runs (`meshsim --version` names the core in use). Compiled
-with -O2 and -ffp-contract=off (no fused multiply-add) and no fast-math, so every float operation is the
-IEEE double operation the Python core performs: the two cores give bit-identical results.
+Everything else is in pyproject.toml. Each extension is optional: without Cython or a working C compiler
+the build goes on without it and the Python code runs (the trace reader falls back silently; its output
+is the same either way). Compiled with -O2 and -ffp-contract=off (no fused multiply-add) and no
+fast-math, so every float operation is the IEEE double operation the Python code performs.
 """
 
 from __future__ import annotations
@@ -15,45 +17,49 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYX = os.path.join("sim", "engine", "_core.pyx")
-C_SOURCE = os.path.join("sim", "engine", "_core.c")
 FLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math"]
+MODULES = (  # (module, .pyx source), each built when its source is in the tree
+    ("meshsim.sim.engine._core", os.path.join("sim", "engine", "_core.pyx")),
+    ("meshsim.sim.kineto._collect", os.path.join("sim", "kineto", "_collect.pyx")),
+)
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that warns and goes on when the extension cannot be compiled (no compiler, no headers)."""
+    """build_ext that warns and goes on when an extension cannot be compiled (no compiler, no headers)."""
 
     def run(self):
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001 - any build failure leaves the Python core in place
+        except Exception as exc:  # noqa: BLE001 - any build failure leaves the Python code in place
             self._skip(exc)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
-            self._skip(exc)
+            self._skip(exc, ext.name)
 
     @staticmethod
-    def _skip(exc: Exception) -> None:
-        sys.stderr.write(f"meshsim: the compiled engine core was not built ({exc}); the Python core will run\n")
+    def _skip(exc: Exception, name: str = "extensions") -> None:
+        sys.stderr.write(f"meshsim: the compiled {name} was not built ({exc}); the Python code will run\n")
 
 
 def extensions() -> list[Extension]:
-    """The core from the .pyx through Cython when it is installed, else from a shipped .c, else none."""
+    """Each present module from its .pyx through Cython when it is installed, else from a shipped .c."""
+    present = [(name, pyx) for name, pyx in MODULES if os.path.exists(os.path.join(HERE, pyx))]
     try:
         from Cython.Build import cythonize
     except ImportError:
-        if os.path.exists(os.path.join(HERE, C_SOURCE)):
-            return [Extension("meshsim.sim.engine._core", [C_SOURCE], extra_compile_args=FLAGS)]
-        return []
-    try:
-        return cythonize([Extension("meshsim.sim.engine._core", [PYX], extra_compile_args=FLAGS)],
-                         compiler_directives={"language_level": "3"}, quiet=True)
-    except Exception as exc:  # noqa: BLE001 - a Cython failure leaves the Python core in place
-        OptionalBuildExt._skip(exc)
-        return []
+        return [Extension(name, [pyx[:-4] + ".c"], extra_compile_args=FLAGS) for name, pyx in present
+                if os.path.exists(os.path.join(HERE, pyx[:-4] + ".c"))]
+    out = []
+    for name, pyx in present:  # one at a time: a Cython failure in one leaves the others
+        try:
+            out += cythonize([Extension(name, [pyx], extra_compile_args=FLAGS)],
+                             compiler_directives={"language_level": "3"}, quiet=True)
+        except Exception as exc:  # noqa: BLE001 - a Cython failure leaves the Python code in place
+            OptionalBuildExt._skip(exc, name)
+    return out
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

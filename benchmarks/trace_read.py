@@ -1,14 +1,20 @@
 """Speed and peak memory of `meshsim trace summary` on a large synthetic Kineto trace (default 1 GB).
 
     python benchmarks/trace_read.py [--mb 1000] [--gz] [--critical-path] [--keep PATH] [--reuse PATH]
-                                    [--max-events N] [--backend yajl2_c|python]
+                                    [--max-events N] [--backend compiled|yajl2_c|python ...]
 
 The trace is written the way torch.profiler writes one (cpu_op / cuda_runtime / kernel / flow events
 with correlation ids, `Input Dims` on GEMM operators, NCCL args on collective kernels, one
 ProfilerStep#N per 2,000 kernels), streamed to disk. `meshsim trace summary --json` then runs in a child
-process; printed: its CPU time (user + system, os.wait4: the machine is shared, so wall time measures
+process, once per parser named (`--backend yajl2_c compiled`: the reference and the compiled reader on the
+same file, one after the other; their JSON summaries are compared byte for byte); printed: its CPU time (user + system, os.wait4: the machine is shared, so wall time measures
 the neighbours too), MB of JSON per CPU-second, wall time and peak RSS. Targets (issue 43): >= 50 MB/s,
 a 1 GB trace in <= 30 s, <= 500 MB RSS. Not run by the tests.
+
+Parsers: "compiled" (the default when the optional extension sim/kineto/_collect.pyx is built by setup.py:
+`pip install -e .` with a C compiler), "yajl2_c" (the reference: ijson's C parser and the Python
+collector), "python" (json's decoder, without ijson). Before and after, on one file, in one command:
+    python benchmarks/trace_read.py --keep /tmp/t1g.json --backend yajl2_c compiled
 """
 
 from __future__ import annotations
@@ -100,7 +106,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=1000.0, help="size of the JSON text (MB, 1e6 bytes)")
     parser.add_argument("--reuse", type=Path, help="read this trace (written by --keep) instead of writing one")
-    parser.add_argument("--backend", choices=("yajl2_c", "python"), help="the JSON parser (default: yajl2_c)")
+    parser.add_argument("--backend", choices=("compiled", "yajl2_c", "python"), nargs="+", default=[None],
+                        help="the trace parsers to time, in turn (default: meshsim's own choice)")
     parser.add_argument("--gz", action="store_true", help="write it gzip-compressed")
     parser.add_argument("--critical-path", action="store_true", help="also compute HTA's critical path per step")
     parser.add_argument("--keep", type=Path, help="write the trace here and keep it")
@@ -114,22 +121,32 @@ def main() -> int:
             print(f"wrote {path.stat().st_size / 1e6:,.0f} MB ({events:,} events, {steps} steps) in "
                   f"{time.perf_counter() - t:.1f} s")
         json_mb = _json_bytes(path) / 1e6
-        cmd = [sys.executable, "-m", "meshsim.sim.cli.main", "trace", "summary", str(path), "--no-progress",
-               "--json", str(Path(tmp) / "summary.json")]
-        if not args.critical_path:
-            cmd.append("--no-critical-path")
-        if args.max_events:
-            cmd += ["--max-events", str(args.max_events)]
-        env = {**os.environ, "COLUMNS": "120"}
-        if args.backend:
-            env["MESHSIM_TRACE_PARSER"] = args.backend
-        cpu_s, wall_s, rss_mb, rc, err = _measure(cmd, env)
-        if rc:
-            print(err.strip())
-            return rc
-        print(f"meshsim trace summary ({'with' if args.critical_path else 'without'} the critical path, parser "
-              f"{args.backend or 'default'}): {json_mb:,.0f} MB of JSON in {cpu_s:.1f} s CPU = {json_mb / cpu_s:.1f} "
-              f"MB/s; {wall_s:.1f} s wall (load average {os.getloadavg()[0]:.1f}); peak RSS {rss_mb:,.0f} MB")
+        outputs = []
+        for backend in args.backend:
+            out = Path(tmp) / f"summary-{len(outputs)}.json"
+            cmd = [sys.executable, "-m", "meshsim.sim.cli.main", "trace", "summary", str(path), "--no-progress",
+                   "--json", str(out)]
+            if not args.critical_path:
+                cmd.append("--no-critical-path")
+            if args.max_events:
+                cmd += ["--max-events", str(args.max_events)]
+            env = {**os.environ, "COLUMNS": "120"}
+            if backend:
+                env["MESHSIM_TRACE_PARSER"] = backend
+            cpu_s, wall_s, rss_mb, rc, err = _measure(cmd, env)
+            if rc:
+                print(err.strip())
+                return rc
+            print(f"meshsim trace summary ({'with' if args.critical_path else 'without'} the critical path, parser "
+                  f"{backend or 'default'}): {json_mb:,.0f} MB of JSON in {cpu_s:.1f} s CPU = {json_mb / cpu_s:.1f} "
+                  f"MB/s; {wall_s:.1f} s wall (load average {os.getloadavg()[0]:.1f}); peak RSS {rss_mb:,.0f} MB",
+                  flush=True)
+            outputs.append(out.read_bytes())
+        if len(outputs) > 1:
+            same = all(o == outputs[0] for o in outputs)
+            print(f"JSON summaries {'byte-identical' if same else 'DIFFER'} across parsers {', '.join(args.backend)}")
+            if not same:
+                return 1
     return 0
 
 

@@ -133,6 +133,7 @@ SANE = {  # name -> the trace: read, with the odd field ignored or made harmless
     "dims holding objects": _with(lambda ev, d: ev[1]["args"].update({"Input Dims": [{"a": 1}, [[{"b": 2}]]],
                                                                        "Input type": [{"c": 3}]})),
     "names a list and a number": _with(lambda ev, d: (ev[3].update({"name": ["x"]}), ev[1].update({"name": 7}))),
+    "cat a list and an object": _with(lambda ev, d: ev.extend([{**ev[3], "cat": ["kernel"]}, {**ev[1], "cat": {}}])),
     "thread_name args a list": _with(lambda ev, d: ev.append({"ph": "M", "name": "thread_name", "tid": 1,
                                                               "args": ["x"]})),
 }
@@ -309,13 +310,22 @@ def test_split_by_window_equals_filtering_each_window(starts, lengths):
     for i, a in enumerate(steps):
         windows.append((float(a - lengths[i % len(lengths)]), float(steps[i + 1] if i + 1 < len(steps) else a + 5)))
     records = [(float(t) / 2, 1.0, 0, 0, "k", "kernel", -1, None) for t in range(-30, 100)]
-    whole = spill.Spill()
-    whole.write([], records[:50])
-    whole.write([], records[50:])
-    parts = spill.split(whole, windows)
-    for (a, b), part in zip(windows, parts, strict=True):
-        got = [r for _, dev in part.chunks() for r in dev]
-        assert got == [r for r in records if a <= r[0] <= b]
+    for route in {spill.route, spill.ROUTE}:  # the Python reference and the compiled one (when built)
+        whole = spill.Spill()
+        whole.write([], records[:50])
+        whole.write([], records[50:])
+        parts = _split_with(route, whole, windows)
+        for (a, b), part in zip(windows, parts, strict=True):
+            got = [r for _, dev in part.chunks() for r in dev]
+            assert got == [r for r in records if a <= r[0] <= b]
+
+
+def _split_with(route, whole, windows):
+    default, spill.ROUTE = spill.ROUTE, route
+    try:
+        return spill.split(whole, windows)
+    finally:
+        spill.ROUTE = default
 
 
 

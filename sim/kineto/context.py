@@ -54,19 +54,45 @@ def _launch_of(stack: Sequence[HostOp], ts: float, tid: int, own: HostOp | None 
     return Launch(ts, tid, shape, comm, label)
 
 
-def _sweep(ops: Iterable[HostOp], wanted) -> dict[int, Launch]:
-    """key -> Launch for every op `wanted(op)` returns a key for (ops of one thread, sorted by start)."""
+def _sweep(ops: Iterable[HostOp], wanted=None, corrs: set[int] | None = None) -> dict[int, Launch]:
+    """key -> Launch for every op `wanted(op)` returns a key for (ops of one thread, sorted by start); with
+    `corrs` instead, the runtime calls whose correlation is in it, by correlation. `ends` holds each open
+    op's end (its ts + dur, the `end` the stack's top is compared with)."""
     found: dict[int, Launch] = {}
     stack: list[HostOp] = []
+    ends: list[float] = []
     for op in ops:
-        while stack and stack[-1].end <= op.ts:
+        ts, cat = op.ts, op.cat
+        while ends and ends[-1] <= ts:
             stack.pop()
-        key = wanted(op)
+            ends.pop()
+        if corrs is not None:
+            key = op.corr if cat in RUNTIME_CATS and op.corr in corrs else None
+        else:
+            key = wanted(op)
         if key is not None:
-            found[key] = _launch_of(stack, op.ts, op.tid, op if op.cat == "cpu_op" else None)
-        if op.cat not in RUNTIME_CATS:
+            found[key] = _launch_of(stack, ts, op.tid, op if cat == "cpu_op" else None)
+        if cat not in RUNTIME_CATS:
             stack.append(op)
+            ends.append(ts + op.dur)
     return found
+
+
+def sweep_runtime(ops: list[HostOp], corrs: set[int]) -> dict[int, Launch]:
+    """correlation -> Launch of each runtime call of `ops` (one thread's, sorted by start) whose correlation
+    is in `corrs`: the reference of the compiled _collect.sweep_runtime."""
+    return _sweep(ops, corrs=corrs)
+
+
+def _compiled_sweep(ops: list[HostOp], corrs: set[int]) -> dict[int, Launch]:
+    return _collect.sweep_runtime(ops, corrs, RUNTIME_CATS, Launch, COMM_ANNOTATION.match, OP_LABEL.match)
+
+
+try:  # the compiled sweep (setup.py builds it where a C compiler is present); tests compare the two
+    from meshsim.sim.kineto import _collect
+    SWEEP_RUNTIME = _compiled_sweep
+except ImportError:
+    SWEEP_RUNTIME = sweep_runtime
 
 
 def _by_thread(host: Sequence[HostOp]) -> list[list[HostOp]]:
@@ -81,7 +107,7 @@ def gpu_launches(host: Sequence[HostOp], device: Sequence[DeviceEvent]) -> list[
     wanted = {ev.corr for ev in device if ev.corr >= 0}
     found: dict[int, Launch] = {}
     for ops in _by_thread(host):
-        found.update(_sweep(ops, lambda op: op.corr if op.cat in RUNTIME_CATS and op.corr in wanted else None))
+        found.update(SWEEP_RUNTIME(ops, wanted))
     return [found.get(ev.corr, NO_LAUNCH) if ev.corr >= 0 else NO_LAUNCH for ev in device]
 
 

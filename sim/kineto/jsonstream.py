@@ -6,7 +6,11 @@ distributedInfo, ...) and `traceEvents`, an array of millions of small objects. 
 each element of traceEvents. Members after traceEvents (Kineto writes traceName, displayTimeUnit and
 baseTimeNanoseconds there; meshsim reads none of them) are parsed as JSON and checked, not returned.
 
-Two parsers, one result (tests/test_kineto_hostile.py runs the same hostile corpus through both):
+Three parsers, one result (tests/test_kineto_hostile.py runs the same hostile corpus through each):
+- "compiled" (default when the optional extension is built): sim/kineto/_collect.pyx scans the bytes and
+  hands each event to the collector (sim/kineto/fast.py; read_rank only), giving way to the reference
+  parser (yajl2_c, else python) at anything outside the strict subset it accepts; `iter_trace` itself
+  runs the reference parser;
 - "yajl2_c" (default when ijson's C backend is installed): ijson.items(..., "traceEvents.item") builds
   each event in C, ~2.2x the events per CPU-second of json's decoder called per event (benchmarks/
   trace_read.py); the members before traceEvents come from ijson.parse (a few KB). yajl refuses NaN,
@@ -44,10 +48,16 @@ try:  # the C backend only: ijson's pure-Python backends are slower than the fal
 except ImportError:  # pragma: no cover - exercised by forcing backend="python" in the tests
     _yajl = None
 
-BACKENDS = ("yajl2_c", "python")
-PARSER_ENV = "MESHSIM_TRACE_PARSER"  # yajl2_c or python: the parser used when none is named (benchmarks)
+try:  # the compiled byte scanner (setup.py builds it where a C compiler is present; sim/kineto/fast.py)
+    from meshsim.sim.kineto import _collect
+except ImportError:
+    _collect = None
+
+BACKENDS = ("compiled", "yajl2_c", "python")
+PARSER_ENV = "MESHSIM_TRACE_PARSER"  # compiled, yajl2_c or python: the parser used when none is named
+REFERENCE = "yajl2_c" if _yajl is not None else "python"  # the reference parser (and the compiled one's fallback)
 DEFAULT_BACKEND = os.environ.get(PARSER_ENV) if os.environ.get(PARSER_ENV) in BACKENDS else \
-    "yajl2_c" if _yajl is not None else "python"
+    "compiled" if _collect is not None and _yajl is not None else REFERENCE
 READ_BYTES = 1 << 18  # bytes per read of the (decompressed) file
 
 
@@ -162,7 +172,10 @@ def iter_trace(path: str | Path, progress: Progress | None = None, backend: str 
     """("member", (key, value)) for each top-level member before traceEvents, then ("event", value) for
     each element of traceEvents, in file order (module docstring); `backend`: one of BACKENDS."""
     path = Path(path)
-    if (backend or DEFAULT_BACKEND) == "python" or _yajl is None:
+    backend = backend or DEFAULT_BACKEND
+    if backend == "compiled":  # events one by one: the reference parser (sim/kineto/load.py runs the compiled one)
+        backend = REFERENCE
+    if backend == "python" or _yajl is None:
         yield from iter_trace_python(path, progress)
         return
     for member in _yajl_members(path):

@@ -88,7 +88,8 @@ def clipped(kernels: Sequence[Kernel], window: tuple[float, float], starts: Sequ
     starts = [k.ev.ts for k in kernels] if starts is None else starts
     out = []
     for k in kernels[bisect_left(starts, a - longest):bisect_left(starts, b)]:
-        s, e = max(k.ev.ts, a), min(k.ev.end, b)
-        if e > s:
-            out.append(k._replace(ev=k.ev._replace(ts=s, dur=e - s)))
+        ev = k.ev
+        s, e = max(ev.ts, a), min(ev.ts + ev.dur, b)
+        if e > s:  # a kernel inside the window is itself (its start the same object, its length equal)
+            out.append(k if s is ev.ts and e - s == ev.dur else k._replace(ev=ev._replace(ts=s, dur=e - s)))
     return out

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.kineto import fast, jsonstream
 from meshsim.sim.kineto.cpu_device import cpu_device_events
 from meshsim.sim.kineto.jsonstream import FIX, Progress, iter_trace
 from meshsim.sim.kineto.records import DeviceEvent, HostOp, RankTrace, Step
@@ -56,6 +57,10 @@ MAX_RANKS_CHARS = 1 << 20  # a "Process Group Ranks" string
 COUNT_ARGS = ("In msg nelems", "Out msg nelems", "Group size", "bytes")
 TEXT_ARGS = ("Collective name", "dtype", "Process Group Name", "Process Group Description")
 NCCL_KEYS = frozenset(NCCL_ARGS)
+# Every member _Collector reads of an event, and of its args (a non-object args is read as none): the
+# compiled scanner (sim/kineto/fast.py) keeps only these. A key read here must be named here.
+EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")
+ARG_KEYS = ("stream", "correlation", "Input Dims", "Input type", "name", *NCCL_ARGS)
 
 
 def _ranks_ok(value: object) -> bool:
@@ -145,6 +150,8 @@ class _Collector:
         ph = ev.get("ph")
         if ph == "X":
             cat = ev.get("cat")
+            if type(cat) is not str:  # a list or object is no category (and not hashable)
+                cat = None
             if cat in GPU_CATS:
                 self._device(ev, cat)
             elif cat in HOST_CATS and type(ev.get("tid")) is int:
@@ -191,7 +198,12 @@ class _Collector:
                                 self.shared(_frozen(dims)) if dims else (), self.shared(_frozen(types)) if types else (),
                                 None if NCCL_KEYS.isdisjoint(args) else self.comm_args(args)))
         self.host_ops += 1
-        if cat == "user_annotation" and (m := STEP.match(name)):
+        if cat == "user_annotation":
+            self.step(name, ts, dur)
+
+    def step(self, name: str, ts: float, dur: float) -> None:
+        """A user annotation: kept as a step when it is ProfilerStep#N (the first of each N)."""
+        if m := STEP.match(name):
             self.steps.setdefault(int(m.group(1)), Step(int(m.group(1)), ts, dur))
 
     def flush(self) -> None:
@@ -288,11 +300,15 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
     spilled to a temporary file as they are read, so memory follows `hold`, not the file."""
     path = Path(path)
     col = _Collector(path, hold)
-    for kind, item in iter_trace(path, progress):
-        if kind == "event":
-            col.add(item)
-        else:
-            col.members[item[0]] = item[1]
+    compiled = (_frozen, DeviceEvent, HostOp, GPU_CATS, HOST_CATS, NCCL_ARGS, MAX_TIME_US)  # fast.py's Adder
+    if jsonstream.DEFAULT_BACKEND != "compiled" or \
+            not fast.collect(path, col, progress, _members, compiled, (EVENT_KEYS, ARG_KEYS)):
+        col = _Collector(path, hold)
+        for kind, item in iter_trace(path, progress):
+            if kind == "event":
+                col.add(item)
+            else:
+                col.members[item[0]] = item[1]
     if col.spill is not None:
         col.flush()
     if not col.gpu_events and not col.host_ops:
@@ -302,6 +318,16 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
     kept = (col.spill.records if col.spill is not None else 0) + len(col.host) + len(col.device)
     return RankRecords(path, info, name, sms, col.threads, tuple(sorted(col.steps.values(), key=lambda s: s.ts)),
                        col.count, kept, not col.gpu_events, col.host, col.device, col.spill)
+
+
+def _members(path: Path) -> list[tuple[str, Any]]:
+    """The top-level members before traceEvents, from the reference parser (it stops at the first event)."""
+    out = []
+    for kind, item in iter_trace(path):
+        if kind == "event":
+            break
+        out.append(item)
+    return out
 
 
 def _no_device(path: Path, events: int) -> UserError:
