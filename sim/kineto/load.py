@@ -162,7 +162,8 @@ class _Collector:
             args = ev.get("args")
             self.threads[ev["tid"]] = self.name(args.get("name", "")) if isinstance(args, dict) else ""
 
-    def _device(self, ev: dict, cat: str) -> None:
+    def _args_and_times(self, ev: dict) -> tuple[dict, float, float]:
+        """The event's args (a non-object read as absent) and its checked ts and dur (microseconds)."""
         args = ev.get("args")
         if type(args) is not dict:
             args = {}
@@ -170,6 +171,10 @@ class _Collector:
         if type(ts) is not float or type(dur) is not float or not (-MAX_TIME_US <= ts <= MAX_TIME_US
                                                                  and 0.0 <= dur <= MAX_TIME_US):
             ts, dur = self.times(ev)  # ints, or a bad value to name
+        return args, ts, dur
+
+    def _device(self, ev: dict, cat: str) -> None:
+        args, ts, dur = self._args_and_times(ev)
         device, stream = ev.get("pid", 0), args.get("stream", ev.get("tid", 0))
         if type(device) is not int or type(stream) is not int:
             return  # not a GPU's activity (Chrome-trace pids and tids may be names)
@@ -183,13 +188,7 @@ class _Collector:
                                        None if NCCL_KEYS.isdisjoint(args) else self.comm_args(args)))
 
     def _host(self, ev: dict, cat: str) -> None:
-        args = ev.get("args")
-        if type(args) is not dict:
-            args = {}
-        ts, dur = ev.get("ts"), ev.get("dur", 0.0)
-        if type(ts) is not float or type(dur) is not float or not (-MAX_TIME_US <= ts <= MAX_TIME_US
-                                                                 and 0.0 <= dur <= MAX_TIME_US):
-            ts, dur = self.times(ev)  # ints, or a bad value to name
+        args, ts, dur = self._args_and_times(ev)
         corr = args.get("correlation", -1)
         dims, types = args.get("Input Dims"), args.get("Input type")
         name = ev.get("name", "")
