@@ -81,14 +81,18 @@ def nvls_channels(gpu: str, channels: int | None = None) -> int:
     return NVLS_CHANNELS[_row(gpu)] if channels is None else channels
 
 
-def nvls_chunk_bytes(nbytes: int, channels: int, heads: int) -> int:
-    """enqueue.cc's NVLS chunk size for a call of nbytes (module doc)."""
-    chunk = NVLS_MAX_CHUNK_BYTES
-    ops = channels * heads
-    for factor, smaller in NVLS_CHUNK_STEPS:
+def shrunk_chunk_bytes(nbytes: int, ops: int, chunk: int, steps: tuple[tuple[int, int], ...]) -> int:
+    """enqueue.cc's rule for NVLS and NVLS-tree chunks: in turn for each (factor, smaller) of `steps`, the
+    chunk becomes `smaller` while nbytes < factor x ops x chunk (ops = channels x heads)."""
+    for factor, smaller in steps:
         if nbytes < factor * ops * chunk and chunk > smaller:
             chunk = smaller
     return chunk
+
+
+def nvls_chunk_bytes(nbytes: int, channels: int, heads: int) -> int:
+    """enqueue.cc's NVLS chunk size for a call of nbytes (module doc)."""
+    return shrunk_chunk_bytes(nbytes, channels * heads, NVLS_MAX_CHUNK_BYTES, NVLS_CHUNK_STEPS)
 
 
 def nvls_kernel_s(gpu: str, op: str, nbytes: int, ranks: int, channels: int | None = None,

@@ -32,6 +32,7 @@ from meshsim.sim.cost.collectives.nvls_limits import (
     NVLS_MAX_CHUNK_BYTES,
     nvls_generation,
     nvls_port_gbps,
+    shrunk_chunk_bytes,
 )
 from meshsim.sim.cost.collectives.nvls_tree import nvls_heads, pipeline_fill_loops
 from meshsim.sim.cost.collectives.phases import PlanCost
@@ -58,12 +59,7 @@ def nvls_tree_setup(gpu: str, nodes: int, nic_gbps: float, ppn: int) -> tuple[in
 
 def nvls_tree_chunk_bytes(nbytes: int, channels: int, heads: int, largest: int) -> int:
     """enqueue.cc L2276-2285: the chunk shrinks below 32 / 16 / 4 / 1 x channels x heads x chunk."""
-    chunk = largest
-    ops = channels * heads
-    for factor, smaller in NVLS_TREE_CHUNK_STEPS:
-        if nbytes < factor * ops * chunk and chunk > smaller:
-            chunk = smaller
-    return chunk
+    return shrunk_chunk_bytes(nbytes, channels * heads, largest, NVLS_TREE_CHUNK_STEPS)
 
 
 def nvls_tree_kernel_s(gpu: str, nbytes: int, nodes: int, ppn: int, nic_gbps: float, port_gbps: float,
