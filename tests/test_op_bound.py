@@ -100,10 +100,20 @@ def _ops(rs, micro_batches: int) -> int:
     return sum(len(s.ops) for s in build_stage_schedules(replace(rs, micro_batches=micro_batches)))
 
 
-def _check(rs, micro_batches=(1, 2, 3)) -> float:
+def _run_lengths(rs) -> tuple[int, ...]:
+    """Micro-batch counts the layout can run: any for 1F1B; for the interleaved schedule whole groups of
+    N (Megatron refuses fewer than pp micro-batches, or a remainder in 1 .. pp - 1, and so do meshsim's
+    checks; the steady state's runs are whole groups too)."""
+    if rs.vp == 1:
+        return (1, 2, 3)
+    n = rs.scenario.parallel.microbatch_group_size or rs.pp
+    return (n, 2 * n, 3 * n)
+
+
+def _check(rs, micro_batches: tuple[int, ...] | None = None) -> float:
     """Asserts bound >= ops for each run length; returns the largest ops / bound seen."""
     worst = 0.0
-    for n in micro_batches:
+    for n in micro_batches or _run_lengths(rs):
         ops, bound = _ops(rs, n), simulated_ops_bound(rs.scenario, n)
         assert ops <= bound, (n, ops, bound, rs.scenario.parallel, rs.scenario.model)
         worst = max(worst, ops / bound)
