@@ -3,25 +3,14 @@ attention beside NVFP4 GEMMs; what Transformer Engine refuses stays refused."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
+from test_moe_fp8 import tiny
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.fp8_rules import delayed_fp8_gemms
-
-MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512, "shared_ffn_hidden": 256}, "model.bias": False,
-       "model.mlp": "swiglu", "topology.preset": "dgx-h100"}
-
-
-def tiny(overrides: dict, gpus: int = 8):
-    scenario, source = load_scenario("tiny-2gpu")
-    base = {"parallel.gpus": gpus, "parallel.tp": 1, "parallel.global_batch": gpus, "parallel.micro_batch": 1,
-            "parallel.ep": 4, **copy.deepcopy(MOE)}
-    return resolve(with_overrides(scenario, {**base, **overrides}, source), source)
 
 
 def test_delayed_gemm_count_closed_form() -> None:
