@@ -60,6 +60,7 @@ from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
 from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine import compiled
 from meshsim.sim.engine.arbiter import Job
+from meshsim.sim.engine.event_columns import EventColumns, columns_of
 from meshsim.sim.engine.host import host_syncs
 from meshsim.sim.engine.processes import (
     CollectiveFn,
@@ -113,6 +114,13 @@ class EventLog:
     # what the events summarise, for sim/results/steady_state.py: every P2P transfer and every arbiter job
     transfers: tuple[Transfer, ...] = field(default=(), compare=False, repr=False)
     jobs: tuple[Job, ...] = field(default=(), compare=False, repr=False)
+    _columns: list = field(default_factory=list, compare=False, repr=False)
+
+    def columns(self) -> EventColumns:
+        """The events as arrays, row i = events[i] (sim/engine/event_columns.py; built on first use, then shared)."""
+        if not self._columns:
+            self._columns.append(columns_of(self.events))
+        return self._columns[0]
 
     def get(self, rank: int, op_id: int) -> Event:
         """The event of op `op_id` on `rank` (index built on first use)."""
