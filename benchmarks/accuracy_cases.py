@@ -1,8 +1,10 @@
 """The accuracy report's data: case files under benchmarks/accuracy/, read into typed records.
 
 - step cases: benchmarks/accuracy/<group>/<name>.yaml, a scenario plus an `accuracy:` block
-  (measured_s, source, assumptions: dotted field -> why). The block is removed before the scenario is
-  validated, so the rest is an ordinary scenario file.
+  (measured_s, source, release, assumptions: dotted field -> why). The block is removed before the scenario
+  is validated, so the rest is an ordinary scenario file. `release` names the software-release family the
+  row was measured on (a built-in profile, scenarios/profiles/<name>.yaml): the case is simulated under that
+  release's profile (hardware.release), never under a constant fitted on another release's rows.
 - collectives.yaml: nccl-tests curves (points by MiB); kernels.yaml: FLUX GEMM / collective times;
   scaling.yaml: ratios of two step cases; fits.yaml: what was fitted or chosen on which cases.
 
@@ -19,6 +21,7 @@ from typing import Any
 import yaml
 
 from meshsim.scenarios.load import validate_scenario
+from meshsim.scenarios.releases import builtin_releases
 from meshsim.scenarios.schema import Scenario
 
 HERE = Path(__file__).resolve().parent / "accuracy"
@@ -44,6 +47,7 @@ class StepCase:
     source: str
     assumptions: tuple[Assumption, ...]
     scenario: Scenario
+    release: str  # accuracy.release: the software-release profile the row is simulated under
     # settings the measured run used that this meshsim cannot express yet (accuracy.pending: dotted field ->
     # value, e.g. run.fp8): applied once the schema has the field; until then the case is not scored
     pending: tuple[tuple[str, Any], ...] = ()
@@ -112,10 +116,24 @@ def load_step_case(path: Path, group: str) -> StepCase:
         raise ValueError(f"{path}: needs an accuracy: block with measured_s and source")
     why = block.get("assumptions") or {}
     assumptions = tuple(Assumption(f, _dotted(data, f, path), str(w)) for f, w in why.items())
+    release = _release(block, data, path)
     scenario = validate_scenario(data, str(path))
     pending = tuple((str(k), v) for k, v in (block.get("pending") or {}).items())
     return StepCase(path.stem, group, path, float(block["measured_s"]), str(block["source"]), assumptions,
-                    scenario, pending)
+                    scenario, release, pending)
+
+
+def _release(block: dict, data: dict, path: Path) -> str:
+    """accuracy.release, a built-in release name; a scenario's own hardware.release must agree with it."""
+    name = block.get("release")
+    known = builtin_releases()
+    if name not in known:
+        raise ValueError(f"{path}: accuracy.release = {name!r}: name the release family the row was measured on, "
+                         f"one of {', '.join(known)} (scenarios/profiles/)")
+    stated = (data.get("hardware") or {}).get("release")
+    if stated is not None and stated != name:
+        raise ValueError(f"{path}: hardware.release = {stated!r} contradicts accuracy.release = {name!r}")
+    return str(name)
 
 
 def step_cases(group: str, only: str = "") -> list[StepCase]:

@@ -37,6 +37,7 @@ class Row:
     used_in_fit: tuple[str, ...] = ()
     assumptions: tuple[Assumption, ...] = ()
     note: str = ""
+    release: str = ""  # step cases: the software-release profile it was simulated under (accuracy.release)
 
     @property
     def error(self) -> float | None:
@@ -55,7 +56,7 @@ class Row:
         return {"name": self.name, "group": self.group, "label": self.label, "unit": self.unit,
                 "measured": self.measured, "simulated": self.simulated, "error": self.error,
                 "fits": self.fits, "scored": self.scored, "used_in_fit": list(self.used_in_fit),
-                "assumptions": [a.as_json() for a in self.assumptions], "note": self.note}
+                "assumptions": [a.as_json() for a in self.assumptions], "note": self.note, "release": self.release}
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ def _pending(case: StepCase):
 
 def step_row(case: StepCase, ctx: Context) -> Row:
     base = Row(case.group, case.name, case.name, case.measured_s, None, "s", None, ctx.used.get(case.name, ()),
-               case.assumptions)
+               case.assumptions, release=case.release)
+    case = replace(case, scenario=with_overrides(case.scenario, {"hardware.release": case.release}, str(case.path)))
     scenario, missing = _pending(case)
     if missing:  # the measured run used a setting meshsim cannot express yet: show the stand-in, do not score
         try:

@@ -25,6 +25,7 @@ from meshsim.scenarios.fp8_checks import check_fp8
 from meshsim.scenarios.library import builtin_scenarios, builtin_source, source_dir
 from meshsim.scenarios.limits import check_model_size
 from meshsim.scenarios.profile import HardwareProfile, load_profile
+from meshsim.scenarios.releases import composed_profile, release_profile
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.scenarios.schema import Scenario
 from meshsim.scenarios.schema_errors import schema_error
@@ -162,7 +163,8 @@ def gpu_spec(scenario: Scenario, topology: Topology, profile: HardwareProfile | 
 
 
 def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
-    """Run every check, build the topology, apply GPU overrides; dp, gpus and micro_batches resolved.
+    """Run every check, build the topology, apply GPU overrides; dp, gpus and micro_batches resolved; the
+    release profile (hardware.release, else the newest) under the calibrated profile file (scenarios/releases.py).
 
     gpus = parallel.gpus or all topology GPUs; dp = gpus / (tp x pp) when 'auto';
     micro_batches = global_batch / (micro_batch x dp).
@@ -176,7 +178,8 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
                   "GPUs, joined into nodes with `nodes: N` and nic_gbitps (meshsim topologies --show reads any size)",
                   source=source, what="GPUs per node simulated", amount=topology.gpus_per_node)
     check_scenario(scenario, source, topology.num_gpus, topology.gpus_per_node)
-    profile = load_scenario_profile(scenario, source)
+    release = release_profile(scenario.hardware.release, source)
+    profile = composed_profile(release, load_scenario_profile(scenario, source))
     gpus = gpus_used(scenario, topology.num_gpus)
     dp = data_parallel(scenario, gpus)
     p = scenario.parallel
@@ -187,7 +190,7 @@ def resolve(scenario: Scenario, source: str) -> ResolvedScenario:
     return ResolvedScenario(
         scenario=scenario, source=source, gpu=gpu,
         topology=topology, gpus=gpus, tp=p.tp, dp=dp, micro_batches=micro_batches, profile=profile, pp=p.pp,
-        vp=p.vp, ep=p.ep, etp=p.etp, cp=p.cp,
+        vp=p.vp, ep=p.ep, etp=p.etp, cp=p.cp, release=release,
     )
 
 

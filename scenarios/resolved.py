@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from meshsim.scenarios.cp_checks import a2a_size
 from meshsim.scenarios.profile import HardwareProfile
+from meshsim.scenarios.releases import ReleaseProfile
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.mesh import CP_KINDS, EXPERT_KINDS, INSTANCE_KINDS, mesh_group
 from meshsim.topologies.gpus import GPUS, GpuSpec
@@ -31,6 +32,14 @@ class ResolvedScenario:
     ep: int = 1  # expert parallel (the experts' mesh etp x ep x edp x pp, sim/core/mesh.py)
     etp: int = 1  # expert tensor parallel
     cp: int = 1  # context parallel: the sequence over cp ranks (sim/core/mesh.py)
+    # the software-release family's constants (hardware.release, else the newest; scenarios/releases.py);
+    # None only for records built by hand (tests): no release rate applies
+    release: ReleaseProfile | None = None
+
+    @property
+    def fp8_gemm_rate(self) -> float:
+        """The release's multiplier on the GPU generation's FP8 GEMM ceiling (1 without a release)."""
+        return self.release.fp8_rate(self.gpu.name) if self.release is not None else 1.0
 
     @property
     def cp_comm(self) -> str:

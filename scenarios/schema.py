@@ -157,6 +157,9 @@ class NetworkTuning(Frozen):
 class HardwareConfig(Frozen):
     gpu: str | None = None  # GPU preset; default: the topology preset's GPU
     profile: str | None = None  # path to a calibration profile YAML (meshsim calibrate); relative to the scenario
+    # software-release family whose constants apply (scenarios/profiles/<name>.yaml, scenarios/releases.py);
+    # unset: the newest calibrated release. A calibrated profile's figures override the release's.
+    release: str | None = Field(default=None, min_length=1, max_length=64)
     peak_tflops: TFLOPs | None = None
     fp8_peak_tflops: TFLOPs | None = None  # FP8 dense TFLOP/s; default: the GPU preset's
     fp4_peak_tflops: TFLOPs | None = None  # FP4 (NVFP4) dense TFLOP/s; default: the GPU preset's

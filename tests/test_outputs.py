@@ -48,7 +48,7 @@ def fake_rs():
     scenario = SimpleNamespace(parallel=par, model=SimpleNamespace(seq_len=1024, moe=None, mtp_layers=0),
                                topology=SimpleNamespace(preset="x"), run=RunConfig(), optimizer=OptimizerConfig())
     return SimpleNamespace(name="synthetic", source="test", scenario=scenario, gpus=4, tp=2, dp=2, pp=1, vp=1, cp=1,
-                           micro_batches=1, stage_size=4,
+                           micro_batches=1, stage_size=4, release=SimpleNamespace(name="mbridge-26.08"),
                            gpu=SimpleNamespace(name="h100-sxm", peak_tflops=989.0), datasheet_peak_tflops=989.0,
                            topology=SimpleNamespace(name="x", nodes=1, gpus_per_node=8), crosses_nodes=lambda: False)
 

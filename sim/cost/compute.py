@@ -57,6 +57,7 @@ from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attent
 from meshsim.sim.cost.deterministic_fill import fill_bytes
 from meshsim.sim.cost.fa2_deterministic import extra_dq_bytes, split_ratio, uses_fa2
 from meshsim.sim.cost.fp8_gemm import (
+    BLOCK_SCALED_RECIPES,
     block_scaled_rate,
     fp8_gemm_ceiling,
     fp8_peak_tflops,
@@ -130,6 +131,9 @@ class ComputeModel:
     profile: HardwareProfile | None = None
     fill_uninitialized: bool = False  # run.deterministic: PyTorch fills fresh outputs (deterministic_fill.py)
     fp8_recipe: str = "off"  # run.fp8: block-scaled recipes reach less of the FP8 ceiling (fp8_gemm.py)
+    # the software release's multiplier on the per-tensor FP8 ceiling (scenarios/releases.py); block-scaled
+    # recipes keep the generation's (their rate was fitted on rows the release rate does not describe)
+    fp8_gemm_rate: float = 1.0
     knobs: ComputeTuning = field(init=False)
     _memo: dict = field(init=False, default_factory=dict, repr=False)
 
@@ -137,7 +141,8 @@ class ComputeModel:
         self.knobs = resolve_tuning(self.tuning, self.profile)
         by_generation = {"gemm_efficiency": gemm_ceiling(self.gpu.name),
                          "fp8_gemm_efficiency": fp8_gemm_ceiling(self.gpu.name)
-                         * block_scaled_rate(self.fp8_recipe, self.gpu.name),
+                         * block_scaled_rate(self.fp8_recipe, self.gpu.name)
+                         * (1.0 if self.fp8_recipe in BLOCK_SCALED_RECIPES else self.fp8_gemm_rate),
                          "attention_efficiency": attention_efficiency(self.gpu.name)}
         unstated = {knob: value * rate_scale(self.gpu, knob) for knob, value in by_generation.items()
                     if not self._stated(knob)}

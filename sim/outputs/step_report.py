@@ -81,7 +81,8 @@ def _precision(recipe: str | None, fmt: str) -> str:
 
 
 def config_line(c: ConfigEcho) -> str:
-    """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none'."""
+    """'tp=8 pp=1 sp=on dp=8, 64 x h100-sxm (8 x dgx-h100), micro-batch 1 x 128, recompute none, release profile
+    mbridge-26.08' (the software-release family whose constants apply, scenarios/releases.py)."""
     vp = f" vp={c.vp}" if (c.vp or 1) > 1 else ""
     ep = f" ep={c.ep} etp={c.etp} edp={c.edp}" if c.has("ep") else ""
     if c.moe_ep_overlap:  # Megatron's combined 1F1B (sim/schedule/ep_overlap.py)
@@ -94,7 +95,7 @@ def config_line(c: ConfigEcho) -> str:
     return (f"tp={c.tp}{cp} pp={c.pp or 1}{vp} sp={'on' if c.sp else 'off'} dp={c.dp}{fsdp}{ep}, "
             f"{c.gpus} x {c.gpu} ({c.nodes} x {c.topology}), "
             f"micro-batch {c.micro_batch} x {c.micro_batches}, recompute {c.recompute}"
-            + _precision(c.fp8, c.fp8_format))
+            + _precision(c.fp8, c.fp8_format) + (f", release profile {c.release}" if c.release else ""))
 
 
 def band_line(band: ErrorBand) -> str:

@@ -174,7 +174,8 @@ def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
     """compute_s(op, rank) from the compute model (sim/cost/compute.py), memoized per work item (by value in
     the model, and by identity here: the same object, the same time)."""
     model = ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile,  # memoizes per work itself
-                         fill_uninitialized=rs.scenario.run.deterministic, fp8_recipe=rs.scenario.run.fp8)
+                         fill_uninitialized=rs.scenario.run.deterministic, fp8_recipe=rs.scenario.run.fp8,
+                         fp8_gemm_rate=rs.fp8_gemm_rate)
 
     memo: dict[int, tuple[object, float]] = {}  # id(work) -> (the work, kept alive so its id stays its own; time)
 

@@ -63,6 +63,7 @@ class ConfigEcho:
     gpu: str | None = None
     gpus_per_node: int | None = None
     crosses_nodes: bool | None = None
+    release: str | None = None  # the software-release profile the constants came from (scenarios/releases.py)
     vp: int | None = None  # pp > 1
     ep: int | None = None  # MoE models: ep .. moe_ep_overlap
     etp: int | None = None

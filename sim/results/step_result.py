@@ -155,6 +155,7 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         recompute=par.recompute, tp_comm_overlap=par.tp_comm_overlap,
         topology=sc.topology.preset or rs.topology.name, nodes=rs.topology.nodes, gpu=rs.gpu.name,
         gpus_per_node=rs.topology.gpus_per_node, crosses_nodes=rs.crosses_nodes(),
+        release=rs.release.name if rs.release is not None else None,
         vp=rs.vp if rs.pp > 1 else None,  # virtual stages only mean something with pp > 1
         ep=rs.ep if moe else None, etp=rs.etp if moe else None, edp=rs.edp if moe else None,
         moe_dispatcher=par.moe_dispatcher if moe else None, moe_ep_overlap=par.moe_ep_overlap if moe else None,
