@@ -25,6 +25,12 @@ sweep print it as "the model's error" for the scenario's group (sim/results/erro
   (benchmarks/accuracy_moe.py); the end-to-end MoE runs are the `moe` step group.
 Error = simulated / measured - 1: negative means the simulation is too fast. Nothing here is asserted.
 
+Releases: every step case names the software-release family it was measured on (`accuracy.release`, a
+built-in profile of scenarios/profiles/, scenarios/releases.py) and is simulated under that family's profile,
+so rows of different releases are never scored against one averaged constant. Each step row prints its
+release after its error, and a `[release NAME]` block after the group lines gives the same two MAPE lines
+per release family over the step cases of every step group.
+
 Adding a step group (e.g. `fp8`): put its case files in benchmarks/accuracy/fp8/ (copy a dense case: the
 `accuracy:` block and a scenario), add one StepGroup("fp8", "iteration-time", rule) line to STEP_GROUPS in
 sim/results/error_band.py (rule: which scenarios belong to it, e.g. those with FP8 GEMMs; first match
@@ -47,6 +53,7 @@ import accuracy_nvl72 as nvl72
 from accuracy_moe import layer_rows
 from accuracy_rows import Context, Row, curve_rows, kernel_row, ratio_rows, step_row
 
+from meshsim.scenarios.releases import builtin_releases
 from meshsim.sim.results.error_band import BANDS_FILE, STEP_GROUPS
 
 
@@ -125,8 +132,22 @@ def print_rows(rows: list[Row]) -> None:
     for r in rows:
         sim = "-" if r.simulated is None else f"{r.simulated:9.3f}"
         err = "" if r.error is None else f"{r.error * 100:+6.1f}%"
-        tags = ("  fit: " + ", ".join(r.used_in_fit) if r.used_in_fit else "") + (f"  ({r.note})" if r.note else "")
+        tags = (f"  [{r.release}]" if r.release else "") + ("  fit: " + ", ".join(r.used_in_fit) if r.used_in_fit else "")
+        tags += f"  ({r.note})" if r.note else ""
         print(f"  {r.label:58s} {r.measured:9.3f} {sim:>9s} {r.unit:5s} {err}{tags}")
+
+
+def release_lines(results: dict[str, list[Row]]) -> list[str]:
+    """Per release family (oldest first): the iteration-time MAPE over its step cases, all and out of fit."""
+    steps = [r for g in STEP_GROUPS for r in results.get(g.name, [])]
+    lines = []
+    for name in builtin_releases():
+        rows = [r for r in steps if r.release == name]
+        if rows:
+            every, out = summarize(rows), summarize([r for r in rows if r.out_of_fit])
+            lines += [f"[release {name}] " + summary_line("", "iteration-time", every),
+                      f"[release {name}] " + summary_line("out-of-fit ", "iteration-time", out)]
+    return lines
 
 
 def check_fits(all_fits: list[cases.Fit], names: set[str]) -> None:
@@ -175,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for group in GROUPS:
         print("\n".join(group_lines(group, results[group.name])))
+    print()
+    print("\n".join(release_lines(results)))
     if args.json:
         args.json.write_text(json.dumps([r.as_json() for rows in results.values() for r in rows], indent=1) + "\n")
     if args.write_bands:
