@@ -135,3 +135,48 @@ def test_profiles_and_case_files_agree():
         for c in profile.constants:
             assert set(c.fitted_on + c.checked_on) <= set(cases), c.name
     assert sorted(cases) == sorted(r for p in builtin_releases().values() for r in p.rows)
+
+
+def _case_file(tmp_path: Path, release: str | None, hardware_release: str | None = None) -> Path:
+    block = {"measured_s": 1.0, "source": "test"} | ({"release": release} if release else {})
+    data = {"accuracy": block, "name": "c", "model": {"layers": 2, "hidden": 4096, "heads": 32, "seq_len": 2048,
+                                                      "vocab": 1024},
+            "hardware": {"gpu": "h100-sxm"} | ({"release": hardware_release} if hardware_release else {}),
+            "topology": {"preset": "dgx-h100"}, "parallel": {"tp": 1, "gpus": 1, "dp": 1, "global_batch": 8},
+            "run": {"fp8": "delayed", "cuda_graphs": True}}  # GPU-bound: no host dispatch
+    path = tmp_path / f"c-{release}-{hardware_release}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_case_files_need_a_known_release(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import accuracy_cases as cases
+
+    for bad in (None, "nemo-24.7"):
+        with pytest.raises(ValueError, match="accuracy.release .* nemo-24.07"):
+            cases.load_step_case(_case_file(tmp_path, bad), "fp8")
+    with pytest.raises(ValueError, match="contradicts"):
+        cases.load_step_case(_case_file(tmp_path, "nemo-24.07", "nemo-25.04"), "fp8")
+
+
+def test_a_case_runs_under_its_own_release(tmp_path):
+    """The same H100 FP8 case, tagged with two releases: faster under TE 2.x's rate, and the row says which."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import accuracy_cases as cases
+    from accuracy_rows import Context, step_row
+
+    old, new = (step_row(cases.load_step_case(_case_file(tmp_path, r), "fp8"), Context())
+                for r in ("nemo-24.07", "nemo-25.04"))
+    assert (old.release, new.release) == ("nemo-24.07", "nemo-25.04")
+    assert new.simulated < old.simulated
+    assert old.simulated == pytest.approx(simulate_step(tmp_path, "nemo-24.07"))
+
+
+def simulate_step(tmp_path: Path, release: str) -> float:
+    from meshsim.sim.results.simulate import simulate
+
+    data = yaml.safe_load(_case_file(tmp_path, release).read_text())
+    data.pop("accuracy")
+    data["hardware"]["release"] = release
+    return simulate(resolve(validate_scenario(data, "t"), "t")).step_time_s
