@@ -3,6 +3,7 @@
     python benchmarks/accuracy.py                    # default cost models (no profile)
     python benchmarks/accuracy.py --profile P.yaml   # every case on a calibrated profile (meshsim calibrate)
     python benchmarks/accuracy.py --only ci-         # step cases whose name starts with a prefix
+    python benchmarks/accuracy.py --release nemo-25.04  # every step case under one release profile (what-if)
     python benchmarks/accuracy.py --json FILE        # also one JSON record per case
     python benchmarks/accuracy.py --write-bands      # also refresh sim/results/error_bands.json
 
@@ -178,13 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="hardware profile YAML from meshsim calibrate, applied to every case")
     ap.add_argument("--only", default="", help="only step cases whose name starts with this prefix")
+    ap.add_argument("--release", choices=list(builtin_releases()), help="simulate every step case under this "
+                    "release profile instead of its own accuracy.release (what-if; scenarios/profiles/)")
     ap.add_argument("--json", type=Path, help="write one record per case to this file")
     ap.add_argument("--write-bands", action="store_true", help=f"refresh {BANDS_FILE.name} (full default run only)")
     args = ap.parse_args(argv)
-    if args.write_bands and (args.profile or args.only):
-        ap.error("--write-bands needs the full default run (no --profile, no --only)")
+    if args.write_bands and (args.profile or args.only or args.release):
+        ap.error("--write-bands needs the full default run (no --profile, --only or --release)")
     all_fits = cases.fits() + nvl72.fits()
-    ctx = Context(args.profile, args.only, cases.used_in_fit(all_fits))
+    ctx = Context(args.profile, args.only, cases.used_in_fit(all_fits), args.release)
     results: dict[str, list[Row]] = {}
     print(f"{'case':60s} {'measured':>9s} {'simulated':>9s} unit  error (simulated / measured - 1)")
     for group in GROUPS:

@@ -64,6 +64,7 @@ class Context:
     profile: str | None = None  # a hardware profile applied to every case
     only: str = ""  # step cases whose name starts with this
     used: dict[str, tuple[str, ...]] = field(default_factory=dict)  # case name -> fits that used it
+    release: str | None = None  # every step case under this release profile instead of its own (what-if)
 
 
 def _profiled(scenario, source: str, profile: str | None):
@@ -90,9 +91,10 @@ def _pending(case: StepCase):
 
 
 def step_row(case: StepCase, ctx: Context) -> Row:
+    release = ctx.release or case.release
     base = Row(case.group, case.name, case.name, case.measured_s, None, "s", None, ctx.used.get(case.name, ()),
-               case.assumptions, release=case.release)
-    case = replace(case, scenario=with_overrides(case.scenario, {"hardware.release": case.release}, str(case.path)))
+               case.assumptions, release=release)
+    case = replace(case, scenario=with_overrides(case.scenario, {"hardware.release": release}, str(case.path)))
     scenario, missing = _pending(case)
     if missing:  # the measured run used a setting meshsim cannot express yet: show the stand-in, do not score
         try:
