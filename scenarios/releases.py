@@ -24,8 +24,9 @@ from __future__ import annotations
 from datetime import date
 from functools import cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
@@ -56,18 +57,26 @@ class ReleaseProfile(Frozen):
     sources: list[str] = []  # where the family's rows are printed (reference file, repository, commit, lines)
     rows: list[str] = []  # the accuracy cases of this family (their accuracy.release names it)
     # multiplier on the GPU generation's FP8 large-GEMM ceiling, by GPU prefix (by_gpu_prefix: h100 covers h100-*)
-    fp8_gemm_rate: dict[str, float] = Field(default_factory=dict)
+    fp8_gemm_rate: dict[str, Annotated[float, Field(gt=0.25, le=2.0)]] = Field(default_factory=dict)
     compute: ComputeTuning = ComputeTuning()  # absolute knobs, under a calibrated profile's
     network: NetworkTuning = NetworkTuning()
     constants: list[ReleaseConstant] = []  # provenance of every value above
 
+    @model_validator(mode="after")
+    def _every_value_has_provenance(self) -> ReleaseProfile:
+        """Each fp8_gemm_rate entry and each knob of compute / network is a `constants` entry of that name and value."""
+        stated = {f"fp8_gemm_rate.{gpu}": v for gpu, v in self.fp8_gemm_rate.items()}
+        for section in ("compute", "network"):
+            stated |= {f"{section}.{k}": v for k, v in getattr(self, section).model_dump(exclude_unset=True).items()}
+        named = {c.name: c.value for c in self.constants}
+        missing = [k for k, v in stated.items() if k not in named or named[k] != v]
+        if missing:
+            raise ValueError(f"no constants entry with the same value for {', '.join(missing)}")
+        return self
+
     def fp8_rate(self, gpu_name: str) -> float:
         """fp8_gemm_rate for this GPU preset (its reference's for a part that carries another's die), else 1."""
         return by_gpu_prefix(self.fp8_gemm_rate, gpu_name, 1.0)
-
-    def summary(self) -> str:
-        """'mbridge-26.08 (Megatron-Bridge 26.02-26.08 containers)' for the run header."""
-        return f"{self.name} ({self.family})"
 
 
 @cache

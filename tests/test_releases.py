@@ -110,7 +110,9 @@ def test_calibrated_profile_file_overrides_the_release(tmp_path):
 
 def test_composed_profile_layers_release_knobs_under_the_file():
     release = ReleaseProfile(name="x", family="x", released=date(2025, 1, 1),
-                             compute=ComputeTuning(host_dispatch_us=30.0, launch_overhead_us=4.0))
+                             compute=ComputeTuning(host_dispatch_us=30.0, launch_overhead_us=4.0),
+                             constants=[{"name": "compute.host_dispatch_us", "value": 30.0, "why": "test"},
+                                        {"name": "compute.launch_overhead_us", "value": 4.0, "why": "test"}])
     calibrated = HardwareProfile(name="p", compute=ComputeTuning(host_dispatch_us=5.0))
     both = composed_profile(release, calibrated)
     assert both.name == "p" and both.compute.host_dispatch_us == 5.0 and both.compute.launch_overhead_us == 4.0
@@ -180,3 +182,15 @@ def simulate_step(tmp_path: Path, release: str) -> float:
     data.pop("accuracy")
     data["hardware"]["release"] = release
     return simulate(resolve(validate_scenario(data, "t"), "t")).step_time_s
+
+
+def test_every_release_value_names_its_constant():
+    """A rate or knob without a `constants` entry of the same name and value is refused (provenance)."""
+    base = dict(name="x", family="x", released=date(2025, 1, 1))
+    with pytest.raises(ValueError, match="fp8_gemm_rate.h100"):
+        ReleaseProfile.model_validate(base | {"fp8_gemm_rate": {"h100": 1.1}})
+    with pytest.raises(ValueError, match="compute.host_dispatch_us"):
+        ReleaseProfile.model_validate(base | {"compute": {"host_dispatch_us": 30.0}})
+    ok = base | {"fp8_gemm_rate": {"h100": 1.1}, "constants": [{"name": "fp8_gemm_rate.h100", "value": 1.1,
+                                                                "why": "test"}]}
+    assert ReleaseProfile.model_validate(ok).fp8_rate("h100-sxm") == 1.1
