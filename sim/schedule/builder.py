@@ -47,6 +47,7 @@ from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 from meshsim.sim.schedule.stamping import micro_batch_blocks, stamp
 from meshsim.sim.schedule.template import Template
+from meshsim.sim.schedule.tiling import OpList
 
 
 class Templates:
@@ -221,7 +222,7 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     bucket_bytes = dp_bucket_bytes(rs)
     reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes, _grad_params(t, model.layers, True),
                                 rs.grad_dp, rs.edp) if overlap_gather else 0
-    ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
+    ops: list[Op] = OpList([None] * reserved)  # slots for the gathers that open the step; records the stamps
     grads: list[tuple[int, int]] = []
     expert_grads: list[tuple[int, int]] = []
     p = rs.scenario.parallel
@@ -245,4 +246,4 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
     return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
-                    etp=rs.etp, cp=rs.cp)
+                    etp=rs.etp, cp=rs.cp, tiling=ops.sealed())
