@@ -45,7 +45,7 @@ from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
-from meshsim.sim.schedule.stamping import micro_batch_blocks, stamp
+from meshsim.sim.schedule.stamping import gc_paused, micro_batch_blocks, stamp
 from meshsim.sim.schedule.template import Template
 from meshsim.sim.schedule.tiling import OpList
 
@@ -215,6 +215,11 @@ def fsdp_config(rs: ResolvedScenario, t: Templates) -> FsdpConfig:
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:
     """The ops one rank runs in a training step (all ranks of a symmetric TP x DP mesh run the same)."""
+    with gc_paused():  # (stamping.gc_paused)
+        return _build_schedule(rs)
+
+
+def _build_schedule(rs: ResolvedScenario) -> Schedule:
     d = layer_dims(rs)
     model = rs.scenario.model
     t = step_templates(rs, d, model.tied_embeddings)

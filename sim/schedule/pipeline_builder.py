@@ -53,6 +53,7 @@ from meshsim.sim.schedule.pipeline_combined import combined_compute
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
+from meshsim.sim.schedule.stamping import gc_paused
 from meshsim.sim.schedule.tiling import OpList
 
 
@@ -256,7 +257,8 @@ def build_stage_schedules(rs: ResolvedScenario) -> tuple[Schedule, ...]:
     """One Schedule per pipeline stage (pp = 1: the non-pipelined builder's single schedule)."""
     if rs.pp == 1:
         return (build_schedule(rs),)
-    d = layer_dims(rs)
-    t = step_templates(rs, d, tied=False)  # with pp > 1 the last stage holds its own copy of a tied embedding
-    layout = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)
-    return tuple(build_stage(rs, r, layout[r], t) for r in range(rs.pp))
+    with gc_paused():
+        d = layer_dims(rs)
+        t = step_templates(rs, d, tied=False)  # with pp > 1 the last stage holds its own copy of a tied embedding
+        layout = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)
+        return tuple(build_stage(rs, r, layout[r], t) for r in range(rs.pp))

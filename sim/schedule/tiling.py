@@ -94,11 +94,20 @@ def _tile_deps(s: Stencil, b: np.ndarray, exts: list[tuple], ptr: np.ndarray, id
 class OpList(list):
     """A builder's op list that records its stamps (`tiling`) and the positions replaced after them."""
 
-    __slots__ = ("tiling",)
+    __slots__ = ("tiling", "_ints")
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.tiling = Tiling()
+        self._ints: list[int] = []
+
+    def ints(self, size: int) -> list[int]:
+        """0..size-1 (at least) as one int object each: stamping takes ids, deps and host waits from it, so
+        a position's int is stored once however many ops name it (32 bytes each otherwise)."""
+        table = self._ints
+        if len(table) < size:
+            table.extend(range(len(table), size + 4096))
+        return table
 
     def __setitem__(self, i, value) -> None:
         list.__setitem__(self, i, value)
