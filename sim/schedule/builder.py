@@ -250,5 +250,6 @@ def _build_schedule(rs: ResolvedScenario) -> Schedule:
         ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
-    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
-                    etp=rs.etp, cp=rs.cp, tiling=ops.sealed())
+    ops_t = tuple(ops)
+    return Schedule(ops_t, rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
+                    etp=rs.etp, cp=rs.cp, tiling=ops.sealed(ops_t))

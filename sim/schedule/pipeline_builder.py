@@ -249,8 +249,9 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": sum(len(g) + len(e) for g, e in zip(st.grads, st.expert_grads, strict=True)),
             "layers": [list(ch.layers) for ch in chunks], "expert_params_per_rank": expert_params}
-    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
-                    stage=stage, ep=rs.ep, etp=rs.etp, cp=rs.cp, tiling=ops.sealed())
+    ops_t = tuple(ops)
+    return Schedule(ops_t, rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
+                    stage=stage, ep=rs.ep, etp=rs.etp, cp=rs.cp, tiling=ops.sealed(ops_t))
 
 
 def build_stage_schedules(rs: ResolvedScenario) -> tuple[Schedule, ...]:

@@ -9,8 +9,9 @@ dep_ptr[B[j] + owner_f] + within_f: a few numpy passes per template (`Tiling.arr
 Ops the builder appended itself (P2P batches, step end, gathers), ops it replaced afterwards (`ops[i] = ...`,
 recorded as dirty: a gate added to a block's first op, the parameter gathers' consumers) and the entry ops
 of gated stamps are read off their Op records ("loose"). Any other change to the list (insert, delete,
-slice assignment, sort) drops the record, and the arrays are read off the ops (ops.arrays_from_ops). The
-tiled arrays need ids = positions: every loose op is checked, stamped ops have it by construction.
+slice assignment, sort) drops the record, and the arrays are read off the ops (ops.arrays_from_ops), as they
+are for any ops tuple but the one the record was sealed with (a Schedule copied with other ops). The tiled
+arrays need ids = positions: every loose op is checked, stamped ops have it by construction.
 tests/test_schedule_arrays.py proves Tiling.arrays equal to arrays_from_ops over generated schedules.
 """
 
@@ -30,7 +31,7 @@ class Tiling:
         self.gated: list[tuple[int, Stencil]] = []
         self.dirty: list[int] = []
         self.broken = False
-        self.size = -1  # the list's length when sealed
+        self.ops: tuple[Op, ...] | None = None  # the schedule's ops it describes (OpList.sealed)
 
     def add(self, s: Stencil, base: int, ext_vals: tuple, gate: tuple[int, ...]) -> None:
         entry = self.stamps.get(s)
@@ -44,7 +45,7 @@ class Tiling:
     def arrays(self, ops: tuple[Op, ...]) -> ScheduleArrays:
         """ScheduleArrays of `ops` (module docstring); read off the ops when the record does not cover them."""
         n = len(ops)
-        if self.broken or self.size != n:
+        if self.broken or ops is not self.ops:  # (a Schedule copied with other ops keeps the record)
             return arrays_from_ops(ops)
         cols = [np.empty(n, dtype=np.intc) for _ in range(4)]  # kind, stream, host_calls, host_wait
         counts = np.empty(n, dtype=np.intc)
@@ -116,9 +117,10 @@ class OpList(list):
         else:
             self.tiling.broken = True
 
-    def sealed(self) -> Tiling:
-        """The record, for the Schedule made of this list as it is now."""
-        self.tiling.size = len(self)
+    def sealed(self, ops: tuple[Op, ...]) -> Tiling:
+        """The record, for the Schedule of `ops`: this list as it is now, as a tuple."""
+        assert len(ops) == len(self)
+        self.tiling.ops = ops
         return self.tiling
 
 
