@@ -45,8 +45,9 @@ from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
-from meshsim.sim.schedule.stamping import micro_batch_blocks, stamp
+from meshsim.sim.schedule.stamping import gc_paused, micro_batch_blocks, stamp
 from meshsim.sim.schedule.template import Template
+from meshsim.sim.schedule.tiling import OpList
 
 
 class Templates:
@@ -214,6 +215,11 @@ def fsdp_config(rs: ResolvedScenario, t: Templates) -> FsdpConfig:
 
 def build_schedule(rs: ResolvedScenario) -> Schedule:
     """The ops one rank runs in a training step (all ranks of a symmetric TP x DP mesh run the same)."""
+    with gc_paused():  # (stamping.gc_paused)
+        return _build_schedule(rs)
+
+
+def _build_schedule(rs: ResolvedScenario) -> Schedule:
     d = layer_dims(rs)
     model = rs.scenario.model
     t = step_templates(rs, d, model.tied_embeddings)
@@ -221,7 +227,7 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
     bucket_bytes = dp_bucket_bytes(rs)
     reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes, _grad_params(t, model.layers, True),
                                 rs.grad_dp, rs.edp) if overlap_gather else 0
-    ops: list[Op] = [None] * reserved  # slots for the gathers that open the step
+    ops: list[Op] = OpList([None] * reserved)  # slots for the gathers that open the step; records the stamps
     grads: list[tuple[int, int]] = []
     expert_grads: list[tuple[int, int]] = []
     p = rs.scenario.parallel
@@ -244,5 +250,6 @@ def build_schedule(rs: ResolvedScenario) -> Schedule:
         ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
-    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
-                    etp=rs.etp, cp=rs.cp)
+    ops_t = tuple(ops)
+    return Schedule(ops_t, rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
+                    etp=rs.etp, cp=rs.cp, tiling=ops.sealed(ops_t))

@@ -13,8 +13,13 @@ Shapes use Megatron's activation layout [s, b, h]. Units: bytes, FLOPs (not rate
 
 from __future__ import annotations
 
+from collections import namedtuple
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import cached_property, partial
+from typing import Literal, Protocol
+
+import numpy as np
 
 FUSED_WGRAD_OUT_BYTES = 4 + 4  # fp32 main grad read + written per element of dW (gradient-accumulation fusion)
 
@@ -203,8 +208,15 @@ def stream_of(work: object) -> Stream:
 Work = Gemm | Attention | Elementwise | Collective | P2P | OptimizerStep
 
 
+OP_FIELDS = ("id", "name", "stream", "category", "phase", "work", "deps", "layer", "micro_batch", "host_calls",
+             "host_wait")
+
+
 @dataclass(frozen=True)
-class Op:
+class _OpSpec:
+    """Op's fields, typed and documented (Op takes its dataclass fields from here, so `dataclasses.fields`,
+    `dataclasses.replace` and `dataclasses.asdict` work on an Op as on any frozen dataclass)."""
+
     id: int
     name: str  # e.g. "L3.mb0.fwd.qkv"
     stream: Stream
@@ -220,9 +232,73 @@ class Op:
     host_calls: int = 2
     host_wait: int | None = None
 
+
+class Op(namedtuple("_OpRecord", OP_FIELDS, defaults=((), None, None, 2, None))):
+    """One op of a schedule: an immutable record of _OpSpec's fields, stored as a tuple (no __dict__: ~128
+    bytes an op), so a template stamps a block of them with C-level passes (`new_op`, sim/schedule/stamping.py).
+
+    It behaves as the frozen dataclass it replaces: keyword or positional construction with the same
+    defaults, read-only fields, `dataclasses.replace` / `fields` / `asdict`, equality and hash over the
+    fields in order, pickling. Being a tuple it also compares equal to a plain tuple of the same values."""
+
+    __slots__ = ()
+    __dataclass_fields__ = _OpSpec.__dataclass_fields__
+    __dataclass_params__ = _OpSpec.__dataclass_params__
+
     @property
     def flops(self) -> float:
         return getattr(self.work, "flops", 0.0) if not isinstance(self.work, Collective | P2P) else 0.0
+
+
+new_op = partial(tuple.__new__, Op)  # Op from an iterable of its 11 field values, no Python frame: stamping's path
+
+
+def kind_of(work: object) -> int:
+    """ScheduleArrays.kind of an op of this work: 0 compute, 1 collective, 2 P2P batch."""
+    return 1 if isinstance(work, Collective) else 2 if isinstance(work, P2P) else 0
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduleArrays:
+    """A schedule as arrays (np.intc), ops by position: `kind` (kind_of), `stream` (index in STREAMS), deps in
+    CSR form (op i's are dep_idx[dep_ptr[i]:dep_ptr[i + 1]], as positions, in its deps order), `host_calls`,
+    `host_wait` (a position, -1: none). Equal when every array is."""
+
+    kind: np.ndarray
+    stream: np.ndarray
+    dep_ptr: np.ndarray
+    dep_idx: np.ndarray
+    host_calls: np.ndarray
+    host_wait: np.ndarray
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ScheduleArrays) and all(
+            a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(astuple_arrays(self), astuple_arrays(other), strict=True))
+
+    __hash__ = None
+
+
+def astuple_arrays(a: ScheduleArrays) -> tuple[np.ndarray, ...]:
+    return a.kind, a.stream, a.dep_ptr, a.dep_idx, a.host_calls, a.host_wait
+
+
+def arrays_from_ops(ops: Sequence[Op]) -> ScheduleArrays:
+    """The long way: ScheduleArrays read off the Op records one by one (the reference the tiled arrays of
+    sim/schedule/tiling.py are proven equal to)."""
+    position = {op.id: i for i, op in enumerate(ops)}
+    deps = [[position[d] for d in op.deps] for op in ops]
+    ptr = np.zeros(len(ops) + 1, dtype=np.intc)
+    np.cumsum([len(d) for d in deps], out=ptr[1:])
+    col = partial(np.array, dtype=np.intc)
+    return ScheduleArrays(col([kind_of(op.work) for op in ops]), col([STREAMS.index(op.stream) for op in ops]), ptr,
+                          col([p for d in deps for p in d]), col([op.host_calls for op in ops]),
+                          col([-1 if op.host_wait is None else position[op.host_wait] for op in ops]))
+
+
+class Tiling(Protocol):
+    """How a builder made its ops (sim/schedule/tiling.py): it computes their arrays without reading each op."""
+
+    def arrays(self, ops: tuple[Op, ...]) -> ScheduleArrays: ...
 
 
 @dataclass(frozen=True)
@@ -238,6 +314,20 @@ class Schedule:
     ep: int = 1  # expert parallel: the expert mesh etp x ep x edp of a stage (sim/core/mesh.py) names
     etp: int = 1  # its groups "ep", "etp", "etp_ep" and "edp"
     cp: int = 1  # context parallel: a stage holds tp x cp x dp ranks (groups "cp", "cp_a2a", "cp_p2p")
+    # the builder's record of the templates it stamped (sim/schedule/tiling.py); None: arrays from the ops
+    tiling: Tiling | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def arrays(self) -> ScheduleArrays:
+        """The ops as arrays, built once: tiled from the stamped templates, or read off the ops."""
+        return self.tiling.arrays(self.ops) if self.tiling is not None else arrays_from_ops(self.ops)
+
+    def __getstate__(self) -> dict:
+        """Pickled without the tiling record and the arrays (rebuilt from the ops on demand)."""
+        state = dict(self.__dict__)
+        state.pop("arrays", None)
+        state["tiling"] = None
+        return state
 
     def by_stream(self, stream: Stream) -> list[Op]:
         return [op for op in self.ops if op.stream == stream]

@@ -18,10 +18,15 @@ when the network keeps up. Without dp_overlap the gathers trail the optimizer (s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from itertools import compress, islice
+from operator import attrgetter
 
 from meshsim.sim.schedule.dp_ops import PARAM_BYTES, Bucket, make_buckets, param_gather
 from meshsim.sim.schedule.ops import Op
+
+_ID, _PHASE_MB = attrgetter("id"), attrgetter("phase", "micro_batch")
 
 
 def _owner(op: Op) -> tuple:
@@ -29,12 +34,17 @@ def _owner(op: Op) -> tuple:
     return ("layer", op.layer) if op.layer is not None else ("block", op.name.split(".", 1)[0])
 
 
-def _first_forward_use(ops: list[Op]) -> dict[tuple, int]:
-    """Owner -> id of the first forward op of micro-batch 0 that belongs to it."""
+def _first_forward_use(ops: Sequence[Op], start: int, owners: set[tuple]) -> dict[tuple, int]:
+    """Owner -> id of the first forward op of micro-batch 0 in ops[start:] that belongs to it, for `owners`:
+    the scan stops once each has been seen (micro-batch 0's forward runs early in the step)."""
     first: dict[tuple, int] = {}
-    for op in ops:
-        if op.phase == "fwd" and op.micro_batch == 0:
-            first.setdefault(_owner(op), op.id)
+    fwd_mb0 = map(("fwd", 0).__eq__, map(_PHASE_MB, islice(ops, start, None)))
+    for op in compress(islice(ops, start, None), fwd_mb0):  # a C-level filter
+        owner = _owner(op)
+        if owner in owners and owner not in first:
+            first[owner] = op.id
+            if len(first) == len(owners):
+                break
     return first
 
 
@@ -53,8 +63,8 @@ def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket], param_bytes:
     and make each bucket's first forward consumers depend on its gather (module docstring). Only the
     gated ops are rebuilt: ids stay list positions."""
     n = len(buckets)
-    assert all(op is None for op in ops[:n]) and all(op.id == i for i, op in enumerate(ops[n:], n))
-    first = _first_forward_use(ops[n:])
+    assert ops[:n] == [None] * n and list(map(_ID, ops[n:])) == list(range(n, len(ops)))
+    first = _first_forward_use(ops, n, {_owner(ops[p]) for b in buckets for p in b.producers})
     gates: dict[int, list[int]] = {}
     for new_id, (i, bucket) in enumerate(reversed(list(enumerate(buckets)))):
         gather = param_gather(bucket, param_bytes)

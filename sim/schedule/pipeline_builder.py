@@ -53,6 +53,8 @@ from meshsim.sim.schedule.pipeline_combined import combined_compute
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
+from meshsim.sim.schedule.stamping import gc_paused
+from meshsim.sim.schedule.tiling import OpList
 
 
 def pipeline_shape(rs: ResolvedScenario) -> PipelineShape:
@@ -84,7 +86,7 @@ class _Stage:
     def __init__(self, rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates, reserved: int):
         self.rs, self.stage, self.chunks, self.t = rs, stage, chunks, t
         self.shape = pipeline_shape(rs)
-        self.ops: list[Op] = [None] * reserved  # slots for the parameter all-gathers that open the step
+        self.ops: list[Op] = OpList([None] * reserved)  # slots for the parameter all-gathers; records the stamps
         self.received: dict[tuple[str, int, int], int] = {}  # (direction, mb, chunk) -> P2P op id
         self.loss: dict[tuple[int, int], int] = {}
         self.grads: list[list[tuple[int, int]]] = [[] for _ in chunks]
@@ -247,15 +249,17 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": sum(len(g) + len(e) for g, e in zip(st.grads, st.expert_grads, strict=True)),
             "layers": [list(ch.layers) for ch in chunks], "expert_params_per_rank": expert_params}
-    return Schedule(tuple(ops), rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
-                    stage=stage, ep=rs.ep, etp=rs.etp, cp=rs.cp)
+    ops_t = tuple(ops)
+    return Schedule(ops_t, rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
+                    stage=stage, ep=rs.ep, etp=rs.etp, cp=rs.cp, tiling=ops.sealed(ops_t))
 
 
 def build_stage_schedules(rs: ResolvedScenario) -> tuple[Schedule, ...]:
     """One Schedule per pipeline stage (pp = 1: the non-pipelined builder's single schedule)."""
     if rs.pp == 1:
         return (build_schedule(rs),)
-    d = layer_dims(rs)
-    t = step_templates(rs, d, tied=False)  # with pp > 1 the last stage holds its own copy of a tied embedding
-    layout = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)
-    return tuple(build_stage(rs, r, layout[r], t) for r in range(rs.pp))
+    with gc_paused():
+        d = layer_dims(rs)
+        t = step_templates(rs, d, tied=False)  # with pp > 1 the last stage holds its own copy of a tied embedding
+        layout = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)
+        return tuple(build_stage(rs, r, layout[r], t) for r in range(rs.pp))

@@ -37,6 +37,8 @@ class Template:
     marks: dict[str, int] = field(default_factory=dict)
     grads: list[tuple[int, int]] = field(default_factory=list)
     expert_grads: list[tuple[int, int]] = field(default_factory=list)
+    # its last compilation for stamping (sim/schedule/stencil.stencil_of): a cache, not part of its value
+    stencil: object = field(default=None, init=False, compare=False, repr=False)
 
     def add(self, phase: str, key: str, work: Work, deps: Deps = (), host_calls: int = 2,
             host_wait: int | None = None) -> int:

@@ -1,0 +1,139 @@
+"""A schedule's arrays tiled from the templates it was stamped from, not read off its ops one by one.
+
+A builder collects its ops in an `OpList`, which records each stamp (sim/schedule/stamping.stamp): the
+template's Stencil, the base and the external inputs. Grouped per stencil, m stamps at bases B are the
+ops B[j] + i (i < n): their kind, stream, host calls and dep counts are the stencil's columns, their host
+waits B[j] + w_i, and their deps B[j] + rel_f (ext slots: the stamp's input) written at
+dep_ptr[B[j] + owner_f] + within_f: a few numpy passes per template (`Tiling.arrays`).
+
+Ops the builder appended itself (P2P batches, step end, gathers), ops it replaced afterwards (`ops[i] = ...`,
+recorded as dirty: a gate added to a block's first op, the parameter gathers' consumers) and the entry ops
+of gated stamps are read off their Op records ("loose"). Any other change to the list (insert, delete,
+slice assignment, sort) drops the record, and the arrays are read off the ops (ops.arrays_from_ops), as they
+are for any ops tuple but the one the record was sealed with (a Schedule copied with other ops). The tiled
+arrays need ids = positions: every loose op is checked, stamped ops have it by construction.
+tests/test_schedule_arrays.py proves Tiling.arrays equal to arrays_from_ops over generated schedules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshsim.sim.schedule.ops import Op, ScheduleArrays, arrays_from_ops, kind_of
+from meshsim.sim.schedule.stencil import STREAM_INDEX, Stencil
+
+
+class Tiling:
+    """The stamps of one op list, per stencil: (bases, ext inputs); the gated stamps; positions replaced."""
+
+    def __init__(self) -> None:
+        self.stamps: dict[Stencil, tuple[list[int], list[tuple]]] = {}
+        self.gated: list[tuple[int, Stencil]] = []
+        self.dirty: list[int] = []
+        self.broken = False
+        self.ops: tuple[Op, ...] | None = None  # the schedule's ops it describes (OpList.sealed)
+
+    def add(self, s: Stencil, base: int, ext_vals: tuple, gate: tuple[int, ...]) -> None:
+        entry = self.stamps.get(s)
+        if entry is None:
+            entry = self.stamps[s] = ([], [])
+        entry[0].append(base)
+        entry[1].append(ext_vals)
+        if gate:
+            self.gated.append((base, s))
+
+    def arrays(self, ops: tuple[Op, ...]) -> ScheduleArrays:
+        """ScheduleArrays of `ops` (module docstring); read off the ops when the record does not cover them."""
+        n = len(ops)
+        if self.broken or ops is not self.ops:  # (a Schedule copied with other ops keeps the record)
+            return arrays_from_ops(ops)
+        cols = [np.empty(n, dtype=np.intc) for _ in range(4)]  # kind, stream, host_calls, host_wait
+        counts = np.empty(n, dtype=np.intc)
+        loose = np.ones(n, dtype=bool)
+        groups = [(s, np.array(bases, dtype=np.intp), exts) for s, (bases, exts) in self.stamps.items()]
+        for s, b, _ in groups:
+            pos = b[:, None] + np.arange(s.n)
+            loose[pos] = False
+            for col, src in zip(cols[:3], (s.kind, s.stream_idx, s.calls_arr), strict=True):
+                col[pos] = src
+            cols[3][pos] = np.where(s.wait_arr >= 0, b[:, None] + s.wait_arr, -1)
+            counts[pos] = s.counts
+        for base, s in self.gated:
+            loose[[base + i for i in s.entries]] = True
+        loose[self.dirty] = True
+        loose_at = np.flatnonzero(loose).tolist()
+        for p in loose_at:
+            op = ops[p]
+            if op.id != p:  # ids are not positions: the long way maps them
+                return arrays_from_ops(ops)
+            cols[0][p], cols[1][p], cols[2][p] = kind_of(op.work), STREAM_INDEX[op.stream], op.host_calls
+            cols[3][p] = -1 if op.host_wait is None else op.host_wait
+            counts[p] = len(op.deps)
+        ptr = np.zeros(n + 1, dtype=np.intc)
+        np.cumsum(counts, out=ptr[1:])
+        idx = np.empty(int(ptr[-1]), dtype=np.intc)
+        for s, b, exts in groups:
+            if s.rel_arr.size:
+                _tile_deps(s, b, exts, ptr, idx, loose)
+        for p in loose_at:
+            idx[ptr[p]:ptr[p + 1]] = ops[p].deps
+        return ScheduleArrays(cols[0], cols[1], ptr, idx, cols[2], cols[3])
+
+
+def _tile_deps(s: Stencil, b: np.ndarray, exts: list[tuple], ptr: np.ndarray, idx: np.ndarray,
+               loose: np.ndarray) -> None:
+    """Write the deps of the stencil's stamps at bases `b` (ext inputs `exts`) into dep_idx, skipping loose ops."""
+    vals = b[:, None] + s.rel_arr
+    if s.ext_pos.size:
+        vals[:, s.ext_pos] = np.array(exts, dtype=np.intp)[:, s.ext_idx]
+    owner = b[:, None] + s.owner
+    dest = ptr[owner] + s.within
+    keep = ~loose[owner]
+    idx[dest[keep]] = vals[keep]
+
+
+class OpList(list):
+    """A builder's op list that records its stamps (`tiling`) and the positions replaced after them."""
+
+    __slots__ = ("tiling", "_ints")
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.tiling = Tiling()
+        self._ints: list[int] = []
+
+    def ints(self, size: int) -> list[int]:
+        """0..size-1 (at least) as one int object each: stamping takes ids, deps and host waits from it, so
+        a position's int is stored once however many ops name it (32 bytes each otherwise)."""
+        table = self._ints
+        if len(table) < size:
+            table.extend(range(len(table), size + 4096))
+        return table
+
+    def __setitem__(self, i, value) -> None:
+        list.__setitem__(self, i, value)
+        if isinstance(i, int):
+            self.tiling.dirty.append(i % len(self))
+        else:
+            self.tiling.broken = True
+
+    def sealed(self, ops: tuple[Op, ...]) -> Tiling:
+        """The record, for the Schedule of `ops`: this list as it is now, as a tuple."""
+        assert len(ops) == len(self)
+        self.tiling.ops = ops
+        return self.tiling
+
+
+def _breaks(name: str):
+    method = getattr(list, name)
+
+    def changed(self, *args, **kwargs):
+        self.tiling.broken = True
+        return method(self, *args, **kwargs)
+
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("__delitem__", "__imul__", "insert", "pop", "remove", "sort", "reverse", "clear"):
+    setattr(OpList, _name, _breaks(_name))
