@@ -91,3 +91,12 @@ def test_a_fix_never_suggests_an_empty_set_or_an_empty_range(tmp_path, capsys):
                     .replace("gpus: 2, tp: 2,", "gpus: 4, tp: 1, pp: 4, vp: 3,"))
     line = _one_line(main(["run", str(path)]), capsys.readouterr().err)
     assert "{}" not in line and "no pp fits" in line, line
+
+
+def test_a_file_name_is_quoted_whole_and_other_values_are_cut():
+    from meshsim.sim.core.errors import QUOTE_CHARS, FilePath, UserError
+    long_path = "/tmp/" + "d" * 200 + "/bad.json"
+    named = str(UserError("trace", FilePath(long_path), "give the trace file"))
+    assert repr(long_path) in named and "\n" not in named
+    cut = str(UserError("trace", long_path, "give the trace file"))  # a plain string: cut (negative control)
+    assert repr(long_path) not in cut and repr(long_path)[: QUOTE_CHARS - 3] + "..." in cut

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from meshsim.sim.core.errors import UserError, closest, unknown_name_error
+from meshsim.sim.core.errors import FilePath, UserError, closest, unknown_name_error
 from meshsim.sim.core.limits import MAX_DEVICES, MAX_LINKS, MAX_TRANSIT_GPUS, check_at_most
 from meshsim.sim.core.quantities import Gbitps, GBps, LatencyUs
 from meshsim.sim.core.units import gbit_to_gbps
@@ -196,7 +196,7 @@ def load_topology_file(path: str, nodes: int | None = None, *, nic_gbitps: float
     Memoized on (path, the file's text, arguments): the text is read once per call (pinned during a sweep,
     sim/core/userio.py), so an edit is never hidden by the memo."""
     if not is_file(path):
-        raise UserError("topology.file", path, "give the path of an existing topology YAML "
+        raise UserError("topology.file", FilePath(path), "give the path of an existing topology YAML "
                         "(relative paths are relative to the scenario file)", problem="No such file")
     check_fabric_args(1 if nodes is None else nodes, nic_gbitps, switch_latency_us, oversubscription, nvlink_gbps, path)
     fabric = (nic_gbitps, switch_latency_us, oversubscription, nvlink_gbps)

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import FilePath, UserError
 from meshsim.sim.core.interrupt import Interrupted, signals_raise
 from meshsim.sim.core.outfiles import check_output_file, output_folder_name
 from meshsim.sim.core.text import echo_plain
@@ -82,10 +82,10 @@ RESULTS_FIX = "give the results.json that rank 0 of `python -m meshsim.validate.
 
 def read_results(path: Path) -> list:
     if not path.is_file():
-        raise UserError("--from-results", str(path), RESULTS_FIX, problem="No such file")
+        raise UserError("--from-results", FilePath(path), RESULTS_FIX, problem="No such file")
     data = load_json(path, field="--from-results", fix=RESULTS_FIX)
     if not isinstance(data, list) or not data or not all(isinstance(entry, dict | list) for entry in data):
-        raise UserError("--from-results", str(path), RESULTS_FIX,
+        raise UserError("--from-results", FilePath(path), RESULTS_FIX,
                         problem="Expected a list with one entry (an object, or a list for --check) per rank")
     return data
 
@@ -100,7 +100,7 @@ def reading_results(path: Path | None) -> Iterator[None]:
         if path is None:
             raise
         detail = f"{type(exc).__name__}: {exc}"[:120]
-        raise UserError("--from-results", str(path), RESULTS_FIX + " for this scenario and --nproc",
+        raise UserError("--from-results", FilePath(path), RESULTS_FIX + " for this scenario and --nproc",
                         problem=f"Not the results of this payload ({detail})") from None
 
 

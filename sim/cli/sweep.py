@@ -12,7 +12,7 @@ from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.cli.trace import read_traces
 from meshsim.sim.core.console import Column, fitted_table, make_console, print_fitted
 from meshsim.sim.core.engines import check_engine
-from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, UserError
+from meshsim.sim.core.errors import EXIT_USER_ERROR, CommandFailed, FilePath, UserError
 from meshsim.sim.core.fmt import fmt_bytes, fmt_pct
 from meshsim.sim.core.outfiles import (
     check_output_dir,
@@ -154,7 +154,7 @@ def write_sweep_json(path: Path, records: list[SweepRecord], reasons: list[str])
         with open_own_for_writing(path, flag="--json") as fh:
             fh.write(text)
     except OSError as exc:
-        raise UserError("--json", str(path), "give a path on a disk with room (sweep.jsonl in --out keeps every "
+        raise UserError("--json", FilePath(path), "give a path on a disk with room (sweep.jsonl in --out keeps every "
                         "configuration)", problem=f"Cannot write the file ({exc.strerror or exc})") from None
 
 

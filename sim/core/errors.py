@@ -9,12 +9,19 @@ EXIT_USER_ERROR = 2
 EXIT_DOES_NOT_FIT = 3  # meshsim run: the configuration needs more memory than the GPU has (--allow-oom: 0)
 EXIT_FAILED = 1
 QUOTE_CHARS = 80  # a quoted value is cut to this many characters (a 1 MB string stays one readable line)
+PATH_CHARS = 4096  # a file name is shown whole up to PATH_MAX: the user needs all of it to find the file
+
+
+class FilePath(str):
+    """A file or folder name given as an error's value: quoted whole (up to PATH_CHARS), never cut to
+    QUOTE_CHARS, so that a long temporary or cluster path still names the file."""
 
 
 def quote(value: object) -> str:
-    """repr(value), cut to QUOTE_CHARS characters with an ellipsis, on one line."""
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 3] + "..."
+    """repr(value), cut to QUOTE_CHARS characters (PATH_CHARS for a FilePath) with an ellipsis, on one line."""
+    text = repr(str(value) if isinstance(value, FilePath) else value).replace("\n", " ")
+    limit = PATH_CHARS if isinstance(value, FilePath) else QUOTE_CHARS
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class UserError(Exception):

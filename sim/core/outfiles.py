@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import FilePath, UserError
 
 
 # ----- outputs ---------------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ def _probe_directory(flag: str, directory: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".meshsim-probe-"):
             pass
     except OSError as exc:
-        raise UserError(flag, str(directory), "give a writable directory",
+        raise UserError(flag, FilePath(directory), "give a writable directory",
                         problem=f"Cannot write there ({exc.strerror or exc})") from None
 
 
@@ -48,13 +48,13 @@ def check_output_file(flag: str, path: Path | None) -> None:
         check_own_file(flag, path)
     if path.is_char_device() or path.is_fifo():  # /dev/null, /dev/full, a pipe: written in place
         if not os.access(path, os.W_OK):
-            raise UserError(flag, str(path), "give a writable file", problem="Not writable")
+            raise UserError(flag, FilePath(path), "give a writable file", problem="Not writable")
         return
     if path.is_dir():
-        raise UserError(flag, str(path), "give a file path, not a directory", problem="Is a directory")
+        raise UserError(flag, FilePath(path), "give a file path, not a directory", problem="Is a directory")
     _probe_directory(flag, path.parent if str(path.parent) else Path("."))
     if path.exists() and not os.access(path, os.W_OK):
-        raise UserError(flag, str(path), "give a writable file", problem="The file is not writable")
+        raise UserError(flag, FilePath(path), "give a writable file", problem="The file is not writable")
 
 
 def check_output_dir(flag: str, path: Path | None, files: Iterable[str] = ()) -> None:
@@ -64,11 +64,11 @@ def check_output_dir(flag: str, path: Path | None, files: Iterable[str] = ()) ->
         return
     path = Path(path)
     if path.is_symlink():
-        raise UserError(flag, str(path), f"give the folder itself, not a link to it, or choose another {flag}",
+        raise UserError(flag, FilePath(path), f"give the folder itself, not a link to it, or choose another {flag}",
                         problem="Is a symlink (meshsim never writes through a link, which could point "
                         "outside the output folder)")
     if path.exists() and not path.is_dir():
-        raise UserError(flag, str(path), "give a directory (it is created if missing)",
+        raise UserError(flag, FilePath(path), "give a directory (it is created if missing)",
                         problem="Exists and is not a directory")
     _probe_directory(flag, path)
     for name in files:
@@ -80,10 +80,10 @@ def check_own_file(flag: str, path: Path) -> None:
     file: meshsim writes only inside --out / meshsim-out, never through a link."""
     fix = f"remove {path} or choose another {flag}"
     if path.is_symlink():
-        raise UserError(flag, str(path), fix, problem="Is a symlink (meshsim never writes through a link, "
+        raise UserError(flag, FilePath(path), fix, problem="Is a symlink (meshsim never writes through a link, "
                         "which could point outside the output folder)")
     if path.exists() and not path.is_file():
-        raise UserError(flag, str(path), fix, problem="Exists and is not a regular file (a directory?)")
+        raise UserError(flag, FilePath(path), fix, problem="Exists and is not a regular file (a directory?)")
 
 
 def open_own_file(flag: str, path: Path, flags: int) -> int:
@@ -93,11 +93,11 @@ def open_own_file(flag: str, path: Path, flags: int) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), 0o644)
     except OSError as exc:
         check_own_file(flag, path)  # the one-line reason when it is a link or a directory
-        raise UserError(flag, str(path), "give a writable folder", problem=f"Cannot open the file "
+        raise UserError(flag, FilePath(path), "give a writable folder", problem=f"Cannot open the file "
                         f"({exc.strerror or exc})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UserError(flag, str(path), f"remove {path} or choose another {flag}",
+        raise UserError(flag, FilePath(path), f"remove {path} or choose another {flag}",
                         problem="Exists and is not a regular file")
     return fd
 
@@ -126,7 +126,7 @@ def write_output_file(flag: str, path: Path, data: str | bytes) -> None:
         return
     if mode is not None and not stat.S_ISREG(mode):
         check_own_file(flag, path)  # a symlink or directory: the one-line reason
-        raise UserError(flag, str(path), f"remove {path} or choose another {flag}",
+        raise UserError(flag, FilePath(path), f"remove {path} or choose another {flag}",
                         problem="Exists and is not a regular file")
     folder = path.parent if str(path.parent) else Path(".")
     tmp = None
@@ -158,7 +158,7 @@ def _write_in_place(flag: str, path: Path, payload: bytes) -> None:
 
 
 def _write_error(flag: str, path: Path, exc: OSError) -> UserError:
-    return UserError(flag, str(path), "give a writable file on a disk with room for it",
+    return UserError(flag, FilePath(path), "give a writable file on a disk with room for it",
                      problem=f"Cannot write it ({exc.strerror or exc})")
 
 

@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 import yaml
 
-from meshsim.sim.core.errors import CommandFailed, UserError
+from meshsim.sim.core.errors import CommandFailed, FilePath, UserError
 from meshsim.sim.core.limits import (
     MAX_JSON_BYTES,
     MAX_NESTING,
@@ -86,10 +86,10 @@ def _read_bytes(path: Path, max_bytes: int, field: str, where: str) -> bytes:
             size = path.stat().st_size
             data = path.read_bytes() if size <= max_bytes else b""
     except OSError as exc:
-        raise UserError(field, str(path), "check the path", source=where,
+        raise UserError(field, FilePath(path), "check the path", source=where,
                         problem=f"Cannot read the file ({exc.strerror or exc})") from None
     if size > max_bytes:
-        raise UserError(field, str(path), "give a smaller file", source=where,
+        raise UserError(field, FilePath(path), "give a smaller file", source=where,
                         problem=f"The file is {size:,} bytes; meshsim reads at most {max_bytes:,} (README, Limits)")
     return data
 
@@ -103,7 +103,7 @@ def read_text(path: str | Path, *, field: str = "file", source: str | None = Non
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise UserError(field, str(path), "save the file as UTF-8 text", source=where,
+        raise UserError(field, FilePath(path), "save the file as UTF-8 text", source=where,
                         problem=f"Not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})") from None
 
 

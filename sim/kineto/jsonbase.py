@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import FilePath, UserError
 
 MAX_VALUE_BYTES = 64 << 20  # a string, an event or a top-level member (64 MiB)
 INT64 = 1 << 63
@@ -22,7 +22,7 @@ Progress = Callable[[int], None]  # called with the compressed/plain bytes read 
 
 def _error(path: Path, problem: str, at: int | None, unit: str = "byte") -> UserError:
     where = f" at {unit} {at:,}" if at is not None else ""
-    return UserError("trace", str(path), FIX, problem=f"{problem}{where}")
+    return UserError("trace", FilePath(path), FIX, problem=f"{problem}{where}")
 
 
 def open_binary(path: Path) -> tuple[BinaryIO, Callable[[], int]]:
@@ -31,7 +31,7 @@ def open_binary(path: Path) -> tuple[BinaryIO, Callable[[], int]]:
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed with the returned stream
     except OSError as err:
-        raise UserError("trace", str(path), FIX, problem=f"Cannot open it ({err.strerror or err})") from None
+        raise UserError("trace", FilePath(path), FIX, problem=f"Cannot open it ({err.strerror or err})") from None
     gz = raw.read(2) == GZIP_MAGIC
     raw.seek(0)
     return (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw), raw.tell

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import FilePath, UserError
 from meshsim.sim.core.limits import MAX_NESTING
 from meshsim.sim.kineto.jsonbase import DECODER, FIX, MAX_VALUE_BYTES, Progress, _error, text_stream
 
@@ -143,7 +143,7 @@ def iter_trace_python(path: Path, progress: Progress | None = None) -> Iterator[
         if buf.skip_ws():
             raise buf.error("Unexpected text after the trace object")
         if not seen:
-            raise UserError("trace", str(path), FIX, problem="No traceEvents in it (not a PyTorch "
+            raise UserError("trace", FilePath(path), FIX, problem="No traceEvents in it (not a PyTorch "
                             "profiler trace?)")
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import FilePath, UserError
 from meshsim.sim.kineto import fast, jsonstream
 from meshsim.sim.kineto.cpu_device import cpu_device_events
 from meshsim.sim.kineto.jsonstream import FIX, Progress, iter_trace
@@ -93,7 +93,7 @@ class _Collector:
     def refuse(self, field: str, value: object, what: str) -> UserError:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        return UserError("trace", str(self.path), FIX, problem=f"Event {self.count:,}: {field} is {shown}; {what}")
+        return UserError("trace", FilePath(self.path), FIX, problem=f"Event {self.count:,}: {field} is {shown}; {what}")
 
     def name(self, text: object) -> str:
         text = text if type(text) is str else str(text)
@@ -237,14 +237,14 @@ def _distributed(info: object, path: Path) -> dict:
     for key, low in (("rank", 0), ("world_size", 1)):
         v = info.get(key)
         if v is not None and (type(v) is not int or not low <= v <= MAX_COUNT):
-            raise UserError("trace", str(path), FIX, problem=f"distributedInfo.{key} is {str(v)[:60]!r}; "
+            raise UserError("trace", FilePath(path), FIX, problem=f"distributedInfo.{key} is {str(v)[:60]!r}; "
                             f"PyTorch records an integer >= {low}")
     pgs = info.get("pg_config")
     rows = [p for p in pgs if isinstance(p, dict)] if isinstance(pgs, list) else []
     for p in rows:
         size = p.get("pg_size", 0)
         if type(size) is not int or not 0 <= size <= MAX_COUNT:
-            raise UserError("trace", str(path), FIX, problem=f"distributedInfo.pg_config pg_size is "
+            raise UserError("trace", FilePath(path), FIX, problem=f"distributedInfo.pg_config pg_size is "
                             f"{str(size)[:60]!r}; PyTorch records an integer")
     backend = info.get("backend")
     return {"rank": info.get("rank"), "world_size": info.get("world_size"), "pg_config": tuple(rows),
@@ -330,7 +330,7 @@ def _members(path: Path) -> list[tuple[str, Any]]:
 
 
 def _no_device(path: Path, events: int) -> UserError:
-    return UserError("trace", str(path), "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] so "
+    return UserError("trace", FilePath(path), "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] so "
                      "GPU kernels are recorded (docs/validate.md, 'Capturing a trace')",
                      problem=f"No GPU events (kernels, copies) in its {events:,} events, and no host operators "
                              "to treat the CPU as the device")

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import FilePath, UserError
 from meshsim.sim.kineto.critical_path import RankIndex, critical_path_breakdown
 from meshsim.sim.kineto.jsonstream import Progress
 from meshsim.sim.kineto.kernels import Kernel, classify_rank, clipped, kernels_in, step_windows, trace_steps
@@ -58,12 +58,12 @@ def trace_files(paths: Sequence[str | Path]) -> list[Path]:
         if p.is_dir():
             found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
             if not found:
-                raise UserError("trace", str(p), FIX_PATHS, problem="The folder holds no .json or .json.gz file")
+                raise UserError("trace", FilePath(p), FIX_PATHS, problem="The folder holds no .json or .json.gz file")
             out.extend(found)
         elif p.is_file():
             out.append(p)
         else:
-            raise UserError("trace", str(p), FIX_PATHS, problem="No such file or folder")
+            raise UserError("trace", FilePath(p), FIX_PATHS, problem="No such file or folder")
     return out
 
 
@@ -82,7 +82,7 @@ def _read_all(files: Sequence[Path], progress: Callable[[Path], Progress | None]
     for path in files:
         rec = read_rank(path, progress(path) if progress else None, hold)
         if rec.rank in found:
-            raise UserError("trace", str(path), "give one trace file per rank",
+            raise UserError("trace", FilePath(path), "give one trace file per rank",
                             problem=f"Rank {rec.rank} is also in {found[rec.rank].path}")
         found[rec.rank] = rec
     return [found[r] for r in sorted(found)]
@@ -128,7 +128,7 @@ def check_clocks(ranks: Sequence[RankData]) -> None:
 
 
 def _skew(other: RankData, ref: RankData, what: str) -> UserError:
-    return UserError("trace", other.trace.path, "trace ranks whose host clocks are synchronized (NTP / PTP), or "
+    return UserError("trace", FilePath(other.trace.path), "trace ranks whose host clocks are synchronized (NTP / PTP), or "
                      "summarize each rank's file on its own", problem=f"Clock-skewed ranks: rank {other.trace.rank}: {what}")
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from meshsim.scenarios.library import BUILTIN_PREFIX
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.console import Column, fitted_table, print_fitted
-from meshsim.sim.core.errors import UserError
+from meshsim.sim.core.errors import FilePath, UserError
 from meshsim.sim.core.fmt import gb_to_gib
 from meshsim.sim.core.text import user_text
 from meshsim.sim.core.userio import dumps_finite, load_json
@@ -77,12 +77,12 @@ def load_results(path: str | Path) -> StepResult:
     data = data.get("result", data) if isinstance(data, dict) else data
     problem = _malformed(data)
     if problem:
-        raise UserError("results", str(path), RESULTS_FIX, problem=problem)
+        raise UserError("results", FilePath(path), RESULTS_FIX, problem=problem)
     try:
         return StepResult.from_dict(data)
     except (TypeError, ValueError, AttributeError, KeyError) as err:
         why = f"missing key {err}" if isinstance(err, KeyError) else str(err)
-        raise UserError("results", str(path), RESULTS_FIX, problem=f"Not a results file ({why})") from None
+        raise UserError("results", FilePath(path), RESULTS_FIX, problem=f"Not a results file ({why})") from None
 
 
 def config_rows(a: StepResult, b: StepResult) -> list[dict]:
