@@ -41,6 +41,23 @@ SFU's exp rate). Head_dim 64 (GPT-OSS) then runs at 0.72 (H100) / 0.64 (B200) of
 programming guide's arithmetic-instruction throughput table (exp 16 per clock per SM; FP32 64 lanes per SM
 on sm_70 / 80, 128 from sm_90). Fitted on nothing: no row in our set has another head width, so head_dim
 128 is unchanged; hardware.compute.attention_efficiency is read at head_dim 128 too.
+
+FlashAttention 2 on Hopper and Blackwell (`legacy_mma_fraction`). Where Transformer Engine runs FlashAttention 2
+on a part newer than sm_80 (a deterministic run on sm_100+ with attention dropout: TE @d0067d0
+pytorch/attention/dot_product_attention/utils.py "Filter: Determinism" and fused_attn.cpp "determinism on
+Blackwell"; sim/cost/fa2_deterministic.uses_fa2), the kernels are FlashAttention 2's sm_80 kernels
+(Dao-AILab/flash-attention @0251105a csrc/flash_attn/src/kernel_traits.h: every Flash_*_kernel_traits is
+built on `SM80_16x8x16_F32F16F16F32_TN` / `..._F32BF16BF16F32_TN`, the warp-level mma.sync). Hopper's full
+tensor rate needs its asynchronous warpgroup MMA (wgmma) and Blackwell's its tcgen05 MMA with the tensor memory;
+mma.sync issues from one warp at sm_80's width per SM per clock, so FA2 sustains at most sm_80's
+MMA_FLOP_PER_CLOCK (2,048) per SM per clock: 1/2 of an H100's peak, 1/4 of a B200's. Its rate is then
+    peak x legacy_mma_fraction x DEFAULT_ATTENTION_EFFICIENCY (0.50, the FA2-style unoverlapped derivation
+    of sim/cost/compute.py, the A100's figure) x width_factor,
+at the part's reference rate (GB200: B200's absolute rate). Fitted on nothing. It explains why the Megatron
+CI gpt3 7B GB200 rows (deterministic, dropout 0.1) were 37-41% too fast while their A100 twins (FA2 at
+native width) and H100 twins (cuDNN) were not: with it they land at +1.3% / -9.0% (benchmarks/accuracy.py,
+both out of fit). The FlashAttention-3 paper (Shah et al. 2024) reports FA2 at about 35% of an H100's peak,
+the same halving seen from the other side.
 """
 
 from __future__ import annotations
@@ -55,6 +72,7 @@ MMA_CEILING = 0.80  # the tensor cores' sustained fraction inside the kernel (co
 SOFTMAX_FP32_OPS = 5  # scale, max, subtract, sum, rescale per score, besides the exp
 MMA_FLOP_PER_CLOCK = {7: 1024, 8: 2048, 9: 4096, 10: 8192}  # dense 16-bit, per SM, by compute capability major
 FP32_LANES = {7: 64, 8: 64, 9: 128, 10: 128}  # FP32 results per clock per SM
+LEGACY_MMA_MAJOR = 8  # FlashAttention 2's kernels are built from sm_80's mma.sync (module docstring)
 
 
 def exp_per_clock(compute_capability: tuple[int, int]) -> int:
@@ -82,6 +100,16 @@ def width_factor(gpu: GpuSpec, width: float, fp8: bool = False) -> float:
         return 1.0
     x = width / REFERENCE_WIDTH
     return x * (1.0 + rho) / (x + rho)
+
+
+def legacy_mma_fraction(gpu: GpuSpec) -> float:
+    """The fraction of the part's 16-bit peak that SM80-style mma.sync kernels (FlashAttention 2) can reach:
+    sm_80's MMA_FLOP_PER_CLOCK over the part's own (module docstring, "FlashAttention 2 on Hopper and
+    Blackwell"); 1 at or below sm_80 and for parts outside the table."""
+    major = gpu.compute_capability[0]
+    if major <= LEGACY_MMA_MAJOR or major not in MMA_FLOP_PER_CLOCK:
+        return 1.0
+    return MMA_FLOP_PER_CLOCK[LEGACY_MMA_MAJOR] / MMA_FLOP_PER_CLOCK[major]
 
 
 def attention_efficiency(gpu_name: str) -> float:

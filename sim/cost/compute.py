@@ -53,7 +53,12 @@ from dataclasses import dataclass, field
 from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
-from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency, width_factor
+from meshsim.sim.cost.attention_rate import (
+    DEFAULT_ATTENTION_EFFICIENCY,
+    attention_efficiency,
+    legacy_mma_fraction,
+    width_factor,
+)
 from meshsim.sim.cost.deterministic_fill import fill_bytes
 from meshsim.sim.cost.fa2_deterministic import extra_dq_bytes, split_ratio, uses_fa2
 from meshsim.sim.cost.fp8_gemm import (
@@ -238,11 +243,32 @@ class ComputeModel:
         peak = fp8_peak_tflops(self.gpu) * TFLOPS if a.fp8 else self.peak_flops
         width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))  # tensor FLOPs per score (attention_rate.py)
         rate = peak * self.knobs.attention_efficiency * width_factor(self.gpu, width, a.fp8)
+        if self.runs_fa2(a):
+            rate = self.fa2_rate_flops(a)
         if a.backward and a.deterministic and uses_fa2(self.gpu, a.dropout):
             return self._fa2_deterministic_s(a, rate)
         ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
         slowdown = self.knobs.deterministic_attention_slowdown if a.backward and a.deterministic else 1.0
         return a.flops * slowdown / (rate * _wave(ctas, self.gpu.sm_count)) + self.launch_s
+
+    def runs_fa2(self, a: Attention) -> bool:
+        """Whether TE runs this attention call as FlashAttention 2: a deterministic backward, or any call of a
+        deterministic run (fill_uninitialized is run.deterministic; TE picks one backend for the forward
+        and the backward), where TE's deterministic filter leaves FA2 (fa2_deterministic.uses_fa2); 16-bit."""
+        deterministic = a.deterministic or self.fill_uninitialized
+        return deterministic and not a.fp8 and uses_fa2(self.gpu, a.dropout)
+
+    def fa2_rate_flops(self, a: Attention) -> float:
+        """FlashAttention 2's FLOP/s: peak x legacy_mma_fraction x the FA2 efficiency (the stated
+        attention_efficiency on parts up to sm_80, whose native MMA FA2 uses; DEFAULT_ATTENTION_EFFICIENCY
+        above, at the part's sustained rate) x width_factor (sim/cost/attention_rate.py)."""
+        legacy = legacy_mma_fraction(self.gpu)
+        if legacy == 1.0:
+            eff = self.knobs.attention_efficiency
+        else:
+            eff = DEFAULT_ATTENTION_EFFICIENCY * rate_scale(self.gpu, "attention_efficiency")
+        width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))
+        return self.peak_flops * legacy * eff * width_factor(self.gpu, width)
 
     def _fa2_deterministic_s(self, a: Attention, rate: float) -> float:
         """FlashAttention 2's deterministic backward (sim/cost/fa2_deterministic.py): the work at `rate`
