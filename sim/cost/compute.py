@@ -56,6 +56,7 @@ from meshsim.sim.core.units import GB, US
 from meshsim.sim.cost.attention_rate import (
     DEFAULT_ATTENTION_EFFICIENCY,
     attention_efficiency,
+    dropout_factor,
     legacy_mma_fraction,
     width_factor,
 )
@@ -245,6 +246,8 @@ class ComputeModel:
         rate = peak * self.knobs.attention_efficiency * width_factor(self.gpu, width, a.fp8)
         if self.runs_fa2(a):
             rate = self.fa2_rate_flops(a)
+        elif a.dropout:
+            rate *= dropout_factor(self.gpu, width, a.fp8)
         if a.backward and a.deterministic and uses_fa2(self.gpu, a.dropout):
             return self._fa2_deterministic_s(a, rate)
         ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
@@ -268,7 +271,11 @@ class ComputeModel:
         else:
             eff = DEFAULT_ATTENTION_EFFICIENCY * rate_scale(self.gpu, "attention_efficiency")
         width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))
-        return self.peak_flops * legacy * eff * width_factor(self.gpu, width)
+        issued_legacy = legacy < 1.0
+        shape = width_factor(self.gpu, width, legacy=issued_legacy)
+        if a.dropout:
+            shape *= dropout_factor(self.gpu, width, legacy=issued_legacy)
+        return self.peak_flops * legacy * eff * shape
 
     def _fa2_deterministic_s(self, a: Attention, rate: float) -> float:
         """FlashAttention 2's deterministic backward (sim/cost/fa2_deterministic.py): the work at `rate`
