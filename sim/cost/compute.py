@@ -69,7 +69,13 @@ from meshsim.sim.cost.fp8_gemm import (
     lowp_operand_bytes,
     lowp_peak_tflops,
 )
-from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
+from meshsim.sim.cost.gemm_efficiency import (
+    DEFAULT_CEILING,
+    DEFAULT_TILES,
+    cublas_workspace_bytes,
+    gemm_ceiling,
+    gemm_efficiency,
+)
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
 from meshsim.sim.cost.reference_rate import rate_scale
@@ -220,7 +226,8 @@ class ComputeModel:
         sustained_tflops = peak_tflops * rate_scale(self.gpu, knob)
         return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=getattr(k, knob), tiles=tiles,
                                sm_count=self.gpu.sm_count, k_fill=sustained_tflops * 1e3 / self.gpu.mem_bw_gbps,
-                               out_bytes=g.out_bytes, free_sms=self.gpu.sm_count - g.comm_sms)
+                               out_bytes=g.out_bytes, free_sms=self.gpu.sm_count - g.comm_sms,
+                               workspace_bytes=cublas_workspace_bytes(self.gpu.compute_capability))
 
     def gemm_s(self, g: Gemm) -> float:
         if g.flops == 0:
