@@ -12,6 +12,7 @@ from meshsim.sim.cost.gemm_efficiency import (
     WORKSPACE_BYTES_SM90,
     cublas_workspace_bytes,
     gemm_efficiency,
+    k_tile,
     split_count_limit,
 )
 from meshsim.sim.schedule.ops import Gemm
@@ -63,3 +64,21 @@ def test_compute_model_splits_a_small_wide_k_gemm_on_h100():
     g = Gemm(512, 512, 8192)
     unsplit = gemm_efficiency(512, 512, 8192, ceiling=0.75, sm_count=132, k_fill=989e3 / 3350, workspace_bytes=0)
     assert h100.gemm_efficiency(g) > 3 * unsplit
+
+
+def test_k_quantization_pays_the_last_mainloop_step_whole():
+    """k 240 in 64-deep steps runs 256: 240 / 256 of the unquantized factor; k 192 is three whole steps."""
+    base = dict(ceiling=0.75, tiles=TILE, sm_count=132, k_fill=300.0)
+    assert (gemm_efficiency(8192, 8192, 240, tile_k=64, **base) / gemm_efficiency(8192, 8192, 240, **base)
+            == pytest.approx(240 / 256, rel=1e-12))
+    assert gemm_efficiency(8192, 8192, 192, tile_k=64, **base) == gemm_efficiency(8192, 8192, 192, **base)
+    assert gemm_efficiency(8192, 8192, 8192, tile_k=64, **base) == pytest.approx(0.75, rel=1e-12)
+
+
+def test_k_tile_is_128_bytes_of_values():
+    """16-bit 64, FP8 128, FP4 256: an FP8 GEMM with k 192 pays 192 / 256, its 16-bit twin nothing."""
+    assert (k_tile(2.0), k_tile(1.0), k_tile(0.5)) == (64, 128, 256)
+    h100 = ComputeModel(GPUS["h100-sxm"])
+    k_fill_fp8 = 1979e3 / 3350
+    ref = gemm_efficiency(8192, 8192, 192, ceiling=0.62, sm_count=132, k_fill=k_fill_fp8)
+    assert h100.gemm_efficiency(Gemm(8192, 8192, 192, fp8=True)) == pytest.approx(ref * 192 / 256, rel=1e-12)

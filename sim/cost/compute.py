@@ -68,6 +68,7 @@ from meshsim.sim.cost.fp8_gemm import (
     fp8_peak_tflops,
     lowp_operand_bytes,
     lowp_peak_tflops,
+    lowp_value_bytes,
 )
 from meshsim.sim.cost.gemm_efficiency import (
     DEFAULT_CEILING,
@@ -75,6 +76,7 @@ from meshsim.sim.cost.gemm_efficiency import (
     cublas_workspace_bytes,
     gemm_ceiling,
     gemm_efficiency,
+    k_tile,
 )
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
@@ -227,7 +229,8 @@ class ComputeModel:
         return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=getattr(k, knob), tiles=tiles,
                                sm_count=self.gpu.sm_count, k_fill=sustained_tflops * 1e3 / self.gpu.mem_bw_gbps,
                                out_bytes=g.out_bytes, free_sms=self.gpu.sm_count - g.comm_sms,
-                               workspace_bytes=cublas_workspace_bytes(self.gpu.compute_capability))
+                               workspace_bytes=cublas_workspace_bytes(self.gpu.compute_capability),
+                               tile_k=k_tile(lowp_value_bytes(self.fp8_recipe) if g.fp8 else 2.0))
 
     def gemm_s(self, g: Gemm) -> float:
         if g.flops == 0:
