@@ -39,17 +39,18 @@ the workspace Transformer Engine hands cuBLASLt: s x m x n x batch x 4 <= 32 MiB
 (TE @d0067d0 pytorch/cpp_extensions/gemm.py L40-45, get_cublas_workspace_size_bytes; cublaslt_gemm.cu
 L739-749 passes it as CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES). SPLIT_K_MIN_K = 256: four 64-deep k-tiles
 (the 128-byte rows of a 16-bit operand tile), an assumption: a shorter split does not fill the mainloop's
-pipeline. Fitted on nothing. With 4 MiB an A100 can split a 1024 x 1024 output at most once; training GEMMs
-(thousands of tiles) never split, so no calibration row moves; the reference 8192^3 has 2,048 tiles.
+pipeline. Fitted on nothing. With 4 MiB an A100 cannot hold two fp32 partials of a 1024 x 1024 output; whole
+training GEMMs (thousands of tiles, like the reference 8192^3's 2,048) never split, but the ring-exchange chunks
+of TE's userbuffers overlap (m = tokens / tp beside the comm kernel's SMs) do.
 Not modeled: stream-K, and the serial in-place reduction (INPLACE) cuBLASLt uses when the workspace is short.
 
 k quantization (`k_quantization`). The mainloop steps through k in tiles of tile_k: a k that is no multiple of
 tile_k still pays its last step whole, k / (ceil(k / tile_k) tile_k). tile_k = K_TILE_BYTES / value bytes: 128
 bytes of each operand row per step, the width of the 128-byte shared-memory swizzle the Hopper and Blackwell
 TMA kernels load (CUTLASS's 64-deep 16-bit and 128-deep FP8 k tiles), so 64 for 16-bit, 128 for FP8, 256 for
-FP4 values. The reference 8192 is a multiple of all three; so are the k of every calibration row (hidden,
-ffn and token counts), so no row moves: it matters for odd heads and hidden sizes (k = 240 at tp 8 of a
-1,920 hidden: 240 / 256). Fitted on nothing.
+FP4 values. The reference 8192 is a multiple of all three; it matters for odd hidden sizes (k = 240 at tp 8 of
+a 1,920 hidden: 240 / 256; GPT-OSS's 2,880 under FP8) and for expert wgrads, whose k is the tokens an expert
+receives. Fitted on nothing.
 """
 
 from __future__ import annotations
