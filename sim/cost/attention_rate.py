@@ -163,6 +163,20 @@ def legacy_mma_fraction(gpu: GpuSpec) -> float:
     return MMA_FLOP_PER_CLOCK[LEGACY_MMA_MAJOR] / MMA_FLOP_PER_CLOCK[major]
 
 
+def fa2_fraction(gpu: GpuSpec, width: float, dropout: bool, native_efficiency: float, scale: float) -> float:
+    """FlashAttention 2's fraction of the part's 16-bit peak: `native_efficiency` (the part's resolved
+    attention_efficiency) where mma.sync is the part's own MMA (sm_80 and below), else legacy_mma_fraction x
+    DEFAULT_ATTENTION_EFFICIENCY x `scale` (the part's reference rate); times the width and dropout factors at
+    the MMA width the kernel issues (module docstring)."""
+    legacy = legacy_mma_fraction(gpu)
+    issued_legacy = legacy < 1.0
+    eff = DEFAULT_ATTENTION_EFFICIENCY * scale if issued_legacy else native_efficiency
+    shape = width_factor(gpu, width, legacy=issued_legacy)
+    if dropout:
+        shape *= dropout_factor(gpu, width, legacy=issued_legacy)
+    return legacy * eff * shape
+
+
 def attention_efficiency(gpu_name: str) -> float:
     """The generation's ATTENTION_EFFICIENCY_BY_GPU, DEFAULT_ATTENTION_EFFICIENCY if unknown."""
     return by_gpu_prefix(ATTENTION_EFFICIENCY_BY_GPU, gpu_name, DEFAULT_ATTENTION_EFFICIENCY)

@@ -7,6 +7,9 @@
                  work: causal halving and the 2.5x backward are already there). width_factor: the
                  head width's MMA-to-softmax balance, 1 at head_dim 128 (sim/cost/attention_rate.py).
                  wave = CTA wave quantization with one CTA per (batch, head, 128-query block).
+                 With attention dropout x dropout_factor (Philox per score); where TE runs FlashAttention 2
+                 on sm_90+ (a deterministic run with dropout on Blackwell) at sm_80's MMA width
+                 (attention_rate.legacy_mma_fraction, ComputeModel.fa2_rate_flops).
     Elementwise  (bytes_read + bytes_written) / (bw x elementwise_eff) + launch
     OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch, plus the host-updated share under
                  optimizer.cpu_offload (offload_step_s)
@@ -57,7 +60,7 @@ from meshsim.sim.cost.attention_rate import (
     DEFAULT_ATTENTION_EFFICIENCY,
     attention_efficiency,
     dropout_factor,
-    legacy_mma_fraction,
+    fa2_fraction,
     width_factor,
 )
 from meshsim.sim.cost.deterministic_fill import fill_bytes
@@ -272,20 +275,11 @@ class ComputeModel:
         return deterministic and not a.fp8 and uses_fa2(self.gpu, a.dropout)
 
     def fa2_rate_flops(self, a: Attention) -> float:
-        """FlashAttention 2's FLOP/s: peak x legacy_mma_fraction x the FA2 efficiency (the stated
-        attention_efficiency on parts up to sm_80, whose native MMA FA2 uses; DEFAULT_ATTENTION_EFFICIENCY
-        above, at the part's sustained rate) x width_factor (sim/cost/attention_rate.py)."""
-        legacy = legacy_mma_fraction(self.gpu)
-        if legacy == 1.0:
-            eff = self.knobs.attention_efficiency
-        else:
-            eff = DEFAULT_ATTENTION_EFFICIENCY * rate_scale(self.gpu, "attention_efficiency")
+        """FlashAttention 2's FLOP/s: peak x attention_rate.fa2_fraction (its native rate up to sm_80, sm_80's
+        MMA width above, at the part's reference rate)."""
         width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))
-        issued_legacy = legacy < 1.0
-        shape = width_factor(self.gpu, width, legacy=issued_legacy)
-        if a.dropout:
-            shape *= dropout_factor(self.gpu, width, legacy=issued_legacy)
-        return self.peak_flops * legacy * eff * shape
+        scale = rate_scale(self.gpu, "attention_efficiency")
+        return self.peak_flops * fa2_fraction(self.gpu, width, a.dropout, self.knobs.attention_efficiency, scale)
 
     def _fa2_deterministic_s(self, a: Attention, rate: float) -> float:
         """FlashAttention 2's deterministic backward (sim/cost/fa2_deterministic.py): the work at `rate`
