@@ -33,10 +33,13 @@ def test_a_userbuffers_chunk_costs_its_share_of_the_whole_message():
 
 def test_a_gemm_beside_the_comm_kernel_runs_on_the_other_sms():
     """An 8192^3 GEMM fills every wave on 132 or 116 SMs alike (within the tile rounding), so it takes
-    about 132 / 116 as long; a small one-wave GEMM (64 tiles) loses nothing."""
+    about 132 / 116 as long; a small one-wave GEMM (64 tiles) that cannot split k loses nothing."""
     h100 = ComputeModel(GPUS["h100-sxm"])
     big = Gemm(8192, 8192, 8192)
     ratio = (h100.time_s(replace(big, comm_sms=UB_COMM_SMS)) - h100.launch_s) / (h100.time_s(big) - h100.launch_s)
     assert ratio == pytest.approx(132 / 116, rel=0.03)
-    small = Gemm(1024, 1024, 8192)
+    small = Gemm(1024, 1024, 256)  # k too short to split (gemm_efficiency.SPLIT_K_MIN_K)
     assert h100.time_s(replace(small, comm_sms=UB_COMM_SMS)) == pytest.approx(h100.time_s(small), rel=1e-9)
+    # with a long k the one-wave GEMM splits k over the idle SMs, so the comm kernel's SMs now cost it
+    split = Gemm(1024, 1024, 8192)
+    assert h100.time_s(replace(split, comm_sms=UB_COMM_SMS)) > h100.time_s(split)

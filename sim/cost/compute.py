@@ -7,6 +7,9 @@
                  work: causal halving and the 2.5x backward are already there). width_factor: the
                  head width's MMA-to-softmax balance, 1 at head_dim 128 (sim/cost/attention_rate.py).
                  wave = CTA wave quantization with one CTA per (batch, head, 128-query block).
+                 With attention dropout x dropout_factor (Philox per score); where TE runs FlashAttention 2
+                 on sm_90+ (a deterministic run with dropout on Blackwell) at sm_80's MMA width
+                 (attention_rate.legacy_mma_fraction, ComputeModel.fa2_rate_flops).
     Elementwise  (bytes_read + bytes_written) / (bw x elementwise_eff) + launch
     OptimizerStep  params x bytes_per_param / (bw x bw_eff) + launch, plus the host-updated share under
                  optimizer.cpu_offload (offload_step_s)
@@ -53,7 +56,13 @@ from dataclasses import dataclass, field
 from meshsim.scenarios.profile import GemmPoint, HardwareProfile, KernelPoint
 from meshsim.scenarios.schema import ComputeTuning
 from meshsim.sim.core.units import GB, US
-from meshsim.sim.cost.attention_rate import DEFAULT_ATTENTION_EFFICIENCY, attention_efficiency, width_factor
+from meshsim.sim.cost.attention_rate import (
+    DEFAULT_ATTENTION_EFFICIENCY,
+    attention_efficiency,
+    dropout_factor,
+    fa2_fraction,
+    width_factor,
+)
 from meshsim.sim.cost.deterministic_fill import fill_bytes
 from meshsim.sim.cost.fa2_deterministic import extra_dq_bytes, split_ratio, uses_fa2
 from meshsim.sim.cost.fp8_gemm import (
@@ -63,8 +72,16 @@ from meshsim.sim.cost.fp8_gemm import (
     fp8_peak_tflops,
     lowp_operand_bytes,
     lowp_peak_tflops,
+    lowp_value_bytes,
 )
-from meshsim.sim.cost.gemm_efficiency import DEFAULT_CEILING, DEFAULT_TILES, gemm_ceiling, gemm_efficiency
+from meshsim.sim.cost.gemm_efficiency import (
+    DEFAULT_CEILING,
+    DEFAULT_TILES,
+    cublas_workspace_bytes,
+    gemm_ceiling,
+    gemm_efficiency,
+    k_tile,
+)
 from meshsim.sim.cost.gemm_efficiency import wave_efficiency as _wave
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US
 from meshsim.sim.cost.reference_rate import rate_scale
@@ -219,7 +236,9 @@ class ComputeModel:
         sustained_tflops = peak_tflops * rate_scale(self.gpu, knob)
         return gemm_efficiency(g.m, g.n, g.k, g.batch, ceiling=getattr(k, knob), tiles=tiles,
                                sm_count=self.gpu.sm_count, k_fill=sustained_tflops * 1e3 / self.gpu.mem_bw_gbps,
-                               out_bytes=g.out_bytes, free_sms=self.gpu.sm_count - g.comm_sms)
+                               out_bytes=g.out_bytes, free_sms=self.gpu.sm_count - g.comm_sms,
+                               workspace_bytes=cublas_workspace_bytes(self.gpu.compute_capability),
+                               tile_k=k_tile(lowp_value_bytes(self.fp8_recipe) if g.fp8 else 2.0))
 
     def gemm_s(self, g: Gemm) -> float:
         if g.flops == 0:
@@ -243,11 +262,29 @@ class ComputeModel:
         peak = fp8_peak_tflops(self.gpu) * TFLOPS if a.fp8 else self.peak_flops
         width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))  # tensor FLOPs per score (attention_rate.py)
         rate = peak * self.knobs.attention_efficiency * width_factor(self.gpu, width, a.fp8)
+        if self.runs_fa2(a):
+            rate = self.fa2_rate_flops(a)
+        elif a.dropout:
+            rate *= dropout_factor(self.gpu, width, a.fp8)
         if a.backward and a.deterministic and uses_fa2(self.gpu, a.dropout):
             return self._fa2_deterministic_s(a, rate)
         ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
         slowdown = self.knobs.deterministic_attention_slowdown if a.backward and a.deterministic else 1.0
         return a.flops * slowdown / (rate * _wave(ctas, self.gpu.sm_count)) + self.launch_s
+
+    def runs_fa2(self, a: Attention) -> bool:
+        """Whether TE runs this attention call as FlashAttention 2: a deterministic backward, or any call of a
+        deterministic run (fill_uninitialized is run.deterministic; TE picks one backend for the forward
+        and the backward), where TE's deterministic filter leaves FA2 (fa2_deterministic.uses_fa2); 16-bit."""
+        deterministic = a.deterministic or self.fill_uninitialized
+        return deterministic and not a.fp8 and uses_fa2(self.gpu, a.dropout)
+
+    def fa2_rate_flops(self, a: Attention) -> float:
+        """FlashAttention 2's FLOP/s: peak x attention_rate.fa2_fraction (its native rate up to sm_80, sm_80's
+        MMA width above, at the part's reference rate)."""
+        width = 2.0 * (a.head_dim + (a.v_head_dim or a.head_dim))
+        scale = rate_scale(self.gpu, "attention_efficiency")
+        return self.peak_flops * fa2_fraction(self.gpu, width, a.dropout, self.knobs.attention_efficiency, scale)
 
     def _fa2_deterministic_s(self, a: Attention, rate: float) -> float:
         """FlashAttention 2's deterministic backward (sim/cost/fa2_deterministic.py): the work at `rate`

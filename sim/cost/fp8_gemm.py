@@ -81,6 +81,12 @@ def lowp_operand_bytes(recipe: str) -> float:
     return NVFP4_OPERAND_BYTES if recipe == NVFP4 else FP8_OPERAND_BYTES
 
 
+def lowp_value_bytes(recipe: str) -> float:
+    """Bytes per A / B value, scales aside: 0.5 for nvfp4's E2M1, else 1 (the mainloop's k step,
+    gemm_efficiency.k_tile)."""
+    return 0.5 if recipe == NVFP4 else FP8_OPERAND_BYTES
+
+
 def fp8_gemm_ceiling(gpu_name: str) -> float:
     """The generation's FP8_GEMM_CEILING_BY_GPU (hardware.compute.fp8_gemm_efficiency, where stated, wins:
     sim/cost/compute.py ComputeModel fills only unstated knobs)."""
