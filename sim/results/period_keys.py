@@ -98,8 +98,16 @@ def _same_work(wa, wb, unit: int) -> bool:
     return wa == wb
 
 
+def dep_csr(ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
+    """(ptr, ids): op i's deps are ids[ptr[i]:ptr[i + 1]]."""
+    deps = list(map(_DEPS, ops))
+    ptr = np.zeros(len(ops) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, deps), np.int64, len(ops)), out=ptr[1:])
+    return ptr, np.fromiter(chain.from_iterable(deps), np.int64, int(ptr[-1]))
+
+
 def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id_of: dict[Key, int], p: int,
-                 unit: int) -> np.ndarray:
+                 unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """ok[i] for every op id: i >= p, op i - p has a micro-batch, keys[i] == later(keys[i - p]), and op i
     reads what op i - p reads one period later: the same stream, phase, layer, host calls, work (a P2P
     batch: its transfers one period later), and deps and host wait whose keys are the images of i - p's."""
@@ -108,10 +116,8 @@ def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id
     ok = np.zeros(n, bool)
     if p <= 0 or p >= n:
         return ok
-    if len(id_of) == n:  # keys all distinct: key i's id is i
-        kid = np.arange(n)
-    else:  # equal keys <=> equal kid
-        kid = np.fromiter(map(id_of.__getitem__, keys), np.int64, n)
+    # equal keys <=> equal kid (the last id of each key); keys all distinct: key i's id is i
+    kid = np.arange(n) if len(id_of) == n else np.fromiter(map(id_of.__getitem__, keys), np.int64, n)
     mu = np.fromiter(map(id_of.get, later_keys(keys, mbs, p2p, unit), repeat(-1)), np.int64, n)
     has_mb = np.array([m is not None for m in mbs], bool)
     good = has_mb[:-p] & (kid[p:] == mu[:-p])
@@ -122,10 +128,8 @@ def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id
     good &= (hw[p:] < 0) == (hw[:-p] < 0)
     both = (hw[p:] >= 0) & (hw[:-p] >= 0)
     good[both] &= kid[hw[p:][both]] == mu[hw[:-p][both]]
-    deps = list(map(_DEPS, ops))
-    count = np.fromiter(map(len, deps), np.int64, n)
-    ptr = np.r_[0, np.cumsum(count)]
-    flat = np.fromiter(chain.from_iterable(deps), np.int64, int(ptr[-1]))
+    ptr, flat = deps if deps is not None else dep_csr(ops)
+    count = np.diff(ptr)
     good &= count[p:] == count[:-p]
     cand = np.flatnonzero(good & (count[p:] > 0))
     if len(cand):

@@ -65,12 +65,12 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
     n_b = schedules[0].micro_batches
     if micro_batches < n_b + unit or (micro_batches - n_b) % unit:
         return f"{micro_batches} micro-batches are not {n_b} plus whole periods of {unit}"
-    maps = [stage_map(s, lead, unit) for s in schedules]
+    stages = tuple(StageOps.of(s) for s in schedules)
+    maps = [stage_map(s, lead, unit, (st.dep_ptr, st.dep_ids)) for s, st in zip(schedules, stages, strict=True)]
     bad = next((m for m in maps if isinstance(m, str)), None)
     if bad is not None:
         return bad
     tol_s = REL_TOL * log.step_time_s
-    stages = tuple(StageOps.of(s) for s in schedules)
     run = _Run(stages, rank_times(log, [len(schedules[stage_of(r)].ops) for r in log.ranks]))
     rep, m0 = log.ranks[0], maps[stage_of(log.ranks[0])]
     starts = run.times[rep].start

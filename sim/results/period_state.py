@@ -44,10 +44,11 @@ class StageMap:
         return op_id if key[0] is None else self.id_of.get(later(key, -self.unit))
 
 
-def stage_map(schedule: Schedule, lead: int, unit: int) -> StageMap | str:
+def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> StageMap | str:
     """The stage's StageMap, or why its schedule has no period where the plan says: its regular part is the
     run of ops around the first op of micro-batch lead + unit that each repeat the op P before them
-    (period_keys.regular_mask)."""
+    (period_keys.regular_mask; `deps`: period_keys.dep_csr of its ops, when the caller has it)."""
     parts = key_parts(schedule)
     keys = parts[0]
     id_of = dict(zip(keys, range(len(keys)), strict=True))
@@ -55,7 +56,7 @@ def stage_map(schedule: Schedule, lead: int, unit: int) -> StageMap | str:
     if first is None or second is None:
         return f"stage {schedule.stage} has no micro-batch {lead + unit}"
     p, ops = second - first, schedule.ops
-    ok = regular_mask(ops, parts, id_of, p, unit)
+    ok = regular_mask(ops, parts, id_of, p, unit, deps)
     stops = np.flatnonzero(~ok[second:])
     end = second + int(stops[0]) if len(stops) else len(keys)
     breaks = np.flatnonzero(~ok[p:second])  # the run reaches back to p at most

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
 from meshsim.sim.engine.events import EventLog
+from meshsim.sim.results.period_keys import dep_csr
 from meshsim.sim.schedule.ops import Schedule
 
-_DEPS, _STREAM = attrgetter("deps"), attrgetter("stream")
+_STREAM = attrgetter("stream")
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,10 +37,7 @@ class StageOps:
     def of(cls, schedule: Schedule) -> StageOps:
         ops = schedule.ops
         streams = list(map(_STREAM, ops))
-        deps = list(map(_DEPS, ops))
-        ptr = np.zeros(len(ops) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, deps), np.int64, len(ops)), out=ptr[1:])
-        flat = np.fromiter(chain.from_iterable(deps), np.int64, int(ptr[-1]))
+        ptr, flat = dep_csr(ops)
         prev, last = [], {}
         for i, stream in enumerate(streams):  # ids are positions: op i's id is i
             if stream == "pp_comm":
