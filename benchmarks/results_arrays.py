@@ -1,0 +1,90 @@
+"""CPU of the steady-state proof, the critical path and the breakdown, and of the whole `simulate()`, on one
+or more scenarios, in this tree and (optionally) another one, in the same command.
+
+Each tree runs in its own process (its own interpreter, its own `meshsim` package): `simulate()` once to
+warm imports and caches, then `--repeats` times with the three analyses wrapped to add up their CPU
+(time.process_time), min over the repeats. Nothing here is asserted.
+
+    python benchmarks/results_arrays.py [--baseline /work/main] [--repeats 3] [SCENARIO ...]
+    (default: llama31-405b-h100-tp8-pp8-cp2 deepseek-v3-h100-ep64)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+PROBE = r"""
+import gc, json, sys, time
+from meshsim.scenarios.load import load_and_resolve
+from meshsim.sim.results import simulate as sm, steady_state as ss, step_result as sr
+
+spent = {"prove": 0.0, "critical_path": 0.0, "breakdown": 0.0}
+
+def timed(name, fn):
+    def wrapper(*args, **kwargs):
+        t = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] += time.process_time() - t
+    return wrapper
+
+ss.prove = timed("prove", ss.prove)
+ss.breakdown = timed("breakdown", ss.breakdown)
+sm.breakdown = timed("breakdown", sm.breakdown)
+sm.critical_path = timed("critical_path", sm.critical_path)
+sr.critical_path = timed("critical_path", sr.critical_path)
+sr.bd.breakdown = timed("breakdown", sr.bd.breakdown)
+name, repeats = sys.argv[1], int(sys.argv[2])
+rs = load_and_resolve(name)
+sm.simulate(rs)
+best = None
+for _ in range(repeats):
+    for k in spent:
+        spent[k] = 0.0
+    gc.collect()
+    t = time.process_time()
+    result = sm.simulate(rs)
+    row = {"simulate": time.process_time() - t, **spent, "step_time_s": result.step_time_s,
+           "path": result.steady_state.path}
+    best = row if best is None or row["simulate"] < best["simulate"] else best
+print(json.dumps(best))
+"""
+
+
+def measure(tree: str, name: str, repeats: int) -> dict:
+    """One process of `tree`'s venv python over the scenario (min over repeats of simulate's CPU)."""
+    python = os.path.join(tree, ".venv", "bin", "python")
+    out = subprocess.run([python, "-c", PROBE, name, str(repeats)], cwd=tree, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenarios", nargs="*", default=["llama31-405b-h100-tp8-pp8-cp2", "deepseek-v3-h100-ep64"])
+    ap.add_argument("--baseline", help="another meshsim tree with its .venv (e.g. /work/main)")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = [("this tree", here)] + ([("baseline", args.baseline)] if args.baseline else [])
+    cols = ("simulate", "prove", "critical_path", "breakdown")
+    print(f"{'scenario':32s} {'tree':10s} " + " ".join(f"{c:>13s}" for c in cols) + "  (CPU s, min of repeats)")
+    for name in args.scenarios:
+        rows = {label: measure(tree, name, args.repeats) for label, tree in trees}
+        for label, row in rows.items():
+            print(f"{name:32s} {label:10s} " + " ".join(f"{row[c]:13.3f}" for c in cols) + f"  {row['path']}")
+        if len(rows) == 2:
+            a, b = rows["this tree"], rows["baseline"]
+            same = "identical" if a["step_time_s"] == b["step_time_s"] else "DIFFERENT"
+            print(f"{'':32s} {'ratio':10s} " + " ".join(f"{a[c] / b[c] if b[c] else 0:13.2f}" for c in cols)
+                  + f"  step time {same}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
