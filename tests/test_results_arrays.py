@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from results_reference import breakdown as ref_breakdown
@@ -143,6 +144,9 @@ def test_arrays_equal_the_reference_on_pipelines_moe_and_cp(overrides, host_mode
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.5, 3.0, 1e-9, 0.1 + 0.2]),
                           st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 0.3, 1e-9])), max_size=12))
 def test_union_equals_the_reference_with_ties_empty_and_reversed_intervals(intervals):
+    starts = np.array([s for s, _ in intervals], np.float64)
+    ends = np.array([e for _, e in intervals], np.float64)
+    assert same(breakdown.union_of(starts, ends), ref_breakdown.union_s(intervals))
     assert same(breakdown.union_s(intervals), ref_breakdown.union_s(intervals))
 
 
