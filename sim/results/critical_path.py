@@ -99,6 +99,20 @@ def latest_of(ids: Sequence[int], ends: Sequence[float]) -> int:
     return max(i for i, end in zip(ids, ends, strict=True) if end >= top)
 
 
+class _Checked(list):
+    """A rank's op id -> row list with holes (-1: the op has no event): indexing one raises KeyError."""
+
+    def __init__(self, rows: list[int], rank: int):
+        super().__init__(rows)
+        self.rank = rank
+
+    def __getitem__(self, op_id: int) -> int:
+        row = super().__getitem__(op_id) if 0 <= op_id < len(self) else -1
+        if row < 0:
+            raise KeyError(f"rank {self.rank} has no event of op {op_id}")
+        return row
+
+
 class _Ranks:
     """The log's columns as lists, and per rank (built when the walk first reaches it: it visits few)
     each op's row and its place in the rank's completion order; per stage, its ops and stream order."""
@@ -123,24 +137,26 @@ class _Ranks:
             hit = self._stages[stage] = (sched.ops, _stream_prev(sched))
         return hit
 
-    def rows(self, rank: int) -> tuple[list[int], list[int], list[float], list[int]]:
-        """(row of each op id (-1: none), the rank's op ids in completion order, their ends, each op id's
-        place in that order)."""
+    def rows(self, rank: int) -> tuple[Sequence[int], list[int], list[float], list[int]]:
+        """(row of each op id, the rank's op ids in completion order, their ends, each op id's place in
+        that order). The rows are a plain list when the rank has one event per op of its stage (every op
+        id the walk can meet is in range), else a lookup that raises KeyError for an op with no event."""
         hit = self._rows.get(rank)
         if hit is None:
             rows = np.flatnonzero(self.cols.rank == rank)
             ids = self.cols.op_id[rows]
-            size = int(ids.max()) + 1 if len(ids) else 0
+            n_ops = len(self.stage(rank)[0])
+            size = max(int(ids.max()) + 1 if len(ids) else 0, n_ops)
             row_of, place = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
             row_of[ids], place[ids] = rows, np.arange(len(rows))
-            hit = self._rows[rank] = (row_of.tolist(), ids.tolist(), self.cols.end_s[rows].tolist(), place.tolist())
+            lookup = row_of.tolist()
+            if size != n_ops or (row_of < 0).any():
+                lookup = _Checked(lookup, rank)
+            hit = self._rows[rank] = (lookup, ids.tolist(), self.cols.end_s[rows].tolist(), place.tolist())
         return hit
 
     def row(self, rank: int, op_id: int) -> int:
-        row_of = self.rows(rank)[0]
-        if not 0 <= op_id < len(row_of) or row_of[op_id] < 0:
-            raise KeyError(f"rank {rank} has no event of op {op_id}")
-        return row_of[op_id]
+        return self.rows(rank)[0][op_id]
 
     def before(self, rank: int, op_id: int, t_s: float) -> int | None:
         """The row of the last event the rank completed before op_id's that ended by t_s."""
@@ -183,9 +199,12 @@ def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> lis
         if wait_s > _GAP_S:
             path.append(_waiting(rank, start_s, run_start_s))
         ids = op.deps if prev[op_id] < 0 else (*op.deps, prev[op_id])
-        if ids:
-            rows = [st.row(rank, i) for i in ids]
-            row = st.row(rank, latest_of(ids, [ends[r] for r in rows]))
+        if len(ids) > 1:
+            lookup = st.rows(rank)[0]
+            row = lookup[latest_of(ids, [ends[lookup[i]] for i in ids])]
+            pred_end_s = ends[row]
+        elif ids:
+            row = st.rows(rank)[0][ids[0]]
             pred_end_s = ends[row]
         else:
             row, pred_end_s = None, 0.0
