@@ -1,6 +1,11 @@
 """The steady-state theorem's premises, checked on one simulated run (sim/results/steady_state.py states
 the theorem and why these premises suffice). `prove` returns a Proof (the cut, the period, the number of
-periods to insert and the stages' op maps) or the first premise that fails, in one line."""
+periods to insert and the stages' op maps) or the first premise that fails, in one line.
+
+The checks read the run as arrays (sim/results/run_arrays.py: each rank's times by op id from the log's
+columns, each stage's deps in CSR form) and decide every op at once with exact comparisons and max / min
+reductions; only the few ops running at a cut are looked at one by one. They give the per-event loops'
+verdicts, reasons word for word (tests/test_results_arrays.py against tests/results_reference/)."""
 
 from __future__ import annotations
 
