@@ -5,8 +5,9 @@ the same engine, so only they differ), and (optionally) another tree, in the sam
 Each tree runs in its own process (its own interpreter, its own `meshsim` package): `simulate()` once to
 warm imports and caches, then `--repeats` times with the three analyses wrapped to add up their CPU
 (time.process_time), min over the repeats; each under gc_frozen, as `meshsim run` runs it (without it
-the collector's rescans of the step's ~10^6 objects land in whichever analysis allocates). Nothing here
-is asserted.
+the collector's rescans of the step's ~10^6 objects land in whichever analysis allocates). `columns`:
+building EventLog.columns() from the per-event tuples, whichever analysis asks first (not counted in
+it); an engine that records into arrays hands them over for free. Nothing here is asserted.
 
     python benchmarks/results_arrays.py [--baseline /work/main] [--repeats 3] [SCENARIO ...]
     (default: llama31-405b-h100-tp8-pp8-cp2 deepseek-v3-h100-ep64)
@@ -25,16 +26,24 @@ import gc, json, sys, time
 from meshsim.scenarios.load import load_and_resolve
 from meshsim.sim.results import simulate as sm, steady_state as ss, step_result as sr
 
-spent = {"prove": 0.0, "critical_path": 0.0, "breakdown": 0.0}
+from meshsim.sim.engine import events
+spent = {"prove": 0.0, "critical_path": 0.0, "breakdown": 0.0, "columns": 0.0}
+inside = []  # CPU of timed calls made inside the running one: counted in theirs, not in its
 
 def timed(name, fn):
     def wrapper(*args, **kwargs):
         t = time.process_time()
+        inside.append(0.0)
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[name] += time.process_time() - t
+            own, elapsed = inside.pop(), time.process_time() - t
+            spent[name] += elapsed - own
+            if inside:
+                inside[-1] += elapsed
     return wrapper
+
+events.EventLog.columns = timed("columns", events.EventLog.columns)  # the log's arrays, built on first use
 
 if sys.argv[3] == "reference":  # today's per-event code (tests/results_reference) in this tree's place
     sys.path.insert(0, "tests")
@@ -84,7 +93,7 @@ def main() -> None:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     trees = [("this tree", here, False), ("reference", here, True)] + \
         ([("baseline", args.baseline, False)] if args.baseline else [])
-    cols = ("simulate", "prove", "critical_path", "breakdown")
+    cols = ("simulate", "prove", "critical_path", "breakdown", "columns")
     print(f"{'scenario':32s} {'tree':10s} " + " ".join(f"{c:>13s}" for c in cols) + "  (CPU s, min of repeats)")
     for name in args.scenarios:
         rows = {label: measure(tree, name, args.repeats, ref) for label, tree, ref in trees}
