@@ -31,6 +31,9 @@ weight gathers, issued one block ahead, and gradient reduce-scatters: sim/schedu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
+
+import numpy as np
 
 from meshsim.sim.engine.events import Event
 
@@ -58,7 +61,7 @@ def upgrade_breakdown(old: Mapping[str, float], step_time_s: float) -> dict[str,
 
 
 def union_s(intervals: Iterable[Interval]) -> float:
-    """Measure of the union of [start, end) intervals."""
+    """Measure of the union of [start, end) intervals (union_of is the same over arrays)."""
     total = 0.0
     cur_start = cur_end = None
     for start, end in sorted(intervals):
@@ -73,51 +76,99 @@ def union_s(intervals: Iterable[Interval]) -> float:
     return total
 
 
-def _busy_intervals(events: list[Event], pipeline: bool) -> dict[str, list[Interval]]:
-    by_stream: dict[str, list[Interval]] = {"compute": [], "tp_comm": [], "dp_comm": []}
-    if pipeline:
-        by_stream["pp_comm"] = []
-    for ev in events:
-        start_s = ev.start_s + ev.wait_s if ev.stream == "pp_comm" else ev.start_s
-        if ev.end_s > start_s:
-            by_stream.setdefault(ev.stream, []).append((start_s, ev.end_s))
-    return by_stream
+def union_of(starts: np.ndarray, ends: np.ndarray) -> float:
+    """union_s of the intervals [starts[i], ends[i]): sorted by (start, end) as tuples sort, merged while a
+    start is not past the running end (its running max), the merged lengths added left to right (the
+    sequential float sum union_s always took: np.cumsum is sequential, unlike np.sum). A start is past
+    the running end of all before it exactly when it is past its own merged run's (starts are sorted), so
+    the running max over all of them marks the same runs."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.lexsort((ends, starts))
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)  # the running end after each interval
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    np.greater(s[1:], reach[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    return float(np.cumsum(np.maximum.reduceat(e, first) - s[first])[-1])
 
 
-def _neighbour_waits(events: list[Event], step_time_s: float) -> list[Interval]:
+_STREAM, _START, _END, _WAIT = (itemgetter(i) for i in (3, 8, 9, 10))
+
+
+class _Slices:
+    """A rank's events as arrays: each stream's busy slices (start, end) with end > start (a P2P batch
+    from when both ends had posted), and the P2P batches' waits for their peer."""
+
+    def __init__(self, events: list[Event]):
+        n = len(events)
+        streams = list(map(_STREAM, events))
+        start = np.fromiter(map(_START, events), np.float64, n)
+        self.end = np.fromiter(map(_END, events), np.float64, n)
+        self.wait = np.fromiter(map(_WAIT, events), np.float64, n)
+        names = {"compute": 0, "tp_comm": 1, "dp_comm": 2, "pp_comm": 3}
+        for s in streams:
+            names.setdefault(s, len(names))
+        self.names = names
+        self.code = np.fromiter(map(names.__getitem__, streams), np.int64, n)
+        self.p2p = self.code == names["pp_comm"]
+        self.start = start
+        self.busy_start = np.where(self.p2p, start + self.wait, start)
+        self.busy = self.end > self.busy_start
+
+    def of(self, *streams: str) -> np.ndarray:
+        """Mask of the busy slices of these streams."""
+        want = [self.names[s] for s in streams if s in self.names]
+        return self.busy & np.isin(self.code, want)
+
+    def union(self, mask: np.ndarray, extra: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+        starts, ends = self.busy_start[mask], self.end[mask]
+        if extra is not None:
+            starts, ends = np.concatenate((starts, extra[0])), np.concatenate((ends, extra[1]))
+        return union_of(starts, ends)
+
+    def has(self, stream: str) -> bool:
+        """Whether the stream has a busy slice (the dict of lists breakdown kept had it non-empty)."""
+        return stream in self.names and bool(self.of(stream).any())
+
+
+def _neighbour_waits(sl: _Slices, step_time_s: float) -> tuple[np.ndarray, np.ndarray]:
     """While a P2P batch waits for its peer to post, plus the tail from the rank's last op to the step end."""
-    waits = [(ev.start_s, ev.start_s + ev.wait_s) for ev in events if ev.stream == "pp_comm" and ev.wait_s > 0]
-    last_s = max((ev.end_s for ev in events), default=0.0)
+    waiting = sl.p2p & (sl.wait > 0)
+    starts, ends = sl.start[waiting], sl.start[waiting] + sl.wait[waiting]
+    last_s = float(sl.end.max()) if len(sl.end) else 0.0
     if step_time_s > last_s:
-        waits.append((last_s, step_time_s))
-    return waits
+        starts, ends = np.append(starts, last_s), np.append(ends, step_time_s)
+    return starts, ends
 
 
 def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = False) -> dict[str, float]:
     """BREAKDOWN_KEYS (PIPELINE_BREAKDOWN_KEYS with `pipeline`) in seconds for the events of one rank."""
-    events = list(events)
-    iv = _busy_intervals(events, pipeline)
-    compute, tp, dp = iv["compute"], iv["tp_comm"], iv["dp_comm"]
-    ep, cp = iv.get("ep_comm"), iv.get("cp_comm")
-    busy_compute = union_s(compute)
-    with_tp = union_s(tp + compute)
-    with_ep = union_s(ep + tp + compute) if ep else with_tp
-    with_cp = union_s(cp + (ep or []) + tp + compute) if cp else with_ep
-    with_dp = union_s(dp + (cp or []) + (ep or []) + tp + compute)
-    all_busy = union_s([i for ivs in iv.values() for i in ivs])
-    first_compute_s = min((start for start, _ in compute), default=step_time_s)
-    out = {"compute_busy": busy_compute, "tp_comm_busy": union_s(tp), "dp_comm_busy": union_s(dp),
+    sl = _Slices(list(events))
+    compute = sl.of("compute")
+    ep, cp = sl.has("ep_comm"), sl.has("cp_comm")
+    comm = ("tp_comm",) + (("ep_comm",) if ep else ()) + (("cp_comm",) if cp else ())
+    busy_compute = sl.union(compute)
+    with_tp = sl.union(sl.of("compute", "tp_comm"))
+    with_ep = sl.union(sl.of("compute", "tp_comm", "ep_comm")) if ep else with_tp
+    with_cp = sl.union(sl.of("compute", *comm)) if cp else with_ep
+    with_dp = sl.union(sl.of("compute", "dp_comm", *comm))
+    all_busy = sl.union(sl.busy)
+    first_compute_s = float(sl.busy_start[compute].min()) if compute.any() else step_time_s
+    out = {"compute_busy": busy_compute, "tp_comm_busy": sl.union(sl.of("tp_comm")),
+           "dp_comm_busy": sl.union(sl.of("dp_comm")),
            "compute_waiting": max(0.0, step_time_s - busy_compute), "compute_waiting_at_start": first_compute_s,
            "exposed_comm": all_busy - busy_compute, "exposed_tp_comm": with_tp - busy_compute,
            "exposed_dp_comm_only": with_dp - with_cp}
     if ep:
-        out.update(ep_comm_busy=union_s(ep), exposed_ep_comm=with_ep - with_tp)
+        out.update(ep_comm_busy=sl.union(sl.of("ep_comm")), exposed_ep_comm=with_ep - with_tp)
     if cp:
-        out.update(cp_comm_busy=union_s(cp), exposed_cp_comm=with_cp - with_ep)
+        out.update(cp_comm_busy=sl.union(sl.of("cp_comm")), exposed_cp_comm=with_cp - with_ep)
     if not pipeline:
         return {**out, "nothing_running": max(0.0, step_time_s - all_busy)}
-    with_gaps = union_s([i for ivs in iv.values() for i in ivs] + _neighbour_waits(events, step_time_s))
-    return {**out, "pp_comm_busy": union_s(iv["pp_comm"]), "exposed_pp_comm_only": all_busy - with_dp,
+    with_gaps = sl.union(sl.busy, _neighbour_waits(sl, step_time_s))
+    return {**out, "pp_comm_busy": sl.union(sl.of("pp_comm")), "exposed_pp_comm_only": all_busy - with_dp,
             "pipeline_bubble": with_gaps - all_busy, "nothing_running": max(0.0, step_time_s - with_gaps)}
 
 

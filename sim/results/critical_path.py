@@ -22,9 +22,11 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter
 
-from meshsim.sim.engine.events import Event, EventLog
+import numpy as np
+
+from meshsim.sim.engine.events import EventLog
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
 CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
@@ -69,41 +71,20 @@ class Segment:
                    data.get("op_id"), data.get("count", 1))
 
 
-def _stream_prev(schedule: Schedule) -> dict[int, int]:
-    """op id -> id of the op before it on the same stream."""
-    prev: dict[int, int] = {}
+def _stream_prev(schedule: Schedule) -> list[int]:
+    """op id -> id of the op before it on the same stream (-1: none; P2P batches are not FIFO)."""
+    prev: list[int] = []
     last: dict[str, int] = {}
-    for op in schedule.ops:
-        if op.stream == "pp_comm":  # P2P batches are not FIFO
+    for i, stream in enumerate(map(_STREAM, schedule.ops)):  # ids are list positions
+        if stream == "pp_comm":
+            prev.append(-1)
             continue
-        if op.stream in last:
-            prev[op.id] = last[op.stream]
-        last[op.stream] = op.id
+        prev.append(last.get(stream, -1))
+        last[stream] = i
     return prev
 
 
-_END_THEN_ID = itemgetter(9, 1)  # Event -> (end_s, op_id), the order that picks a predecessor (C speed)
-_END = itemgetter(9)  # Event -> end_s
-_OP_ID = itemgetter(1)
-
-
-def latest(events: Sequence[Event]) -> Event | None:
-    """The event that ends last; among those ending within TIE_S of it, the one of the largest op id."""
-    if not events:
-        return None
-    best = max(events, key=_END_THEN_ID)
-    top = best.end_s - TIE_S
-    tied = [e for e in events if e.end_s >= top]
-    return best if len(tied) == 1 else max(tied, key=_OP_ID)
-
-
-def _predecessor(events_of_rank: Mapping[int, Event], op: Op, prev: dict[int, int]) -> Event | None:
-    """The last to finish among the op's deps and the previous op on its stream (events of one rank)."""
-    ids = op.deps
-    before = prev.get(op.id)
-    if before is not None:
-        ids = (*ids, before)
-    return latest(list(map(events_of_rank.__getitem__, ids)))
+_STREAM = attrgetter("stream")
 
 
 def _waiting(rank: int, start_s: float, end_s: float, category: str = "waiting") -> Segment:
@@ -111,89 +92,139 @@ def _waiting(rank: int, start_s: float, end_s: float, category: str = "waiting")
                    (end_s - start_s) * 1e6)
 
 
-class _Stages:
-    """Per rank: its stage's ops and stream order, and its events in completion order (each built when the
-    walk first reaches that stage or rank: the walk visits few of them)."""
+def latest_of(ids: Sequence[int], ends: Sequence[float]) -> int:
+    """Of ops `ids` (ends[k] the end of ids[k], at least one), the one that ends last; among those ending
+    within TIE_S of it, the one of the largest op id (a tie broken by id, not by round-off)."""
+    top = max(ends) - TIE_S
+    return max(i for i, end in zip(ids, ends, strict=True) if end >= top)
+
+
+class _Checked(list):
+    """A rank's op id -> row list with holes (-1: the op has no event): indexing one raises KeyError."""
+
+    def __init__(self, rows: list[int], rank: int):
+        super().__init__(rows)
+        self.rank = rank
+
+    def __getitem__(self, op_id: int) -> int:
+        row = super().__getitem__(op_id) if 0 <= op_id < len(self) else -1
+        if row < 0:
+            raise KeyError(f"rank {self.rank} has no event of op {op_id}")
+        return row
+
+
+class _Ranks:
+    """The log's columns as lists, and per rank (built when the walk first reaches it: it visits few)
+    each op's row and its place in the rank's completion order; per stage, its ops and stream order."""
 
     def __init__(self, schedule: Schedule | Sequence[Schedule], log: EventLog):
         self.schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
         self.size = self.schedules[0].tp * self.schedules[0].cp * self.schedules[0].dp
         self.single = len(self.schedules) == 1
-        self.index = log.by_rank()  # per rank, in completion order (events are appended as they finish)
-        self._tables: dict[int, tuple[dict[int, Op], dict[int, int]]] = {}
-        self._order: dict[int, list[Event]] = {}
-        self._ends: dict[int, list[float]] = {}
-        self._pos: dict[int, dict[int, int]] = {}
+        self.cols = cols = log.columns()
+        self.rank, self.op_id = cols.rank.tolist(), cols.op_id.tolist()
+        self.start, self.end, self.wait = cols.start_s.tolist(), cols.end_s.tolist(), cols.wait_s.tolist()
+        self.peer, self.peer_op = cols.peer.tolist(), cols.peer_op.tolist()
+        self._stages: dict[int, tuple[Sequence[Op], list[int]]] = {}
+        self._rows: dict[int, tuple[list[int], list[int], list[float], list[int]]] = {}
 
-    def stage(self, rank: int) -> int:
-        return 0 if self.single else rank // self.size
-
-    def tables(self, rank: int) -> tuple[dict[int, Op], dict[int, int]]:
-        """The rank's stage's (op id -> op, op id -> previous op id on its stream)."""
-        stage = self.stage(rank)
-        hit = self._tables.get(stage)
+    def stage(self, rank: int) -> tuple[Sequence[Op], list[int]]:
+        """The rank's stage's ops and stream predecessors."""
+        stage = 0 if self.single else rank // self.size
+        hit = self._stages.get(stage)
         if hit is None:
             sched = self.schedules[stage]
-            hit = self._tables[stage] = ({op.id: op for op in sched.ops}, _stream_prev(sched))
+            hit = self._stages[stage] = (sched.ops, _stream_prev(sched))
         return hit
 
-    def before(self, ev: Event, t_s: float) -> Event | None:
-        """The last event the rank completed before `ev` that ended by t_s."""
-        rank = ev.rank
-        if rank not in self._order:
-            order = self._order[rank] = list(self.index[rank].values())
-            self._ends[rank] = list(map(_END, order))
-            self._pos[rank] = {op_id: i for i, op_id in enumerate(self.index[rank])}
-        i = bisect_right(self._ends[rank], t_s, 0, self._pos[rank][ev.op_id])
+    def rows(self, rank: int) -> tuple[Sequence[int], list[int], list[float], list[int]]:
+        """(row of each op id, the rank's op ids in completion order, their ends, each op id's place in
+        that order). The rows are a plain list when the rank has one event per op of its stage (every op
+        id the walk can meet is in range), else a lookup that raises KeyError for an op with no event."""
+        hit = self._rows.get(rank)
+        if hit is None:
+            rows = np.flatnonzero(self.cols.rank == rank)
+            ids = self.cols.op_id[rows]
+            n_ops = len(self.stage(rank)[0])
+            size = max(int(ids.max()) + 1 if len(ids) else 0, n_ops)
+            row_of, place = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+            row_of[ids], place[ids] = rows, np.arange(len(rows))
+            lookup = row_of.tolist()
+            if size != n_ops or (row_of < 0).any():
+                lookup = _Checked(lookup, rank)
+            hit = self._rows[rank] = (lookup, ids.tolist(), self.cols.end_s[rows].tolist(), place.tolist())
+        return hit
+
+    def row(self, rank: int, op_id: int) -> int:
+        return self.rows(rank)[0][op_id]
+
+    def before(self, rank: int, op_id: int, t_s: float) -> int | None:
+        """The row of the last event the rank completed before op_id's that ended by t_s."""
+        _, order, ends, place = self.rows(rank)
+        i = bisect_right(ends, t_s, 0, place[op_id])
         if i == 0:
             return None
-        j = bisect_right(self._ends[rank], self._ends[rank][i - 1] - TIE_S, 0, i)  # ties: by op id
-        return latest(self._order[rank][j:i])
+        j = bisect_right(ends, ends[i - 1] - TIE_S, 0, i)  # ties: by op id
+        return self.row(rank, latest_of(order[j:i], ends[j:i])) if j < i else None
 
 
 def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> list[Segment]:
     """Segments in time order from 0 to the step time (see module docstring); `schedule` is one Schedule,
-    or one per pipeline stage (rank r runs stage r // (tp dp))."""
-    if not log.events:
+    or one per pipeline stage (rank r runs stage r // (tp dp)). Reads the log's columns (row by row, as
+    lists: the walk is sequential), never its per-event tuples."""
+    st = _Ranks(schedule, log)
+    if not st.rank:
         return []
-    st = _Stages(schedule, log)
-    index = st.index
-    last_end_s = max(map(_END, log.events))  # then (-rank, op_id) picks among the last to end
-    ev: Event | None = max((e for e in log.events if e.end_s >= last_end_s - TIE_S), key=lambda e: (-e.rank, e.op_id))
+    cols = st.cols
+    last = np.flatnonzero(cols.end_s >= float(cols.end_s.max()) - TIE_S).tolist()
+    row = max(last, key=lambda r: (-st.rank[r], st.op_id[r]))  # then (-rank, op_id) picks among the last to end
     path: list[Segment] = []
-    while ev is not None:
-        ops, prev = st.tables(ev.rank)
-        op = ops[ev.op_id]
+    ends = st.end
+    while row is not None:
+        rank, op_id = st.rank[row], st.op_id[row]
+        ops, prev = st.stage(rank)
+        op = ops[op_id]
         if isinstance(op.work, P2P):
-            ev = _p2p_step(ev, st, path)
+            row = _p2p_step(row, op, st, path)
             continue
-        if isinstance(op.work, Collective) and ev.peer is not None and ev.peer != ev.rank:
-            ev = index[ev.peer][ev.peer_op if ev.peer_op is not None else ev.op_id]
-            ops, prev = st.tables(ev.rank)
-            op = ops[ev.op_id]
-        run_start_s = ev.start_s + ev.wait_s
-        path.append(Segment(ev.name, ev.category, ev.rank, run_start_s * 1e6, (ev.end_s - run_start_s) * 1e6,
-                            ev.op_id))
-        if ev.wait_s > _GAP_S:
-            path.append(_waiting(ev.rank, ev.start_s, run_start_s))
-        pred = _predecessor(index[ev.rank], op, prev)
-        pred_end_s = pred.end_s if pred is not None else 0.0
-        if ev.start_s - pred_end_s > _GAP_S:
-            path.append(_waiting(ev.rank, pred_end_s, ev.start_s))
-        ev = pred
+        if isinstance(op.work, Collective) and st.peer[row] >= 0 and st.peer[row] != rank:
+            peer_op = st.peer_op[row]
+            rank, op_id = st.peer[row], peer_op if peer_op >= 0 else op_id
+            row = st.row(rank, op_id)
+            ops, prev = st.stage(rank)
+            op = ops[op_id]
+        start_s, wait_s = st.start[row], st.wait[row]
+        run_start_s = start_s + wait_s
+        path.append(Segment(op.name, op.category, rank, run_start_s * 1e6, (ends[row] - run_start_s) * 1e6, op_id))
+        if wait_s > _GAP_S:
+            path.append(_waiting(rank, start_s, run_start_s))
+        ids = op.deps if prev[op_id] < 0 else (*op.deps, prev[op_id])
+        if len(ids) > 1:
+            lookup = st.rows(rank)[0]
+            row = lookup[latest_of(ids, [ends[lookup[i]] for i in ids])]
+            pred_end_s = ends[row]
+        elif ids:
+            row = st.rows(rank)[0][ids[0]]
+            pred_end_s = ends[row]
+        else:
+            row, pred_end_s = None, 0.0
+        if start_s - pred_end_s > _GAP_S:
+            path.append(_waiting(rank, pred_end_s, start_s))
     path.reverse()
     return path
 
 
-def _p2p_step(ev: Event, st: _Stages, path: list[Segment]) -> Event | None:
-    """Record a P2P batch's transfer and the bubble before it; return the rank's op that precedes both."""
-    transfer_start_s = ev.start_s + ev.wait_s
-    path.append(Segment(ev.name, "pp_comm", ev.rank, transfer_start_s * 1e6,
-                        (ev.end_s - transfer_start_s) * 1e6, ev.op_id))
-    pred = st.before(ev, transfer_start_s)
-    pred_end_s = pred.end_s if pred is not None else 0.0
+def _p2p_step(row: int, op: Op, st: _Ranks, path: list[Segment]) -> int | None:
+    """Record a P2P batch's transfer and the bubble before it; return the row of the rank's op that
+    precedes both."""
+    rank, op_id = st.rank[row], st.op_id[row]
+    transfer_start_s = st.start[row] + st.wait[row]
+    path.append(Segment(op.name, "pp_comm", rank, transfer_start_s * 1e6,
+                        (st.end[row] - transfer_start_s) * 1e6, op_id))
+    pred = st.before(rank, op_id, transfer_start_s)
+    pred_end_s = st.end[pred] if pred is not None else 0.0
     if transfer_start_s - pred_end_s > _GAP_S:
-        path.append(_waiting(ev.rank, pred_end_s, transfer_start_s, "pipeline_bubble"))
+        path.append(_waiting(rank, pred_end_s, transfer_start_s, "pipeline_bubble"))
     return pred
 
 

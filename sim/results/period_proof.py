@@ -1,16 +1,24 @@
 """The steady-state theorem's premises, checked on one simulated run (sim/results/steady_state.py states
 the theorem and why these premises suffice). `prove` returns a Proof (the cut, the period, the number of
-periods to insert and the stages' op maps) or the first premise that fails, in one line."""
+periods to insert and the stages' op maps) or the first premise that fails, in one line.
+
+The checks read the run as arrays (sim/results/run_arrays.py: each rank's times by op id from the log's
+columns, each stage's deps in CSR form) and decide every op at once with exact comparisons and max / min
+reductions; only the few ops running at a cut are looked at one by one. They give the per-event loops'
+verdicts, reasons word for word (tests/test_results_arrays.py against tests/results_reference/)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from meshsim.sim.engine.events import Event, EventLog
+import numpy as np
+
+from meshsim.sim.engine.events import EventLog
 from meshsim.sim.engine.host import HostSyncs, delays_s, host_syncs, last_known
 from meshsim.sim.results.period_state import (
     DONE,
+    RUNNING,
     TODO,
     Cut,
     StageMap,
@@ -18,12 +26,13 @@ from meshsim.sim.results.period_state import (
     jobs_repeat,
     mu_key,
     mu_tag,
-    phase,
-    same_state,
+    side,
     stage_map,
     transfer_index,
+    transfers_repeat,
 )
-from meshsim.sim.schedule.ops import Schedule
+from meshsim.sim.results.run_arrays import RankTimes, StageOps, phases, rank_times
+from meshsim.sim.schedule.ops import P2P, Collective, Schedule
 
 REL_TOL = 1e-9  # allowed relative deviation of any simulated time from its periodic image (float round-off)
 
@@ -42,13 +51,15 @@ class Proof:
 
 def stream_prev(schedule: Schedule) -> list[int | None]:
     """op id -> the op before it on its FIFO stream (None: first, or a P2P batch)."""
-    last: dict[str, int] = {}
-    prev: list[int | None] = []
-    for op in schedule.ops:
-        prev.append(None if op.stream == "pp_comm" else last.get(op.stream))
-        if op.stream != "pp_comm":
-            last[op.stream] = op.id
-    return prev
+    return StageOps.of(schedule).prev_list()
+
+
+@dataclass(frozen=True, eq=False)
+class _Run:
+    """What the checks read of the run: each stage's StageOps, each rank's times by op id (run_arrays)."""
+
+    stages: tuple[StageOps, ...]
+    times: dict[int, RankTimes]
 
 
 def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, micro_batches: int,
@@ -59,94 +70,124 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
     n_b = schedules[0].micro_batches
     if micro_batches < n_b + unit or (micro_batches - n_b) % unit:
         return f"{micro_batches} micro-batches are not {n_b} plus whole periods of {unit}"
-    maps = [stage_map(s, lead, unit) for s in schedules]
+    stages = tuple(StageOps.of(s) for s in schedules)
+    maps = [stage_map(s, lead, unit, (st.dep_ptr, st.dep_ids)) for s, st in zip(schedules, stages, strict=True)]
     bad = next((m for m in maps if isinstance(m, str)), None)
     if bad is not None:
         return bad
     tol_s = REL_TOL * log.step_time_s
-    by = log.by_rank()
+    run = _Run(stages, rank_times(log, [len(schedules[stage_of(r)].ops) for r in log.ranks]))
     rep, m0 = log.ranks[0], maps[stage_of(log.ranks[0])]
-    x, y = by[rep][m0.id_of[(lead, 0)]], by[rep][m0.id_of[(lead + unit, 0)]]
-    period_s = y.start_s - x.start_s
+    starts = run.times[rep].start
+    period_s = float(starts[m0.id_of[(lead + unit, 0)]] - starts[m0.id_of[(lead, 0)]])
+    x_start_s = float(starts[m0.id_of[(lead, 0)]])
     if period_s <= 1e3 * tol_s:
         return "the period is not longer than the tolerance"
-    c1 = choose_cut(log, x.start_s, period_s, tol_s, lambda c: good_cut(c) and good_cut(c + period_s))
+    c1 = choose_cut(log, x_start_s, period_s, tol_s, lambda c: good_cut(c) and good_cut(c + period_s))
     if c1 is None:
         return "no time in the first period is clear of state changes there and one period later"
     proof = Proof(Cut(c1, period_s, tol_s, kappa), (micro_batches - n_b) // unit, tuple(maps), stage_of,
-                  tuple(stream_prev(s) for s in schedules))
+                  tuple(st.prev_list() for st in stages))
     for check in (_drain_after_cut, _states, _host):
-        reason = check(proof, log, issue)
+        reason = check(proof, log, run, issue)
         if reason is not None:
             return reason
     return jobs_repeat(log.jobs, proof.cut, lambda tag: mu_tag(tag, proof.map_of, unit),
                        lambda key: mu_key(key, proof.maps, unit)) or proof
 
 
-def _unfinished(e: Event, c: float) -> bool:
-    return e.end_s > c
+def _first(mask: np.ndarray) -> int | None:
+    """The first index where mask holds, or None."""
+    hit = np.flatnonzero(mask)
+    return int(hit[0]) if len(hit) else None
 
 
-def _drain_after_cut(proof: Proof, log: EventLog, issue) -> str | None:
+def _drain_after_cut(proof: Proof, log: EventLog, run: _Run, issue) -> str | None:
     """Causality: nothing of the drain (ids from end_regular on) has started by c2, and the last period of
     the regular part is still blocked at c1 (each of its ops waits for an unfinished dep or stream
     predecessor), so its images one period later cannot start before c2 either."""
     c1, c2 = proof.cut.c1, proof.cut.c2
-    by = log.by_rank()
-    last = max(log.events, key=lambda e: e.end_s)
-    if last.start_s <= c2:
+    cols = log.columns()
+    if cols.start_s[int(np.argmax(cols.end_s))] <= c2:  # the first event of the latest end, as max() takes
         return "the run's last op starts before the second cut"
     for rank in log.ranks:
-        m, ev, prev = proof.map_of(rank), by[rank], proof.prevs[proof.stage_of(rank)]
-        late = next((ev[i] for i in range(m.end_regular, len(m.ops)) if ev[i].start_s < c2), None)
+        m, t, stage = proof.map_of(rank), run.times[rank], proof.stage_of(rank)
+        late = _first(t.start[m.end_regular:] < c2)
         if late is not None:
-            return f"{late.name} (rank {rank}) of the drain starts before the second cut"
-        for i in range(m.end_regular - m.period_ops, m.end_regular):
-            waits = [*m.ops[i].deps, *([] if prev[i] is None else [prev[i]])]
-            if phase(ev[i].start_s, ev[i].end_s, c1) != TODO or not any(_unfinished(ev[d], c1) for d in waits):
-                return f"{ev[i].name} (rank {rank}) of the regular part's last period is not blocked at the first cut"
+            return f"{m.ops[m.end_regular + late].name} (rank {rank}) of the drain starts before the second cut"
+        lo, hi = m.end_regular - m.period_ops, m.end_regular
+        waited = run.stages[stage].latest_wait_end(t.end, -np.inf)[lo:hi] > c1  # some dep or predecessor unfinished
+        blocked = phases(t.start[lo:hi], t.end[lo:hi], c1) == TODO
+        bad = _first(~(blocked & waited))
+        if bad is not None:
+            return f"{m.ops[lo + bad].name} (rank {rank}) of the regular part's last period is not blocked at the first cut"
     return None
 
 
-def _states(proof: Proof, log: EventLog, issue) -> str | None:
+def _states(proof: Proof, log: EventLog, run: _Run, issue) -> str | None:
     """The state at c2 is mu of the state at c1: every op of the regular part and the op one period later
     are in the same phase with their past times one period apart; older ops are finished."""
-    cut = proof.cut
-    by, transfers = log.by_rank(), transfer_index(log.transfers)
+    cut, transfers = proof.cut, None
     for rank in log.ranks:
-        m, ev = proof.map_of(rank), by[rank]
+        m, t = proof.map_of(rank), run.times[rank]
         p, start = m.period_ops, m.first_regular
-        old = next((ev[i] for i in range(start) if ev[i].end_s > (cut.c1 if i < start - p else cut.c2)), None)
+        old = _first(t.end[:start] > np.where(np.arange(start) < start - p, cut.c1, cut.c2))
         if old is not None:
-            return f"{old.name} (rank {rank}), before the regular part, is not finished by the cuts"
-        for i in range(max(0, start - p), m.end_regular - p):
-            if not same_state(ev[i], ev[i + p], m.ops[i], cut, transfers, m.unit):
-                return f"{ev[i + p].name} (rank {rank}) is not {ev[i].name} one period later at the cuts"
+            return f"{m.ops[old].name} (rank {rank}), before the regular part, is not finished by the cuts"
+        lo, hi = max(0, start - p), m.end_regular - p
+        if hi <= lo:
+            continue
+        pa = phases(t.start[lo:hi], t.end[lo:hi], cut.c1)
+        pb = phases(t.start[lo + p:hi + p], t.end[lo + p:hi + p], cut.c2)
+        bad = _first(pa != pb)
+        for k in np.flatnonzero((pa == RUNNING) & (pb == RUNNING)).tolist():  # few: those running at c1
+            if bad is not None and k >= bad:
+                break
+            if transfers is None:
+                transfers = transfer_index(log.transfers)
+            if not running_same(t, lo + k, lo + k + p, rank, m.ops[lo + k], cut, transfers, m.unit):
+                bad = k
+                break
+        if bad is not None:
+            return f"{m.ops[lo + bad + p].name} (rank {rank}) is not {m.ops[lo + bad].name} one period later at the cuts"
     return None
 
 
-def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str | None:
+def running_same(t: RankTimes, a: int, b: int, rank: int, op, cut: Cut, transfers, unit: int) -> bool:
+    """period_state.same_state of ops a and b = mu(a) of one rank, both RUNNING at their cuts."""
+    start_a, start_b = float(t.start[a]), float(t.start[b])
+    if abs(start_b - start_a - cut.period_s) > cut.tol_s:
+        return False
+    work = op.work
+    if isinstance(work, Collective):
+        return side(start_a + float(t.wait[a]), start_b + float(t.wait[b]), cut.c1, cut.c2, cut.period_s, cut.tol_s)
+    if isinstance(work, P2P):
+        return all(transfers_repeat(rank, x, transfers, cut, unit) for x in work.transfers)
+    return cut.kappa > 0 or abs(float(t.end[b]) - float(t.end[a]) - cut.period_s) <= cut.tol_s
+
+
+def _host(proof: Proof, log: EventLog, run: _Run, issue: Sequence[Sequence[float]]) -> str | None:
     """The host clock: op i is issued at issue[i], and one period later at issue[i] + H (H = P x dispatch
     time), not + T. Ops from c1 on that waited for the host (issue later than deps and stream allowed)
     need H = T; otherwise each period moves the host H - T closer, so the least slack must cover n periods.
     A host with syncs: _synced_host."""
     cut, n = proof.cut, proof.periods
-    by = log.by_rank()
     for rank in log.ranks:
         stage = proof.stage_of(rank)
         times = issue[stage] if stage < len(issue) else ()
-        if not times:
+        if not len(times):
             continue
-        m, ev, prev = proof.maps[stage], by[rank], proof.prevs[stage]
+        m, t = proof.maps[stage], run.times[rank]
         i0 = m.first_regular
         host_s = times[i0 - 1 + m.period_ops] - times[i0 - 1]
         syncs = host_syncs(m.ops, times)
+        after = (t.start > cut.c1) & ~run.stages[stage].p2p  # the FIFO ops still to start at c1
         if syncs is not None:
-            reason = _synced_host(syncs, m, ev, cut, host_s)
+            reason = _synced_host(syncs, m, t, after, cut, host_s)
             if reason is not None:
                 return f"rank {rank}: {reason}"
             continue
-        slack_s = _least_slack(ev, m.ops, prev, times, cut.c1)
+        slack_s = _least_slack(t, run.stages[stage], after, times)
         if slack_s < -cut.tol_s and abs(host_s - cut.period_s) > cut.tol_s:
             return (f"rank {rank} waits for its host after the first cut while the host issues a period in "
                     f"{host_s * 1e6:.4g} us and the GPU runs one in {cut.period_s * 1e6:.4g} us")
@@ -156,20 +197,24 @@ def _host(proof: Proof, log: EventLog, issue: Sequence[Sequence[float]]) -> str 
     return None
 
 
-def _synced_host(syncs: HostSyncs, m: StageMap, ev: Mapping[int, Event], cut: Cut, host_s: float) -> str | None:
+def _synced_host(syncs: HostSyncs, m: StageMap, t: RankTimes, after: np.ndarray, cut: Cut,
+                 host_s: float) -> str | None:
     """A host that waits at syncs issues op j at static_s[j] + D of its last sync (sim/engine/host.py).
     An image sync releases the host one period T later while its static clock is H later, so D grows by
     T - H per period; if it does for every sync from the oldest one an op not started at c1 issues after
     up to the last one known at c1, every issue time still to come at c2 is that at c1 plus T (the static
-    part H, D the rest), and the syncs to come keep it so: no slack is needed."""
-    c1, end_of = cut.c1, (lambda op_id: ev[op_id].end_s)
-    waiting = [syncs.point_of[e.op_id] for e in ev.values() if e.start_s > c1 and e.stream != "pp_comm"]
-    if not waiting:
+    part H, D the rest), and the syncs to come keep it so: no slack is needed. (`after`: the FIFO ops
+    still to start at c1.)"""
+    waiting = np.flatnonzero(after)
+    if not len(waiting):
         return None
-    if min(waiting) < 0:
+    oldest = min(np.asarray(syncs.point_of)[waiting].tolist())
+    if oldest < 0:
         return "an op its host issues before any sync starts after the first cut"
+    ends = t.end.tolist()
+    end_of = ends.__getitem__
     delays, index = delays_s(syncs, end_of), {op: i for i, op in enumerate(syncs.ops)}
-    for i in range(min(waiting), max(min(waiting), last_known(syncs, end_of, c1)) + 1):
+    for i in range(oldest, max(oldest, last_known(syncs, end_of, cut.c1)) + 1):
         image = index.get(m.mu(syncs.ops[i]))
         if image is None:
             return f"the host's sync at op {syncs.ops[i]} has no image one period later"
@@ -180,21 +225,13 @@ def _synced_host(syncs: HostSyncs, m: StageMap, ev: Mapping[int, Event], cut: Cu
     return None
 
 
-def _least_slack(ev: Mapping[int, Event], ops, prev: list[int | None], times: Sequence[float], c1: float) -> float:
-    """min over the FIFO ops starting after c1 of (when deps and stream predecessor had finished, which
-    the engine waits for before it asks the host) - (when the host issued the op)."""
-    least = float("inf")
-    for e in ev.values():
-        if e.start_s <= c1 or e.stream == "pp_comm":
-            continue
-        op_id = e.op_id
-        ready = max([ev[d].end_s for d in ops[op_id].deps], default=0.0)
-        before = prev[op_id]
-        if before is not None and ev[before].end_s > ready:
-            ready = ev[before].end_s
-        if ready - times[op_id] < least:
-            least = ready - times[op_id]
-    return 0.0 if least == float("inf") else least
+def _least_slack(t: RankTimes, stage: StageOps, after: np.ndarray, times: Sequence[float]) -> float:
+    """min over the FIFO ops starting after c1 (`after`) of (when deps and stream predecessor had finished,
+    which the engine waits for before it asks the host) - (when the host issued the op)."""
+    if not after.any():
+        return 0.0
+    ready = stage.latest_wait_end(t.end, 0.0)
+    return float(np.min(ready[after] - np.asarray(times, np.float64)[after]))
 
 
 __all__ = ["DONE", "REL_TOL", "Proof", "prove", "stream_prev"]

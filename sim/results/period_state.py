@@ -8,42 +8,17 @@ stage's ops per period, so that mu(op i) = op i + P throughout the regular part 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
 
 from meshsim.sim.engine.events import Event, EventLog, Job, Transfer
+from meshsim.sim.results.period_keys import Key, key_parts, later, regular_mask
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
-Key = tuple  # (micro-batch, ordinal) or, for a P2P batch, (micro-batch, its transfers' identities)
-
-
-def op_keys(schedule: Schedule) -> list[Key]:
-    """op id -> its identity across periods: (micro-batch, ordinal among that micro-batch's ops that are
-    not P2P batches), or for a P2P batch (its micro-batch, ((send, direction, micro-batch, sender's
-    virtual stage) of each transfer)): a batch is labelled by its first transfer's micro-batch, so the
-    warm-up's batches would shift the ordinals of later ones."""
-    seen: dict[int | None, int] = {}
-    keys: list[Key] = []
-    for op in schedule.ops:
-        if isinstance(op.work, P2P):
-            keys.append((op.micro_batch, tuple((t.send, t.direction, t.micro_batch, t.sender_vstage)
-                                               for t in op.work.transfers)))
-            continue
-        k = seen.get(op.micro_batch, 0)
-        keys.append((op.micro_batch, k))
-        seen[op.micro_batch] = k + 1
-    return keys
-
-
-def later(key: Key, unit: int) -> Key:
-    """mu on keys: micro-batches + unit (an op of no micro-batch is its own image)."""
-    mb, tag = key
-    if mb is None:
-        return key
-    if isinstance(tag, tuple):
-        tag = tuple((send, d, t_mb + unit, q) for send, d, t_mb, q in tag)
-    return (mb + unit, tag)
+_START, _END = attrgetter("start_s"), attrgetter("end_s")
 
 
 @dataclass(frozen=True)
@@ -69,49 +44,23 @@ class StageMap:
         return op_id if key[0] is None else self.id_of.get(later(key, -self.unit))
 
 
-def _same_inputs(a: Op, b: Op, keys: list[Key], shifted: list[Key], unit: int) -> bool:
-    """b is a one period later (shifted[i] = later(keys[i])): what the engine reads of them is the same
-    (the host's calls and the op it waits for included)."""
-    if a.stream != b.stream or a.phase != b.phase or a.layer != b.layer or len(a.deps) != len(b.deps):
-        return False
-    if a.host_calls != b.host_calls or (a.host_wait is None) != (b.host_wait is None):
-        return False
-    if a.host_wait is not None and keys[b.host_wait] != shifted[a.host_wait]:
-        return False
-    for da, db in zip(a.deps, b.deps, strict=True):
-        if keys[db] != shifted[da]:
-            return False
-    wa, wb = a.work, b.work
-    if wa is wb:
-        return True
-    if isinstance(wa, P2P) and isinstance(wb, P2P):
-        return len(wa.transfers) == len(wb.transfers) and all(
-            (x.send, x.direction, x.micro_batch + unit, x.sender_vstage, x.peer_stage, x.nbytes)
-            == (y.send, y.direction, y.micro_batch, y.sender_vstage, y.peer_stage, y.nbytes)
-            for x, y in zip(wa.transfers, wb.transfers, strict=True))
-    return wa == wb
-
-
-def stage_map(schedule: Schedule, lead: int, unit: int) -> StageMap | str:
-    """The stage's StageMap, or why its schedule has no period where the plan says."""
-    keys = op_keys(schedule)
-    id_of = {key: i for i, key in enumerate(keys)}
+def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> StageMap | str:
+    """The stage's StageMap, or why its schedule has no period where the plan says: its regular part is the
+    run of ops around the first op of micro-batch lead + unit that each repeat the op P before them
+    (period_keys.regular_mask; `deps`: period_keys.dep_csr of its ops, when the caller has it)."""
+    parts = key_parts(schedule)
+    keys = parts[0]
+    id_of = dict(zip(keys, range(len(keys)), strict=True))
     first, second = id_of.get((lead, 0)), id_of.get((lead + unit, 0))
     if first is None or second is None:
         return f"stage {schedule.stage} has no micro-batch {lead + unit}"
     p, ops = second - first, schedule.ops
-    shifted = [later(key, unit) for key in keys]
-
-    def regular(i: int) -> bool:
-        return (i >= p and keys[i - p][0] is not None and keys[i] == shifted[i - p]
-                and _same_inputs(ops[i - p], ops[i], keys, shifted, unit))
-
-    end = second
-    while end < len(keys) and regular(end):
-        end += 1
-    start = second
-    while start - 1 >= p and regular(start - 1):
-        start -= 1
+    ok = regular_mask(ops, parts, id_of, p, unit, deps)
+    stops = np.flatnonzero(~ok[second:])
+    end = second + int(stops[0]) if len(stops) else len(keys)
+    breaks = np.flatnonzero(~ok[p:second])  # the run reaches back to p at most
+    start = p + int(breaks[-1]) + 1 if len(breaks) else min(p, second)
     if end - start < p:
         return f"stage {schedule.stage}: fewer than one period of ops repeats one period later"
     return StageMap(ops, keys, id_of, unit, p, start, end)
@@ -137,29 +86,45 @@ def mu_key(key: tuple, stage_maps: Sequence[StageMap], unit: int) -> tuple | Non
     return key
 
 
-def time_values(log: EventLog, lo: float, hi: float) -> list[float]:
-    """Every time the run's state changes at, within [lo, hi], sorted."""
-    vals = [v for e in log.events if e.end_s >= lo and e.start_s <= hi
-            for v in (e.start_s, e.start_s + e.wait_s, e.end_s)]
-    vals += [v for t in (*log.transfers, *log.jobs) if t.end_s >= lo and t.start_s <= hi for v in (t.start_s, t.end_s)]
-    return sorted(v for v in vals if lo <= v <= hi)
+def time_values(log: EventLog, lo: float, hi: float) -> np.ndarray:
+    """Every time the run's state changes at, within [lo, hi], sorted: each event's start, rendezvous end
+    (start + wait) and end, each P2P transfer's and arbiter job's start and end, of those that overlap
+    [lo, hi] (from the log's columns)."""
+    cols = log.columns()
+    near = (cols.end_s >= lo) & (cols.start_s <= hi)
+    start = cols.start_s[near]
+    parts = [start, start + cols.wait_s[near], cols.end_s[near]]
+    for spans in (log.transfers, log.jobs):
+        if spans:
+            s_ = np.fromiter(map(_START, spans), np.float64, len(spans))
+            e_ = np.fromiter(map(_END, spans), np.float64, len(spans))
+            keep = (e_ >= lo) & (s_ <= hi)
+            parts += [s_[keep], e_[keep]]
+    vals = np.concatenate(parts)
+    return np.sort(vals[(vals >= lo) & (vals <= hi)])
 
 
 def choose_cut(log: EventLog, lo: float, period_s: float, tol_s: float,
                good: Callable[[float], bool] = lambda c: True) -> float | None:
     """A time c in [lo, lo + T) at least 4 tol from every state change, with c + T too: the middle of the
-    widest gap between changes that `good` accepts, else of the widest gap (None if none is wide enough)."""
+    widest gap between changes that `good` accepts, else of the widest gap (None if none is wide enough).
+    Gaps are taken widest first, ties by the later middle (as sorting (width, middle) pairs in reverse)."""
     vals = time_values(log, lo, lo + 2 * period_s + tol_s)
-    inside = [v for v in vals if v < lo + period_s] + [lo + period_s]
-    gaps = sorted(((b - a, (a + b) / 2) for a, b in zip([lo, *inside], inside, strict=False)), reverse=True)
+    inside = np.append(vals[vals < lo + period_s], lo + period_s)
+    before = np.concatenate(([lo], inside[:-1]))
+    widths, mids = inside - before, (before + inside) / 2
+    order = np.lexsort((mids, widths))[::-1]
+    order = order[widths[order] >= 8 * tol_s]  # the loop stopped at the first narrower gap
+    cands = mids[order]
+    shifted = cands + period_s
+    i = np.searchsorted(vals, shifted, side="left")  # bisect_left
+    near = np.full(len(cands), period_s)  # min(..., default=period_s) when vals is empty
+    if len(vals):
+        left = np.abs(vals[np.maximum(i - 1, 0)] - cands - period_s)
+        right = np.abs(vals[np.minimum(i, len(vals) - 1)] - cands - period_s)
+        near = np.minimum(np.where(i > 0, left, np.inf), np.where(i < len(vals), right, np.inf))
     fallback = None
-    for width, c in gaps:
-        if width < 8 * tol_s:
-            break
-        i = bisect_left(vals, c + period_s)
-        near = [abs(vals[j] - c - period_s) for j in (i - 1, i) if 0 <= j < len(vals)]
-        if min(near, default=period_s) <= 4 * tol_s:
-            continue
+    for c in cands[near > 4 * tol_s].tolist():
         if good(c):
             return c
         fallback = c if fallback is None else fallback
@@ -173,7 +138,7 @@ def phase(t_start: float, t_end: float, c: float) -> int:
     return DONE if t_end < c else TODO if t_start > c else RUNNING
 
 
-def _side(a: float, b: float, c1: float, c2: float, period_s: float, tol_s: float) -> bool:
+def side(a: float, b: float, c1: float, c2: float, period_s: float, tol_s: float) -> bool:
     """a (of run time) and b are on the same side of their cuts, and one period apart when before them."""
     if (a < c1) != (b < c2):
         return False
@@ -215,17 +180,17 @@ def same_state(ea: Event, eb: Event, op: Op, cut: Cut, transfers: Mapping[tuple,
         return False
     work = op.work
     if isinstance(work, Collective):
-        return _side(ea.start_s + ea.wait_s, eb.start_s + eb.wait_s, c1, c2, t, tol)
+        return side(ea.start_s + ea.wait_s, eb.start_s + eb.wait_s, c1, c2, t, tol)
     if isinstance(work, P2P):
-        return all(_transfers_repeat(ea.rank, x, transfers, cut, unit) for x in work.transfers)
+        return all(transfers_repeat(ea.rank, x, transfers, cut, unit) for x in work.transfers)
     return cut.kappa > 0 or abs(eb.end_s - ea.end_s - t) <= tol
 
 
-def _transfers_repeat(rank: int, x, transfers: Mapping[tuple, Transfer], cut: Cut, unit: int) -> bool:
+def transfers_repeat(rank: int, x, transfers: Mapping[tuple, Transfer], cut: Cut, unit: int) -> bool:
     a = transfers.get((rank, x.direction, x.micro_batch, x.sender_vstage))
     b = transfers.get((rank, x.direction, x.micro_batch + unit, x.sender_vstage))
-    return (a is not None and b is not None and _side(a.start_s, b.start_s, cut.c1, cut.c2, cut.period_s, cut.tol_s)
-            and _side(a.end_s, b.end_s, cut.c1, cut.c2, cut.period_s, cut.tol_s))
+    return (a is not None and b is not None and side(a.start_s, b.start_s, cut.c1, cut.c2, cut.period_s, cut.tol_s)
+            and side(a.end_s, b.end_s, cut.c1, cut.c2, cut.period_s, cut.tol_s))
 
 
 def jobs_repeat(jobs: Sequence[Job], cut: Cut, tag_later: Callable[[tuple], tuple | None],

@@ -1,0 +1,146 @@
+"""Ops' identities across periods (keys), mu on them, and which ops repeat the op one period before them
+(sim/results/period_state.py's StageMap is built from these), over whole schedules at once.
+
+A key is (micro-batch, ordinal among that micro-batch's ops that are not P2P batches), or for a P2P
+batch (its micro-batch, ((send, direction, micro-batch, sender's virtual stage) of each transfer)).
+`regular_mask` decides, for every op i at once, the per-op test the proof states (period_state.stage_map):
+key i is mu of key i - P, and op i has the inputs of op i - P one period later. Keys are compared through
+their ids (the last op holding each key, as the key -> id map keeps it), so two keys are equal exactly when
+their ids are; deps and host waits in CSR arrays; the work objects are compared in Python only where they
+are not one shared object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain, repeat
+from operator import attrgetter, eq, itemgetter
+
+import numpy as np
+
+from meshsim.sim.schedule.ops import P2P, Op, Schedule
+
+Key = tuple  # (micro-batch, ordinal) or, for a P2P batch, (micro-batch, its transfers' identities)
+_MB, _WORK, _DEPS = attrgetter("micro_batch"), attrgetter("work"), attrgetter("deps")
+_STATIC = tuple(attrgetter(a) for a in ("stream", "phase", "layer", "host_calls"))
+_WAIT = attrgetter("host_wait")
+_ORDINAL = itemgetter(1)
+
+
+def _p2p_key(op: Op) -> Key:
+    return (op.micro_batch, tuple((t.send, t.direction, t.micro_batch, t.sender_vstage) for t in op.work.transfers))
+
+
+def op_keys(schedule: Schedule) -> list[Key]:
+    """op id -> its identity across periods (module docstring): a batch is labelled by its first
+    transfer's micro-batch, so the warm-up's batches would shift the ordinals of later ones."""
+    return key_parts(schedule)[0]
+
+
+def key_parts(schedule: Schedule) -> tuple[list[Key], list, list[int]]:
+    """(op_keys, each op's micro-batch, the ids of its P2P batches). Ordinals: each op's rank among the
+    earlier non-P2P ops of its micro-batch (a stable sort by micro-batch)."""
+    ops = schedule.ops
+    n = len(ops)
+    mbs = list(map(_MB, ops))
+    p2p = [i for i, w in enumerate(map(_WORK, ops)) if isinstance(w, P2P)]
+    known = [m for m in mbs if m is not None]
+    none_code = min(known, default=0) - 1
+    code = np.array([none_code if m is None else m for m in mbs], np.int64) if n else np.zeros(0, np.int64)
+    counted = np.ones(n, bool)
+    counted[p2p] = False
+    rows = np.flatnonzero(counted)
+    order = rows[np.argsort(code[rows], kind="stable")]  # each micro-batch's ops together, in id order
+    grouped = code[order]
+    first = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if len(order) else np.zeros(0, np.int64)
+    sizes = np.diff(np.r_[first, len(order)])
+    ordinal = np.zeros(n, np.int64)
+    ordinal[order] = np.arange(len(order)) - np.repeat(first, sizes)
+    keys = list(zip(mbs, ordinal.tolist(), strict=True))
+    for i in p2p:
+        keys[i] = _p2p_key(ops[i])
+    return keys, mbs, p2p
+
+
+def later_keys(keys: list[Key], mbs: list, p2p: list[int], unit: int) -> list[Key]:
+    """later(key, unit) of every key (key_parts' micro-batches and P2P ids): (mb + unit, ordinal) but for
+    P2P batches and ops of no micro-batch."""
+    out = list(zip([None if m is None else m + unit for m in mbs], map(_ORDINAL, keys), strict=True))
+    for i, m in enumerate(mbs):
+        if m is None:
+            out[i] = keys[i]
+    for i in p2p:
+        out[i] = later(keys[i], unit)
+    return out
+
+
+def later(key: Key, unit: int) -> Key:
+    """mu on keys: micro-batches + unit (an op of no micro-batch is its own image)."""
+    mb, tag = key
+    if mb is None:
+        return key
+    if isinstance(tag, tuple):
+        tag = tuple((send, d, t_mb + unit, q) for send, d, t_mb, q in tag)
+    return (mb + unit, tag)
+
+
+def _pairs_equal(values: Sequence, p: int) -> np.ndarray:
+    """values[i] == values[i - p] for i in [p, n) (Python ==, over C-level maps)."""
+    return np.fromiter(map(eq, values[p:], values[:-p]), bool, len(values) - p)
+
+
+def _same_work(wa, wb, unit: int) -> bool:
+    if isinstance(wa, P2P) and isinstance(wb, P2P):
+        return len(wa.transfers) == len(wb.transfers) and all(
+            (x.send, x.direction, x.micro_batch + unit, x.sender_vstage, x.peer_stage, x.nbytes)
+            == (y.send, y.direction, y.micro_batch, y.sender_vstage, y.peer_stage, y.nbytes)
+            for x, y in zip(wa.transfers, wb.transfers, strict=True))
+    return wa == wb
+
+
+def dep_csr(ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
+    """(ptr, ids): op i's deps are ids[ptr[i]:ptr[i + 1]]."""
+    deps = list(map(_DEPS, ops))
+    ptr = np.zeros(len(ops) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, deps), np.int64, len(ops)), out=ptr[1:])
+    return ptr, np.fromiter(chain.from_iterable(deps), np.int64, int(ptr[-1]))
+
+
+def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id_of: dict[Key, int], p: int,
+                 unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """ok[i] for every op id: i >= p, op i - p has a micro-batch, keys[i] == later(keys[i - p]), and op i
+    reads what op i - p reads one period later: the same stream, phase, layer, host calls, work (a P2P
+    batch: its transfers one period later), and deps and host wait whose keys are the images of i - p's."""
+    keys, mbs, p2p = parts
+    n = len(ops)
+    ok = np.zeros(n, bool)
+    if p <= 0 or p >= n:
+        return ok
+    # equal keys <=> equal kid (the last id of each key); keys all distinct: key i's id is i
+    kid = np.arange(n) if len(id_of) == n else np.fromiter(map(id_of.__getitem__, keys), np.int64, n)
+    mu = np.fromiter(map(id_of.get, later_keys(keys, mbs, p2p, unit), repeat(-1)), np.int64, n)
+    has_mb = np.array([m is not None for m in mbs], bool)
+    good = has_mb[:-p] & (kid[p:] == mu[:-p])
+    for field in _STATIC:
+        good &= _pairs_equal(list(map(field, ops)), p)
+    waits = list(map(_WAIT, ops))
+    hw = np.array([-1 if w is None else w for w in waits], np.int64)
+    good &= (hw[p:] < 0) == (hw[:-p] < 0)
+    both = (hw[p:] >= 0) & (hw[:-p] >= 0)
+    good[both] &= kid[hw[p:][both]] == mu[hw[:-p][both]]
+    ptr, flat = deps if deps is not None else dep_csr(ops)
+    count = np.diff(ptr)
+    good &= count[p:] == count[:-p]
+    cand = np.flatnonzero(good & (count[p:] > 0))
+    if len(cand):
+        c = count[cand + p]
+        at = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)  # the dep's position in its list
+        row = np.repeat(cand, c)
+        bad = kid[flat[ptr[row + p] + at]] != mu[flat[ptr[row] + at]]
+        good[np.unique(row[bad])] = False
+    works = list(map(_WORK, ops))
+    ids = np.fromiter(map(id, works), np.int64, n)
+    for j in np.flatnonzero(good & (ids[p:] != ids[:-p])).tolist():
+        good[j] = _same_work(works[j], works[j + p], unit)
+    ok[p:] = good
+    return ok

@@ -1,0 +1,103 @@
+"""One run as arrays for the checks that read it whole (the steady-state proof, the critical path): each
+stage's static ops (deps in CSR form, stream predecessor, P2P batches) and each rank's times indexed by
+op id, from the event log's columns (sim/engine/event_columns.py), not from its per-event tuples.
+
+Every array here holds the same IEEE doubles as the events they come from, and every reduction used on
+them (max, min, a comparison) is exact whatever its order, so the checks over them give the answers of
+the per-event loops they replace (tests/test_results_arrays.py compares the two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+
+from meshsim.sim.engine.events import EventLog
+from meshsim.sim.results.period_keys import dep_csr
+from meshsim.sim.schedule.ops import Schedule
+
+_STREAM = attrgetter("stream")
+
+
+@dataclass(frozen=True, eq=False)
+class StageOps:
+    """A stage's ops (ids are list positions): deps of op i are dep_ids[dep_ptr[i]:dep_ptr[i + 1]];
+    prev[i] the op before it on its FIFO stream (-1: first, or a P2P batch); p2p[i] whether it is a P2P
+    batch (stream "pp_comm", not FIFO)."""
+
+    dep_ptr: np.ndarray
+    dep_ids: np.ndarray
+    prev: np.ndarray
+    p2p: np.ndarray
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> StageOps:
+        ops = schedule.ops
+        streams = list(map(_STREAM, ops))
+        ptr, flat = dep_csr(ops)
+        prev, last = [], {}
+        for i, stream in enumerate(streams):  # ids are positions: op i's id is i
+            if stream == "pp_comm":
+                prev.append(-1)
+            else:
+                prev.append(last.get(stream, -1))
+                last[stream] = i
+        p2p = np.fromiter((s == "pp_comm" for s in streams), bool, len(ops))
+        return cls(ptr, flat, np.array(prev, np.int64), p2p)
+
+    def prev_list(self) -> list[int | None]:
+        """op id -> the op before it on its FIFO stream, None where there is none (Proof.prevs)."""
+        return [None if p < 0 else p for p in self.prev.tolist()]
+
+    def latest_wait_end(self, end: np.ndarray, deps_default: float) -> np.ndarray:
+        """Per op: the latest end among its deps (`deps_default` when it has none), then its stream
+        predecessor's if that is later: when the engine had finished waiting for them."""
+        out = np.full(len(self.prev), deps_default)
+        ptr = self.dep_ptr
+        some = ptr[1:] > ptr[:-1]
+        if len(self.dep_ids):
+            out[some] = np.maximum.reduceat(end[self.dep_ids], ptr[:-1][some])
+        has = self.prev >= 0
+        before = np.where(has, end[np.where(has, self.prev, 0)], -np.inf)
+        return np.where(before > out, before, out)
+
+
+@dataclass(frozen=True, eq=False)
+class RankTimes:
+    """One rank's events indexed by op id; `pos` is each op's row in the log's completion order."""
+
+    start: np.ndarray
+    end: np.ndarray
+    wait: np.ndarray
+    pos: np.ndarray
+
+
+def rank_times(log: EventLog, ops_of: Sequence[int]) -> dict[int, RankTimes]:
+    """rank -> its RankTimes, for each of log.ranks (`ops_of[k]`: the op count of log.ranks[k]'s
+    schedule, every one of which has exactly one event)."""
+    cols = log.columns()
+    order = np.argsort(cols.rank, kind="stable")  # rows grouped by rank, completion order within
+    ranks_sorted = cols.rank[order]
+    out = {}
+    for rank, n in zip(log.ranks, ops_of, strict=True):
+        lo, hi = np.searchsorted(ranks_sorted, [rank, rank + 1])
+        rows = order[lo:hi]
+        ids = cols.op_id[rows]
+        if len(rows) != n or (n and (ids.min() < 0 or ids.max() >= n or np.bincount(ids, minlength=n).max() != 1)):
+            raise ValueError(f"rank {rank}: its events are not one per op of its schedule ({len(rows)} for {n} ops)")
+        arrays = []
+        for values in (cols.start_s[rows], cols.end_s[rows], cols.wait_s[rows], rows):
+            a = np.empty(n, values.dtype)
+            a[ids] = values
+            arrays.append(a)
+        out[rank] = RankTimes(*arrays)
+    return out
+
+
+def phases(start: np.ndarray, end: np.ndarray, c: float) -> np.ndarray:
+    """period_state.phase of each op at c: DONE (0) if it ended before c, TODO (2) if it starts after,
+    else RUNNING (1)."""
+    return np.where(end < c, 0, np.where(start > c, 2, 1))

@@ -1,0 +1,182 @@
+"""The critical path of a step extrapolated from one run (sim/results/steady_state.py, "The critical path").
+
+The walk of sim/results/critical_path.py goes back from the last op; each step visits one op (its
+segment, preceded by the waits the walk records before it) and picks the op's predecessor from the end
+times of its candidates (its deps and stream predecessor; for a P2P batch, the rank's last op finished
+before the transfer started). Group the path's segments into those steps: the steps holding the cuts c1
+and c2 are z and y. If y is mu(z) one period later, and every step from z on picks its predecessor the
+same way one period later (`decisions_repeat`), the step's walk is the run's: the run's walk above c2
+shifted by n T, then the run's steps [z, y) n + 1 times (one period each), then the run's walk below c1.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+
+from meshsim.sim.engine.events import Event, EventLog
+from meshsim.sim.schedule.ops import P2P, Schedule
+from results_reference.critical_path import TIE_S, Segment
+from results_reference.period_proof import Proof
+
+
+def steps(path: Sequence[Segment]) -> list[tuple[int, int]]:
+    """(first, last) segment index of each walk step, in time order: its waits, then its op's segment."""
+    out, first = [], 0
+    for i, seg in enumerate(path):
+        if seg.op_id is not None:
+            out.append((first, i))
+            first = i + 1
+    if first < len(path):  # trailing waits (none: the walk starts from an op)
+        out.append((first, len(path) - 1))
+    return out
+
+
+def _holding(path: Sequence[Segment], spans: list[tuple[int, int]], c_us: float) -> int | None:
+    starts = [path[a].start_us for a, _ in spans]
+    i = bisect_right(starts, c_us) - 1
+    if i < 0:
+        return None
+    b = spans[i][1]
+    return i if path[b].start_us + path[b].dur_us > c_us else None
+
+
+def inside_an_op(path: Sequence[Segment]) -> Callable[[float], bool]:
+    """Whether the critical path at time c (s) runs a compute or collective op's segment (not a wait or a
+    P2P transfer): cuts there keep the path checks simple."""
+    starts = [seg.start_us for seg in path]
+
+    def good(c_s: float) -> bool:
+        i = bisect_right(starts, c_s * 1e6) - 1
+        return i >= 0 and path[i].op_id is not None and path[i].category in ("compute", "tp_comm", "dp_comm")
+
+    return good
+
+
+def extend_path(path: Sequence[Segment], schedules: Sequence[Schedule], log: EventLog, proof: Proof
+                ) -> list[Segment] | str:
+    """The step's critical path (segments of the period carry count n + 1), or why it is not proven."""
+    cut = proof.cut
+    spans = steps(path)
+    z, y = _holding(path, spans, cut.c1 * 1e6), _holding(path, spans, cut.c2 * 1e6)
+    if z is None or y is None or y <= z:
+        return "the critical path has no step at each cut"
+    if not _segments_repeat(path[spans[z][0]:spans[z][1] + 1], path[spans[y][0]:spans[y][1] + 1], proof):
+        return "the critical path crosses the second cut elsewhere than one period after the first"
+    reason = decisions_repeat(path, spans[z:], schedules, log, proof)
+    if reason is not None:
+        return reason
+    n, s1, s2 = proof.periods, spans[z][0], spans[y][0]
+    shift_us = n * cut.period_s * 1e6
+    return [*path[:s1], *(Segment(s.name, s.category, s.rank, s.start_us, s.dur_us, s.op_id, n + 1)
+                          for s in path[s1:s2]),
+            *(Segment(s.name, s.category, s.rank, s.start_us + shift_us, s.dur_us, s.op_id, s.count)
+              for s in path[s2:])]
+
+
+def _segments_repeat(a: Sequence[Segment], b: Sequence[Segment], proof: Proof) -> bool:
+    tol_us, shift_us = proof.cut.tol_s * 1e6, proof.cut.period_s * 1e6
+    if len(a) != len(b):
+        return False
+    for sa, sb in zip(a, b, strict=True):
+        if sa.category != sb.category or sa.rank != sb.rank or (sa.op_id is None) != (sb.op_id is None):
+            return False
+        if sa.op_id is not None and proof.map_of(sa.rank).mu(sa.op_id) != sb.op_id:
+            return False
+        if abs(sb.start_us - sa.start_us - shift_us) > tol_us or abs(sb.dur_us - sa.dur_us) > tol_us:
+            return False
+    return True
+
+
+def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], schedules: Sequence[Schedule],
+                     log: EventLog, proof: Proof) -> str | None:
+    """Each visited op's choice of predecessor is the same one period later (and n periods later, above
+    c2): its candidates that finished before c1 end one period apart along their chain of images (the
+    others finish after c1, where the theorem makes every time periodic), a tie between candidates is
+    broken by op id among ops whose ids all move by P per period (ids from first_regular - P on: their
+    images are regular, and so is the drain, renumbered by nP), and a visited op
+    of the first period has the image of its stream predecessor as its image's."""
+    by = log.by_rank()
+    prevs, c1, c2 = proof.prevs, proof.cut.c1, proof.cut.c2
+    order: dict[int, tuple[list[Event], list[float]]] = {}  # per rank, by end, and the ends (P2P steps)
+    for _, last in spans:
+        seg = path[last]
+        events = by[seg.rank]
+        ev = events[seg.op_id]
+        stage = proof.stage_of(seg.rank)
+        op, prev, m = schedules[stage].ops[seg.op_id], prevs[stage], proof.maps[stage]
+        if isinstance(op.work, P2P):
+            if seg.rank not in order:
+                ranked = sorted(events.values(), key=lambda e: e.end_s)
+                order[seg.rank] = (ranked, [e.end_s for e in ranked])
+            cands = _before(*order[seg.rank], ev, ev.start_s + ev.wait_s)
+            if cands and cands[-1].end_s <= c1:
+                return f"critical path at {ev.name} (rank {seg.rank}): the rank idles across the first cut"
+        else:
+            cands = [events[d] for d in op.deps]
+            if prev[op.id] is not None:
+                cands.append(events[prev[op.id]])
+            if ev.start_s < c2:
+                later = m.mu(op.id)
+                if later is None or not m.first_regular <= later < m.end_regular or _mu(m, prev[op.id]) != prev[later]:
+                    return f"critical path at {ev.name} (rank {seg.rank}): its image has another stream predecessor"
+        if all(e.end_s >= c1 for e in cands):
+            continue  # all periodic, ids from first_regular - P on (older ops are done by c1): same choice
+        reason = _choice_repeats(cands, proof, seg.rank, events)
+        if reason is not None:
+            return f"critical path at {ev.name} (rank {seg.rank}): {reason}"
+    return None
+
+
+def _mu(m, op_id: int | None) -> int | None:
+    return None if op_id is None else m.mu(op_id)
+
+
+def _before(order: list[Event], ends: list[float], ev: Event, t_s: float) -> list[Event]:
+    """The rank's ops that finished by t_s, near the last (the walk takes the latest of them): `order` is
+    sorted by end (`ends`), so they are the tail of order[:bisect_right(ends, t_s)] without ev, read from
+    its end back to the first that ends more than 8 TIE_S before the last."""
+    i = bisect_right(ends, t_s)
+    out: list[Event] = []
+    top = None
+    for j in range(i - 1, -1, -1):
+        e = order[j]
+        if e.op_id == ev.op_id:
+            continue
+        if top is None:
+            top = e.end_s - 8 * TIE_S
+        elif e.end_s < top:
+            break
+        out.append(e)
+    out.reverse()
+    return out
+
+
+def _choice_repeats(cands: Sequence[Event], proof: Proof, rank: int, events: dict[int, Event]) -> str | None:
+    """The walk takes the candidate ending last, near-ties (within TIE_S) by op id. The choice repeats one
+    period later (and j periods later) if no candidate ends near the tie threshold, tied candidates all
+    move by one period in id, and, along the chain of images of a candidate that finished before c1, the
+    chosen (or tied) ones end exactly one period apart (to TIE_S / 4) and the others at most one period
+    apart (an op of no micro-batch is its own image: it does not move), so that none overtakes the choice.
+    Candidates finishing after c1 are periodic by the theorem."""
+    if not cands:
+        return None
+    cut, m = proof.cut, proof.map_of(rank)
+    top = max(e.end_s for e in cands)
+    tied = [e for e in cands if top - e.end_s <= TIE_S / 4]
+    if len(tied) > 1 and min(e.op_id for e in tied) < m.first_regular - m.period_ops:
+        return "candidates tie, and not all of their ids move by one period"
+    if any(TIE_S / 4 < top - e.end_s < 4 * TIE_S for e in cands):
+        return "a candidate ends near the tie threshold"
+    for e in cands:
+        exact, cur = e in tied, e
+        while cur.end_s < cut.c1:
+            nxt = m.mu(cur.op_id)
+            if nxt == cur.op_id and not exact:
+                break
+            later = None if nxt is None or nxt == cur.op_id else events.get(nxt)
+            moved = None if later is None else later.end_s - cur.end_s - cut.period_s
+            if moved is None or moved > TIE_S / 4 or exact and moved < -TIE_S / 4:
+                return f"candidate {cur.name} does not end one period before its image"
+            cur = later
+    return None
