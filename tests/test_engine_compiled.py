@@ -26,12 +26,24 @@ LOADS = ({0: 1.0}, {1: 1.0}, {0: 0.6, 1: 0.7}, {0: 0.5}, {}, {2: 1.0, 0: 0.3})
 
 
 def _outcome(**kwargs):
-    """The run's whole observable outcome as text (events, step time, transfers, jobs), or its error."""
+    """The run's whole observable outcome as text (events read one by one, by index and through by_rank;
+    the columns; step time, transfers, jobs), or its error. The compiled core's events are an EventRows
+    (built when read), the reference's a tuple: read alike, they must print alike."""
     try:
         log = run(**kwargs)
     except ValueError as exc:
         return f"error: {exc}"
-    return repr((log.events, log.step_time_s, log.transfers, log.jobs, log.ranks))
+    events = tuple(log.events)
+    assert tuple(log.events[i] for i in range(len(log.events))) == events
+    assert [e for r in log.ranks for e in log.by_rank()[r].values()] == [e for r in log.ranks for e in events
+                                                                         if e.rank == r]
+    assert all(list(log.of_rank(r)) == [e for e in events if e.rank == r] for r in log.ranks)
+    return repr((events, _columns_text(log), log.step_time_s, log.transfers, log.jobs, log.ranks))
+
+
+def _columns_text(log) -> str:
+    cols = log.columns()
+    return repr([getattr(cols, f).tolist() for f in ("rank", "op_id", "start_s", "end_s", "wait_s", "peer", "peer_op")])
 
 
 def _same_on_every_engine(**kwargs) -> str:
