@@ -28,6 +28,9 @@ try:
     from meshsim.sim.engine._rows import EventRows, RankEvents
 except ImportError:  # no compiled core: every log is a tuple of events
     EventRows = RankEvents = None
+else:  # isinstance(rows, Sequence) holds, as it does for the tuples they stand for
+    Sequence.register(EventRows)
+    Mapping.register(RankEvents)
 
 __all__ = ["EventRows", "RankRows", "events_of_rank", "is_rows", "rank_events", "rank_rows", "retimed"]
 
