@@ -1,6 +1,8 @@
 """Builds meshsim's optional compiled extensions with Cython:
 - meshsim.sim.engine._core (sim/engine/_core.pyx), the engine's core, when that source is present;
-- meshsim.sim.kineto._collect (sim/kineto/_collect.pyx), the trace reader's byte scanner (sim/kineto/fast.py).
+- meshsim.sim.kineto._collect (sim/kineto/_collect.pyx), the trace reader's byte scanner (sim/kineto/fast.py);
+- meshsim.sim.engine._rows (sim/engine/_rows.pyx), the compiled core's event log as arrays (built with _core:
+  the core needs both).
 
 Everything else is in pyproject.toml. Each extension is optional: without Cython or a working C compiler
 the build goes on without it and the Python code runs (the trace reader falls back silently; its output
@@ -21,6 +23,7 @@ FLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math"]
 MODULES = (  # (module, .pyx source), each built when its source is in the tree
     ("meshsim.sim.engine._core", os.path.join("sim", "engine", "_core.pyx")),
     ("meshsim.sim.kineto._collect", os.path.join("sim", "kineto", "_collect.pyx")),
+    ("meshsim.sim.engine._rows", os.path.join("sim", "engine", "_rows.pyx")),
 )
 
 

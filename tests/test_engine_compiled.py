@@ -6,6 +6,9 @@ host syncs, P2P batches that cross), and the same results.json on library scenar
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,9 +16,9 @@ from hypothesis import strategies as st
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.cli.main import main
 from meshsim.sim.cost.host_dispatch import issue_times_s
-from meshsim.sim.engine import compiled, simpy_loop
-from meshsim.sim.engine.events import run, symmetric_groups
-from meshsim.sim.outputs.step_report import results_json_text
+from meshsim.sim.engine import compiled, event_rows, simpy_loop
+from meshsim.sim.engine.events import Event, run, symmetric_groups
+from meshsim.sim.outputs.step_report import results_json_text, write_outputs
 from meshsim.sim.results.simulate import simulate
 from meshsim.sim.schedule.ops import P2P, Collective, Elementwise, Op, P2PTransfer, Schedule
 
@@ -26,12 +29,24 @@ LOADS = ({0: 1.0}, {1: 1.0}, {0: 0.6, 1: 0.7}, {0: 0.5}, {}, {2: 1.0, 0: 0.3})
 
 
 def _outcome(**kwargs):
-    """The run's whole observable outcome as text (events, step time, transfers, jobs), or its error."""
+    """The run's whole observable outcome as text (events read one by one, by index and through by_rank;
+    the columns; step time, transfers, jobs), or its error. The compiled core's events are an EventRows
+    (built when read), the reference's a tuple: read alike, they must print alike."""
     try:
         log = run(**kwargs)
     except ValueError as exc:
         return f"error: {exc}"
-    return repr((log.events, log.step_time_s, log.transfers, log.jobs, log.ranks))
+    events = tuple(log.events)
+    assert tuple(log.events[i] for i in range(len(log.events))) == events
+    assert [e for r in log.ranks for e in log.by_rank()[r].values()] == [e for r in log.ranks for e in events
+                                                                         if e.rank == r]
+    assert all(list(log.of_rank(r)) == [e for e in events if e.rank == r] for r in log.ranks)
+    return repr((events, _columns_text(log), log.step_time_s, log.transfers, log.jobs, log.ranks))
+
+
+def _columns_text(log) -> str:
+    cols = log.columns()
+    return repr([getattr(cols, f).tolist() for f in ("rank", "op_id", "start_s", "end_s", "wait_s", "peer", "peer_op")])
 
 
 def _same_on_every_engine(**kwargs) -> str:
@@ -155,6 +170,71 @@ def test_a_deadlock_is_reported_alike():
     assert out.startswith("error: deadlock: 2 ops never ran")
 
 
+def _tiny_pipeline(**kw):
+    """Two stages, one forward each and the P2P pair between them."""
+    def x(send, peer):
+        return P2P((P2PTransfer(send, "fwd", 0, 0, peer, 64),))
+
+    s0 = Schedule((Op(0, "mb0.fwd", "compute", "compute", "fwd", Elementwise("f", 8, 8, 2.0), layer=0, micro_batch=0),
+                   Op(1, "send", "pp_comm", "pp_comm", "fwd", x(True, 1), (0,), micro_batch=0)),
+                  tp=1, dp=1, micro_batches=1, pp=2, stage=0)
+    s1 = Schedule((Op(0, "recv", "pp_comm", "pp_comm", "fwd", x(False, 0), micro_batch=0),
+                   Op(1, "mb0.fwd", "compute", "compute", "fwd", Elementwise("f", 8, 8, 2.0), (0,), layer=1,
+                      micro_batch=0)), tp=1, dp=1, micro_batches=1, pp=2, stage=1)
+    return run([s0, s1], [0, 1], lambda op, r: 1.5, lambda op, g: (0.0, 0.0, {}), group_of=lambda k, r: (0, 1),
+               stage_of=lambda r: r, p2p=lambda a, b, n: (0.25, 0.5, {0: 1.0}), **kw)
+
+
+@built
+def test_compiled_events_are_arrays_read_as_the_reference_tuples():
+    """The compiled core's log is an EventRows (no tuple held): each event it builds is an Event equal field
+    for field to the Python core's, each field of the same type (an int stays an int, not a numpy int); the
+    columns are the arrays it holds; of_rank / by_rank read them without listing the log."""
+    ref, rows = _tiny_pipeline(engine="python"), _tiny_pipeline(engine="compiled")
+    assert isinstance(ref.events, tuple) and event_rows.is_rows(rows.events)
+    assert isinstance(rows.events, Sequence) and isinstance(rows.by_rank()[0], Mapping)
+    assert len(rows.events) == len(ref.events) == 4
+    for a, b in zip(rows.events, ref.events, strict=True):
+        assert type(a) is Event and a == b and [type(f) for f in a] == [type(f) for f in b]
+    assert rows.events[-1] == ref.events[-1] and rows.events[1:3] == ref.events[1:3]
+    assert rows.events == ref.events and list(reversed(rows.events)) == list(reversed(ref.events))
+    assert rows.columns() is rows.events.columns
+    assert _columns_text(rows) == _columns_text(ref)
+    assert rows.get(1, 0) == ref.get(1, 0) and 5 not in rows.by_rank()[1] and rows.by_rank()[1].get(5) is None
+    assert list(rows.by_rank()[1]) == list(ref.by_rank()[1])
+    assert list(rows.of_rank(1)) == ref.of_rank(1)
+    with pytest.raises(KeyError):
+        rows.by_rank()[0][7]
+    with pytest.raises(IndexError):
+        rows.events[4]
+
+
+@built
+def test_a_changed_column_or_op_table_shows_in_the_events():
+    """Negative control: the events are read off the arrays and the op tables, not stored aside; a change
+    to either changes what the log reads, and the comparison of the harness sees it."""
+    ref, rows = _tiny_pipeline(engine="python"), _tiny_pipeline(engine="compiled")
+    rows.events.columns.end_s[0] = np.nextafter(rows.events.columns.end_s[0], 1.0)  # one ulp later
+    assert rows.events[0] != ref.events[0] and tuple(rows.events) != ref.events
+    rows.events.columns.end_s[0] = ref.events[0].end_s
+    assert tuple(rows.events) == ref.events
+    rows.events.op_index_arr[0] = 1 - rows.events.op_index_arr[0]  # another op of the stage
+    assert rows.events[0].name != ref.events[0].name
+
+
+@built
+def test_retimed_rows_match_retimed_tuples():
+    """EventLog.retimed (the steady state's shifted events) gives the same events over either log form."""
+    ref, rows = _tiny_pipeline(engine="python"), _tiny_pipeline(engine="compiled")
+    pick, start, end = np.array([3, 0, 0]), np.array([9.0, 0.5, 1.25]), np.array([10.0, 2.0, 3.5])
+    a, b = ref.retimed(pick, start, end), rows.retimed(pick, start, end)
+    assert isinstance(a, tuple) and event_rows.is_rows(b)
+    assert list(b) == list(a) == [ref.events[3]._replace(start_s=9.0, end_s=10.0),
+                                  ref.events[0]._replace(start_s=0.5, end_s=2.0),
+                                  ref.events[0]._replace(start_s=1.25, end_s=3.5)]
+    assert list(event_rows.events_of_rank(b, 1)) == event_rows.events_of_rank(a, 1) == [a[0]]
+
+
 # every kind of step: pipelined (interleaved), MoE / EP (with the dispatcher's host syncs), CP, FP8, and one
 # whose host cannot keep up; the default scenario; each with a few micro-batches so the suite stays quick
 LIBRARY = {
@@ -179,6 +259,21 @@ def test_library_results_json_is_byte_identical_across_engines(name, explicit):
     texts = {engine: results_json_text(simulate(rs, explicit_ranks=explicit, engine_name=engine))
              for engine in ("compiled", "python", "simpy")}
     assert texts["compiled"] == texts["python"] == texts["simpy"]
+
+
+@built
+@pytest.mark.parametrize("name", ["tiny-2gpu", "llama2-70b-h100-pp4"])
+def test_written_outputs_are_byte_identical_across_engines(name, tmp_path):
+    """results.json, trace.json and timeline.html written from the compiled core's arrays (events built as
+    the writers read them) and from the Python core's tuples: the same bytes, extrapolated or whole."""
+    scenario, source = load_scenario(name)
+    rs = resolve(scenario, source)
+    for full in (False, True):
+        for engine in ("compiled", "python"):
+            result = simulate(rs, full=full, engine_name=engine)
+            write_outputs(result, result.events, tmp_path / f"{engine}-{full}")
+        for f in ("results.json", "trace.json", "timeline.html"):
+            assert (tmp_path / f"compiled-{full}" / f).read_bytes() == (tmp_path / f"python-{full}" / f).read_bytes()
 
 
 def test_without_the_extension_the_python_core_runs_and_run_says_so(monkeypatch, capsys, tmp_path):

@@ -169,14 +169,15 @@ HOSTSLACK = {"model.layers": 4, "model.hidden": 1024, "model.heads": 16, "model.
              "hardware.compute.attention_efficiency": 0.5 / width_factor(GPUS["h100-sxm"], 256)}
 
 
-@pytest.mark.parametrize("dispatch_us", [9.6, 10.0, 10.4, 10.8])
+@pytest.mark.parametrize("dispatch_us", [9.6, 10.0, 10.2, 10.8])
 def test_hostslack_a_host_catching_up_with_its_gpu_is_simulated_whole(dispatch_us):
     """Issue 17's repro: the host issues a period slower than the GPU runs it, from a lead it built while
-    the first micro-batch waited for its parameters; at 10.0 and 10.4 us per op the lead runs out within the
-    48 micro-batches (the old check extrapolated 69.12 ms for the whole step's 72.61 ms), so the step is
+    the first micro-batch waited for its parameters; at 10.0 and 10.2 us per op the lead runs out within the
+    48 micro-batches (the old check extrapolated 2% and 4% short), so the step is
     simulated whole and says why; at 10.8 us it ran out already: the first cuts see the periods move from
     the GPU's pace to the host's, the later ones (the second try) a steady host-bound period (H = T); at
-    9.6 us the host is faster than the GPU and stays ahead. Those two are proven and extrapolated exactly."""
+    9.6 us the host is faster than the GPU and stays ahead. Those two are proven and extrapolated exactly
+    (split-K of the tiny GEMMs, issue 42, moved the boundary: 10.4 us now runs as 10.8 does)."""
     rs = resolved("tiny-2gpu", {**HOSTSLACK, "hardware.compute.host_dispatch_us": dispatch_us}, micro_batches=48)
     result, full = simulate(rs), simulate(rs, full=True)
     if dispatch_us in (9.6, 10.8):
@@ -186,11 +187,11 @@ def test_hostslack_a_host_catching_up_with_its_gpu_is_simulated_whole(dispatch_u
         assert result.steady_state.path == "full", result.steady_state
         assert "lead runs out" in result.steady_state.reason
         assert result.step_time_s == full.step_time_s
-    if dispatch_us in (10.0, 10.4):  # what the old event-time check extrapolated: 1% and 4.8% short
+    if dispatch_us in (10.0, 10.2):  # what the old event-time check extrapolated: 2% and 4% short
         short = [simulate(resolved("tiny-2gpu", {**HOSTSLACK, "hardware.compute.host_dispatch_us": dispatch_us},
                                    micro_batches=m), full=True).step_time_s for m in (3, 4)]
         linear_s = short[1] + (48 - 4) * (short[1] - short[0])
-        assert full.step_time_s > linear_s * (1.009 if dispatch_us == 10.0 else 1.04)
+        assert full.step_time_s > linear_s * (1.019 if dispatch_us == 10.0 else 1.039)
 
 
 def test_gpt3_interleaved_forced_extrapolation_is_exact():

@@ -24,12 +24,9 @@ form, host issue times per op; the costers (compute_s, collective, p2p) and the 
 callables, called at the same points, with the same arguments, as the Python engine calls them.
 """
 
-from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdlib cimport free, malloc, realloc
 
-cdef extern from "Python.h":
-    object PyType_GenericAlloc(type t, Py_ssize_t nitems)
+import numpy as np
 
 cdef enum:
     URGENT = 0
@@ -75,15 +72,6 @@ ctypedef struct Node:
     int kind
     int arg
     int next
-
-ctypedef struct Rec:
-    int ri
-    int op
-    double start_s
-    double end_s
-    double wait_s
-    long long peer
-    long long peer_op
 
 cdef double _EPS_S = 1e-15
 
@@ -131,7 +119,6 @@ cdef class Stage:
     cdef public int stage            # its index (the arbiter key of a collective's copies: (stage, op id))
     cdef public list op_ids
     cdef public list sizes          # per op: (bytes, flops) of its work (events.work_bytes, Op.flops)
-    cdef public list info           # per op: (op id, name, stream, category, phase, layer, micro-batch)
 
     def set_arrays(self, kind, dep_ptr, dep_idx, issue, point_of, awaited, base_s, durations):
         self.kind_arr, self.dep_ptr_arr, self.dep_idx_arr = kind, dep_ptr, dep_idx
@@ -230,8 +217,12 @@ cdef class Core:
     cdef list cpu_load
     cdef dict comm_cpu, open, groups, posted
     cdef public list transfers
-    cdef Rec* recs
-    cdef Py_ssize_t rec_n, rec_cap
+    # the event log, one row per finished op in completion order (rows [0, rec_n) written; sized for every op)
+    cdef Py_ssize_t rec_n
+    cdef object rec_ri_arr, rec_op_arr, rec_start_arr, rec_end_arr, rec_wait_arr, rec_peer_arr, rec_peer_op_arr
+    cdef int[::1] rec_ri, rec_op
+    cdef double[::1] rec_start, rec_end, rec_wait
+    cdef long long[::1] rec_peer, rec_peer_op
     cdef object transfer_type
     # the arbiter
     cdef object rates
@@ -256,7 +247,6 @@ cdef class Core:
         free(self.waiters)
         free(self.has_issue)
         free(self.has_syncs)
-        free(self.recs)
 
     def __init__(self, stages, rank_stage_index, ranks, issue_ranks, sync_ranks, compute_s, collective, p2p,
                  group_of, double kappa, rates, transfer_type, job_type):
@@ -264,7 +254,6 @@ cdef class Core:
         cdef Stage st
         self.stages = list(stages)
         self.rank_stage = [self.stages[i] for i in rank_stage_index]
-        import numpy as np
         self.ranks = np.asarray(ranks, dtype=np.int64)
         self.rank_set = frozenset(ranks)
         self.compute_s, self.collective, self.p2p, self.group_of = compute_s, collective, p2p, group_of
@@ -290,6 +279,14 @@ cdef class Core:
             self.done[ri] = 0
             self.end_s[ri] = 0.0
             self.waiters[ri] = -1
+        self.rec_n = 0
+        self.rec_ri_arr, self.rec_op_arr = np.empty(total, np.intc), np.empty(total, np.intc)
+        self.rec_start_arr, self.rec_end_arr = np.empty(total, np.float64), np.empty(total, np.float64)
+        self.rec_wait_arr = np.empty(total, np.float64)
+        self.rec_peer_arr, self.rec_peer_op_arr = np.empty(total, np.int64), np.empty(total, np.int64)
+        self.rec_ri, self.rec_op = self.rec_ri_arr, self.rec_op_arr
+        self.rec_start, self.rec_end, self.rec_wait = self.rec_start_arr, self.rec_end_arr, self.rec_wait_arr
+        self.rec_peer, self.rec_peer_op = self.rec_peer_arr, self.rec_peer_op_arr
         self.delays = [[] for _ in range(n_ranks)]
         self.cpu_load = [{("cpu", r): 1.0} for r in ranks]
         self.comm_cpu, self.open, self.groups, self.posted = {}, {}, {}, {}
@@ -481,9 +478,11 @@ cdef class Core:
         if s != -1:
             self.waiters[at] = -1
             self.succeed(s)
-        self.recs = <Rec*>_grow(self.recs, &self.rec_cap, self.rec_n + 1, sizeof(Rec))
-        cdef Rec* r = &self.recs[self.rec_n]
-        r.ri, r.op, r.start_s, r.end_s, r.wait_s, r.peer, r.peer_op = ri, op, start_s, self.now, wait_s, peer, peer_op
+        cdef Py_ssize_t k = self.rec_n  # < the number of (rank, op) pairs: each op finishes once per rank
+        if k >= self.rec_ri.shape[0]:
+            raise RuntimeError("an op finished twice")
+        self.rec_ri[k], self.rec_op[k], self.rec_start[k], self.rec_end[k] = ri, op, start_s, self.now
+        self.rec_wait[k], self.rec_peer[k], self.rec_peer_op[k] = wait_s, peer, peer_op
         self.rec_n += 1
         return 0
 
@@ -862,28 +861,17 @@ cdef class Core:
         return 0
 
     # ----- output --------------------------------------------------------------------------------------
-    def events(self, type event_type):
-        """(the finished ops as event_type records (events.Event, a 15-field tuple subclass) in completion
-        order, as a tuple; the latest end, as max() over them gives it, 0.0 when none)."""
-        cdef Py_ssize_t k
-        cdef Rec* r
-        cdef Stage st
-        cdef tuple info, size
-        cdef tuple out = PyTuple_New(self.rec_n)
-        cdef object ev
+    def columns(self):
+        """The log's rows in completion order: (rank index (int32), op index in its stage (int32), start_s,
+        end_s, wait_s (float64), peer, peer op (int64, -1: none)), each an array of the finished ops; and
+        the latest end, as max() over them gives it (0.0 when none)."""
+        cdef Py_ssize_t k, n = self.rec_n
         cdef double latest = 0.0
-        for k in range(self.rec_n):
-            r = &self.recs[k]
-            if k == 0 or r.end_s > latest:
-                latest = r.end_s
-            st = <Stage>self.rank_stage[r.ri]
-            info = <tuple>st.info[r.op]
-            size = <tuple>st.sizes[r.op]
-            ev = _new_event(event_type, self.ranks[r.ri], info, r.start_s, r.end_s, r.wait_s, size,
-                            None if r.peer < 0 else r.peer, None if r.peer_op < 0 else r.peer_op)
-            Py_INCREF(ev)
-            PyTuple_SET_ITEM(out, k, ev)
-        return out, latest
+        for k in range(n):
+            if k == 0 or self.rec_end[k] > latest:
+                latest = self.rec_end[k]
+        return (self.rec_ri_arr[:n], self.rec_op_arr[:n], self.rec_start_arr[:n], self.rec_end_arr[:n],
+                self.rec_wait_arr[:n], self.rec_peer_arr[:n], self.rec_peer_op_arr[:n]), latest
 
     def finished_ids(self, Py_ssize_t ri):
         """The op ids rank index `ri` finished."""
@@ -897,27 +885,3 @@ cdef inline bint _contains(list items, object x):
         if y is x:
             return True
     return False
-
-
-cdef inline void _put(object t, Py_ssize_t i, object v):
-    Py_INCREF(v)
-    PyTuple_SET_ITEM(t, i, v)
-
-
-cdef object _new_event(type event_type, object rank, tuple info, double start_s, double end_s, double wait_s,
-                       tuple size, object peer, object peer_op):
-    """event_type(rank, *info, start_s, end_s, wait_s, *size, peer, peer_op), built in place: a tuple
-    subclass instance allocated by its type and filled like a tuple (what tuple.__new__ does, without the
-    argument tuple)."""
-    cdef object ev = PyType_GenericAlloc(event_type, 15)
-    _put(ev, 0, rank)
-    for i in range(7):
-        _put(ev, 1 + i, info[i])
-    _put(ev, 8, start_s)
-    _put(ev, 9, end_s)
-    _put(ev, 10, wait_s)
-    _put(ev, 11, size[0])
-    _put(ev, 12, size[1])
-    _put(ev, 13, peer)
-    _put(ev, 14, peer_op)
-    return ev

@@ -5,8 +5,9 @@ Per stage, ops are numbered by their position in stream order (FIFO streams in F
 pp_comm batches): `kind` (0 compute, 1 collective, 2 P2P batch), dependency lists in CSR form (`dep_ptr`,
 `dep_idx`, as op indices, in each op's deps order), the host's issue time per op and its syncs
 (sim/engine/host.py: `point_of` per op, and per sync the awaited op's index and its base clock). What the
-records need per op (id, name, stream, category, phase, layer, micro-batch, bytes, flops) is a tuple built
-once per op, so an event costs one tuple.
+events need per op (id, name, stream, category, phase, layer, micro-batch) is read off the op itself, and its
+(bytes, flops) pair is built once per work. The core records each event as one row of arrays; the log is
+those arrays (sim/engine/_rows.pyx EventRows), its Event tuples built only when read.
 
 `AVAILABLE` says whether the extension was built (`pip install` builds it where a C compiler is present;
 setup.py); without it events.run falls back to the Python core (`core_name()`).
@@ -22,13 +23,14 @@ from operator import attrgetter
 import numpy as np
 
 from meshsim.sim.engine.arbiter import Job, MemoRates
+from meshsim.sim.engine.event_columns import EventColumns
 from meshsim.sim.engine.processes import CollectiveFn, ComputeFn, Inputs, P2PFn, Transfer
 from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, Collective, Op, Schedule
 
 try:
-    from meshsim.sim.engine import _core
+    from meshsim.sim.engine import _core, _rows
 except ImportError:  # no C compiler at install time: the Python core runs instead
-    _core = None
+    _core = _rows = None
 
 AVAILABLE = _core is not None
 
@@ -39,7 +41,6 @@ def core_name() -> str:
 
 
 _ID, _WORK, _DEPS = attrgetter("id"), attrgetter("work"), attrgetter("deps")
-_FIELDS = attrgetter("id", "name", "stream", "category", "phase", "layer", "micro_batch")
 
 
 def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float], syncs,
@@ -67,7 +68,7 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         durations = np.zeros(0)
     st = _core.Stage()
-    st.ops, st.op_ids, st.info = list(ops), ids, list(map(_FIELDS, ops))
+    st.ops, st.op_ids = list(ops), ids
     st.sizes = list(map(size_of.__getitem__, map(id, works)))
     index = _ID if dense else (lambda op: position[op.id])
     st.streams = [np.fromiter(map(index, streams[s]), dtype=np.intc, count=len(streams[s]))
@@ -88,7 +89,7 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
 
 def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn,
         p2p: P2PFn | None, event_type: type, work_bytes: Callable[[Op], int]
-        ) -> tuple[tuple, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
+        ) -> tuple[_rows.EventRows, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
     """_run with the cyclic garbage collector paused: a run allocates an event tuple per (rank, op) and a few
     per op, none of them cyclic garbage, and each collection the allocations would trigger rescans the
     whole young generation (and now and then every object alive). Pausing it changes no value."""
@@ -103,8 +104,8 @@ def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, col
 
 def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn, p2p: P2PFn | None,
         event_type: type, work_bytes: Callable[[Op], int]
-        ) -> tuple[tuple, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
-    """The engine on the compiled core: (events in completion order, the latest end (0.0: none), transfers,
+        ) -> tuple[_rows.EventRows, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
+    """The engine on the compiled core: (events in completion order, as arrays, the latest end (0.0: none), transfers,
     arbiter jobs, rank -> the op ids it finished). event_type, work_bytes: events.Event and events.work_bytes (that module calls this one)."""
     # the core fills event_type records like tuples: a tuple subclass without slots of its own
     assert issubclass(event_type, tuple) and event_type.__basicsize__ == tuple.__basicsize__
@@ -127,5 +128,23 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
                       p2p, inputs.group_of, inputs.kappa, MemoRates(), Transfer, Job)
     core.run()
     position = {r: i for i, r in enumerate(ranks)}
-    events, latest_s = core.events(event_type)
-    return events, latest_s, core.transfers, core.records, lambda r: core.finished_ids(position[r])
+    rows, latest_s = _rows_of(core, stages, ranks, stage_of, event_type)
+    return rows, latest_s, core.transfers, core.records, lambda r: core.finished_ids(position[r])
+
+
+def _rows_of(core: _core.Core, stages: list, ranks: Sequence[int], stage_of: Callable[[int], int], event_type: type
+             ) -> tuple[_rows.EventRows, float]:
+    """The core's records as an EventRows (sim/engine/event_rows.py): rank and op id columns from its rank
+    index and op index columns, the stage column from the rank; and the latest end."""
+    (ri, op, start_s, end_s, wait_s, peer, peer_op), latest_s = core.columns()
+    rank = np.asarray(ranks, dtype=np.int64)[ri]
+    stage = np.asarray([stage_of(r) for r in ranks], dtype=np.intc)[ri]
+    ids = [st.op_ids for st in stages]
+    if all(i == list(range(len(i))) for i in ids):
+        op_id = op.astype(np.int64)  # ids are positions (every built schedule)
+    else:
+        base = np.cumsum([0] + [len(i) for i in ids[:-1]]).astype(np.int64)
+        op_id = np.asarray(list(chain.from_iterable(ids)), dtype=np.int64)[base[stage] + op]
+    columns = EventColumns(rank, op_id, start_s, end_s, wait_s, peer, peer_op)
+    return _rows.EventRows(columns, stage, op, [st.ops for st in stages], [st.sizes for st in stages],
+                           event_type), latest_s

@@ -50,17 +50,20 @@ proof, sim/results/period_proof.py, reads).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not
 from typing import NamedTuple
+
+import numpy as np
 
 from meshsim.sim.core.engines import DEFAULT_ENGINE, EngineName
 from meshsim.sim.core.mesh import mesh_group
 from meshsim.sim.engine import compiled
 from meshsim.sim.engine.arbiter import Job
 from meshsim.sim.engine.event_columns import EventColumns, columns_of
+from meshsim.sim.engine.event_rows import RankRows, is_rows, rank_events, rank_rows, retimed
 from meshsim.sim.engine.host import host_syncs
 from meshsim.sim.engine.processes import (
     CollectiveFn,
@@ -107,7 +110,14 @@ class Event(NamedTuple):
 
 @dataclass(frozen=True)
 class EventLog:
-    events: tuple[Event, ...]  # in completion order
+    """What a run did: its events in completion order, every P2P transfer and every arbiter job.
+
+    `events` is a tuple of Event (the Python and simpy engines, the reference) or, from the compiled core,
+    an EventRows (sim/engine/event_rows.py): the arrays the core recorded, each Event built when read,
+    equal field for field to the reference's. `columns()` is the arrays either way (built from the tuples
+    once, or the core's own); `by_rank()` / `of_rank()` read the arrays without building the whole list."""
+
+    events: Sequence[Event]  # in completion order
     ranks: tuple[int, ...]
     step_time_s: float
     _index: dict = field(default_factory=dict, compare=False, repr=False)
@@ -117,27 +127,50 @@ class EventLog:
     _columns: list = field(default_factory=list, compare=False, repr=False)
 
     def columns(self) -> EventColumns:
-        """The events as arrays, row i = events[i] (sim/engine/event_columns.py; built on first use, then shared)."""
+        """The events as arrays, row i = events[i] (sim/engine/event_columns.py): the compiled core's own,
+        else built from the tuples on first use, then shared."""
+        if is_rows(self.events):
+            return self.events.columns
         if not self._columns:
             self._columns.append(columns_of(self.events))
         return self._columns[0]
+
+    def rows_of(self) -> dict[int, RankRows]:
+        """rank -> its rows in completion order and the row of each op id (event_rows.rank_rows; built on
+        first use, then shared)."""
+        index = self._index
+        if "rows" not in index:
+            index["rows"] = rank_rows(self.columns(), self.ranks)
+        return index["rows"]
 
     def get(self, rank: int, op_id: int) -> Event:
         """The event of op `op_id` on `rank` (index built on first use)."""
         return self.by_rank()[rank][op_id]
 
-    def by_rank(self) -> dict[int, dict[int, Event]]:
-        """rank -> op id -> its event (built on first use, then shared)."""
+    def by_rank(self) -> dict[int, Mapping[int, Event]]:
+        """rank -> op id -> its event, in completion order (built on first use, then shared; over the
+        compiled core's arrays a mapping that builds each event when read)."""
         index = self._index
-        if not index:
-            for rank_ in self.ranks:
-                index[rank_] = {}
-            for e in self.events:
-                index[e.rank][e.op_id] = e
-        return index
+        if "by_rank" not in index:
+            if is_rows(self.events):
+                index["by_rank"] = {r: rank_events(self.events, rows) for r, rows in self.rows_of().items()}
+            else:
+                by: dict[int, dict[int, Event]] = {r: {} for r in self.ranks}
+                for e in self.events:
+                    by[e.rank][e.op_id] = e
+                index["by_rank"] = by
+        return index["by_rank"]
 
-    def of_rank(self, rank: int) -> list[Event]:
+    def of_rank(self, rank: int) -> Sequence[Event]:
+        """The events of `rank`, in completion order (over the compiled core's arrays: an EventRows)."""
+        if is_rows(self.events):
+            return self.events.take(self.rows_of()[rank].order)
         return [e for e in self.events if e.rank == rank]
+
+    def retimed(self, rows: np.ndarray, start_s: np.ndarray, end_s: np.ndarray) -> Sequence[Event]:
+        """The events of rows `rows` (in that order, repeats allowed) with start and end times `start_s`,
+        `end_s` (one per row), the other fields unchanged (event_rows.retimed)."""
+        return retimed(self.events, rows, start_s, end_s)
 
 
 def symmetric_groups(tp: int, dp: int, kv_replicas: int = 1, cp: int = 1) -> GroupFn:

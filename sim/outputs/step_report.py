@@ -8,7 +8,7 @@ op types; the collective algorithms chosen. Every table fits the console's width
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +287,7 @@ def write_outputs(r: StepResult, events: Iterable[Event], out_dir: str | Path | 
     paths = {"results": write_results_json(r, out / OUTPUT_FILES["results"], full_critical_path=full_critical_path)}
     if level == "results":
         return paths
-    events = list(events)
+    events = events if isinstance(events, Sequence) else list(events)  # an EventRows: streamed, never listed
     paths["trace"] = write_trace(out / OUTPUT_FILES["trace"], events, r.critical_path, result=r)
     if html:
         title = f"{r.scenario}: step {fmt_s(r.step_time_s)}"

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gbps, fmt_s
+from meshsim.sim.engine.event_rows import events_of_rank, is_rows
 from meshsim.sim.engine.events import STREAMS, Event
 from meshsim.sim.outputs.plotly_page import template, typed_array, write_page
 from meshsim.sim.results.breakdown import middle_layer
@@ -161,17 +162,14 @@ def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
     if not stages:
         return None
     if len(stages) == 1:
-        rank, layer = stages[0], middle_layer([e for e in events if e.rank == stages[0]])
+        rank, layer = stages[0], middle_layer(events_of_rank(events, stages[0]))
         sel = [e for e in events if e.rank == rank and e.layer == layer and e.phase == "fwd"
                and e.micro_batch in (0, None)]
         if not sel:
             return None
         lo, hi = min(e.start_s for e in sel), max(e.end_s for e in sel)
     else:
-        by_rank: dict[int, list[Event]] = {r: [] for r in stages}
-        for e in events:
-            if e.rank in by_rank:
-                by_rank[e.rank].append(e)
+        by_rank = {r: events_of_rank(events, r) for r in stages}
         busy = [_Busy(by_rank[r]) for r in stages]
         windows = _spans(by_rank[stages[-1]])
         if not windows:
@@ -183,6 +181,9 @@ def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
 
 
 def _times(events: Sequence[Event], field: str) -> np.ndarray:
+    """The events' `field` (start_s, end_s) as float64: the column itself when they are an EventRows."""
+    if is_rows(events):
+        return getattr(events.columns, field).copy()
     return np.fromiter(map(attrgetter(field), events), np.float64, len(events))
 
 
@@ -291,7 +292,7 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
     extrapolated step, the band of periods not simulated (or give `steady_state`)."""
     if steady_state is None and result is not None:
         steady_state = result.steady_state
-    events = list(events)
+    events = events if isinstance(events, Sequence) else list(events)  # an EventRows: read, never listed
     lanes = _lane_names(events)
     crit = critical_ops(critical_path)
     by_op = result.op_collectives if result is not None else {}

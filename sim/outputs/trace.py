@@ -193,7 +193,7 @@ def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequen
     held as one document (kw: pid_offset, process_prefix, flow_id_base, steady_state, result)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    texts = iter_trace_json(list(events), critical_path, **kw)
+    texts = iter_trace_json(events if isinstance(events, Sequence) else list(events), critical_path, **kw)
     try:
         with open_own_for_writing(path) as fh:  # never through a link made after the checks
             fh.write('{"traceEvents":[')

@@ -39,6 +39,7 @@ from meshsim.sim.core.engines import EngineName
 from meshsim.sim.cost.flops import hardware_flops_per_step, model_flops_per_step
 from meshsim.sim.cost.memory import memory_per_gpu
 from meshsim.sim.engine import events as engine
+from meshsim.sim.engine.event_rows import events_of_rank
 from meshsim.sim.results import steady_state
 from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.costers import (
@@ -197,7 +198,7 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
         Counter({key[1:]: c for key, c in ex.collective_counts.items() if key[0] == stage}),
         stage * rs.stage_size)]
     ranks = run.log.ranks
-    return assemble(rs, ex.step_s, [e for e in ex.events if e.rank == ranks[0]], ex.breakdown_s, ex.path,
+    return assemble(rs, ex.step_s, events_of_rank(ex.events, ranks[0]), ex.breakdown_s, ex.path,
                     memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs), collectives=collectives,
                     explicit_ranks=explicit_ranks, simulated_ranks=len(ranks),
                     ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state,

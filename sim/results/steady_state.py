@@ -74,6 +74,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.critical_path import Segment
@@ -147,7 +149,7 @@ class Extrapolated:
     step_s: float
     breakdown_s: dict[str, float]
     path: list[Segment]  # the period's segments carry count = n + 1
-    events: tuple[Event, ...]  # the run's, those after the second cut shifted
+    events: Sequence[Event]  # the run's, those after the second cut shifted (stepped_events)
     collective_counts: Counter
     ops_per_rank: int
     state: SteadyState
@@ -185,52 +187,58 @@ def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[in
         ops_per_rank=max(len(m.ops) + n * m.period_ops for m in proof.maps), state=state)
 
 
-def stepped_events(log: EventLog, proof: Proof, n: int, rank: int | None = None) -> tuple[Event, ...] | str:
+def stepped_events(log: EventLog, proof: Proof, n: int, rank: int | None = None) -> Sequence[Event] | str:
     """The events of the run with n periods inserted at the second cut, as far as the run holds them: ops
     started before c2 keep their times (one still running at c2 ends when its image k periods earlier
     ended, plus kT), later ones move by nT; with n = 1 the inserted period's events (the run's from
     [c1, c2), one period later) are included, so that per-step sums of one more period can be taken.
-    `rank`: that rank's events only."""
-    cut, by = proof.cut, log.by_rank()
+    `rank`: that rank's events only. Computed on the log's columns; the result is the log's rows retimed
+    (EventLog.retimed: arrays over the compiled core's log, tuples over the reference's)."""
+    cut, cols = proof.cut, log.columns()
     c1, c2, t = cut.c1, cut.c2, cut.period_s
-    out: list[Event] = []
-    for e in (log.events if rank is None else by[rank].values()):
-        if e.start_s >= c2:
-            out.append(_moved(e, n * t))
-            continue
-        if n == 1 and rank is not None and e.start_s >= c1:
-            out.append(_moved(e, t))
-        if e.end_s <= c2:
-            out.append(e)
-            continue
-        end = _end_after(e, by[e.rank], proof.map_of(e.rank), cut, n)
-        if end is None:
+    rows = np.arange(len(cols), dtype=np.int64) if rank is None else log.rows_of()[rank].order
+    start, end = cols.start_s[rows], cols.end_s[rows]
+    after = start >= c2
+    new_start, new_end = start.copy(), end.copy()
+    new_start[after] = start[after] + n * t
+    new_end[after] = end[after] + n * t
+    for k in np.flatnonzero(~after & (end > c2)).tolist():
+        row = int(rows[k])
+        r = int(cols.rank[row])
+        ends = _end_after(int(cols.op_id[row]), float(end[k]), log.rows_of()[r].row_of, cols.end_s,
+                          proof.map_of(r), cut, n)
+        if ends is None:
+            e = log.events[row]
             return f"{e.name} (rank {e.rank}) runs across the second cut and has no image to end with"
-        out.append(e._replace(end_s=end))
-    return tuple(out)
+        new_end[k] = ends
+    if n == 1 and rank is not None:  # the inserted period: a copy one period later before each op of [c1, c2)
+        copied = ~after & (start >= c1)
+        twice = 1 + copied.astype(np.int64)
+        first = np.cumsum(twice) - twice  # where each row's first entry lands
+        out_rows, out_start, out_end = np.repeat(rows, twice), np.repeat(new_start, twice), np.repeat(new_end, twice)
+        at = first[copied]
+        out_start[at], out_end[at] = start[copied] + t, end[copied] + t
+        return log.retimed(out_rows, out_start, out_end)
+    return log.retimed(rows, new_start, new_end)
 
 
-_new_tuple = tuple.__new__
-
-
-def _moved(e: Event, dt_s: float) -> Event:
-    """e, dt_s later (Event(...) without NamedTuple's keyword handling: ~10^4 of these per step)."""
-    return _new_tuple(Event, (*e[:8], e.start_s + dt_s, e.end_s + dt_s, *e[10:]))
-
-
-def _end_after(e: Event, events: Mapping[int, Event], m, cut, n: int) -> float | None:
-    """When an op running at c2 in the run ends in the step: its image k <= n periods earlier ended before
-    c2 (where the run is R_inf), plus kT; if none did, its image n periods earlier is running at c2 and the
-    step ends it as the run does, plus nT."""
-    cur = e
+def _end_after(op_id: int, end_s: float, row_of: np.ndarray, ends: np.ndarray, m, cut, n: int) -> float | None:
+    """When op `op_id`, running at c2 in the run (until end_s), ends in the step: its image k <= n periods
+    earlier ended before c2 (where the run is R_inf), plus kT; if none did, its image n periods earlier is
+    running at c2 and the step ends it as the run does, plus nT. row_of, ends: the rank's row of each op id
+    and the log's end column."""
+    cur, cur_end = op_id, end_s
     for k in range(1, n + 1):
-        pre = m.mu_inv(cur.op_id)
-        if pre is None or pre == cur.op_id:
+        pre = m.mu_inv(cur)
+        if pre is None or pre == cur:
             return None
-        cur = events[pre]
-        if cur.end_s <= cut.c2:
-            return cur.end_s + k * cut.period_s
-    return cur.end_s + n * cut.period_s
+        row = int(row_of[pre])
+        if row < 0:
+            raise KeyError(pre)
+        cur, cur_end = pre, float(ends[row])
+        if cur_end <= cut.c2:
+            return cur_end + k * cut.period_s
+    return cur_end + n * cut.period_s
 
 
 def linear(q_a: Mapping[str, float], q_b: Mapping[str, float], n: int) -> dict[str, float]:

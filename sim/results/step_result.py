@@ -75,7 +75,9 @@ class StepResult:
     pipeline: PipelineSummary | None = None  # pp > 1
     hfu: float = 0.0
     ep_comm: EpComm | None = None  # MoE: one layer's dispatch / combine and their critical-path seconds
-    events: tuple[Event, ...] = field(default=(), compare=False, repr=False)  # not serialized
+    # not serialized; in completion order: a tuple of Event, or the compiled core's arrays (an EventRows,
+    # sim/engine/event_rows.py: each Event built when read, so stream it rather than list it)
+    events: Sequence[Event] = field(default=(), compare=False, repr=False)
     # not serialized, for trace and timeline: (rank, op id) -> its collective row; (group kind, rank) -> ranks
     op_collectives: Mapping[tuple[int, int], CollectiveRow] = field(default_factory=dict, compare=False, repr=False)
     rank_groups: Mapping[tuple[str, int], tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
@@ -227,7 +229,7 @@ def build_result(rs: ResolvedScenario, schedule: Schedule | Sequence[Schedule], 
 def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float],
              path: Sequence[Segment], *, memory: MemoryBreakdown, model_flops: float,
              collectives: Sequence[CollectiveRow], explicit_ranks: bool, simulated_ranks: int, ops_per_rank: int,
-             events: tuple[Event, ...], steady_state: SteadyState | None = None,
+             events: Sequence[Event], steady_state: SteadyState | None = None,
              hardware_flops: float | None = None,
              op_collectives: Mapping[tuple[int, int], CollectiveRow] | None = None,
              rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> StepResult:
