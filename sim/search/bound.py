@@ -70,7 +70,14 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.results.costers import host_issue_times
 from meshsim.sim.schedule.ops import FIFO_STREAMS, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
-from meshsim.sim.search.bound_types import PER_OP_MARGIN_S, RELATIVE_MARGIN, Bound, Pricer, StageBound
+from meshsim.sim.search.bound_types import (
+    PER_OP_MARGIN_S,
+    RELATIVE_MARGIN,
+    Bound,
+    PriceCache,
+    Pricer,
+    StageBound,
+)
 from meshsim.sim.search.cheap_bound import BlockCosts
 from meshsim.sim.search.pipeline_bound import Pipeline
 
@@ -139,11 +146,12 @@ def _with_fill_drain(busy_s: float, gap_s: float, m: int, fill_drain: tuple[floa
     return max(busy_s + fill + drain, busy_s + m * gap_s + max(0.0, fill - gap_s) + max(0.0, drain - gap_s))
 
 
-def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None) -> Bound:
-    """The bound of the module docstring for the layout `rs` describes (`costs`: the cheap level's, reused)."""
+def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
+    """The bound of the module docstring for the layout `rs` describes (`costs`: the cheap level's, reused;
+    `cache`: the search's shared cost functions)."""
     m, m_short = rs.micro_batches, short_micro_batches(rs)
     short = rs if m_short == m else replace(rs, micro_batches=m_short)
-    price = Pricer(rs)
+    price = cache.pricer(rs) if cache is not None else Pricer(rs)
     costs = costs or BlockCosts(rs, price)
     stages, worst_s, ops = [], 0.0, 0
     schedules = build_stage_schedules(short)

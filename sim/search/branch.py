@@ -34,6 +34,7 @@ from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.results.error_band import band_for
 from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.bound_store import BoundStore
+from meshsim.sim.search.bound_types import PriceCache
 from meshsim.sim.search.cheap_bound import cheap_bound
 from meshsim.sim.search.result import Entry, SearchResult
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, by_rule, screen
@@ -51,7 +52,7 @@ def _bar(enabled: bool) -> Progress:
 
 
 def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Mapping, bar: Progress,
-                     store: BoundStore):
+                     store: BoundStore, cache: PriceCache):
     """(layouts searched, refusals, out-of-memory count, candidates, their entries with cheap bounds and
     error bands, variants, when screening ended, bounds reused)."""
     todo = layouts(scenario, build_space(scenario, fixed, opened))
@@ -73,7 +74,7 @@ def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Ma
     for c in candidates:
         bound = store.get(c.layout.key, "cheap")
         if bound is None:
-            bound = cheap_bound(c.rs)
+            bound = cheap_bound(c.rs, cache=cache)
             new.append((c.layout.key, bound))
         else:
             reused += 1
@@ -118,7 +119,7 @@ class _Queue:
 
 
 def _next_batch(queue: _Queue, entries: dict[str, Entry], rs_of: dict, limit: float, size: int,
-                store: BoundStore) -> list[tuple[int, Entry]]:
+                store: BoundStore, cache: PriceCache) -> list[tuple[int, Entry]]:
     """Up to `size` refined entries from the front whose bound is below `limit`, refining those that reach
     the front with their cheap bound only (and putting them back)."""
     batch = []
@@ -126,7 +127,7 @@ def _next_batch(queue: _Queue, entries: dict[str, Entry], rs_of: dict, limit: fl
         n, key = queue.pop()
         e = entries[key]
         if e.refined is None:
-            e = entries[key] = replace(e, refined=lower_bound(rs_of[key]))
+            e = entries[key] = replace(e, refined=lower_bound(rs_of[key], cache=cache))
             store.put([(key, e.refined)])
             queue.push(e, n)
         else:
@@ -140,9 +141,10 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
     """Branch and bound over the layouts of `scenario` (module docstring)."""
     start = time.monotonic()
     store = BoundStore(out_dir, scenario_digest(scenario, source, referenced_snapshot(scenario, source)))
+    cache = PriceCache()
     with _bar(progress) as bar:
         searched, refusals, oom, candidates, banded, variants, screened, reused = screen_and_bound(
-            scenario, source, fixed or {}, opened or {}, bar, store)
+            scenario, source, fixed or {}, opened or {}, bar, store, cache)
         bounded = time.monotonic()
         order = [e for e, _ in banded]
         entries = {e.key: e for e in order}
@@ -160,7 +162,7 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
                 break
             limit = best.step_s * (1 + margin) if best is not None else float("inf")
             t0 = time.monotonic()
-            batch = _next_batch(queue, entries, rs_of, limit, max(1, jobs), store)
+            batch = _next_batch(queue, entries, rs_of, limit, max(1, jobs), store, cache)
             refine_s += time.monotonic() - t0
             if not batch:
                 stop = "bound" if queue.front() is not None else ""

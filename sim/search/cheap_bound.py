@@ -37,7 +37,14 @@ from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.shapes import layer_dims
 from meshsim.sim.schedule.template import Template
 from meshsim.sim.search.block_cost import BlockCost, block_cost, op_streams, pass_gaps
-from meshsim.sim.search.bound_types import PER_OP_MARGIN_S, RELATIVE_MARGIN, Bound, Pricer, StageBound
+from meshsim.sim.search.bound_types import (
+    PER_OP_MARGIN_S,
+    RELATIVE_MARGIN,
+    Bound,
+    PriceCache,
+    Pricer,
+    StageBound,
+)
 
 Block = tuple[Template, bool, bool]  # (template, is a decoder layer, backward)
 
@@ -89,6 +96,8 @@ class BlockCosts:
         price = price or Pricer(rs)
         dispatch = host_dispatch_s(rs)
         memo: dict[tuple[int, bool, bool, int], BlockCost] = {}
+        same: dict[tuple, BlockCost] = {}  # blocks of equal streams and durations: one object
+        pass_memo: dict[tuple, dict[str, float]] = {}
         self.busy, self.gap, self.host, self.ops = [], [], [], []
         for stage, passes in enumerate(stage_passes(rs)):
             rank = stage * rs.stage_size
@@ -102,15 +111,20 @@ class BlockCosts:
                     c = memo.get(key)
                     if c is None:
                         streams = op_streams(tpl, p.moe_ep_overlap and layer, backward, p.delay_wgrad_compute)
-                        c = memo[key] = block_cost(tpl, streams, lambda op, r=rank: price(op, r), dispatch)
+                        c = block_cost(tpl, streams, lambda op, r=rank: price(op, r), dispatch)
+                        c = memo[key] = same.setdefault((id(tpl), c.streams, c.dur_s), c)
                     costs.append(c)
                     for x, s in c.busy_s:
                         busy[x] = busy.get(x, 0.0) + s
                     host += c.dispatch_s
                     ops += c.ops
                 if not p.moe_ep_overlap:  # the nodes of two micro-batches interleave: no gaps (block_cost.py)
-                    streams = [x for c in costs for x in c.streams]
-                    for x, s in pass_gaps([b[0] for b in run], streams, [d for c in costs for d in c.dur_s]).items():
+                    key = tuple(id(c) for c in costs)  # a pure function of the blocks' templates and costs
+                    gaps = pass_memo.get(key)
+                    if gaps is None:
+                        gaps = pass_memo[key] = pass_gaps([b[0] for b in run], [x for c in costs for x in c.streams],
+                                                          [d for c in costs for d in c.dur_s])
+                    for x, s in gaps.items():
                         gap[x] = gap.get(x, 0.0) + s
             self.busy.append(busy)
             self.gap.append(gap)
@@ -118,9 +132,9 @@ class BlockCosts:
             self.ops.append(ops)
 
 
-def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None) -> Bound:
-    """The bound of the module docstring."""
-    costs = costs or BlockCosts(rs)
+def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
+    """The bound of the module docstring (`cache`: the search's shared cost functions)."""
+    costs = costs or BlockCosts(rs, cache.pricer(rs) if cache is not None else None)
     m = rs.micro_batches
     stages, worst_s, ops = [], 0.0, 0
     for stage, (busy, gap, host) in enumerate(zip(costs.busy, costs.gap, costs.host, strict=True)):
