@@ -145,6 +145,8 @@ BAD = {
     "--space bad switch": (["--space", "sp=maybe"], "on, off or both"),
     "--space bad cp_comm": (["--space", "cp_comm=ring"], "p2p"),
     "--fix and --space on one axis": (["--fix", "tp=2", "--space", "tp=2,4"], "not both"),
+    "--space bad recompute module": (["--space", "recompute_modules=attn+mlp"], "'attn' is not a module"),
+    "--space bad dispatcher": (["--space", "dispatcher=deepep"], "not a moe dispatcher"),
 }
 
 
@@ -209,3 +211,27 @@ def test_shared_prices_equal_fresh_ones(moe):
         assert lower_bound(outcome.rs, cache=cache) == lower_bound(outcome.rs)
         seen += 1
     assert seen >= 4
+
+
+def test_moe_axes_are_searched_with_the_scenario_rules():
+    """The dispatcher, EP overlap and recompute-module axes: enumerated in canonical form, legality from the
+    scenario checks (a refusal is filed under the rule's field, as for the other axes)."""
+    scenario, source = small(moe=True)
+    space = build_space(scenario, FIXED | {"micro_batch": (1,), "tp": (1,)},
+                        {"ep": (1, 2), "recompute": ("none", "selective", "full"),
+                         "recompute_modules": parse_assignment("--space", "recompute_modules=moe_act+mlp,none",
+                                                               False)[1]})
+    assert space.of("moe_dispatcher") == ("alltoall", "allgather", "flex") and space.of("ep_overlap") == (False, True)
+    todo = layouts(scenario, space)
+    variant = [dict((k.split(".")[-1], v) for k, v in lay.variant) for lay in todo]
+    assert not any(v.get("delay_wgrad_compute") and not v.get("moe_ep_overlap") for v in variant)
+    assert all(lay.point.recompute == "selective" or "recompute_modules" not in v for lay, v in zip(todo, variant, strict=True))
+    assert any(v.get("recompute_modules") == ("moe_act", "mlp") for v in variant)
+    variants = Variants(scenario, source)
+    outcomes = [screen(lay, variants) for lay in todo]
+    rules = {o.rule for o in outcomes if hasattr(o, "rule")}
+    assert "parallel.moe_ep_overlap" in rules  # EP overlap with ep 1, the allgather dispatcher or full recompute
+    legal = [o.layout for o in outcomes if isinstance(o, Candidate)]
+    assert any(("parallel.moe_ep_overlap", True) in lay.variant for lay in legal)
+    assert {dict(lay.variant).get("parallel.moe_dispatcher", "alltoall") for lay in legal} == {"alltoall", "allgather",
+                                                                                               "flex"}
