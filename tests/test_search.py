@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import meshsim.sim.search.branch as branch_module
+import meshsim.sim.search.screen_pool as screen_pool
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.api import search as api_search
 from meshsim.sim.cli.main import main
@@ -174,7 +175,7 @@ def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(tmp_path, monkey
     def refuse(*args, **kwargs):
         raise AssertionError("bounded again")
 
-    monkeypatch.setattr(branch_module, "cheap_bound", refuse)
+    monkeypatch.setattr(screen_pool, "cheap_bound", refuse)
     monkeypatch.setattr(branch_module, "lower_bound", refuse)
     again = search(scenario, source, fixed=FIXED, out_dir=tmp_path)
     assert again.bounds_reused == len(first.entries) + first.refined
@@ -235,3 +236,16 @@ def test_moe_axes_are_searched_with_the_scenario_rules():
     assert any(("parallel.moe_ep_overlap", True) in lay.variant for lay in legal)
     assert {dict(lay.variant).get("parallel.moe_dispatcher", "alltoall") for lay in legal} == {"alltoall", "allgather",
                                                                                                "flex"}
+
+
+def test_screening_in_worker_processes_gives_the_same_search(monkeypatch):
+    """screen_pool with 2 forked workers: every count, every cheap bound and the winner as in one process
+    (which layouts get refined may differ: 2 jobs take 2 layouts from the front at a time)."""
+    monkeypatch.setattr(screen_pool, "CHUNK", 8)
+    scenario, source = small()
+    one = search(scenario, source, fixed=FIXED, jobs=1)
+    two = search(scenario, source, fixed=FIXED, jobs=2)
+    assert len(one.entries) > 2 * screen_pool.CHUNK  # the pool path ran
+    assert (one.searched, one.out_of_memory, one.refused) == (two.searched, two.out_of_memory, two.refused)
+    assert sorted((e.key, e.cheap) for e in one.entries) == sorted((e.key, e.cheap) for e in two.entries)
+    assert one.winner.key == two.winner.key and one.winner.step_s == two.winner.step_s

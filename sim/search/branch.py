@@ -2,7 +2,8 @@
 
 1. Enumerate the space (sim/search/space.py), screen every layout with the scenario checks and the
    closed-form memory (sim/search/screen.py), and give every candidate its cheap bound
-   (sim/search/cheap_bound.py: block templates times the micro-batch count, no schedule built).
+   (sim/search/cheap_bound.py: block templates times the micro-batch count, no schedule built), in
+   `jobs` processes (sim/search/screen_pool.py).
 2. A queue ordered by each layout's current bound, the larger of the levels computed (both are <= its
    simulated step, so the larger is too). Take the front: a layout with only its cheap bound gets its
    refined one (sim/search/bound.py: short schedules, the pipeline's fill and drain) and goes back in
@@ -31,14 +32,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.outputs.advice import scenario_settings
-from meshsim.sim.results.error_band import band_for
 from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.bound_store import BoundStore
 from meshsim.sim.search.bound_types import PriceCache
-from meshsim.sim.search.cheap_bound import cheap_bound
 from meshsim.sim.search.result import Entry, SearchResult
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, by_rule, screen
-from meshsim.sim.search.space import build_space, layouts
+from meshsim.sim.search.screen_pool import screen_all
+from meshsim.sim.search.space import Layout, build_space, layouts
 from meshsim.sim.sweep.axes import referenced_snapshot, scenario_digest
 from meshsim.sim.sweep.explain import explain
 from meshsim.sim.sweep.record import SweepRecord, run_point
@@ -52,37 +52,47 @@ def _bar(enabled: bool) -> Progress:
 
 
 def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Mapping, bar: Progress,
-                     store: BoundStore, cache: PriceCache):
-    """(layouts searched, refusals, out-of-memory count, candidates, their entries with cheap bounds and
-    error bands, variants, when screening ended, bounds reused)."""
+                     store: BoundStore, jobs: int):
+    """(layouts searched, refusals, out-of-memory count, the candidates resolved here, their entries with
+    cheap bounds and error bands, variants, when screening ended, bounds reused), screening and cheap
+    bounding in `jobs` processes (sim/search/screen_pool.py)."""
     todo = layouts(scenario, build_space(scenario, fixed, opened))
     variants, files = Variants(scenario, source), referenced_snapshot(scenario, source)
-    refusals, oom, candidates = [], 0, []
-    task = bar.add_task("screening layouts", total=len(todo))
-    for layout in todo:
-        outcome = screen(layout, variants, files)
+    stored = {key for key, level in store.bounds if level == "cheap"}
+    task = bar.add_task("screening and bounding layouts", total=len(todo))
+    outcomes, candidates = screen_all(todo, variants, files, stored, jobs,
+                                      lambda n: bar.update(task, advance=n, refresh=True))
+    screened = time.monotonic()
+    refusals, oom, entries, new = [], 0, [], []
+    for layout, outcome in zip(todo, outcomes, strict=True):
         if isinstance(outcome, Refusal):
             refusals.append(outcome)
-        elif isinstance(outcome, Candidate):
-            candidates.append(outcome)
-        else:
+        elif outcome is None:
             oom += 1
-        bar.update(task, advance=1, refresh=True)
-    screened = time.monotonic()
-    task = bar.add_task("bounding layouts (cheap level)", total=len(candidates))
-    entries, new, reused = [], [], 0
-    for c in candidates:
-        bound = store.get(c.layout.key, "cheap")
-        if bound is None:
-            bound = cheap_bound(c.rs, cache=cache)
-            new.append((c.layout.key, bound))
         else:
-            reused += 1
-        entries.append((Entry(c.layout, bound, store.get(c.layout.key, "refined")), band_for(c.rs.scenario)))
-        bar.update(task, advance=1, refresh=True)
+            bound, band = outcome
+            if bound is None:
+                bound = store.get(layout.key, "cheap")
+            else:
+                new.append((layout.key, bound))
+            entries.append((Entry(layout, bound, store.get(layout.key, "refined")), band))
     store.put(new)
-    reused += sum(1 for e, _ in entries if e.refined is not None)
+    reused = len(entries) - len(new) + sum(1 for e, _ in entries if e.refined is not None)
     return len(todo), refusals, oom, candidates, entries, variants, screened, reused
+
+
+class _Resolved:
+    """layout key -> its resolved scenario: the one screening made, else resolved again (screen.py)."""
+
+    def __init__(self, candidates: dict[str, Candidate], variants: Variants, layouts_by_key: dict[str, Layout]):
+        self.candidates, self.variants, self.layouts = candidates, variants, layouts_by_key
+
+    def __getitem__(self, key: str):
+        c = self.candidates.get(key)
+        if c is None:
+            c = screen(self.layouts[key], self.variants, referenced_snapshot(self.variants.scenario,
+                                                                               self.variants.source))
+        return c.rs
 
 
 def _simulate(batch: list[Entry], variants: Variants, source: str, *, jobs: int, out_dir, ray: str | None,
@@ -144,11 +154,11 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
     cache = PriceCache()
     with _bar(progress) as bar:
         searched, refusals, oom, candidates, banded, variants, screened, reused = screen_and_bound(
-            scenario, source, fixed or {}, opened or {}, bar, store, cache)
+            scenario, source, fixed or {}, opened or {}, bar, store, jobs)
         bounded = time.monotonic()
         order = [e for e, _ in banded]
         entries = {e.key: e for e in order}
-        rs_of = {c.layout.key: c.rs for c in candidates}
+        rs_of = _Resolved(candidates, variants, {e.key: e.layout for e in order})
         bands = {e.key: b for e, b in banded}
         margin = max((b.mape for b in bands.values()), default=0.0)
         queue = _Queue(order)
