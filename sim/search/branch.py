@@ -54,7 +54,7 @@ def _bar(enabled: bool) -> Progress:
 def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Mapping, bar: Progress,
                      store: BoundStore, jobs: int):
     """(layouts searched, refusals, out-of-memory count, the candidates resolved here, their entries with
-    cheap bounds and error bands, variants, when screening ended, bounds reused), screening and cheap
+    cheap bounds and error bands, variants, bounds reused), screening and cheap
     bounding in `jobs` processes (sim/search/screen_pool.py)."""
     todo = layouts(scenario, build_space(scenario, fixed, opened))
     variants, files = Variants(scenario, source), referenced_snapshot(scenario, source)
@@ -62,7 +62,6 @@ def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Ma
     task = bar.add_task("screening and bounding layouts", total=len(todo))
     outcomes, candidates = screen_all(todo, variants, files, stored, jobs,
                                       lambda n: bar.update(task, advance=n, refresh=True))
-    screened = time.monotonic()
     refusals, oom, entries, new = [], 0, [], []
     for layout, outcome in zip(todo, outcomes, strict=True):
         if isinstance(outcome, Refusal):
@@ -78,7 +77,7 @@ def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Ma
             entries.append((Entry(layout, bound, store.get(layout.key, "refined")), band))
     store.put(new)
     reused = len(entries) - len(new) + sum(1 for e, _ in entries if e.refined is not None)
-    return len(todo), refusals, oom, candidates, entries, variants, screened, reused
+    return len(todo), refusals, oom, candidates, entries, variants, reused
 
 
 class _Resolved:
@@ -145,6 +144,19 @@ def _next_batch(queue: _Queue, entries: dict[str, Entry], rs_of: dict, limit: fl
     return batch
 
 
+def _take(batch, records: dict[str, SweepRecord], entries: dict[str, Entry], failed: list[Refusal],
+          best: Entry | None) -> Entry | None:
+    """Record a simulated batch in `entries` (and `failed`); the best fitting layout so far."""
+    for _, e in batch:
+        rec = records[e.key]
+        e = entries[e.key] = replace(e, record=rec)
+        if not rec.ok:
+            failed.append(Refusal(e.layout, "simulation", rec.reason))
+        elif rec.fits and (best is None or rec.result.step_time_s < best.step_s):
+            best = e
+    return best
+
+
 def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, opened: Mapping | None = None,
            budget_s: float | None = None, jobs: int = 1, out_dir=None, ray: str | None = None,
            progress: bool = False, runner: Callable[..., SweepRecord] = run_point, warn=None) -> SearchResult:
@@ -153,7 +165,7 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
     store = BoundStore(out_dir, scenario_digest(scenario, source, referenced_snapshot(scenario, source)))
     cache = PriceCache()
     with _bar(progress) as bar:
-        searched, refusals, oom, candidates, banded, variants, screened, reused = screen_and_bound(
+        searched, refusals, oom, candidates, banded, variants, reused = screen_and_bound(
             scenario, source, fixed or {}, opened or {}, bar, store, jobs)
         bounded = time.monotonic()
         order = [e for e, _ in banded]
@@ -179,13 +191,7 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
                 break
             records = _simulate([e for _, e in batch], variants, source, jobs=jobs, out_dir=out_dir, ray=ray,
                                 runner=runner, warn=warn)
-            for _, e in batch:
-                rec = records[e.key]
-                e = entries[e.key] = replace(e, record=rec)
-                if not rec.ok:
-                    failed.append(Refusal(e.layout, "simulation", rec.reason))
-                elif rec.fits and (best is None or rec.result.step_time_s < best.step_s):
-                    best = e
+            best = _take(batch, records, entries, failed, best)
             simulated += len(batch)
             bar.update(task, completed=simulated, description=f"simulating: best {best.key if best else '-'}"[:48],
                        refresh=True)
@@ -196,7 +202,7 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
     final = sorted(entries.values(), key=lambda e: e.bound.step_s)  # stable: ties keep enumeration order
     front = queue.front()
     proven = best is not None and stop != "budget" and (front is None or front >= best.step_s)
-    phases = (("screen", screened - start), ("bound", bounded - screened), ("refine", refine_s),
+    phases = (("screen and cheap bound", bounded - start), ("refine", refine_s),
               ("simulate", time.monotonic() - bounded - refine_s))
     return _outcome(scenario, searched, refusals, oom, final, failed, best, proven, stop, start, bands, phases, reused)
 
