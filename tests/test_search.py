@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import meshsim.sim.search.branch as branch_module
+import meshsim.sim.search.refiner as refiner_module
 import meshsim.sim.search.screen_pool as screen_pool
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.api import search as api_search
@@ -176,7 +176,7 @@ def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(tmp_path, monkey
         raise AssertionError("bounded again")
 
     monkeypatch.setattr(screen_pool, "cheap_bound", refuse)
-    monkeypatch.setattr(branch_module, "lower_bound", refuse)
+    monkeypatch.setattr(refiner_module, "lower_bound", refuse)
     again = search(scenario, source, fixed=FIXED, out_dir=tmp_path)
     assert again.bounds_reused == len(first.entries) + first.refined
     assert [(e.key, e.bound.step_s, e.bound.level) for e in again.entries] == \

@@ -32,9 +32,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.outputs.advice import scenario_settings
-from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.bound_store import BoundStore
-from meshsim.sim.search.bound_types import PriceCache
+from meshsim.sim.search.refiner import Refiner
 from meshsim.sim.search.result import Entry, SearchResult
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, by_rule, screen
 from meshsim.sim.search.screen_pool import screen_all
@@ -127,20 +126,25 @@ class _Queue:
         heapq.heappush(self.heap, (entry.bound.step_s, n, entry.key))
 
 
-def _next_batch(queue: _Queue, entries: dict[str, Entry], rs_of: dict, limit: float, size: int,
-                store: BoundStore, cache: PriceCache) -> list[tuple[int, Entry]]:
-    """Up to `size` refined entries from the front whose bound is below `limit`, refining those that reach
-    the front with their cheap bound only (and putting them back)."""
-    batch = []
+def _next_batch(queue: _Queue, entries: dict[str, Entry], limit: float, size: int, refiner: Refiner,
+                store: BoundStore) -> list[tuple[int, Entry]]:
+    """Up to `size` refined entries from the front whose bound is below `limit`; layouts that reach the front
+    with their cheap bound only are refined, up to `size` at a time (in parallel), and put back."""
+    batch: list[tuple[int, Entry]] = []
     while len(batch) < size and queue.front() is not None and queue.front() < limit:
-        n, key = queue.pop()
-        e = entries[key]
-        if e.refined is None:
-            e = entries[key] = replace(e, refined=lower_bound(rs_of[key], cache=cache))
-            store.put([(key, e.refined)])
-            queue.push(e, n)
-        else:
-            batch.append((n, e))
+        todo: list[tuple[int, str]] = []
+        while len(batch) < size and len(todo) < size and queue.front() is not None and queue.front() < limit:
+            n, key = queue.pop()
+            if entries[key].refined is None:
+                todo.append((n, key))
+            else:
+                batch.append((n, entries[key]))
+        if todo:
+            bounds = refiner([key for _, key in todo])
+            for (n, key), bound in zip(todo, bounds, strict=True):
+                entries[key] = replace(entries[key], refined=bound)
+                queue.push(entries[key], n)
+            store.put(list(zip([key for _, key in todo], bounds, strict=True)))
     return batch
 
 
@@ -163,14 +167,13 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
     """Branch and bound over the layouts of `scenario` (module docstring)."""
     start = time.monotonic()
     store = BoundStore(out_dir, scenario_digest(scenario, source, referenced_snapshot(scenario, source)))
-    cache = PriceCache()
-    with _bar(progress) as bar:
+    with _bar(progress) as bar, Refiner(jobs) as refiner:
         searched, refusals, oom, candidates, banded, variants, reused = screen_and_bound(
             scenario, source, fixed or {}, opened or {}, bar, store, jobs)
         bounded = time.monotonic()
         order = [e for e, _ in banded]
         entries = {e.key: e for e in order}
-        rs_of = _Resolved(candidates, variants, {e.key: e.layout for e in order})
+        refiner.rs_of = _Resolved(candidates, variants, {e.key: e.layout for e in order})
         bands = {e.key: b for e, b in banded}
         margin = max((b.mape for b in bands.values()), default=0.0)
         queue = _Queue(order)
@@ -184,7 +187,7 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
                 break
             limit = best.step_s * (1 + margin) if best is not None else float("inf")
             t0 = time.monotonic()
-            batch = _next_batch(queue, entries, rs_of, limit, max(1, jobs), store, cache)
+            batch = _next_batch(queue, entries, limit, max(1, jobs), refiner, store)
             refine_s += time.monotonic() - t0
             if not batch:
                 stop = "bound" if queue.front() is not None else ""
