@@ -19,6 +19,7 @@ rerun reads its bounds and records back).
 
     python benchmarks/search.py [--cases llama3-70b-64,...] [--jobs 2] [--budget 600]
     python benchmarks/search.py --sample 4     # screening counts, and 4 layouts bounded and simulated
+    python benchmarks/search.py --cases deepseek-v3-1024 --fix ep_overlap=off   # pin an axis
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.branch import search
 from meshsim.sim.search.cheap_bound import cheap_bound
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
-from meshsim.sim.search.space import build_space, layouts
+from meshsim.sim.search.space import build_space, layouts, parse_assignment
 from meshsim.sim.sweep.axes import referenced_snapshot
 
 LLAMA_405B = {"model.layers": 126, "model.hidden": 16384, "model.ffn_hidden": 53248, "model.heads": 128,
@@ -68,16 +69,18 @@ def _tightness(pairs: list[tuple[float, float]]) -> str:
     return f"median {statistics.median(ratios):.3f}, worst {min(ratios):.3f}" if ratios else "-"
 
 
-def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = None, out: str | None = None) -> None:
+def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = None, out: str | None = None,
+             fixed: dict | None = None) -> None:
     scenario, source = case_scenario(name)
     load0 = os.getloadavg()[0]
     wall0, cpu0 = time.monotonic(), cpu_s()
-    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False,
+    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False, fixed=fixed,
                     out_dir=Path(out, name) if out else None)
     wall, cpu = time.monotonic() - wall0, cpu_s() - cpu0
     legal, sims = len(result.entries), [e for e in result.simulated if e.step_s]
     share = f"{100 * len(result.simulated) / legal:.1f}%" if legal else "-"
-    print(f"{name}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
+    pinned = "".join(f" --fix {a}={','.join(map(str, v))}" for a, v in (fixed or {}).items())
+    print(f"{name}{pinned}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
           f"{result.out_of_memory:,}, legal {legal:,}, refined {result.refined:,}, simulated "
           f"{len(result.simulated):,} ({share} of legal), of which {result.needed_for_proof:,} for the proof "
           f"(bound < winner's step), pruned {result.pruned:,}; bounds reused {result.bounds_reused:,}")
@@ -131,12 +134,14 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=0, help="screen only, then bound and simulate N layouts")
     parser.add_argument("--dump", default=None, help="folder for one JSON per case: every layout's bound and step")
     parser.add_argument("--out", default=None, help="folder for each case's resumable stores (OUT/CASE)")
+    parser.add_argument("--fix", action="append", default=[], help="pin an axis in every case: AXIS=VALUE")
     args = parser.parse_args()
     for name in args.cases.split(","):
         if args.sample:
             sample_case(name, args.sample)
         else:
-            run_case(name, args.jobs, args.budget, args.dump, args.out)
+            run_case(name, args.jobs, args.budget, args.dump, args.out,
+                     dict(parse_assignment("--fix", text, True) for text in args.fix))
 
 
 if __name__ == "__main__":
