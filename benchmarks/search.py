@@ -9,19 +9,24 @@ Cases:
 - llama31-405b-512: Llama 3.1 405B on 512 H100 (126 layers, hidden 16384, FFN 53248, 128 heads, 8 KV
   heads, seq 8192, vocab 128256, global batch 1,024), built here from the 70B scenario (no library file).
 
-Per case it prints: layouts searched, refused, out of memory, legal (fit), simulated (and the share of the
-legal ones), pruned, bound / simulated over the simulated layouts (median and worst = smallest), the
-winner, whether it is proven, wall and CPU seconds (CPU of this process and its workers: the figure to
-trust on a shared machine). `--budget S` stops a case's simulations after S seconds (then not proven).
+Per case it prints: layouts searched, refused, out of memory, legal (fit), refined (the layouts whose
+cheap bound reached the front of the queue), simulated (and the share of the legal ones), pruned, bound /
+simulated over the simulated layouts for each level (cheap and refined: median and worst = smallest), the
+winner, whether it is proven, wall and CPU seconds per phase (CPU of this process and its workers: the
+figure to trust on a shared machine) and the load average around the case. `--budget S` stops a case's
+simulations after S seconds (then not proven); `--out DIR` keeps each case's stores in DIR/CASE (a
+rerun reads its bounds and records back).
 
     python benchmarks/search.py [--cases llama3-70b-64,...] [--jobs 2] [--budget 600]
     python benchmarks/search.py --sample 4     # screening counts, and 4 layouts bounded and simulated
+    python benchmarks/search.py --cases deepseek-v3-1024 --fix ep_overlap=off   # pin an axis
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -31,8 +36,9 @@ from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.results.simulate import simulate
 from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.branch import search
+from meshsim.sim.search.cheap_bound import cheap_bound
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
-from meshsim.sim.search.space import build_space, layouts
+from meshsim.sim.search.space import build_space, layouts, parse_assignment
 from meshsim.sim.sweep.axes import referenced_snapshot
 
 LLAMA_405B = {"model.layers": 126, "model.hidden": 16384, "model.ffn_hidden": 53248, "model.heads": 128,
@@ -58,20 +64,31 @@ def cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = None) -> None:
+def _tightness(pairs: list[tuple[float, float]]) -> str:
+    ratios = [b / s for b, s in pairs if s]
+    return f"median {statistics.median(ratios):.3f}, worst {min(ratios):.3f}" if ratios else "-"
+
+
+def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = None, out: str | None = None,
+             fixed: dict | None = None) -> None:
     scenario, source = case_scenario(name)
+    load0 = os.getloadavg()[0]
     wall0, cpu0 = time.monotonic(), cpu_s()
-    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False)
+    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False, fixed=fixed,
+                    out_dir=Path(out, name) if out else None)
     wall, cpu = time.monotonic() - wall0, cpu_s() - cpu0
-    legal, sims = len(result.entries), [e for e in result.simulated if e.tightness is not None]
-    ratios = [e.tightness for e in sims]
+    legal, sims = len(result.entries), [e for e in result.simulated if e.step_s]
     share = f"{100 * len(result.simulated) / legal:.1f}%" if legal else "-"
-    tight = f"median {statistics.median(ratios):.3f}, worst {min(ratios):.3f}" if ratios else "-"
-    print(f"{name}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
-          f"{result.out_of_memory:,}, legal {legal:,}, simulated {len(result.simulated):,} ({share} of legal), "
-          f"of which {result.needed_for_proof:,} for the proof (bound < winner's step), "
-          f"pruned {result.pruned:,}; bound/simulated {tight}; wall {wall:,.1f} s ("
-          + ", ".join(f"{k} {v:,.1f}" for k, v in result.phase_s) + f"), CPU {cpu:,.1f} s (jobs {jobs})")
+    pinned = "".join(f" --fix {a}={','.join(map(str, v))}" for a, v in (fixed or {}).items())
+    print(f"{name}{pinned}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
+          f"{result.out_of_memory:,}, legal {legal:,}, refined {result.refined:,}, simulated "
+          f"{len(result.simulated):,} ({share} of legal), of which {result.needed_for_proof:,} for the proof "
+          f"(bound < winner's step), pruned {result.pruned:,}; bounds reused {result.bounds_reused:,}")
+    print(f"  bound/simulated: cheap {_tightness([(e.cheap.step_s, e.step_s) for e in sims])}; refined "
+          f"{_tightness([(e.refined.step_s, e.step_s) for e in sims])}; used (the larger) "
+          f"{_tightness([(e.bound.step_s, e.step_s) for e in sims])}")
+    print(f"  wall {wall:,.1f} s (" + ", ".join(f"{k} {v:,.1f}" for k, v in result.phase_s) +
+          f"), CPU {cpu:,.1f} s (jobs {jobs}); load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
     if result.winner is not None:
         proof = "proven optimal under the model" if result.proven else f"NOT proven ({result.stop_reason})"
         print(f"  winner {result.winner.key}: step {result.winner.step_s:.4f} s, {proof}; "
@@ -79,8 +96,8 @@ def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = No
     for rc in result.refused[:6]:
         print(f"  refused by {rc.rule}: {rc.count:,}")
     if dump:
-        rows = [{"layout": e.key, "bound_s": e.bound.step_s, "step_s": e.step_s, "term": list(e.bound.binding)}
-                for e in result.entries]
+        rows = [{"layout": e.key, "cheap_s": e.cheap.step_s, "refined_s": e.refined.step_s if e.refined else None,
+                 "step_s": e.step_s, "term": list(e.bound.binding)} for e in result.entries]
         Path(dump, f"{name}.json").write_text(json.dumps(rows, indent=0))
 
 
@@ -99,12 +116,14 @@ def sample_case(name: str, n: int) -> None:
           f"legal {len(legal):,}; screening CPU {screen_cpu:,.1f} s", flush=True)
     for c in legal[:: max(1, len(legal) // n)][:n]:
         t0 = cpu_s()
-        bound = lower_bound(c.rs)
+        cheap = cheap_bound(c.rs)
         t1 = cpu_s()
+        bound = lower_bound(c.rs)
+        t2 = cpu_s()
         step = simulate(c.rs).step_time_s
-        print(f"  {c.layout.key}: bound {bound.step_s:.4f} s, simulated {step:.4f} s, bound/simulated "
-              f"{bound.step_s / step:.3f} ({bound.binding[1]}); CPU bound {t1 - t0:.2f} s, simulate {cpu_s() - t1:.2f} s",
-              flush=True)
+        print(f"  {c.layout.key}: cheap {cheap.step_s:.4f} s ({cheap.step_s / step:.3f}), refined {bound.step_s:.4f} s "
+              f"({bound.step_s / step:.3f}, {bound.binding[1]}), simulated {step:.4f} s; CPU cheap {t1 - t0:.2f} s, "
+              f"refined {t2 - t1:.2f} s, simulate {cpu_s() - t2:.2f} s", flush=True)
 
 
 def main() -> None:
@@ -114,12 +133,15 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None, help="seconds of simulation per case")
     parser.add_argument("--sample", type=int, default=0, help="screen only, then bound and simulate N layouts")
     parser.add_argument("--dump", default=None, help="folder for one JSON per case: every layout's bound and step")
+    parser.add_argument("--out", default=None, help="folder for each case's resumable stores (OUT/CASE)")
+    parser.add_argument("--fix", action="append", default=[], help="pin an axis in every case: AXIS=VALUE")
     args = parser.parse_args()
     for name in args.cases.split(","):
         if args.sample:
             sample_case(name, args.sample)
         else:
-            run_case(name, args.jobs, args.budget, args.dump)
+            run_case(name, args.jobs, args.budget, args.dump, args.out,
+                     dict(parse_assignment("--fix", text, True) for text in args.fix))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import meshsim.sim.search.refiner as refiner_module
+import meshsim.sim.search.screen_pool as screen_pool
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.api import search as api_search
 from meshsim.sim.cli.main import main
+from meshsim.sim.search.bound import lower_bound
+from meshsim.sim.search.bound_types import PriceCache
 from meshsim.sim.search.branch import search
-from meshsim.sim.search.screen import Variants
+from meshsim.sim.search.cheap_bound import cheap_bound
+from meshsim.sim.search.screen import Candidate, Variants, screen
 from meshsim.sim.search.space import build_space, layouts, parse_assignment
 from meshsim.sim.sweep.explain_terms import sweet_spot
 from meshsim.sim.sweep.record import run_point
@@ -142,6 +147,8 @@ BAD = {
     "--space bad switch": (["--space", "sp=maybe"], "on, off or both"),
     "--space bad cp_comm": (["--space", "cp_comm=ring"], "p2p"),
     "--fix and --space on one axis": (["--fix", "tp=2", "--space", "tp=2,4"], "not both"),
+    "--space bad recompute module": (["--space", "recompute_modules=attn+mlp"], "'attn' is not a module"),
+    "--space bad dispatcher": (["--space", "dispatcher=deepep"], "not a moe dispatcher"),
 }
 
 
@@ -154,3 +161,92 @@ def test_bad_fix_and_space_are_one_line_errors(case, capsys):
     assert code == 2 and "Traceback" not in err, err
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Fix: " in lines[0], err
     assert needle in lines[0], lines[0]
+
+
+FIXED = {"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}
+
+
+def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(tmp_path, monkeypatch):
+    scenario, source = small()
+    first = search(scenario, source, fixed=FIXED, out_dir=tmp_path)
+    assert first.bounds_reused == 0 and (tmp_path / "bounds.jsonl").exists()
+    with (tmp_path / "bounds.jsonl").open("a") as fh:  # a killed writer's half line: skipped, not fatal
+        fh.write('{"version": 2, "digest": "')
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bounded again")
+
+    monkeypatch.setattr(screen_pool, "cheap_bound", refuse)
+    monkeypatch.setattr(refiner_module, "lower_bound", refuse)
+    again = search(scenario, source, fixed=FIXED, out_dir=tmp_path)
+    assert again.bounds_reused == len(first.entries) + first.refined
+    assert [(e.key, e.bound.step_s, e.bound.level) for e in again.entries] == \
+        [(e.key, e.bound.step_s, e.bound.level) for e in first.entries]
+    assert again.winner.key == first.winner.key and again.proven
+
+
+def test_only_the_layouts_that_reach_the_front_are_refined():
+    """The lazy queue: layouts whose cheap bound is already past the best step and its band are never
+    refined (negative control: a search that refined everything would have refined == legal)."""
+    scenario, source = small()
+    result = search(scenario, source, fixed=FIXED)
+    limit = result.winner.step_s * (1 + result.band.mape)
+    assert 0 < result.refined < len(result.entries)
+    assert all(e.cheap.step_s >= limit for e in result.entries if e.refined is None)
+    assert all(e.refined is not None for e in result.simulated)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_shared_prices_equal_fresh_ones(moe):
+    """PriceCache (one coster per mesh, one compute model per recipe) gives every layout of a space the same
+    bounds, to the bit, as pricing it alone."""
+    scenario, source = small(moe=moe)
+    opened = {"tp": (1, 2, 4), "pp": (1, 2), "cp": (1, 2)} | ({"ep": (1, 2, 4)} if moe else {})
+    variants = Variants(scenario, source)
+    cache = PriceCache()
+    seen = 0
+    for layout in layouts(scenario, build_space(scenario, FIXED | {"micro_batch": (1,)}, opened))[::3]:
+        outcome = screen(layout, variants)
+        if not isinstance(outcome, Candidate):
+            continue
+        assert cheap_bound(outcome.rs, cache=cache) == cheap_bound(outcome.rs)
+        assert lower_bound(outcome.rs, cache=cache) == lower_bound(outcome.rs)
+        seen += 1
+    assert seen >= 4
+
+
+def test_moe_axes_are_searched_with_the_scenario_rules():
+    """The dispatcher, EP overlap and recompute-module axes: enumerated in canonical form, legality from the
+    scenario checks (a refusal is filed under the rule's field, as for the other axes)."""
+    scenario, source = small(moe=True)
+    space = build_space(scenario, FIXED | {"micro_batch": (1,), "tp": (1,)},
+                        {"ep": (1, 2), "recompute": ("none", "selective", "full"),
+                         "recompute_modules": parse_assignment("--space", "recompute_modules=moe_act+mlp,none",
+                                                               False)[1]})
+    assert space.of("moe_dispatcher") == ("alltoall", "allgather", "flex") and space.of("ep_overlap") == (False, True)
+    todo = layouts(scenario, space)
+    variant = [dict((k.split(".")[-1], v) for k, v in lay.variant) for lay in todo]
+    assert not any(v.get("delay_wgrad_compute") and not v.get("moe_ep_overlap") for v in variant)
+    assert all(lay.point.recompute == "selective" or "recompute_modules" not in v for lay, v in zip(todo, variant, strict=True))
+    assert any(v.get("recompute_modules") == ("moe_act", "mlp") for v in variant)
+    variants = Variants(scenario, source)
+    outcomes = [screen(lay, variants) for lay in todo]
+    rules = {o.rule for o in outcomes if hasattr(o, "rule")}
+    assert "parallel.moe_ep_overlap" in rules  # EP overlap with ep 1, the allgather dispatcher or full recompute
+    legal = [o.layout for o in outcomes if isinstance(o, Candidate)]
+    assert any(("parallel.moe_ep_overlap", True) in lay.variant for lay in legal)
+    assert {dict(lay.variant).get("parallel.moe_dispatcher", "alltoall") for lay in legal} == {"alltoall", "allgather",
+                                                                                               "flex"}
+
+
+def test_screening_in_worker_processes_gives_the_same_search(monkeypatch):
+    """screen_pool with 2 forked workers: every count, every cheap bound and the winner as in one process
+    (which layouts get refined may differ: 2 jobs take 2 layouts from the front at a time)."""
+    monkeypatch.setattr(screen_pool, "CHUNK", 8)
+    scenario, source = small()
+    one = search(scenario, source, fixed=FIXED, jobs=1)
+    two = search(scenario, source, fixed=FIXED, jobs=2)
+    assert len(one.entries) > 2 * screen_pool.CHUNK  # the pool path ran
+    assert (one.searched, one.out_of_memory, one.refused) == (two.searched, two.out_of_memory, two.refused)
+    assert sorted((e.key, e.cheap) for e in one.entries) == sorted((e.key, e.cheap) for e in two.entries)
+    assert one.winner.key == two.winner.key and one.winner.step_s == two.winner.step_s

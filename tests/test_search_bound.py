@@ -1,7 +1,10 @@
-"""Differential test of the search's lower bound (sim/search/bound.py): bound <= the simulated step, on
-generated small scenarios of six kinds (dense, MoE, CP, FP8, host-bound, pipelined), with enough
-micro-batches that the bound reads the full step off its short schedule (the premise of its step 5),
-and negative controls: the bound is positive and, on a compute-bound step, within the same order."""
+"""Differential test of the search's two lower bounds, each on its own: the cheap level
+(sim/search/cheap_bound.py, block templates) and the refined level (sim/search/bound.py, short
+schedules, fill and drain, forced gaps) are each <= the simulated step, on generated small scenarios of
+six kinds (dense, MoE with and without EP overlap, CP, FP8, host-bound, pipelined), with enough
+micro-batches that the refined bound reads the full step off its short schedule (the premise of its
+step 5); and negative controls: the bounds are positive, a compute-bound step is bound tightly, and the
+gaps add the MoE all-to-all the schedule's dependencies expose."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.results.simulate import simulate
 from meshsim.sim.search.bound import lower_bound, short_micro_batches
+from meshsim.sim.search.cheap_bound import BlockCosts, cheap_bound
 
 MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False, "model.mlp": "swiglu"}
 KINDS = ("dense", "moe", "cp", "fp8", "host", "pipelined")
@@ -39,6 +43,9 @@ def _kind(kind: str, o: dict, draw) -> dict:
         o.update(MOE)
         o["parallel.ep"] = draw(st.sampled_from([2, 4, 8]))
         o["parallel.moe_dispatcher"] = draw(st.sampled_from(["alltoall", "allgather", "flex"]))
+        if draw(st.booleans()):  # Megatron's combined 1F1B: a layer's dispatch and combine on ep_comm
+            o.update({"parallel.moe_ep_overlap": True, "parallel.delay_wgrad_compute": draw(st.booleans()),
+                      "parallel.fsdp": False})
     elif kind == "cp":
         o["parallel.cp"] = draw(st.sampled_from([2, 4]))
         o["parallel.cp_comm"] = draw(st.sampled_from(["p2p", "a2a", "allgather"]))
@@ -88,9 +95,10 @@ def test_bound_is_at_most_the_simulated_step(case):
     kind, overrides = case
     rs = resolved(overrides)
     assume(rs is not None)
-    bound, step = lower_bound(rs), simulate(rs).step_time_s
+    cheap, bound, step = cheap_bound(rs), lower_bound(rs), simulate(rs).step_time_s
     seen[kind] = seen.get(kind, 0) + 1
-    assert 0 < bound.step_s <= step, (kind, overrides, bound.step_s, step)
+    assert 0 < cheap.step_s <= step, ("cheap", kind, overrides, cheap.step_s, step)
+    assert 0 < bound.step_s <= step, ("refined", kind, overrides, bound.step_s, step)
 
 
 def test_every_kind_was_generated():
@@ -115,9 +123,31 @@ def test_bound_reads_the_full_step_off_a_short_schedule(monkeypatch):
 
 def test_a_compute_bound_step_is_bound_tightly():
     """Negative control against a bound that is trivially small: one GPU, no communication, CUDA graphs:
-    the step is its compute stream, and the bound is within 1e-6 of it."""
+    the step is its compute stream, and the refined bound is within 1e-6 of it; the cheap one leaves out
+    only the step's end (the optimizer), a few percent here."""
     rs = resolved({"parallel.tp": 1, "parallel.gpus": 1, "parallel.global_batch": 8, "run.cuda_graphs": True})
-    assert lower_bound(rs).step_s == pytest.approx(simulate(rs).step_time_s, rel=1e-6)
+    step = simulate(rs).step_time_s
+    assert lower_bound(rs).step_s == pytest.approx(step, rel=1e-6)
+    assert 0.9 * step < cheap_bound(rs).step_s < step
+
+
+def test_the_gaps_hold_the_all_to_all_that_dependencies_expose():
+    """MoE without EP overlap: the compute stream idles for each dispatch and combine all-to-all (the expert
+    GEMMs wait for the one, the unpermute for the other), so the compute chain's gap is at least the
+    all-to-alls' priced time; with EP overlap the gaps are not taken (the nodes of two micro-batches
+    interleave), and the bound is then the busy time alone."""
+    base = {**MOE, "parallel.ep": 4, "parallel.gpus": 4, "parallel.tp": 1, "parallel.global_batch": 8,
+            "run.cuda_graphs": True, "model.layers": 2}
+    plain = resolved(base)
+    costs = BlockCosts(plain)
+    a2a = sum(s for x, s in costs.busy[0].items() if x == "ep_comm")
+    assert costs.gap[0]["compute"] >= 0.5 * a2a > 0  # negative control: no gaps would make this 0
+    step = simulate(plain).step_time_s
+    assert cheap_bound(plain).step_s <= step and lower_bound(plain).step_s <= step
+    busy_only = plain.micro_batches * costs.busy[0]["compute"]
+    assert cheap_bound(plain).step_s > busy_only  # the gaps tighten the cheap level
+    overlapped = resolved({**base, "parallel.moe_ep_overlap": True})
+    assert overlapped is not None and BlockCosts(overlapped).gap[0] == {}
 
 
 def test_print_the_kinds_generated():
@@ -165,8 +195,9 @@ def test_fill_and_drain_keep_the_bound_below_the_step_of_generated_pipelines(p):
         assert "deadlock" in str(err)
         deadlocks.append(o)
         assume(False)
-    bound = lower_bound(rs)
-    assert 0 < bound.step_s <= step, (o, bound.step_s, step)
+    cheap, bound = cheap_bound(rs), lower_bound(rs)
+    assert 0 < cheap.step_s <= step, ("cheap", o, cheap.step_s, step)
+    assert 0 < bound.step_s <= step, ("refined", o, bound.step_s, step)
 
 
 deadlocks: list[dict] = []

@@ -17,6 +17,7 @@ from meshsim.sim.core.fmt import fmt_count, fmt_gb_as_gib, fmt_pct, fmt_s
 from meshsim.sim.core.outfiles import check_output_dir, check_output_file
 from meshsim.sim.core.text import plain, user_text
 from meshsim.sim.core.userio import dumps_finite
+from meshsim.sim.search.bound_store import BOUNDS_NAME
 from meshsim.sim.search.branch import search
 from meshsim.sim.search.report import summary_line, verdict, write_search_report
 from meshsim.sim.search.result import Entry, SearchResult
@@ -60,7 +61,7 @@ def search_command(
         raise UserError("--space", both[0], f"give {both[0]} with --fix or with --space, not both")
     base, source = load_scenario(scenario)
     base = sized(base, source, gpus, global_batch)
-    check_output_dir("--out", out, (JSONL_NAME, LOCK_NAME, REPORT_NAME))
+    check_output_dir("--out", out, (JSONL_NAME, LOCK_NAME, REPORT_NAME, BOUNDS_NAME))
     check_output_file("--json", json_path)
     result = search(base, source, fixed=fixed, opened=opened, budget_s=budget, jobs=jobs or os.cpu_count() or 1,
                     out_dir=out, ray=ray, progress=progress)
@@ -126,7 +127,10 @@ def print_search(result: SearchResult, top: int, console: Console | None = None)
 
 def _entry_json(entry: Entry) -> dict:
     out = {"layout": entry.key, "config": entry.record.to_json()["config"] if entry.record else None,
-           "bound_s": entry.bound.step_s, "bound_term": list(entry.bound.binding), "simulated": entry.record is not None}
+           "bound_s": entry.bound.step_s, "bound_level": entry.bound.level, "bound_term": list(entry.bound.binding),
+           "cheap_bound_s": entry.cheap.step_s,
+           "refined_bound_s": entry.refined.step_s if entry.refined is not None else None,
+           "simulated": entry.record is not None}
     if entry.record is not None and entry.record.ok:
         out |= {"step_s": entry.step_s, "tokens_per_s": entry.record.result.tokens_per_s,
                 "mfu": entry.record.result.mfu, "memory_gb": entry.record.result.memory_gb.total}
@@ -135,7 +139,8 @@ def _entry_json(entry: Entry) -> dict:
 
 def search_document(result: SearchResult) -> dict:
     return {"scenario": result.scenario, "searched": result.searched, "refused": {r.rule: r.count for r in result.refused},
-            "out_of_memory": result.out_of_memory, "pruned": result.pruned, "simulated": len(result.simulated),
+            "out_of_memory": result.out_of_memory, "pruned": result.pruned, "refined": result.refined,
+            "bounds_reused": result.bounds_reused, "simulated": len(result.simulated),
             "proven_optimal": result.proven, "stop_reason": result.stop_reason,
             "winner": _entry_json(result.winner) if result.winner else None,
             "within_error": [e.key for e in result.within_error], "explanation": list(result.explanation),

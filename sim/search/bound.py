@@ -46,7 +46,15 @@ The argument (exact arithmetic first; the float margin is step 6):
    micro-batch m' - 2, are the same in the full step (renumbered to its last micro-batch); not needed
    when m' = m.
 
-So lower_bound = max over stages and FIFO streams of fill + busy + drain, and over stages of host, is <= T.
+9. Forced gaps (sim/search/block_cost.py): inside a block, consecutive ops of a stream x that a dependency
+   path through other streams' ops links idle x for that path's priced length; over the full step the
+   stamped blocks give m G(s, x) of them, G the per-micro-batch sum (cheap_bound.py steps 2-3; 0 under
+   moe_ep_overlap). The chain of step 7 from x to z then also holds the gaps of the pairs inside [x, z]:
+   all but those left of x (inside micro-batch 0's blocks: at most G) and right of z (inside the last
+   micro-batch's: at most G). So T >= busy + m G + max(0, fill - G) + max(0, drain - G) as well.
+
+So lower_bound = max over stages and FIFO streams of the larger of fill + busy + drain and step 9's
+figure, and over stages of host, is <= T. It is the search's refined level; cheap_bound.py is the cheap one.
 
 What it leaves out, and is loose by: the bubbles inside the steady phase of a pipeline, communication
 exposed by dependencies in the middle of the step (a compute op waiting for a collective it needs),
@@ -56,63 +64,29 @@ contention and kappa's slow-down, host syncs. A bound that is provably valid and
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from meshsim.scenarios.resolved import ResolvedScenario
-from meshsim.sim.results.costers import CollectiveCoster, compute_fn, host_issue_times
-from meshsim.sim.schedule.ops import FIFO_STREAMS, Collective, Schedule
+from meshsim.sim.results.costers import host_issue_times
+from meshsim.sim.schedule.ops import FIFO_STREAMS, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+from meshsim.sim.search.bound_types import (
+    PER_OP_MARGIN_S,
+    RELATIVE_MARGIN,
+    Bound,
+    PriceCache,
+    Pricer,
+    StageBound,
+)
+from meshsim.sim.search.cheap_bound import BlockCosts
 from meshsim.sim.search.pipeline_bound import Pipeline
 
-RELATIVE_MARGIN = 1e-9  # step 6: float rounding of the engine's sums
-PER_OP_MARGIN_S = 2e-15  # step 6: the arbiter's completion epsilon, per op summed
 KINDS_OF_MICRO_BATCH = 3  # step 5: first, interior, last
-
-
-@dataclass(frozen=True)
-class StageBound:
-    """One stage's terms: every FIFO stream's busy time and the host's static clock, for the full step."""
-
-    stage: int
-    busy_s: tuple[tuple[str, float], ...]  # (stream, seconds), streams with ops only
-    host_s: float
-
-    @property
-    def worst(self) -> tuple[str, float]:
-        """The binding term: ("compute", s), ("tp_comm", s), ... or ("host", s)."""
-        return max((*self.busy_s, ("host", self.host_s)), key=lambda t: t[1])
-
-
-@dataclass(frozen=True)
-class Bound:
-    step_s: float  # the lower bound, margins applied
-    stages: tuple[StageBound, ...]
-    short_micro_batches: int  # m' of step 5 (== micro_batches: no premise used)
-    micro_batches: int
-
-    @property
-    def binding(self) -> tuple[int, str]:
-        """(stage, term) that gives the bound."""
-        best = max(self.stages, key=lambda sb: sb.worst[1])
-        return best.stage, best.worst[0]
 
 
 def short_micro_batches(rs: ResolvedScenario) -> int:
     """m' = min(m, max(3, pp)): the first, an interior and the last micro-batch (step 5)."""
     return min(rs.micro_batches, max(KINDS_OF_MICRO_BATCH, rs.pp))
-
-
-class _Pricer:
-    """Priced duration of a FIFO op on a rank: compute_s, or latency + bandwidth of its collective (step 3)."""
-
-    def __init__(self, rs: ResolvedScenario):
-        self.rs, self.compute_s, self.coster = rs, compute_fn(rs), CollectiveCoster(rs)
-
-    def __call__(self, op, rank: int) -> float:
-        if isinstance(op.work, Collective):
-            latency_s, bandwidth_s, _ = self.coster(op, self.rs.group(op.work.group, rank))
-            return latency_s + bandwidth_s
-        return self.compute_s(op, rank)
 
 
 def _full_step_sum(per_mb: dict[int, float], other: float, m: int, m_short: int) -> float:
@@ -124,7 +98,7 @@ def _full_step_sum(per_mb: dict[int, float], other: float, m: int, m_short: int)
     return other + m * min(per_mb.get(k, 0.0) for k in range(m_short))
 
 
-def _stream_busy(schedule: Schedule, rank: int, price: _Pricer, m: int, m_short: int) -> tuple[dict, int]:
+def _stream_busy(schedule: Schedule, rank: int, price: Pricer, m: int, m_short: int) -> tuple[dict, int]:
     """stream -> its full-step busy time (steps 2, 3, 5); and how many ops the sums stand for."""
     per_mb: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     other: dict[str, float] = defaultdict(float)
@@ -166,23 +140,32 @@ def _host_clock(rs: ResolvedScenario, schedule: Schedule, m: int, m_short: int) 
     return _full_step_sum(per_mb, other, m, m_short)
 
 
-def lower_bound(rs: ResolvedScenario) -> Bound:
-    """The bound of the module docstring for the layout `rs` describes."""
+def _with_fill_drain(busy_s: float, gap_s: float, m: int, fill_drain: tuple[float, float]) -> float:
+    """The larger of steps 7 and 9 for one stage and stream."""
+    fill, drain = fill_drain
+    return max(busy_s + fill + drain, busy_s + m * gap_s + max(0.0, fill - gap_s) + max(0.0, drain - gap_s))
+
+
+def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
+    """The bound of the module docstring for the layout `rs` describes (`costs`: the cheap level's, reused;
+    `cache`: the search's shared cost functions)."""
     m, m_short = rs.micro_batches, short_micro_batches(rs)
     short = rs if m_short == m else replace(rs, micro_batches=m_short)
-    price = _Pricer(rs)
+    price = cache.pricer(rs) if cache is not None else Pricer(rs)
+    costs = costs or BlockCosts(rs, price)
     stages, worst_s, ops = [], 0.0, 0
     schedules = build_stage_schedules(short)
     pipe = Pipeline(schedules, lambda op, stage: price(op, stage * rs.stage_size))
     for schedule in schedules:
         rank = schedule.stage * rs.stage_size
         busy, n_ops = _stream_busy(schedule, rank, price, m, m_short)
-        if pipe.ok:  # step 7: the fill before and the drain after each stream's busy time
-            busy = {x: t + sum(pipe.fill_drain(schedule.stage, x)) for x, t in busy.items()}
-        host_s = _host_clock(short, schedule, m, m_short)
+        gap = costs.gap[schedule.stage]
+        busy = {x: _with_fill_drain(t, gap.get(x, 0.0), m, pipe.fill_drain(schedule.stage, x) if pipe.ok else (0.0, 0.0))
+                for x, t in busy.items()}
+        host_s = max(_host_clock(short, schedule, m, m_short), m * costs.host[schedule.stage])
         stage = StageBound(schedule.stage, tuple(busy.items()), host_s)
         stages.append(stage)
         if stage.worst[1] > worst_s:
-            worst_s, ops = stage.worst[1], n_ops
+            worst_s, ops = stage.worst[1], n_ops + int(m * costs.ops[schedule.stage])
     step_s = max(0.0, worst_s * (1.0 - RELATIVE_MARGIN) - PER_OP_MARGIN_S * ops)
     return Bound(step_s, tuple(stages), m_short, m)

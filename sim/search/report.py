@@ -15,11 +15,13 @@ ANCHOR = "<h2>All configurations</h2>"
 
 
 def summary_line(result: SearchResult) -> str:
-    """'searched N, refused R (rule n, ...), out of memory M, pruned by the bound P, simulated S'."""
+    """'searched N, refused R (rule n, ...), out of memory M, pruned by the bound P (K of them on the cheap
+    bound alone), simulated S'."""
     rules = ", ".join(f"{r.rule} {r.count:,}" for r in result.refused)
     failed = f" ({len(result.failed)} refused by the simulation)" if result.failed else ""
     return (f"searched {result.searched:,}, refused {result.refused_total:,}" + (f" ({rules})" if rules else "")
-            + f", out of memory {result.out_of_memory:,}, pruned by the bound {result.pruned:,}, "
+            + f", out of memory {result.out_of_memory:,}, pruned by the bound {result.pruned:,} "
+            f"({len(result.entries) - result.refined:,} on the cheap bound alone), "
             f"simulated {len(result.simulated):,}{failed}" + (f" ({result.needed_for_proof:,} of them for the proof, "
                                                               "the rest for the error band)" if result.proven else ""))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshsim.sim.results.error_band import ErrorBand
-from meshsim.sim.search.bound import Bound
+from meshsim.sim.search.bound_types import Bound
 from meshsim.sim.search.screen import Refusal, RuleCount
 from meshsim.sim.search.space import Layout
 from meshsim.sim.sweep.record import SweepRecord
@@ -13,15 +13,24 @@ from meshsim.sim.sweep.record import SweepRecord
 
 @dataclass(frozen=True)
 class Entry:
-    """A legal layout that fits: its lower bound and, when simulated, its sweep record."""
+    """A legal layout that fits: its cheap lower bound, the refined one when it reached the front of the
+    queue, and, when simulated, its sweep record."""
 
     layout: Layout
-    bound: Bound
+    cheap: Bound  # sim/search/cheap_bound.py
+    refined: Bound | None = None  # sim/search/bound.py; None: never refined
     record: SweepRecord | None = None  # None: pruned (never simulated)
 
     @property
     def key(self) -> str:
         return self.layout.key
+
+    @property
+    def bound(self) -> Bound:
+        """The larger of the bounds computed (both are <= the simulated step, so the larger is too)."""
+        if self.refined is not None and self.refined.step_s >= self.cheap.step_s:
+            return self.refined
+        return self.cheap
 
     @property
     def step_s(self) -> float | None:
@@ -40,7 +49,7 @@ class SearchResult:
     searched: int  # layouts enumerated
     refused: tuple[RuleCount, ...]  # by rule
     out_of_memory: int
-    entries: tuple[Entry, ...]  # every legal layout that fits, in ascending bound order
+    entries: tuple[Entry, ...]  # every legal layout that fits, in ascending order of its final bound
     failed: tuple[Refusal, ...]  # simulated but refused by a check of the simulation itself
     winner: Entry | None
     proven: bool  # every layout not simulated has a bound >= the winner's step
@@ -49,7 +58,8 @@ class SearchResult:
     band: ErrorBand | None  # the winner's accuracy group's band
     explanation: tuple[str, ...]
     wall_s: float
-    phase_s: tuple[tuple[str, float], ...] = ()  # wall seconds of screening, bounding, simulating
+    phase_s: tuple[tuple[str, float], ...] = ()  # wall seconds: screening and cheap bounding, refining, simulating
+    bounds_reused: int = 0  # bounds read back from OUT/bounds.jsonl instead of computed
 
     @property
     def refused_total(self) -> int:
@@ -66,6 +76,11 @@ class SearchResult:
         if self.winner is None:
             return len(self.entries)
         return sum(1 for e in self.entries if e.bound.step_s < self.winner.step_s)
+
+    @property
+    def refined(self) -> int:
+        """Layouts whose refined bound was computed (those that reached the front of the queue)."""
+        return sum(1 for e in self.entries if e.refined is not None)
 
     @property
     def pruned(self) -> int:

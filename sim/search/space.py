@@ -2,20 +2,25 @@
 
 A layout is a sweep configuration (sim/sweep/axes.SweepPoint: tp, sp, micro_batch, tp_comm_overlap,
 recompute, pp, vp, ep, etp, cp, fp8, fsdp, dist_opt_instances) plus the settings a sweep point does not
-carry (VARIANT_AXES: cp_comm, moe_dispatcher, dp_overlap, overlap_param_gather, distributed_optimizer, and
-the pipeline split's embedding_in_split and loss_in_split),
+carry (VARIANT_AXES: cp_comm, moe_dispatcher, flex_backend, ep_overlap, delay_wgrad, recompute_modules,
+dp_overlap, overlap_param_gather, distributed_optimizer, and the pipeline split's embedding_in_split and
+loss_in_split),
 applied to the scenario as dotted overrides. Which values are legal is not decided here: every layout is
 resolved with the scenario checks (sim/search/screen.py); the space only says which values to try.
 
 Default values (an axis the user neither fixes nor opens), DEFAULT_VALUES: powers of two for the degrees,
 every recompute mode, both TP overlaps, the distributed optimizer and FSDP, both pipeline-split options
 (with pp > 1: what lets 126 layers + embedding + loss split over 8 stages); the scenario's own value for
-the FP8 recipe (opened only by --space fp8=...), the variant settings and dist_opt_instances. sp is on
+the FP8 recipe (opened only by --space fp8=...), the variant settings and dist_opt_instances. For a MoE
+model also the three dispatchers (alltoall, allgather, flex) and EP overlap on and off; selective
+recompute tries the scenario's module set and Megatron's default (unset: core_attn); module sets are
+written joined by '+' (--space recompute_modules=core_attn+mlp,none). sp is on
 (Megatron's choice with tp > 1; --space sp=on,off opens it). A scenario with a pipeline_layout keeps its
 pp and vp (the layout fixes both); opening them drops the layout for the layouts that change them.
 Canonical forms, so no layout appears twice: sp off at tp = 1 (Megatron turns it off there), the
 scenario's cp_comm at cp = 1, the scenario's split options at pp = 1 (and under its own pipeline_layout),
-ep = etp = 1 for a dense model.
+ep = etp = 1 and the scenario's MoE settings for a dense model, the scenario's flex backend with another
+dispatcher, delay_wgrad off without EP overlap, no module set without selective recompute.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ def _choices(field: str) -> tuple[str, ...]:
     return tuple(get_args(ParallelConfig.model_fields[field].annotation))
 
 
-def _parse_choice(axis: str, text: str) -> tuple[str, ...]:
-    allowed = _choices(axis)
+def _parse_choice(axis: str, text: str, field: str | None = None) -> tuple[str, ...]:
+    allowed = _choices(field or axis)
     values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",")))
     bad = [v for v in values if v not in allowed]
     if bad:
@@ -47,9 +52,29 @@ def _parse_choice(axis: str, text: str) -> tuple[str, ...]:
     return values
 
 
+def parse_modules(text: str) -> tuple[tuple[str, ...] | None, ...]:
+    """'core_attn+mlp,none' -> (('core_attn', 'mlp'), None): module sets joined by '+', 'none' for unset
+    (Megatron's default, core_attn)."""
+    allowed = get_args(get_args(get_args(ParallelConfig.model_fields["recompute_modules"].annotation)[0])[0])
+    out: list[tuple[str, ...] | None] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        mods = None if part == "none" else tuple(dict.fromkeys(m.strip() for m in part.split("+")))
+        bad = [m for m in mods or () if m not in allowed]
+        if bad or part == "":
+            raise UserError("recompute_modules", text, f"give module sets joined by '+' (of {', '.join(allowed)}) "
+                            "or 'none', separated by commas", problem=f"{(bad or [part])[0]!r} is not a module")
+        out.append(mods)
+    return tuple(dict.fromkeys(out))
+
+
 VARIANT_AXES = {  # axis -> (scenario field, parser)
     "cp_comm": ("parallel.cp_comm", lambda t: _parse_choice("cp_comm", t)),
     "moe_dispatcher": ("parallel.moe_dispatcher", lambda t: _parse_choice("moe_dispatcher", t)),
+    "flex_backend": ("parallel.moe_flex_backend", lambda t: _parse_choice("flex_backend", t, "moe_flex_backend")),
+    "ep_overlap": ("parallel.moe_ep_overlap", lambda t: parse_switch("ep_overlap", t)),
+    "delay_wgrad": ("parallel.delay_wgrad_compute", lambda t: parse_switch("delay_wgrad", t)),
+    "recompute_modules": ("parallel.recompute_modules", parse_modules),
     "dp_overlap": ("parallel.dp_overlap", lambda t: parse_switch("dp_overlap", t)),
     "overlap_param_gather": ("parallel.overlap_param_gather", lambda t: parse_switch("overlap_param_gather", t)),
     "distributed_optimizer": ("parallel.distributed_optimizer", lambda t: parse_switch("distributed_optimizer", t)),
@@ -68,7 +93,9 @@ DEFAULT_VALUES: dict[str, tuple] = {
     "recompute": ("none", "selective", "full"), "pp": (1, 2, 4, 8, 16), "vp": (1, 2, 4), "cp": (1, 2, 4),
     "fsdp": (False, True), "embedding_in_split": (False, True), "loss_in_split": (False, True),
 }
-MOE_DEFAULTS: dict[str, tuple] = {"ep": (1, 2, 4, 8, 16, 32, 64), "etp": (1, 2)}
+MOE_DEFAULTS: dict[str, tuple] = {"ep": (1, 2, 4, 8, 16, 32, 64), "etp": (1, 2),
+                                  "moe_dispatcher": ("alltoall", "allgather", "flex"), "ep_overlap": (False, True)}
+MOE_ONLY_AXES = ("moe_dispatcher", "flex_backend", "ep_overlap", "delay_wgrad")  # the scenario's value for dense
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,8 @@ class Layout:
 def _text(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
+    if isinstance(value, tuple):
+        return "+".join(value)
     return "none" if value is None else str(value)
 
 
@@ -137,7 +166,8 @@ def scenario_value(scenario: Scenario, axis: str) -> object:
     if axis == "fp8":
         return scenario.run.fp8
     field = VARIANT_AXES[axis][0].split(".")[-1] if axis in VARIANT_AXES else axis
-    return getattr(scenario.parallel, field)
+    value = getattr(scenario.parallel, field)
+    return tuple(value) if isinstance(value, list) else value
 
 
 def build_space(scenario: Scenario, fixed: Mapping[str, tuple] = (), opened: Mapping[str, tuple] = ()) -> SearchSpace:
@@ -153,14 +183,29 @@ def build_space(scenario: Scenario, fixed: Mapping[str, tuple] = (), opened: Map
             chosen = opened[axis]
         elif axis in ("pp", "vp") and pinned_pipeline:
             chosen = (scenario_value(scenario, axis),)
+        elif axis == "recompute_modules":  # the scenario's module set and Megatron's default (core_attn)
+            chosen = tuple(dict.fromkeys((scenario_value(scenario, axis), None)))
         elif axis in MOE_DEFAULTS:
-            chosen = MOE_DEFAULTS[axis] if moe else (1,)
+            chosen = MOE_DEFAULTS[axis] if moe else (scenario_value(scenario, axis) if axis in MOE_ONLY_AXES else 1,)
         elif axis in DEFAULT_VALUES:
             chosen = DEFAULT_VALUES[axis]
         else:
             chosen = (scenario_value(scenario, axis),)
         values.append((axis, tuple(chosen)))
-    return SearchSpace(tuple(values))
+    return SearchSpace(tuple(_unsplit(scenario, dict(values), fixed, opened).items()))
+
+
+def _unsplit(scenario: Scenario, values: dict, fixed: Mapping, opened: Mapping) -> dict:
+    """The split options at the scenario's value when no layout of the space splits layers itself (every pp
+    is 1, or the scenario's pipeline_layout holds for every one): the canonical form, without enumerating
+    the copies (module docstring)."""
+    p = scenario.parallel
+    pinned = p.pipeline_layout is not None and values["pp"] == (p.pp,) and values["vp"] == (p.vp,)
+    if values["pp"] == (1,) or pinned:
+        for axis in PIPELINE_SPLIT_AXES:
+            if axis not in fixed and axis not in opened:
+                values[axis] = (scenario_value(scenario, axis),)
+    return values
 
 
 def layouts(scenario: Scenario, space: SearchSpace) -> list[Layout]:
@@ -184,6 +229,13 @@ def _canonical(scenario: Scenario, combo: dict) -> Layout:
         combo.update({a: scenario_value(scenario, a) for a in PIPELINE_SPLIT_AXES})
     if scenario.model.moe is None:
         combo["ep"] = combo["etp"] = 1
+        combo.update({a: scenario_value(scenario, a) for a in MOE_ONLY_AXES})
+    if combo["moe_dispatcher"] != "flex":
+        combo["flex_backend"] = scenario_value(scenario, "flex_backend")
+    if not combo["ep_overlap"]:
+        combo["delay_wgrad"] = False
+    if combo["recompute"] != "selective":
+        combo["recompute_modules"] = None
     point = SweepPoint(**{a: combo[a] for a in AXES})
     variant = {VARIANT_AXES[a][0]: combo[a] for a in VARIANT_AXES if combo[a] != scenario_value(scenario, a)}
     if p.pipeline_layout is not None and (point.pp, point.vp) != (p.pp, p.vp):

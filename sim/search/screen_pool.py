@@ -1,0 +1,70 @@
+"""Screening and cheap bounding of every layout, in `jobs` forked worker processes.
+
+Each layout is screened (sim/search/screen.py) and, when legal and fitting, given its cheap bound
+(sim/search/cheap_bound.py) and its accuracy group's error band, exactly as one process would: the same
+functions of the same inputs, so the outcome does not depend on `jobs` (tests/test_search.py compares
+them). Workers are forked (they inherit the scenario, the variants and the file snapshot) and take the
+layouts in chunks; they send back refusals, out-of-memory marks and (bound, band) pairs, not resolved
+scenarios: the parent resolves again only the layouts it refines (bound.py) and those are few.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from meshsim.sim.core.userio import FileSnapshot
+from meshsim.sim.results.error_band import ErrorBand, band_for
+from meshsim.sim.search.bound_types import Bound, PriceCache
+from meshsim.sim.search.cheap_bound import cheap_bound
+from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
+from meshsim.sim.search.space import Layout
+
+CHUNK = 64  # layouts per task: large enough to amortize the round trip, small enough to balance
+Outcome = Refusal | tuple[Bound | None, ErrorBand] | None  # None: out of memory; bound None: stored already
+
+_WORK: dict = {}  # the forked workers' inputs (set in the parent before the pool forks)
+
+
+def screen_one(layout: Layout, variants: Variants, files: FileSnapshot | None, stored: set[str],
+               cache: PriceCache) -> tuple[Outcome, Candidate | None]:
+    """(the outcome, the candidate when legal) of one layout; a stored cheap bound is not recomputed."""
+    outcome = screen(layout, variants, files)
+    if isinstance(outcome, Refusal):
+        return outcome, None
+    if not isinstance(outcome, Candidate):
+        return None, None
+    bound = None if layout.key in stored else cheap_bound(outcome.rs, cache=cache)
+    return (bound, band_for(outcome.rs.scenario)), outcome
+
+
+def _chunk(indices: Sequence[int]) -> list[tuple[int, Outcome]]:
+    w = _WORK
+    return [(i, screen_one(w["todo"][i], w["variants"], w["files"], w["stored"], w["cache"])[0]) for i in indices]
+
+
+def screen_all(todo: Sequence[Layout], variants: Variants, files: FileSnapshot | None, stored: set[str], jobs: int,
+               advance: Callable[[int], None]) -> tuple[list[Outcome], dict[str, Candidate]]:
+    """Every layout's outcome, in order, and the candidates resolved here (all of them with jobs = 1)."""
+    outcomes: list[Outcome] = [None] * len(todo)
+    candidates: dict[str, Candidate] = {}
+    if jobs <= 1 or len(todo) <= CHUNK:
+        cache = PriceCache()
+        for i, layout in enumerate(todo):
+            outcomes[i], cand = screen_one(layout, variants, files, stored, cache)
+            if cand is not None:
+                candidates[layout.key] = cand
+            advance(1)
+        return outcomes, candidates
+    _WORK.update(todo=todo, variants=variants, files=files, stored=stored, cache=PriceCache())
+    chunks = [range(k, min(k + CHUNK, len(todo))) for k in range(0, len(todo), CHUNK)]
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            for done in pool.map(_chunk, chunks):
+                for i, outcome in done:
+                    outcomes[i] = outcome
+                advance(len(done))
+    finally:
+        _WORK.clear()
+    return outcomes, candidates
