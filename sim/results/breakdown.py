@@ -35,6 +35,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event
 
 Interval = tuple[float, float]
@@ -97,21 +98,40 @@ def union_of(starts: np.ndarray, ends: np.ndarray) -> float:
 _STREAM, _START, _END, _WAIT = (itemgetter(i) for i in (3, 8, 9, 10))
 
 
+def _row_codes(rows, names: dict[str, int]) -> np.ndarray:
+    """Each row's stream code, read off its stage's ops (an EventRows: no Event is built); new streams are
+    added to `names`."""
+    per_stage = [np.fromiter((names.setdefault(op.stream, len(names)) for op in ops), np.int64, len(ops))
+                 for ops in rows.ops]
+    offsets = np.cumsum([0] + [len(c) for c in per_stage[:-1]], dtype=np.int64)
+    flat = np.concatenate(per_stage) if per_stage else np.zeros(0, np.int64)
+    return flat[offsets[np.asarray(rows.stage_arr, np.int64)] + np.asarray(rows.op_index_arr, np.int64)]
+
+
 class _Slices:
     """A rank's events as arrays: each stream's busy slices (start, end) with end > start (a P2P batch
-    from when both ends had posted), and the P2P batches' waits for their peer."""
+    from when both ends had posted), and the P2P batches' waits for their peer. Over an EventRows (the
+    compiled core's log) the arrays are its columns and its ops' streams, the same values the Event
+    tuples would carry; the stream codes' numbering differs, which no result depends on (codes are
+    only looked up by name)."""
 
-    def __init__(self, events: list[Event]):
-        n = len(events)
-        streams = list(map(_STREAM, events))
-        start = np.fromiter(map(_START, events), np.float64, n)
-        self.end = np.fromiter(map(_END, events), np.float64, n)
-        self.wait = np.fromiter(map(_WAIT, events), np.float64, n)
+    def __init__(self, events: Iterable[Event]):
         names = {"compute": 0, "tp_comm": 1, "dp_comm": 2, "pp_comm": 3}
-        for s in streams:
-            names.setdefault(s, len(names))
+        if is_rows(events):
+            cols = events.columns
+            start, self.end, self.wait = cols.start_s, cols.end_s, cols.wait_s
+            self.code = _row_codes(events, names)
+        else:
+            events = list(events)
+            n = len(events)
+            streams = list(map(_STREAM, events))
+            start = np.fromiter(map(_START, events), np.float64, n)
+            self.end = np.fromiter(map(_END, events), np.float64, n)
+            self.wait = np.fromiter(map(_WAIT, events), np.float64, n)
+            for s in streams:
+                names.setdefault(s, len(names))
+            self.code = np.fromiter(map(names.__getitem__, streams), np.int64, n)
         self.names = names
-        self.code = np.fromiter(map(names.__getitem__, streams), np.int64, n)
         self.p2p = self.code == names["pp_comm"]
         self.start = start
         self.busy_start = np.where(self.p2p, start + self.wait, start)
@@ -145,7 +165,7 @@ def _neighbour_waits(sl: _Slices, step_time_s: float) -> tuple[np.ndarray, np.nd
 
 def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = False) -> dict[str, float]:
     """BREAKDOWN_KEYS (PIPELINE_BREAKDOWN_KEYS with `pipeline`) in seconds for the events of one rank."""
-    sl = _Slices(list(events))
+    sl = _Slices(events)
     compute = sl.of("compute")
     ep, cp = sl.has("ep_comm"), sl.has("cp_comm")
     comm = ("tp_comm",) + (("ep_comm",) if ep else ()) + (("cp_comm",) if cp else ())

@@ -50,7 +50,7 @@ TIE_S = 1e-10
 _GAP_S = TIE_S
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     name: str
     category: str  # compute | tp_comm | dp_comm | waiting
@@ -113,8 +113,14 @@ class _Checked(list):
         return row
 
 
+def _view(column: np.ndarray) -> memoryview:
+    """A column read element by element as Python numbers without a list copy: a memoryview of its buffer
+    (8 bytes per event instead of a list's pointer plus a boxed number; indexing boxes one on demand)."""
+    return memoryview(np.ascontiguousarray(column))
+
+
 class _Ranks:
-    """The log's columns as lists, and per rank (built when the walk first reaches it: it visits few)
+    """The log's columns (as memoryviews: read element by element), and per rank (built when the walk first reaches it: it visits few)
     each op's row and its place in the rank's completion order; per stage, its ops and stream order."""
 
     def __init__(self, schedule: Schedule | Sequence[Schedule], log: EventLog):
@@ -122,9 +128,9 @@ class _Ranks:
         self.size = self.schedules[0].tp * self.schedules[0].cp * self.schedules[0].dp
         self.single = len(self.schedules) == 1
         self.cols = cols = log.columns()
-        self.rank, self.op_id = cols.rank.tolist(), cols.op_id.tolist()
-        self.start, self.end, self.wait = cols.start_s.tolist(), cols.end_s.tolist(), cols.wait_s.tolist()
-        self.peer, self.peer_op = cols.peer.tolist(), cols.peer_op.tolist()
+        self.rank, self.op_id = _view(cols.rank), _view(cols.op_id)
+        self.start, self.end, self.wait = _view(cols.start_s), _view(cols.end_s), _view(cols.wait_s)
+        self.peer, self.peer_op = _view(cols.peer), _view(cols.peer_op)
         self._stages: dict[int, tuple[Sequence[Op], list[int]]] = {}
         self._rows: dict[int, tuple[list[int], list[int], list[float], list[int]]] = {}
 
@@ -171,9 +177,9 @@ class _Ranks:
 def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> list[Segment]:
     """Segments in time order from 0 to the step time (see module docstring); `schedule` is one Schedule,
     or one per pipeline stage (rank r runs stage r // (tp dp)). Reads the log's columns (row by row, as
-    lists: the walk is sequential), never its per-event tuples."""
+    memoryviews: the walk is sequential), never its per-event tuples."""
     st = _Ranks(schedule, log)
-    if not st.rank:
+    if not len(st.rank):
         return []
     cols = st.cols
     last = np.flatnonzero(cols.end_s >= float(cols.end_s.max()) - TIE_S).tolist()
