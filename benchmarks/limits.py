@@ -11,10 +11,12 @@ Cases at the limits:
 - moe-ep512: an MoE step whose expert all-to-all spans 512 ranks;
 - allreduce-16384: `meshsim collective --op all_reduce` over 16,384 GPUs (MAX_GPUS), 24 sizes;
 - sizes-905-plot: `meshsim collective` over 16,384 GPUs, 905 sizes (1 B..1 TiB by 1.02816) with --plot
-  (issue 44: past 120 s; each size priced from the group's memoized split, without copying link loads:
-  30.9 s CPU, 304 MB on a loaded 2-core machine);
-and past them (each must exit 2 in about a second): pipeline-100 (100 stages x 1,000 micro-batches),
-cp-ring-500 x 10 micro-batches (issue 44: 99 s and 2 GB before the op bound), node-1300, alltoall-1024.
+  (issue 44: past 120 s; the group checked, split and its candidates chosen once for all sizes, link
+  loads not computed: 16.0 s CPU, 317 MB);
+and past them: cp-ring-500 x 10 micro-batches (issue 44: 99 s and 2 GB before the op bound; refused after
+its steady-state try, ~6 s and ~0.9 GB), node-1300 and alltoall-1024 (refused at once), and pipeline-100
+(100 stages x 1,000 micro-batches: refused when the whole step must be simulated; its steady state is
+proven, so it runs, in ~4 s).
 
     python benchmarks/limits.py [--cases node-576,alltoall-512]
 """

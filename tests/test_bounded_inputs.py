@@ -177,7 +177,7 @@ def test_compare_still_reads_a_good_results_file(results_file, capsys):
 
 def test_a_collective_sweep_of_905_sizes_with_its_plot_succeeds(tmp_path, capsys):
     """Issue 44's 905 sizes (1 B..1 TiB by 1.02816), here on 128 ranks: every size a row, the plot written
-    (on 16,384 ranks it ran past 120 s; now 31 s CPU: benchmarks/limits.py sizes-905-plot)."""
+    (on 16,384 ranks it ran past 120 s; now 16 s CPU: benchmarks/limits.py sizes-905-plot)."""
     plot = tmp_path / "p.html"
     assert main(["collective", "--topology", "dgx-h100", "--nodes", "16", "--min-bytes", "1", "--max-bytes", "1T",
                  "--step-factor", "1.02816", "--plot", str(plot), "--json", str(tmp_path / "rows.json")]) == 0
@@ -188,20 +188,25 @@ def test_a_collective_sweep_of_905_sizes_with_its_plot_succeeds(tmp_path, capsys
 @pytest.mark.parametrize(("op", "ranks"), [("all_reduce", range(16)), ("all_gather", (0, 1, 2, 8, 9, 10, 17)),
                                            ("reduce_scatter", (3, 11, 19, 27)), ("all_to_all", range(24))])
 def test_a_size_sweep_prices_every_size_as_one_cold_call_does(op, ranks):
-    """The sweep's shortcuts (the group's split memoized across sizes, link loads not copied) give rows
-    equal to pricing each size alone with every memo cleared: groups of whole, partial and uneven nodes,
-    sizes across every protocol switch."""
+    """The sweep's shortcuts (the group's split, NVLS tree's applicability and its checks and candidates
+    once across sizes, link loads neither copied nor computed) give rows equal to pricing each size alone
+    with every memo cleared: groups of whole, partial and uneven nodes, sizes across every protocol
+    switch, every algorithm that applies (NVLS tree and hierarchical on the two whole nodes). The load
+    memo does not grow with the sizes (NVLS's load factor is per size: it held one map per size)."""
     from meshsim.sim.cost.collectives import cache
+    from meshsim.sim.cost.collectives.choose import algorithms_for
     from meshsim.sim.cost.collectives.cost import collective_cost
     from meshsim.sim.cost.collectives.nccl_table import row_of, sweep, sweep_sizes
     from meshsim.topologies.registry import build_topology
 
     topo = build_topology("dgx-h100", 4)
     sizes = sweep_sizes(1, 1 << 34, 3.1)
-    for algo in ("auto", "ring", "tree"):
-        if algo != "auto" and (op == "all_to_all" or algo == "tree" and op != "all_reduce"):
-            continue  # NCCL runs no such pair
+    applicable = algorithms_for(topo, op, list(ranks))
+    assert ("nvls_tree" in applicable) == (op == "all_reduce")  # the two whole nodes of range(16)
+    for algo in ("auto", *applicable):
+        cache.clear()
         fast = sweep(topo, op, list(ranks), sizes, algo=algo)
+        assert len(cache.table(topo, "load")) == 0, (op, algo)
         cold = []
         for size in sizes:
             cache.clear()

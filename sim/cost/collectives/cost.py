@@ -198,8 +198,7 @@ def _check(topo: Topology, op: str, ranks: Sequence[int], nbytes: int) -> None:
         raise UserError("ranks", bad[0], f"use ranks 0..{topo.num_gpus - 1} of {topo.name}")
     if len(set(ranks)) != len(ranks):
         raise UserError("ranks", list(ranks), "list each rank once")
-    if nbytes < 0:
-        raise UserError("nbytes", nbytes, "use a size >= 0 bytes")
+    _check_bytes(nbytes)
 
 
 def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes: int, ranks: Sequence[int],
@@ -228,8 +227,9 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
 
 
 def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str, protocol: str,
-           concurrent: Sequence[Sequence[int]], constants: NcclConstants) -> CollectiveCost:
-    """The cost of one (algorithm, protocol) pair."""
+           concurrent: Sequence[Sequence[int]], constants: NcclConstants, with_load: bool = True) -> CollectiveCost:
+    """The cost of one (algorithm, protocol) pair; with_load=False leaves link_load empty and does not
+    compute it (NVLS's load factor is per size, so a size sweep would build and memoize one map per size)."""
     pc = structure(topo, algo, op, ranks, concurrent, constants)
     scale = bandwidth_scale(topo, pc, op, protocol, nbytes, ranks, constants)
     lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes, group_channels(topo, ranks, constants))
@@ -239,7 +239,7 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
     # NVLS's channel bound leaves its links partly idle; the other algorithms load theirs at the flat factor
     load = scale if family(algo) == "nvls" else constants.bw_scale(algo, op, protocol) / constants.bw_factor[protocol]
     return CollectiveCost(op, algo, protocol, nbytes, len(ranks), time, lat, bw, algbw,
-                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, load))
+                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, load) if with_load else {})
 
 
 def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, *, algo: str = "auto",
@@ -250,16 +250,42 @@ def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, 
     collective at the same time and share links with it. A group of one rank or 0 bytes costs 0.
     link_loads=False leaves link_load empty (a size sweep's rows need only the times: the copy of a
     16,384-rank plan's link loads was most of each size's cost); every other figure is the same."""
+    return collective_costs(topo, op, ranks, (nbytes,), algo=algo, protocol=protocol,
+                            concurrent_groups=concurrent_groups, tuning=tuning, constants=constants,
+                            link_loads=link_loads)[0]
+
+
+def collective_costs(topo: Topology, op: str, ranks: Sequence[int], sizes: Sequence[int], *, algo: str = "auto",
+                     protocol: str = "auto", concurrent_groups: Sequence[Sequence[int]] = (), tuning=None,
+                     constants: NcclConstants | None = None, link_loads: bool = True) -> list[CollectiveCost]:
+    """collective_cost of each size in `sizes`, the group checked, its candidates chosen and its concurrent
+    groups normalised once (what does not depend on the size): a size sweep over 16,384 ranks would
+    otherwise scan the group per size. Each result is the one collective_cost returns for that size."""
     ranks = tuple(int(r) for r in ranks)
-    _check(topo, op, ranks, nbytes)
-    if len(ranks) < 2 or nbytes == 0:
-        return CollectiveCost(op, "none", "none", nbytes, len(ranks), 0.0, 0.0, 0.0, 0.0, 0.0, {})
+    _check(topo, op, ranks, 0)
+    for nbytes in sizes:
+        _check_bytes(nbytes)
+    if len(ranks) < 2:
+        return [CollectiveCost(op, "none", "none", n, len(ranks), 0.0, 0.0, 0.0, 0.0, 0.0, {}) for n in sizes]
     pairs = candidates(topo, op, ranks, algo, protocol, tuning)
     consts = (constants or DEFAULT_CONSTANTS).with_tuning(tuning)
     concurrent = _normalise_groups(ranks, concurrent_groups)
+    return [_best(topo, op, ranks, nbytes, pairs, concurrent, consts, link_loads) for nbytes in sizes]
+
+
+def _check_bytes(nbytes: int) -> None:
+    if nbytes < 0:
+        raise UserError("nbytes", nbytes, "use a size >= 0 bytes")
+
+
+def _best(topo: Topology, op: str, ranks: tuple[int, ...], nbytes: int, pairs: Sequence[tuple[str, str]],
+          concurrent: tuple[tuple[int, ...], ...], consts: NcclConstants, link_loads: bool) -> CollectiveCost:
+    """The fastest predicted of `pairs` at `nbytes` (0 bytes: costs 0)."""
+    if nbytes == 0:
+        return CollectiveCost(op, "none", "none", nbytes, len(ranks), 0.0, 0.0, 0.0, 0.0, 0.0, {})
     best: CollectiveCost | None = None
     for a, p in pairs:
-        cost = priced(topo, op, ranks, nbytes, a, p, concurrent, consts)
+        cost = priced(topo, op, ranks, nbytes, a, p, concurrent, consts, link_loads)
         if best is None or cost.time_s < best.time_s:
             best = cost
     assert best is not None

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.collectives.choose import algorithms_for
-from meshsim.sim.cost.collectives.cost import CollectiveCost, collective_cost
+from meshsim.sim.cost.collectives.cost import CollectiveCost, collective_costs
 from meshsim.sim.cost.collectives.protocols import IDEAL, protocols_for
 from meshsim.topologies.model import Topology
 
@@ -53,8 +53,8 @@ def row_of(cost: CollectiveCost) -> Row:
 
 def sweep(topo: Topology, op: str, ranks: Sequence[int], sizes: Sequence[int], *, algo: str = "auto",
           protocol: str = "auto", tuning=None) -> list[Row]:
-    return [row_of(collective_cost(topo, op, ranks, s, algo=algo, protocol=protocol, tuning=tuning, link_loads=False))
-            for s in sizes]
+    return [row_of(c) for c in collective_costs(topo, op, ranks, sizes, algo=algo, protocol=protocol, tuning=tuning,
+                                                link_loads=False)]
 
 
 def curves(topo: Topology, op: str, ranks: Sequence[int], sizes: Sequence[int], *, protocol: str = "auto",

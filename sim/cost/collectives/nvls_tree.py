@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.groups import by_node, intra_cycle
 from meshsim.sim.cost.collectives.nvls import nvls_plan, nvls_switches
 from meshsim.sim.cost.collectives.phases import Flow, Hop, Phase, Plan, hop_between
@@ -42,11 +43,19 @@ NVLS_MAX_ARITY = 32  # NCCL_MAX_NVLS_ARITY (src/include/device.h L213): heads pe
 
 
 def nvls_tree_applies(topo: Topology, op: str, ranks: Sequence[int]) -> bool:
-    """All-reduce over >= 2 nodes, each node's ranks (>= 2) on a common NVLS switch, each with a NIC."""
+    """All-reduce over >= 2 nodes, each node's ranks (>= 2) on a common NVLS switch, each with a NIC.
+    Memoized per (topology, group) like groups.by_node: a size sweep asks once per size, and the answer
+    scans every node's switches (16,384 ranks: 2,048 scans)."""
     if op != "all_reduce" or topo.nic_gbitps <= 0:
         return False
-    nodes = by_node(topo, ranks)
-    return len(nodes) >= 2 and all(len(g) >= 2 and nvls_switches(topo, g) for g in nodes)
+    key = tuple(ranks)
+    tab = cache.table(topo, "nvls_tree_applies")
+    hit = tab.get(key)
+    if hit is None:
+        nodes = by_node(topo, key)
+        hit = cache.remember(tab, key, len(nodes) >= 2 and all(len(g) >= 2 and bool(nvls_switches(topo, g))
+                                                                 for g in nodes))
+    return hit
 
 
 def nvls_heads(ranks_in_node: int) -> int:
