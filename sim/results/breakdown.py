@@ -99,13 +99,17 @@ _STREAM, _START, _END, _WAIT = (itemgetter(i) for i in (3, 8, 9, 10))
 
 
 def _row_codes(rows, names: dict[str, int]) -> np.ndarray:
-    """Each row's stream code, read off its stage's ops (an EventRows: no Event is built); new streams are
-    added to `names`."""
-    per_stage = [np.fromiter((names.setdefault(op.stream, len(names)) for op in ops), np.int64, len(ops))
-                 for ops in rows.ops]
-    offsets = np.cumsum([0] + [len(c) for c in per_stage[:-1]], dtype=np.int64)
-    flat = np.concatenate(per_stage) if per_stage else np.zeros(0, np.int64)
-    return flat[offsets[np.asarray(rows.stage_arr, np.int64)] + np.asarray(rows.op_index_arr, np.int64)]
+    """Each row's stream code, read off the ops of the stages its rows hold (an EventRows: no Event is
+    built); new streams are added to `names`."""
+    stage = np.asarray(rows.stage_arr, np.int64)
+    index = np.asarray(rows.op_index_arr, np.int64)
+    code = np.empty(len(stage), np.int64)
+    for s in np.unique(stage).tolist():
+        ops = rows.ops[s]
+        table = np.fromiter((names.setdefault(op.stream, len(names)) for op in ops), np.int64, len(ops))
+        mask = stage == s
+        code[mask] = table[index[mask]]
+    return code
 
 
 class _Slices:
