@@ -8,8 +8,8 @@ loss_in_split),
 applied to the scenario as dotted overrides. Which values are legal is not decided here: every layout is
 resolved with the scenario checks (sim/search/screen.py); the space only says which values to try.
 
-Default values (an axis the user neither fixes nor opens), DEFAULT_VALUES: powers of two for the degrees,
-every recompute mode, both TP overlaps, the distributed optimizer and FSDP, both pipeline-split options
+Default values (an axis the user neither fixes nor opens), DEFAULT_VALUES: powers of two for the degrees
+(vp up to 8: the published Llama 3.1 405B layout runs pp 8 x vp 8), every recompute mode, both TP overlaps, the distributed optimizer and FSDP, both pipeline-split options
 (with pp > 1: what lets 126 layers + embedding + loss split over 8 stages); the scenario's own value for
 the FP8 recipe (opened only by --space fp8=...), the variant settings and dist_opt_instances. For a MoE
 model also the three dispatchers (alltoall, allgather, flex) and EP overlap on and off; selective
@@ -90,7 +90,7 @@ ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "overlap": "tp_com
            "dist_opt_instances", "dispatcher": "moe_dispatcher", "dist_opt": "distributed_optimizer"}
 DEFAULT_VALUES: dict[str, tuple] = {
     "tp": (1, 2, 4, 8), "sp": (True,), "micro_batch": (1, 2, 4), "tp_comm_overlap": (False, True),
-    "recompute": ("none", "selective", "full"), "pp": (1, 2, 4, 8, 16), "vp": (1, 2, 4), "cp": (1, 2, 4),
+    "recompute": ("none", "selective", "full"), "pp": (1, 2, 4, 8, 16), "vp": (1, 2, 4, 8), "cp": (1, 2, 4),
     "fsdp": (False, True), "embedding_in_split": (False, True), "loss_in_split": (False, True),
 }
 MOE_DEFAULTS: dict[str, tuple] = {"ep": (1, 2, 4, 8, 16, 32, 64), "etp": (1, 2),
