@@ -267,7 +267,7 @@ def collective_costs(topo: Topology, op: str, ranks: Sequence[int], sizes: Seque
         _check_bytes(nbytes)
     if len(ranks) < 2:
         return [CollectiveCost(op, "none", "none", n, len(ranks), 0.0, 0.0, 0.0, 0.0, 0.0, {}) for n in sizes]
-    pairs = candidates(topo, op, ranks, algo, protocol, tuning)
+    pairs = candidates(topo, op, ranks, algo, protocol, tuning) if any(sizes) else ()  # 0 bytes: no choice
     consts = (constants or DEFAULT_CONSTANTS).with_tuning(tuning)
     concurrent = _normalise_groups(ranks, concurrent_groups)
     return [_best(topo, op, ranks, nbytes, pairs, concurrent, consts, link_loads) for nbytes in sizes]
