@@ -14,6 +14,9 @@ EventLog.by_rank() held as a dict).
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 
+from operator import eq as _eq  # object equality as a call: Cython 3.3 inlines a typed comparison for `==`
+                                # on untyped objects whose bytearray branch trips gcc's -Warray-bounds
+
 import numpy as np
 
 cdef extern from "Python.h":
@@ -47,7 +50,7 @@ cdef class EventRows:
         self.start_s, self.end_s, self.wait_s = columns.start_s, columns.end_s, columns.wait_s
         self.stage, self.op_index = stage, op_index
         self.n = len(columns)
-        if stage.shape[0] != self.n or op_index.shape[0] != self.n:
+        if len(stage) != self.n or len(op_index) != self.n:
             raise ValueError("stage / op_index columns of another length than the events")
 
     def __len__(self):
@@ -89,8 +92,9 @@ cdef class EventRows:
     def __getitem__(self, index):
         cdef Py_ssize_t i
         if isinstance(index, slice):
-            return tuple(self.build(0, self.n)[index]) if index.step not in (None, 1) else \
-                tuple(self.build(*index.indices(self.n)[:2]))
+            if index.step is None or _eq(index.step, 1):
+                return tuple(self.build(*index.indices(self.n)[:2]))
+            return tuple(self.build(0, self.n)[index])
         i = index
         if i < 0:
             i += self.n
@@ -109,21 +113,21 @@ cdef class EventRows:
             yield self.row(i)
 
     def __contains__(self, item):
-        return any(ev == item for ev in self)
+        return any(_eq(ev, item) for ev in self)
 
     def index(self, item):
         for i, ev in enumerate(self):
-            if ev == item:
+            if _eq(ev, item):
                 return i
         raise ValueError("event not in the log")
 
     def count(self, item):
-        return sum(1 for ev in self if ev == item)
+        return sum(1 for ev in self if _eq(ev, item))
 
     def __eq__(self, other):
         if not isinstance(other, (EventRows, tuple, list)) or len(other) != self.n:
             return NotImplemented if not isinstance(other, (EventRows, tuple, list)) else False
-        return all(a == b for a, b in zip(self, other))
+        return all(_eq(a, b) for a, b in zip(self, other))
 
     def __ne__(self, other):
         eq = self.__eq__(other)
@@ -206,7 +210,7 @@ cdef class RankEvents:
 
     def __eq__(self, other):
         try:
-            return dict(self.items()) == dict(other.items())
+            return _eq(dict(self.items()), dict(other.items()))
         except AttributeError:
             return NotImplemented
 
