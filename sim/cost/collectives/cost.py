@@ -188,7 +188,7 @@ def _normalise_groups(ranks: Sequence[int], groups: Sequence[Sequence[int]]) -> 
     return tuple(tuple(g) for g in groups if len(g) >= 2 and set(g) != mine)
 
 
-def _check(topo: Topology, op: str, ranks: Sequence[int], nbytes: int) -> None:
+def _check_group(topo: Topology, op: str, ranks: Sequence[int]) -> None:
     if op not in OPS:
         raise unknown_name_error("op", op, OPS)
     if not ranks:
@@ -198,7 +198,6 @@ def _check(topo: Topology, op: str, ranks: Sequence[int], nbytes: int) -> None:
         raise UserError("ranks", bad[0], f"use ranks 0..{topo.num_gpus - 1} of {topo.name}")
     if len(set(ranks)) != len(ranks):
         raise UserError("ranks", list(ranks), "list each rank once")
-    _check_bytes(nbytes)
 
 
 def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes: int, ranks: Sequence[int],
@@ -262,7 +261,7 @@ def collective_costs(topo: Topology, op: str, ranks: Sequence[int], sizes: Seque
     groups normalised once (what does not depend on the size): a size sweep over 16,384 ranks would
     otherwise scan the group per size. Each result is the one collective_cost returns for that size."""
     ranks = tuple(int(r) for r in ranks)
-    _check(topo, op, ranks, 0)
+    _check_group(topo, op, ranks)
     for nbytes in sizes:
         _check_bytes(nbytes)
     if len(ranks) < 2:
