@@ -20,7 +20,7 @@ from pathlib import Path
 from meshsim.sim.core.outfiles import open_own_file
 from meshsim.sim.core.userio import dumps_finite
 from meshsim.sim.search.bound_types import LEVELS, Bound, StageBound
-from meshsim.sim.sweep.store import OUT_FLAG, locked
+from meshsim.sim.sweep.store import OUT_FLAG, append_lines, locked
 
 BOUNDS_NAME = "bounds.jsonl"
 BOUND_VERSION = 2  # 1: the single bound; 2: cheap (block templates and forced gaps) and refined levels
@@ -79,15 +79,7 @@ class BoundStore:
             self.append(items)
 
     def append(self, items: list[tuple[str, Bound]]) -> None:
-        """Append lines under the lock; a previous unterminated line (a killed writer) is ended first."""
+        """Append one line per bound (sim/sweep/store.py append_lines: under the lock, a killed writer's
+        unterminated line ended first; not fsynced: a lost bound is recomputed)."""
         text = "".join(dumps_finite(_to_json(self.digest, k, b)) + "\n" for k, b in items)
-        path = Path(self.out_dir) / BOUNDS_NAME
-        with locked(self.out_dir), os.fdopen(open_own_file(OUT_FLAG, path, os.O_RDWR | os.O_CREAT | os.O_APPEND),
-                                             "ab+") as fh:
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    text = "\n" + text
-            fh.write(text.encode())
-            fh.flush()
+        append_lines(self.out_dir, BOUNDS_NAME, text, durable=False)

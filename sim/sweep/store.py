@@ -135,17 +135,22 @@ def read_records(path: str | Path, digest: str | None = None) -> tuple[dict[str,
     return read.records, read.problems
 
 
-def append_record(out_dir: str | Path, record: SweepRecord) -> None:
-    """Append one record as one line, under the lock, durable before the next configuration finishes.
-    A previous line left unterminated (a killed writer) is ended first, so it stays one bad line."""
-    path = Path(out_dir) / JSONL_NAME
-    line = dumps_finite(record.to_json()) + "\n"
+def append_lines(out_dir: str | Path, name: str, text: str, *, durable: bool) -> None:
+    """Append `text` (whole lines) to OUT/name under the folder's lock. A previous line left unterminated
+    (a killed writer) is ended first, so it stays one bad line. durable: fsync before returning."""
+    path = Path(out_dir) / name
     with locked(out_dir), os.fdopen(open_own_file(OUT_FLAG, path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "ab+") as fh:
         fh.seek(0, os.SEEK_END)
         if fh.tell() > 0:
             fh.seek(-1, os.SEEK_END)
             if fh.read(1) != b"\n":
-                line = "\n" + line
-        fh.write(line.encode())
+                text = "\n" + text
+        fh.write(text.encode())
         fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            os.fsync(fh.fileno())
+
+
+def append_record(out_dir: str | Path, record: SweepRecord) -> None:
+    """Append one record as one line (append_lines), durable before the next configuration finishes."""
+    append_lines(out_dir, JSONL_NAME, dumps_finite(record.to_json()) + "\n", durable=True)
