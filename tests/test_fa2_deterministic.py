@@ -51,7 +51,7 @@ def test_extra_dq_bytes_are_3g_minus_2_fp32_slices():
 
 def test_deterministic_backward_cost_on_fa2_and_on_cudnn():
     """On an A100 the deterministic backward is priced from FA2's grid (closed form); on an H100 (cuDNN)
-    it keeps the 1.25 slowdown; the forward and a non-deterministic backward ignore the dropout flag."""
+    it runs cuDNN's dP-workspace path (tests/test_cudnn_deterministic.py); the forward and a non-deterministic backward ignore the dropout flag."""
     bwd = Attention(batch=2, heads=8, kv_heads=2, seq=8192, head_dim=128, backward=True, deterministic=True,
                     dropout=True)
     a100 = ComputeModel(GPUS["a100-80gb"])
@@ -65,6 +65,6 @@ def test_deterministic_backward_cost_on_fa2_and_on_cudnn():
     no_dropout = a100.time_s(replace(plain, dropout=False)) - a100.launch_s
     assert a100.time_s(plain) - a100.launch_s == pytest.approx(no_dropout / dropout_factor(GPUS["a100-80gb"], 512))
     h100 = ComputeModel(GPUS["h100-sxm"])
-    assert h100.time_s(bwd) - h100.launch_s == pytest.approx(1.25 * (h100.time_s(plain) - h100.launch_s))
+    assert h100.time_s(bwd) > 1.25 * h100.time_s(plain)  # no FA2 grid: cudnn_deterministic.py
     gb200 = ComputeModel(GPUS["gb200"])
     assert gb200.time_s(bwd) > gb200.time_s(replace(bwd, dropout=False))  # FA2 with dropout, cuDNN without

@@ -27,9 +27,11 @@ Defaults and sources (each overridable by scenario hardware.compute, else by a p
   On an H100 the 512 MMA FLOPs take ~0.65 ps at the 0.80 GEMM ceiling and the softmax work ~0.33 ps; not
   overlapped (FlashAttention-2) that is 512 / 0.98 ps ~ 0.53 of peak. Rounded to 0.50; used for the
   backward too (more GEMMs per exp, but atomic dQ accumulation).
-- deterministic_attention_slowdown 1.25: attention backward under run.deterministic (sim/schedule/run_settings.py)
-  where TE keeps cuDNN (sm_90; sm_100+ without dropout); where it runs FlashAttention 2 instead (below
-  sm_90; sm_100+ with dropout) the backward is priced from FA2's deterministic grid (sim/cost/fa2_deterministic.py).
+- a deterministic attention backward (run.deterministic): where TE keeps cuDNN (sm_90; sm_100+ without
+  dropout), cuDNN's dP-workspace path, dS through HBM and dQ as its own matmul (sim/cost/cudnn_deterministic.py);
+  where it runs FlashAttention 2 instead (below sm_90; sm_100+ with dropout), FA2's deterministic grid
+  (sim/cost/fa2_deterministic.py). deterministic_attention_slowdown 1.25 (an assumption,
+  sim/schedule/run_settings.py) is left to the FP8 backward, a cuDNN node of its own.
 - fill_uninitialized (run.deterministic): every fresh output is first filled by PyTorch's deterministic
   mode, + fill_bytes / (bw x mem_bw_eff) + launch per op (sim/cost/deterministic_fill.py).
 - host_dispatch_us: CPU time to issue one op (sim/cost/host_dispatch.py; used by the engine, not here).
@@ -63,6 +65,7 @@ from meshsim.sim.cost.attention_rate import (
     fa2_fraction,
     width_factor,
 )
+from meshsim.sim.cost.cudnn_deterministic import deterministic_backward_s
 from meshsim.sim.cost.deterministic_fill import fill_bytes
 from meshsim.sim.cost.fa2_deterministic import extra_dq_bytes, split_ratio, uses_fa2
 from meshsim.sim.cost.fp8_gemm import (
@@ -269,8 +272,14 @@ class ComputeModel:
         if a.backward and a.deterministic and uses_fa2(self.gpu, a.dropout):
             return self._fa2_deterministic_s(a, rate)
         ctas = a.batch * a.heads * math.ceil(a.seq / FLASH_BLOCK_Q)
+        kernel_s = a.flops / (rate * _wave(ctas, self.gpu.sm_count)) + self.launch_s
+        if a.backward and a.deterministic and not a.fp8:  # cuDNN's dP-workspace path (cudnn_deterministic.py)
+            return deterministic_backward_s(kernel_s, a.batch, a.heads, a.kv_heads, a.seq, a.keys, a.head_dim,
+                                            bw_bytes_s=self.mem_bw_bytes_s, fill=self.fill_uninitialized,
+                                            gemm_flops_s=self.peak_flops * self.knobs.gemm_efficiency,
+                                            launch_s=self.launch_s)
         slowdown = self.knobs.deterministic_attention_slowdown if a.backward and a.deterministic else 1.0
-        return a.flops * slowdown / (rate * _wave(ctas, self.gpu.sm_count)) + self.launch_s
+        return (kernel_s - self.launch_s) * slowdown + self.launch_s
 
     def runs_fa2(self, a: Attention) -> bool:
         """Whether TE runs this attention call as FlashAttention 2: a deterministic backward, or any call of a
