@@ -24,6 +24,7 @@ VARIANTS: dict[str, tuple[dict, tuple[str, ...]]] = {
     "elementwise kernels at full HBM bandwidth": ({"hardware.compute.elementwise_efficiency": 1.0}, GPUS),
     "launch overhead 0": ({"hardware.compute.launch_overhead_us": 0.0}, GPUS),
     "not deterministic (no FA2 grid, no NaN fill)": ({"run.deterministic": False}, GPUS),
+    "vocab 1,024 (output layer and loss nearly free)": ({"model.vocab": 1024}, GPUS),
     "GB200 trays in two NVLink domains (IB between)": (
         {"topology.nodes": 2, "topology.gpus_per_node": 4}, ("gb200",)),
 }
