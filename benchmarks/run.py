@@ -113,6 +113,18 @@ def byte_compile(tree: Path) -> None:
         compileall.compile_dir(tree / name, quiet=1)
 
 
+def core_warning(tree: Path, label: str) -> str | None:
+    """A line saying `tree` has the compiled engine core's source but not the built extension (a `git archive`
+    of a commit has no build outputs): its `meshsim run` then runs the Python core, and a comparison with a
+    built tree measures the two cores, not the change. None when built or when the tree has no such core."""
+    engine = tree / "sim" / "engine"
+    if not (engine / "_core.pyx").is_file() or any(engine.glob("_core.*.so")) or any(engine.glob("_core.*.pyd")):
+        return None
+    return (f"warning: {label} ({tree}) has no built compiled core: its runs use the Python core. Copy "
+            "sim/engine/_core*.so and _rows*.so there from a tree built from the same .pyx files, or build "
+            "the extensions in that tree")
+
+
 def run_once(scenario: str, extra: list[str], out: Path, env: dict[str, str]) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in MB) of one `meshsim run` process."""
     cmd = [sys.executable, "-m", "meshsim.sim.cli.main", "run", scenario, "--out", str(out), *extra]
@@ -201,6 +213,9 @@ def main() -> None:
         for label, tree in trees.items():
             byte_compile(tree or here)
             envs[label] = tree_env(tree, tmp)
+            warning = core_warning(tree or here, label.strip() or "this tree")
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         if args.startup:
             startup(trees, args.runs, tmp, envs)
             return

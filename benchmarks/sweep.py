@@ -102,7 +102,7 @@ def child(case: str, jobs: int) -> None:
 def compare(case: str, jobs: int, runs: int, baseline: Path) -> None:
     """Fresh-process sweeps of this tree and `baseline`, interleaved; CPU per configuration of each."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run import byte_compile, tree_env  # benchmarks/run.py: the same child environment
+    from run import byte_compile, core_warning, tree_env  # benchmarks/run.py: the same child environment
 
     here = Path(__file__).resolve().parent.parent
     trees = {"this tree": None, "baseline": baseline.resolve()}
@@ -112,6 +112,9 @@ def compare(case: str, jobs: int, runs: int, baseline: Path) -> None:
         for label, tree in trees.items():
             byte_compile(tree or here)
             envs[label] = tree_env(tree, Path(tmp_dir))
+            warning = core_warning(tree or here, label)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--case", case, "--jobs", str(jobs)]
         for _ in range(runs):
             for label in trees:
