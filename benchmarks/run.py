@@ -27,9 +27,10 @@ case of the same tree where the default is among the cases.
 `--startup` prints where the default run's start-up goes instead (issue 40's "lean start-up"), each part
 the CPU minimum over --runs fresh processes of each tree: the bare interpreter (`python -c pass`), the
 third-party floor (numpy, pydantic with one model built, PyYAML, typer, rich's console and table: what the
-run imports whoever writes it; the garbage collector off, as `meshsim` imports with it off), everything `meshsim run` imports (`import meshsim.sim.cli.run`: the floor
-plus meshsim's own modules), and the whole `meshsim run --outputs none` and `meshsim run` (all outputs).
-The differences are meshsim's modules (imports minus floor) and the work (run minus imports).
+run imports whoever writes it), everything `meshsim run` imports (`import meshsim.sim.cli.run`: the floor
+plus meshsim's own modules), both with the garbage collector off as `meshsim` imports its command, and the
+whole `meshsim run --outputs none` and `meshsim run` (all outputs). The differences are meshsim's own
+modules (imports minus floor) and the work (run minus imports).
 
     python benchmarks/run.py [--runs 5] [--cases default,gpt3-gb1536-overlap] [--baseline DIR] [-- --full]
     python benchmarks/run.py --startup [--runs 9] [--baseline DIR]
