@@ -24,7 +24,16 @@ it every run would recompile ~450 modules), so start-up is measured as a user me
 each pair gives the CPU minimum ratio (this tree / baseline), and every case's ratio to the default
 case of the same tree where the default is among the cases.
 
+`--startup` prints where the default run's start-up goes instead (issue 40's "lean start-up"), each part
+the CPU minimum over --runs fresh processes of each tree: the bare interpreter (`python -c pass`), the
+third-party floor (numpy, pydantic with one model built, PyYAML, typer, rich's console and table: what the
+run imports whoever writes it), everything `meshsim run` imports (`import meshsim.sim.cli.run`: the floor
+plus meshsim's own modules), both with the garbage collector off as `meshsim` imports its command, and the
+whole `meshsim run --outputs none` and `meshsim run` (all outputs). The differences are meshsim's own
+modules (imports minus floor) and the work (run minus imports).
+
     python benchmarks/run.py [--runs 5] [--cases default,gpt3-gb1536-overlap] [--baseline DIR] [-- --full]
+    python benchmarks/run.py --startup [--runs 9] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -105,6 +114,18 @@ def byte_compile(tree: Path) -> None:
         compileall.compile_dir(tree / name, quiet=1)
 
 
+def core_warning(tree: Path, label: str) -> str | None:
+    """A line saying `tree` has the compiled engine core's source but not the built extension (a `git archive`
+    of a commit has no build outputs): its `meshsim run` then runs the Python core, and a comparison with a
+    built tree measures the two cores, not the change. None when built or when the tree has no such core."""
+    engine = tree / "sim" / "engine"
+    if not (engine / "_core.pyx").is_file() or any(engine.glob("_core.*.so")) or any(engine.glob("_core.*.pyd")):
+        return None
+    return (f"warning: {label} ({tree}) has no built compiled core: its runs use the Python core. Copy "
+            "sim/engine/_core*.so and _rows*.so there from a tree built from the same .pyx files, or build "
+            "the extensions in that tree")
+
+
 def run_once(scenario: str, extra: list[str], out: Path, env: dict[str, str]) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in MB) of one `meshsim run` process."""
     cmd = [sys.executable, "-m", "meshsim.sim.cli.main", "run", scenario, "--out", str(out), *extra]
@@ -127,6 +148,49 @@ def summary(name: str, runs: list[tuple[float, float, float]], out: Path, extra:
             f"{max(r for _, _, r in runs):6.0f} MB, outputs {size_mb:6.1f} MB  {' '.join(extra)}")
 
 
+FLOOR_CODE = ("import gc; gc.disable()\n"  # as `meshsim` imports its command (sim/cli/main.py)
+              "import numpy, yaml, typer, rich.console, rich.table\n"
+              "from pydantic import BaseModel\n"
+              "class Probe(BaseModel):\n    x: int\n"
+              "Probe(x=1)\n")
+STARTUP_PARTS = {  # name: the command's arguments after the interpreter
+    "interpreter": ["-c", "pass"],
+    "third-party floor": ["-c", FLOOR_CODE],
+    "meshsim run imports": ["-c", "import gc; gc.disable(); import meshsim.sim.cli.run"],
+}
+
+
+def cpu_of(args: list[str], env: dict[str, str]) -> float:
+    """CPU seconds (user + system) of one `python ARGS` process."""
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) not in (0, 3):
+        raise SystemExit(f"python {' '.join(args)[:200]} failed: {proc.stderr.read().decode()[-2000:]}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def startup(trees: dict[str, Path | None], runs: int, tmp: Path, envs: dict[str, dict[str, str]]) -> None:
+    """The start-up split of the default run, CPU minimum of `runs` interleaved fresh processes per tree."""
+    parts = dict(STARTUP_PARTS)
+    for level in ("none", "all"):
+        parts[f"meshsim run --outputs {level}"] = ["-m", "meshsim.sim.cli.main", "run", "--out",
+                                                   str(tmp / "startup"), "--outputs", level]
+    best: dict[tuple[str, str], float] = {}
+    for _ in range(runs):
+        for name, args in parts.items():
+            for label in trees:
+                cpu = cpu_of(args, envs[label])
+                best[label, name] = min(cpu, best.get((label, name), cpu))
+    for label in trees:
+        tree = label.strip() or "this tree"
+        for name in parts:
+            print(f"{tree:<10} {name:<28} CPU min {best[label, name] * 1e3:6.0f} ms ({runs} runs)", flush=True)
+        own = best[label, "meshsim run imports"] - best[label, "third-party floor"]
+        work = best[label, "meshsim run --outputs all"] - best[label, "meshsim run imports"]
+        print(f"{tree:<10} meshsim's own modules {own * 1e3:.0f} ms; the run's work after its imports "
+              f"{work * 1e3:.0f} ms (all outputs)", flush=True)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -135,6 +199,7 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another source tree (with sim/, topologies/, scenarios/) timed in the same command")
+    ap.add_argument("--startup", action="store_true", help="the default run's start-up split (see above)")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     here = Path(__file__).resolve().parent.parent
     trees = {"": None} if args.baseline is None else {"": None, "baseline ": args.baseline.resolve()}
@@ -149,6 +214,12 @@ def main() -> None:
         for label, tree in trees.items():
             byte_compile(tree or here)
             envs[label] = tree_env(tree, tmp)
+            warning = core_warning(tree or here, label.strip() or "this tree")
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+        if args.startup:
+            startup(trees, args.runs, tmp, envs)
+            return
         default_cpu: dict[str, float] = {}
         for name in wanted:
             runs: dict[str, list] = {label: [] for label in trees}

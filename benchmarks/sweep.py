@@ -1,48 +1,80 @@
-"""Benchmark: two sweeps of Llama-2 70B (the built-in llama2-70b-h100-tp8 scenario, selective recompute).
+"""Benchmark: sweeps of Llama-2 70B (the built-in llama2-70b-h100-tp8 scenario, selective recompute).
 
 - tp-sp (issue 10): tp in {1, 2, 4, 8, 16, 32} x sp in {off, on} on 1,024 GPUs (128 DGX H100 nodes),
   micro-batch 1, global_batch 1,024 sequences (4M tokens, Llama-2's published batch) so that dp divides it
   for every tp; tp=1 with sp=on is skipped by the checks. Target: < 1.5 s wall with 2 jobs.
 - tp-pp (issue 9): tp in {1, 2, 4, 8} x pp in {1, 2, 4, 8}, sp on, on 256 GPUs (32 nodes), global batch
   1,024; invalid pairs are skipped with their rule. Target: < 30 s wall with 2 jobs.
+- default-96 (issue 40): the default scenario as it is (64 H100, global batch 128, sp on) swept over
+  tp in {1, 2, 4, 8} x pp in {1, 2, 4, 8} x micro-batch in {1, 2} x recompute in {none, selective, full}:
+  96 configurations, every one legal (dp x micro-batch divides 128). Target (issue 40's "100-configuration
+  sweep"): <= 50 ms CPU per configuration with --jobs 1.
 
 Prints each configuration's wall time (measured in the worker that ran it: SweepRecord.elapsed_s), the
-median and the total.
+median, the total, and the CPU time per configuration: the CPU of this process and of the workers it
+waited for (os.times children), divided by the number of configurations. CPU is the figure to trust on a
+shared machine; wall time also counts other people's work.
 
-    python benchmarks/sweep.py [--case tp-sp|tp-pp] [--jobs 2]
+`--baseline DIR` times a second source tree (e.g. `git archive main | tar -x -C DIR`) in the same command:
+each of `--runs` rounds runs the sweep once in a fresh process per tree, interleaved so that both see the
+same load (the child imports `meshsim` from the tree through a folder of links first on PYTHONPATH, as
+benchmarks/run.py does), and the CPU per configuration of each tree (min and median) and their ratio are
+printed. Only the CPU figures are printed then.
+
+    python benchmarks/sweep.py [--case tp-sp|tp-pp|default-96] [--jobs 2]
+    python benchmarks/sweep.py --case default-96 --jobs 1 --runs 3 --baseline /tmp/base
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-from meshsim.scenarios.load import load_scenario, with_overrides
-from meshsim.sim.sweep.axes import configurations, sweep_axes
-from meshsim.sim.sweep.explain import explain
-from meshsim.sim.sweep.explain_terms import sweet_spot
-from meshsim.sim.sweep.runner import run_sweep
-
-CASES = {  # name: (nodes, axes, target wall s)
-    "tp-sp": (128, {"tp": "1,2,4,8,16,32", "sp": "both"}, 1.5),
-    "tp-pp": (32, {"tp": "1,2,4,8", "pp": "1,2,4,8", "sp": "on"}, 30.0),
+SCENARIO = "llama2-70b-h100-tp8"
+CASES = {  # name: (scenario overrides, axes, target wall s or None, target CPU s per configuration or None)
+    "tp-sp": ({"topology.nodes": 128, "parallel.global_batch": 1024}, {"tp": "1,2,4,8,16,32", "sp": "both"},
+              1.5, None),
+    "tp-pp": ({"topology.nodes": 32, "parallel.global_batch": 1024}, {"tp": "1,2,4,8", "pp": "1,2,4,8", "sp": "on"},
+              30.0, None),
+    "default-96": ({}, {"tp": "1,2,4,8", "sp": "on", "pp": "1,2,4,8", "micro_batch": "1,2",
+                        "recompute": "none,selective,full"}, None, 0.050),
 }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--case", choices=sorted(CASES), default="tp-sp")
-    args = parser.parse_args()
-    nodes, axes, target_s = CASES[args.case]
-    base, source = load_scenario("llama2-70b-h100-tp8")
-    scenario = with_overrides(base, {"topology.nodes": nodes, "parallel.global_batch": 1024}, source)
+def cpu_s() -> float:
+    """CPU seconds of this process and of its children that were waited for (pool workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def run_case(case: str, jobs: int):
+    """(records, points, wall s, CPU s) of one sweep of `case` in this process."""
+    from meshsim.scenarios.load import load_scenario, with_overrides
+    from meshsim.sim.sweep.axes import configurations, sweep_axes
+    from meshsim.sim.sweep.runner import run_sweep
+
+    overrides, axes, _, _ = CASES[case]
+    base, source = load_scenario(SCENARIO)
+    scenario = with_overrides(base, overrides, source) if overrides else base
     points = configurations(sweep_axes(scenario, axes))
-    start = time.perf_counter()
-    records = run_sweep(scenario, source, points, jobs=args.jobs, progress=False)
-    total_s = time.perf_counter() - start
+    cpu0, start = cpu_s(), time.perf_counter()
+    records = run_sweep(scenario, source, points, jobs=jobs, progress=False)
+    return records, points, time.perf_counter() - start, cpu_s() - cpu0
+
+
+def report(case: str, jobs: int) -> None:
+    from meshsim.sim.sweep.explain import explain
+    from meshsim.sim.sweep.explain_terms import sweet_spot
+
+    records, points, total_s, total_cpu_s = run_case(case, jobs)
+    _, _, target_s, target_cpu_s = CASES[case]
     for rec in records:
         status = f"{rec.result.step_time_s:.3f} s/step" if rec.ok else "skipped"
         print(f"{rec.key:<52} {rec.elapsed_s:6.2f} s   {status}")
@@ -50,10 +82,70 @@ def main() -> int:
     print(f"sweet spot: {best.key if best else 'none fits'}")
     print(explain(records)[0])
     ran = [rec.elapsed_s for rec in records if rec.ok]
-    verdict = "OK" if total_s < target_s else "OVER TARGET"
-    print(f"median per simulated configuration: {statistics.median(ran) if ran else 0:.3f} s")
-    print(f"total: {total_s:.2f} s wall for {len(points)} configurations with --jobs {args.jobs} "
-          f"(target < {target_s:g} s: {verdict})")
+    print(f"median per simulated configuration: {statistics.median(ran) if ran else 0:.3f} s wall")
+    wall = f" (target < {target_s:g} s: {'OK' if total_s < target_s else 'OVER TARGET'})" if target_s else ""
+    print(f"total: {total_s:.2f} s wall for {len(points)} configurations with --jobs {jobs}{wall}")
+    per_cpu_s = total_cpu_s / max(1, len(points))
+    cpu = (f" (target <= {target_cpu_s * 1e3:g} ms: {'OK' if per_cpu_s <= target_cpu_s else 'OVER TARGET'})"
+           if target_cpu_s else "")
+    print(f"CPU per configuration: {per_cpu_s * 1e3:.1f} ms ({total_cpu_s:.2f} s CPU, this process and its "
+          f"workers){cpu}")
+
+
+def child(case: str, jobs: int) -> None:
+    """--child: one sweep, its figures as one JSON line (for --baseline)."""
+    records, points, total_s, total_cpu_s = run_case(case, jobs)
+    print(json.dumps({"configurations": len(points), "ran": sum(r.ok for r in records), "wall_s": total_s,
+                      "cpu_s": total_cpu_s}))
+
+
+def compare(case: str, jobs: int, runs: int, baseline: Path) -> None:
+    """Fresh-process sweeps of this tree and `baseline`, interleaved; CPU per configuration of each."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from run import byte_compile, core_warning, tree_env  # benchmarks/run.py: the same child environment
+
+    here = Path(__file__).resolve().parent.parent
+    trees = {"this tree": None, "baseline": baseline.resolve()}
+    per: dict[str, list[float]] = {label: [] for label in trees}
+    with tempfile.TemporaryDirectory(prefix="meshsim-sweep-bench-") as tmp_dir:
+        envs = {}
+        for label, tree in trees.items():
+            byte_compile(tree or here)
+            envs[label] = tree_env(tree, Path(tmp_dir))
+            warning = core_warning(tree or here, label)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--case", case, "--jobs", str(jobs)]
+        for _ in range(runs):
+            for label in trees:
+                proc = subprocess.run(cmd, env=envs[label], capture_output=True, text=True, check=False)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{label}: {' '.join(cmd)} failed: {proc.stderr[-2000:]}")
+                figures = json.loads(proc.stdout.strip().splitlines()[-1])
+                per[label].append(figures["cpu_s"] / figures["configurations"])
+                print(f"{label:<10} {figures['configurations']} configurations ({figures['ran']} ran), "
+                      f"{figures['cpu_s']:.2f} s CPU, {figures['wall_s']:.2f} s wall", flush=True)
+    for label, values in per.items():
+        print(f"{label:<10} CPU per configuration: min {min(values) * 1e3:.1f} ms, median "
+              f"{statistics.median(values) * 1e3:.1f} ms ({runs} runs, --jobs {jobs}, case {case})")
+    print(f"CPU min this tree / baseline: {min(per['this tree']) / min(per['baseline']):.3f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--case", choices=sorted(CASES), default="tp-sp")
+    parser.add_argument("--runs", type=int, default=3, help="rounds with --baseline")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another source tree (with sim/, topologies/, scenarios/) timed in the same command")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.case, args.jobs)
+    elif args.baseline is not None:
+        compare(args.case, args.jobs, args.runs, args.baseline)
+    else:
+        report(args.case, args.jobs)
     return 0
 
 

@@ -4,8 +4,6 @@ Field-by-field documentation (units, defaults) lives in docs/scenarios.md; keep 
 Cross-field checks (tp divides heads, ...) live in scenarios/checks.py; loading in scenarios/load.py.
 """
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,9 +25,14 @@ from meshsim.sim.core.quantities import (
 
 
 class Frozen(BaseModel):
-    """Strict: `true` is not a count and 4.0 is not an int; .inf and .nan are refused in number fields."""
+    """Strict: `true` is not a count and 4.0 is not an int; .inf and .nan are refused in number fields.
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    Start-up (every `meshsim` command builds these classes): defer_build builds a model's validator when it
+    first validates, not when its class is defined, so a section validated only inside a Scenario is built
+    once, inside the Scenario's validator; and the module has no `from __future__ import annotations`, so
+    pydantic reads each field's type as it is instead of evaluating its text. The same validation."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False, defer_build=True)
 
 
 class MoeConfig(Frozen):

@@ -7,11 +7,14 @@ Expected numbers are computed here from the rules (dp = gpus / tp, micro_batches
 from __future__ import annotations
 
 import copy
+import inspect
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from meshsim.scenarios import schema
 from meshsim.scenarios.checks import check_scenario
 from meshsim.scenarios.library import DEFAULT_SCENARIO, builtin_scenarios
 from meshsim.scenarios.load import load_and_resolve, load_scenario, resolve, with_overrides
@@ -318,3 +321,26 @@ def _doc_submodel(annotation):
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return next((a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+
+
+def _section_models() -> list[type]:
+    return [m for m in vars(schema).values()
+            if inspect.isclass(m) and issubclass(m, schema.Frozen) and m is not schema.Frozen]
+
+
+@pytest.mark.parametrize("model", _section_models(), ids=lambda m: m.__name__)
+def test_a_section_validated_on_its_own_is_still_checked(model):
+    """Frozen's validators are built on first use (defer_build, scenarios/schema.py): a section validated
+    alone, after the Scenario that holds it or before, still refuses an unknown field (extra=forbid)."""
+    load_and_resolve(DEFAULT_SCENARIO)
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        model.model_validate({"not_a_field": 1})
+
+
+def test_strict_section_fields_refuse_a_bool_for_a_count():
+    """strict=True survives the deferred build: `true` is not a count, neither alone nor in a Scenario."""
+    with pytest.raises(ValidationError):
+        schema.ParallelConfig.model_validate({"tp": True})
+    sc, source = load_scenario(DEFAULT_SCENARIO)
+    with pytest.raises(UserError, match="parallel.tp = True is invalid"):
+        with_overrides(sc, {"parallel.tp": True}, source)
