@@ -98,7 +98,7 @@ from meshsim.topologies.gpus import GpuSpec
 # of HBM than a plain copy (0.90 on an H200, reference/modeling-facts.md, the upper bound). No kernel-level
 # public figure in our set: fitted on the calibration set's three compute-only cases (one GPU or node, no
 # communication on the critical path: 2020 A100 1.16B tp1, 2020 V100 1.16B tp1, NeMo 5B on 1 node), which
-# would each be exact at 0.64, 0.85 and below 0.5; 0.65 is one value for every GPU (docs/cost-models.md §6).
+# would each be exact at 0.64, 0.85 and below 0.5; 0.65 is one value for every GPU (docs/cost-models.md section 10).
 ELEMENTWISE_EFFICIENCY = 0.65
 # tile_m / tile_n unset: best of DEFAULT_TILES per shape (sim/cost/gemm_efficiency.py); set: that tile only
 DEFAULTS = ComputeTuning(gemm_efficiency=DEFAULT_CEILING, mem_bw_efficiency=0.90,

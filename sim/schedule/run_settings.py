@@ -26,7 +26,7 @@
   runs it after the whole linear backward (F.linear: dgrad, wgrad and the bias grad in one node), so the
   collective starts after wgrad and the layer below waits for it: false.
 - CUDA_DEVICE_MAX_CONNECTIONS (`run.cuda_device_max_connections`) and NCCL_ALGO (hardware.network.algo)
-  are recorded; the first is not modeled (docs/cost-models.md says why), the second picks the algorithm.
+  are recorded; the first is not modeled (docs/calibration-history.md, "Considered and not adopted", says why), the second picks the algorithm.
 """
 
 from __future__ import annotations
