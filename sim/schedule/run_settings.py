@@ -8,11 +8,12 @@
   accumulates straight into the fp32 main grad. Without it (--no-gradient-accumulation-fusion) wgrad
   writes a 16-bit gradient that a separate kernel adds into main_grad: per parameter read 2 + 4 bytes,
   write 4 bytes (MAIN_GRAD_ADD_BYTES), once per micro-batch.
-- Deterministic mode (--deterministic-mode): the attention backward may not accumulate dQ with atomics
-  (FlashAttention-2's deterministic backward orders the KV-block CTAs' dQ updates; cuDNN's deterministic
-  algorithm likewise). Modeled as a slowdown of the attention backward kernel by
-  hardware.compute.deterministic_attention_slowdown (default DETERMINISTIC_ATTENTION_SLOWDOWN 1.25, an
-  assumption: no public figure in our calibration set). It also calls torch.use_deterministic_algorithms(True),
+- Deterministic mode (--deterministic-mode): the attention backward may not accumulate dQ with atomics.
+  The compute model prices the kernel that runs: FlashAttention 2's deterministic grid where TE runs FA2
+  (sim/cost/fa2_deterministic.py), cuDNN's dP-workspace path where it keeps cuDNN
+  (sim/cost/cudnn_deterministic.py). Only the FP8 attention backward, a cuDNN node of its own, is still
+  slowed by hardware.compute.deterministic_attention_slowdown (default DETERMINISTIC_ATTENTION_SLOWDOWN 1.25,
+  an assumption: no public figure in our calibration set). It also calls torch.use_deterministic_algorithms(True),
   under which PyTorch fills every fresh output with NaN first: priced by the compute model
   (sim/cost/deterministic_fill.py).
 - CUDA graphs (`run.cuda_graphs`): the step replays captured graphs, so no per-op host dispatch
