@@ -200,7 +200,8 @@ def work_bytes(op: Op) -> int:
 _new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling __new__: one call less per event
 
 
-_ID, _DEPS, _STREAM, _WAIT, _CALLS = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls"))
+_ID, _DEPS, _STREAM, _WAIT, _CALLS, _WORK = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls",
+                                                                     "work"))
 
 
 def _valid_ops(ops: Sequence[Op]) -> bool:
@@ -234,10 +235,17 @@ def _first_problem(ops: Sequence[Op]) -> None:
             raise ValueError(f"op {op.id} ({op.name}) has {op.host_calls} host calls")
 
 
+def distinct_works(ops: Sequence[Op]) -> list:
+    """The distinct work objects of `ops` by identity, in first-use order (ops stamped from one template share
+    their work, so a schedule has few): a per-work question asked once per work, by C-level passes."""
+    works = list(map(_WORK, ops))
+    return list(dict(zip(map(id, works), works, strict=True)).values())
+
+
 def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
     if not _valid_ops(schedule.ops):
         _first_problem(schedule.ops)
-    kinds = {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}
+    kinds = {w.group for w in distinct_works(schedule.ops) if isinstance(w, Collective)}
     for rank in ranks:
         for kind in kinds:
             if rank not in group_of(kind, rank):
@@ -245,7 +253,12 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
 
 
 def _by_stream(schedule: Schedule) -> dict[str, list[Op]]:
-    """{stream: schedule.by_stream(stream)} for every stream, in one pass (streams checked by _check)."""
+    """{stream: schedule.by_stream(stream)} for every stream, in one pass (streams checked by _check); from
+    the tiled stream column where the schedule has one (ids are positions), else op by op."""
+    arrays = schedule.tiled_arrays
+    if arrays is not None:
+        at = schedule.ops.__getitem__
+        return {s: list(map(at, np.flatnonzero(arrays.stream == i).tolist())) for i, s in enumerate(STREAMS)}
     out: dict[str, list[Op]] = {s: [] for s in STREAMS}
     for op in schedule.ops:
         out[op.stream].append(op)

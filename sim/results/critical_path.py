@@ -27,6 +27,7 @@ from operator import attrgetter
 import numpy as np
 
 from meshsim.sim.engine.events import EventLog
+from meshsim.sim.results.run_arrays import tiled_stream_prev
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
 CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
@@ -73,6 +74,9 @@ class Segment:
 
 def _stream_prev(schedule: Schedule) -> list[int]:
     """op id -> id of the op before it on the same stream (-1: none; P2P batches are not FIFO)."""
+    tiled = schedule.tiled_arrays
+    if tiled is not None:  # ids are positions
+        return tiled_stream_prev(tiled.stream).tolist()
     prev: list[int] = []
     last: dict[str, int] = {}
     for i, stream in enumerate(map(_STREAM, schedule.ops)):  # ids are list positions

@@ -18,7 +18,7 @@ from operator import attrgetter, eq, itemgetter
 
 import numpy as np
 
-from meshsim.sim.schedule.ops import P2P, Op, Schedule
+from meshsim.sim.schedule.ops import P2P, Op, Schedule, ScheduleArrays
 
 Key = tuple  # (micro-batch, ordinal) or, for a P2P batch, (micro-batch, its transfers' identities)
 _MB, _WORK, _DEPS = attrgetter("micro_batch"), attrgetter("work"), attrgetter("deps")
@@ -43,10 +43,12 @@ def key_parts(schedule: Schedule) -> tuple[list[Key], list, list[int]]:
     ops = schedule.ops
     n = len(ops)
     mbs = list(map(_MB, ops))
-    p2p = [i for i, w in enumerate(map(_WORK, ops)) if isinstance(w, P2P)]
-    known = [m for m in mbs if m is not None]
-    none_code = min(known, default=0) - 1
-    code = np.array([none_code if m is None else m for m in mbs], np.int64) if n else np.zeros(0, np.int64)
+    tiled = schedule.tiled_arrays
+    if tiled is not None:
+        p2p = np.flatnonzero(tiled.kind == 2).tolist()  # ScheduleArrays.kind: 2 for a P2P batch
+    else:
+        p2p = [i for i, w in enumerate(map(_WORK, ops)) if isinstance(w, P2P)]
+    code = mb_codes(mbs)
     counted = np.ones(n, bool)
     counted[p2p] = False
     rows = np.flatnonzero(counted)
@@ -62,13 +64,22 @@ def key_parts(schedule: Schedule) -> tuple[list[Key], list, list[int]]:
     return keys, mbs, p2p
 
 
+def mb_codes(mbs: list) -> np.ndarray:
+    """Each op's micro-batch as an int64, those of none as one code below every micro-batch (min - 1, -1
+    when none has one): read through a float64 array (None -> NaN), exact for micro-batches below 2^53."""
+    f = np.array(mbs, np.float64) if mbs else np.zeros(0)
+    none = np.isnan(f)
+    none_code = int(f[~none].min()) - 1 if not none.all() else -1
+    return np.where(none, none_code, f).astype(np.int64)
+
+
 def later_keys(keys: list[Key], mbs: list, p2p: list[int], unit: int) -> list[Key]:
     """later(key, unit) of every key (key_parts' micro-batches and P2P ids): (mb + unit, ordinal) but for
     P2P batches and ops of no micro-batch."""
-    out = list(zip([None if m is None else m + unit for m in mbs], map(_ORDINAL, keys), strict=True))
-    for i, m in enumerate(mbs):
-        if m is None:
-            out[i] = keys[i]
+    none = np.flatnonzero(np.isnan(np.array(mbs, np.float64))).tolist() if mbs else []
+    out = list(zip((mb_codes(mbs) + unit).tolist(), map(_ORDINAL, keys), strict=True))
+    for i in none:
+        out[i] = keys[i]
     for i in p2p:
         out[i] = later(keys[i], unit)
     return out
@@ -107,7 +118,8 @@ def dep_csr(ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id_of: dict[Key, int], p: int,
-                 unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                 unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None,
+                 tiled: ScheduleArrays | None = None) -> np.ndarray:
     """ok[i] for every op id: i >= p, op i - p has a micro-batch, keys[i] == later(keys[i - p]), and op i
     reads what op i - p reads one period later: the same stream, phase, layer, host calls, work (a P2P
     batch: its transfers one period later), and deps and host wait whose keys are the images of i - p's."""
@@ -119,12 +131,19 @@ def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id
     # equal keys <=> equal kid (the last id of each key); keys all distinct: key i's id is i
     kid = np.arange(n) if len(id_of) == n else np.fromiter(map(id_of.__getitem__, keys), np.int64, n)
     mu = np.fromiter(map(id_of.get, later_keys(keys, mbs, p2p, unit), repeat(-1)), np.int64, n)
-    has_mb = np.array([m is not None for m in mbs], bool)
+    has_mb = ~np.isnan(np.array(mbs, np.float64))
     good = has_mb[:-p] & (kid[p:] == mu[:-p])
-    for field in _STATIC:
-        good &= _pairs_equal(list(map(field, ops)), p)
-    waits = list(map(_WAIT, ops))
-    hw = np.array([-1 if w is None else w for w in waits], np.int64)
+    for field, column in zip(_STATIC, ("stream", None, None, "host_calls"), strict=True):
+        if tiled is not None and column is not None:  # equal indices <=> equal streams; host calls are ints
+            values = getattr(tiled, column)
+            good &= values[p:] == values[:-p]
+        else:
+            good &= _pairs_equal(list(map(field, ops)), p)
+    if tiled is not None:  # ids are positions: the tiled host waits are the ops' (-1: none)
+        hw = tiled.host_wait.astype(np.int64)
+    else:
+        waits = list(map(_WAIT, ops))
+        hw = np.array([-1 if w is None else w for w in waits], np.int64)
     good &= (hw[p:] < 0) == (hw[:-p] < 0)
     both = (hw[p:] >= 0) & (hw[:-p] >= 0)
     good[both] &= kid[hw[p:][both]] == mu[hw[:-p][both]]

@@ -56,7 +56,7 @@ def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, 
     if first is None or second is None:
         return f"stage {schedule.stage} has no micro-batch {lead + unit}"
     p, ops = second - first, schedule.ops
-    ok = regular_mask(ops, parts, id_of, p, unit, deps)
+    ok = regular_mask(ops, parts, id_of, p, unit, deps, schedule.tiled_arrays)
     stops = np.flatnonzero(~ok[second:])
     end = second + int(stops[0]) if len(stops) else len(keys)
     breaks = np.flatnonzero(~ok[p:second])  # the run reaches back to p at most

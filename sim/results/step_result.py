@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.memory import MemoryBreakdown
-from meshsim.sim.engine.events import Event, EventLog
+from meshsim.sim.engine.events import Event, EventLog, distinct_works
 from meshsim.sim.results import breakdown as bd
 from meshsim.sim.results.critical_path import Segment, critical_path, shares, top_op_types
 from meshsim.sim.results.records import (
@@ -188,10 +190,23 @@ def pipeline_summary(rs: ResolvedScenario, path_shares: Mapping[str, float],
 
 
 def op_collectives(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
-    """op id -> the row of `collectives` it runs."""
+    """op id -> the row of `collectives` it runs, in op order: looked up once per work object (ops stamped
+    from one template share theirs), then spread over the ops by C-level passes."""
+    rows = {c.key: c for c in collectives}
+    row_of = {id(w): rows[key] for w in distinct_works(schedule.ops) if isinstance(w, Collective)
+              and (key := (w.op, w.group, w.nbytes, w.kernel)) in rows}
+    per_op = list(map(row_of.get, map(id, map(_WORK, schedule.ops))))
+    return dict(compress(zip(map(_ID, schedule.ops), per_op, strict=True), map(is_not, per_op, repeat(None))))
+
+
+def op_collectives_per_op(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
+    """op_collectives the long way, op by op (the reference tests compare it with)."""
     rows = {c.key: c for c in collectives}
     return {op.id: rows[key] for op in schedule.ops if isinstance(op.work, Collective)
             and (key := (op.work.op, op.work.group, op.work.nbytes, op.work.kernel)) in rows}
+
+
+_ID, _WORK = attrgetter("id"), attrgetter("work")
 
 
 def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
@@ -202,7 +217,8 @@ def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[Collectiv
     out: dict[tuple[int, int], CollectiveRow] = {}
     for rank in ranks:
         stage = min(rank // stage_size, len(per_stage) - 1) if len(per_stage) > 1 else 0
-        out.update({(rank, op_id): row for op_id, row in per_stage[stage].items()})
+        rows = per_stage[stage]
+        out.update(zip(zip(repeat(rank), rows), rows.values(), strict=True))
     return out
 
 

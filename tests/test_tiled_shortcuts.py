@@ -1,0 +1,131 @@
+"""Every pass that reads a built schedule's tiled arrays (Schedule.tiled_arrays, sim/schedule/tiling.py) or
+counts per work object instead of per op gives what the long way gives, op by op, on generated schedules of
+every builder path (test_schedule_arrays.scenarios): the same schedule with its tiling record dropped
+(`replace(s, tiling=None)`) takes the long way through the same functions. Compared: the engine's per-stream
+op lists and the compiled core's stage arrays, the run arrays' stream predecessors and deps, the critical
+path's stream predecessors, the proof's keys, later keys, regular masks and stage maps, the host's issue times
+(bit for bit), the collective counts (values and key order) and the op -> collective row map (and order)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_schedule_arrays import scenarios
+from test_steady_state import resolved
+
+from meshsim.sim.core.errors import UserError
+from meshsim.sim.cost.host_dispatch import issue_times_s
+from meshsim.sim.engine import compiled, events
+from meshsim.sim.results import critical_path as cp
+from meshsim.sim.results.costers import count_collectives, count_collectives_per_op
+from meshsim.sim.results.period_keys import key_parts, later, later_keys, mb_codes, regular_mask
+from meshsim.sim.results.period_state import StageMap, stage_map
+from meshsim.sim.results.records import CollectiveRow
+from meshsim.sim.results.run_arrays import StageOps
+from meshsim.sim.results.step_result import op_collectives, op_collectives_per_op
+from meshsim.sim.schedule.ops import Collective, Schedule
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+
+
+def _pairs(case) -> list[tuple[Schedule, Schedule]]:
+    name, over, micro_batches = case
+    try:
+        rs = resolved(name, over, micro_batches)
+    except UserError:
+        assume(False)
+    out = []
+    for s in build_stage_schedules(rs):
+        assert s.tiled_arrays is not None  # the fast path is taken ...
+        long = replace(s, tiling=None)
+        assert long.tiled_arrays is None  # ... and the twin takes the long way
+        out.append((s, long))
+    return out
+
+
+def _same_arrays(a, b) -> None:
+    assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def _same_map(a: StageMap | str, b: StageMap | str) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b
+        return
+    assert (a.keys, a.id_of, a.unit, a.period_ops, a.first_regular, a.end_regular) == \
+        (b.keys, b.id_of, b.unit, b.period_ops, b.first_regular, b.end_regular)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(case=scenarios())
+def test_tiled_passes_equal_the_long_way(case):
+    for s, long in _pairs(case):
+        fast_streams, long_streams = events._by_stream(s), events._by_stream(long)
+        assert list(fast_streams) == list(long_streams)
+        for k, ops in fast_streams.items():
+            assert len(ops) == len(long_streams[k]) and all(map(lambda a, b: a is b, ops, long_streams[k]))
+        kind, ptr, idx = compiled._kind_and_deps(s.ops, [op.work for op in s.ops], None)
+        for a, b in ((s.tiled_arrays.kind, kind), (s.tiled_arrays.dep_ptr, ptr), (s.tiled_arrays.dep_idx, idx)):
+            _same_arrays(a, b)
+        fast, slow = StageOps.of(s), StageOps.of(long)
+        for a, b in ((fast.dep_ptr, slow.dep_ptr), (fast.dep_ids, slow.dep_ids), (fast.prev, slow.prev),
+                     (fast.p2p, slow.p2p)):
+            _same_arrays(a, b)
+        assert cp._stream_prev(s) == cp._stream_prev(long)
+        parts = key_parts(s)
+        assert parts == key_parts(long)
+        keys, mbs, p2p = parts
+        id_of = dict(zip(keys, range(len(keys)), strict=True))
+        per_mb = max(1, len(s.ops) // max(1, s.micro_batches))
+        for unit in (1, 2):
+            assert later_keys(keys, mbs, p2p, unit) == [later(k, unit) for k in keys]
+            for p in (0, 1, per_mb // 2, per_mb, 2 * per_mb, len(s.ops) - 1, len(s.ops)):
+                _same_arrays(regular_mask(s.ops, parts, id_of, p, unit, tiled=s.tiled_arrays),
+                             regular_mask(long.ops, parts, id_of, p, unit))
+            for lead in (0, 1, 2):
+                _same_map(stage_map(s, lead, unit), stage_map(long, lead, unit))
+        for dispatch_s in (20e-6, 7.3e-6, 1.0):
+            fast_t, long_t = issue_times_s(s, dispatch_s), issue_times_s(long, dispatch_s)
+            assert type(fast_t) is tuple and list(map(float.hex, fast_t)) == list(map(float.hex, long_t))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(case=scenarios(), keep=st.integers(0, 7))
+def test_per_work_counts_and_rows_equal_op_by_op(case, keep):
+    for s, _ in _pairs(case):
+        counts, reference = count_collectives(s.ops), count_collectives_per_op(s.ops)
+        assert list(counts.items()) == list(reference.items())  # the same counts, keys in the same order
+        assert count_collectives(iter(s.ops)) == reference  # any iterable, read once
+        # rows for some of the keys only (an op whose key has no row is left out)
+        rows = [CollectiveRow(k[0], k[1], 8, k[2], *(k[3:] or ("nccl",))) for i, k in enumerate(counts) if i % 8 != keep]
+        fast, slow = op_collectives(s, rows), op_collectives_per_op(s, rows)
+        assert list(fast) == list(slow) and all(fast[k] is slow[k] for k in slow)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(mbs=st.lists(st.one_of(st.none(), st.integers(0, 2**40)), max_size=30))
+def test_mb_codes_equal_the_list_comprehension(mbs):
+    known = [m for m in mbs if m is not None]
+    none_code = min(known, default=0) - 1
+    _same_arrays(mb_codes(mbs), np.array([none_code if m is None else m for m in mbs], np.int64)
+                 if mbs else np.zeros(0, np.int64))
+
+
+def test_negative_controls():
+    """The comparisons see a changed value: a collective counted once more, a changed stream, a later key."""
+    s = build_stage_schedules(resolved("tiny-2gpu"))[0]
+    ops = list(s.ops)
+    first = next(i for i, op in enumerate(ops) if isinstance(op.work, Collective))
+    assert count_collectives(ops + [ops[first]]) != count_collectives_per_op(ops)
+    moved = replace(s, ops=tuple(ops[:first] + [ops[first]._replace(stream="dp_comm")] + ops[first + 1:]), tiling=None)
+    assert events._by_stream(moved) != events._by_stream(s)
+    keys = key_parts(s)[0]
+    assert later_keys(keys, key_parts(s)[1], key_parts(s)[2], 1) != [later(k, 2) for k in keys]
+
+
+@pytest.mark.parametrize("name", ["llama31-405b-h100-tp8-pp8-cp2"])
+def test_library_schedule_takes_the_tiled_path(name):
+    """Every stage of a library run is tiled (else the shortcuts would silently take the long way)."""
+    assert all(s.tiled_arrays is not None for s in build_stage_schedules(resolved(name, {}, 16)))
