@@ -20,12 +20,15 @@ from test_steady_state import resolved
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import compiled, events
+from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.results import critical_path as cp
-from meshsim.sim.results.costers import count_collectives, count_collectives_per_op
+from meshsim.sim.results.costers import CollectiveCoster, count_collectives, count_collectives_per_op
 from meshsim.sim.results.period_keys import key_parts, later, later_keys, mb_codes, regular_mask
+from meshsim.sim.results.period_path import by_end, by_end_sorted
 from meshsim.sim.results.period_state import StageMap, stage_map
 from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.results.run_arrays import StageOps
+from meshsim.sim.results.simulate import run_stages, simulated_ranks
 from meshsim.sim.results.step_result import op_collectives, op_collectives_per_op
 from meshsim.sim.schedule.ops import Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -129,3 +132,24 @@ def test_negative_controls():
 def test_library_schedule_takes_the_tiled_path(name):
     """Every stage of a library run is tiled (else the shortcuts would silently take the long way)."""
     assert all(s.tiled_arrays is not None for s in build_stage_schedules(resolved(name, {}, 16)))
+
+
+@pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled core is not built")
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(case=scenarios())
+def test_events_by_end_equal_sorted_events(case):
+    """period_path.by_end over the compiled core's rows (a stable argsort of the end column) equals sorting
+    each rank's events by end (ties in completion order), events and ends alike."""
+    name, over, micro_batches = case
+    try:
+        rs = resolved(name, over, micro_batches)
+    except UserError:
+        assume(False)
+    schedules = build_stage_schedules(rs)
+    log = run_stages(rs, schedules, simulated_ranks(rs, False), CollectiveCoster(rs), "compiled")
+    assert is_rows(log.events)  # the compiled core's rows: by_end takes the argsort
+    by = log.by_rank()
+    for rank in log.ranks:
+        fast, fast_ends = by_end(log, rank, by[rank])
+        slow, slow_ends = by_end_sorted(by[rank])
+        assert list(fast) == slow and fast_ends == slow_ends
