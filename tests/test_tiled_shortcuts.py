@@ -21,6 +21,7 @@ from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import compiled, events
 from meshsim.sim.engine.event_rows import is_rows
+from meshsim.sim.engine.host import HostSyncs, host_syncs
 from meshsim.sim.results import critical_path as cp
 from meshsim.sim.results.costers import CollectiveCoster, count_collectives, count_collectives_per_op
 from meshsim.sim.results.period_keys import key_parts, later, later_keys, mb_codes, regular_mask
@@ -92,6 +93,20 @@ def test_tiled_passes_equal_the_long_way(case):
         for dispatch_s in (20e-6, 7.3e-6, 1.0):
             fast_t, long_t = issue_times_s(s, dispatch_s), issue_times_s(long, dispatch_s)
             assert type(fast_t) is tuple and list(map(float.hex, fast_t)) == list(map(float.hex, long_t))
+            assert host_syncs(s.ops, fast_t) == _host_syncs_per_op(long.ops, long_t)
+
+
+def _host_syncs_per_op(ops, static_s) -> HostSyncs | None:
+    """host.host_syncs op by op (its code before the C-level passes): the reference."""
+    waits = [op for op in ops if op.host_wait is not None]
+    if not waits or not static_s:
+        return None
+    point_of, last = [], -1
+    for op in ops:
+        last += op.host_wait is not None
+        point_of.append(last)
+    bases = tuple(static_s[op.id - 1] if op.id else 0.0 for op in waits)
+    return HostSyncs(tuple(point_of), tuple(op.id for op in waits), tuple(op.host_wait for op in waits), bases)
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
