@@ -52,6 +52,8 @@ class CollectiveCoster:
     concurrent groups, `rs.all_groups(kind, group[0])`, and names the report row), and the kernel (userbuffers
     chunking, the flex dispatcher's arguments). The measured table reads (op, group size, nbytes)."""
 
+    by_value = True  # the engine may reuse a timing per (work, group): the memo returns the same object (_core.pyx)
+
     def __init__(self, rs: ResolvedScenario, translate: bool = True):
         self.rs = rs
         self.tuning = network_tuning(rs)
