@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from results_reference import period_state as ref_state
 from test_schedule_arrays import scenarios
 from test_steady_state import resolved
 
@@ -24,12 +25,12 @@ from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.host import HostSyncs, host_syncs
 from meshsim.sim.results import critical_path as cp
 from meshsim.sim.results.costers import CollectiveCoster, count_collectives, count_collectives_per_op
-from meshsim.sim.results.period_keys import key_parts, later, later_keys, mb_codes, regular_mask
+from meshsim.sim.results.period_keys import key_index, key_parts, later, later_keys, mb_codes, regular_mask
 from meshsim.sim.results.period_path import by_end, by_end_sorted
 from meshsim.sim.results.period_state import StageMap, stage_map
 from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.results.run_arrays import StageOps
-from meshsim.sim.results.simulate import run_stages, simulated_ranks
+from meshsim.sim.results.simulate import run_stages, simulated_ranks, steady_plan
 from meshsim.sim.results.step_result import op_collectives, op_collectives_per_op
 from meshsim.sim.schedule.ops import Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -81,15 +82,27 @@ def test_tiled_passes_equal_the_long_way(case):
         parts = key_parts(s)
         assert parts == key_parts(long)
         keys, mbs, p2p = parts
+        assert keys == ref_state.op_keys(s)
         id_of = dict(zip(keys, range(len(keys)), strict=True))
+        index = key_index(s)
+        assert index.kid.tolist() == [id_of[k] for k in keys]
         per_mb = max(1, len(s.ops) // max(1, s.micro_batches))
         for unit in (1, 2):
-            assert later_keys(keys, mbs, p2p, unit) == [later(k, unit) for k in keys]
+            shifted = later_keys(keys, mbs, p2p, unit)
+            assert shifted == [later(k, unit) for k in keys]
+            assert index.later_ids(unit).tolist() == [id_of.get(k, -1) for k in shifted]
+            probes = {*shifted, *(later(k, -unit) for k in keys), (None, 0), (None, len(keys)), (-5, 0), (0, -1)}
+            assert all(index.id_of(k) == id_of.get(k) for k in probes)
             for p in (0, 1, per_mb // 2, per_mb, 2 * per_mb, len(s.ops) - 1, len(s.ops)):
-                _same_arrays(regular_mask(s.ops, parts, id_of, p, unit, tiled=s.tiled_arrays),
-                             regular_mask(long.ops, parts, id_of, p, unit))
+                _same_arrays(regular_mask(s.ops, index, p, unit, tiled=s.tiled_arrays),
+                             regular_mask(long.ops, key_index(long), p, unit))
             for lead in (0, 1, 2):
-                _same_map(stage_map(s, lead, unit), stage_map(long, lead, unit))
+                fast, slow, ref = stage_map(s, lead, unit), stage_map(long, lead, unit), ref_state.stage_map(s, lead, unit)
+                _same_map(fast, slow)
+                _same_map(fast, ref)
+                if not isinstance(fast, str):
+                    assert [fast.mu(i) for i in range(len(keys))] == [ref.mu(i) for i in range(len(keys))]
+                    assert [fast.mu_inv(i) for i in range(len(keys))] == [ref.mu_inv(i) for i in range(len(keys))]
         for dispatch_s in (20e-6, 7.3e-6, 1.0):
             fast_t, long_t = issue_times_s(s, dispatch_s), issue_times_s(long, dispatch_s)
             assert type(fast_t) is tuple and list(map(float.hex, fast_t)) == list(map(float.hex, long_t))
@@ -168,3 +181,17 @@ def test_events_by_end_equal_sorted_events(case):
         fast, fast_ends = by_end(log, rank, by[rank])
         slow, slow_ends = by_end_sorted(by[rank])
         assert list(fast) == slow and fast_ends == slow_ends
+
+
+@pytest.mark.parametrize("name", ["llama2-70b-h100-pp4", "mixtral-8x7b-h100-ep8", "gpt-oss-120b-h100-pp4-ep8"])
+def test_stage_maps_at_the_plan_equal_the_reference(name):
+    """At the steady plan's lead (where the proof builds them) every stage's map is found, and equals the
+    per-op reference (tests/results_reference/period_state.py): regular part, mu and mu^-1 of every op."""
+    rs = resolved(name, {}, 16)
+    plan = steady_plan(rs)
+    for s in build_stage_schedules(rs):
+        fast, ref = stage_map(s, plan.lead, plan.unit), ref_state.stage_map(s, plan.lead, plan.unit)
+        assert isinstance(fast, StageMap)
+        _same_map(fast, ref)
+        assert [fast.mu(i) for i in range(len(s.ops))] == [ref.mu(i) for i in range(len(s.ops))]
+        assert [fast.mu_inv(i) for i in range(len(s.ops))] == [ref.mu_inv(i) for i in range(len(s.ops))]

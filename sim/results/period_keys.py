@@ -6,14 +6,16 @@ batch (its micro-batch, ((send, direction, micro-batch, sender's virtual stage) 
 `regular_mask` decides, for every op i at once, the per-op test the proof states (period_state.stage_map):
 key i is mu of key i - P, and op i has the inputs of op i - P one period later. Keys are compared through
 their ids (the last op holding each key, as the key -> id map keeps it), so two keys are equal exactly when
-their ids are; deps and host waits in CSR arrays; the work objects are compared in Python only where they
-are not one shared object.
+their ids are, and looked up through a KeyIndex (arrays, not a dict over every key); deps and host waits in
+CSR arrays; the work objects are compared in Python only where they are not one shared object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain, repeat
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
 from operator import attrgetter, eq, itemgetter
 
 import numpy as np
@@ -40,6 +42,81 @@ def op_keys(schedule: Schedule) -> list[Key]:
 def key_parts(schedule: Schedule) -> tuple[list[Key], list, list[int]]:
     """(op_keys, each op's micro-batch, the ids of its P2P batches). Ordinals: each op's rank among the
     earlier non-P2P ops of its micro-batch (a stable sort by micro-batch)."""
+    return key_index(schedule).parts
+
+
+@dataclass(frozen=True, eq=False)
+class KeyIndex:
+    """A stage's keys (key_parts) and the key -> id lookups mu needs, as arrays instead of a dict over
+    every key. Keys of ops that are not P2P batches are all distinct (micro-batch, ordinal) pairs, and
+    none equals a P2P batch's (its second part is a tuple): the op of (m, o) is the o-th of micro-batch
+    m's group in `order` (ops grouped by micro-batch code, ascending, in id order). P2P batches' keys are
+    looked up in `p2p_id` (the last id holding each, as a dict keeps it)."""
+
+    parts: tuple[list[Key], list, list[int]]
+    none: np.ndarray  # per op: it has no micro-batch
+    code: np.ndarray  # per op: mb_codes
+    ordinal: np.ndarray  # per op: its ordinal (0 for a P2P batch)
+    p2p_mask: np.ndarray
+    order: np.ndarray  # the non-P2P op ids grouped by code, ascending, in id order within a group
+    group_code: np.ndarray  # per group: its code (ascending)
+    group_first: np.ndarray  # per group: where it starts in `order`
+    group_size: np.ndarray
+    none_code: int
+    p2p_id: dict[Key, int]
+
+    def find(self, mbs: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+        """The id of key (mbs[k], ordinals[k]) for micro-batches (not None), -1 where no op has it."""
+        out = np.full(len(mbs), -1, np.int64)
+        groups = len(self.group_code)
+        if not groups or not len(mbs):
+            return out
+        g = np.searchsorted(self.group_code, mbs)
+        gi = np.minimum(g, groups - 1)
+        ok = (g < groups) & (self.group_code[gi] == mbs) & (mbs != self.none_code) & (ordinals >= 0) & \
+            (ordinals < self.group_size[gi])
+        out[ok] = self.order[self.group_first[gi[ok]] + ordinals[ok]]
+        return out
+
+    @cached_property
+    def kid(self) -> np.ndarray:
+        """Per op: the id its key has (the last op holding that key): itself but for repeated P2P keys."""
+        kid = np.arange(len(self.code))
+        keys = self.parts[0]
+        for i in self.parts[2]:
+            kid[i] = self.p2p_id[keys[i]]
+        return kid
+
+    def later_ids(self, unit: int) -> np.ndarray:
+        """Per op: the id of later(its key, unit), -1 where no op has it (an op of no micro-batch: its own
+        key's id); what looking each later key up in the key -> id map gives."""
+        keys, _, p2p = self.parts
+        out = np.full(len(self.code), -1, np.int64)
+        plain = np.flatnonzero(~self.none & ~self.p2p_mask)
+        out[plain] = self.find(self.code[plain] + unit, self.ordinal[plain])
+        own = np.flatnonzero(self.none)
+        out[own] = self.kid[own]
+        for i in p2p:
+            if keys[i][0] is not None:
+                out[i] = self.p2p_id.get(later(keys[i], unit), -1)
+        return out
+
+    def id_of(self, key: Key) -> int | None:
+        """The id of `key` (the key -> id map's get)."""
+        mb, tag = key
+        if isinstance(tag, tuple):
+            return self.p2p_id.get(key)
+        if mb is None:
+            at = np.flatnonzero(self.group_code == self.none_code) if self.none.any() else []
+            if not len(at) or not 0 <= tag < self.group_size[at[0]]:
+                return None
+            return int(self.order[self.group_first[at[0]] + tag])
+        hit = int(self.find(np.array([mb], np.int64), np.array([tag], np.int64))[0])
+        return None if hit < 0 else hit
+
+
+def key_index(schedule: Schedule) -> KeyIndex:
+    """The stage's KeyIndex (key_parts, then its groups)."""
     ops = schedule.ops
     n = len(ops)
     mbs = list(map(_MB, ops))
@@ -61,7 +138,10 @@ def key_parts(schedule: Schedule) -> tuple[list[Key], list, list[int]]:
     keys = list(zip(mbs, ordinal.tolist(), strict=True))
     for i in p2p:
         keys[i] = _p2p_key(ops[i])
-    return keys, mbs, p2p
+    none = np.isnan(np.array(mbs, np.float64)) if n else np.zeros(0, bool)
+    none_code = int(code[none][0]) if none.any() else int(code.min()) - 1 if n else -1
+    return KeyIndex((keys, mbs, p2p), none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code,
+                    {keys[i]: i for i in p2p})
 
 
 def mb_codes(mbs: list) -> np.ndarray:
@@ -117,21 +197,20 @@ def dep_csr(ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.fromiter(chain.from_iterable(deps), np.int64, int(ptr[-1]))
 
 
-def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id_of: dict[Key, int], p: int,
-                 unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None,
-                 tiled: ScheduleArrays | None = None) -> np.ndarray:
+def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
+                 deps: tuple[np.ndarray, np.ndarray] | None = None, tiled: ScheduleArrays | None = None,
+                 mu: np.ndarray | None = None) -> np.ndarray:
     """ok[i] for every op id: i >= p, op i - p has a micro-batch, keys[i] == later(keys[i - p]), and op i
     reads what op i - p reads one period later: the same stream, phase, layer, host calls, work (a P2P
     batch: its transfers one period later), and deps and host wait whose keys are the images of i - p's."""
-    keys, mbs, p2p = parts
     n = len(ops)
     ok = np.zeros(n, bool)
     if p <= 0 or p >= n:
         return ok
-    # equal keys <=> equal kid (the last id of each key); keys all distinct: key i's id is i
-    kid = np.arange(n) if len(id_of) == n else np.fromiter(map(id_of.__getitem__, keys), np.int64, n)
-    mu = np.fromiter(map(id_of.get, later_keys(keys, mbs, p2p, unit), repeat(-1)), np.int64, n)
-    has_mb = ~np.isnan(np.array(mbs, np.float64))
+    # equal keys <=> equal kid (the last id of each key); mu: the id of each op's later key (-1: none)
+    kid = index.kid
+    mu = index.later_ids(unit) if mu is None else mu
+    has_mb = ~index.none
     good = has_mb[:-p] & (kid[p:] == mu[:-p])
     for field, column in zip(_STATIC, ("stream", None, None, "host_calls"), strict=True):
         if tiled is not None and column is not None:  # equal indices <=> equal streams; host calls are ints
