@@ -53,7 +53,8 @@ class KeyIndex:
     m's group in `order` (ops grouped by micro-batch code, ascending, in id order). P2P batches' keys are
     looked up in `p2p_id` (the last id holding each, as a dict keeps it)."""
 
-    parts: tuple[list[Key], list, list[int]]
+    mbs: list  # per op: its micro-batch (None: none)
+    p2p: list[int]  # the ids of the P2P batches
     none: np.ndarray  # per op: it has no micro-batch
     code: np.ndarray  # per op: mb_codes
     ordinal: np.ndarray  # per op: its ordinal (0 for a P2P batch)
@@ -63,7 +64,21 @@ class KeyIndex:
     group_first: np.ndarray  # per group: where it starts in `order`
     group_size: np.ndarray
     none_code: int
+    p2p_key: dict[int, Key]  # P2P batch id -> its key
     p2p_id: dict[Key, int]
+
+    def key(self, op_id: int) -> Key:
+        """op_keys(schedule)[op_id], without building the list."""
+        hit = self.p2p_key.get(op_id)
+        return hit if hit is not None else (self.mbs[op_id], int(self.ordinal[op_id]))
+
+    @cached_property
+    def parts(self) -> tuple[list[Key], list, list[int]]:
+        """key_parts: (op_keys, each op's micro-batch, the ids of the P2P batches), built on first use."""
+        keys = list(zip(self.mbs, self.ordinal.tolist(), strict=True))
+        for i, key in self.p2p_key.items():
+            keys[i] = key
+        return keys, self.mbs, self.p2p
 
     def find(self, mbs: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
         """The id of key (mbs[k], ordinals[k]) for micro-batches (not None), -1 where no op has it."""
@@ -82,23 +97,21 @@ class KeyIndex:
     def kid(self) -> np.ndarray:
         """Per op: the id its key has (the last op holding that key): itself but for repeated P2P keys."""
         kid = np.arange(len(self.code))
-        keys = self.parts[0]
-        for i in self.parts[2]:
-            kid[i] = self.p2p_id[keys[i]]
+        for i, key in self.p2p_key.items():
+            kid[i] = self.p2p_id[key]
         return kid
 
     def later_ids(self, unit: int) -> np.ndarray:
         """Per op: the id of later(its key, unit), -1 where no op has it (an op of no micro-batch: its own
         key's id); what looking each later key up in the key -> id map gives."""
-        keys, _, p2p = self.parts
         out = np.full(len(self.code), -1, np.int64)
         plain = np.flatnonzero(~self.none & ~self.p2p_mask)
         out[plain] = self.find(self.code[plain] + unit, self.ordinal[plain])
         own = np.flatnonzero(self.none)
         out[own] = self.kid[own]
-        for i in p2p:
-            if keys[i][0] is not None:
-                out[i] = self.p2p_id.get(later(keys[i], unit), -1)
+        for i, key in self.p2p_key.items():
+            if key[0] is not None:
+                out[i] = self.p2p_id.get(later(key, unit), -1)
         return out
 
     def id_of(self, key: Key) -> int | None:
@@ -135,13 +148,11 @@ def key_index(schedule: Schedule) -> KeyIndex:
     sizes = np.diff(np.r_[first, len(order)])
     ordinal = np.zeros(n, np.int64)
     ordinal[order] = np.arange(len(order)) - np.repeat(first, sizes)
-    keys = list(zip(mbs, ordinal.tolist(), strict=True))
-    for i in p2p:
-        keys[i] = _p2p_key(ops[i])
+    p2p_key = {i: _p2p_key(ops[i]) for i in p2p}
     none = np.isnan(np.array(mbs, np.float64)) if n else np.zeros(0, bool)
     none_code = int(code[none][0]) if none.any() else int(code.min()) - 1 if n else -1
-    return KeyIndex((keys, mbs, p2p), none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code,
-                    {keys[i]: i for i in p2p})
+    return KeyIndex(mbs, p2p, none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code, p2p_key,
+                    {key: i for i, key in p2p_key.items()})
 
 
 def mb_codes(mbs: list) -> np.ndarray:

@@ -35,7 +35,7 @@ class StageMap:
     period_ops: int  # P
     first_regular: int
     end_regular: int
-    mu_ids: list[int]  # per op: the id of later(its key, unit), -1: none (KeyIndex.later_ids)
+    mu_ids: memoryview  # per op: the id of later(its key, unit), -1: none (KeyIndex.later_ids; read as ints)
 
     @property
     def keys(self) -> list[Key]:
@@ -46,13 +46,13 @@ class StageMap:
         return dict(zip(self.keys, range(len(self.keys)), strict=True))
 
     def mu(self, op_id: int) -> int | None:
-        if self.index.parts[1][op_id] is None:
+        if self.index.mbs[op_id] is None:
             return op_id
         later_id = self.mu_ids[op_id]
         return None if later_id < 0 else later_id
 
     def mu_inv(self, op_id: int) -> int | None:
-        key = self.keys[op_id]
+        key = self.index.key(op_id)
         return op_id if key[0] is None else self.index.id_of(later(key, -self.unit))
 
 
@@ -74,7 +74,7 @@ def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, 
     start = p + int(breaks[-1]) + 1 if len(breaks) else min(p, second)
     if end - start < p:
         return f"stage {schedule.stage}: fewer than one period of ops repeats one period later"
-    return StageMap(ops, index, unit, p, start, end, mu.tolist())
+    return StageMap(ops, index, unit, p, start, end, memoryview(np.ascontiguousarray(mu, np.int64)))
 
 
 def mu_tag(tag: tuple, maps: Callable[[int], StageMap], unit: int) -> tuple | None:
