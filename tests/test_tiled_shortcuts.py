@@ -24,7 +24,12 @@ from meshsim.sim.engine import compiled, events
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.host import HostSyncs, host_syncs
 from meshsim.sim.results import critical_path as cp
-from meshsim.sim.results.costers import CollectiveCoster, count_collectives, count_collectives_per_op
+from meshsim.sim.results.costers import (
+    CollectiveCoster,
+    collective_counts,
+    count_collectives,
+    count_collectives_per_op,
+)
 from meshsim.sim.results.period_keys import key_index, key_parts, later, later_keys, mb_codes, regular_mask
 from meshsim.sim.results.period_path import by_end, by_end_sorted
 from meshsim.sim.results.period_state import StageMap, stage_map
@@ -125,14 +130,22 @@ def _host_syncs_per_op(ops, static_s) -> HostSyncs | None:
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=scenarios(), keep=st.integers(0, 7))
 def test_per_work_counts_and_rows_equal_op_by_op(case, keep):
-    for s, _ in _pairs(case):
+    for s, long in _pairs(case):
+        table = s.work_table
+        assert all(map(lambda op, k: op.work is table.works[k], s.ops, table.index.tolist()))
+        firsts = {}
+        for i, op in enumerate(s.ops):
+            firsts.setdefault(id(op.work), i)
+        assert list(firsts) == list(map(id, table.works)) and table.first.tolist() == list(firsts.values())
         counts, reference = count_collectives(s.ops), count_collectives_per_op(s.ops)
         assert list(counts.items()) == list(reference.items())  # the same counts, keys in the same order
+        assert list(collective_counts(s).items()) == list(reference.items())
         assert count_collectives(iter(s.ops)) == reference  # any iterable, read once
         # rows for some of the keys only (an op whose key has no row is left out)
         rows = [CollectiveRow(k[0], k[1], 8, k[2], *(k[3:] or ("nccl",))) for i, k in enumerate(counts) if i % 8 != keep]
-        fast, slow = op_collectives(s, rows), op_collectives_per_op(s, rows)
-        assert list(fast) == list(slow) and all(fast[k] is slow[k] for k in slow)
+        slow = op_collectives_per_op(s, rows)
+        for fast in (op_collectives(s, rows), op_collectives(long, rows)):
+            assert list(fast) == list(slow) and all(fast[k] is slow[k] for k in slow)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -52,21 +52,22 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     ids = list(range(len(ops))) if tiled is not None else list(map(_ID, ops))
     dense = tiled is not None or ids == list(range(len(ops)))  # ids are positions (every built schedule)
     position = None if dense else {op_id: i for i, op_id in enumerate(ids)}
-    works = list(map(_WORK, ops))
     if tiled is not None:
         kind, dep_ptr, dep_idx = tiled.kind, tiled.dep_ptr, tiled.dep_idx
     else:
-        kind, dep_ptr, dep_idx = _kind_and_deps(ops, works, position)
-    one_op_of = dict(zip(map(id, works), ops, strict=True))  # stamped ops share their work: size each once
-    size_of = {key: (work_bytes(op), op.flops) for key, op in one_op_of.items()}
+        kind, dep_ptr, dep_idx = _kind_and_deps(ops, list(map(_WORK, ops)), position)
+    table = schedule.work_table  # stamped ops share their work: size and price each work once, at its first op
+    one_op = list(map(ops.__getitem__, table.first.tolist()))
+    size_of = [(work_bytes(op), op.flops) for op in one_op]
     if price is not None:  # priced once per work (run's docstring)
-        time_of = {key: float(price(op)) for key, op in one_op_of.items() if not isinstance(op.work, Collective | P2P)}
-        durations = np.fromiter(map(time_of.get, map(id, works), repeat(0.0)), dtype=np.float64, count=len(ops))
+        time_of = np.array([0.0 if isinstance(op.work, Collective | P2P) else float(price(op)) for op in one_op],
+                           dtype=np.float64)
+        durations = time_of[table.index] if len(ops) else np.zeros(0)
     else:
         durations = np.zeros(0)
     st = _core.Stage()
     st.ops, st.op_ids = list(ops), ids
-    st.sizes = list(map(size_of.__getitem__, map(id, works)))
+    st.sizes = list(map(size_of.__getitem__, table.index.tolist()))
     index = _ID if dense else (lambda op: position[op.id])
     if tiled is not None:  # `streams` holds the schedule's ops of each stream in order (events._by_stream)
         st.streams = [np.flatnonzero(tiled.stream == STREAMS.index(s)).astype(np.intc) for s in FIFO_STREAMS

@@ -200,8 +200,7 @@ def work_bytes(op: Op) -> int:
 _new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling __new__: one call less per event
 
 
-_ID, _DEPS, _STREAM, _WAIT, _CALLS, _WORK = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls",
-                                                                     "work"))
+_ID, _DEPS, _STREAM, _WAIT, _CALLS = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls"))
 
 
 def _valid_ops(ops: Sequence[Op]) -> bool:
@@ -235,17 +234,10 @@ def _first_problem(ops: Sequence[Op]) -> None:
             raise ValueError(f"op {op.id} ({op.name}) has {op.host_calls} host calls")
 
 
-def distinct_works(ops: Sequence[Op]) -> list:
-    """The distinct work objects of `ops` by identity, in first-use order (ops stamped from one template share
-    their work, so a schedule has few): a per-work question asked once per work, by C-level passes."""
-    works = list(map(_WORK, ops))
-    return list(dict(zip(map(id, works), works, strict=True)).values())
-
-
 def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
     if not _valid_ops(schedule.ops):
         _first_problem(schedule.ops)
-    kinds = {w.group for w in distinct_works(schedule.ops) if isinstance(w, Collective)}
+    kinds = {w.group for w in schedule.work_table.works if isinstance(w, Collective)}  # asked once per work
     for rank in ranks:
         for kind in kinds:
             if rank not in group_of(kind, rank):

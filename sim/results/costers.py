@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from operator import attrgetter
 
+import numpy as np
+
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
@@ -145,8 +147,14 @@ def collective_key(work: Collective) -> tuple:
 
 
 def collective_counts(schedule: Schedule) -> Counter:
-    """collective_key -> how many times the schedule issues it."""
-    return count_collectives(schedule.ops)
+    """collective_key -> how many times the schedule issues it (count_collectives, over its WorkTable)."""
+    table = schedule.work_table
+    per_work = np.bincount(table.index, minlength=len(table.works)).tolist()
+    out: Counter = Counter()
+    for work, n in zip(table.works, per_work, strict=True):
+        if isinstance(work, Collective):
+            out[collective_key(work)] += n
+    return out
 
 
 def count_collectives(ops: Iterable[Op]) -> Counter:

@@ -61,7 +61,7 @@ def rank_groups(rs: ResolvedScenario, schedules: Sequence[Schedule], ranks: tupl
                 ) -> dict[tuple[str, int], tuple[int, ...]]:
     """(group kind, simulated rank) -> the global ranks of that group (for trace args), over every kind
     the stages' collectives use."""
-    kinds = {w.group for s in schedules for w in engine.distinct_works(s.ops) if isinstance(w, Collective)}
+    kinds = {w.group for s in schedules for w in s.work_table.works if isinstance(w, Collective)}
     return {(kind, rank): tuple(rs.group(kind, rank)) for kind in kinds for rank in ranks}
 
 

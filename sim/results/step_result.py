@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from itertools import compress, repeat
+from itertools import repeat
 from operator import attrgetter, is_not
+
+import numpy as np
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.memory import MemoryBreakdown
-from meshsim.sim.engine.events import Event, EventLog, distinct_works
+from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results import breakdown as bd
 from meshsim.sim.results.critical_path import Segment, critical_path, shares, top_op_types
 from meshsim.sim.results.records import (
@@ -193,10 +195,12 @@ def op_collectives(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> 
     """op id -> the row of `collectives` it runs, in op order: looked up once per work object (ops stamped
     from one template share theirs), then spread over the ops by C-level passes."""
     rows = {c.key: c for c in collectives}
-    row_of = {id(w): rows[key] for w in distinct_works(schedule.ops) if isinstance(w, Collective)
-              and (key := (w.op, w.group, w.nbytes, w.kernel)) in rows}
-    per_op = list(map(row_of.get, map(id, map(_WORK, schedule.ops))))
-    return dict(compress(zip(map(_ID, schedule.ops), per_op, strict=True), map(is_not, per_op, repeat(None))))
+    table = schedule.work_table
+    row_of = [rows.get((w.op, w.group, w.nbytes, w.kernel)) if isinstance(w, Collective) else None
+              for w in table.works]
+    at = np.flatnonzero(np.fromiter(map(is_not, row_of, repeat(None)), bool, len(row_of))[table.index])
+    ids = at.tolist() if schedule.tiled_arrays is not None else list(map(_ID, map(schedule.ops.__getitem__, at.tolist())))
+    return dict(zip(ids, map(row_of.__getitem__, table.index[at].tolist()), strict=True))
 
 
 def op_collectives_per_op(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
@@ -206,7 +210,7 @@ def op_collectives_per_op(schedule: Schedule, collectives: Sequence[CollectiveRo
             and (key := (op.work.op, op.work.group, op.work.nbytes, op.work.kernel)) in rows}
 
 
-_ID, _WORK = attrgetter("id"), attrgetter("work")
+_ID = attrgetter("id")
 
 
 def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],

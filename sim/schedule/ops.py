@@ -17,6 +17,7 @@ from collections import namedtuple
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from operator import attrgetter
 from typing import Literal, Protocol
 
 import numpy as np
@@ -295,6 +296,30 @@ def arrays_from_ops(ops: Sequence[Op]) -> ScheduleArrays:
                           col([-1 if op.host_wait is None else position[op.host_wait] for op in ops]))
 
 
+@dataclass(frozen=True, eq=False)
+class WorkTable:
+    """A schedule's distinct work objects, by identity, in the order of their first op (ops stamped from
+    one template share their work, so there are few), and each op's index among them: a per-work question
+    is asked once per work and spread over the ops by numpy (`works[index[i]] is ops[i].work`)."""
+
+    works: tuple
+    index: np.ndarray  # per op position: its work's index in `works` (np.intp)
+    first: np.ndarray  # per work: the position of its first op
+
+    @classmethod
+    def of(cls, ops: Sequence[Op]) -> WorkTable:
+        works = list(map(_WORK, ops))
+        ids = list(map(id, works))
+        distinct = dict(zip(ids, works, strict=True))  # id -> the work, in first-use order
+        number = dict(zip(distinct, range(len(distinct)), strict=False))
+        index = np.fromiter(map(number.__getitem__, ids), np.intp, len(ids))
+        first = np.unique(index, return_index=True)[1]  # every index 0..k-1 occurs: aligned with the works
+        return cls(tuple(distinct.values()), index, first)
+
+
+_WORK = attrgetter("work")
+
+
 class Tiling(Protocol):
     """How a builder made its ops (sim/schedule/tiling.py): it computes their arrays without reading each op."""
 
@@ -326,6 +351,11 @@ class Schedule:
         return tiled if tiled is not None else arrays_from_ops(self.ops)
 
     @cached_property
+    def work_table(self) -> WorkTable:
+        """The ops' distinct works and each op's index among them (WorkTable), built once."""
+        return WorkTable.of(self.ops)
+
+    @cached_property
     def tiled_arrays(self) -> ScheduleArrays | None:
         """`arrays` when the builder's record tiles them (a few numpy passes, op ids = list positions), else
         None: callers then read the ops one by one (the long way, which tests compare these against)."""
@@ -336,6 +366,7 @@ class Schedule:
         state = dict(self.__dict__)
         state.pop("arrays", None)
         state.pop("tiled_arrays", None)
+        state.pop("work_table", None)
         state["tiling"] = None
         return state
 
