@@ -39,6 +39,7 @@ from meshsim.sim.results.simulate import run_stages, simulated_ranks, steady_pla
 from meshsim.sim.results.step_result import op_collectives, op_collectives_per_op
 from meshsim.sim.schedule.ops import Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
+from meshsim.sim.schedule.tiling import OpList
 
 
 def _pairs(case) -> list[tuple[Schedule, Schedule]]:
@@ -76,6 +77,7 @@ def test_tiled_passes_equal_the_long_way(case):
         assert list(fast_streams) == list(long_streams)
         for k, ops in fast_streams.items():
             assert len(ops) == len(long_streams[k]) and all(map(lambda a, b: a is b, ops, long_streams[k]))
+        assert events._valid_ops(s.ops, s.tiled_arrays) and events._valid_ops(long.ops)
         kind, ptr, idx = compiled._kind_and_deps(s.ops, [op.work for op in s.ops], None)
         for a, b in ((s.tiled_arrays.kind, kind), (s.tiled_arrays.dep_ptr, ptr), (s.tiled_arrays.dep_idx, idx)):
             _same_arrays(a, b)
@@ -208,3 +210,18 @@ def test_stage_maps_at_the_plan_equal_the_reference(name):
         _same_map(fast, ref)
         assert [fast.mu(i) for i in range(len(s.ops))] == [ref.mu(i) for i in range(len(s.ops))]
         assert [fast.mu_inv(i) for i in range(len(s.ops))] == [ref.mu_inv(i) for i in range(len(s.ops))]
+
+
+@pytest.mark.parametrize("dep", [-1, 10**6])
+def test_a_tiled_schedule_with_an_unknown_dep_is_refused_alike(dep):
+    """The tiled validity check (deps in [0, n)) refuses what the per-op check refuses, with its message."""
+    s = build_stage_schedules(resolved("tiny-2gpu"))[0]
+    assert events._valid_ops(s.ops, s.tiled_arrays) and events._valid_ops(s.ops)
+    ops = OpList(s.ops)
+    ops[5] = ops[5]._replace(deps=(*ops[5].deps, dep))  # a replaced op: read off its record (loose)
+    bad = tuple(ops)
+    sched = replace(s, ops=bad, tiling=ops.sealed(bad))
+    assert sched.tiled_arrays is not None and sched.tiled_arrays.dep_idx.tolist().count(dep) == 1
+    assert not events._valid_ops(bad, sched.tiled_arrays) and not events._valid_ops(bad)
+    with pytest.raises(ValueError, match="depends on unknown op ids"):
+        events.check_inputs(sched, [0, 1])

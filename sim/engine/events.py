@@ -76,7 +76,16 @@ from meshsim.sim.engine.processes import (
     Transfer,
 )
 from meshsim.sim.engine.simpy_loop import make_loop, resolve_engine
-from meshsim.sim.schedule.ops import P2P, STREAMS, Collective, Elementwise, Op, OptimizerStep, Schedule
+from meshsim.sim.schedule.ops import (
+    P2P,
+    STREAMS,
+    Collective,
+    Elementwise,
+    Op,
+    OptimizerStep,
+    Schedule,
+    ScheduleArrays,
+)
 
 __all__ = ["CollectiveFn", "CommTiming", "ComputeFn", "Event", "EventLog", "GroupFn", "Job", "P2PFn", "Transfer",
            "check_inputs", "run", "symmetric_groups", "work_bytes"]
@@ -203,15 +212,21 @@ _new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling _
 _ID, _DEPS, _STREAM, _WAIT, _CALLS = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls"))
 
 
-def _valid_ops(ops: Sequence[Op]) -> bool:
+def _valid_ops(ops: Sequence[Op], tiled: ScheduleArrays | None = None) -> bool:
     """_first_problem finds nothing, decided by whole-schedule passes (sets and C-level maps, not a
-    Python loop per op): each test is the per-op test of _first_problem over every op at once."""
-    ids = list(map(_ID, ops))
-    known = set(ids)
-    if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
-        return False
+    Python loop per op): each test is the per-op test of _first_problem over every op at once. `tiled`:
+    the schedule's tiled arrays (ids are positions, so distinct, and its deps are the ops' deps): a dep is
+    known when it is in [0, n)."""
     if not set(map(_STREAM, ops)).issubset(STREAMS) or (ops and min(map(_CALLS, ops)) < 0):
         return False
+    ids = range(len(ops)) if tiled is not None else list(map(_ID, ops))
+    if tiled is not None:
+        if len(tiled.dep_idx) and not (tiled.dep_idx.min() >= 0 and tiled.dep_idx.max() < len(ops)):
+            return False
+    else:
+        known = set(ids)
+        if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
+            return False
     waits = list(map(_WAIT, ops))
     waiting = compress(zip(waits, ids, strict=True), map(is_not, waits, repeat(None)))
     return all(0 <= wait < op_id for wait, op_id in waiting)
@@ -235,8 +250,10 @@ def _first_problem(ops: Sequence[Op]) -> None:
 
 
 def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
-    if not _valid_ops(schedule.ops):
-        _first_problem(schedule.ops)
+    ops = schedule.ops
+    tiled = schedule.tiled_arrays if set(map(_STREAM, ops)).issubset(STREAMS) else None  # (tiles known streams)
+    if not _valid_ops(ops, tiled):
+        _first_problem(ops)
     kinds = {w.group for w in schedule.work_table.works if isinstance(w, Collective)}  # asked once per work
     for rank in ranks:
         for kind in kinds:
