@@ -23,6 +23,7 @@ from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import compiled, events
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.host import HostSyncs, host_syncs
+from meshsim.sim.results import breakdown as bd
 from meshsim.sim.results import critical_path as cp
 from meshsim.sim.results.costers import (
     CollectiveCoster,
@@ -182,7 +183,8 @@ def test_library_schedule_takes_the_tiled_path(name):
 @given(case=scenarios())
 def test_events_by_end_equal_sorted_events(case):
     """period_path.by_end over the compiled core's rows (a stable argsort of the end column) equals sorting
-    each rank's events by end (ties in completion order), events and ends alike."""
+    each rank's events by end (ties in completion order), events and ends alike; breakdown's middle layer
+    and layer spans over rows equal those over the Event tuples."""
     name, over, micro_batches = case
     try:
         rs = resolved(name, over, micro_batches)
@@ -196,6 +198,16 @@ def test_events_by_end_equal_sorted_events(case):
         fast, fast_ends = by_end(log, rank, by[rank])
         slow, slow_ends = by_end_sorted(by[rank])
         assert list(fast) == slow and fast_ends == slow_ends
+    # breakdown's layer figures over rows (op fields read off the ops) equal those over Event tuples
+    for rows in (*(log.of_rank(r) for r in log.ranks), log.events):
+        assert is_rows(rows)
+        events_list = list(rows)
+        middle = bd.middle_layer(rows)
+        assert middle == bd.middle_layer(events_list)
+        for layer in (middle, None, 0, 10**6):
+            for phases in (("fwd",), ("bwd", "recompute"), ()):
+                assert float.hex(bd.layer_span_ms(rows, layer, phases)) == \
+                    float.hex(bd.layer_span_ms(events_list, layer, phases))
 
 
 @pytest.mark.parametrize("name", ["llama2-70b-h100-pp4", "mixtral-8x7b-h100-ep8", "gpt-oss-120b-h100-pp4-ep8"])
