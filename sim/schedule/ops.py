@@ -17,10 +17,11 @@ from collections import namedtuple
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from operator import attrgetter
 from typing import Literal, Protocol
 
 import numpy as np
+
+from meshsim.sim.schedule.work_table import WorkTable
 
 FUSED_WGRAD_OUT_BYTES = 4 + 4  # fp32 main grad read + written per element of dW (gradient-accumulation fusion)
 
@@ -294,30 +295,6 @@ def arrays_from_ops(ops: Sequence[Op]) -> ScheduleArrays:
     return ScheduleArrays(col([kind_of(op.work) for op in ops]), col([STREAMS.index(op.stream) for op in ops]), ptr,
                           col([p for d in deps for p in d]), col([op.host_calls for op in ops]),
                           col([-1 if op.host_wait is None else position[op.host_wait] for op in ops]))
-
-
-@dataclass(frozen=True, eq=False)
-class WorkTable:
-    """A schedule's distinct work objects, by identity, in the order of their first op (ops stamped from
-    one template share their work, so there are few), and each op's index among them: a per-work question
-    is asked once per work and spread over the ops by numpy (`works[index[i]] is ops[i].work`)."""
-
-    works: tuple
-    index: np.ndarray  # per op position: its work's index in `works` (np.intp)
-    first: np.ndarray  # per work: the position of its first op
-
-    @classmethod
-    def of(cls, ops: Sequence[Op]) -> WorkTable:
-        works = list(map(_WORK, ops))
-        ids = list(map(id, works))
-        distinct = dict(zip(ids, works, strict=True))  # id -> the work, in first-use order
-        number = dict(zip(distinct, range(len(distinct)), strict=False))
-        index = np.fromiter(map(number.__getitem__, ids), np.intp, len(ids))
-        first = np.unique(index, return_index=True)[1]  # every index 0..k-1 occurs: aligned with the works
-        return cls(tuple(distinct.values()), index, first)
-
-
-_WORK = attrgetter("work")
 
 
 class Tiling(Protocol):
