@@ -33,7 +33,7 @@ from meshsim.sim.results.costers import (
 )
 from meshsim.sim.results.period_keys import key_index, key_parts, later, later_keys, mb_codes, regular_mask
 from meshsim.sim.results.period_path import by_end, by_end_sorted
-from meshsim.sim.results.period_state import StageMap, stage_map
+from meshsim.sim.results.period_state import Cut, StageMap, jobs_repeat, stage_map, time_values
 from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.results.run_arrays import StageOps
 from meshsim.sim.results.simulate import run_stages, simulated_ranks, steady_plan
@@ -198,6 +198,17 @@ def test_events_by_end_equal_sorted_events(case):
         fast, fast_ends = by_end(log, rank, by[rank])
         slow, slow_ends = by_end_sorted(by[rank])
         assert list(fast) == slow and fast_ends == slow_ends
+    # the proof's arbiter-job window and time values from the log's span arrays equal the per-job loops
+    if log.jobs:
+        starts = sorted(j.start_s for j in log.jobs)
+        for q in (0.1, 0.35, 0.5, 0.8):
+            c1 = starts[int(q * (len(starts) - 1))] + 1e-9
+            for period_s in (starts[-1] / 7, starts[-1] / 3):
+                cut = Cut(c1, period_s, 1e-12, 0.0)
+                for shift in (lambda x: x, lambda x: None):
+                    assert jobs_repeat(log.jobs, cut, shift, shift, log.span_times("jobs")) == \
+                        ref_state.jobs_repeat(log.jobs, cut, shift, shift)
+                assert time_values(log, c1, c1 + period_s).tolist() == ref_state.time_values(log, c1, c1 + period_s)
     # breakdown's layer figures over rows (op fields read off the ops) equal those over Event tuples
     for rows in (*(log.of_rank(r) for r in log.ranks), log.events):
         assert is_rows(rows)

@@ -117,6 +117,9 @@ class Event(NamedTuple):
         return self.end_s - self.start_s
 
 
+_START_S, _END_S = attrgetter("start_s"), attrgetter("end_s")
+
+
 @dataclass(frozen=True)
 class EventLog:
     """What a run did: its events in completion order, every P2P transfer and every arbiter job.
@@ -143,6 +146,16 @@ class EventLog:
         if not self._columns:
             self._columns.append(columns_of(self.events))
         return self._columns[0]
+
+    def span_times(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """(start_s, end_s) of every one of `which` ("transfers" or "jobs") as float64 arrays, in order
+        (built on first use, then shared)."""
+        key = ("span_times", which)
+        if key not in self._index:
+            spans = getattr(self, which)
+            self._index[key] = (np.fromiter(map(_START_S, spans), np.float64, len(spans)),
+                                np.fromiter(map(_END_S, spans), np.float64, len(spans)))
+        return self._index[key]
 
     def rows_of(self) -> dict[int, RankRows]:
         """rank -> its rows in completion order and the row of each op id (event_rows.rank_rows; built on

@@ -93,7 +93,7 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
         if reason is not None:
             return reason
     return jobs_repeat(log.jobs, proof.cut, lambda tag: mu_tag(tag, proof.map_of, unit),
-                       lambda key: mu_key(key, proof.maps, unit)) or proof
+                       lambda key: mu_key(key, proof.maps, unit), log.span_times("jobs")) or proof
 
 
 def _first(mask: np.ndarray) -> int | None:

@@ -105,10 +105,9 @@ def time_values(log: EventLog, lo: float, hi: float) -> np.ndarray:
     near = (cols.end_s >= lo) & (cols.start_s <= hi)
     start = cols.start_s[near]
     parts = [start, start + cols.wait_s[near], cols.end_s[near]]
-    for spans in (log.transfers, log.jobs):
-        if spans:
-            s_ = np.fromiter(map(_START, spans), np.float64, len(spans))
-            e_ = np.fromiter(map(_END, spans), np.float64, len(spans))
+    for which in ("transfers", "jobs"):
+        if getattr(log, which):
+            s_, e_ = log.span_times(which)
             keep = (e_ >= lo) & (s_ <= hi)
             parts += [s_[keep], e_[keep]]
     vals = np.concatenate(parts)
@@ -205,16 +204,20 @@ def transfers_repeat(rank: int, x, transfers: Mapping[tuple, Transfer], cut: Cut
 
 
 def jobs_repeat(jobs: Sequence[Job], cut: Cut, tag_later: Callable[[tuple], tuple | None],
-                key_later: Callable[[tuple], tuple | None]) -> str | None:
+                key_later: Callable[[tuple], tuple | None],
+                times: tuple[np.ndarray, np.ndarray] | None = None) -> str | None:
     """The arbiter's jobs draining at c1 got the same rates as their images at c2: every job that drained
     at some time in [w, c1] (w: when the first job draining at c1 started) has an image one period later
     with the same key (mapped), the same load objects and its interval clipped to [w, c1] shifted by T,
     and no other job drained in [w + T, c2]. Rates depend only on the keys and loads draining at each
     instant, so the work left to each job at c1 equals its image's at c2."""
     c1, c2, t, tol = cut.c1, cut.c2, cut.period_s, cut.tol_s
-    w = min((j.start_s for j in jobs if j.start_s < c1 < j.end_s), default=c1)
-    first = [j for j in jobs if j.start_s < c1 and j.end_s > w]
-    second = {j.tag: j for j in jobs if j.start_s < c2 and j.end_s > w + t}
+    start, end = times if times is not None else (np.fromiter(map(_START, jobs), np.float64, len(jobs)),
+                                                   np.fromiter(map(_END, jobs), np.float64, len(jobs)))
+    draining = start[(start < c1) & (c1 < end)]  # the comparisons and the min are exact: the loops' values
+    w = float(draining.min()) if len(draining) else c1
+    first = list(map(jobs.__getitem__, np.flatnonzero((start < c1) & (end > w)).tolist()))
+    second = {j.tag: j for j in map(jobs.__getitem__, np.flatnonzero((start < c2) & (end > w + t)).tolist())}
     if len(first) != len(second):
         return f"{len(first)} arbiter jobs overlap the first cut's window, {len(second)} the second's"
     for a in first:
