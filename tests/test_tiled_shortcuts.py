@@ -209,6 +209,13 @@ def test_events_by_end_equal_sorted_events(case):
                     assert jobs_repeat(log.jobs, cut, shift, shift, log.span_times("jobs")) == \
                         ref_state.jobs_repeat(log.jobs, cut, shift, shift)
                 assert time_values(log, c1, c1 + period_s).tolist() == ref_state.time_values(log, c1, c1 + period_s)
+    # the critical path's top op types summed per key with np.add.at equal the per-segment loop's, to the bit
+    path = cp.critical_path(schedules, log)
+    counted = [replace(seg, count=1 + i % 3) for i, seg in enumerate(path)]
+    for segments in (path, counted, path[:1], []):
+        for n in (8, 10**6):
+            fast, slow = cp.top_op_types(segments, n), cp.top_op_types_per_segment(segments, n)
+            assert [(k, c, float.hex(t), m) for k, c, t, m in fast] == [(k, c, float.hex(t), m) for k, c, t, m in slow]
     # breakdown's layer figures over rows (op fields read off the ops) equal those over Event tuples
     for rows in (*(log.of_rank(r) for r in log.ranks), log.events):
         assert is_rows(rows)
