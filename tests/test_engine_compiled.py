@@ -91,6 +91,8 @@ def flat_runs(draw):
 
     if not skew and draw(st.booleans()):  # one time per work (each op has its own): the core prices it once
         compute_s.by_work = True
+    if draw(st.booleans()):  # one timing per (work, group) (each op has its own work): the core asks once per pair
+        collective.by_value = True
 
     kappa = draw(st.sampled_from([0.0, 0.0, 0.5, 1.0]))
     dispatch_us = draw(st.sampled_from([None, 0.0, 2e5, 1e6]))

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from itertools import accumulate
 
+import numpy as np
+
 from meshsim.sim.schedule.ops import Schedule
 
 HOST_DISPATCH_US = 20.0
@@ -38,5 +40,11 @@ def issue_times_s(schedule: Schedule, dispatch_s: float) -> tuple[float, ...]:
     if dispatch_s <= 0:
         return ()
     per_call_s = dispatch_s / CALLS_PER_DISPATCH
-    return tuple(accumulate(dispatch_s if op.host_calls == CALLS_PER_DISPATCH else per_call_s * op.host_calls
-                            for op in schedule.ops))
+    tiled = schedule.tiled_arrays
+    if tiled is None:
+        return tuple(accumulate(dispatch_s if op.host_calls == CALLS_PER_DISPATCH else per_call_s * op.host_calls
+                                for op in schedule.ops))
+    # the same per-op products (double x int), summed in order: np.cumsum adds one element at a time
+    calls = tiled.host_calls
+    per_op_s = np.where(calls == CALLS_PER_DISPATCH, dispatch_s, per_call_s * calls.astype(np.float64))
+    return tuple(np.cumsum(per_op_s).tolist())

@@ -11,7 +11,10 @@ The same engine as the Python reference, step for step (sim/engine/events.py sta
 - each generator of processes.py (a FIFO stream, a P2P batch, a P2P transfer) is a process with an explicit
   resume point (`phase`) that does, between two waits, exactly what the generator does between two yields;
 - the arbiter drains jobs with the same float operations in the same order and asks the same rates function
-  (arbiter.MemoRates) for rates.
+  (arbiter.MemoRates) for rates;
+- the collective coster is asked at the same points, except that one marked `by_value` (a pure, memoized
+  coster that returns the same timing object for the same work and group) is asked once per (work object,
+  group object) pair and its answer reused: the same object it would have returned.
 
 Every float is an IEEE double computed by the same operation as in Python (`a + b`, `a - b`, `a * b`,
 `a / b`, and max/min written as Python's builtins pick: the first argument unless a later one is strictly
@@ -206,6 +209,8 @@ cdef class Core:
     cdef long long[::1] ranks
     cdef object rank_set
     cdef object compute_s, collective, p2p, group_of
+    cdef bint coll_by_value           # collective.by_value: one timing per (work, group) (module docstring)
+    cdef dict coll_memo               # (id(work), id(group)) -> (work, group, timing) when coll_by_value
     cdef double kappa
     cdef int* offset            # per rank index: where its ops start in the per-(rank, op) arrays
     cdef char* done
@@ -257,6 +262,8 @@ cdef class Core:
         self.ranks = np.asarray(ranks, dtype=np.int64)
         self.rank_set = frozenset(ranks)
         self.compute_s, self.collective, self.p2p, self.group_of = compute_s, collective, p2p, group_of
+        self.coll_by_value = getattr(collective, "by_value", False) is True
+        self.coll_memo = {}
         self.kappa = kappa
         self.offset = <int*>malloc((n_ranks + 1) * sizeof(int))
         self.has_issue = <char*>malloc((n_ranks + 1) * sizeof(char))
@@ -507,6 +514,19 @@ cdef class Core:
             hit = self.groups[key] = (group, sum(1 for r in group if r in self.rank_set))
         return <tuple>hit
 
+    cdef object collective_timing(self, object op, object group):
+        """collective(op, group); a coster that says `by_value` (its timing depends only on the op's work and
+        the group, and is the same object each time: sim/results/costers.py CollectiveCoster) is asked once
+        per (work, group) object pair, both kept alive by the memo so their ids stay theirs."""
+        if not self.coll_by_value:
+            return self.collective(op, group)
+        work = op.work
+        key = (id(work), id(group))
+        hit = self.coll_memo.get(key)
+        if hit is None:
+            hit = self.coll_memo[key] = (work, group, self.collective(op, group))
+        return (<tuple>hit)[2]
+
     cdef object copy_key(self, Stage st, Proc p):
         """processes.copy_key: (stage, op id), or ("embed", name) for a collective spanning stages."""
         if p.work_group == "embed":
@@ -610,7 +630,7 @@ cdef class Core:
                         if self.wait(s, p):
                             return 0
             if p.phase == S_XFER:  # processes.transfer
-                lat_s, p.bw_s, p.load = self.collective(st.ops[p.op], p.group)
+                lat_s, p.bw_s, p.load = self.collective_timing(st.ops[p.op], p.group)
                 p.phase = S_XFER_BW
                 if lat_s > 0:
                     if self.wait(self.timeout(lat_s), p):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from meshsim.sim.engine.arbiter import Job, MemoRates
 from meshsim.sim.engine.event_columns import EventColumns
 from meshsim.sim.engine.processes import CollectiveFn, ComputeFn, Inputs, P2PFn, Transfer
-from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, Collective, Op, Schedule
+from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, STREAMS, Collective, Op, Schedule
 
 try:
     from meshsim.sim.engine import _core, _rows
@@ -48,31 +48,33 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     """One stage's arrays (module docstring). Ops are numbered by their position in the schedule; every
     per-op list is built by C-level map/zip passes, not a Python loop per op."""
     ops = schedule.ops
-    ids = list(map(_ID, ops))
-    dense = ids == list(range(len(ops)))  # ids are positions (every built schedule): deps need no lookup
+    tiled = schedule.tiled_arrays  # kind and deps tiled from the builder's stamps (ids are positions)
+    ids = list(range(len(ops))) if tiled is not None else list(map(_ID, ops))
+    dense = tiled is not None or ids == list(range(len(ops)))  # ids are positions (every built schedule)
     position = None if dense else {op_id: i for i, op_id in enumerate(ids)}
-    works = list(map(_WORK, ops))
-    deps = list(map(_DEPS, ops))
-    dep_ptr = np.zeros(len(ops) + 1, dtype=np.intc)
-    np.cumsum(np.fromiter(map(len, deps), dtype=np.intc, count=len(ops)), out=dep_ptr[1:])
-    flat = chain.from_iterable(deps) if dense else map(position.__getitem__, chain.from_iterable(deps))
-    dep_idx = np.fromiter(flat, dtype=np.intc, count=int(dep_ptr[-1]))
-    types = list(map(type, works))
-    kind_of = {t: 1 if issubclass(t, Collective) else 2 if issubclass(t, P2P) else 0 for t in set(types)}
-    kind = np.fromiter(map(kind_of.__getitem__, types), dtype=np.intc, count=len(ops))
-    one_op_of = dict(zip(map(id, works), ops, strict=True))  # stamped ops share their work: size each once
-    size_of = {key: (work_bytes(op), op.flops) for key, op in one_op_of.items()}
+    if tiled is not None:
+        kind, dep_ptr, dep_idx = tiled.kind, tiled.dep_ptr, tiled.dep_idx
+    else:
+        kind, dep_ptr, dep_idx = _kind_and_deps(ops, list(map(_WORK, ops)), position)
+    table = schedule.work_table  # stamped ops share their work: size and price each work once, at its first op
+    one_op = list(map(ops.__getitem__, table.first.tolist()))
+    size_of = [(work_bytes(op), op.flops) for op in one_op]
     if price is not None:  # priced once per work (run's docstring)
-        time_of = {key: float(price(op)) for key, op in one_op_of.items() if not isinstance(op.work, Collective | P2P)}
-        durations = np.fromiter(map(time_of.get, map(id, works), repeat(0.0)), dtype=np.float64, count=len(ops))
+        time_of = np.array([0.0 if isinstance(op.work, Collective | P2P) else float(price(op)) for op in one_op],
+                           dtype=np.float64)
+        durations = time_of[table.index] if len(ops) else np.zeros(0)
     else:
         durations = np.zeros(0)
     st = _core.Stage()
     st.ops, st.op_ids = list(ops), ids
-    st.sizes = list(map(size_of.__getitem__, map(id, works)))
+    st.sizes = list(map(size_of.__getitem__, table.index.tolist()))
     index = _ID if dense else (lambda op: position[op.id])
-    st.streams = [np.fromiter(map(index, streams[s]), dtype=np.intc, count=len(streams[s]))
-                  for s in FIFO_STREAMS if streams[s]]
+    if tiled is not None:  # `streams` holds the schedule's ops of each stream in order (events._by_stream)
+        st.streams = [np.flatnonzero(tiled.stream == STREAMS.index(s)).astype(np.intc) for s in FIFO_STREAMS
+                      if streams[s]]
+    else:
+        st.streams = [np.fromiter(map(index, streams[s]), dtype=np.intc, count=len(streams[s]))
+                      for s in FIFO_STREAMS if streams[s]]
     st.batches = list(map(index, streams["pp_comm"]))
     st.stage = stage
     ids_arr = np.asarray(ids, dtype=np.intp)
@@ -85,6 +87,21 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
         point, awaited, base = np.zeros(0, dtype=np.intc), np.zeros(0, dtype=np.intc), np.zeros(0)
     st.set_arrays(kind, dep_ptr, dep_idx, issue_arr, point, awaited, base, durations)
     return st
+
+
+def _kind_and_deps(ops: Sequence[Op], works: list, position: dict[int, int] | None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, dep_ptr, dep_idx) read off the ops (`position`: op id -> index, None when ids are positions);
+    what ScheduleArrays tiles for a built schedule (tests/test_engine_compiled.py compares the two)."""
+    deps = list(map(_DEPS, ops))
+    dep_ptr = np.zeros(len(ops) + 1, dtype=np.intc)
+    np.cumsum(np.fromiter(map(len, deps), dtype=np.intc, count=len(ops)), out=dep_ptr[1:])
+    flat = chain.from_iterable(deps) if position is None else map(position.__getitem__, chain.from_iterable(deps))
+    dep_idx = np.fromiter(flat, dtype=np.intc, count=int(dep_ptr[-1]))
+    types = list(map(type, works))
+    kind_of = {t: 1 if issubclass(t, Collective) else 2 if issubclass(t, P2P) else 0 for t in set(types)}
+    kind = np.fromiter(map(kind_of.__getitem__, types), dtype=np.intc, count=len(ops))
+    return kind, dep_ptr, dep_idx
 
 
 def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn,

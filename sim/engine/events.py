@@ -76,7 +76,16 @@ from meshsim.sim.engine.processes import (
     Transfer,
 )
 from meshsim.sim.engine.simpy_loop import make_loop, resolve_engine
-from meshsim.sim.schedule.ops import P2P, STREAMS, Collective, Elementwise, Op, OptimizerStep, Schedule
+from meshsim.sim.schedule.ops import (
+    P2P,
+    STREAMS,
+    Collective,
+    Elementwise,
+    Op,
+    OptimizerStep,
+    Schedule,
+    ScheduleArrays,
+)
 
 __all__ = ["CollectiveFn", "CommTiming", "ComputeFn", "Event", "EventLog", "GroupFn", "Job", "P2PFn", "Transfer",
            "check_inputs", "run", "symmetric_groups", "work_bytes"]
@@ -108,6 +117,9 @@ class Event(NamedTuple):
         return self.end_s - self.start_s
 
 
+_START_S, _END_S = attrgetter("start_s"), attrgetter("end_s")
+
+
 @dataclass(frozen=True)
 class EventLog:
     """What a run did: its events in completion order, every P2P transfer and every arbiter job.
@@ -134,6 +146,16 @@ class EventLog:
         if not self._columns:
             self._columns.append(columns_of(self.events))
         return self._columns[0]
+
+    def span_times(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """(start_s, end_s) of every one of `which` ("transfers" or "jobs") as float64 arrays, in order
+        (built on first use, then shared)."""
+        key = ("span_times", which)
+        if key not in self._index:
+            spans = getattr(self, which)
+            self._index[key] = (np.fromiter(map(_START_S, spans), np.float64, len(spans)),
+                                np.fromiter(map(_END_S, spans), np.float64, len(spans)))
+        return self._index[key]
 
     def rows_of(self) -> dict[int, RankRows]:
         """rank -> its rows in completion order and the row of each op id (event_rows.rank_rows; built on
@@ -203,15 +225,21 @@ _new_tuple = tuple.__new__  # Event(...) without NamedTuple's keyword-handling _
 _ID, _DEPS, _STREAM, _WAIT, _CALLS = (attrgetter(a) for a in ("id", "deps", "stream", "host_wait", "host_calls"))
 
 
-def _valid_ops(ops: Sequence[Op]) -> bool:
+def _valid_ops(ops: Sequence[Op], tiled: ScheduleArrays | None = None) -> bool:
     """_first_problem finds nothing, decided by whole-schedule passes (sets and C-level maps, not a
-    Python loop per op): each test is the per-op test of _first_problem over every op at once."""
-    ids = list(map(_ID, ops))
-    known = set(ids)
-    if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
-        return False
+    Python loop per op): each test is the per-op test of _first_problem over every op at once. `tiled`:
+    the schedule's tiled arrays (ids are positions, so distinct, and its deps are the ops' deps): a dep is
+    known when it is in [0, n)."""
     if not set(map(_STREAM, ops)).issubset(STREAMS) or (ops and min(map(_CALLS, ops)) < 0):
         return False
+    ids = range(len(ops)) if tiled is not None else list(map(_ID, ops))
+    if tiled is not None:
+        if len(tiled.dep_idx) and not (tiled.dep_idx.min() >= 0 and tiled.dep_idx.max() < len(ops)):
+            return False
+    else:
+        known = set(ids)
+        if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
+            return False
     waits = list(map(_WAIT, ops))
     waiting = compress(zip(waits, ids, strict=True), map(is_not, waits, repeat(None)))
     return all(0 <= wait < op_id for wait, op_id in waiting)
@@ -235,9 +263,11 @@ def _first_problem(ops: Sequence[Op]) -> None:
 
 
 def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
-    if not _valid_ops(schedule.ops):
-        _first_problem(schedule.ops)
-    kinds = {op.work.group for op in schedule.ops if isinstance(op.work, Collective)}
+    ops = schedule.ops
+    tiled = schedule.tiled_arrays if set(map(_STREAM, ops)).issubset(STREAMS) else None  # (tiles known streams)
+    if not _valid_ops(ops, tiled):
+        _first_problem(ops)
+    kinds = {w.group for w in schedule.work_table.works if isinstance(w, Collective)}  # asked once per work
     for rank in ranks:
         for kind in kinds:
             if rank not in group_of(kind, rank):
@@ -245,7 +275,12 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
 
 
 def _by_stream(schedule: Schedule) -> dict[str, list[Op]]:
-    """{stream: schedule.by_stream(stream)} for every stream, in one pass (streams checked by _check)."""
+    """{stream: schedule.by_stream(stream)} for every stream, in one pass (streams checked by _check); from
+    the tiled stream column where the schedule has one (ids are positions), else op by op."""
+    arrays = schedule.tiled_arrays
+    if arrays is not None:
+        at = schedule.ops.__getitem__
+        return {s: list(map(at, np.flatnonzero(arrays.stream == i).tolist())) for i, s in enumerate(STREAMS)}
     out: dict[str, list[Op]] = {s: [] for s in STREAMS}
     for op in schedule.ops:
         out[op.stream].append(op)

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, compress, repeat
+from operator import attrgetter, is_not
 
 from meshsim.sim.schedule.ops import Op
+
+_WAIT = attrgetter("host_wait")
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,11 @@ class HostSyncs:
 def host_syncs(ops: Sequence[Op], static_s: Sequence[float]) -> HostSyncs | None:
     """The syncs of a schedule whose host issues at `static_s` (per op id); None when it has none or no
     host model (static_s empty: every op issued at once)."""
-    waits = [op for op in ops if op.host_wait is not None]
+    has_wait = list(map(is_not, map(_WAIT, ops), repeat(None)))  # C-level passes, no Python code per op
+    waits = list(compress(ops, has_wait))
     if not waits or not static_s:
         return None
-    point_of, last = [], -1
-    for op in ops:
-        last += op.host_wait is not None
-        point_of.append(last)
+    point_of = list(accumulate(has_wait, initial=-1))[1:]  # the syncs at or before each op, minus one
     bases = tuple(static_s[op.id - 1] if op.id else 0.0 for op in waits)
     return HostSyncs(tuple(point_of), tuple(op.id for op in waits), tuple(op.host_wait for op in waits), bases)
 

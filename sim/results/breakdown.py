@@ -31,7 +31,8 @@ weight gathers, issued one block ahead, and gradient reduce-scatters: sim/schedu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, eq, itemgetter, ne
 
 import numpy as np
 
@@ -196,18 +197,56 @@ def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = F
             "pipeline_bubble": with_gaps - all_busy, "nothing_running": max(0.0, step_time_s - with_gaps)}
 
 
+def op_fields(rows, name: str) -> list:
+    """Each row's op field `name` (an EventRows: read off the ops of its stages, no Event built)."""
+    stage, index = rows.stage_arr, rows.op_index_arr
+    get = attrgetter(name)
+    stages = np.unique(stage).tolist()
+    if len(stages) == 1:
+        return list(map(list(map(get, rows.ops[stages[0]])).__getitem__, index.tolist()))
+    out = np.empty(len(stage), object)
+    for s in stages:
+        table = np.empty(len(rows.ops[s]), object)
+        table[:] = list(map(get, rows.ops[s]))
+        mask = stage == s
+        out[mask] = table[index[mask]]
+    return out.tolist()
+
+
 def middle_layer(events: Iterable[Event]) -> int | None:
-    layers = sorted({ev.layer for ev in events if ev.layer is not None})
+    if is_rows(events):  # the same set of layers, read off the ops
+        layers = sorted(set(op_fields(events, "layer")) - {None})
+    else:
+        layers = sorted({ev.layer for ev in events if ev.layer is not None})
     return layers[len(layers) // 2] if layers else None
 
 
 def layer_span_ms(events: Iterable[Event], layer: int | None, phases: tuple[str, ...]) -> float:
     """Span (ms) of the ops of `layer` in `phases`, micro-batch 0 (all of them if none is numbered)."""
+    if is_rows(events):
+        return _layer_span_rows_ms(events, layer, phases)
     sel = [ev for ev in events if ev.layer == layer and ev.phase in phases and ev.stream != "dp_comm"]
     sel = [ev for ev in sel if ev.micro_batch == 0] or sel
     if layer is None or not sel:
         return 0.0
     return (max(ev.end_s for ev in sel) - min(ev.start_s for ev in sel)) * 1e3
+
+
+def _layer_span_rows_ms(rows, layer: int | None, phases: tuple[str, ...]) -> float:
+    """layer_span_ms over an EventRows: the same selection as boolean masks over its op fields; max and min
+    of the selected times are exact in any order."""
+    if layer is None or not len(rows):
+        return 0.0
+    layers, mbs = op_fields(rows, "layer"), op_fields(rows, "micro_batch")
+    sel = np.fromiter(map(eq, layers, repeat(layer)), bool, len(layers))
+    sel &= np.fromiter(map(phases.__contains__, op_fields(rows, "phase")), bool, len(layers))
+    sel &= np.fromiter(map(ne, op_fields(rows, "stream"), repeat("dp_comm")), bool, len(layers))
+    first = sel & np.fromiter(map(eq, mbs, repeat(0)), bool, len(mbs))
+    sel = first if first.any() else sel
+    if not sel.any():
+        return 0.0
+    cols = rows.columns
+    return (float(cols.end_s[sel].max()) - float(cols.start_s[sel].min())) * 1e3
 
 
 EP_OPS = ("fwd.dispatch", "fwd.combine", "bwd.dispatch", "bwd.combine")  # op types (sim/schedule/op_keys.py)

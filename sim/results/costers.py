@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from operator import attrgetter
+
+import numpy as np
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.calibrated import table_collective_time_s
@@ -51,6 +54,8 @@ class CollectiveCoster:
     concurrent groups, `rs.all_groups(kind, group[0])`, and names the report row), and the kernel (userbuffers
     chunking, the flex dispatcher's arguments). The measured table reads (op, group size, nbytes)."""
 
+    by_value = True  # the engine may reuse a timing per (work, group): the memo returns the same object (_core.pyx)
+
     def __init__(self, rs: ResolvedScenario, translate: bool = True):
         self.rs = rs
         self.tuning = network_tuning(rs)
@@ -58,7 +63,9 @@ class CollectiveCoster:
         self.memo: dict[tuple[str, str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
 
     def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
-        return self.cost(op.work, group)[0]
+        work = op.work  # the memo read inline (the engine calls this per collective op and rank)
+        hit = self.memo.get((work.op, work.group, group, work.nbytes, work.kernel))
+        return (hit if hit is not None else self.cost(work, group))[0]
 
     def cost(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
         key = (work.op, work.group, group, work.nbytes, work.kernel)
@@ -140,13 +147,35 @@ def collective_key(work: Collective) -> tuple:
 
 
 def collective_counts(schedule: Schedule) -> Counter:
-    """collective_key -> how many times the schedule issues it."""
-    return count_collectives(schedule.ops)
+    """collective_key -> how many times the schedule issues it (count_collectives, over its WorkTable)."""
+    table = schedule.work_table
+    per_work = np.bincount(table.index, minlength=len(table.works)).tolist()
+    out: Counter = Counter()
+    for work, n in zip(table.works, per_work, strict=True):
+        if isinstance(work, Collective):
+            out[collective_key(work)] += n
+    return out
 
 
 def count_collectives(ops: Iterable[Op]) -> Counter:
-    """collective_key -> how many of `ops` are that collective."""
+    """collective_key -> how many of `ops` are that collective. Counted per work object (ops stamped from one
+    template share it), then per key in the order the works first occur: the order, and the counts, of
+    counting op by op (count_collectives_per_op, which tests compare it with)."""
+    works = list(map(_WORK, ops))
+    per_work = Counter(map(id, works))
+    out: Counter = Counter()
+    for work in dict(zip(map(id, works), works, strict=True)).values():
+        if isinstance(work, Collective):
+            out[collective_key(work)] += per_work[id(work)]
+    return out
+
+
+def count_collectives_per_op(ops: Iterable[Op]) -> Counter:
+    """count_collectives the long way, op by op (the reference)."""
     return Counter(collective_key(op.work) for op in ops if isinstance(op.work, Collective))
+
+
+_WORK = attrgetter("work")
 
 
 class P2PCoster:

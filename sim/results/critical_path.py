@@ -27,6 +27,7 @@ from operator import attrgetter
 import numpy as np
 
 from meshsim.sim.engine.events import EventLog
+from meshsim.sim.results.run_arrays import tiled_stream_prev
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
 CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
@@ -73,6 +74,9 @@ class Segment:
 
 def _stream_prev(schedule: Schedule) -> list[int]:
     """op id -> id of the op before it on the same stream (-1: none; P2P batches are not FIFO)."""
+    tiled = schedule.tiled_arrays
+    if tiled is not None:  # ids are positions
+        return tiled_stream_prev(tiled.stream).tolist()
     prev: list[int] = []
     last: dict[str, int] = {}
     for i, stream in enumerate(map(_STREAM, schedule.ops)):  # ids are list positions
@@ -276,7 +280,33 @@ def op_type(name: str) -> str:
 
 
 def top_op_types(path: Iterable[Segment], n: int = 8) -> list[tuple[str, str, float, int]]:
-    """(op type, category, total us, count) of the op types holding the most critical-path time."""
+    """(op type, category, total us, count) of the op types holding the most critical-path time.
+
+    Per (type, category) in order of first appearance: the sum, in path order from 0.0, of dur_us x count
+    (np.add.at adds one element at a time in index order: the loop's additions, top_op_types_per_segment)
+    and the sum of the counts; each distinct name is typed once."""
+    path = list(path)
+    if not path:
+        return []
+    names = list(map(_NAME, path))
+    type_of = {name: op_type(name) for name in dict.fromkeys(names)}
+    keys = list(zip(map(type_of.__getitem__, names), map(_CATEGORY, path), strict=True))
+    code_of = dict(zip(dict.fromkeys(keys), range(len(keys)), strict=False))
+    codes = np.fromiter(map(code_of.__getitem__, keys), np.intp, len(keys))
+    counts = np.fromiter(map(_COUNT, path), np.int64, len(path))
+    totals = np.zeros(len(code_of))
+    np.add.at(totals, codes, np.fromiter(map(_DUR, path), np.float64, len(path)) * counts)
+    sums = np.zeros(len(code_of), np.int64)
+    np.add.at(sums, codes, counts)
+    rows = [(k, c, t, int(cnt)) for (k, c), t, cnt in zip(code_of, totals.tolist(), sums.tolist(), strict=True)]
+    return sorted(rows, key=lambda r: (-r[2], r[0]))[:n]
+
+
+_NAME, _CATEGORY, _COUNT, _DUR = (attrgetter(a) for a in ("name", "category", "count", "dur_us"))
+
+
+def top_op_types_per_segment(path: Iterable[Segment], n: int = 8) -> list[tuple[str, str, float, int]]:
+    """top_op_types segment by segment (the reference tests compare it with)."""
     acc: dict[tuple[str, str], list[float]] = {}
     for seg in path:
         count = seg.count

@@ -6,19 +6,21 @@ batch (its micro-batch, ((send, direction, micro-batch, sender's virtual stage) 
 `regular_mask` decides, for every op i at once, the per-op test the proof states (period_state.stage_map):
 key i is mu of key i - P, and op i has the inputs of op i - P one period later. Keys are compared through
 their ids (the last op holding each key, as the key -> id map keeps it), so two keys are equal exactly when
-their ids are; deps and host waits in CSR arrays; the work objects are compared in Python only where they
-are not one shared object.
+their ids are, and looked up through a KeyIndex (arrays, not a dict over every key); deps and host waits in
+CSR arrays; the work objects are compared in Python only where they are not one shared object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain, repeat
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
 from operator import attrgetter, eq, itemgetter
 
 import numpy as np
 
-from meshsim.sim.schedule.ops import P2P, Op, Schedule
+from meshsim.sim.schedule.ops import P2P, Op, Schedule, ScheduleArrays
 
 Key = tuple  # (micro-batch, ordinal) or, for a P2P batch, (micro-batch, its transfers' identities)
 _MB, _WORK, _DEPS = attrgetter("micro_batch"), attrgetter("work"), attrgetter("deps")
@@ -40,13 +42,103 @@ def op_keys(schedule: Schedule) -> list[Key]:
 def key_parts(schedule: Schedule) -> tuple[list[Key], list, list[int]]:
     """(op_keys, each op's micro-batch, the ids of its P2P batches). Ordinals: each op's rank among the
     earlier non-P2P ops of its micro-batch (a stable sort by micro-batch)."""
+    return key_index(schedule).parts
+
+
+@dataclass(frozen=True, eq=False)
+class KeyIndex:
+    """A stage's keys (key_parts) and the key -> id lookups mu needs, as arrays instead of a dict over
+    every key. Keys of ops that are not P2P batches are all distinct (micro-batch, ordinal) pairs, and
+    none equals a P2P batch's (its second part is a tuple): the op of (m, o) is the o-th of micro-batch
+    m's group in `order` (ops grouped by micro-batch code, ascending, in id order). P2P batches' keys are
+    looked up in `p2p_id` (the last id holding each, as a dict keeps it)."""
+
+    mbs: list  # per op: its micro-batch (None: none)
+    p2p: list[int]  # the ids of the P2P batches
+    none: np.ndarray  # per op: it has no micro-batch
+    code: np.ndarray  # per op: mb_codes
+    ordinal: np.ndarray  # per op: its ordinal (0 for a P2P batch)
+    p2p_mask: np.ndarray
+    order: np.ndarray  # the non-P2P op ids grouped by code, ascending, in id order within a group
+    group_code: np.ndarray  # per group: its code (ascending)
+    group_first: np.ndarray  # per group: where it starts in `order`
+    group_size: np.ndarray
+    none_code: int
+    p2p_key: dict[int, Key]  # P2P batch id -> its key
+    p2p_id: dict[Key, int]
+
+    def key(self, op_id: int) -> Key:
+        """op_keys(schedule)[op_id], without building the list."""
+        hit = self.p2p_key.get(op_id)
+        return hit if hit is not None else (self.mbs[op_id], int(self.ordinal[op_id]))
+
+    @cached_property
+    def parts(self) -> tuple[list[Key], list, list[int]]:
+        """key_parts: (op_keys, each op's micro-batch, the ids of the P2P batches), built on first use."""
+        keys = list(zip(self.mbs, self.ordinal.tolist(), strict=True))
+        for i, key in self.p2p_key.items():
+            keys[i] = key
+        return keys, self.mbs, self.p2p
+
+    def find(self, mbs: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+        """The id of key (mbs[k], ordinals[k]) for micro-batches (not None), -1 where no op has it."""
+        out = np.full(len(mbs), -1, np.int64)
+        groups = len(self.group_code)
+        if not groups or not len(mbs):
+            return out
+        g = np.searchsorted(self.group_code, mbs)
+        gi = np.minimum(g, groups - 1)
+        ok = (g < groups) & (self.group_code[gi] == mbs) & (mbs != self.none_code) & (ordinals >= 0) & \
+            (ordinals < self.group_size[gi])
+        out[ok] = self.order[self.group_first[gi[ok]] + ordinals[ok]]
+        return out
+
+    @cached_property
+    def kid(self) -> np.ndarray:
+        """Per op: the id its key has (the last op holding that key): itself but for repeated P2P keys."""
+        kid = np.arange(len(self.code))
+        for i, key in self.p2p_key.items():
+            kid[i] = self.p2p_id[key]
+        return kid
+
+    def later_ids(self, unit: int) -> np.ndarray:
+        """Per op: the id of later(its key, unit), -1 where no op has it (an op of no micro-batch: its own
+        key's id); what looking each later key up in the key -> id map gives."""
+        out = np.full(len(self.code), -1, np.int64)
+        plain = np.flatnonzero(~self.none & ~self.p2p_mask)
+        out[plain] = self.find(self.code[plain] + unit, self.ordinal[plain])
+        own = np.flatnonzero(self.none)
+        out[own] = self.kid[own]
+        for i, key in self.p2p_key.items():
+            if key[0] is not None:
+                out[i] = self.p2p_id.get(later(key, unit), -1)
+        return out
+
+    def id_of(self, key: Key) -> int | None:
+        """The id of `key` (the key -> id map's get)."""
+        mb, tag = key
+        if isinstance(tag, tuple):
+            return self.p2p_id.get(key)
+        if mb is None:
+            at = np.flatnonzero(self.group_code == self.none_code) if self.none.any() else []
+            if not len(at) or not 0 <= tag < self.group_size[at[0]]:
+                return None
+            return int(self.order[self.group_first[at[0]] + tag])
+        hit = int(self.find(np.array([mb], np.int64), np.array([tag], np.int64))[0])
+        return None if hit < 0 else hit
+
+
+def key_index(schedule: Schedule) -> KeyIndex:
+    """The stage's KeyIndex (key_parts, then its groups)."""
     ops = schedule.ops
     n = len(ops)
     mbs = list(map(_MB, ops))
-    p2p = [i for i, w in enumerate(map(_WORK, ops)) if isinstance(w, P2P)]
-    known = [m for m in mbs if m is not None]
-    none_code = min(known, default=0) - 1
-    code = np.array([none_code if m is None else m for m in mbs], np.int64) if n else np.zeros(0, np.int64)
+    tiled = schedule.tiled_arrays
+    if tiled is not None:
+        p2p = np.flatnonzero(tiled.kind == 2).tolist()  # ScheduleArrays.kind: 2 for a P2P batch
+    else:
+        p2p = [i for i, w in enumerate(map(_WORK, ops)) if isinstance(w, P2P)]
+    code = mb_codes(mbs)
     counted = np.ones(n, bool)
     counted[p2p] = False
     rows = np.flatnonzero(counted)
@@ -56,19 +148,29 @@ def key_parts(schedule: Schedule) -> tuple[list[Key], list, list[int]]:
     sizes = np.diff(np.r_[first, len(order)])
     ordinal = np.zeros(n, np.int64)
     ordinal[order] = np.arange(len(order)) - np.repeat(first, sizes)
-    keys = list(zip(mbs, ordinal.tolist(), strict=True))
-    for i in p2p:
-        keys[i] = _p2p_key(ops[i])
-    return keys, mbs, p2p
+    p2p_key = {i: _p2p_key(ops[i]) for i in p2p}
+    none = np.isnan(np.array(mbs, np.float64)) if n else np.zeros(0, bool)
+    none_code = int(code[none][0]) if none.any() else int(code.min()) - 1 if n else -1
+    return KeyIndex(mbs, p2p, none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code, p2p_key,
+                    {key: i for i, key in p2p_key.items()})
+
+
+def mb_codes(mbs: list) -> np.ndarray:
+    """Each op's micro-batch as an int64, those of none as one code below every micro-batch (min - 1, -1
+    when none has one): read through a float64 array (None -> NaN), exact for micro-batches below 2^53."""
+    f = np.array(mbs, np.float64) if mbs else np.zeros(0)
+    none = np.isnan(f)
+    none_code = int(f[~none].min()) - 1 if not none.all() else -1
+    return np.where(none, none_code, f).astype(np.int64)
 
 
 def later_keys(keys: list[Key], mbs: list, p2p: list[int], unit: int) -> list[Key]:
     """later(key, unit) of every key (key_parts' micro-batches and P2P ids): (mb + unit, ordinal) but for
     P2P batches and ops of no micro-batch."""
-    out = list(zip([None if m is None else m + unit for m in mbs], map(_ORDINAL, keys), strict=True))
-    for i, m in enumerate(mbs):
-        if m is None:
-            out[i] = keys[i]
+    none = np.flatnonzero(np.isnan(np.array(mbs, np.float64))).tolist() if mbs else []
+    out = list(zip((mb_codes(mbs) + unit).tolist(), map(_ORDINAL, keys), strict=True))
+    for i in none:
+        out[i] = keys[i]
     for i in p2p:
         out[i] = later(keys[i], unit)
     return out
@@ -106,25 +208,32 @@ def dep_csr(ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.fromiter(chain.from_iterable(deps), np.int64, int(ptr[-1]))
 
 
-def regular_mask(ops: Sequence[Op], parts: tuple[list[Key], list, list[int]], id_of: dict[Key, int], p: int,
-                 unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
+                 deps: tuple[np.ndarray, np.ndarray] | None = None, tiled: ScheduleArrays | None = None,
+                 mu: np.ndarray | None = None) -> np.ndarray:
     """ok[i] for every op id: i >= p, op i - p has a micro-batch, keys[i] == later(keys[i - p]), and op i
     reads what op i - p reads one period later: the same stream, phase, layer, host calls, work (a P2P
     batch: its transfers one period later), and deps and host wait whose keys are the images of i - p's."""
-    keys, mbs, p2p = parts
     n = len(ops)
     ok = np.zeros(n, bool)
     if p <= 0 or p >= n:
         return ok
-    # equal keys <=> equal kid (the last id of each key); keys all distinct: key i's id is i
-    kid = np.arange(n) if len(id_of) == n else np.fromiter(map(id_of.__getitem__, keys), np.int64, n)
-    mu = np.fromiter(map(id_of.get, later_keys(keys, mbs, p2p, unit), repeat(-1)), np.int64, n)
-    has_mb = np.array([m is not None for m in mbs], bool)
+    # equal keys <=> equal kid (the last id of each key); mu: the id of each op's later key (-1: none)
+    kid = index.kid
+    mu = index.later_ids(unit) if mu is None else mu
+    has_mb = ~index.none
     good = has_mb[:-p] & (kid[p:] == mu[:-p])
-    for field in _STATIC:
-        good &= _pairs_equal(list(map(field, ops)), p)
-    waits = list(map(_WAIT, ops))
-    hw = np.array([-1 if w is None else w for w in waits], np.int64)
+    for field, column in zip(_STATIC, ("stream", None, None, "host_calls"), strict=True):
+        if tiled is not None and column is not None:  # equal indices <=> equal streams; host calls are ints
+            values = getattr(tiled, column)
+            good &= values[p:] == values[:-p]
+        else:
+            good &= _pairs_equal(list(map(field, ops)), p)
+    if tiled is not None:  # ids are positions: the tiled host waits are the ops' (-1: none)
+        hw = tiled.host_wait.astype(np.int64)
+    else:
+        waits = list(map(_WAIT, ops))
+        hw = np.array([-1 if w is None else w for w in waits], np.int64)
     good &= (hw[p:] < 0) == (hw[:-p] < 0)
     both = (hw[p:] >= 0) & (hw[:-p] >= 0)
     good[both] &= kid[hw[p:][both]] == mu[hw[:-p][both]]

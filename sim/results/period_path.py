@@ -12,8 +12,11 @@ shifted by n T, then the run's steps [z, y) n + 1 times (one period each), then 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+
+from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results.critical_path import TIE_S, Segment
 from meshsim.sim.results.period_proof import Proof
@@ -107,8 +110,7 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
         op, prev, m = schedules[stage].ops[seg.op_id], prevs[stage], proof.maps[stage]
         if isinstance(op.work, P2P):
             if seg.rank not in order:
-                ranked = sorted(events.values(), key=lambda e: e.end_s)
-                order[seg.rank] = (ranked, [e.end_s for e in ranked])
+                order[seg.rank] = by_end(log, seg.rank, events)
             cands = _before(*order[seg.rank], ev, ev.start_s + ev.wait_s)
             if cands and cands[-1].end_s <= c1:
                 return f"critical path at {ev.name} (rank {seg.rank}): the rank idles across the first cut"
@@ -126,6 +128,23 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
         if reason is not None:
             return f"critical path at {ev.name} (rank {seg.rank}): {reason}"
     return None
+
+
+def by_end(log: EventLog, rank: int, events: Mapping[int, Event]) -> tuple[Sequence[Event], list[float]]:
+    """The rank's events (`events`: op id -> event, in completion order) sorted by end, ties in completion
+    order (a stable sort), and their ends. Over the compiled core's rows: a stable argsort of the rank's end
+    column, its events built only where read; else sorted() on the events (by_end_sorted, the reference)."""
+    if not is_rows(log.events):
+        return by_end_sorted(events)
+    rows = log.rows_of()[rank].order  # the rank's rows in completion order
+    ends = log.columns().end_s[rows]
+    perm = np.argsort(ends, kind="stable")
+    return log.events.take(rows[perm]), ends[perm].tolist()
+
+
+def by_end_sorted(events: Mapping[int, Event]) -> tuple[list[Event], list[float]]:
+    ranked = sorted(events.values(), key=lambda e: e.end_s)
+    return ranked, [e.end_s for e in ranked]
 
 
 def _mu(m, op_id: int | None) -> int | None:

@@ -79,8 +79,8 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
     run = _Run(stages, rank_times(log, [len(schedules[stage_of(r)].ops) for r in log.ranks]))
     rep, m0 = log.ranks[0], maps[stage_of(log.ranks[0])]
     starts = run.times[rep].start
-    period_s = float(starts[m0.id_of[(lead + unit, 0)]] - starts[m0.id_of[(lead, 0)]])
-    x_start_s = float(starts[m0.id_of[(lead, 0)]])
+    period_s = float(starts[m0.index.id_of((lead + unit, 0))] - starts[m0.index.id_of((lead, 0))])
+    x_start_s = float(starts[m0.index.id_of((lead, 0))])
     if period_s <= 1e3 * tol_s:
         return "the period is not longer than the tolerance"
     c1 = choose_cut(log, x_start_s, period_s, tol_s, lambda c: good_cut(c) and good_cut(c + period_s))
@@ -93,7 +93,7 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
         if reason is not None:
             return reason
     return jobs_repeat(log.jobs, proof.cut, lambda tag: mu_tag(tag, proof.map_of, unit),
-                       lambda key: mu_key(key, proof.maps, unit)) or proof
+                       lambda key: mu_key(key, proof.maps, unit), log.span_times("jobs")) or proof
 
 
 def _first(mask: np.ndarray) -> int | None:

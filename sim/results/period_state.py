@@ -10,38 +10,50 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from operator import attrgetter
 
 import numpy as np
 
 from meshsim.sim.engine.events import Event, EventLog, Job, Transfer
-from meshsim.sim.results.period_keys import Key, key_parts, later, regular_mask
+from meshsim.sim.results.period_keys import Key, KeyIndex, key_index, later, regular_mask
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
 _START, _END = attrgetter("start_s"), attrgetter("end_s")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StageMap:
     """One stage's ops by key, mu on them, and its regular part: ids [first_regular, end_regular) hold ops
     equal to mu of the op P before them (same work, stream, layer, phase, deps and transfers, each one
-    period later), and nothing before end_regular belongs to the drain."""
+    period later), and nothing before end_regular belongs to the drain. `keys` and `id_of` (key -> the
+    last id holding it) are built on first use; mu reads an array of later keys' ids (period_keys.KeyIndex)."""
 
     ops: tuple[Op, ...]
-    keys: list[Key]
-    id_of: dict[Key, int]
+    index: KeyIndex
     unit: int
     period_ops: int  # P
     first_regular: int
     end_regular: int
+    mu_ids: memoryview  # per op: the id of later(its key, unit), -1: none (KeyIndex.later_ids; read as ints)
+
+    @property
+    def keys(self) -> list[Key]:
+        return self.index.parts[0]
+
+    @cached_property
+    def id_of(self) -> dict[Key, int]:
+        return dict(zip(self.keys, range(len(self.keys)), strict=True))
 
     def mu(self, op_id: int) -> int | None:
-        key = self.keys[op_id]
-        return op_id if key[0] is None else self.id_of.get(later(key, self.unit))
+        if self.index.mbs[op_id] is None:
+            return op_id
+        later_id = self.mu_ids[op_id]
+        return None if later_id < 0 else later_id
 
     def mu_inv(self, op_id: int) -> int | None:
-        key = self.keys[op_id]
-        return op_id if key[0] is None else self.id_of.get(later(key, -self.unit))
+        key = self.index.key(op_id)
+        return op_id if key[0] is None else self.index.id_of(later(key, -self.unit))
 
 
 def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, np.ndarray] | None = None
@@ -49,21 +61,20 @@ def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, 
     """The stage's StageMap, or why its schedule has no period where the plan says: its regular part is the
     run of ops around the first op of micro-batch lead + unit that each repeat the op P before them
     (period_keys.regular_mask; `deps`: period_keys.dep_csr of its ops, when the caller has it)."""
-    parts = key_parts(schedule)
-    keys = parts[0]
-    id_of = dict(zip(keys, range(len(keys)), strict=True))
-    first, second = id_of.get((lead, 0)), id_of.get((lead + unit, 0))
+    index = key_index(schedule)
+    first, second = index.id_of((lead, 0)), index.id_of((lead + unit, 0))
     if first is None or second is None:
         return f"stage {schedule.stage} has no micro-batch {lead + unit}"
-    p, ops = second - first, schedule.ops
-    ok = regular_mask(ops, parts, id_of, p, unit, deps)
+    p, ops, n = second - first, schedule.ops, len(schedule.ops)
+    mu = index.later_ids(unit)
+    ok = regular_mask(ops, index, p, unit, deps, schedule.tiled_arrays, mu)
     stops = np.flatnonzero(~ok[second:])
-    end = second + int(stops[0]) if len(stops) else len(keys)
+    end = second + int(stops[0]) if len(stops) else n
     breaks = np.flatnonzero(~ok[p:second])  # the run reaches back to p at most
     start = p + int(breaks[-1]) + 1 if len(breaks) else min(p, second)
     if end - start < p:
         return f"stage {schedule.stage}: fewer than one period of ops repeats one period later"
-    return StageMap(ops, keys, id_of, unit, p, start, end)
+    return StageMap(ops, index, unit, p, start, end, memoryview(np.ascontiguousarray(mu, np.int64)))
 
 
 def mu_tag(tag: tuple, maps: Callable[[int], StageMap], unit: int) -> tuple | None:
@@ -94,10 +105,9 @@ def time_values(log: EventLog, lo: float, hi: float) -> np.ndarray:
     near = (cols.end_s >= lo) & (cols.start_s <= hi)
     start = cols.start_s[near]
     parts = [start, start + cols.wait_s[near], cols.end_s[near]]
-    for spans in (log.transfers, log.jobs):
-        if spans:
-            s_ = np.fromiter(map(_START, spans), np.float64, len(spans))
-            e_ = np.fromiter(map(_END, spans), np.float64, len(spans))
+    for which in ("transfers", "jobs"):
+        if getattr(log, which):
+            s_, e_ = log.span_times(which)
             keep = (e_ >= lo) & (s_ <= hi)
             parts += [s_[keep], e_[keep]]
     vals = np.concatenate(parts)
@@ -194,16 +204,20 @@ def transfers_repeat(rank: int, x, transfers: Mapping[tuple, Transfer], cut: Cut
 
 
 def jobs_repeat(jobs: Sequence[Job], cut: Cut, tag_later: Callable[[tuple], tuple | None],
-                key_later: Callable[[tuple], tuple | None]) -> str | None:
+                key_later: Callable[[tuple], tuple | None],
+                times: tuple[np.ndarray, np.ndarray] | None = None) -> str | None:
     """The arbiter's jobs draining at c1 got the same rates as their images at c2: every job that drained
     at some time in [w, c1] (w: when the first job draining at c1 started) has an image one period later
     with the same key (mapped), the same load objects and its interval clipped to [w, c1] shifted by T,
     and no other job drained in [w + T, c2]. Rates depend only on the keys and loads draining at each
     instant, so the work left to each job at c1 equals its image's at c2."""
     c1, c2, t, tol = cut.c1, cut.c2, cut.period_s, cut.tol_s
-    w = min((j.start_s for j in jobs if j.start_s < c1 < j.end_s), default=c1)
-    first = [j for j in jobs if j.start_s < c1 and j.end_s > w]
-    second = {j.tag: j for j in jobs if j.start_s < c2 and j.end_s > w + t}
+    start, end = times if times is not None else (np.fromiter(map(_START, jobs), np.float64, len(jobs)),
+                                                   np.fromiter(map(_END, jobs), np.float64, len(jobs)))
+    draining = start[(start < c1) & (c1 < end)]  # the comparisons and the min are exact: the loops' values
+    w = float(draining.min()) if len(draining) else c1
+    first = list(map(jobs.__getitem__, np.flatnonzero((start < c1) & (end > w)).tolist()))
+    second = {j.tag: j for j in map(jobs.__getitem__, np.flatnonzero((start < c2) & (end > w + t)).tolist())}
     if len(first) != len(second):
         return f"{len(first)} arbiter jobs overlap the first cut's window, {len(second)} the second's"
     for a in first:

@@ -17,7 +17,7 @@ import numpy as np
 
 from meshsim.sim.engine.events import EventLog
 from meshsim.sim.results.period_keys import dep_csr
-from meshsim.sim.schedule.ops import Schedule
+from meshsim.sim.schedule.ops import STREAMS, Schedule
 
 _STREAM = attrgetter("stream")
 
@@ -35,6 +35,10 @@ class StageOps:
 
     @classmethod
     def of(cls, schedule: Schedule) -> StageOps:
+        tiled = schedule.tiled_arrays  # ids are positions: the tiled columns are the ones read off the ops
+        if tiled is not None:
+            return cls(tiled.dep_ptr.astype(np.int64), tiled.dep_idx.astype(np.int64), tiled_stream_prev(tiled.stream),
+                       tiled.stream == _PP)
         ops = schedule.ops
         streams = list(map(_STREAM, ops))
         ptr, flat = dep_csr(ops)
@@ -63,6 +67,20 @@ class StageOps:
         has = self.prev >= 0
         before = np.where(has, end[np.where(has, self.prev, 0)], -np.inf)
         return np.where(before > out, before, out)
+
+
+def tiled_stream_prev(stream: np.ndarray) -> np.ndarray:
+    """Per op (ScheduleArrays.stream: its stream's index in STREAMS, ids = positions): the op before it on its
+    FIFO stream, -1 for the first and for P2P batches (pp_comm is not FIFO); StageOps.of's loop over the ops."""
+    prev = np.full(len(stream), -1, np.int64)
+    for i in range(len(STREAMS)):
+        if i != _PP:
+            at = np.flatnonzero(stream == i)
+            prev[at[1:]] = at[:-1]
+    return prev
+
+
+_PP = STREAMS.index("pp_comm")
 
 
 @dataclass(frozen=True, eq=False)

@@ -61,7 +61,7 @@ def rank_groups(rs: ResolvedScenario, schedules: Sequence[Schedule], ranks: tupl
                 ) -> dict[tuple[str, int], tuple[int, ...]]:
     """(group kind, simulated rank) -> the global ranks of that group (for trace args), over every kind
     the stages' collectives use."""
-    kinds = {op.work.group for s in schedules for op in s.ops if isinstance(op.work, Collective)}
+    kinds = {w.group for s in schedules for w in s.work_table.works if isinstance(w, Collective)}
     return {(kind, rank): tuple(rs.group(kind, rank)) for kind in kinds for rank in ranks}
 
 

@@ -26,6 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import repeat
+from operator import attrgetter, is_not
+
+import numpy as np
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.memory import MemoryBreakdown
@@ -188,10 +192,25 @@ def pipeline_summary(rs: ResolvedScenario, path_shares: Mapping[str, float],
 
 
 def op_collectives(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
-    """op id -> the row of `collectives` it runs."""
+    """op id -> the row of `collectives` it runs, in op order: looked up once per work object (ops stamped
+    from one template share theirs), then spread over the ops by C-level passes."""
+    rows = {c.key: c for c in collectives}
+    table = schedule.work_table
+    row_of = [rows.get((w.op, w.group, w.nbytes, w.kernel)) if isinstance(w, Collective) else None
+              for w in table.works]
+    at = np.flatnonzero(np.fromiter(map(is_not, row_of, repeat(None)), bool, len(row_of))[table.index])
+    ids = at.tolist() if schedule.tiled_arrays is not None else list(map(_ID, map(schedule.ops.__getitem__, at.tolist())))
+    return dict(zip(ids, map(row_of.__getitem__, table.index[at].tolist()), strict=True))
+
+
+def op_collectives_per_op(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
+    """op_collectives the long way, op by op (the reference tests compare it with)."""
     rows = {c.key: c for c in collectives}
     return {op.id: rows[key] for op in schedule.ops if isinstance(op.work, Collective)
             and (key := (op.work.op, op.work.group, op.work.nbytes, op.work.kernel)) in rows}
+
+
+_ID = attrgetter("id")
 
 
 def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
@@ -202,7 +221,8 @@ def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[Collectiv
     out: dict[tuple[int, int], CollectiveRow] = {}
     for rank in ranks:
         stage = min(rank // stage_size, len(per_stage) - 1) if len(per_stage) > 1 else 0
-        out.update({(rank, op_id): row for op_id, row in per_stage[stage].items()})
+        rows = per_stage[stage]
+        out.update(zip(zip(repeat(rank), rows), rows.values(), strict=True))
     return out
 
 

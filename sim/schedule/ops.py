@@ -21,6 +21,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from meshsim.sim.schedule.work_table import WorkTable
+
 FUSED_WGRAD_OUT_BYTES = 4 + 4  # fp32 main grad read + written per element of dW (gradient-accumulation fusion)
 
 Stream = Literal["compute", "tp_comm", "dp_comm", "pp_comm", "ep_comm", "cp_comm"]
@@ -300,6 +302,8 @@ class Tiling(Protocol):
 
     def arrays(self, ops: tuple[Op, ...]) -> ScheduleArrays: ...
 
+    def tiled(self, ops: tuple[Op, ...]) -> ScheduleArrays | None: ...
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -320,12 +324,26 @@ class Schedule:
     @cached_property
     def arrays(self) -> ScheduleArrays:
         """The ops as arrays, built once: tiled from the stamped templates, or read off the ops."""
-        return self.tiling.arrays(self.ops) if self.tiling is not None else arrays_from_ops(self.ops)
+        tiled = self.tiled_arrays
+        return tiled if tiled is not None else arrays_from_ops(self.ops)
+
+    @cached_property
+    def work_table(self) -> WorkTable:
+        """The ops' distinct works and each op's index among them (WorkTable), built once."""
+        return WorkTable.of(self.ops)
+
+    @cached_property
+    def tiled_arrays(self) -> ScheduleArrays | None:
+        """`arrays` when the builder's record tiles them (a few numpy passes, op ids = list positions), else
+        None: callers then read the ops one by one (the long way, which tests compare these against)."""
+        return self.tiling.tiled(self.ops) if self.tiling is not None else None
 
     def __getstate__(self) -> dict:
         """Pickled without the tiling record and the arrays (rebuilt from the ops on demand)."""
         state = dict(self.__dict__)
         state.pop("arrays", None)
+        state.pop("tiled_arrays", None)
+        state.pop("work_table", None)
         state["tiling"] = None
         return state
 

@@ -44,9 +44,15 @@ class Tiling:
 
     def arrays(self, ops: tuple[Op, ...]) -> ScheduleArrays:
         """ScheduleArrays of `ops` (module docstring); read off the ops when the record does not cover them."""
+        tiled = self.tiled(ops)
+        return tiled if tiled is not None else arrays_from_ops(ops)
+
+    def tiled(self, ops: tuple[Op, ...]) -> ScheduleArrays | None:
+        """ScheduleArrays of `ops` tiled from the stamps, or None where the record does not cover them (then
+        they are read off the ops). Not None implies op ids are list positions."""
         n = len(ops)
         if self.broken or ops is not self.ops:  # (a Schedule copied with other ops keeps the record)
-            return arrays_from_ops(ops)
+            return None
         cols = [np.empty(n, dtype=np.intc) for _ in range(4)]  # kind, stream, host_calls, host_wait
         counts = np.empty(n, dtype=np.intc)
         loose = np.ones(n, dtype=bool)
@@ -65,7 +71,7 @@ class Tiling:
         for p in loose_at:
             op = ops[p]
             if op.id != p:  # ids are not positions: the long way maps them
-                return arrays_from_ops(ops)
+                return None
             cols[0][p], cols[1][p], cols[2][p] = kind_of(op.work), STREAM_INDEX[op.stream], op.host_calls
             cols[3][p] = -1 if op.host_wait is None else op.host_wait
             counts[p] = len(op.deps)
