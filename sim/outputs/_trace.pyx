@@ -327,3 +327,10 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
         out.flush(False)
     out.flush(True)
     return items
+
+
+def micros_text(long long k):
+    """The text the writer gives (k ns) / 1e3 (for tests: repr's)."""
+    cdef _Out out = _Out(None, None, None)
+    out.micros(k)
+    return (<char*>out.data)[:out.size].decode("ascii")
