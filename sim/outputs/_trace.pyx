@@ -40,7 +40,9 @@ cdef extern from "Python.h":
     double PyFloat_AS_DOUBLE(object o)
     bint Py_IS_FINITE(double x)
 
-from meshsim.sim.schedule.ops import Op
+import numpy as np
+
+from meshsim.sim.schedule.ops import OP_FIELDS, Op
 
 FLUSH = 1 << 20  # bytes held before a write
 _NONE = object()  # no stream seen yet
@@ -334,3 +336,30 @@ def micros_text(long long k):
     cdef _Out out = _Out(None, None, None)
     out.micros(k)
     return (<char*>out.data)[:out.size].decode("ascii")
+
+
+def op_codes(list stages, Py_ssize_t field, str name, dict index):
+    """Per stage (a sequence of ops): an intc array of the code of each op's field (tuple position `field`
+    of an Op, else attribute `name`) in `index` (value -> code, extended in first-seen order with
+    len(index) as each new value's code). sim/outputs/row_fields.op_codes, in C."""
+    cdef type op_type = Op
+    cdef Py_ssize_t i, n
+    cdef int[::1] out
+    cdef object value, code
+    tables = []
+    for ops in stages:
+        n = len(ops)
+        table = np.empty(n, dtype=np.intc)
+        out = table
+        for i in range(n):
+            op = ops[i]
+            if type(op) is op_type:
+                value = <object>PyTuple_GET_ITEM(op, field)
+            else:
+                value = getattr(op, name)
+            code = index.get(value)
+            if code is None:
+                code = index[value] = len(index)
+            out[i] = code
+        tables.append(table)
+    return tables

@@ -18,20 +18,46 @@ from operator import attrgetter
 
 import numpy as np
 
+from meshsim.sim.schedule.ops import OP_FIELDS
+
+try:
+    from meshsim.sim.outputs import _trace
+except ImportError:  # not built: the same codes from a Python pass
+    _trace = None
+
 ID_BITS = 32
 
 
 def op_codes(rows, field: str) -> tuple[np.ndarray, list]:
     """(codes, values): values[codes[i]] == rows[i].<field> for every row i (module docstring)."""
-    get = attrgetter(field)
     index: dict = {}
-    for ops in rows.ops:
-        index.update(dict.fromkeys(map(get, ops)))
-    code = {v: i for i, v in enumerate(index)}
-    tables = [np.fromiter(map(code.__getitem__, map(get, ops)), np.int32, len(ops)) for ops in rows.ops]
+    if _trace is not None and field in OP_FIELDS:
+        tables = _trace.op_codes(list(rows.ops), OP_FIELDS.index(field), field, index)
+    else:
+        get = attrgetter(field)
+        for ops in rows.ops:
+            index.update(dict.fromkeys(map(get, ops)))
+        index = {v: i for i, v in enumerate(index)}
+        tables = [np.fromiter(map(index.__getitem__, map(get, ops)), np.intc, len(ops)) for ops in rows.ops]
     offsets = np.cumsum([0, *map(len, tables)])[:-1]
-    flat = np.concatenate(tables) if tables else np.zeros(0, np.int32)
-    return flat[offsets[rows.stage_arr] + rows.op_index_arr], list(code)
+    flat = np.concatenate(tables) if tables else np.zeros(0, np.intc)
+    return flat[offsets[rows.stage_arr] + rows.op_index_arr], list(index)
+
+
+def used_codes(codes: np.ndarray, count: int) -> np.ndarray:
+    """The distinct codes among `codes` (each in [0, count)), ascending."""
+    return np.flatnonzero(np.bincount(codes, minlength=count)) if len(codes) else np.zeros(0, np.int64)
+
+
+def dense_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(key, return_inverse=True) for non-negative int keys, by counting when they are small."""
+    if not len(key) or key.min() < 0 or key.max() >= 1 << 24:
+        uniq, inverse = np.unique(key, return_inverse=True)
+        return uniq, np.asarray(inverse).reshape(-1)
+    uniq = np.flatnonzero(np.bincount(key))
+    table = np.zeros(int(key.max()) + 1, dtype=np.int64)
+    table[uniq] = np.arange(len(uniq))
+    return uniq, table[key]
 
 
 def keys_fit(rank: np.ndarray, op_id: np.ndarray) -> bool:

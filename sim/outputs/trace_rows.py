@@ -22,7 +22,15 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from meshsim.sim.engine.event_rows import is_rows
-from meshsim.sim.outputs.row_fields import keys_fit, member, op_codes, pair_keys, row_keys, rows_where
+from meshsim.sim.outputs.row_fields import (
+    dense_unique,
+    keys_fit,
+    member,
+    op_codes,
+    pair_keys,
+    row_keys,
+    rows_where,
+)
 from meshsim.sim.outputs.trace_slices import TID, collective_args, encode_json, js
 from meshsim.sim.results.critical_path import Segment, critical_ops
 from meshsim.sim.results.step_result import StepResult
@@ -75,7 +83,7 @@ class RowsContext:
         self.per_node = (self.config.gpus_per_node or 0) if self.config is not None else 0
         self.keys = row_keys(c.rank, c.op_id)
         streams, names = op_codes(events, "stream")
-        pairs = np.unique(c.rank.astype(np.int64) * len(names) + streams) if len(names) else np.zeros(0, np.int64)
+        pairs = dense_unique(c.rank.astype(np.int64) * len(names) + streams)[0] if len(names) else np.zeros(0, np.int64)
         self.streams: dict[int, set] = {}
         for rank, code in zip((pairs // max(len(names), 1)).tolist(), (pairs % max(len(names), 1)).tolist(),
                               strict=True):
