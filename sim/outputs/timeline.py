@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import accumulate
-from operator import attrgetter
+from itertools import accumulate, compress, repeat
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any
 
@@ -315,7 +315,7 @@ def _category_traces(category: str, cols: _Columns, picked: np.ndarray, hover_te
     x, y = _segment_arrays(*cols.runs(picked))
     bars = {"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": colour, "width": BAR_PX},
             "name": category, "legendgroup": category, "hoverinfo": "skip", "connectgaps": False}
-    idx = [i for i, t in enumerate(hover_texts) if t is not None]
+    idx = list(compress(range(len(hover_texts)), map(is_not, hover_texts, repeat(None))))  # those with a text
     shown = picked[idx]
     hover = {"type": "scattergl", "x": typed_array((cols.start[shown] + cols.end[shown]) * 5e2),
              "y": typed_array(cols.lane[shown].astype(np.float64)), "mode": "markers",
