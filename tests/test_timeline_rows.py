@@ -43,3 +43,19 @@ def test_library_scenarios_draw_the_same_timeline(name):
     rows = timeline.timeline_spec(result.events, result.critical_path, "t", result)
     assert rows == timeline.timeline_spec(tuple(result.events), result.critical_path, "t", result)
     assert rows["layout"]["xaxis"]["range"]  # the zoom window was found
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(log=logs())
+def test_op_codes_without_the_compiled_writer_are_the_same(monkeypatch, log):
+    """row_fields.op_codes' Python pass (no C compiler at install) gives the compiled pass's codes and values."""
+    from meshsim.sim.outputs import row_fields
+
+    events = log[0]
+    for field in ("stream", "category", "layer", "micro_batch", "phase", "name", "id"):
+        codes, values = row_fields.op_codes(events, field)
+        with monkeypatch.context() as m:
+            m.setattr(row_fields, "_trace", None)
+            py_codes, py_values = row_fields.op_codes(events, field)
+        assert codes.tolist() == py_codes.tolist() and values == py_values
+        assert [values[c] for c in codes.tolist()] == [getattr(e, "op_id" if field == "id" else field) for e in events]

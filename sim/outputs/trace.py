@@ -19,7 +19,9 @@ their boundary exactly and slices on a thread nest or are disjoint, never partia
 
 An extrapolated step (sim/results/steady_state.py) holds the simulated micro-batches only: a slice per rank on
 a "steady state" thread covers the periods that were extrapolated, and the ops after them sit where the
-whole step would put them. write_trace streams the document to disk in batches.
+whole step would put them. write_trace streams the document to disk in batches; the compiled core's
+EventRows is written from its arrays (sim/outputs/trace_rows.py, the C slice writer sim/outputs/_trace.pyx),
+byte for byte the file the per-event Python writer here (the reference, and the fallback) writes.
 
 One op's slices and the critical path's arrows, as dicts and as JSON text: sim/outputs/trace_slices.py.
 
