@@ -22,7 +22,7 @@ name is not a str, an op id that is not the row's) raises Fallback: the caller w
 cimport cython
 from cpython.buffer cimport PyBUF_READ
 from cpython.memoryview cimport PyMemoryView_FromMemory
-from cpython.tuple cimport PyTuple_GET_ITEM
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.string cimport memcpy
 
@@ -225,11 +225,22 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
     cdef long long r, pid, s_ns, e_ns, w_ns, oid
     cdef int overflow = 0
     cdef bint compute, bubble, first = not lead
-    cdef object op, name, category, phase, stream, layer, mb, size, tid = None, op_key, last_stream = _NONE
+    cdef object op, name, category, phase, stream, layer, mb, size, nbytes, flops, tid = None, op_key
+    cdef object last_stream = _NONE
     cdef type op_type = Op
     compute_name, pp_name = "compute", "pp_comm"
+    cdef list op_tables = [tuple(t) for t in ops], size_tables = [tuple(t) for t in sizes]
+    cdef tuple stage_ops = (), stage_sizes = ()
+    cdef int s, k, last_stage = -1
     for i in range(n):
-        op = ops[stage[i]][op_index[i]]
+        s, k = stage[i], op_index[i]
+        if s != last_stage:
+            if not 0 <= s < len(op_tables) or len(size_tables) != len(op_tables):
+                raise Fallback("a row whose stage has no ops")
+            stage_ops, stage_sizes, last_stage = op_tables[s], size_tables[s], s
+        if not 0 <= k < PyTuple_GET_SIZE(stage_ops) or PyTuple_GET_SIZE(stage_sizes) != PyTuple_GET_SIZE(stage_ops):
+            raise Fallback("a row whose op is not in its stage")
+        op = <object>PyTuple_GET_ITEM(stage_ops, k)
         if type(op) is op_type:  # an Op is a tuple of its fields (sim/schedule/ops.py OP_FIELDS)
             op_key, name = <object>PyTuple_GET_ITEM(op, 0), <object>PyTuple_GET_ITEM(op, 1)
             stream, category = <object>PyTuple_GET_ITEM(op, 2), <object>PyTuple_GET_ITEM(op, 3)
@@ -243,7 +254,9 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
             raise Fallback("an op id that is not the row's")
         if not PyUnicode_CheckExact(name):
             raise Fallback("an op name that is not a str")
-        size = sizes[stage[i]][op_index[i]]
+        size = <object>PyTuple_GET_ITEM(stage_sizes, k)
+        if not PyTuple_CheckExact(size) or PyTuple_GET_SIZE(size) < 2:
+            raise Fallback("an op size that is not a (bytes, flops) tuple")
         if stream is not last_stream:  # ops share their stream's str: one lookup per change
             tid, last_stream = tid_of[stream], stream
         r = rank[i]
@@ -285,12 +298,13 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
         out.value(layer)
         out.lit(',"micro_batch":')
         out.value(mb)
-        if size[0]:
+        nbytes, flops = <object>PyTuple_GET_ITEM(size, 0), <object>PyTuple_GET_ITEM(size, 1)
+        if nbytes:
             out.lit(',"bytes":')
-            out.value(size[0])
-        if size[1]:
+            out.value(nbytes)
+        if flops:
             out.lit(',"flops":')
-            out.value(size[1])
+            out.value(flops)
         if not compute:
             out.bytes_(<bytes>infos[info[i]])
         items += 1
