@@ -16,7 +16,11 @@ by construction:
 Nanoseconds are int(t * 1e9 + 0.5) in IEEE doubles as Python computes them (the build has no FMA contraction
 and no fast-math); the caller checks that every time gives a product inside [0, 2**62), where C's
 truncation is Python's int(). A field the writer has no exact rule for (an op whose category, stream or
-name is not a str, an op id that is not the row's) raises Fallback: the caller writes the Python way.
+name is not a str, an op id that is not the row's, a row outside its stage's ops) raises Fallback: the
+caller writes the Python way.
+
+Also here: `op_codes`, the per-op field codes of sim/outputs/row_fields.py in one C pass per stage (the
+timeline's and the trace's selections), and `micros_text`, the ts / dur rule alone (for tests).
 """
 
 cimport cython
