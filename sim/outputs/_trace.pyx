@@ -28,7 +28,7 @@ from cpython.buffer cimport PyBUF_READ
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, strlen
 
 cdef extern from "Python.h":
     char* PyOS_double_to_string(double val, char format_code, int precision, int flags, int *ptype) except NULL
@@ -91,10 +91,7 @@ cdef class _Out:
         return 0
 
     cdef inline int lit(self, const char* text) except -1:
-        cdef Py_ssize_t n = 0
-        while text[n] != 0:
-            n += 1
-        return self.raw(text, n)
+        return self.raw(text, strlen(text))
 
     cdef int ll(self, long long v) except -1:
         """int.__repr__(v)."""
@@ -115,11 +112,8 @@ cdef class _Out:
     cdef int flt(self, double v) except -1:
         """float.__repr__(v) (v finite)."""
         cdef char* text = PyOS_double_to_string(v, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
-        cdef Py_ssize_t n = 0
-        while text[n] != 0:
-            n += 1
         try:
-            self.raw(text, n)
+            self.raw(text, strlen(text))
         finally:
             PyMem_Free(text)
         return 0
