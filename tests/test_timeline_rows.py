@@ -25,7 +25,7 @@ def spec_or_error(events, path, result):
         return type(exc).__name__
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(log=logs())
 def test_timeline_from_rows_is_the_timeline_from_events(log):
     events, path, result = log
@@ -45,7 +45,7 @@ def test_library_scenarios_draw_the_same_timeline(name):
     assert rows["layout"]["xaxis"]["range"]  # the zoom window was found
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(log=logs())
 def test_op_codes_without_the_compiled_writer_are_the_same(monkeypatch, log):
     """row_fields.op_codes' Python pass (no C compiler at install) gives the compiled pass's codes and values."""

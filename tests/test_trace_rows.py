@@ -102,7 +102,7 @@ def both(tmp_path, events, path, monkeypatch, **kw) -> tuple[bytes, bytes, int]:
     return fast, slow, python_runs
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(log=logs(), pid_offset=st.sampled_from([0, 1000]), flow_id_base=st.sampled_from([0, 5]))
 def test_compiled_trace_is_the_python_trace(tmp_path, monkeypatch, log, pid_offset, flow_id_base):
     events, path, result = log
