@@ -2,7 +2,9 @@
 - meshsim.sim.engine._core (sim/engine/_core.pyx), the engine's core, when that source is present;
 - meshsim.sim.kineto._collect (sim/kineto/_collect.pyx), the trace reader's byte scanner (sim/kineto/fast.py);
 - meshsim.sim.engine._rows (sim/engine/_rows.pyx), the compiled core's event log as arrays (built with _core:
-  the core needs both).
+  the core needs both);
+- meshsim.sim.outputs._trace (sim/outputs/_trace.pyx), trace.json's op slices written from those arrays
+  (sim/outputs/trace_rows.py; without it the Python writer runs, same bytes).
 
 Everything else is in pyproject.toml. Each extension is optional: without Cython or a working C compiler
 the build goes on without it and the Python code runs (the trace reader falls back silently; its output
@@ -24,6 +26,7 @@ MODULES = (  # (module, .pyx source), each built when its source is in the tree
     ("meshsim.sim.engine._core", os.path.join("sim", "engine", "_core.pyx")),
     ("meshsim.sim.kineto._collect", os.path.join("sim", "kineto", "_collect.pyx")),
     ("meshsim.sim.engine._rows", os.path.join("sim", "engine", "_rows.pyx")),
+    ("meshsim.sim.outputs._trace", os.path.join("sim", "outputs", "_trace.pyx")),
 )
 
 

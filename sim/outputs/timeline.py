@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import accumulate
-from operator import attrgetter
+from itertools import accumulate, compress, repeat
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ import numpy as np
 from meshsim.sim.core.fmt import fmt_bytes, fmt_gbps, fmt_s
 from meshsim.sim.engine.event_rows import events_of_rank, is_rows
 from meshsim.sim.engine.events import STREAMS, Event
+from meshsim.sim.outputs import timeline_rows as rows
 from meshsim.sim.outputs.plotly_page import template, typed_array, write_page
 from meshsim.sim.results.breakdown import middle_layer
 from meshsim.sim.results.critical_path import CATEGORY_COLORS, Segment, critical_ops
@@ -98,6 +99,29 @@ def _hover_texts(events: Sequence[Event], picked: Sequence[int], hovered: set[in
     return texts
 
 
+def _hover_texts_rows(events, picked: np.ndarray, shown: np.ndarray, crit: set, by_op: Mapping) -> list[str | None]:
+    """_hover_texts over an EventRows: `shown` a bool mask over rows (timeline_rows.with_hover); only the
+    shown events are built, in order, and formatted as _hover_texts formats them."""
+    texts: list[str | None] = [None] * len(picked)
+    at = np.flatnonzero(shown[picked])
+    hovered = events.take(picked[at])
+    return _fill_texts(texts, at.tolist(), hovered, crit, by_op)
+
+
+def _fill_texts(texts: list, at: Sequence[int], hovered: Iterable[Event], crit: set, by_op: Mapping) -> list:
+    """texts[at[k]] = the hover text of the k-th hovered event (details memoised as _hover_texts does)."""
+    details: dict[tuple, str] = {}
+    for k, ev in zip(at, hovered, strict=True):
+        key = (ev.rank, ev.op_id)
+        critical, row = key in crit, by_op.get(key)
+        memo = (ev.end_s - ev.start_s, critical, ev.wait_s, id(row) if row is not None else None, ev.bytes, ev.flops)
+        detail = details.get(memo)
+        if detail is None:
+            detail = details[memo] = _hover_detail(ev, critical, row)
+        texts[k] = f"{ev.name}<br>{detail}"
+    return texts
+
+
 def _with_hover(events: Sequence[Event]) -> set[int]:
     """Indexes of the events that keep hover text: micro-batches 0 and last and the ops outside any
     micro-batch, then the rest in order, HOVER_OPS at most."""
@@ -124,10 +148,12 @@ class _Busy:
     """A rank's compute time inside any window [a, b], from its merged compute intervals and their prefix
     sums (bisect: O(log n) a query)."""
 
-    def __init__(self, events: Sequence[Event]):
-        compute = [e for e in events if e.category == "compute"]
-        lane, starts, ends = _lane_runs(np.zeros(len(compute), np.int64), _times(compute, "start_s"),
-                                        _times(compute, "end_s"), 0.0)
+    def __init__(self, events: Sequence[Event], times: tuple[np.ndarray, np.ndarray] | None = None):
+        """From the events, or from `times`: (start, end) of the compute events, in their order."""
+        if times is None:
+            compute = [e for e in events if e.category == "compute"]
+            times = _times(compute, "start_s"), _times(compute, "end_s")
+        lane, starts, ends = _lane_runs(np.zeros(len(times[0]), np.int64), times[0], times[1], 0.0)
         self.starts = starts.tolist()
         self.ends = ends.tolist()
         self.before = list(accumulate((e - s for s, e in zip(self.starts, self.ends, strict=True)), initial=0.0))
@@ -152,12 +178,14 @@ def _spans(mine: Sequence[Event]) -> list[tuple[float, float]]:
     return sorted((a, b) for a, b in spans.values() if b > a)
 
 
-def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
+def zoom_range_ms(events: Sequence[Event], view: rows.RowView | None = None) -> tuple[float, float] | None:
     """[start, end] (ms) of the window the timeline opens on, padded by ZOOM_MARGIN. Without a pipeline,
     the middle layer's forward ops of micro-batch 0 on the lowest rank. With one, a window where every
     stage is busy: among the spans of the last stage's middle layer (one per micro-batch and phase), the
     earliest where the least busy stage computes at least NEAR_BEST of the largest such fraction: never
-    the warm-up, where the later stages have not started."""
+    the warm-up, where the later stages have not started. An EventRows (or its `view`) is read as arrays."""
+    if view is not None or is_rows(events):
+        return _zoom_rows(view or rows.RowView(events))
     stages = pipeline_stages(events)
     if not stages:
         return None
@@ -174,8 +202,30 @@ def zoom_range_ms(events: Sequence[Event]) -> tuple[float, float] | None:
         windows = _spans(by_rank[stages[-1]])
         if not windows:
             return None
-        score = [min(b.within(*w) for b in busy) / (w[1] - w[0]) for w in windows]
-        lo, hi = next(w for w, sc in zip(windows, score, strict=True) if sc >= NEAR_BEST * max(score))
+        lo, hi = _busiest(busy, windows)
+    return _padded(lo, hi)
+
+
+def _busiest(busy: Sequence[_Busy], windows: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The first window whose least busy stage computes at least NEAR_BEST of the best such fraction."""
+    score = [min(b.within(*w) for b in busy) / (w[1] - w[0]) for w in windows]
+    return next(w for w, sc in zip(windows, score, strict=True) if sc >= NEAR_BEST * max(score))
+
+
+def _zoom_rows(view: rows.RowView) -> tuple[float, float] | None:
+    """zoom_range_ms over an EventRows' arrays (sim/outputs/timeline_rows.py), the same window."""
+    stages = rows.pipeline_stages(view)
+    if not stages:
+        return None
+    if len(stages) == 1:
+        window = rows.forward_window(view, stages[0])
+        return _padded(*window) if window else None
+    busy = [_Busy((), rows.compute_times(view, r)) for r in stages]
+    windows = rows.spans(view, stages[-1])
+    return _padded(*_busiest(busy, windows)) if windows else None
+
+
+def _padded(lo: float, hi: float) -> tuple[float, float]:
     pad = (hi - lo) * ZOOM_MARGIN
     return (lo - pad) * 1e3, (hi + pad) * 1e3
 
@@ -218,8 +268,11 @@ def _lane_runs(lane: np.ndarray, start: np.ndarray, end: np.ndarray, gap_s: floa
 class _Columns:
     """Every event's lane, start and end as arrays, built once per timeline and sliced per trace."""
 
-    def __init__(self, events: Sequence[Event], lanes: dict[tuple[int, str], int]):
-        self.lane = np.fromiter((lanes[(e.rank, e.stream)] for e in events), np.int64, len(events))
+    def __init__(self, events: Sequence[Event], lanes: dict[tuple[int, str], int], view: rows.RowView | None = None):
+        if view is not None:  # an EventRows' arrays
+            self.lane = rows.lanes_of(view, lanes)
+        else:
+            self.lane = np.fromiter((lanes[(e.rank, e.stream)] for e in events), np.int64, len(events))
         self.start, self.end = _times(events, "start_s"), _times(events, "end_s")
         if np.any(self.end < self.start):  # the vectorised merge assumes end >= start, as an event log has
             raise ValueError("an event ends before it starts")
@@ -262,7 +315,7 @@ def _category_traces(category: str, cols: _Columns, picked: np.ndarray, hover_te
     x, y = _segment_arrays(*cols.runs(picked))
     bars = {"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": colour, "width": BAR_PX},
             "name": category, "legendgroup": category, "hoverinfo": "skip", "connectgaps": False}
-    idx = [i for i, t in enumerate(hover_texts) if t is not None]
+    idx = list(compress(range(len(hover_texts)), map(is_not, hover_texts, repeat(None))))  # those with a text
     shown = picked[idx]
     hover = {"type": "scattergl", "x": typed_array((cols.start[shown] + cols.end[shown]) * 5e2),
              "y": typed_array(cols.lane[shown].astype(np.float64)), "mode": "markers",
@@ -293,27 +346,37 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
     if steady_state is None and result is not None:
         steady_state = result.steady_state
     events = events if isinstance(events, Sequence) else list(events)  # an EventRows: read, never listed
-    lanes = _lane_names(events)
+    view = rows.RowView(events) if is_rows(events) else None
+    lanes = _lane_names(events) if view is None else rows.lane_names(view)
     crit = critical_ops(critical_path)
     by_op = result.op_collectives if result is not None else {}
-    hovered = _with_hover(events)
     data: list[dict] = []
-    by_category: dict[str, list[int]] = {}
-    for i, e in enumerate(events):
-        by_category.setdefault(e.category, []).append(i)
-    cols = _Columns(events, lanes)
-    for category in COLOURS:
-        picked = by_category.get(category)
-        if picked:
-            data += _category_traces(category, cols, np.array(picked, dtype=np.int64),
-                                     _hover_texts(events, picked, hovered, crit, by_op))
-    on_path = [i for i, e in enumerate(events) if (e.rank, e.op_id) in crit]
-    if on_path:
-        x, y = _segment_arrays(*cols.runs(np.array(on_path, dtype=np.int64)))
+    cols = _Columns(events, lanes, view)
+    if view is None:
+        hovered = _with_hover(events)
+        by_category: dict[str, list[int]] = {}
+        for i, e in enumerate(events):
+            by_category.setdefault(e.category, []).append(i)
+        for category in COLOURS:
+            picked = by_category.get(category)
+            if picked:
+                data += _category_traces(category, cols, np.array(picked, dtype=np.int64),
+                                         _hover_texts(events, picked, hovered, crit, by_op))
+        on_path = np.array([i for i, e in enumerate(events) if (e.rank, e.op_id) in crit], dtype=np.int64)
+    else:
+        shown = rows.with_hover(view, HOVER_OPS)
+        grouped = rows.by_category(view)
+        for category in COLOURS:
+            picked = grouped.get(category)
+            if picked is not None and len(picked):
+                data += _category_traces(category, cols, picked, _hover_texts_rows(events, picked, shown, crit, by_op))
+        on_path = rows.on_path(view, crit)
+    if len(on_path):
+        x, y = _segment_arrays(*cols.runs(on_path))
         data.append({"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": "#222222", "width": 3},
                      "name": "critical path", "hoverinfo": "skip", "connectgaps": False})
     config = result.config if result is not None else None
-    zoom = zoom_range_ms(events)
+    zoom = zoom_range_ms(events, view)
     layout: dict[str, Any] = {
         "template": template("plotly_white"), "title": {"text": title}, "hovermode": "closest",
         "height": max(420, 200 + 40 * len(lanes)), "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom"},

@@ -19,7 +19,9 @@ their boundary exactly and slices on a thread nest or are disjoint, never partia
 
 An extrapolated step (sim/results/steady_state.py) holds the simulated micro-batches only: a slice per rank on
 a "steady state" thread covers the periods that were extrapolated, and the ops after them sit where the
-whole step would put them. write_trace streams the document to disk in batches.
+whole step would put them. write_trace streams the document to disk in batches; the compiled core's
+EventRows is written from its arrays (sim/outputs/trace_rows.py, the C slice writer sim/outputs/_trace.pyx),
+byte for byte the file the per-event Python writer here (the reference, and the fallback) writes.
 
 One op's slices and the critical path's arrows, as dicts and as JSON text: sim/outputs/trace_slices.py.
 
@@ -37,6 +39,7 @@ from typing import Any
 from meshsim.sim.core.errors import CommandFailed
 from meshsim.sim.core.outfiles import open_own_for_writing
 from meshsim.sim.engine.events import Event
+from meshsim.sim.outputs import trace_rows
 from meshsim.sim.outputs.trace_slices import (
     STEADY_TID,
     TID,
@@ -123,9 +126,14 @@ class _Context:
         return ev.rank % self.per_node if self.per_node else ev.rank
 
     def head(self, pid_offset: int, process_prefix: str) -> Iterator[dict]:
-        for rank in sorted(self.streams):
-            yield from _metadata(pid_offset + rank, rank, process_prefix, sorted(self.streams[rank], key=TID.get),
-                                 self.config)
+        return _head(self.streams, self.config, pid_offset, process_prefix)
+
+
+def _head(streams: Mapping[int, set[str]], config: ConfigEcho | None, pid_offset: int, process_prefix: str
+          ) -> Iterator[dict]:
+    """The metadata events of every rank (its process, its streams' threads), ranks in order."""
+    for rank in sorted(streams):
+        yield from _metadata(pid_offset + rank, rank, process_prefix, sorted(streams[rank], key=TID.get), config)
 
 
 def _by_key(events: Iterable[Event], keys: set[tuple[int, int]]) -> dict[tuple[int, int], Event]:
@@ -187,25 +195,60 @@ def distributed_info(result: StepResult | None, rank: int = 0) -> dict[str, Any]
     return {"backend": "nccl", "rank": rank, "world_size": result.config.gpus, "simulated": True}
 
 
+def _write_texts(fh, texts: Iterator[str], lead: bool = False) -> bool:
+    """Write the texts comma-separated (after a "," when `lead`), BATCH at a time; whether any was written."""
+    batch, wrote = list(islice(texts, BATCH)), False
+    while batch:
+        fh.write((("," if lead or wrote else "") + ",".join(batch)).encode("utf-8"))
+        wrote = True
+        batch = list(islice(texts, BATCH))
+    return wrote
+
+
+def _write_python(fh, events: Sequence[Event], critical_path: Sequence[Segment], kw: Mapping) -> None:
+    """The trace's events the Python way (iter_trace_json): the reference."""
+    _write_texts(fh, iter_trace_json(events, critical_path, **kw))
+
+
+def _write_rows(fh, events, critical_path: Sequence[Segment], *, pid_offset: int = 0, process_prefix: str = "sim",
+                flow_id_base: int = 0, steady_state: SteadyState | None = None,
+                result: StepResult | None = None) -> None:
+    """The trace's events from an EventRows' arrays (sim/outputs/trace_rows.py), the same bytes as
+    _write_python: metadata, op slices (compiled), steady-state slices, flows."""
+    if steady_state is None and result is not None:
+        steady_state = result.steady_state
+    ctx = trace_rows.RowsContext(events, critical_path, result)
+    head = _write_texts(fh, map(encode_json, _head(ctx.streams, ctx.config, pid_offset, process_prefix)))
+    lead = trace_rows.write_slices(fh, events, ctx, pid_offset, head) > 0 or head
+    lead = _write_texts(fh, map(encode_json, _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset)),
+                        lead) or lead
+    _write_texts(fh, flows_json(critical_path, ctx.critical_events(events), pid_offset, flow_id_base), lead)
+
+
 def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequence[Segment] = (),
                 **kw) -> Path:
     """Write the trace JSON of one run, streamed: events are encoded and written BATCH at a time, never
-    held as one document (kw: pid_offset, process_prefix, flow_id_base, steady_state, result)."""
+    held as one document (kw: pid_offset, process_prefix, flow_id_base, steady_state, result). An
+    EventRows is written from its arrays by the compiled writer where it applies (trace_rows.applies),
+    else, and wherever it meets a field it has no exact rule for, the Python way: the same bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    texts = iter_trace_json(events if isinstance(events, Sequence) else list(events), critical_path, **kw)
+    events = events if isinstance(events, Sequence) else list(events)
     try:
-        with open_own_for_writing(path) as fh:  # never through a link made after the checks
-            fh.write('{"traceEvents":[')
-            batch = list(islice(texts, BATCH))
-            while batch:
-                fh.write(",".join(batch))
-                batch = list(islice(texts, BATCH))
-                if batch:
-                    fh.write(",")
-            fh.write('],"displayTimeUnit":"ms"')
+        with open_own_for_writing(path, "wb") as fh:  # never through a link made after the checks
+            fh.write(b'{"traceEvents":[')
+            try:
+                if not trace_rows.applies(events, kw.get("pid_offset", 0)):
+                    raise trace_rows.Fallback
+                _write_rows(fh, events, critical_path, **kw)
+            except trace_rows.Fallback:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(b'{"traceEvents":[')
+                _write_python(fh, events, critical_path, kw)
+            fh.write(b'],"displayTimeUnit":"ms"')
             info = distributed_info(kw.get("result"))
-            fh.write(f',"distributedInfo":{encode_json(info)}}}' if info else "}")
+            fh.write(f',"distributedInfo":{encode_json(info)}}}'.encode() if info else b"}")
     except ValueError:  # encode_json met a non-finite number: no half-written trace is left behind
         path.unlink(missing_ok=True)
         raise CommandFailed(f"internal error: a non-finite number in the trace events; {path} was not "

@@ -1,0 +1,133 @@
+"""trace.json straight from an event log's arrays: the compiled core's EventRows, written by the compiled
+slice writer (sim/outputs/_trace.pyx), no Event built but the critical path's.
+
+What each slice needs besides its row and its op is computed with numpy over the columns: whether the op
+is on the critical path (`critical`, one int64 key per (rank, op id): sim/outputs/row_fields.py), and the
+index of its collective args (`infos`: the args of each distinct (collective row, rank) encoded once, as
+trace.py's _Context caches them). The document around the slices (metadata, steady-state slices,
+critical-path arrows) is trace.py's own, encoded the same way.
+
+`write_rows_trace` returns False where it does not apply (no compiled writer, a log of Event tuples, a time
+whose nanoseconds leave [0, 2**62) or are not finite, a rank or op id that does not pack, a pid offset that
+is not a small int), and raises _trace.Fallback where a field has no exact compiled rule: the caller then
+writes the Python way (trace.py). Either way the bytes are the Python writer's (tests/test_trace_rows.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _ascii
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from meshsim.sim.engine.event_rows import is_rows
+from meshsim.sim.outputs.row_fields import (
+    dense_unique,
+    keys_fit,
+    member,
+    op_codes,
+    pair_keys,
+    row_keys,
+    rows_where,
+)
+from meshsim.sim.outputs.trace_slices import TID, collective_args, encode_json, js
+from meshsim.sim.results.critical_path import Segment, critical_ops
+from meshsim.sim.results.step_result import StepResult
+
+try:
+    from meshsim.sim.outputs import _trace
+except ImportError:  # not built (no C compiler at install): trace.py writes the Python way
+    _trace = None
+
+
+class _NotBuilt(Exception):
+    """Fallback's stand-in without the compiled writer."""
+
+
+AVAILABLE = _trace is not None
+Fallback = _trace.Fallback if _trace is not None else _NotBuilt
+NS_LIMIT = float(2**62)  # t * 1e9 + 0.5 below this: C's truncation to int64 is Python's int()
+
+
+def _times_fit(c) -> bool:
+    """Every time's nanoseconds (as ns() computes them) finite and inside [0, NS_LIMIT)."""
+    wait = c.wait_s
+    if not (np.isfinite(c.start_s).all() and np.isfinite(c.end_s).all() and np.isfinite(wait).all()):
+        return False
+    waited = wait > 0
+    for t in (c.start_s, c.end_s, c.start_s[waited] + wait[waited]):
+        x = t * 1e9 + 0.5
+        if len(x) and not (x.min() >= 0 and x.max() < NS_LIMIT):
+            return False
+    return True
+
+
+def applies(events: Sequence, pid_offset: Any) -> bool:
+    """Whether write_rows_trace can write this log (module docstring)."""
+    if _trace is None or not is_rows(events) or type(pid_offset) is not int or not abs(pid_offset) < 2**61:
+        return False
+    c = events.columns
+    return keys_fit(c.rank, c.op_id) and _times_fit(c)
+
+
+class RowsContext:
+    """trace.py's _Context over arrays: ranks and their streams, the critical mask, the collective args."""
+
+    def __init__(self, events, critical_path: Sequence[Segment], result: StepResult | None) -> None:
+        c = events.columns
+        self.crit = critical_ops(critical_path)
+        self.by_op: Mapping = result.op_collectives if result is not None else {}
+        self.groups: Mapping = result.rank_groups if result is not None else {}
+        self.config = result.config if result is not None else None
+        self.per_node = (self.config.gpus_per_node or 0) if self.config is not None else 0
+        self.keys = row_keys(c.rank, c.op_id)
+        streams, names = op_codes(events, "stream")
+        pairs = dense_unique(c.rank.astype(np.int64) * len(names) + streams)[0] if len(names) else np.zeros(0, np.int64)
+        self.streams: dict[int, set] = {}
+        for rank, code in zip((pairs // max(len(names), 1)).tolist(), (pairs % max(len(names), 1)).tolist(),
+                              strict=True):
+            self.streams.setdefault(rank, set()).add(names[code])
+        self.critical = np.isin(self.keys, pair_keys(list(self.crit))).view(np.uint8) if len(self.keys) else \
+            np.zeros(0, np.uint8)
+
+    def infos(self) -> tuple[np.ndarray, list[bytes], list[bytes]]:
+        """(per row: its entry, intc; entries' escaped name prefixes; entries' args members), the last
+        entry an op without a collective row."""
+        ops, rows = list(self.by_op), list(self.by_op.values())
+        keys = pair_keys(ops)
+        order = None if len(keys) < 2 or bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
+        at = member(self.keys, keys if order is None else keys[order])
+        hit = np.flatnonzero(at >= 0)
+        which = at[hit] if order is None else order[at[hit]]  # index into ops / rows of each hit row
+        # one entry per distinct (row object, rank) among the hits, as _Context.info caches them
+        code = {i: k for k, i in enumerate(dict.fromkeys(map(id, rows)))}
+        row_code = np.fromiter(map(code.__getitem__, map(id, rows)), np.int64, len(rows))
+        ident = (row_code[which] << 31) | (self.keys[hit] >> 32)
+        _, first, inverse = np.unique(ident, return_index=True, return_inverse=True)
+        prefixes, members = [], []
+        for k in first.tolist():
+            row, rank = rows[which[k]], int(self.keys[hit[k]] >> 32)
+            info = collective_args(row, self.groups.get((row.group, rank)))
+            prefixes.append(self._prefix(info))
+            members.append((("," + encode_json(info)[1:-1]) if info else "").encode("ascii"))
+        prefixes.append(self._prefix(None))
+        members.append(b"")
+        entry = np.full(len(self.keys), len(prefixes) - 1, dtype=np.intc)
+        entry[hit] = np.asarray(inverse).reshape(-1)
+        return entry, prefixes, members
+
+    @staticmethod
+    def _prefix(info: Mapping[str, Any] | None) -> bytes:
+        return _ascii(f"nccl:{(info or {}).get('Collective name') or 'collective'} ")[1:-1].encode("ascii")
+
+    def critical_events(self, events) -> dict[tuple[int, int], Any]:
+        """(rank, op id) -> event of the critical path's ops (trace.py's _by_key), only those built."""
+        return {(ev.rank, ev.op_id): ev for ev in rows_where(events, self.critical.view(bool))}
+
+
+def write_slices(fh: BinaryIO, events, ctx: RowsContext, pid_offset: int, lead: bool) -> int:
+    """The op slices of every row into fh, each after a "," (not the first unless `lead`); their count."""
+    entry, prefixes, members = ctx.infos()
+    return _trace.write_slices(fh.write, events, ctx.critical, entry, prefixes, members, TID, pid_offset,
+                               ctx.per_node, lead, js, _ascii)
