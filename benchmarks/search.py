@@ -12,8 +12,10 @@ Cases:
 Per case it prints: layouts searched, refused, out of memory, legal (fit), refined (the layouts whose
 cheap bound reached the front of the queue), simulated (and the share of the legal ones), pruned, bound /
 simulated over the simulated layouts for each level (cheap and refined: median and worst = smallest), the
-winner, whether it is proven, wall and CPU seconds per phase (CPU of this process and its workers: the
-figure to trust on a shared machine) and the load average around the case. `--budget S` stops a case's
+winner, whether it is proven, how many simulations the error band's list took beyond the proof, wall
+seconds per phase (screening and cheap bounds; refining and simulating, which overlap on the workers) and
+the CPU seconds the workers spent refining and simulating, the CPU of the whole case (this process and
+its workers: the figure to trust on a shared machine) and the load average around the case. `--budget S` stops a case's
 simulations after S seconds (then not proven); `--out DIR` keeps each case's stores in DIR/CASE (a
 rerun reads its bounds and records back).
 
@@ -91,8 +93,11 @@ def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = No
           f"), CPU {cpu:,.1f} s (jobs {jobs}); load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
     if result.winner is not None:
         proof = "proven optimal under the model" if result.proven else f"NOT proven ({result.stop_reason})"
+        band = len(result.simulated) - result.needed_for_proof
         print(f"  winner {result.winner.key}: step {result.winner.step_s:.4f} s, {proof}; "
-              f"{len(result.within_error)} within the error band")
+              f"{len(result.within_error)} within the error band ({result.band.mape:.1%}); simulated for the band "
+              f"(bound >= winner's step) {band}, of which {sum(e.bound.step_s >= result.winner.step_s for e in result.within_error)} "
+              "landed inside it")
     for rc in result.refused[:6]:
         print(f"  refused by {rc.rule}: {rc.count:,}")
     if dump:

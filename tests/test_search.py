@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import meshsim.sim.search.refiner as refiner_module
 import meshsim.sim.search.screen_pool as screen_pool
+import meshsim.sim.search.workers as workers_module
 from meshsim.scenarios.load import load_scenario, with_overrides
 from meshsim.sim.api import search as api_search
 from meshsim.sim.cli.main import main
@@ -177,7 +177,7 @@ def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(tmp_path, monkey
         raise AssertionError("bounded again")
 
     monkeypatch.setattr(screen_pool, "cheap_bound", refuse)
-    monkeypatch.setattr(refiner_module, "lower_bound", refuse)
+    monkeypatch.setattr(workers_module, "lower_bound", refuse)
     again = search(scenario, source, fixed=FIXED, out_dir=tmp_path)
     assert again.bounds_reused == len(first.entries) + first.refined
     assert [(e.key, e.bound.step_s, e.bound.level) for e in again.entries] == \
@@ -250,3 +250,4 @@ def test_screening_in_worker_processes_gives_the_same_search(monkeypatch):
     assert (one.searched, one.out_of_memory, one.refused) == (two.searched, two.out_of_memory, two.refused)
     assert sorted((e.key, e.cheap) for e in one.entries) == sorted((e.key, e.cheap) for e in two.entries)
     assert one.winner.key == two.winner.key and one.winner.step_s == two.winner.step_s
+
