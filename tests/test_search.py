@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 import meshsim.sim.search.screen_pool as screen_pool
 import meshsim.sim.search.workers as workers_module
-from meshsim.scenarios.load import load_scenario, with_overrides
+from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.api import search as api_search
 from meshsim.sim.cli.main import main
+from meshsim.sim.core.errors import UserError
 from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.bound_types import PriceCache
 from meshsim.sim.search.branch import search
@@ -251,3 +252,24 @@ def test_screening_in_worker_processes_gives_the_same_search(monkeypatch):
     assert sorted((e.key, e.cheap) for e in one.entries) == sorted((e.key, e.cheap) for e in two.entries)
     assert one.winner.key == two.winner.key and one.winner.step_s == two.winner.step_s
 
+
+def test_default_vp_values_are_those_the_scenario_checks_accept():
+    """vp derived per pp from the layer count (space.py vp_values): every vp with which resolving the
+    scenario at that pp and a split option searched passes the pipeline rules, and no other; 80 layers at
+    pp 4 hold NeMo's Llama 3 70B vp 5 (a power-of-two axis would miss it)."""
+    scenario, source = small(gpus=16, **{"model.layers": 12})
+    space = build_space(scenario, FIXED | {"micro_batch": (1,)}, {"pp": (1, 2, 3, 4, 6)})
+    for pp, derived in space.vp_by_pp:
+        accepted = set()
+        for vp in range(1, 16):
+            try:
+                resolve(with_overrides(scenario, {"parallel.pp": pp, "parallel.vp": vp}, source), source)
+            except UserError as err:
+                if err.field in ("parallel.pp", "parallel.vp"):
+                    continue
+            accepted.add(vp)
+        assert set(derived) == accepted, (pp, derived, accepted)
+    assert dict(space.vp_by_pp)[4] == (1, 3) and dict(space.vp_by_pp)[2] == (1,)  # p2p_overlap: vp > 1 needs pp > 2
+    assert {lay.point.vp for lay in layouts(scenario, space) if lay.point.pp == 3} == {1, 2, 4}
+    big, _ = small(gpus=64, **{"model.layers": 80})
+    assert 5 in dict(build_space(big, FIXED, {"pp": (4,)}).vp_by_pp)[4]
