@@ -79,7 +79,7 @@ class Pipeline:
             index.append({op.id: len(ops) + k for k, op in enumerate(sched.ops)})
             ops += sched.ops
             stage_of += [sched.stage] * len(sched.ops)
-        self.index, self.ops = index, ops
+        self.index, self.ops, self.views = index, ops, {}
         n_ops = len(ops)
         self.ok = all(d in ids for sched, ids in zip(schedules, index, strict=True) for op in sched.ops for d in op.deps)
         if not self.ok:  # a dep outside the schedule (a short interleaved schedule Megatron would refuse): no graph
@@ -138,28 +138,40 @@ class Pipeline:
         self.est, self.tail = est, tail
         self.ancestors_first, self.descendants_last = set(order_first), set(order_final)
 
+    def _stage_view(self, stage: int) -> tuple[int, int, dict[str, list[tuple[int, int]]]]:
+        """(first op of another micro-batch than 0 / none, last op of another than the last / none, stream ->
+        its ops as (position, node)) of a stage's list, once per stage."""
+        view = self.views.get(stage)
+        if view is None:
+            sched, ids = self.schedules[stage], self.index[stage]
+            first_other, last_other = len(sched.ops), -1
+            streams: dict[str, list[tuple[int, int]]] = defaultdict(list)
+            for i, op in enumerate(sched.ops):
+                mb = op.micro_batch
+                if mb is not None and mb != 0 and first_other > i:
+                    first_other = i
+                if mb is not None and mb != self.last_mb:
+                    last_other = i
+                streams[op.stream].append((i, ids[op.id]))
+            view = self.views[stage] = (first_other, last_other, streams)
+        return view
+
     def fill_drain(self, stage: int, stream: str) -> tuple[float, float]:
         """(max over x of est(x) - before(x), max over z of tail(z) - after(z)), each at least 0, over the
         allowed x and z of the stream (module docstring)."""
-        sched, ids = self.schedules[stage], self.index[stage]
-        ops = [op for op in sched.ops if op.stream == stream]
-        first_other = next((i for i, op in enumerate(sched.ops) if op.micro_batch not in (None, 0)), len(sched.ops))
-        last_other = max((i for i, op in enumerate(sched.ops) if op.micro_batch not in (None, self.last_mb)),
-                         default=-1)
+        first_other, last_other, streams = self._stage_view(stage)
         if first_other > last_other:  # one micro-batch: fill and drain regions would overlap
             return 0.0, 0.0
-        position = {op.id: i for i, op in enumerate(sched.ops)}
+        ops = streams.get(stream, ())
         fill, before = 0.0, 0.0
-        for op in ops:
-            n = ids[op.id]
-            if position[op.id] >= first_other or n not in self.ancestors_first:
+        for position, n in ops:
+            if position >= first_other or n not in self.ancestors_first:
                 break
             fill = max(fill, self.est[n] - before)
             before += self.dur[n]
         drain, after = 0.0, 0.0
-        for op in reversed(ops):
-            n = ids[op.id]
-            if position[op.id] <= last_other or n not in self.descendants_last:
+        for position, n in reversed(ops):
+            if position <= last_other or n not in self.descendants_last:
                 break
             drain = max(drain, self.tail[n] - after)
             after += self.dur[n]
