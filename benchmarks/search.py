@@ -81,10 +81,12 @@ def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = No
     wall, cpu = time.monotonic() - wall0, cpu_s() - cpu0
     legal, sims = len(result.entries), [e for e in result.simulated if e.step_s]
     share = f"{100 * len(result.simulated) / legal:.1f}%" if legal else "-"
+    step = result.winner.step_s if result.winner is not None else float("inf")
+    for_proof = sum(e.bound.step_s < step for e in result.simulated)
     pinned = "".join(f" --fix {a}={','.join(map(str, v))}" for a, v in (fixed or {}).items())
     print(f"{name}{pinned}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
           f"{result.out_of_memory:,}, legal {legal:,}, refined {result.refined:,}, simulated "
-          f"{len(result.simulated):,} ({share} of legal), of which {result.needed_for_proof:,} for the proof "
+          f"{len(result.simulated):,} ({share} of legal), of which {for_proof:,} for the proof "
           f"(bound < winner's step), pruned {result.pruned:,}; bounds reused {result.bounds_reused:,}")
     print(f"  bound/simulated: cheap {_tightness([(e.cheap.step_s, e.step_s) for e in sims])}; refined "
           f"{_tightness([(e.refined.step_s, e.step_s) for e in sims])}; used (the larger) "
@@ -93,11 +95,12 @@ def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = No
           f"), CPU {cpu:,.1f} s (jobs {jobs}); load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
     if result.winner is not None:
         proof = "proven optimal under the model" if result.proven else f"NOT proven ({result.stop_reason})"
-        band = len(result.simulated) - result.needed_for_proof
+        inside = sum(e.bound.step_s >= result.winner.step_s for e in result.within_error)
+        band = (f"simulated for the band (bound >= winner's step) {len(result.simulated) - for_proof}, "
+                f"of which {inside} landed inside it") if result.proven else (
+                f"{result.needed_for_proof:,} layouts have a bound below the winner's step: a proof simulates them all")
         print(f"  winner {result.winner.key}: step {result.winner.step_s:.4f} s, {proof}; "
-              f"{len(result.within_error)} within the error band ({result.band.mape:.1%}); simulated for the band "
-              f"(bound >= winner's step) {band}, of which {sum(e.bound.step_s >= result.winner.step_s for e in result.within_error)} "
-              "landed inside it")
+              f"{len(result.within_error)} within the error band ({result.band.mape:.1%}); {band}")
     for rc in result.refused[:6]:
         print(f"  refused by {rc.rule}: {rc.count:,}")
     if dump:
