@@ -22,6 +22,7 @@ rerun reads its bounds and records back).
     python benchmarks/search.py [--cases llama3-70b-64,...] [--jobs 2] [--budget 600]
     python benchmarks/search.py --sample 4     # screening counts, and 4 layouts bounded and simulated
     python benchmarks/search.py --cases deepseek-v3-1024 --fix ep_overlap=off   # pin an axis
+    python benchmarks/search.py --cases llama3-70b-64 --space vp=1,2,4,8         # the vp values before they were derived
 """
 
 from __future__ import annotations
@@ -72,18 +73,19 @@ def _tightness(pairs: list[tuple[float, float]]) -> str:
 
 
 def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = None, out: str | None = None,
-             fixed: dict | None = None) -> None:
+             fixed: dict | None = None, opened: dict | None = None) -> None:
     scenario, source = case_scenario(name)
     load0 = os.getloadavg()[0]
     wall0, cpu0 = time.monotonic(), cpu_s()
-    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False, fixed=fixed,
+    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False, fixed=fixed, opened=opened,
                     out_dir=Path(out, name) if out else None)
     wall, cpu = time.monotonic() - wall0, cpu_s() - cpu0
     legal, sims = len(result.entries), [e for e in result.simulated if e.step_s]
     share = f"{100 * len(result.simulated) / legal:.1f}%" if legal else "-"
     step = result.winner.step_s if result.winner is not None else float("inf")
     for_proof = sum(e.bound.step_s < step for e in result.simulated)
-    pinned = "".join(f" --fix {a}={','.join(map(str, v))}" for a, v in (fixed or {}).items())
+    pinned = "".join(f" --fix {a}={','.join(map(str, v))}" for a, v in (fixed or {}).items()) + "".join(
+        f" --space {a}={','.join(map(str, v))}" for a, v in (opened or {}).items())
     print(f"{name}{pinned}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
           f"{result.out_of_memory:,}, legal {legal:,}, refined {result.refined:,}, simulated "
           f"{len(result.simulated):,} ({share} of legal), of which {for_proof:,} for the proof "
@@ -143,13 +145,15 @@ def main() -> None:
     parser.add_argument("--dump", default=None, help="folder for one JSON per case: every layout's bound and step")
     parser.add_argument("--out", default=None, help="folder for each case's resumable stores (OUT/CASE)")
     parser.add_argument("--fix", action="append", default=[], help="pin an axis in every case: AXIS=VALUE")
+    parser.add_argument("--space", action="append", default=[], help="an axis's values in every case: AXIS=V1,V2")
     args = parser.parse_args()
     for name in args.cases.split(","):
         if args.sample:
             sample_case(name, args.sample)
         else:
             run_case(name, args.jobs, args.budget, args.dump, args.out,
-                     dict(parse_assignment("--fix", text, True) for text in args.fix))
+                     dict(parse_assignment("--fix", text, True) for text in args.fix),
+                     dict(parse_assignment("--space", text, False) for text in args.space))
 
 
 if __name__ == "__main__":
