@@ -273,3 +273,21 @@ def test_default_vp_values_are_those_the_scenario_checks_accept():
     assert {lay.point.vp for lay in layouts(scenario, space) if lay.point.pp == 3} == {1, 2, 4}
     big, _ = small(gpus=64, **{"model.layers": 80})
     assert 5 in dict(build_space(big, FIXED, {"pp": (4,)}).vp_by_pp)[4]
+
+
+def test_ray_simulations_give_the_same_search(tmp_path):
+    """--ray: the simulations in flight go through run_sweep's Ray path (sim/search/workers.py); the winner,
+    its step and the layouts the proof needs (bound below the winner's step: simulated by any order) are the
+    local search's, and the sweep store holds a record of every layout simulated."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'meshsim[ray]')")
+    scenario, source = small()
+    local = search(scenario, source, fixed=FIXED | {"micro_batch": (1,)}, jobs=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = search(scenario, source, fixed=FIXED | {"micro_batch": (1,)}, jobs=2, ray="local", out_dir=tmp_path)
+    finally:
+        ray.shutdown()
+    assert (remote.winner.key, remote.winner.step_s, remote.proven) == (local.winner.key, local.winner.step_s, True)
+    proof = [{e.key for e in r.simulated if e.bound.step_s < r.winner.step_s} for r in (local, remote)]
+    assert proof[0] == proof[1] and proof[0]
+    assert (tmp_path / "sweep.jsonl").read_text().count("\n") == len(remote.simulated)
