@@ -12,14 +12,17 @@ Cases:
 Per case it prints: layouts searched, refused, out of memory, legal (fit), refined (the layouts whose
 cheap bound reached the front of the queue), simulated (and the share of the legal ones), pruned, bound /
 simulated over the simulated layouts for each level (cheap and refined: median and worst = smallest), the
-winner, whether it is proven, wall and CPU seconds per phase (CPU of this process and its workers: the
-figure to trust on a shared machine) and the load average around the case. `--budget S` stops a case's
+winner, whether it is proven, how many simulations the error band's list took beyond the proof, wall
+seconds per phase (screening and cheap bounds; refining and simulating, which overlap on the workers) and
+the CPU seconds the workers spent refining and simulating, the CPU of the whole case (this process and
+its workers: the figure to trust on a shared machine) and the load average around the case. `--budget S` stops a case's
 simulations after S seconds (then not proven); `--out DIR` keeps each case's stores in DIR/CASE (a
 rerun reads its bounds and records back).
 
     python benchmarks/search.py [--cases llama3-70b-64,...] [--jobs 2] [--budget 600]
     python benchmarks/search.py --sample 4     # screening counts, and 4 layouts bounded and simulated
     python benchmarks/search.py --cases deepseek-v3-1024 --fix ep_overlap=off   # pin an axis
+    python benchmarks/search.py --cases llama3-70b-64 --space vp=1,2,4,8         # the vp values before they were derived
 """
 
 from __future__ import annotations
@@ -70,19 +73,22 @@ def _tightness(pairs: list[tuple[float, float]]) -> str:
 
 
 def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = None, out: str | None = None,
-             fixed: dict | None = None) -> None:
+             fixed: dict | None = None, opened: dict | None = None) -> None:
     scenario, source = case_scenario(name)
     load0 = os.getloadavg()[0]
     wall0, cpu0 = time.monotonic(), cpu_s()
-    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False, fixed=fixed,
+    result = search(scenario, source, budget_s=budget_s, jobs=jobs, progress=False, fixed=fixed, opened=opened,
                     out_dir=Path(out, name) if out else None)
     wall, cpu = time.monotonic() - wall0, cpu_s() - cpu0
     legal, sims = len(result.entries), [e for e in result.simulated if e.step_s]
     share = f"{100 * len(result.simulated) / legal:.1f}%" if legal else "-"
-    pinned = "".join(f" --fix {a}={','.join(map(str, v))}" for a, v in (fixed or {}).items())
+    step = result.winner.step_s if result.winner is not None else float("inf")
+    for_proof = sum(e.bound.step_s < step for e in result.simulated)
+    pinned = "".join(f" --fix {a}={','.join(map(str, v))}" for a, v in (fixed or {}).items()) + "".join(
+        f" --space {a}={','.join(map(str, v))}" for a, v in (opened or {}).items())
     print(f"{name}{pinned}: searched {result.searched:,}, refused {result.refused_total:,}, out of memory "
           f"{result.out_of_memory:,}, legal {legal:,}, refined {result.refined:,}, simulated "
-          f"{len(result.simulated):,} ({share} of legal), of which {result.needed_for_proof:,} for the proof "
+          f"{len(result.simulated):,} ({share} of legal), of which {for_proof:,} for the proof "
           f"(bound < winner's step), pruned {result.pruned:,}; bounds reused {result.bounds_reused:,}")
     print(f"  bound/simulated: cheap {_tightness([(e.cheap.step_s, e.step_s) for e in sims])}; refined "
           f"{_tightness([(e.refined.step_s, e.step_s) for e in sims])}; used (the larger) "
@@ -91,8 +97,12 @@ def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = No
           f"), CPU {cpu:,.1f} s (jobs {jobs}); load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
     if result.winner is not None:
         proof = "proven optimal under the model" if result.proven else f"NOT proven ({result.stop_reason})"
+        inside = sum(e.bound.step_s >= result.winner.step_s for e in result.within_error)
+        band = (f"simulated for the band (bound >= winner's step) {len(result.simulated) - for_proof}, "
+                f"of which {inside} landed inside it") if result.proven else (
+                f"{result.needed_for_proof:,} layouts have a bound below the winner's step: a proof simulates them all")
         print(f"  winner {result.winner.key}: step {result.winner.step_s:.4f} s, {proof}; "
-              f"{len(result.within_error)} within the error band")
+              f"{len(result.within_error)} within the error band ({result.band.mape:.1%}); {band}")
     for rc in result.refused[:6]:
         print(f"  refused by {rc.rule}: {rc.count:,}")
     if dump:
@@ -135,13 +145,15 @@ def main() -> None:
     parser.add_argument("--dump", default=None, help="folder for one JSON per case: every layout's bound and step")
     parser.add_argument("--out", default=None, help="folder for each case's resumable stores (OUT/CASE)")
     parser.add_argument("--fix", action="append", default=[], help="pin an axis in every case: AXIS=VALUE")
+    parser.add_argument("--space", action="append", default=[], help="an axis's values in every case: AXIS=V1,V2")
     args = parser.parse_args()
     for name in args.cases.split(","):
         if args.sample:
             sample_case(name, args.sample)
         else:
             run_case(name, args.jobs, args.budget, args.dump, args.out,
-                     dict(parse_assignment("--fix", text, True) for text in args.fix))
+                     dict(parse_assignment("--fix", text, True) for text in args.fix),
+                     dict(parse_assignment("--space", text, False) for text in args.space))
 
 
 if __name__ == "__main__":

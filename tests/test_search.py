@@ -10,11 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import meshsim.sim.search.refiner as refiner_module
 import meshsim.sim.search.screen_pool as screen_pool
-from meshsim.scenarios.load import load_scenario, with_overrides
+import meshsim.sim.search.workers as workers_module
+from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.api import search as api_search
 from meshsim.sim.cli.main import main
+from meshsim.sim.core.errors import UserError
 from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.bound_types import PriceCache
 from meshsim.sim.search.branch import search
@@ -177,7 +178,7 @@ def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(tmp_path, monkey
         raise AssertionError("bounded again")
 
     monkeypatch.setattr(screen_pool, "cheap_bound", refuse)
-    monkeypatch.setattr(refiner_module, "lower_bound", refuse)
+    monkeypatch.setattr(workers_module, "lower_bound", refuse)
     again = search(scenario, source, fixed=FIXED, out_dir=tmp_path)
     assert again.bounds_reused == len(first.entries) + first.refined
     assert [(e.key, e.bound.step_s, e.bound.level) for e in again.entries] == \
@@ -250,3 +251,43 @@ def test_screening_in_worker_processes_gives_the_same_search(monkeypatch):
     assert (one.searched, one.out_of_memory, one.refused) == (two.searched, two.out_of_memory, two.refused)
     assert sorted((e.key, e.cheap) for e in one.entries) == sorted((e.key, e.cheap) for e in two.entries)
     assert one.winner.key == two.winner.key and one.winner.step_s == two.winner.step_s
+
+
+def test_default_vp_values_are_those_the_scenario_checks_accept():
+    """vp derived per pp from the layer count (space.py vp_values): every vp with which resolving the
+    scenario at that pp and a split option searched passes the pipeline rules, and no other; 80 layers at
+    pp 4 hold NeMo's Llama 3 70B vp 5 (a power-of-two axis would miss it)."""
+    scenario, source = small(gpus=16, **{"model.layers": 12})
+    space = build_space(scenario, FIXED | {"micro_batch": (1,)}, {"pp": (1, 2, 3, 4, 6)})
+    for pp, derived in space.vp_by_pp:
+        accepted = set()
+        for vp in range(1, 16):
+            try:
+                resolve(with_overrides(scenario, {"parallel.pp": pp, "parallel.vp": vp}, source), source)
+            except UserError as err:
+                if err.field in ("parallel.pp", "parallel.vp"):
+                    continue
+            accepted.add(vp)
+        assert set(derived) == accepted, (pp, derived, accepted)
+    assert dict(space.vp_by_pp)[4] == (1, 3) and dict(space.vp_by_pp)[2] == (1,)  # p2p_overlap: vp > 1 needs pp > 2
+    assert {lay.point.vp for lay in layouts(scenario, space) if lay.point.pp == 3} == {1, 2, 4}
+    big, _ = small(gpus=64, **{"model.layers": 80})
+    assert 5 in dict(build_space(big, FIXED, {"pp": (4,)}).vp_by_pp)[4]
+
+
+def test_ray_simulations_give_the_same_search(tmp_path):
+    """--ray: the simulations in flight go through run_sweep's Ray path (sim/search/workers.py); the winner,
+    its step and the layouts the proof needs (bound below the winner's step: simulated by any order) are the
+    local search's, and the sweep store holds a record of every layout simulated."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'meshsim[ray]')")
+    scenario, source = small()
+    local = search(scenario, source, fixed=FIXED | {"micro_batch": (1,)}, jobs=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = search(scenario, source, fixed=FIXED | {"micro_batch": (1,)}, jobs=2, ray="local", out_dir=tmp_path)
+    finally:
+        ray.shutdown()
+    assert (remote.winner.key, remote.winner.step_s, remote.proven) == (local.winner.key, local.winner.step_s, True)
+    proof = [{e.key for e in r.simulated if e.bound.step_s < r.winner.step_s} for r in (local, remote)]
+    assert proof[0] == proof[1] and proof[0]
+    assert (tmp_path / "sweep.jsonl").read_text().count("\n") == len(remote.simulated)

@@ -100,7 +100,10 @@ class PriceCache:
 
 class Pricer:
     """Priced duration of a FIFO op (or a block template's op) on a rank: compute_s, or latency + bandwidth of
-    its collective on the rank's group (bound.py step 3). Made alone, or by a PriceCache."""
+    its collective on the rank's group (bound.py step 3). Made alone, or by a PriceCache. Memoized per (work
+    object, rank): both prices are functions of the op's work and the rank only (the collective's group is
+    rs.group(work.group, rank)), and ops stamped from one template share their work; the memo keeps the
+    work alive, so its id stays its own (as sim/results/costers.py compute_fn does)."""
 
     def __init__(self, rs: ResolvedScenario, compute_s=None, coster: CollectiveCoster | None = None,
                  groups: dict | None = None, mesh: tuple | None = None):
@@ -109,8 +112,16 @@ class Pricer:
         self.coster = coster or CollectiveCoster(rs)
         self.groups = {} if groups is None else groups
         self.mesh = mesh or mesh_key(rs)
+        self.memo: dict[tuple[int, int], tuple[object, float]] = {}
 
     def __call__(self, op, rank: int) -> float:
+        work = op.work
+        hit = self.memo.get((id(work), rank))
+        if hit is None or hit[0] is not work:
+            hit = self.memo[(id(work), rank)] = (work, self._price(op, rank))
+        return hit[1]
+
+    def _price(self, op, rank: int) -> float:
         if isinstance(op.work, Collective):
             key = (self.mesh, op.work.group, rank)
             group = self.groups.get(key)

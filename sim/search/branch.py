@@ -5,18 +5,23 @@
    (sim/search/cheap_bound.py: block templates times the micro-batch count, no schedule built), in
    `jobs` processes (sim/search/screen_pool.py).
 2. A queue ordered by each layout's current bound, the larger of the levels computed (both are <= its
-   simulated step, so the larger is too). Take the front: a layout with only its cheap bound gets its
-   refined one (sim/search/bound.py: short schedules, the pipeline's fill and drain) and goes back in
-   the queue; a refined layout is simulated, `jobs` at a time, through the sweep's runner
-   (sim/sweep/runner.py run_sweep: the same run_point, the resumable OUT/sweep.jsonl store, its process
-   pool or Ray). Stop when the front's bound is >= best x (1 + e), e the largest error band (MAPE,
-   sim/results/error_band.py) of the candidates' accuracy groups. Bounds go to OUT/bounds.jsonl
-   (sim/search/bound_store.py), so a rerun reads them back instead of bounding again.
-3. Optimality: every layout not simulated has a current bound >= best (1 + e) >= best, and its simulated
-   step is >= that bound, so no layout is faster than the best: the winner is the fastest layout of the
-   space under meshsim's model. Layouts whose step is within e of the winner all have bound < best (1 + e),
-   so all were simulated: "could be the best within the model's error" lists every one of them. Only the
-   layouts whose cheap bound comes below that line are ever refined.
+   simulated step, so the larger is too). Up to `jobs` tasks are in flight on one pool of workers that
+   lives for the whole search (sim/search/workers.py); whenever one is free it takes the front: a layout
+   with only its cheap bound gets its refined one (sim/search/bound.py: short schedules, the pipeline's
+   fill and drain) and goes back in the queue; a refined layout is simulated by the sweep's runner
+   (sim/sweep/record.py run_point, recorded in the resumable OUT/sweep.jsonl; Ray through run_sweep).
+   Results are taken as they come, not in batches. Nothing new starts once the front's bound is
+   > best x (1 + e), best the fastest fitting layout simulated so far and e its accuracy group's error
+   band (MAPE, sim/results/error_band.py); the search ends when nothing is in flight either. Bounds go to
+   OUT/bounds.jsonl (sim/search/bound_store.py), so a rerun reads them back instead of bounding again.
+3. Optimality: when the search ends, every layout not simulated has a current bound > best (1 + e) >= best
+   (best and e those of the final winner: the limit is read afresh before every launch), and its
+   simulated step is >= that bound, so no layout is faster than the best: the winner is the fastest
+   layout of the space under meshsim's model. Layouts whose step is within e of the winner all have
+   bound <= best (1 + e), so all were simulated: "could be the best within the model's error" lists every
+   one of them; layouts whose bound is past that line are never simulated (nor refined, when the cheap
+   bound is). Which layouts are simulated besides the proof's depends only on the tasks in flight when
+   the best improves (at most jobs - 1 of them); the winner's step does not.
    A --budget that runs out first leaves the winner unproven, and the result says so.
 """
 
@@ -33,15 +38,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.search.bound_store import BoundStore
-from meshsim.sim.search.refiner import Refiner
 from meshsim.sim.search.result import Entry, SearchResult
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, by_rule, screen
 from meshsim.sim.search.screen_pool import screen_all
 from meshsim.sim.search.space import Layout, build_space, layouts
+from meshsim.sim.search.workers import Workers
 from meshsim.sim.sweep.axes import referenced_snapshot, scenario_digest
 from meshsim.sim.sweep.explain import explain
 from meshsim.sim.sweep.record import SweepRecord, run_point
-from meshsim.sim.sweep.runner import run_sweep
 
 
 def _bar(enabled: bool) -> Progress:
@@ -93,21 +97,6 @@ class _Resolved:
         return c.rs
 
 
-def _simulate(batch: list[Entry], variants: Variants, source: str, *, jobs: int, out_dir, ray: str | None,
-              runner: Callable[..., SweepRecord], warn) -> dict[str, SweepRecord]:
-    """Run a batch through the sweep runner, one run_sweep per variant scenario; layout key -> record."""
-    groups: dict[tuple, list[Entry]] = {}
-    for e in batch:
-        groups.setdefault(e.layout.variant, []).append(e)
-    out = {}
-    for group in groups.values():
-        points = [e.layout.point for e in group]
-        records = run_sweep(variants(group[0].layout), source, points, jobs=min(jobs, len(points)), out_dir=out_dir,
-                            ray_address=ray, progress=False, runner=runner, warn=warn)
-        out.update({e.key: r for e, r in zip(group, records, strict=True)})
-    return out
-
-
 class _Queue:
     """Entries by current bound (ties: enumeration order)."""
 
@@ -126,39 +115,54 @@ class _Queue:
         heapq.heappush(self.heap, (entry.bound.step_s, n, entry.key))
 
 
-def _next_batch(queue: _Queue, entries: dict[str, Entry], limit: float, size: int, refiner: Refiner,
-                store: BoundStore) -> list[tuple[int, Entry]]:
-    """Up to `size` refined entries from the front whose bound is below `limit`; layouts that reach the front
-    with their cheap bound only are refined, up to `size` at a time (in parallel), and put back."""
-    batch: list[tuple[int, Entry]] = []
-    while len(batch) < size and queue.front() is not None and queue.front() < limit:
-        todo: list[tuple[int, str]] = []
-        while len(batch) < size and len(todo) < size and queue.front() is not None and queue.front() < limit:
-            n, key = queue.pop()
-            if entries[key].refined is None:
-                todo.append((n, key))
+class _State:
+    """The branch and bound's running state: entries, the queue, the best layout, what is in flight."""
+
+    def __init__(self, order: list[Entry], bands: dict):
+        self.entries = {e.key: e for e in order}
+        self.queue, self.bands = _Queue(order), bands
+        self.best: Entry | None = None
+        self.failed: list[Refusal] = []
+        self.flight: dict = {}  # future -> ("refine" | "simulate", n, key)
+        self.simulated = 0
+        self.cpu_s = {"refine": 0.0, "simulate": 0.0}
+
+    def limit(self) -> float:
+        """best x (1 + e), e the best layout's error band (module docstring step 3); inf before a best."""
+        if self.best is None:
+            return float("inf")
+        return self.best.step_s * (1 + self.bands[self.best.key].mape)
+
+    def launch(self, workers: Workers, jobs: int) -> None:
+        """Fill the free workers from the front of the queue, below the limit: a layout with its cheap bound
+        only is refined (and goes back in the queue), a refined one simulated."""
+        while len(self.flight) < jobs and self.queue.front() is not None and self.queue.front() <= self.limit():
+            n, key = self.queue.pop()
+            e = self.entries[key]
+            if e.refined is None:
+                self.flight[workers.submit_refine(key)] = ("refine", n, key)
             else:
-                batch.append((n, entries[key]))
-        if todo:
-            bounds = refiner([key for _, key in todo])
-            for (n, key), bound in zip(todo, bounds, strict=True):
-                entries[key] = replace(entries[key], refined=bound)
-                queue.push(entries[key], n)
-            store.put(list(zip([key for _, key in todo], bounds, strict=True)))
-    return batch
+                self.flight[workers.submit_simulate(e.layout)] = ("simulate", n, key)
 
-
-def _take(batch, records: dict[str, SweepRecord], entries: dict[str, Entry], failed: list[Refusal],
-          best: Entry | None) -> Entry | None:
-    """Record a simulated batch in `entries` (and `failed`); the best fitting layout so far."""
-    for _, e in batch:
-        rec = records[e.key]
-        e = entries[e.key] = replace(e, record=rec)
-        if not rec.ok:
-            failed.append(Refusal(e.layout, "simulation", rec.reason))
-        elif rec.fits and (best is None or rec.result.step_time_s < best.step_s):
-            best = e
-    return best
+    def take(self, future, workers: Workers, store: BoundStore) -> None:
+        kind, n, key = self.flight.pop(future)
+        result = future.result()
+        self.cpu_s[kind] += result[1]
+        e = self.entries[key]
+        if kind == "refine":
+            e = self.entries[key] = replace(e, refined=result[0])
+            self.queue.push(e, n)
+            store.put([(key, result[0])])
+            return
+        record, _, new = result
+        if new:
+            workers.keep(record)
+        e = self.entries[key] = replace(e, record=record)
+        self.simulated += 1
+        if not record.ok:
+            self.failed.append(Refusal(e.layout, "simulation", record.reason))
+        elif record.fits and (self.best is None or record.result.step_time_s < self.best.step_s):
+            self.best = e
 
 
 def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, opened: Mapping | None = None,
@@ -166,48 +170,43 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
            progress: bool = False, runner: Callable[..., SweepRecord] = run_point, warn=None) -> SearchResult:
     """Branch and bound over the layouts of `scenario` (module docstring)."""
     start = time.monotonic()
+    jobs = max(1, jobs)
     store = BoundStore(out_dir, scenario_digest(scenario, source, referenced_snapshot(scenario, source)))
-    with _bar(progress) as bar, Refiner(jobs) as refiner:
+    with _bar(progress) as bar:
         searched, refusals, oom, candidates, banded, variants, reused = screen_and_bound(
             scenario, source, fixed or {}, opened or {}, bar, store, jobs)
         bounded = time.monotonic()
         order = [e for e, _ in banded]
-        entries = {e.key: e for e in order}
-        refiner.rs_of = _Resolved(candidates, variants, {e.key: e.layout for e in order})
-        bands = {e.key: b for e, b in banded}
-        margin = max((b.mape for b in bands.values()), default=0.0)
-        queue = _Queue(order)
+        state = _State(order, {e.key: b for e, b in banded})
+        rs_of = _Resolved(candidates, variants, {e.key: e.layout for e in order})
         task = bar.add_task("simulating (ascending bound)", total=len(order))
-        best: Entry | None = None
-        failed: list[Refusal] = []
-        simulated, stop, refine_s = 0, "", 0.0
-        while True:
-            if budget_s is not None and best is not None and time.monotonic() - start > budget_s:
-                stop = "budget"
-                break
-            limit = best.step_s * (1 + margin) if best is not None else float("inf")
-            t0 = time.monotonic()
-            batch = _next_batch(queue, entries, limit, max(1, jobs), refiner, store)
-            refine_s += time.monotonic() - t0
-            if not batch:
-                stop = "bound" if queue.front() is not None else ""
-                break
-            records = _simulate([e for _, e in batch], variants, source, jobs=jobs, out_dir=out_dir, ray=ray,
-                                runner=runner, warn=warn)
-            best = _take(batch, records, entries, failed, best)
-            simulated += len(batch)
-            bar.update(task, completed=simulated, description=f"simulating: best {best.key if best else '-'}"[:48],
-                       refresh=True)
-        bar.update(task, total=simulated, description=f"simulated {simulated}, pruned {len(order) - simulated}",
-                   refresh=True)
-    if best is not None:
-        best = entries[best.key]
-    final = sorted(entries.values(), key=lambda e: e.bound.step_s)  # stable: ties keep enumeration order
-    front = queue.front()
+        stop = ""
+        with Workers(jobs, rs_of, variants, runner, out_dir, ray, warn) as workers:
+            while True:
+                if not stop and budget_s is not None and state.best is not None and \
+                        time.monotonic() - start > budget_s:
+                    stop = "budget"  # no new task; those in flight finish and count
+                if not stop:
+                    state.launch(workers, jobs)
+                if not state.flight:
+                    break
+                for future in workers.done(list(state.flight)):
+                    state.take(future, workers, store)
+                best = state.best
+                bar.update(task, completed=state.simulated,
+                           description=f"simulating: best {best.key if best else '-'}"[:48], refresh=True)
+        if stop != "budget" and state.queue.front() is not None:
+            stop = "bound"
+        bar.update(task, total=state.simulated,
+                   description=f"simulated {state.simulated}, pruned {len(order) - state.simulated}", refresh=True)
+    best = state.best
+    final = sorted(state.entries.values(), key=lambda e: e.bound.step_s)  # stable: ties keep enumeration order
+    front = state.queue.front()
     proven = best is not None and stop != "budget" and (front is None or front >= best.step_s)
-    phases = (("screen and cheap bound", bounded - start), ("refine", refine_s),
-              ("simulate", time.monotonic() - bounded - refine_s))
-    return _outcome(scenario, searched, refusals, oom, final, failed, best, proven, stop, start, bands, phases, reused)
+    phases = (("screen and cheap bound", bounded - start), ("refine and simulate", time.monotonic() - bounded),
+              ("refine CPU", state.cpu_s["refine"]), ("simulate CPU", state.cpu_s["simulate"]))
+    return _outcome(scenario, searched, refusals, oom, final, state.failed, best, proven, stop, start, state.bands,
+                    phases, reused)
 
 
 def _outcome(scenario: Scenario, searched, refusals, oom, entries, failed, best, proven, stop, start, bands, phases,

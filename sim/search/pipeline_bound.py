@@ -32,19 +32,17 @@ from collections.abc import Callable, Sequence
 
 from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, Schedule
 
-Node = tuple[int, int]  # (stage, op id)
 
-
-def _partners(schedules: Sequence[Schedule]) -> dict[Node, list[Node]]:
-    """P2P batch -> the batches of the other stages that post its transfers' other ends."""
-    posts: dict[tuple, Node] = {}
-    for sched in schedules:
+def _partners(schedules: Sequence[Schedule], index: list[dict[int, int]]) -> dict[int, list[int]]:
+    """P2P batch -> the batches of the other stages that post its transfers' other ends (global indices)."""
+    posts: dict[tuple, int] = {}
+    for sched, ids in zip(schedules, index, strict=True):
         for op in sched.ops:
             if isinstance(op.work, P2P):
                 for t in op.work.transfers:
                     src, dst = (sched.stage, t.peer_stage) if t.send else (t.peer_stage, sched.stage)
-                    posts[(src, dst, t.direction, t.micro_batch, t.sender_vstage, t.send)] = (sched.stage, op.id)
-    out: dict[Node, list[Node]] = defaultdict(list)
+                    posts[(src, dst, t.direction, t.micro_batch, t.sender_vstage, t.send)] = ids[op.id]
+    out: dict[int, list[int]] = defaultdict(list)
     for (src, dst, direction, mb, vstage, send), node in posts.items():
         other = posts.get((src, dst, direction, mb, vstage, not send))
         if other is not None:
@@ -52,121 +50,128 @@ def _partners(schedules: Sequence[Schedule]) -> dict[Node, list[Node]]:
     return out
 
 
-def _own(schedules: Sequence[Schedule]) -> dict[Node, list[Node]]:
-    """Each op's own predecessors: its deps and, on a FIFO stream, the previous op of its stream."""
-    own: dict[Node, list[Node]] = {}
-    for sched in schedules:
-        last: dict[str, int] = {}
-        for op in sched.ops:
-            p = [(sched.stage, d) for d in op.deps]
-            if op.stream in FIFO_STREAMS:
-                if op.stream in last:
-                    p.append((sched.stage, last[op.stream]))
-                last[op.stream] = op.id
-            own[(sched.stage, op.id)] = p
-    return own
-
-
-def _graph(own: dict[Node, list[Node]], partners) -> dict[Node, list[Node]]:
-    """What must end before each node's bound is known: its own predecessors and, for a P2P batch, its
-    partners' own predecessors (which bound its end)."""
-    return {n: ps + [p for o in partners.get(n, ()) for p in own[o]] for n, ps in own.items()}
-
-
-def _order(preds: dict[Node, list[Node]]) -> list[Node] | None:
-    """Kahn's topological order; None on a cycle (the bound then skips steps 7 and 8)."""
-    succs: dict[Node, list[Node]] = defaultdict(list)
-    indeg = {n: 0 for n in preds}
-    for n, ps in preds.items():
-        for p in set(ps):
-            succs[p].append(n)
-            indeg[n] += 1
-    queue = deque(n for n, d in indeg.items() if d == 0)
+def _closure(nodes: list[int], links: list[list[int]], back: dict[int, set[int]]) -> list[int]:
+    """The nodes of `nodes` whose every link (links[n]) is in the result, in an order where links come
+    first (Kahn's algorithm restricted to `nodes`; `back`: the reverse links between members of `nodes`)."""
+    member = set(nodes)
+    need = {n: len(set(links[n])) for n in nodes if all(p in member for p in links[n])}
+    queue = deque(n for n, k in need.items() if k == 0)
     order = []
     while queue:
         n = queue.popleft()
         order.append(n)
-        for s in succs[n]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                queue.append(s)
-    return order if len(order) == len(preds) else None
+        for s in back.get(n, ()):
+            if s in need:
+                need[s] -= 1
+                if need[s] == 0:
+                    queue.append(s)
+    return order
 
 
 class Pipeline:
-    """est, end and tail of every op of the short schedules (module docstring)."""
+    """est on the fill set and tail on the drain set of the short schedules' ops (module docstring); `ok`
+    False when an op depends on one that is not in the schedules (bound.py then leaves steps 7-8 out)."""
 
     def __init__(self, schedules: Sequence[Schedule], duration: Callable[[object, int], float]):
         self.schedules = schedules
-        self.ops = {(s.stage, op.id): op for s in schedules for op in s.ops}
-        partners = _partners(schedules)
-        own = _own(schedules)
-        preds = _graph(own, partners)
-        order = _order(preds)
-        self.ok = order is not None
-        if not self.ok:
+        ops, stage_of, index = [], [], []
+        for sched in schedules:
+            index.append({op.id: len(ops) + k for k, op in enumerate(sched.ops)})
+            ops += sched.ops
+            stage_of += [sched.stage] * len(sched.ops)
+        self.index, self.ops, self.views = index, ops, {}
+        n_ops = len(ops)
+        self.ok = all(d in ids for sched, ids in zip(schedules, index, strict=True) for op in sched.ops for d in op.deps)
+        if not self.ok:  # a dep outside the schedule (a short interleaved schedule Megatron would refuse): no graph
             return
-        fifo = {n: op.stream in FIFO_STREAMS for n, op in self.ops.items()}
-        self.dur = {n: duration(op, n[0]) if fifo[n] else 0.0 for n, op in self.ops.items()}
+        fifo = [op.stream in FIFO_STREAMS for op in ops]
+        own: list[list[int]] = [None] * n_ops  # deps and the previous op of the stream
+        for sched, ids in zip(schedules, index, strict=True):
+            last: dict[str, int] = {}
+            for op in sched.ops:
+                i = ids[op.id]
+                p = [ids[d] for d in op.deps]
+                if fifo[i]:
+                    prev = last.get(op.stream)
+                    if prev is not None:
+                        p.append(prev)
+                    last[op.stream] = i
+                own[i] = p
+        partners = _partners(schedules, index)
+        preds = [own[n] + [p for o in partners[n] for p in own[o]] if n in partners else own[n] for n in range(n_ops)]
+        mbs = [op.micro_batch for op in ops]
+        self.last_mb = max((mb for mb in mbs if mb is not None), default=0)
+        first = [n for n in range(n_ops) if mbs[n] is None or mbs[n] == 0]
+        final = [n for n in range(n_ops) if mbs[n] is None or mbs[n] == self.last_mb]
+        succs: list[list[int]] = [[] for _ in range(n_ops)]
+        for n in range(n_ops):
+            for p in preds[n]:
+                succs[p].append(n)
+        in_first, in_final = set(first), set(final)
+        fwd = {p: {n for n in succs[p] if n in in_first} for p in first}
+        order_first = _closure(first, preds, fwd)
+        bwd = {n: {p for p in preds[n] if p in in_final} for n in final}
+        order_final = _closure(final, succs, bwd)
+        self.dur: dict[int, float] = {}
+        for n in (*order_first, *order_final):
+            if n not in self.dur:
+                self.dur[n] = duration(ops[n], stage_of[n]) if fifo[n] else 0.0
+        dur = self.dur
         est, end = {}, {}
-        for n in order:
+        for n in order_first:  # every predecessor of n is in the fill set, before n
             est[n] = max((end[p] for p in own[n]), default=0.0)
             if fifo[n]:
-                end[n] = est[n] + self.dur[n]
-            else:  # a partner's est from its deps' ends (its preds are this node's preds too: done)
+                end[n] = est[n] + dur[n]
+            else:  # a partner's est from its deps' ends
                 end[n] = max([est[n]] + [end[p] for o in partners.get(n, ()) for p in own[o]])
-        tail: dict[Node, float] = {}
-        succ_fifo: dict[Node, list[Node]] = defaultdict(list)
-        succ_p2p: dict[Node, list[Node]] = defaultdict(list)
-        for n, ps in own.items():
-            for p in ps:
-                (succ_fifo if fifo[n] else succ_p2p)[p].append(n)
-                if not fifo[n]:
-                    for o in partners.get(n, ()):
-                        succ_p2p[p].append(o)
-        for n in reversed(order):
-            t = max((self.dur[v] + tail[v] for v in succ_fifo[n]), default=0.0)
-            tail[n] = max(t, max((tail[b] for b in succ_p2p[n]), default=0.0))
+        tail: dict[int, float] = {}
+        for n in order_final:  # every successor of n is in the drain set, before n
+            t = 0.0
+            for v in succs[n]:
+                if n not in own[v]:
+                    continue  # a successor through a partner only: counted below
+                if fifo[v]:
+                    t = max(t, dur[v] + tail[v])
+                else:
+                    t = max(t, tail[v], *(tail.get(o, 0.0) for o in partners.get(v, ())))
+            tail[n] = t
         self.est, self.tail = est, tail
-        self.ancestors_first = self._closed(order, preds, lambda mb: mb in (None, 0))
-        last_mb = max((op.micro_batch for op in self.ops.values() if op.micro_batch is not None), default=0)
-        succs: dict[Node, list[Node]] = defaultdict(list)
-        for n, ps in preds.items():
-            for p in ps:
-                succs[p].append(n)
-        self.descendants_last = self._closed(list(reversed(order)), succs, lambda mb: mb in (None, last_mb))
-        self.last_mb = last_mb
+        self.ancestors_first, self.descendants_last = set(order_first), set(order_final)
 
-    def _closed(self, order, links, good) -> set[Node]:
-        """Nodes whose op and every node reachable through `links` are of a `good` micro-batch."""
-        out: set[Node] = set()
-        for n in order:
-            if good(self.ops[n].micro_batch) and all(p in out for p in links.get(n, ())):
-                out.add(n)
-        return out
+    def _stage_view(self, stage: int) -> tuple[int, int, dict[str, list[tuple[int, int]]]]:
+        """(first op of another micro-batch than 0 / none, last op of another than the last / none, stream ->
+        its ops as (position, node)) of a stage's list, once per stage."""
+        view = self.views.get(stage)
+        if view is None:
+            sched, ids = self.schedules[stage], self.index[stage]
+            first_other, last_other = len(sched.ops), -1
+            streams: dict[str, list[tuple[int, int]]] = defaultdict(list)
+            for i, op in enumerate(sched.ops):
+                mb = op.micro_batch
+                if mb is not None and mb != 0 and first_other > i:
+                    first_other = i
+                if mb is not None and mb != self.last_mb:
+                    last_other = i
+                streams[op.stream].append((i, ids[op.id]))
+            view = self.views[stage] = (first_other, last_other, streams)
+        return view
 
     def fill_drain(self, stage: int, stream: str) -> tuple[float, float]:
         """(max over x of est(x) - before(x), max over z of tail(z) - after(z)), each at least 0, over the
         allowed x and z of the stream (module docstring)."""
-        sched = self.schedules[stage]
-        ops = [op for op in sched.ops if op.stream == stream]
-        first_other = next((i for i, op in enumerate(sched.ops) if op.micro_batch not in (None, 0)), len(sched.ops))
-        last_other = max((i for i, op in enumerate(sched.ops) if op.micro_batch not in (None, self.last_mb)),
-                         default=-1)
+        first_other, last_other, streams = self._stage_view(stage)
         if first_other > last_other:  # one micro-batch: fill and drain regions would overlap
             return 0.0, 0.0
-        position = {op.id: i for i, op in enumerate(sched.ops)}
+        ops = streams.get(stream, ())
         fill, before = 0.0, 0.0
-        for op in ops:
-            n = (stage, op.id)
-            if position[op.id] >= first_other or n not in self.ancestors_first:
+        for position, n in ops:
+            if position >= first_other or n not in self.ancestors_first:
                 break
             fill = max(fill, self.est[n] - before)
             before += self.dur[n]
         drain, after = 0.0, 0.0
-        for op in reversed(ops):
-            n = (stage, op.id)
-            if position[op.id] <= last_other or n not in self.descendants_last:
+        for position, n in reversed(ops):
+            if position <= last_other or n not in self.descendants_last:
                 break
             drain = max(drain, self.tail[n] - after)
             after += self.dur[n]

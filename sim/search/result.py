@@ -58,7 +58,7 @@ class SearchResult:
     band: ErrorBand | None  # the winner's accuracy group's band
     explanation: tuple[str, ...]
     wall_s: float
-    phase_s: tuple[tuple[str, float], ...] = ()  # wall seconds: screening and cheap bounding, refining, simulating
+    phase_s: tuple[tuple[str, float], ...] = ()  # wall s of screening + cheap bounds and of refining + simulating; workers CPU s of each
     bounds_reused: int = 0  # bounds read back from OUT/bounds.jsonl instead of computed
 
     @property

@@ -8,8 +8,11 @@ loss_in_split),
 applied to the scenario as dotted overrides. Which values are legal is not decided here: every layout is
 resolved with the scenario checks (sim/search/screen.py); the space only says which values to try.
 
-Default values (an axis the user neither fixes nor opens), DEFAULT_VALUES: powers of two for the degrees
-(vp up to 8: the published Llama 3.1 405B layout runs pp 8 x vp 8), every recompute mode, both TP overlaps, the distributed optimizer and FSDP, both pipeline-split options
+Default values (an axis the user neither fixes nor opens), DEFAULT_VALUES: powers of two for the degrees,
+vp derived per pp from the layer count (`vp_values`: every vp that the scenario's own pipeline checks,
+scenarios/pipeline_checks.py, accept with that pp and one of the split options searched, e.g. 80 layers
+at pp 4: 1, 2, 4, 5, 10, 20, so NeMo's Llama 3 70B pp 4 x vp 5 is in the space; vp 1 only at pp 1), every
+recompute mode, both TP overlaps, the distributed optimizer and FSDP, both pipeline-split options
 (with pp > 1: what lets 126 layers + embedding + loss split over 8 stages); the scenario's own value for
 the FP8 recipe (opened only by --space fp8=...), the variant settings and dist_opt_instances. For a MoE
 model also the three dispatchers (alltoall, allgather, flex) and EP overlap on and off; selective
@@ -27,10 +30,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
+from meshsim.scenarios.check_base import CheckContext
+from meshsim.scenarios.pipeline_checks import check_pipeline_layers, check_pipeline_stages
 from meshsim.scenarios.schema import ParallelConfig, Scenario
 from meshsim.sim.core.errors import UserError, closest
 from meshsim.sim.sweep.axes import AXES, PARSERS, SweepPoint, parse_switch
@@ -90,7 +95,7 @@ ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "overlap": "tp_com
            "dist_opt_instances", "dispatcher": "moe_dispatcher", "dist_opt": "distributed_optimizer"}
 DEFAULT_VALUES: dict[str, tuple] = {
     "tp": (1, 2, 4, 8), "sp": (True,), "micro_batch": (1, 2, 4), "tp_comm_overlap": (False, True),
-    "recompute": ("none", "selective", "full"), "pp": (1, 2, 4, 8, 16), "vp": (1, 2, 4, 8), "cp": (1, 2, 4),
+    "recompute": ("none", "selective", "full"), "pp": (1, 2, 4, 8, 16), "cp": (1, 2, 4),
     "fsdp": (False, True), "embedding_in_split": (False, True), "loss_in_split": (False, True),
 }
 MOE_DEFAULTS: dict[str, tuple] = {"ep": (1, 2, 4, 8, 16, 32, 64), "etp": (1, 2),
@@ -122,16 +127,65 @@ def _text(value: object) -> str:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """axis -> the values the search tries (ALL_AXES order)."""
+    """axis -> the values the search tries (ALL_AXES order); `vp_by_pp`, when vp is derived (module
+    docstring), pp -> its vp values, and the vp axis holds their union."""
 
     values: tuple[tuple[str, tuple], ...]
+    vp_by_pp: tuple[tuple[int, tuple[int, ...]], ...] | None = None
 
     def of(self, axis: str) -> tuple:
         return dict(self.values)[axis]
 
     @property
     def size(self) -> int:
-        return math.prod(len(v) for _, v in self.values)
+        if self.vp_by_pp is None:
+            return math.prod(len(v) for _, v in self.values)
+        rest = math.prod(len(v) for a, v in self.values if a not in ("pp", "vp"))
+        return rest * sum(len(v) for _, v in self.vp_by_pp)
+
+    def combos(self):
+        """Every combination of the axes' values (vp per pp when derived), as value tuples in ALL_AXES order."""
+        if self.vp_by_pp is None:
+            yield from itertools.product(*(v for _, v in self.values))
+            return
+        names = [a for a, _ in self.values]
+        ipp, ivp = names.index("pp"), names.index("vp")
+        by_pp = dict(self.vp_by_pp)
+        lists = [v for _, v in self.values]
+        lists[ivp] = (None,)
+        for combo in itertools.product(*lists):
+            for vp in by_pp[combo[ipp]]:
+                yield combo[:ivp] + (vp,) + combo[ivp + 1:]
+
+
+def _with_pipeline(scenario: Scenario, pp: int, vp: int, split: tuple[bool, bool]) -> Scenario:
+    """The scenario at this pp, vp and split, as a layout sets them (_canonical: its own pipeline_layout only
+    at its own pp and vp)."""
+    p = scenario.parallel
+    layout = p.pipeline_layout if (pp, vp) == (p.pp, p.vp) else None
+    parallel = p.model_copy(update={"pp": pp, "vp": vp, "account_for_embedding_in_split": split[0],
+                                    "account_for_loss_in_split": split[1], "pipeline_layout": layout})
+    return scenario.model_copy(update={"parallel": parallel})
+
+
+def vp_values(scenario: Scenario, pp: int, splits: Sequence[tuple[bool, bool]]) -> tuple[int, ...]:
+    """Every vp in 1..(layers + 2) / pp that the scenario's pipeline checks (scenarios/pipeline_checks.py
+    check_pipeline_stages, check_pipeline_layers: the rules a scenario file meets, not a copy of them) accept
+    with this pp and one of `splits` (embedding_in_split, loss_in_split); (1,) at pp 1, and (1,) when none
+    is accepted (the layouts are then refused by the rule, and counted)."""
+    ctx = CheckContext("search", topology_gpus=scenario.parallel.gpus or pp)  # pp > GPUs: refused on resolving
+    out = [1]
+    for vp in range(2, (scenario.model.layers + 2) // pp + 1) if pp > 1 else ():
+        for split in splits:
+            candidate = _with_pipeline(scenario, pp, vp, split)
+            try:
+                check_pipeline_stages(candidate, ctx)
+                check_pipeline_layers(candidate, ctx)
+            except UserError:
+                continue
+            out.append(vp)
+            break
+    return tuple(out)
 
 
 def axis_name(text: str, option: str, given: str) -> str:
@@ -183,6 +237,8 @@ def build_space(scenario: Scenario, fixed: Mapping[str, tuple] = (), opened: Map
             chosen = opened[axis]
         elif axis in ("pp", "vp") and pinned_pipeline:
             chosen = (scenario_value(scenario, axis),)
+        elif axis == "vp":
+            chosen = ()  # derived per pp below
         elif axis == "recompute_modules":  # the scenario's module set and Megatron's default (core_attn)
             chosen = tuple(dict.fromkeys((scenario_value(scenario, axis), None)))
         elif axis in MOE_DEFAULTS:
@@ -192,7 +248,13 @@ def build_space(scenario: Scenario, fixed: Mapping[str, tuple] = (), opened: Map
         else:
             chosen = (scenario_value(scenario, axis),)
         values.append((axis, tuple(chosen)))
-    return SearchSpace(tuple(_unsplit(scenario, dict(values), fixed, opened).items()))
+    values = _unsplit(scenario, dict(values), fixed, opened)
+    if values["vp"]:
+        return SearchSpace(tuple(values.items()))
+    splits = tuple(itertools.product(values["embedding_in_split"], values["loss_in_split"]))
+    by_pp = tuple((pp, vp_values(scenario, pp, splits)) for pp in values["pp"])
+    values["vp"] = tuple(sorted({v for _, vps in by_pp for v in vps}))
+    return SearchSpace(tuple(values.items()), by_pp)
 
 
 def _unsplit(scenario: Scenario, values: dict, fixed: Mapping, opened: Mapping) -> dict:
@@ -214,8 +276,7 @@ def layouts(scenario: Scenario, space: SearchSpace) -> list[Layout]:
         raise UserError("--space", f"{space.size:,} layouts", "fix more axes (--fix AXIS=V) or give fewer values "
                         "(--space AXIS=V1,V2)", problem=f"more than {MAX_LAYOUTS:,} layouts to enumerate")
     names = [a for a, _ in space.values]
-    out = (_canonical(scenario, dict(zip(names, combo, strict=True)))
-           for combo in itertools.product(*(v for _, v in space.values)))
+    out = (_canonical(scenario, dict(zip(names, combo, strict=True))) for combo in space.combos())
     return list(dict.fromkeys(out))
 
 
