@@ -34,6 +34,9 @@ class Tiling:
         self.ops: tuple[Op, ...] | None = None  # the schedule's ops it describes (OpList.sealed)
 
     def add(self, s: Stencil, base: int, ext_vals: tuple, gate: tuple[int, ...]) -> None:
+        if None in ext_vals:  # an input the builder never made (a short schedule Megatron's rules refuse, as
+            self.broken = True  # the search's bound builds): its dep is None, read off the ops the long way
+            return
         entry = self.stamps.get(s)
         if entry is None:
             entry = self.stamps[s] = ([], [])
