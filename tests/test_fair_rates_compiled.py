@@ -32,6 +32,8 @@ def test_compiled_steps_equal_numpy(loads):
     arrays = [fr.load_arrays(load) for load in loads]
     order, touching = fr.hot_of_arrays(arrays)
     assert fr._hot_of(arrays) == (order, touching)  # noqa: SLF001
+    numbers = [7 * j + 3 for j in range(len(loads))]
+    assert fr._hot_marks(arrays, numbers) == fr.hot_marks_of_arrays(arrays, numbers)  # noqa: SLF001
     if order:
         assert fr._components_of(arrays, order) == fr.components_of_arrays(arrays, order)  # noqa: SLF001
         for numbers in (None, list(range(len(loads)))):

@@ -956,8 +956,9 @@ cdef int _fit_met(Py_ssize_t need) except -1:
     return 0
 
 
-def hot_of_arrays(list arrays):
+def hot_of_arrays(list arrays, numbers=None):
     """(hot resources in order of first appearance, per load whether it has one): fair_rates.hot_of_arrays.
+    Given `numbers` (one per load), per load its number if it has a hot resource, else -1, instead.
 
     Each resource's load is summed from 0.0 in array order (load by load, entry by entry), the additions
     np.bincount makes over the concatenated arrays; hot means a sum > 1 + 1e-12, the same comparison."""
@@ -995,7 +996,10 @@ def hot_of_arrays(list arrays):
                 if _sum_of[idx[k]] > _HOT_LIMIT:
                     touches = True
                     break
-            touching.append(touches)
+            if numbers is None:
+                touching.append(touches)
+            else:
+                touching.append(numbers[j] if touches else -1)
     for k in range(met):
         _seen_res[_met[k]] = 0
     return order, touching

@@ -141,12 +141,13 @@ def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.nd
     if len(loads) == 1:
         return [1.0]
     arrays = arrays if type(arrays) is list else list(arrays)
-    order, touching = _hot_of(arrays)
+    if numbers is None:
+        order, _ = _hot_of(arrays)
+        return _rates_of_hot(loads, _keyed_components(arrays, order)) if order else [1.0] * len(loads)
+    order, marks = _hot_marks(arrays, numbers)
     if not order:
         return [1.0] * len(loads)
-    if numbers is None:
-        return _rates_of_hot(loads, _keyed_components(arrays, order))
-    key = (tuple(order), tuple(n if t else -1 for n, t in zip(numbers, touching, strict=True)))
+    key = (tuple(order), tuple(marks))
     rates = _HOT_RATES.get(key)
     if rates is None:
         if len(_HOT_RATES) >= MAX_ENTRIES:
@@ -209,8 +210,19 @@ def _touching(idx: np.ndarray, owner: np.ndarray, over: np.ndarray, resources: i
     return (np.bincount(owner[mask[idx]], minlength=jobs) > 0).tolist()
 
 
+def hot_marks_of_arrays(arrays: Sequence[tuple[np.ndarray, np.ndarray]],
+                        numbers: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(hot resources in order, per load its number if it has a hot resource, else -1); ([], []) when
+    none is hot."""
+    order, touching = hot_of_arrays(arrays)
+    if not order:
+        return [], []
+    return order, [n if t else -1 for n, t in zip(numbers, touching, strict=True)]
+
+
 try:  # the same steps as C loops (sim/engine/_core.pyx); absent, the numpy ones run
     from meshsim.sim.engine._core import components_of_arrays as _components_of
     from meshsim.sim.engine._core import hot_of_arrays as _hot_of
+    _hot_marks = _hot_of
 except ImportError:
-    _hot_of, _components_of = hot_of_arrays, components_of_arrays
+    _hot_of, _components_of, _hot_marks = hot_of_arrays, components_of_arrays, hot_marks_of_arrays
