@@ -4,7 +4,9 @@
 - meshsim.sim.engine._rows (sim/engine/_rows.pyx), the compiled core's event log as arrays (built with _core:
   the core needs both);
 - meshsim.sim.outputs._trace (sim/outputs/_trace.pyx), trace.json's op slices written from those arrays
-  (sim/outputs/trace_rows.py; without it the Python writer runs, same bytes).
+  (sim/outputs/trace_rows.py; without it the Python writer runs, same bytes);
+- meshsim.sim.results._walk (sim/results/_walk.pyx), the critical-path walk over the log's columns
+  (sim/results/critical_path.py; without it the Python walk runs, same segments).
 
 Everything else is in pyproject.toml. Each extension is optional: without Cython or a working C compiler
 the build goes on without it and the Python code runs (the trace reader falls back silently; its output
@@ -27,6 +29,7 @@ MODULES = (  # (module, .pyx source), each built when its source is in the tree
     ("meshsim.sim.kineto._collect", os.path.join("sim", "kineto", "_collect.pyx")),
     ("meshsim.sim.engine._rows", os.path.join("sim", "engine", "_rows.pyx")),
     ("meshsim.sim.outputs._trace", os.path.join("sim", "outputs", "_trace.pyx")),
+    ("meshsim.sim.results._walk", os.path.join("sim", "results", "_walk.pyx")),
 )
 
 

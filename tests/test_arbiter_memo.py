@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
-
 from meshsim.sim.engine import arbiter
 from meshsim.sim.engine import fair_rates as fair_rates_module
 from meshsim.sim.engine.arbiter import Arbiter, MemoRates, fair_rates
@@ -166,6 +164,8 @@ def test_component_memo_equals_fair_rates():
 
 
 def test_array_components_equal_dict_components():
+    """components_of_arrays (numpy, the reference of the compiled one) finds _components' lists from the
+    arrays: generated loads with zero loads on hot links, each compared with the dict version."""
     rng = random.Random(31)
     for _ in range(500):
         loads = [{k: rng.choice([0.0, 0.4, 0.7]) for k in rng.sample(range(12), rng.randint(1, 4))}
@@ -177,11 +177,9 @@ def test_array_components_equal_dict_components():
         hot = [k for k, w in total.items() if w > 1.0 + 1e-12]
         pairs = [(j, k) for j, load in enumerate(loads) for k, w in load.items() if w > 0 and k in set(hot)]
         arrays = [fair_rates_module.load_arrays(load) for load in loads]
-        idx = np.concatenate([a[0] for a in arrays])
-        owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
-        order = [fair_rates_module._RESOURCE_INDEX[k] for k in hot]  # noqa: SLF001
-        resources = len(fair_rates_module._RESOURCES)  # noqa: SLF001
-        weights = np.concatenate([a[1] for a in arrays])
-        assert (fair_rates_module._array_components(len(arrays), idx, weights, owner, order, hot,  # noqa: SLF001
-                                                    resources)
-                == fair_rates_module._components(pairs, hot))  # noqa: SLF001
+        order, _ = fair_rates_module.hot_of_arrays(arrays)
+        assert [fair_rates_module._RESOURCES[k] for k in order] == hot  # noqa: SLF001
+        if hot:
+            comps = fair_rates_module.components_of_arrays(arrays, order)
+            assert [([hot[c] for c in cols], jobs) for cols, jobs in comps] == fair_rates_module._components(  # noqa: SLF001
+                pairs, hot)

@@ -905,3 +905,176 @@ cdef inline bint _contains(list items, object x):
         if y is x:
             return True
     return False
+
+
+# ---- the arbiter's hot resources and components (sim/engine/fair_rates.py's numpy steps, as C loops) ----
+
+cdef double _HOT_LIMIT = 1.0 + 1e-12  # fair_rates._HOT, the same double
+cdef double* _sum_of = NULL       # per resource index: its summed load in the current call
+cdef char* _seen_res = NULL       # per resource index: 1 while the current call has met it
+cdef Py_ssize_t* _column_of = NULL  # per resource index: its column among the hot ones, -1 otherwise
+cdef Py_ssize_t _res_cap = 0
+cdef Py_ssize_t* _met = NULL      # the resources met by the current call, in order of first appearance
+cdef Py_ssize_t _met_cap = 0
+
+
+cdef int _fit_resources(Py_ssize_t need) except -1:
+    """Grow the per-resource scratch to `need` entries (new entries unseen, no column)."""
+    global _sum_of, _seen_res, _column_of, _res_cap
+    cdef Py_ssize_t cap = _res_cap if _res_cap else 256, i
+    while cap < need:
+        cap *= 2
+    cdef double* s = <double*>realloc(_sum_of, cap * sizeof(double))
+    if s == NULL:
+        raise MemoryError()
+    _sum_of = s
+    cdef char* m = <char*>realloc(_seen_res, cap * sizeof(char))
+    if m == NULL:
+        raise MemoryError()
+    _seen_res = m
+    cdef Py_ssize_t* c = <Py_ssize_t*>realloc(_column_of, cap * sizeof(Py_ssize_t))
+    if c == NULL:
+        raise MemoryError()
+    _column_of = c
+    for i in range(_res_cap, cap):
+        _seen_res[i] = 0
+        _column_of[i] = -1
+    _res_cap = cap
+    return 0
+
+
+cdef int _fit_met(Py_ssize_t need) except -1:
+    global _met, _met_cap
+    cdef Py_ssize_t cap = _met_cap if _met_cap else 256
+    while cap < need:
+        cap *= 2
+    cdef Py_ssize_t* m = <Py_ssize_t*>realloc(_met, cap * sizeof(Py_ssize_t))
+    if m == NULL:
+        raise MemoryError()
+    _met = m
+    _met_cap = cap
+    return 0
+
+
+def hot_of_arrays(list arrays, numbers=None):
+    """(hot resources in order of first appearance, per load whether it has one): fair_rates.hot_of_arrays.
+    Given `numbers` (one per load), per load its number if it has a hot resource, else -1, instead.
+
+    Each resource's load is summed from 0.0 in array order (load by load, entry by entry), the additions
+    np.bincount makes over the concatenated arrays; hot means a sum > 1 + 1e-12, the same comparison."""
+    cdef Py_ssize_t n = len(arrays), j, k, r, met = 0
+    cdef const Py_ssize_t[::1] idx
+    cdef const double[::1] w
+    for j in range(n):
+        pair = <tuple>arrays[j]
+        idx = pair[0]
+        w = pair[1]
+        if met + idx.shape[0] > _met_cap:
+            _fit_met(met + idx.shape[0])
+        for k in range(idx.shape[0]):
+            r = idx[k]
+            if r >= _res_cap:
+                _fit_resources(r + 1)
+            if not _seen_res[r]:
+                _seen_res[r] = 1
+                _sum_of[r] = 0.0
+                _met[met] = r
+                met += 1
+            _sum_of[r] = _sum_of[r] + w[k]
+    cdef list order = []
+    for k in range(met):
+        r = _met[k]
+        if _sum_of[r] > _HOT_LIMIT:
+            order.append(r)
+    cdef list touching = []
+    cdef bint touches
+    if order:
+        for j in range(n):
+            idx = (<tuple>arrays[j])[0]
+            touches = False
+            for k in range(idx.shape[0]):
+                if _sum_of[idx[k]] > _HOT_LIMIT:
+                    touches = True
+                    break
+            if numbers is None:
+                touching.append(touches)
+            else:
+                touching.append(numbers[j] if touches else -1)
+    for k in range(met):
+        _seen_res[_met[k]] = 0
+    return order, touching
+
+
+cdef Py_ssize_t _root(Py_ssize_t* parent, Py_ssize_t j):
+    while parent[j] != j:
+        parent[j] = parent[parent[j]]
+        j = parent[j]
+    return j
+
+
+def components_of_arrays(list arrays, list order):
+    """fair_rates.components_of_arrays as C loops: jobs joined (union-find) when both load a common hot
+    resource (`order`, resource indices) with a positive load; per component, in order of its first job,
+    (its columns ascending, its jobs ascending)."""
+    cdef Py_ssize_t n = len(arrays), m = len(order), j, k, r, c, root
+    cdef const Py_ssize_t[::1] idx
+    cdef const double[::1] w
+    for c in range(m):
+        r = order[c]
+        if r >= _res_cap:
+            _fit_resources(r + 1)
+        _column_of[r] = c
+    cdef Py_ssize_t* parent = <Py_ssize_t*>malloc((n + m + 1) * sizeof(Py_ssize_t))
+    cdef char* used = <char*>malloc(n + 1)
+    if parent == NULL or used == NULL:
+        free(parent)
+        free(used)
+        raise MemoryError()
+    cdef Py_ssize_t* first_user = parent + n
+    cdef list comps = []
+    cdef list cols, jobs
+    try:
+        for j in range(n):
+            parent[j] = j
+            used[j] = 0
+        for c in range(m):
+            first_user[c] = -1
+        for j in range(n):
+            pair = <tuple>arrays[j]
+            idx = pair[0]
+            w = pair[1]
+            for k in range(idx.shape[0]):
+                r = idx[k]
+                if r >= _res_cap:
+                    continue
+                c = _column_of[r]
+                if c < 0 or not (w[k] > 0):
+                    continue
+                used[j] = 1
+                if first_user[c] < 0:
+                    first_user[c] = j
+                else:
+                    root = _root(parent, first_user[c])
+                    r = _root(parent, j)
+                    if r != root:
+                        parent[r] = root
+        for j in range(n):
+            if used[j] != 1:
+                continue
+            root = _root(parent, j)
+            jobs = []
+            for k in range(j, n):
+                if used[k] == 1 and _root(parent, k) == root:
+                    used[k] = 2
+                    jobs.append(k)
+            cols = []
+            for c in range(m):
+                if first_user[c] >= 0 and _root(parent, first_user[c]) == root:
+                    cols.append(c)
+            comps.append((cols, jobs))
+    finally:
+        for c in range(m):
+            _column_of[<Py_ssize_t>order[c]] = -1
+        free(parent)
+        free(used)
+    return comps

@@ -125,13 +125,14 @@ def load_arrays(load: LinkLoad) -> tuple[np.ndarray, np.ndarray]:
 
 def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.ndarray, np.ndarray]],
                          numbers: Sequence[int] | None = None) -> list[float]:
-    """fair_rates(loads) with its summed loads taken by numpy (`arrays`: load_arrays of each load).
+    """fair_rates(loads) with its summed loads taken from arrays (`arrays`: load_arrays of each load).
 
-    np.bincount adds the weights into zeros in array order (numpy's arr_bincount loop): per resource in
-    job order, each job's load once, the same IEEE additions as fair_rates' dict loop (0.0 + w, then + each
-    later job's w), so the same links pass the threshold. They are listed in the order of their first
-    appearance (the dict's insertion order, fair_rates' list), so the components, demands, capacities and
-    maxmin_rates calls that follow are fair_rates' own: the same floats.
+    hot_of_arrays sums each resource's load from 0.0 in job order, the same IEEE additions as fair_rates'
+    dict loop (0.0 + w, then + each later job's w), so the same links pass the threshold; they are listed
+    in the order of their first appearance (the dict's insertion order, fair_rates' list), so the
+    components, demands, capacities and maxmin_rates calls that follow are fair_rates' own: the same floats.
+    The compiled core's hot_of_arrays / components_of_arrays (sim/engine/_core.pyx) do these steps as C
+    loops when it is built; the numpy ones below are their reference (tests/test_arbiter_memo.py).
 
     `numbers`: each load's number (equal number, equal items in the same order). The filling's inputs are
     then fixed by the hot resources in order and, per job, the number of a load that has a hot resource or
@@ -139,41 +140,50 @@ def fair_rates_of_arrays(loads: Sequence[LinkLoad], arrays: Sequence[tuple[np.nd
     floats (_HOT_RATES; per component, _COMPONENT_RATES)."""
     if len(loads) == 1:
         return [1.0]
-    idx, weights = np.concatenate([a[0] for a in arrays]), np.concatenate([a[1] for a in arrays])
-    total = np.bincount(idx, weights=weights) if len(idx) else np.zeros(0)
-    over = np.flatnonzero(total > _HOT)
-    if not len(over):
-        return [1.0] * len(loads)
-    present, first = np.unique(idx, return_index=True)  # sorted resources, each one's first position in idx
-    order = over[np.argsort(first[np.searchsorted(present, over)])].tolist()  # first positions are distinct
-    hot = [_RESOURCES[k] for k in order]
-    owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
+    arrays = arrays if type(arrays) is list else list(arrays)
     if numbers is None:
-        return _rates_of_hot(loads, _array_components(len(arrays), idx, weights, owner, order, hot, len(total)))
-    touching = _touching(idx, owner, over, len(total), len(arrays))
-    key = (tuple(order), tuple(n if t else -1 for n, t in zip(numbers, touching, strict=True)))
+        order, _ = _hot_of(arrays)
+        return _rates_of_hot(loads, _keyed_components(arrays, order)) if order else [1.0] * len(loads)
+    order, marks = _hot_marks(arrays, numbers)
+    if not order:
+        return [1.0] * len(loads)
+    key = (tuple(order), tuple(marks))
     rates = _HOT_RATES.get(key)
     if rates is None:
         if len(_HOT_RATES) >= MAX_ENTRIES:
             _HOT_RATES.clear()
-        comps = _array_components(len(arrays), idx, weights, owner, order, hot, len(total))
-        rates = _HOT_RATES[key] = _rates_of_hot(loads, comps, numbers)
+        rates = _HOT_RATES[key] = _rates_of_hot(loads, _keyed_components(arrays, order), numbers)
     return rates
 
 
-def _touching(idx: np.ndarray, owner: np.ndarray, over: np.ndarray, resources: int, jobs: int) -> list[bool]:
-    """Per load: whether any of its resources is among `over` (the hot ones); `owner`: each entry's load."""
-    mask = np.zeros(resources, dtype=bool)
-    mask[over] = True
-    return (np.bincount(owner[mask[idx]], minlength=jobs) > 0).tolist()
+def _keyed_components(arrays: list[tuple[np.ndarray, np.ndarray]], order: list[int]) -> list[tuple[list, list[int]]]:
+    """_components' lists (hot resource keys in order, jobs in order) from components_of_arrays' columns."""
+    return [([_RESOURCES[order[c]] for c in cols], jobs) for cols, jobs in _components_of(arrays, order)]
 
 
-def _array_components(jobs: int, idx: np.ndarray, weights: np.ndarray, owner: np.ndarray, order: list[int],
-                      hot: list[Hashable], resources: int) -> list[tuple[list, list[int]]]:
-    """_components from the arrays: a job x hot-link incidence matrix of the positive loads, its job
-    adjacency closed transitively by squaring (jobs are few), then each component's jobs in job order and
-    links in `hot`'s order (the same lists _components builds)."""
-    column = np.full(resources, -1, dtype=np.intp)
+def hot_of_arrays(arrays: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[list[int], list[bool]]:
+    """(hot resource indices in order of first appearance, per load whether it has a hot resource); ([], [])
+    when none is hot. np.bincount adds the weights into zeros in array order (numpy's arr_bincount loop):
+    per resource, each job's load in job order."""
+    idx, weights = np.concatenate([a[0] for a in arrays]), np.concatenate([a[1] for a in arrays])
+    total = np.bincount(idx, weights=weights) if len(idx) else np.zeros(0)
+    over = np.flatnonzero(total > _HOT)
+    if not len(over):
+        return [], []
+    present, first = np.unique(idx, return_index=True)  # sorted resources, each one's first position in idx
+    order = over[np.argsort(first[np.searchsorted(present, over)])].tolist()  # first positions are distinct
+    owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
+    return order, _touching(idx, owner, over, len(total), len(arrays))
+
+
+def components_of_arrays(arrays: Sequence[tuple[np.ndarray, np.ndarray]], order: list[int]) -> list[tuple[list[int], list[int]]]:
+    """_components from the arrays, as (columns: positions in `order`, ascending; jobs ascending), per
+    component in order of its first job: a job x hot-resource incidence matrix of the positive loads, its
+    job adjacency closed transitively by squaring (jobs are few)."""
+    idx, weights = np.concatenate([a[0] for a in arrays]), np.concatenate([a[1] for a in arrays])
+    owner = np.repeat(np.arange(len(arrays)), [len(a[0]) for a in arrays])
+    jobs = len(arrays)
+    column = np.full(max(int(idx.max()) + 1 if len(idx) else 0, max(order) + 1), -1, dtype=np.intp)
     column[order] = np.arange(len(order))
     keep = (column[idx] >= 0) & (weights > 0)
     uses = np.zeros((jobs, len(order)), dtype=np.int64)
@@ -189,6 +199,30 @@ def _array_components(jobs: int, idx: np.ndarray, weights: np.ndarray, owner: np
         if not seen[j]:
             members = reach[j]
             seen |= members
-            cols = np.flatnonzero(uses[members].any(axis=0)).tolist()
-            comps.append(([hot[c] for c in cols], np.flatnonzero(members).tolist()))
+            comps.append((np.flatnonzero(uses[members].any(axis=0)).tolist(), np.flatnonzero(members).tolist()))
     return comps
+
+
+def _touching(idx: np.ndarray, owner: np.ndarray, over: np.ndarray, resources: int, jobs: int) -> list[bool]:
+    """Per load: whether any of its resources is among `over` (the hot ones); `owner`: each entry's load."""
+    mask = np.zeros(resources, dtype=bool)
+    mask[over] = True
+    return (np.bincount(owner[mask[idx]], minlength=jobs) > 0).tolist()
+
+
+def hot_marks_of_arrays(arrays: Sequence[tuple[np.ndarray, np.ndarray]],
+                        numbers: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(hot resources in order, per load its number if it has a hot resource, else -1); ([], []) when
+    none is hot."""
+    order, touching = hot_of_arrays(arrays)
+    if not order:
+        return [], []
+    return order, [n if t else -1 for n, t in zip(numbers, touching, strict=True)]
+
+
+try:  # the same steps as C loops (sim/engine/_core.pyx); absent, the numpy ones run
+    from meshsim.sim.engine._core import components_of_arrays as _components_of
+    from meshsim.sim.engine._core import hot_of_arrays as _hot_of
+    _hot_marks = _hot_of
+except ImportError:
+    _hot_of, _components_of, _hot_marks = hot_of_arrays, components_of_arrays, hot_marks_of_arrays

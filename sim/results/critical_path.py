@@ -30,6 +30,11 @@ from meshsim.sim.engine.events import EventLog
 from meshsim.sim.results.run_arrays import tiled_stream_prev
 from meshsim.sim.schedule.ops import P2P, Collective, Op, Schedule
 
+try:  # the walk as a C loop (sim/results/_walk.pyx); absent, critical_path_python runs
+    from meshsim.sim.results import _walk
+except ImportError:
+    _walk = None
+
 CATEGORIES = ("compute", "tp_comm", "dp_comm", "waiting")
 PIPELINE_CATEGORIES = ("pp_comm", "pipeline_bubble")  # present when pp > 1
 EP_CATEGORIES = ("ep_comm",)  # present when the step has MoE layers (the dispatch / combine and expert-TP)
@@ -165,6 +170,27 @@ class _Ranks:
             hit = self._rows[rank] = (lookup, ids.tolist(), self.cols.end_s[rows].tolist(), place.tolist())
         return hit
 
+    def stage_index(self, rank: int) -> int:
+        return 0 if self.single else rank // self.size
+
+    def stage_arrays(self, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(kind, dep_ptr, dep_idx as intc; stream predecessor as int64) of a stage's ops, ids = positions
+        (Schedule.arrays, _stream_prev): what the compiled walk reads instead of the Op records."""
+        sched = self.schedules[stage]
+        arrays = sched.arrays
+        return (np.ascontiguousarray(arrays.kind, np.intc), np.ascontiguousarray(arrays.dep_ptr, np.intc),
+                np.ascontiguousarray(arrays.dep_idx, np.intc), np.asarray(_stream_prev(sched), np.int64))
+
+    def rank_arrays(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """rows(rank) as int64 / float64 arrays: (row of each op id, -1 where it has none; op ids in
+        completion order; their ends; each op id's place in that order, -1 where it has none)."""
+        rows = np.flatnonzero(self.cols.rank == rank)
+        ids = np.ascontiguousarray(self.cols.op_id[rows], np.int64)
+        size = max(int(ids.max()) + 1 if len(ids) else 0, len(self.stage(rank)[0]))
+        row_of, place = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+        row_of[ids], place[ids] = rows, np.arange(len(rows))
+        return row_of, ids, np.ascontiguousarray(self.cols.end_s[rows], np.float64), place
+
     def row(self, rank: int, op_id: int) -> int:
         return self.rows(rank)[0][op_id]
 
@@ -180,14 +206,43 @@ class _Ranks:
 
 def critical_path(schedule: Schedule | Sequence[Schedule], log: EventLog) -> list[Segment]:
     """Segments in time order from 0 to the step time (see module docstring); `schedule` is one Schedule,
-    or one per pipeline stage (rank r runs stage r // (tp dp)). Reads the log's columns (row by row, as
-    memoryviews: the walk is sequential), never its per-event tuples."""
+    or one per pipeline stage (rank r runs stage r // (tp dp)). Reads the log's columns, never its
+    per-event tuples: the compiled walk (sim/results/_walk.pyx) when it is built, else critical_path_python,
+    its reference (tests/test_critical_path_compiled.py compares them)."""
+    if _walk is None:
+        return critical_path_python(schedule, log)
     st = _Ranks(schedule, log)
     if not len(st.rank):
         return []
     cols = st.cols
+    steps = _walk.walk(st, _last_row(st), *(np.ascontiguousarray(c, t) for c, t in (
+        (cols.rank, np.int64), (cols.op_id, np.int64), (cols.start_s, np.float64), (cols.end_s, np.float64),
+        (cols.wait_s, np.float64), (cols.peer, np.int64), (cols.peer_op, np.int64))), TIE_S, _GAP_S)
+    path = []
+    for code, rank, op_id, a_s, b_s in reversed(steps):
+        if code == _walk.OP or code == _walk.TRANSFER:
+            op = st.stage(rank)[0][op_id]
+            category = op.category if code == _walk.OP else "pp_comm"
+            path.append(Segment(op.name, category, rank, a_s * 1e6, (b_s - a_s) * 1e6, op_id))
+        else:
+            path.append(_waiting(rank, a_s, b_s, "waiting" if code == _walk.WAIT else "pipeline_bubble"))
+    return path
+
+
+def _last_row(st: _Ranks) -> int:
+    """The row the walk starts from: of the events ending within TIE_S of the last end, the one of the
+    lowest rank, then the largest op id."""
+    cols = st.cols
     last = np.flatnonzero(cols.end_s >= float(cols.end_s.max()) - TIE_S).tolist()
-    row = max(last, key=lambda r: (-st.rank[r], st.op_id[r]))  # then (-rank, op_id) picks among the last to end
+    return max(last, key=lambda r: (-st.rank[r], st.op_id[r]))
+
+
+def critical_path_python(schedule: Schedule | Sequence[Schedule], log: EventLog) -> list[Segment]:
+    """critical_path's walk in Python, row by row over the log's columns (as memoryviews): the reference."""
+    st = _Ranks(schedule, log)
+    if not len(st.rank):
+        return []
+    row = _last_row(st)
     path: list[Segment] = []
     ends = st.end
     while row is not None:
