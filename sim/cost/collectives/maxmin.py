@@ -4,6 +4,9 @@ Flow i uses resource l with demand d_i[l] (capacity units per unit of rate). All
 common rate t; resource l saturates at t_l = (cap_l - frozen load_l) / (sum of its unfrozen demands).
 The smallest t_l fixes the rate of every flow crossing a saturated resource; repeat until no flow is
 left. The result is the unique max-min fair allocation (Bertsekas & Gallager, Data Networks, 6.5.2).
+Resources that saturate at one level are frozen in the order flows first use them (a dict, not a set:
+a set of ("cpu", rank) keys iterates in string-hash order, which changes per process with PYTHONHASHSEED,
+and the order of the frozen-load subtractions moves the last bits of later levels).
 
 Cost: O(iterations x (flows x resources per flow)), where iterations = number of distinct bottleneck
 levels, a handful for symmetric collectives. Flows with no positive demand get rate inf.
@@ -39,7 +42,7 @@ def maxmin_rates(demands: Sequence[Mapping[int, float]],
     left = {res: float(cap_of(res)) for res in users}
     weight = {res: sum(w for _, w in lst) for res, lst in users.items()}
     active = {res: len(lst) for res, lst in users.items()}
-    open_res = set(users)
+    open_res = dict.fromkeys(users)  # ordered: resources tighten in first-use order, whatever their hash
     while open_res:
         level = min(max(left[r], 0.0) / weight[r] for r in open_res)
         limit = level * (1 + _REL_TOL) + 1e-300
@@ -50,12 +53,12 @@ def maxmin_rates(demands: Sequence[Mapping[int, float]],
                     frozen[i] = True
                     rates[i] = level
                     _freeze(i, level, demands[i], left, weight, active, open_res)
-            open_res.discard(res)
+            open_res.pop(res, None)
     return rates
 
 
 def _freeze(i: int, rate: float, demand: Mapping[int, float], left: dict[int, float],
-            weight: dict[int, float], active: dict[int, int], open_res: set[int]) -> None:
+            weight: dict[int, float], active: dict[int, int], open_res: dict[int, None]) -> None:
     """Move flow i's demand from the active weight to the frozen load of each resource it uses."""
     for res, w in demand.items():
         if w <= 0:
@@ -64,4 +67,4 @@ def _freeze(i: int, rate: float, demand: Mapping[int, float], left: dict[int, fl
         weight[res] -= w
         active[res] -= 1
         if active[res] == 0:
-            open_res.discard(res)
+            open_res.pop(res, None)
