@@ -16,7 +16,7 @@
 
 Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
 - gemm_efficiency: by GPU generation (sim/gemm_efficiency.GEMM_CEILING_BY_GPU: A100 0.82 and H100 0.75
-  from FLUX's public GEMM times, B200 0.62 from the 405B GB200 BF16 row, H200 0.80 from ~790 of 989 TFLOP/s measured here).
+  from FLUX's public GEMM times, B200 0.60 from the 405B GB200 BF16 row, H200 0.80 from ~790 of 989 TFLOP/s measured here).
 - mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200 (GEMM operand traffic,
   the optimizer's streaming update).
 - elementwise_efficiency ELEMENTWISE_EFFICIENCY: the fraction of HBM bandwidth of Elementwise kernels.

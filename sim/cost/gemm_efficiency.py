@@ -76,14 +76,14 @@ REFERENCE_MNK = 8192
 # - h100: 0.75, the same FLUX GEMMs on H800 (H100 SXM silicon and clocks): 0.846 / 0.818 ms = 731 / 756
 #   TFLOP/s = 74-76% of 989 (sustained clocks under load sit below the boost clock the peak assumes);
 # - h200: 0.80, measured here (8192^3 bf16, 790 / 989; more HBM bandwidth and power headroom than H100);
-# - b200: 0.62, fitted on the dgxc-benchmarking Llama 3.1 405B BF16 row on 128 GB200 (public-measurements-3.md
-#   section 2; GEMMs ~80% of its step, hidden 16,384 at TP 4): 0.62 gives +0.7%, 0.64 -2.1%, H100's 0.75
-#   -15.1%. GB200 (the same die) runs at B200's absolute rate (sim/cost/reference_rate.py), so 0.62 x 2250 =
-#   1,395 TFLOP/s. The same FP8 : BF16 sustained ratio as Hopper's fitted pair: B200 0.51 x 4500 / 1395 =
-#   1.65, H100 0.62 x 1979 / (0.75 x 989) = 1.65. Was 0.75 (H100's, assumed);
+# - b200: 0.60, fitted on the dgxc-benchmarking Llama 3.1 405B BF16 row on 128 GB200 (public-measurements-3.md
+#   section 2; GEMMs ~80% of its step, hidden 16,384 at TP 4), gradients reduced in bf16 as NeMo's performance
+#   mode runs it: 0.61 gives -1.6%, 0.60 -0.1%, 0.59 +1.4%, H100's 0.75 -18.2%. GB200 (the same die) runs
+#   at B200's absolute rate (sim/cost/reference_rate.py), so 0.60 x 2250 = 1,350 TFLOP/s. Was 0.62 with the
+#   case's fp32 gradient reduction (an assumption NeMo's source contradicts), 0.75 (H100's, assumed) before;
 # - v100: 0.80, no GEMM measurement in our set: DEFAULT_CEILING, not fitted on any case (benchmarks/accuracy/
 #   fits.yaml; the 2020 DGX-2 tp1 step, compute-bound, comes out +5.6% with it).
-GEMM_CEILING_BY_GPU = {"a100": 0.82, "h100": 0.75, "h200": 0.80, "b200": 0.62, "v100": DEFAULT_CEILING}
+GEMM_CEILING_BY_GPU = {"a100": 0.82, "h100": 0.75, "h200": 0.80, "b200": 0.60, "v100": DEFAULT_CEILING}
 
 
 def gemm_ceiling(gpu_name: str) -> float:
