@@ -14,6 +14,7 @@ the measured ratio and the error. A what-if, not a fit: nothing here is scored.
 round three, "The 405B FP8 / BF16 ratios"): llama31_405b.py `pretrain_performance_optimizations` sets the
 precision plugin's grad_reduce_in_fp32 = False (NVIDIA/NeMo v2.2.0 and v2.3.1, L253), and
 megatron_strategy.py L369 (v2.2.0) copies it into the DDP config, for the BF16 plugin as for the FP8 one.
+The BF16 cases now set it themselves (run.grad_reduce_dtype: bf16), so that variant equals "as modelled".
 """
 
 from __future__ import annotations
