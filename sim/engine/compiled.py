@@ -126,6 +126,7 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
     arbiter jobs, rank -> the op ids it finished). event_type, work_bytes: events.Event and events.work_bytes (that module calls this one)."""
     # the core fills event_type records like tuples: a tuple subclass without slots of its own
     assert issubclass(event_type, tuple) and event_type.__basicsize__ == tuple.__basicsize__
+    assert issubclass(Job, tuple) and Job.__basicsize__ == tuple.__basicsize__  # so are arbiter jobs
     stage_of = inputs.stage_of
     ranks = inputs.ranks
     stage_ranks: dict[int, int] = {}

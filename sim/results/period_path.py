@@ -92,16 +92,22 @@ def _segments_repeat(a: Sequence[Segment], b: Sequence[Segment], proof: Proof) -
 
 
 def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], schedules: Sequence[Schedule],
-                     log: EventLog, proof: Proof) -> str | None:
+                     log: EventLog, proof: Proof, skip_settled: bool = True) -> str | None:
     """Each visited op's choice of predecessor is the same one period later (and n periods later, above
     c2): its candidates that finished before c1 end one period apart along their chain of images (the
     others finish after c1, where the theorem makes every time periodic), a tie between candidates is
     broken by op id among ops whose ids all move by P per period (ids from first_regular - P on: their
     images are regular, and so is the drain, renumbered by nP), and a visited op
-    of the first period has the image of its stream predecessor as its image's."""
+    of the first period has the image of its stream predecessor as its image's.
+
+    `skip_settled`: steps `settled_steps` marks pass without a look (the loop would pass them with nothing
+    checked); False: every step is looked at (the reference, tests/test_period_path_settled.py)."""
     by = log.by_rank()
     prevs, c1, c2 = proof.prevs, proof.cut.c1, proof.cut.c2
     order: dict[int, tuple[list[Event], list[float]]] = {}  # per rank, by end, and the ends (P2P steps)
+    settled = settled_steps(path, spans, schedules, log, proof) if skip_settled else None
+    if settled is not None:
+        spans = [spans[i] for i in np.flatnonzero(~settled).tolist()]
     for _, last in spans:
         seg = path[last]
         events = by[seg.rank]
@@ -128,6 +134,50 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
         if reason is not None:
             return f"critical path at {ev.name} (rank {seg.rank}): {reason}"
     return None
+
+
+def settled_steps(path: Sequence[Segment], spans: Sequence[tuple[int, int]], schedules: Sequence[Schedule],
+                  log: EventLog, proof: Proof) -> np.ndarray | None:
+    """Per step of `spans`, whether decisions_repeat's loop passes it with nothing checked: its op is no P2P
+    batch, its event starts at or after c2 (no image check) and every candidate (each dep, the stream
+    predecessor) ends at or after c1 (all periodic). Read off the log's columns and the schedules' tiled
+    deps, no event built; a step whose op or a candidate has no event is not settled (the loop raises there
+    as before). None when a schedule has no tiled arrays."""
+    tiled = [s.tiled_arrays for s in schedules]
+    if not spans or any(t is None for t in tiled):
+        return None
+    c1, c2 = proof.cut.c1, proof.cut.c2
+    cols, rows_of = log.columns(), log.rows_of()
+    segs = [path[last] for _, last in spans]
+    rank = np.fromiter((seg.rank for seg in segs), np.int64, len(segs))
+    op_id = np.fromiter((seg.op_id for seg in segs), np.int64, len(segs))
+    settled = np.zeros(len(segs), bool)
+    for r in np.unique(rank).tolist():
+        at = np.flatnonzero(rank == r)
+        stage = proof.stage_of(r)
+        t, prev, row_of = tiled[stage], proof.prevs[stage], rows_of[r].row_of
+        ids = op_id[at]
+
+        def end_s(op_ids: np.ndarray, row_of: np.ndarray = row_of) -> np.ndarray:
+            """The ops' ends (-inf where an op has no event: never settled)."""
+            known = (op_ids >= 0) & (op_ids < len(row_of))
+            rows = np.where(known, row_of[np.where(known, op_ids, 0)], -1)
+            return np.where(rows >= 0, cols.end_s[np.maximum(rows, 0)], -np.inf)
+
+        known = (ids >= 0) & (ids < len(row_of))
+        rows = np.where(known, row_of[np.where(known, ids, 0)], -1)
+        ok = (rows >= 0) & (cols.start_s[np.maximum(rows, 0)] >= c2)
+        ok &= np.asarray(t.kind, np.int64)[np.where(known, ids, 0)] != 2
+        ptr, idx = np.asarray(t.dep_ptr, np.int64), np.asarray(t.dep_idx, np.int64)
+        safe = np.where(ok, ids, 0)
+        count = ptr[safe + 1] - ptr[safe]
+        step = np.repeat(np.arange(len(ids)), count)
+        deps = idx[np.repeat(ptr[safe], count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)]
+        ok[np.unique(step[~(end_s(deps) >= c1)])] = False  # as all(end >= c1): a NaN end is not settled
+        before = np.array([-1 if p is None else p for p in map(prev.__getitem__, safe.tolist())], np.int64)
+        ok &= (before < 0) | (end_s(before) >= c1)
+        settled[at] = ok
+    return settled
 
 
 def by_end(log: EventLog, rank: int, events: Mapping[int, Event]) -> tuple[Sequence[Event], list[float]]:
