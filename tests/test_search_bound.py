@@ -8,6 +8,8 @@ gaps add the MoE all-to-all the schedule's dependencies expose."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -16,8 +18,11 @@ import meshsim.sim.search.bound as bound_module
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.results.simulate import simulate
+from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.sim.search.bound import lower_bound, short_micro_batches
+from meshsim.sim.search.bound_types import Pricer
 from meshsim.sim.search.cheap_bound import BlockCosts, cheap_bound
+from meshsim.sim.search.pipeline_bound import Pipeline
 
 MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False, "model.mlp": "swiglu"}
 KINDS = ("dense", "moe", "cp", "fp8", "host", "pipelined")
@@ -291,3 +296,19 @@ def test_combined_windows_hold_what_the_overlap_cannot_hide():
 def test_print_the_combined_cases():
     """Not a check: generated combined cases that resolved, and how many had windows (run with -s)."""
     print("\ncombined windows: cases", len(combined_seen), "with windows", sum(combined_seen))
+
+
+def test_an_interleaved_short_schedule_at_pp_2_is_one_megatron_accepts():
+    """bound.py step 5's m' at pp 2, vp 2: 3 micro-batches is refused (3 mod 2 = 1 < pp), so the bound
+    takes 4, whose schedule has every dependency: the fill-and-drain term (step 7) applies; with a group
+    size of 5 it takes 5."""
+    o = {"parallel.pp": 2, "parallel.vp": 2, "model.layers": 4, "parallel.gpus": 2, "parallel.tp": 1,
+         "parallel.global_batch": 2 * 8, "run.cuda_graphs": True, "parallel.p2p_overlap": False}
+    rs = resolved(o)
+    assert rs.micro_batches == 8 and short_micro_batches(rs) == 4
+    schedules = build_stage_schedules(replace(rs, micro_batches=4))
+    pipe = Pipeline(schedules, lambda op, stage: Pricer(rs)(op, stage * rs.stage_size))
+    assert pipe.ok and max(pipe.fill_drain(1, "compute")) > 0
+    assert lower_bound(rs).step_s <= simulate(rs).step_time_s
+    grouped = resolved({**o, "parallel.microbatch_group_size": 5, "parallel.global_batch": 2 * 10})
+    assert grouped is not None and short_micro_batches(grouped) == 5
