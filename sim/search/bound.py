@@ -55,7 +55,8 @@ The argument (exact arithmetic first; the float margin is step 6):
 
 10. Combined 1F1B windows (moe_ep_overlap; sim/search/overlap_windows.py states and proves it): on compute
    and ep_comm, T >= busy(s, x) + E_x, E_x the sum over the stage's chunk_step windows of their longest
-   path's excess over their busy time on x; busy(s, x) from step 5 (no fill or drain added to it).
+   path's excess over their busy time on x; busy(s, x) from step 5; and with step 7's fill and drain,
+   T >= fill + busy(s, x) + drain + E_x - E_edge, E_edge the excess of the windows at the step's two ends.
 
 So lower_bound = max over stages and FIFO streams of the largest of fill + busy + drain, step 9's and
 step 10's figures, and over stages of host, is <= T. It is the search's refined level; cheap_bound.py is the cheap one.
@@ -160,6 +161,14 @@ def _with_fill_drain(busy_s: float, gap_s: float, m: int, fill_drain: tuple[floa
     return max(busy_s + fill + drain, busy_s + m * gap_s + max(0.0, fill - gap_s) + max(0.0, drain - gap_s))
 
 
+def _stream_term(busy_s: float, gap_s: float, m: int, fill_drain: tuple[float, float],
+                 excess: tuple[float, float]) -> float:
+    """The largest of steps 7, 9 and 10 for one stage and stream."""
+    total, edge = excess
+    fill, drain = fill_drain
+    return max(_with_fill_drain(busy_s, gap_s, m, fill_drain), busy_s + total, busy_s + total - edge + fill + drain)
+
+
 def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
     """The bound of the module docstring for the layout `rs` describes (`costs`: the cheap level's, reused;
     `cache`: the search's shared cost functions)."""
@@ -175,8 +184,8 @@ def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: Pr
         busy, n_ops = _stream_busy(schedule, rank, price, m, m_short)
         gap = costs.gap[schedule.stage]
         excess = costs.excess[schedule.stage]
-        busy = {x: max(t + excess.get(x, 0.0),
-                       _with_fill_drain(t, gap.get(x, 0.0), m, pipe.fill_drain(schedule.stage, x) if pipe.ok else (0.0, 0.0)))
+        busy = {x: _stream_term(t, gap.get(x, 0.0), m, pipe.fill_drain(schedule.stage, x) if pipe.ok else (0.0, 0.0),
+                                excess.get(x, (0.0, 0.0)))
                 for x, t in busy.items()}
         host_s = max(_host_clock(short, schedule, m, m_short), m * costs.host[schedule.stage])
         stage = StageBound(schedule.stage, tuple(busy.items()), host_s)

@@ -134,7 +134,7 @@ class BlockCosts:
             self.gap.append(gap)
             self.host.append(host)
             self.ops.append(ops)
-        self.excess = window_excess(rs, price)  # step 6
+        self.excess = window_excess(rs, price)  # step 6: stream -> (E_x, its edge windows' part)
 
 
 def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
@@ -144,7 +144,7 @@ def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: Pr
     stages, worst_s, ops = [], 0.0, 0
     for stage, (busy, gap, host) in enumerate(zip(costs.busy, costs.gap, costs.host, strict=True)):
         excess = costs.excess[stage]
-        chain = tuple((x, m * (t + gap.get(x, 0.0)) + excess.get(x, 0.0)) for x, t in busy.items())
+        chain = tuple((x, m * (t + gap.get(x, 0.0)) + excess.get(x, (0.0, 0.0))[0]) for x, t in busy.items())
         sb = StageBound(stage, chain, m * host)
         stages.append(sb)
         if sb.worst[1] > worst_s:

@@ -31,6 +31,13 @@ The argument, for one stage (its first rank) and a FIFO stream x in {compute, ep
    + sum over windows of L_x = (the stream's total busy) + E_x, E_x = sum over the stage's windows of
    L_x - busy_x(window) >= 0. Any lower bound on the stream's total busy (bound.py step 5, cheap_bound.py
    step 3: every block of every micro-batch is in some window) plus E_x is <= T.
+5. With fill and drain (bound.py step 7): for x-ops x0 <= z0 of the step-7 chain, the windows whose x-ops
+   all lie in [x0, z0] give their L_x in place of their busy time, so T >= fill + busy + drain + E_x -
+   E_edge, E_edge the excess of the windows that may not: those with an op before the stage's first op of
+   a micro-batch other than 0 (x0 comes before it) or after its last op of one other than the last.
+   In stage_order they are the steps up to the first one with another micro-batch than 0, and from the
+   last one with another than the last (bound.py step 8's premise P' makes the short schedule's fill
+   and drain the full step's; the edge windows are counted on the full step's order).
 Windows repeat: a window is determined by its (forward chunk or None, backward chunk or None), so L_x is
 computed once per kind and multiplied by its count in the full step's stage_order (no short schedule:
 no premise P). A path from the first x-op needs nothing before it, so ops it cannot reach (e.g. a pair's
@@ -56,23 +63,29 @@ WINDOW_STREAMS = ("compute", "ep_comm")  # step 1
 WindowKey = tuple[int | None, int | None]  # (forward chunk, backward chunk)
 
 
-def window_counts(rs: ResolvedScenario, stage: int) -> Counter:
-    """(forward chunk, backward chunk) -> how many chunk_step calls of that kind stage `stage` makes."""
+def window_counts(rs: ResolvedScenario, stage: int) -> tuple[Counter, Counter]:
+    """(forward chunk, backward chunk) -> how many chunk_step calls of that kind stage `stage` makes; and the
+    same for the edge windows of step 5 (a window in both edges is counted twice)."""
     if rs.pp == 1:  # combined_micro_batches: F0, (F + B) m - 1 times, B(m-1)
-        return Counter({(0, None): 1, (None, 0): 1, (0, 0): rs.micro_batches - 1})
+        m = rs.micro_batches
+        return (Counter({(0, None): 1, (None, 0): 1, (0, 0): m - 1}),
+                Counter({(0, None): 1, (None, 0): 1, (0, 0): min(2, m - 1)}))
     return _pipeline_counts(pipeline_shape(rs), stage)
 
 
+def _micro_batches(step) -> set[int]:
+    return {step.f.micro_batch, step.b.micro_batch} if isinstance(step, Combined) else {step.micro_batch}
+
+
 @lru_cache(maxsize=4096)
-def _pipeline_counts(shape: PipelineShape, stage: int) -> Counter:
+def _pipeline_counts(shape: PipelineShape, stage: int) -> tuple[Counter, Counter]:
     """window_counts of a pipelined stage: a pure function of the pipeline's shape (layouts share it)."""
-    out: Counter = Counter()
-    for step in stage_order(shape, stage):
-        if isinstance(step, Combined):
-            out[(step.f.chunk, step.b.chunk)] += 1
-        elif isinstance(step, Compute):
-            out[(step.chunk, None) if step.kind == "F" else (None, step.chunk)] += 1
-    return out
+    steps = [step for step in stage_order(shape, stage) if isinstance(step, Combined | Compute)]
+    keys = [(s.f.chunk, s.b.chunk) if isinstance(s, Combined) else (s.chunk, None) if s.kind == "F"
+            else (None, s.chunk) for s in steps]
+    first = next((i for i, s in enumerate(steps) if _micro_batches(s) - {0}), len(steps) - 1)
+    last = next((i for i in reversed(range(len(steps))) if _micro_batches(steps[i]) - {shape.m - 1}), 0)
+    return Counter(keys), Counter(keys[: first + 1]) + Counter(keys[last:])
 
 
 def _scratch(t, chunks: list[ChunkLayout], key: WindowKey, delay_wgrad: bool) -> list[Op]:
@@ -120,8 +133,9 @@ def longest_paths(ops: list[Op], dur: Callable[[Op], float]) -> dict[str, tuple[
     return out
 
 
-def window_excess(rs: ResolvedScenario, price: Callable[[Op, int], float]) -> list[dict[str, float]]:
-    """Per stage, stream -> E_x of step 4 (empty without moe_ep_overlap)."""
+def window_excess(rs: ResolvedScenario, price: Callable[[Op, int], float]) -> list[dict[str, tuple[float, float]]]:
+    """Per stage, stream -> (E_x of step 4, the part of it in the edge windows of step 5); empty without
+    moe_ep_overlap."""
     p = rs.scenario.parallel
     if not p.moe_ep_overlap:
         return [{} for _ in range(rs.pp)]
@@ -139,9 +153,12 @@ def window_excess(rs: ResolvedScenario, price: Callable[[Op, int], float]) -> li
         def dur(op: Op, r=rank) -> float:
             return price(op, r) if op.stream in FIFO_STREAMS else 0.0
 
-        excess: dict[str, float] = {}
-        for key, n in window_counts(rs, stage).items():
+        excess: dict[str, tuple[float, float]] = {}
+        counts, edges = window_counts(rs, stage)
+        for key, n in counts.items():
             for x, (length, busy) in longest_paths(_scratch(t, chunks, key, p.delay_wgrad_compute), dur).items():
-                excess[x] = excess.get(x, 0.0) + n * max(0.0, length - busy)
+                e = max(0.0, length - busy)
+                total, edge = excess.get(x, (0.0, 0.0))
+                excess[x] = (total + n * e, edge + edges.get(key, 0) * e)
         out.append(excess)
     return out
