@@ -62,8 +62,8 @@ So lower_bound = max over stages and FIFO streams of the largest of fill + busy 
 step 10's figures, and over stages of host, is <= T. It is the search's refined level; cheap_bound.py is the cheap one.
 
 What it leaves out, and is loose by: the bubbles inside the steady phase of a pipeline, communication
-exposed by dependencies in the middle of the step (a compute op waiting for a collective it needs),
-contention and kappa's slow-down, host syncs. A bound that is provably valid and loose only prunes less.
+exposed by dependencies across blocks (inside a block steps 9 and 10 hold it: the gaps, and under EP
+overlap the combined step's longest path), contention and kappa's slow-down, host syncs. A bound that is provably valid and loose only prunes less.
 """
 
 from __future__ import annotations
