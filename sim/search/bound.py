@@ -30,8 +30,8 @@ The argument (exact arithmetic first; the float margin is step 6):
    micro-batch op comes before the last FIFO op. Premise P, the builder's: every micro-batch's ops are
    stamped from the same block templates (sim/schedule/stamping.py, pipeline_builder.py), they differ
    only by whether the micro-batch is the first, an interior or the last one, and the ops of no
-   micro-batch do not depend on m. The bound builds a schedule of m' = min(m, max(3, pp)) micro-batches,
-   which holds all three kinds, and takes O' + m min_{k<m'} W'(k) <= O + sum_k W(k). When m' = m the sum
+   micro-batch do not depend on m. The bound builds a schedule of m' = min(m, max(3, pp, ...)) micro-batches,
+   which holds all three kinds (a count the schedule accepts: short_micro_batches), and takes O' + m min_{k<m'} W'(k) <= O + sum_k W(k). When m' = m the sum
    is the full step's and P is not used. P is what tests/test_search_bound.py's generated differential
    test (dense, MoE, CP, FP8, host-bound, pipelined) checks, with the bound against the engine.
 6. Floats: the engine adds times in floats and its arbiter counts under 1e-15 s as done
@@ -53,12 +53,17 @@ The argument (exact arithmetic first; the float margin is step 6):
    all but those left of x (inside micro-batch 0's blocks: at most G) and right of z (inside the last
    micro-batch's: at most G). So T >= busy + m G + max(0, fill - G) + max(0, drain - G) as well.
 
-So lower_bound = max over stages and FIFO streams of the larger of fill + busy + drain and step 9's
-figure, and over stages of host, is <= T. It is the search's refined level; cheap_bound.py is the cheap one.
+10. Combined 1F1B windows (moe_ep_overlap; sim/search/overlap_windows.py states and proves it): on compute
+   and ep_comm, T >= busy(s, x) + E_x, E_x the sum over the stage's chunk_step windows of their longest
+   path's excess over their busy time on x; busy(s, x) from step 5; and with step 7's fill and drain,
+   T >= fill + busy(s, x) + drain + E_x - E_edge, E_edge the excess of the windows at the step's two ends.
+
+So lower_bound = max over stages and FIFO streams of the largest of fill + busy + drain, step 9's and
+step 10's figures, and over stages of host, is <= T. It is the search's refined level; cheap_bound.py is the cheap one.
 
 What it leaves out, and is loose by: the bubbles inside the steady phase of a pipeline, communication
-exposed by dependencies in the middle of the step (a compute op waiting for a collective it needs),
-contention and kappa's slow-down, host syncs. A bound that is provably valid and loose only prunes less.
+exposed by dependencies across blocks (inside a block steps 9 and 10 hold it: the gaps, and under EP
+overlap the combined step's longest path), contention and kappa's slow-down, host syncs. A bound that is provably valid and loose only prunes less.
 """
 
 from __future__ import annotations
@@ -85,8 +90,18 @@ KINDS_OF_MICRO_BATCH = 3  # step 5: first, interior, last
 
 
 def short_micro_batches(rs: ResolvedScenario) -> int:
-    """m' = min(m, max(3, pp)): the first, an interior and the last micro-batch (step 5)."""
-    return min(rs.micro_batches, max(KINDS_OF_MICRO_BATCH, rs.pp))
+    """m' = min(m, the least count >= max(3, pp) that the schedule accepts): the first, an interior and the
+    last micro-batch (step 5). Interleaved (vp > 1), Megatron accepts m' micro-batches when N <= m' and
+    m' mod N is 0 or >= pp, N the group size (default pp; scenarios/pipeline_checks.py
+    check_interleaved_micro_batches): at pp 2, 3 is refused and 4 taken; with a group size N above 3, N.
+    Otherwise the short schedule would miss dependencies (and step 7 be left out) or fail to build."""
+    short = max(KINDS_OF_MICRO_BATCH, rs.pp)
+    if rs.vp > 1:
+        n = rs.scenario.parallel.microbatch_group_size or rs.pp
+        short = max(short, n)
+        while short % n and short % n < rs.pp:
+            short += 1
+    return min(rs.micro_batches, short)
 
 
 def _full_step_sum(per_mb: dict[int, float], other: float, m: int, m_short: int) -> float:
@@ -146,6 +161,14 @@ def _with_fill_drain(busy_s: float, gap_s: float, m: int, fill_drain: tuple[floa
     return max(busy_s + fill + drain, busy_s + m * gap_s + max(0.0, fill - gap_s) + max(0.0, drain - gap_s))
 
 
+def _stream_term(busy_s: float, gap_s: float, m: int, fill_drain: tuple[float, float],
+                 excess: tuple[float, float]) -> float:
+    """The largest of steps 7, 9 and 10 for one stage and stream."""
+    total, edge = excess
+    fill, drain = fill_drain
+    return max(_with_fill_drain(busy_s, gap_s, m, fill_drain), busy_s + total, busy_s + total - edge + fill + drain)
+
+
 def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
     """The bound of the module docstring for the layout `rs` describes (`costs`: the cheap level's, reused;
     `cache`: the search's shared cost functions)."""
@@ -160,7 +183,9 @@ def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: Pr
         rank = schedule.stage * rs.stage_size
         busy, n_ops = _stream_busy(schedule, rank, price, m, m_short)
         gap = costs.gap[schedule.stage]
-        busy = {x: _with_fill_drain(t, gap.get(x, 0.0), m, pipe.fill_drain(schedule.stage, x) if pipe.ok else (0.0, 0.0))
+        excess = costs.excess[schedule.stage]
+        busy = {x: _stream_term(t, gap.get(x, 0.0), m, pipe.fill_drain(schedule.stage, x) if pipe.ok else (0.0, 0.0),
+                                excess.get(x, (0.0, 0.0)))
                 for x, t in busy.items()}
         host_s = max(_host_clock(short, schedule, m, m_short), m * costs.host[schedule.stage])
         stage = StageBound(schedule.stage, tuple(busy.items()), host_s)

@@ -23,6 +23,9 @@ delayed-FP8 amax block and head, forward and backward) are priced once per templ
    than its static issue time, the cumulative dispatch of every op listed before it (sim/cost/host_dispatch.py;
    0 under cuda_graphs; a sync only delays the host), which includes m times every block's dispatch.
 5. Floats: as bound.py step 6 (relative 1e-9 and 2e-15 s per op summed).
+6. Combined 1F1B (moe_ep_overlap, where step 3's gaps are 0): each chunk_step window's longest path on
+   compute and on ep_comm exceeds its busy time by what its own dependencies force; the excesses E_x add
+   to step 3's sum (sim/search/overlap_windows.py states and proves it): T >= m * sum_blocks busy + E_x.
 
 What it leaves out (bound.py's refinement adds the first two): the pipeline's fill and drain, the step's
 end (gradient reduction, optimizer), gaps across blocks, contention and kappa, host syncs.
@@ -45,6 +48,7 @@ from meshsim.sim.search.bound_types import (
     Pricer,
     StageBound,
 )
+from meshsim.sim.search.overlap_windows import window_excess
 
 Block = tuple[Template, bool, bool]  # (template, is a decoder layer, backward)
 
@@ -130,6 +134,7 @@ class BlockCosts:
             self.gap.append(gap)
             self.host.append(host)
             self.ops.append(ops)
+        self.excess = window_excess(rs, price)  # step 6: stream -> (E_x, its edge windows' part)
 
 
 def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
@@ -138,7 +143,8 @@ def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: Pr
     m = rs.micro_batches
     stages, worst_s, ops = [], 0.0, 0
     for stage, (busy, gap, host) in enumerate(zip(costs.busy, costs.gap, costs.host, strict=True)):
-        chain = tuple((x, m * (t + gap.get(x, 0.0))) for x, t in busy.items())
+        excess = costs.excess[stage]
+        chain = tuple((x, m * (t + gap.get(x, 0.0)) + excess.get(x, (0.0, 0.0))[0]) for x, t in busy.items())
         sb = StageBound(stage, chain, m * host)
         stages.append(sb)
         if sb.worst[1] > worst_s:
