@@ -29,7 +29,7 @@ from meshsim.sim.search.screen import Variants
 from meshsim.sim.search.space import Layout
 from meshsim.sim.sweep.axes import referenced_snapshot, scenario_digest
 from meshsim.sim.sweep.record import SweepRecord
-from meshsim.sim.sweep.runner import _kill_workers, _worker_init, run_sweep
+from meshsim.sim.sweep.runner import kill_workers, run_sweep, worker_init
 from meshsim.sim.sweep.store import append_record, read_store
 
 _WORK: dict = {}  # what forked workers read: rs_of, variants, runner, a PriceCache, the variants' snapshots
@@ -89,7 +89,7 @@ class Workers:
     def _pool(self) -> ProcessPoolExecutor | None:
         if self.jobs > 1 and self.pool is None:
             self.pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"),
-                                            initializer=_worker_init, initargs=(os.getpid(),))
+                                            initializer=worker_init, initargs=(os.getpid(),))
         return self.pool
 
     def submit_refine(self, key: str) -> Future:
@@ -153,5 +153,5 @@ class Workers:
             if kind is None:
                 self.pool.shutdown(cancel_futures=True)
             else:
-                _kill_workers(self.pool)
+                kill_workers(self.pool)
         _WORK.clear()

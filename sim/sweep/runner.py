@@ -59,7 +59,7 @@ def _signals_interrupt():
     return signals_raise(SweepInterrupted)
 
 
-def _worker_init(parent_pid: int) -> None:
+def worker_init(parent_pid: int) -> None:
     """In each pool worker: default SIGTERM, ignore SIGINT (the sweep's process handles Ctrl-C), and exit as
     soon as the parent is gone (prctl's parent-death signal where available, else a polling thread)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -83,18 +83,18 @@ def _run_local(todo, args, jobs: int, runner: Runner, on_done) -> None:
         for point in todo:
             on_done(runner(*args(point)))
         return
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=worker_init, initargs=(os.getpid(),))
     try:
         futures = [pool.submit(runner, *args(point)) for point in todo]
         for future in as_completed(futures):
             on_done(future.result())
     except BaseException:
-        _kill_workers(pool)
+        kill_workers(pool)
         raise
     pool.shutdown(wait=True)
 
 
-def _kill_workers(pool: ProcessPoolExecutor) -> None:
+def kill_workers(pool: ProcessPoolExecutor) -> None:
     """Stop a pool now: drop queued work and SIGKILL its processes (the executor keeps them in _processes)."""
     processes = list(getattr(pool, "_processes", {}).values())
     for proc in processes:
