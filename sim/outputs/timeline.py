@@ -82,21 +82,8 @@ def _hover_texts(events: Sequence[Event], picked: Sequence[int], hovered: set[in
     """Hover text ("name<br>detail") of each picked event that keeps one (None for the others). The detail
     is the same for every micro-batch's copy of an op, so it is formatted once per distinct
     (duration, critical, wait, collective row, bytes, FLOPs)."""
-    details: dict[tuple, str] = {}
-    texts: list[str | None] = []
-    for i in picked:
-        if i not in hovered:
-            texts.append(None)
-            continue
-        ev = events[i]
-        key = (ev.rank, ev.op_id)
-        critical, row = key in crit, by_op.get(key)
-        memo = (ev.end_s - ev.start_s, critical, ev.wait_s, id(row) if row is not None else None, ev.bytes, ev.flops)
-        detail = details.get(memo)
-        if detail is None:
-            detail = details[memo] = _hover_detail(ev, critical, row)
-        texts.append(f"{ev.name}<br>{detail}")
-    return texts
+    at = [k for k, i in enumerate(picked) if i in hovered]
+    return _fill_texts([None] * len(picked), at, (events[picked[k]] for k in at), crit, by_op)
 
 
 def _hover_texts_rows(events, picked: np.ndarray, shown: np.ndarray, crit: set, by_op: Mapping) -> list[str | None]:
@@ -109,7 +96,8 @@ def _hover_texts_rows(events, picked: np.ndarray, shown: np.ndarray, crit: set, 
 
 
 def _fill_texts(texts: list, at: Sequence[int], hovered: Iterable[Event], crit: set, by_op: Mapping) -> list:
-    """texts[at[k]] = the hover text of the k-th hovered event (details memoised as _hover_texts does)."""
+    """texts[at[k]] = the hover text ("name<br>detail") of the k-th hovered event; the detail is formatted once
+    per distinct (duration, critical, wait, collective row, bytes, FLOPs)."""
     details: dict[tuple, str] = {}
     for k, ev in zip(at, hovered, strict=True):
         key = (ev.rank, ev.op_id)
