@@ -177,6 +177,18 @@ cdef class _Out:
             return self.raw('"', 1)
         return self.ascii_str(self.js(v))
 
+    cdef int span(self, long long s_ns, long long dur_ns, long long pid, object tid, long long oid) except -1:
+        """The part every slice shares after its "ts": key: ts,"dur","pid","tid","args":{"op": (args left open)."""
+        self.micros(s_ns)
+        self.lit(',"dur":')
+        self.micros(dur_ns)
+        self.lit(',"pid":')
+        self.ll(pid)
+        self.lit(',"tid":')
+        self.value(tid)
+        self.lit(',"args":{"op":')
+        return self.ll(oid)
+
     cdef int ascii_str(self, object s) except -1:
         """An ASCII str (encode_json's output) as is."""
         return self.raw(<const char*>PyUnicode_DATA(s), PyUnicode_GET_LENGTH(s))
@@ -270,15 +282,7 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
             out.bytes_(<bytes>prefixes[info[i]])
         out.text(name)
         out.lit('","cat":"kernel","ph":"X","ts":')
-        out.micros(s_ns)
-        out.lit(',"dur":')
-        out.micros(e_ns - s_ns)
-        out.lit(',"pid":')
-        out.ll(pid)
-        out.lit(',"tid":')
-        out.value(tid)
-        out.lit(',"args":{"op":')
-        out.ll(oid)
+        out.span(s_ns, e_ns - s_ns, pid, tid, oid)
         out.lit(',"category":')
         out.value(category)
         out.lit(',"phase":')
@@ -319,15 +323,7 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
                 out.lit('}},{"name":"pipeline bubble","cat":"wait","ph":"X","ts":')
             else:
                 out.lit('}},{"name":"wait","cat":"wait","ph":"X","ts":')
-            out.micros(s_ns)
-            out.lit(',"dur":')
-            out.micros(w_ns - s_ns)
-            out.lit(',"pid":')
-            out.ll(pid)
-            out.lit(',"tid":')
-            out.value(tid)
-            out.lit(',"args":{"op":')
-            out.ll(oid)
+            out.span(s_ns, w_ns - s_ns, pid, tid, oid)
             if bubble:
                 out.lit(',"category":"pipeline_bubble","peer":')
             else:
