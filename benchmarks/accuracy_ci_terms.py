@@ -13,9 +13,7 @@ A what-if, not a fit: nothing here is scored.
 from __future__ import annotations
 
 from accuracy_cases import step_cases
-
-from meshsim.scenarios.load import resolve, with_overrides
-from meshsim.sim.results.simulate import simulate
+from accuracy_rows import what_if_step_s
 
 GPUS = ("a100", "h100", "gb200")
 # label -> (overrides applied to both layouts, GPUs it applies to)
@@ -34,18 +32,13 @@ def _cases() -> dict[str, object]:
     return {c.name: c for c in step_cases("dense") if c.name.startswith("ci-gpt3-7b-")}
 
 
-def _step_s(case, overrides: dict) -> float:
-    scenario = with_overrides(case.scenario, {"hardware.release": case.release, **overrides}, str(case.path))
-    return simulate(resolve(scenario, str(case.path))).step_time_s
-
-
 def main() -> None:
     cases = _cases()
     print(f"{'variant':48s} {'gpu':6s} {'pp4 s':>7s} {'tp4 s':>7s} {'ratio':>7s} {'measured':>8s} {'error':>7s}")
     for label, (overrides, gpus) in VARIANTS.items():
         for gpu in gpus:
             pp, tp = cases[f"ci-gpt3-7b-tp1-pp4-{gpu}"], cases[f"ci-gpt3-7b-tp4-pp1-{gpu}"]
-            pp_s, tp_s = _step_s(pp, overrides), _step_s(tp, overrides)
+            pp_s, tp_s = what_if_step_s(pp, overrides), what_if_step_s(tp, overrides)
             measured = pp.measured_s / tp.measured_s
             ratio = pp_s / tp_s
             print(f"{label:48s} {gpu:6s} {pp_s:7.3f} {tp_s:7.3f} {ratio:7.3f} {measured:8.3f} "

@@ -20,9 +20,7 @@ The BF16 cases now set it themselves (run.grad_reduce_dtype: bf16), so that vari
 from __future__ import annotations
 
 from accuracy_cases import step_cases
-
-from meshsim.scenarios.load import resolve, with_overrides
-from meshsim.sim.results.simulate import simulate
+from accuracy_rows import what_if_step_s
 
 PAIRS = ("dgxc405-h100-512", "dgxc405-h100-proxy32", "dgxc405-gb200-128")
 # label -> (overrides on both rows, on the BF16 row only, on the FP8 row only)
@@ -42,18 +40,13 @@ def _cases() -> dict[str, object]:
     return {c.name: c for c in step_cases("cp") if c.name.startswith("dgxc405-")}
 
 
-def _step_s(case, overrides: dict) -> float:
-    scenario = with_overrides(case.scenario, {"hardware.release": case.release, **overrides}, str(case.path))
-    return simulate(resolve(scenario, str(case.path))).step_time_s
-
-
 def main() -> None:
     cases = _cases()
     print(f"{'variant':46s} {'pair':22s} {'bf16 s':>7s} {'fp8 s':>7s} {'ratio':>6s} {'measured':>8s} {'error':>7s}")
     for label, (both, bf16_only, fp8_only) in VARIANTS.items():
         for pair in PAIRS:
             bf16, fp8 = cases[f"{pair}-bf16"], cases[f"{pair}-fp8"]
-            bf16_s, fp8_s = _step_s(bf16, {**both, **bf16_only}), _step_s(fp8, {**both, **fp8_only})
+            bf16_s, fp8_s = what_if_step_s(bf16, {**both, **bf16_only}), what_if_step_s(fp8, {**both, **fp8_only})
             measured = fp8.measured_s / bf16.measured_s
             ratio = fp8_s / bf16_s
             print(f"{label:46s} {pair:22s} {bf16_s:7.3f} {fp8_s:7.3f} {ratio:6.3f} {measured:8.3f} "

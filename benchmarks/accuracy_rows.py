@@ -71,6 +71,13 @@ def _profiled(scenario, source: str, profile: str | None):
     return with_overrides(scenario, {"hardware.profile": str(Path(profile).resolve())}, source) if profile else scenario
 
 
+def what_if_step_s(case: StepCase, overrides: dict) -> float:
+    """The case's simulated step under its release's profile with `overrides` (dotted fields) applied: the
+    what-if scripts' one step (accuracy_ci_terms.py, accuracy_fp8_terms.py); nothing scored."""
+    scenario = with_overrides(case.scenario, {"hardware.release": case.release, **overrides}, str(case.path))
+    return simulate(resolve(scenario, str(case.path))).step_time_s
+
+
 def has_field(dotted: str) -> bool:
     """Whether the scenario schema has this dotted field (e.g. "run.fp8")."""
     model = Scenario
