@@ -268,7 +268,7 @@ def test_the_banner_does_not_suggest_recompute_when_it_is_on(capsys, monkeypatch
 
 def test_a_pipeline_timeline_opens_where_every_stage_is_busy():
     from meshsim.scenarios.load import load_scenario, resolve, with_overrides
-    from meshsim.sim.outputs.timeline import ZOOM_MARGIN, pipeline_stages, zoom_range_ms
+    from meshsim.sim.outputs.timeline_zoom import ZOOM_MARGIN, pipeline_stages, zoom_range_ms
     from meshsim.sim.results.simulate import simulate
 
     sc, src = load_scenario("gpt-13b-a100-1node")

@@ -1,5 +1,5 @@
-"""The timeline's vectorised runs (sim/outputs/timeline.py: _lane_runs, merged_runs, _segments, _Busy) equal
-the loops over sorted tuples they replaced (kept here as the reference, as they stood at 46da508), float for
+"""The timeline's vectorised runs (sim/outputs/timeline.py: merged_runs, _segments; timeline_zoom.py: lane_runs,
+Busy) equal the loops over sorted tuples they replaced (kept here as the reference, as they stood at 46da508), float for
 float, over generated events: exact ties, zero durations, nested and overlapping ops, gaps just under, at and
 over MERGE_GAP_S, one and many lanes; and the typed-array bytes of numpy and list input agree."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from meshsim.sim.engine.events import STREAMS, Event
-from meshsim.sim.outputs import timeline
+from meshsim.sim.outputs import timeline, timeline_zoom
 from meshsim.sim.outputs.plotly_page import typed_array
 
 
@@ -82,7 +82,7 @@ def test_vectorised_runs_equal_the_sorted_loop(seed):
     assert timeline._segments(events, lanes) == reference_segments(events, lanes)
     for rank in {e.rank for e in events}:
         mine = [e for e in events if e.rank == rank]
-        new, old = timeline._Busy(mine), ReferenceBusy(mine)
+        new, old = timeline_zoom.Busy(mine), ReferenceBusy(mine)
         assert (new.starts, new.ends, new.before) == (old.starts, old.ends, old.before)
         for a, b in ((0.0, 1e-4), (1e-5, 3e-5), (2.5e-6, 2.5e-6)):
             assert new.within(a, b) == old.within(a, b)

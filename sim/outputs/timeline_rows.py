@@ -122,7 +122,7 @@ def _is_value(view: RowView, field: str, value) -> np.ndarray:
 
 
 def compute_times(view: RowView, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of the rank's compute events, in log order (timeline._Busy's input)."""
+    """(start, end) of the rank's compute events, in log order (timeline_zoom.Busy's input)."""
     sel = (view.rank == rank) & _is_value(view, "category", "compute")
     return view.start[sel], view.end[sel]
 
