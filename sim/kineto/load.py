@@ -36,6 +36,7 @@ from meshsim.sim.core.errors import FilePath, UserError
 from meshsim.sim.kineto import fast, jsonstream
 from meshsim.sim.kineto.cpu_device import cpu_device_events
 from meshsim.sim.kineto.jsonstream import FIX, Progress, iter_trace
+from meshsim.sim.kineto.members import MAX_COUNT, device_figures, distributed_info, leading_members, rank_of
 from meshsim.sim.kineto.records import DeviceEvent, HostOp, RankTrace, Step
 from meshsim.sim.kineto.spill import FLUSH_RECORDS, Spill
 
@@ -44,7 +45,6 @@ HOST_CATS = frozenset(("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver
 NCCL_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
              "Process Group Description", "Process Group Ranks", "bytes")
 STEP = re.compile(r"^ProfilerStep#(\d{1,9})$")
-RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
 
 
 
@@ -52,7 +52,6 @@ RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
 MAX_NAME_CHARS = 16_384  # an event or thread name is kept to this many characters (C++ kernel names: ~2,000)
 MAX_NAMES_CHARS = 1 << 28  # distinct names held, all together (256 Mi characters)
 MAX_TIME_US = 1e18  # |ts| and dur (us; Kineto's ts are ~1.7e15 us since the epoch)
-MAX_COUNT = 1 << 53  # an NCCL element / byte count or group size
 MAX_RANKS_CHARS = 1 << 20  # a "Process Group Ranks" string
 COUNT_ARGS = ("In msg nelems", "Out msg nelems", "Group size", "bytes")
 TEXT_ARGS = ("Collective name", "dtype", "Process Group Name", "Process Group Description")
@@ -229,43 +228,6 @@ def _frozen(value: object) -> tuple:
         return tuple(_frozen(v) if type(v) is list else None if type(v) is dict else v for v in value)
 
 
-def _distributed(info: object, path: Path) -> dict:
-    """distributedInfo with its fields checked: rank and world_size integers, pg_config a list of dicts
-    with integer pg_size; a wrong type is one UserError naming the field."""
-    if not isinstance(info, dict):
-        return {}
-    for key, low in (("rank", 0), ("world_size", 1)):
-        v = info.get(key)
-        if v is not None and (type(v) is not int or not low <= v <= MAX_COUNT):
-            raise UserError("trace", FilePath(path), FIX, problem=f"distributedInfo.{key} is {str(v)[:60]!r}; "
-                            f"PyTorch records an integer >= {low}")
-    pgs = info.get("pg_config")
-    rows = [p for p in pgs if isinstance(p, dict)] if isinstance(pgs, list) else []
-    for p in rows:
-        size = p.get("pg_size", 0)
-        if type(size) is not int or not 0 <= size <= MAX_COUNT:
-            raise UserError("trace", FilePath(path), FIX, problem=f"distributedInfo.pg_config pg_size is "
-                            f"{str(size)[:60]!r}; PyTorch records an integer")
-    backend = info.get("backend")
-    return {"rank": info.get("rank"), "world_size": info.get("world_size"), "pg_config": tuple(rows),
-            "backend": str(backend)[:64] if backend is not None else None}
-
-
-def _rank(info: dict, path: Path) -> int:
-    rank = info.get("rank")
-    if type(rank) is int and rank >= 0:
-        return rank
-    m = RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else 0
-
-
-def _device_figures(props: object, device: int) -> tuple[str, int | None]:
-    rows = [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
-    row = next((p for p in rows if p.get("id") == device), rows[0] if rows else {})
-    sms = row.get("numSms")
-    return str(row.get("name", ""))[:200], sms if type(sms) is int and 0 < sms <= MAX_COUNT else None
-
-
 @dataclass
 class RankRecords:
     """One parse of a rank's file: its figures and steps, and its kept records, in memory or spilled to
@@ -286,7 +248,7 @@ class RankRecords:
 
     @property
     def rank(self) -> int:
-        return _rank(self.info, self.path)
+        return rank_of(self.info, self.path)
 
     def all_records(self) -> tuple[list[HostOp], list[DeviceEvent]]:
         if self.spill is None:
@@ -301,7 +263,7 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
     col = _Collector(path, hold)
     compiled = (_frozen, DeviceEvent, HostOp, GPU_CATS, HOST_CATS, NCCL_ARGS, MAX_TIME_US)  # fast.py's Adder
     if jsonstream.DEFAULT_BACKEND != "compiled" or \
-            not fast.collect(path, col, progress, _members, compiled, (EVENT_KEYS, ARG_KEYS)):
+            not fast.collect(path, col, progress, leading_members, compiled, (EVENT_KEYS, ARG_KEYS)):
         col = _Collector(path, hold)
         for kind, item in iter_trace(path, progress):
             if kind == "event":
@@ -312,21 +274,11 @@ def read_rank(path: str | Path, progress: Progress | None = None, hold: int | No
         col.flush()
     if not col.gpu_events and not col.host_ops:
         raise _no_device(path, col.count)
-    info = _distributed(col.members.get("distributedInfo"), path)
-    name, sms = _device_figures(col.members.get("deviceProperties"), col.first_device or 0)
+    info = distributed_info(col.members.get("distributedInfo"), path)
+    name, sms = device_figures(col.members.get("deviceProperties"), col.first_device or 0)
     kept = (col.spill.records if col.spill is not None else 0) + len(col.host) + len(col.device)
     return RankRecords(path, info, name, sms, col.threads, tuple(sorted(col.steps.values(), key=lambda s: s.ts)),
                        col.count, kept, not col.gpu_events, col.host, col.device, col.spill)
-
-
-def _members(path: Path) -> list[tuple[str, Any]]:
-    """The top-level members before traceEvents, from the reference parser (it stops at the first event)."""
-    out = []
-    for kind, item in iter_trace(path):
-        if kind == "event":
-            break
-        out.append(item)
-    return out
 
 
 def _no_device(path: Path, events: int) -> UserError:
