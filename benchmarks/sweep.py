@@ -21,13 +21,22 @@ same load (the child imports `meshsim` from the tree through a folder of links f
 benchmarks/run.py does), and the CPU per configuration of each tree (min and median) and their ratio are
 printed. Only the CPU figures are printed then.
 
+`--split` (with --jobs 1) also prints where each configuration's CPU goes, by phase of the sweep's
+pipeline (PHASES): each phase's function is wrapped in this process by a CPU timer (process_time, around the
+outermost call only), so a phase's figure includes what it calls; the phases marked "of which" run inside
+the one above them. The timers cost ~1 us per call; a phase whose function is gone is printed as n/a.
+
     python benchmarks/sweep.py [--case tp-sp|tp-pp|default-96] [--jobs 2]
+    python benchmarks/sweep.py --case default-96 --jobs 1 --split
     python benchmarks/sweep.py --case default-96 --jobs 1 --runs 3 --baseline /tmp/base
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib
 import json
 import os
 import statistics
@@ -46,6 +55,98 @@ CASES = {  # name: (scenario overrides, axes, target wall s or None, target CPU 
     "default-96": ({}, {"tp": "1,2,4,8", "sp": "on", "pp": "1,2,4,8", "micro_batch": "1,2",
                         "recompute": "none,selective,full"}, None, 0.050),
 }
+
+
+# (label, module, attribute, depth). A depth 0 phase is timed only when no other depth 0 phase is running (a call
+# from inside another is counted there), so their figures add up; a depth 1 phase is timed only inside the depth
+# 0 phase listed above it (its calls elsewhere are counted where they happen). The attributes are the names the
+# sweep's code calls them by (sim/sweep/record.py, sim/results/simulate.py), so each timer sees those calls.
+PHASES = (
+    ("resolve: overrides + schema", "meshsim.sim.sweep.record", "with_overrides", 0),
+    ("resolve: checks + topology + profile", "meshsim.sim.sweep.record", "resolve", 0),
+    ("schedule building", "meshsim.sim.results.simulate", "build_stage_schedules", 0),
+    ("engine run (run_stages)", "meshsim.sim.results.simulate", "run_stages", 0),
+    ("input check (check_inputs)", "meshsim.sim.engine.events", "check_inputs", 1),
+    ("host issue times", "meshsim.sim.results.simulate", "host_issue_times", 1),
+    ("collective pricing (CollectiveCoster.cost)", "meshsim.sim.results.costers", "CollectiveCoster.cost", 1),
+    ("host issue times (short runs' records)", "meshsim.sim.results.simulate", "host_issue_times", 0),
+    ("critical path (short runs)", "meshsim.sim.results.simulate", "critical_path", 0),
+    ("breakdown (short runs)", "meshsim.sim.results.simulate", "breakdown", 0),
+    ("steady-state proof + extrapolation", "meshsim.sim.results.steady_state", "extrapolate", 0),
+    ("collective report rows (CollectiveCoster.rows)", "meshsim.sim.results.costers", "CollectiveCoster.rows", 0),
+    ("memory model (memory_per_gpu)", "meshsim.sim.results.simulate", "memory_per_gpu", 0),
+    ("result assembly: full runs (build_result)", "meshsim.sim.results.simulate", "build_result", 0),
+    ("result assembly: extrapolated (assemble)", "meshsim.sim.results.simulate", "assemble", 0),
+    ("result assembly: rows_by_event", "meshsim.sim.results.simulate", "rows_by_event", 0),
+    ("sweep record (SweepRecord.ran)", "meshsim.sim.sweep.record", "SweepRecord.ran", 0),
+)
+
+
+@contextlib.contextmanager
+def phase_timers():
+    """PHASES' functions wrapped by CPU timers for the block; yields {label: CPU s} (None: not found)."""
+    spent: dict[str, float | None] = {}
+    running: list[str] = []  # the depth 0 phase running now, if any
+    wrapped: dict[tuple[int, str], object] = {}  # (id(owner), name) -> the function as first found
+    undo = []
+    parent = ""
+    for label, module, attribute, depth in PHASES:
+        parent = label if depth == 0 else parent
+        owner = importlib.import_module(module)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+        current = getattr(owner, name, None)
+        if current is None:
+            spent[label] = None
+            continue
+        spent[label] = 0.0
+        original = wrapped.setdefault((id(owner), name), current)
+        if current is original:
+            undo.append((owner, name, original))
+        setattr(owner, name, _timed(current, label, depth, parent, spent, running))
+    try:
+        yield spent
+    finally:
+        for owner, name, func in reversed(undo):
+            setattr(owner, name, func)
+
+
+def _timed(func, label: str, depth: int, parent: str, spent: dict[str, float | None], running: list[str]):
+    busy = [False]
+
+    @functools.wraps(func)
+    def timed(*args, **kwargs):
+        mine = not busy[0] and (not running if depth == 0 else running[-1:] == [parent])
+        if not mine:
+            return func(*args, **kwargs)
+        busy[0] = True
+        if depth == 0:
+            running.append(label)
+        start = time.process_time()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            spent[label] += time.process_time() - start
+            busy[0] = False
+            if depth == 0:
+                running.pop()
+    return timed
+
+
+def print_split(spent: dict[str, float | None], total_cpu_s: float, configurations: int) -> None:
+    """The phases' CPU per configuration, and the rest (the sweep's loop, simulate's glue, records)."""
+    print(f"CPU per configuration by phase ({configurations} configurations, this process):")
+    top = 0.0
+    for label, _, _, depth in PHASES:
+        value = spent[label]
+        if value is not None and depth == 0:
+            top += value
+        figure = "n/a" if value is None else f"{value / configurations * 1e3:7.1f} ms {value / total_cpu_s:6.1%}"
+        print(f"  {'  of which ' if depth else ''}{label:<{54 - (10 if depth else 0)}} {figure}")
+    rest = total_cpu_s - top
+    print(f"  {'rest (simulate glue, freeing its objects, loop)':<54} {rest / configurations * 1e3:7.1f} ms "
+          f"{rest / total_cpu_s:6.1%}")
 
 
 def cpu_s() -> float:
@@ -69,11 +170,12 @@ def run_case(case: str, jobs: int):
     return records, points, time.perf_counter() - start, cpu_s() - cpu0
 
 
-def report(case: str, jobs: int) -> None:
+def report(case: str, jobs: int, split: bool = False) -> None:
     from meshsim.sim.sweep.explain import explain
     from meshsim.sim.sweep.explain_terms import sweet_spot
 
-    records, points, total_s, total_cpu_s = run_case(case, jobs)
+    with phase_timers() if split else contextlib.nullcontext() as spent:
+        records, points, total_s, total_cpu_s = run_case(case, jobs)
     _, _, target_s, target_cpu_s = CASES[case]
     for rec in records:
         status = f"{rec.result.step_time_s:.3f} s/step" if rec.ok else "skipped"
@@ -90,6 +192,8 @@ def report(case: str, jobs: int) -> None:
            if target_cpu_s else "")
     print(f"CPU per configuration: {per_cpu_s * 1e3:.1f} ms ({total_cpu_s:.2f} s CPU, this process and its "
           f"workers){cpu}")
+    if split:
+        print_split(spent, total_cpu_s, len(points))
 
 
 def child(case: str, jobs: int) -> None:
@@ -138,14 +242,17 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="rounds with --baseline")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another source tree (with sim/, topologies/, scenarios/) timed in the same command")
+    parser.add_argument("--split", action="store_true", help="also print the CPU per configuration by phase (--jobs 1)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.split and args.jobs != 1:
+        parser.error("--split times the phases in this process: use it with --jobs 1")
     if args.child:
         child(args.case, args.jobs)
     elif args.baseline is not None:
         compare(args.case, args.jobs, args.runs, args.baseline)
     else:
-        report(args.case, args.jobs)
+        report(args.case, args.jobs, args.split)
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Literal
 import yaml
 from pydantic import Field
 
-from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
+from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning, defaults_of
 from meshsim.sim.core.limits import MAX_GPUS
 from meshsim.sim.core.quantities import (
     Bytes,
@@ -76,9 +76,9 @@ class KernelPoint(Frozen):
 class HardwareProfile(Frozen):
     name: str
     measured_on: dict[str, str] = {}  # device, backend, torch version, date, host
-    gpu: GpuFigures = GpuFigures()
-    compute: ComputeTuning = ComputeTuning()
-    network: NetworkTuning = NetworkTuning()
+    gpu: GpuFigures = defaults_of(GpuFigures)
+    compute: ComputeTuning = defaults_of(ComputeTuning)
+    network: NetworkTuning = defaults_of(NetworkTuning)
     gemm_table: list[GemmPoint] = []
     elementwise_bw_gbps: GBps | None = None
     kernel_table: list[KernelPoint] = []

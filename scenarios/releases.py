@@ -29,7 +29,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, model_validator
 
 from meshsim.scenarios.profile import HardwareProfile
-from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning
+from meshsim.scenarios.schema import ComputeTuning, Frozen, NetworkTuning, defaults_of
 from meshsim.sim.core.errors import unknown_name_error
 from meshsim.sim.core.userio import load_yaml
 from meshsim.topologies.gpus import by_gpu_prefix
@@ -58,16 +58,17 @@ class ReleaseProfile(Frozen):
     rows: list[str] = []  # the accuracy cases of this family (their accuracy.release names it)
     # multiplier on the GPU generation's FP8 large-GEMM ceiling, by GPU prefix (by_gpu_prefix: h100 covers h100-*)
     fp8_gemm_rate: dict[str, Annotated[float, Field(gt=0.25, le=2.0)]] = Field(default_factory=dict)
-    compute: ComputeTuning = ComputeTuning()  # absolute knobs, under a calibrated profile's
-    network: NetworkTuning = NetworkTuning()
+    compute: ComputeTuning = defaults_of(ComputeTuning)  # absolute knobs, under a calibrated profile's
+    network: NetworkTuning = defaults_of(NetworkTuning)
     constants: list[ReleaseConstant] = []  # provenance of every value above
 
     @model_validator(mode="after")
     def _every_value_has_provenance(self) -> ReleaseProfile:
         """Each fp8_gemm_rate entry and each knob of compute / network is a `constants` entry of that name and value."""
         stated = {f"fp8_gemm_rate.{gpu}": v for gpu, v in self.fp8_gemm_rate.items()}
-        for section in ("compute", "network"):
-            stated |= {f"{section}.{k}": v for k, v in getattr(self, section).model_dump(exclude_unset=True).items()}
+        for section in ("compute", "network"):  # the knobs the file sets (scalars: as model_dump(exclude_unset) gives them)
+            knobs = getattr(self, section)
+            stated |= {f"{section}.{k}": getattr(knobs, k) for k in type(knobs).model_fields if k in knobs.model_fields_set}
         named = {c.name: c.value for c in self.constants}
         missing = [k for k, v in stated.items() if k not in named or named[k] != v]
         if missing:
@@ -111,7 +112,7 @@ def release_profile(name: str | None, source: str | None = None) -> ReleaseProfi
 def composed_profile(release: ReleaseProfile, calibrated: HardwareProfile | None) -> HardwareProfile | None:
     """The hardware profile the cost models read: the calibrated file's sections over the release's absolute
     knobs (a field the file sets wins). None when neither states anything (the defaults apply)."""
-    if release.compute == ComputeTuning() and release.network == NetworkTuning():
+    if release.compute == ComputeTuning.model_construct() and release.network == NetworkTuning.model_construct():
         return calibrated
     base = calibrated or HardwareProfile(name=f"release:{release.name}")
     mine = base.compute.model_dump(exclude_none=True)

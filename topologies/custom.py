@@ -27,7 +27,10 @@ from meshsim.topologies.model import Device, Link, Topology
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    """defer_build: a model's validator is built when a topology file is first read, not at import (a run on a
+    preset reads none)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False, defer_build=True)
 
 
 class DeviceSpec(_Frozen):
