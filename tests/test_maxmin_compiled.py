@@ -1,0 +1,95 @@
+"""The compiled max-min filling (sim/cost/collectives/_maxmin.pyx) against the Python reference
+(maxmin.maxmin_rates_reference): the same floats, bit for bit, on generated inputs aimed at its edges -
+resources saturating together (ties: equal capacities and weights, so several resources reach the level at
+once and freeze in first-use order), zero and negative capacities, infinite capacities, flows with no
+positive demand, mixed key types ("cpu", rank) / link / private -(j+1), and the inputs it hands back to the
+reference (not a dict, not a float, NaN)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshsim.sim.cost.collectives import maxmin
+
+compiled = pytest.mark.skipif(maxmin._maxmin is None, reason="the compiled max-min filling is not built")
+
+KEYS = st.one_of(st.integers(-4, 12), st.tuples(st.sampled_from(("cpu", "link")), st.integers(0, 5)))
+TIED_WEIGHTS = st.sampled_from((1.0, 1.0, 0.5, 2.0, 0.1, 0.2, 0.3, 0.7, 1.1, 3.0))  # repeats make ties
+# no infinite weight: inf x level 0 makes a NaN level, on which the reference's filling never ends
+WEIGHTS = st.one_of(TIED_WEIGHTS, st.sampled_from((0.0, -1.0, -0.0)), st.floats(1e-6, 1e6, allow_nan=False))
+CAPS = st.one_of(st.sampled_from((1.0, 1.0, 0.9, 0.78, 2.0, 0.0, -0.5, math.inf, 1e-300)),
+                 st.floats(1e-3, 1e3, allow_nan=False))
+
+
+@st.composite
+def instances(draw, weights=WEIGHTS, caps=CAPS):
+    keys = draw(st.lists(KEYS, min_size=1, max_size=10, unique=True))
+    demands = draw(st.lists(st.dictionaries(st.sampled_from(keys), weights, max_size=len(keys)), max_size=14))
+    capacity = {k: draw(caps) for k in keys}
+    return demands, capacity
+
+
+def outcome(fn, demands, capacity):
+    try:
+        return [r.hex() for r in fn(demands, capacity)]
+    except ZeroDivisionError:  # a weight cancelled to zero: both raise it
+        return "ZeroDivisionError"
+
+
+def both(demands, capacity):
+    return (outcome(maxmin.maxmin_rates_reference, demands, capacity),
+            outcome(maxmin.maxmin_rates, demands, capacity))
+
+
+@compiled
+@settings(max_examples=400, deadline=None)
+@given(instances())
+def test_compiled_filling_is_the_reference_bit_for_bit(case):
+    ref, fast = both(*case)
+    assert fast == ref
+
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(instances(weights=TIED_WEIGHTS, caps=st.sampled_from((1.0, 1.0, 2.0, 0.78))))
+def test_ties_freeze_in_first_use_order_as_the_reference_does(case):
+    ref, fast = both(*case)
+    assert fast == ref
+
+
+@compiled
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 24), st.integers(1, 6), st.sampled_from((1.0, 0.5, 1 / 3)))
+def test_symmetric_all_to_all_like_instances(n, links_per_flow, frac):
+    """n(n-1) flows over a switch: every flow crosses its sender's up-link and receiver's down-link (and
+    shared middle links), all saturating at one level - the all-to-all's many-way tie."""
+    demands = [{a: frac, n + b: frac, **{2 * n + (a + b + k) % 3: frac for k in range(links_per_flow - 1)}}
+               for a in range(n) for b in range(n) if a != b]
+    capacity = {k: 50e9 for d in demands for k in d}
+    ref, fast = both(demands, capacity.__getitem__)
+    assert fast == ref
+
+
+@compiled
+def test_compiled_filling_returns_none_for_what_it_does_not_cover():
+    """A demand that is not a dict, an int weight, a NaN weight: the compiled filling declines (None) and
+    maxmin_rates runs the reference (whose NaN handling differs between _usage and _freeze)."""
+    args = (maxmin._FACTOR, maxmin._TINY, maxmin._PLAIN_SUM)
+    assert maxmin._maxmin.maxmin_rates([{0: 1.0}, ((0, 1.0),)], {0: 1.0}, *args) is None
+    assert maxmin._maxmin.maxmin_rates([{0: 1}], {0: 1.0}, *args) is None
+    assert maxmin._maxmin.maxmin_rates([{0: math.nan}], {0: 1.0}, *args) is None
+    assert maxmin._maxmin.maxmin_rates([{0: 1.0}], {0: 1.0}, *args) == [1.0]
+    assert maxmin.maxmin_rates([{0: 1}, {0: 1.0}], {0: 1.0}) == maxmin.maxmin_rates_reference([{0: 1}, {0: 1.0}],
+                                                                                              {0: 1.0})
+
+
+def test_reference_is_what_maxmin_rates_returns_without_the_extension(monkeypatch):
+    """Negative control for the dispatch: with the extension hidden, maxmin_rates is the reference."""
+    demands, capacity = [{0: 1.0, 1: 0.5}, {1: 1.0}, {}], {0: 1.0, 1: 0.7}
+    monkeypatch.setattr(maxmin, "_maxmin", None)
+    assert [r.hex() for r in maxmin.maxmin_rates(demands, capacity)] == \
+        [r.hex() for r in maxmin.maxmin_rates_reference(demands, capacity)]
