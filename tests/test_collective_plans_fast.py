@@ -1,0 +1,90 @@
+"""The plan builders' shortcuts against the long way they replace, on generated groups over every kind of
+topology (NVSwitch nodes on the IB fabric, the switchless DGX-1 mesh, PCIe, NVL72 racks, several rails):
+
+- worst_hop(routes) is max(path_hop(r) for r in routes) by (class order, path_s), the first of equal ones;
+- direct_plan / shift_plan equal the builders written the long way (every pair's hop via hop_between),
+  Plan for Plan (dataclass equality: the same routes, fractions, hops and floats).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshsim.sim.cost.collectives.direct import direct_plan, shift_plan
+from meshsim.sim.cost.collectives.phases import Flow, Phase, Plan, hop_between, path_hop, worst_hop
+from meshsim.topologies.registry import build_topology
+
+CLASS_ORDER = {"nvlink": 0, "pcie": 1, "network": 2}
+TOPOLOGIES = {  # (preset, nodes, gpus_per_node)
+    "h100x4": ("dgx-h100", 4, None),
+    "a100x2": ("dgx-a100", 2, None),
+    "dgx1x2": ("dgx1-v100", 2, None),
+    "pcie": ("pcie-8gpu", 1, None),
+    "pciex2": ("pcie-8gpu", 2, None),
+    "nvl72x2": ("gb200-nvl72", 2, 16),
+    "gb300": ("gb300-nvl72", 1, None),
+}
+
+
+def topo_of(name):
+    preset, nodes, per = TOPOLOGIES[name]
+    return build_topology(preset, nodes, gpus_per_node=per)
+
+
+@st.composite
+def groups(draw, min_size=2):
+    name = draw(st.sampled_from(sorted(TOPOLOGIES)))
+    topo = topo_of(name)
+    ranks = draw(st.lists(st.integers(0, topo.num_gpus - 1), min_size=min_size, max_size=12, unique=True))
+    return topo, ranks
+
+
+def reference_direct_plan(topo, ranks):
+    """direct_plan as it was written before worst_hop: every pair's hop through hop_between."""
+    group = sorted(set(ranks))
+    n = len(group)
+    flows = tuple(Flow(topo.route(a, b), 1.0 / n) for a in group for b in group if a != b)
+    pairs = [(a, b) for a in group for b in group if a != b]
+    worst = max((hop_between(topo, a, b) for a, b in pairs), key=lambda h: (CLASS_ORDER[h.link_class], h.path_s))
+    multi = topo.node_of(group[0]) != topo.node_of(group[-1])
+    return Plan("direct", (Phase(flows, ((worst, 1.0),), 1),), 1, multi)
+
+
+def reference_shift_plan(topo, ranks):
+    group = list(ranks)
+    n = len(group)
+    pairs = [(group[i], group[(i + 1) % n]) for i in range(n)]
+    flows = tuple(Flow(topo.route(a, b), 1.0) for a, b in pairs)
+    worst = max((hop_between(topo, a, b) for a, b in pairs), key=lambda h: (CLASS_ORDER[h.link_class], h.path_s))
+    multi = len({topo.node_of(r) for r in group}) > 1
+    return Plan("direct", (Phase(flows, ((worst, 1.0),), 1),), 1, multi)
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups())
+def test_worst_hop_is_the_first_maximal_path_hop(case):
+    topo, ranks = case
+    routes = [topo.route(a, b) for a in ranks for b in ranks if a != b]
+    expected = max((path_hop(topo, r) for r in routes), key=lambda h: (CLASS_ORDER[h.link_class], h.path_s))
+    got = worst_hop(topo, routes)
+    assert got == expected and got.path_s.hex() == expected.path_s.hex()
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups())
+def test_direct_and_shift_plans_equal_the_long_way(case):
+    topo, ranks = case
+    assert direct_plan(topo, ranks) == reference_direct_plan(topo, ranks)
+    assert shift_plan(topo, ranks) == reference_shift_plan(topo, ranks)
+
+
+def test_worst_hop_prefers_the_network_class_over_a_longer_nvlink_path():
+    """Negative control on the key: class first, latency second (a cross-node pair wins over any
+    intra-node pair whatever their latencies)."""
+    topo = topo_of("h100x4")
+    hop = worst_hop(topo, [topo.route(0, 1), topo.route(0, 8), topo.route(1, 2)])
+    assert hop.link_class == "network" and hop == hop_between(topo, 0, 8)
+    with pytest.raises(ValueError):
+        worst_hop(topo, [])
