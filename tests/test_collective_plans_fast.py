@@ -88,3 +88,38 @@ def test_worst_hop_prefers_the_network_class_over_a_longer_nvlink_path():
     assert hop.link_class == "network" and hop == hop_between(topo, 0, 8)
     with pytest.raises(ValueError):
         worst_hop(topo, [])
+
+
+FABRICS = [("dgx-h100", 3, None), ("dgx-a100", 2, None), ("dgx1-v100", 2, None), ("pcie-8gpu", 2, None),
+           ("gb200-nvl72", 2, 16), ("gb300-nvl72", 2, None), ("dgx-b200", 33, None), ("dgx-h100", 1, None)]
+
+
+@pytest.mark.parametrize("preset,nodes,per", FABRICS)
+def test_fabric_layout_shortcuts_equal_the_long_way(preset, nodes, per):
+    """sharing._node_links and nvls.switch_ports read a fabric's layout (node n's link k is
+    n x node_links + k); on every preset, single node and multiplied (33 nodes: two leaves per rail), they
+    equal the answers read from the topology's own devices and out-links."""
+    from meshsim.sim.cost.collectives import cache, nvls, sharing
+
+    topo = build_topology(preset, nodes, gpus_per_node=per)
+    cache.clear()
+    assert sharing._node_links(topo) == sharing.node_links_of_devices(topo)
+    for r in range(topo.num_gpus):
+        assert nvls.switch_ports(topo, r) == nvls.ports_of_devices(topo, r)
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups())
+def test_nvls_plan_and_switches_equal_the_long_way(case):
+    """nvls_switches / nvls_plan through switch_ports equal them through the topology's out-links."""
+    from meshsim.sim.cost.collectives import nvls
+
+    topo, ranks = case
+    long_way = [sorted(set.intersection(*(set(nvls.ports_of_devices(topo, r)) for r in ranks)))]
+    assert [nvls.nvls_switches(topo, ranks)] == long_way
+    if long_way[0]:
+        plan = nvls.nvls_plan(topo, "all_reduce", ranks)
+        ups = [f.links[0] for f in plan.phases[0].flows[::2]]
+        assert ups == [nvls._link(topo, topo.gpu_names[r], sw) for r in ranks for sw in long_way[0]]
+        downs = [f.links[0] for f in plan.phases[0].flows[1::2]]
+        assert downs == [nvls._link(topo, sw, topo.gpu_names[r]) for r in ranks for sw in long_way[0]]

@@ -36,14 +36,29 @@ ENABLED = True  # tests switch the pruning off to check that it changes nothing
 
 
 def _node_links(topo: Topology) -> list[int | None]:
-    """Per link: the node both its endpoints belong to, or None (fabric, or between nodes)."""
+    """Per link: the node both its endpoints belong to, or None (fabric, or between nodes); memoized. On a
+    fabric (fabric.multiply) from its layout: links [n x node_links, (n + 1) x node_links) join devices of
+    node n (its copies of the template's, all with node n), the links from ib_base on touch a leaf switch
+    (node None); node_links_of_devices is the long way, which tests compare it with."""
     tab = cache.table(topo, "node_links")
     hit = tab.get(0)
     if hit is None:
-        node_of = {d.name: d.node for d in topo.devices}
-        hit = cache.remember(tab, 0, [node_of[lk.src] if node_of[lk.src] is not None and node_of[lk.src] == node_of[lk.dst]
-                                      else None for lk in topo.links])
+        router = topo.router
+        if isinstance(router, FabricRouter) and router.ib_base == topo.nodes * router.node_links:
+            step = router.node_links
+            hit = [n for n in range(topo.nodes) for _ in range(step)]
+            hit += [None] * (len(topo.links) - router.ib_base)
+        else:
+            hit = node_links_of_devices(topo)
+        cache.remember(tab, 0, hit)
     return hit
+
+
+def node_links_of_devices(topo: Topology) -> list[int | None]:
+    """_node_links from every link's two devices."""
+    node_of = {d.name: d.node for d in topo.devices}
+    return [node_of[lk.src] if node_of[lk.src] is not None and node_of[lk.src] == node_of[lk.dst] else None
+            for lk in topo.links]
 
 
 def stays_in_node(topo: Topology, plan: Plan, node: int) -> bool:
