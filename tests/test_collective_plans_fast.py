@@ -123,3 +123,34 @@ def test_nvls_plan_and_switches_equal_the_long_way(case):
         assert ups == [nvls._link(topo, topo.gpu_names[r], sw) for r in ranks for sw in long_way[0]]
         downs = [f.links[0] for f in plan.phases[0].flows[1::2]]
         assert downs == [nvls._link(topo, sw, topo.gpu_names[r]) for r in ranks for sw in long_way[0]]
+
+
+@st.composite
+def node_local_cases(draw):
+    per_node = draw(st.sampled_from((2, 4, 8)))
+    nodes = draw(st.integers(2, 6))
+    local = draw(st.lists(st.integers(0, per_node - 1), min_size=1, max_size=per_node, unique=True))
+    home = draw(st.integers(0, nodes - 1))
+    ranks = tuple(home * per_node + lo for lo in local)
+    copies = [tuple(m * per_node + lo for lo in local) for m in range(nodes) if m != home]  # true replicas
+    others = draw(st.lists(st.lists(st.integers(0, nodes * per_node - 1), min_size=1, max_size=per_node,
+                                    unique=True).map(tuple), max_size=5))  # anything: shuffled, spanning nodes
+    near = [tuple(reversed(c)) for c in copies[:1]] + [(*c[:-1], c[-1] + per_node) for c in copies[1:2]]
+    concurrent = draw(st.permutations(copies + near + others))
+    return per_node, nodes, ranks, tuple(concurrent)
+
+
+@settings(max_examples=200, deadline=None)
+@given(node_local_cases())
+def test_node_local_sharing_equals_the_long_way(case):
+    """The replica test by tuple equality (group == its node's base + the local ranks) drops exactly the
+    copies the per-rank test drops, on replicas, near-replicas (same locals reordered, one rank on another
+    node) and groups spanning nodes."""
+    from meshsim.sim.cost.collectives import cache, sharing
+
+    per_node, nodes, ranks, concurrent = case
+    stand_in = type("Stand", (), {"gpus_per_node": per_node})()  # all either function reads of a topology
+    got = sharing.node_local_sharing(stand_in, ranks, concurrent)
+    assert got == sharing.node_local_sharing_long_way(stand_in, ranks, concurrent)
+    assert got is sharing.node_local_sharing(stand_in, ranks, concurrent)  # memoized
+    cache.clear()

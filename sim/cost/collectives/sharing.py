@@ -152,9 +152,44 @@ def _sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
         if isinstance(topo.router, FabricRouter) and own.algo in ROUTED_ALGOS:
             return _fabric_sharing(topo, own, concurrent)
         return tuple(concurrent)
-    node = nodes.pop()
+    return node_local_sharing(topo, tuple(ranks), tuple(concurrent))
+
+
+def node_local_sharing(topo: Topology, ranks: tuple[int, ...],
+                       concurrent: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """The concurrent groups of a group whose plan stays in its node, less the copies on other nodes that no
+    kept group touches (module doc). It reads only the ranks, so it is memoized per (group, concurrent
+    groups), shared by every algorithm whose plan stays in the node. A group is a replica on node m when
+    group == (m x per_node + l for l in local): rank r is on node m at local l iff r = m x per_node + l
+    (0 <= l < per_node), the test of node_local_sharing_long_way."""
+    tab = cache.table(topo, "node_local_sharing")
+    key = (ranks, concurrent)
+    hit = tab.get(key)
+    if hit is None:
+        per_node = topo.gpus_per_node
+        node = ranks[0] // per_node
+        local = tuple(r % per_node for r in ranks)
+        replica: dict[int, int] = {}  # candidate index -> its node
+        touched: set[int] = {node}
+        for i, group in enumerate(concurrent):
+            first = group[0] // per_node
+            base = first * per_node
+            if first != node and group == tuple(base + lo for lo in local):
+                replica[i] = first
+            else:
+                touched.update(r // per_node for r in group)
+        hit = cache.remember(tab, key, tuple(g for i, g in enumerate(concurrent)
+                                             if i not in replica or replica[i] in touched))
+    return hit
+
+
+def node_local_sharing_long_way(topo: Topology, ranks: Sequence[int],
+                                concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """node_local_sharing as first written (the reference tests compare it with): per rank, node and local."""
+    per_node = topo.gpus_per_node
+    node = ranks[0] // per_node
     local = tuple(r % per_node for r in ranks)
-    replica: dict[int, int] = {}  # candidate index -> its node
+    replica: dict[int, int] = {}
     touched: set[int] = {node}
     for i, group in enumerate(concurrent):
         first = group[0] // per_node
