@@ -3,7 +3,9 @@
 resources saturating together (ties: equal capacities and weights, so several resources reach the level at
 once and freeze in first-use order), zero and negative capacities, infinite capacities, flows with no
 positive demand, mixed key types ("cpu", rank) / link / private -(j+1), and the inputs it hands back to the
-reference (not a dict, not a float, NaN)."""
+reference (not a dict, not a float, NaN). Likewise the compiled phase evaluation (_maxmin.phase_rates) against
+phases._phase_rates_reference: merged identical flows, repeated links in a route, zero / infinite capacities
+(where the reference divides by zero, the compiled one hands back to it), and the dict order of busy links."""
 
 from __future__ import annotations
 
@@ -93,3 +95,57 @@ def test_reference_is_what_maxmin_rates_returns_without_the_extension(monkeypatc
     monkeypatch.setattr(maxmin, "_maxmin", None)
     assert [r.hex() for r in maxmin.maxmin_rates(demands, capacity)] == \
         [r.hex() for r in maxmin.maxmin_rates_reference(demands, capacity)]
+
+
+ROUTES = st.lists(st.integers(0, 7), max_size=5).map(tuple)  # repeats inside a route included
+FRACS = st.one_of(st.sampled_from((1.0, 0.5, 1 / 3, 0.25, 0.0, -1.0)), st.floats(1e-6, 4.0))
+PHASE_CAPS = st.lists(st.one_of(st.sampled_from((1.0, 2.0, 50e9, 0.0, math.inf)), st.floats(1e-3, 1e12)),
+                      min_size=8, max_size=8)
+
+
+@st.composite
+def phases_(draw):
+    """A phase's own and concurrent flows drawn from a few routes and fractions, so identical flows (merged
+    with a multiplicity), flows shared between own and concurrent, and equal saturation levels recur."""
+    from meshsim.sim.cost.collectives.phases import Flow
+
+    routes = draw(st.lists(ROUTES, min_size=1, max_size=5))
+    fracs = draw(st.lists(FRACS, min_size=1, max_size=3))
+    flow = st.builds(Flow, st.sampled_from(routes), st.sampled_from(fracs))
+    return draw(st.lists(flow, max_size=8)), draw(st.lists(flow, max_size=8)), draw(PHASE_CAPS)
+
+
+def phase_outcome(fn, own, extra, caps):
+    try:
+        s_per_byte, busy = fn(own, extra, caps)
+    except ZeroDivisionError:
+        return "ZeroDivisionError"
+    return s_per_byte.hex(), [(li, v.hex()) for li, v in busy.items()]  # values and the dict's order
+
+
+@compiled
+@settings(max_examples=400, deadline=None)
+@given(phases_())
+def test_compiled_phase_rates_are_the_reference_bit_for_bit(case):
+    from meshsim.sim.cost.collectives import phases
+
+    own, extra, caps = case
+    assert phase_outcome(phases._phase_rates, own, extra, caps) == \
+        phase_outcome(phases._phase_rates_reference, own, extra, caps)
+
+
+@compiled
+def test_compiled_phase_rates_of_an_all_to_all_on_a_fabric():
+    """The EP all-to-all's phase (64 ranks on 8 DGX H100 plus a concurrent copy sharing the leaf): thousands
+    of distinct routes, one saturation level shared by hundreds of NIC links."""
+    from meshsim.sim.cost.collectives import phases
+    from meshsim.sim.cost.collectives.cost import build_plan
+    from meshsim.topologies.registry import build_topology
+
+    topo = build_topology("dgx-h100", 16)
+    own = build_plan(topo, "direct", "all_to_all", range(64)).phases[0].flows
+    extra = build_plan(topo, "direct", "all_to_all", range(64, 128)).phases[0].flows
+    caps = [lk.bw_gbps * 1e9 * 0.9 for lk in topo.links]
+    fast = phase_outcome(phases._phase_rates, own, extra, caps)
+    assert fast == phase_outcome(phases._phase_rates_reference, own, extra, caps)
+    assert maxmin._maxmin.phase_rates(own, extra, caps, maxmin._FACTOR, maxmin._TINY, maxmin._PLAIN_SUM) is not None

@@ -151,3 +151,88 @@ cdef list _fill(Py_ssize_t n, Py_ssize_t nres, Py_ssize_t[::1] start, Py_ssize_t
                 is_open[r] = 0
                 nopen -= 1
     return rates
+
+
+def phase_rates(own, extra, list capacity_bps, double factor, double tiny, bint plain_sum):
+    """phases._phase_rates_reference as C loops: (max over own flows of frac / rate, per-link busy seconds
+    per byte) of one phase, or None where the reference would divide by zero or meet a NaN (it runs then).
+
+    The same steps: flows with links and frac > 0 merged per (links, frac) in first-seen order, own or
+    concurrent, with their multiplicity m; each merged flow's demand m on each of its links (first
+    occurrence: dict.fromkeys); the filling above with capacity capacity_bps[link]; busy[link] summed from
+    0.0 over merged flows in order and their links with repeats, m x frac / capacity_bps[link] each, in the
+    order links are first seen (the filling's resource order)."""
+    cdef dict keys = {}
+    cdef list mult = [], items = []
+    cdef list own_idx = []
+    cdef Py_ssize_t i, j, e, r, nlinks = len(capacity_bps), nnz = 0, n, li
+    cdef double frac, rate, s_per_byte, cap
+    cdef bint is_own
+    for is_own, flows in ((True, own), (False, extra)):
+        for f in flows:
+            links = f.links
+            frac_o = f.frac
+            if not links or frac_o <= 0:
+                continue
+            if type(frac_o) is not float or isnan(<double>frac_o) or type(links) is not tuple:
+                return None
+            key = (links, frac_o)
+            idx = keys.setdefault(key, len(keys))
+            if idx == len(mult):
+                mult.append(0)
+                items.append(key)
+            mult[idx] += 1
+            if is_own:
+                own_idx.append(idx)
+    n = len(items)
+    for key in items:
+        nnz += len(<tuple>key[0])
+    cdef Py_ssize_t[::1] start = np.empty(n + 1, dtype=np.intp)
+    cdef Py_ssize_t[::1] res = np.empty(max(nnz, 1), dtype=np.intp)
+    cdef double[::1] wt = np.empty(max(nnz, 1), dtype=np.float64)
+    cdef Py_ssize_t[::1] ridx = np.full(max(nlinks, 1), -1, dtype=np.intp)
+    cdef Py_ssize_t[::1] stamp = np.full(max(nlinks, 1), -1, dtype=np.intp)  # the last flow that used a link
+    cdef list res_keys = []
+    nnz = 0
+    for i in range(n):
+        start[i] = nnz
+        links = (<tuple>items[i])[0]
+        for j in range(len(<tuple>links)):
+            lo = (<tuple>links)[j]
+            if type(lo) is not int:
+                return None
+            li = lo
+            if not 0 <= li < nlinks:
+                return None
+            if stamp[li] == i:  # dict.fromkeys: a link repeated in one route is one demand
+                continue
+            stamp[li] = i
+            if ridx[li] < 0:
+                ridx[li] = len(res_keys)
+                res_keys.append(li)
+            res[nnz] = ridx[li]
+            wt[nnz] = <double>(<Py_ssize_t>mult[i])
+            nnz += 1
+    start[n] = nnz
+    cdef list rates = _fill(n, len(res_keys), start, res, wt, res_keys, capacity_bps, factor, tiny, plain_sum)
+    s_per_byte = 0.0
+    for j in range(len(own_idx)):
+        i = own_idx[j]
+        rate = rates[i]
+        if rate == 0.0 or isnan(rate):
+            return None
+        frac = (<tuple>items[i])[1]
+        if j == 0 or frac / rate > s_per_byte:
+            s_per_byte = frac / rate
+    cdef double[::1] acc = np.zeros(max(len(res_keys), 1), dtype=np.float64)
+    for i in range(n):
+        links = (<tuple>items[i])[0]
+        frac = (<tuple>items[i])[1]
+        for j in range(len(<tuple>links)):
+            li = (<tuple>links)[j]
+            cap = capacity_bps[li]
+            if cap == 0.0:
+                return None
+            r = ridx[li]
+            acc[r] = acc[r] + (<double>(<Py_ssize_t>mult[i])) * frac / cap
+    return s_per_byte, {res_keys[r]: acc[r] for r in range(len(res_keys))}

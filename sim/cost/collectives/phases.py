@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshsim.sim.core.units import US
-from meshsim.sim.cost.collectives import cache
+from meshsim.sim.cost.collectives import cache, maxmin
 from meshsim.sim.cost.collectives.maxmin import maxmin_rates
 from meshsim.topologies.model import Topology
 
@@ -153,7 +153,19 @@ def evaluate(topo: Topology, own: Plan, others: Sequence[Plan], capacity_bps: Se
 
 def _phase_rates(own: Sequence[Flow], extra: Sequence[Flow],
                  capacity_bps: Sequence[float]) -> tuple[float, dict[int, float]]:
-    """(max over own flows of frac / rate, per-link busy seconds per byte) for one phase."""
+    """(max over own flows of frac / rate, per-link busy seconds per byte) for one phase: the compiled
+    transliteration (_maxmin.phase_rates) when it is built and covers the input, else the reference below;
+    the same floats and the same dict order either way (tests/test_maxmin_compiled.py)."""
+    if maxmin._maxmin is not None and type(capacity_bps) is list:
+        hit = maxmin._maxmin.phase_rates(own, extra, capacity_bps, maxmin._FACTOR, maxmin._TINY, maxmin._PLAIN_SUM)
+        if hit is not None:
+            return hit
+    return _phase_rates_reference(own, extra, capacity_bps)
+
+
+def _phase_rates_reference(own: Sequence[Flow], extra: Sequence[Flow],
+                           capacity_bps: Sequence[float]) -> tuple[float, dict[int, float]]:
+    """_phase_rates in Python: merge identical flows, fill max-min (maxmin_rates), sum each link's busy time."""
     keys: dict[tuple[tuple[int, ...], float], int] = {}
     mult: list[int] = []
     own_keys = set()
