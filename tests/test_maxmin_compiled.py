@@ -149,3 +149,20 @@ def test_compiled_phase_rates_of_an_all_to_all_on_a_fabric():
     fast = phase_outcome(phases._phase_rates, own, extra, caps)
     assert fast == phase_outcome(phases._phase_rates_reference, own, extra, caps)
     assert maxmin._maxmin.phase_rates(own, extra, caps, maxmin._FACTOR, maxmin._TINY, maxmin._PLAIN_SUM) is not None
+
+
+@compiled
+@pytest.mark.skipif(not maxmin._PLAIN_SUM, reason="sum() of floats is compensated from Python 3.12")
+@settings(max_examples=150, deadline=None)
+@given(instances())
+def test_the_python_sum_branch_agrees_where_sum_adds_left_to_right(case):
+    """The branch Python >= 3.12 takes (each weight through Python's own sum()) is run here too: before 3.12
+    sum() adds left to right, so it must give the plain branch's floats."""
+    demands, capacity = case
+    args = (maxmin._FACTOR, maxmin._TINY)
+    try:
+        plain = maxmin._maxmin.maxmin_rates(demands, capacity, *args, True)
+        python_sum = maxmin._maxmin.maxmin_rates(demands, capacity, *args, False)
+    except ZeroDivisionError:
+        return
+    assert (plain is None and python_sum is None) or [r.hex() for r in plain] == [r.hex() for r in python_sum]
