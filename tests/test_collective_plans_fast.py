@@ -154,3 +154,21 @@ def test_node_local_sharing_equals_the_long_way(case):
     assert got == sharing.node_local_sharing_long_way(stand_in, ranks, concurrent)
     assert got is sharing.node_local_sharing(stand_in, ranks, concurrent)  # memoized
     cache.clear()
+
+
+def test_groups_hash_once_and_key_memos_as_the_plain_tuple():
+    """cost.Groups (collective_costs' normalised concurrent groups) is the plain tuple for every memo: equal,
+    the same hash, interchangeable as a dict key; a structure priced through it is the one priced through
+    the plain tuple (the memo entry is shared)."""
+    from meshsim.sim.cost.collectives import cache
+    from meshsim.sim.cost.collectives.cost import Groups, structure
+
+    plain = tuple(tuple(range(i * 8, i * 8 + 8)) for i in range(1, 4))
+    groups = Groups(plain)
+    assert groups == plain and hash(groups) == hash(plain) and {plain: 1}[groups] == 1
+    topo = build_topology("dgx-h100", 4)
+    cache.clear()
+    a = structure(topo, "ring", "all_reduce", range(8), groups)
+    assert structure(topo, "ring", "all_reduce", range(8), plain) is a
+    cache.clear()
+    assert structure(topo, "ring", "all_reduce", range(8), plain) == a

@@ -134,10 +134,11 @@ def sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
                    concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The concurrent groups in the own group's link-sharing component (module doc); order kept. Memoized
     per (own plan, concurrent groups): each op prices several (algorithm, protocol) pairs on one plan."""
+    concurrent = concurrent if isinstance(concurrent, tuple) else tuple(concurrent)  # cost.Groups kept whole
     if not ENABLED or not concurrent:
-        return tuple(concurrent)
+        return concurrent
     tab = cache.table(topo, "sharing")
-    key = (id(own), tuple(ranks), tuple(concurrent))
+    key = (id(own), tuple(ranks), concurrent)
     hit = tab.get(key)
     if hit is None or hit[0] is not own:  # the plan is kept with the entry, so its id cannot be reused
         hit = cache.remember(tab, key, (own, _sharing_groups(topo, own, ranks, concurrent)))
@@ -151,8 +152,8 @@ def _sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
     if len(nodes) != 1 or not stays_in_node(topo, own, next(iter(nodes))):
         if isinstance(topo.router, FabricRouter) and own.algo in ROUTED_ALGOS:
             return _fabric_sharing(topo, own, concurrent)
-        return tuple(concurrent)
-    return node_local_sharing(topo, tuple(ranks), tuple(concurrent))
+        return concurrent if isinstance(concurrent, tuple) else tuple(concurrent)
+    return node_local_sharing(topo, tuple(ranks), concurrent if isinstance(concurrent, tuple) else tuple(concurrent))
 
 
 def node_local_sharing(topo: Topology, ranks: tuple[int, ...],
