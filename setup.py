@@ -6,7 +6,9 @@
 - meshsim.sim.outputs._trace (sim/outputs/_trace.pyx), trace.json's op slices written from those arrays
   (sim/outputs/trace_rows.py; without it the Python writer runs, same bytes);
 - meshsim.sim.results._walk (sim/results/_walk.pyx), the critical-path walk over the log's columns
-  (sim/results/critical_path.py; without it the Python walk runs, same segments).
+  (sim/results/critical_path.py; without it the Python walk runs, same segments);
+- meshsim.sim.cost.collectives._maxmin (sim/cost/collectives/_maxmin.pyx), max-min fair progressive filling
+  (sim/cost/collectives/maxmin.py; without it the Python filling runs, same floats).
 
 Everything else is in pyproject.toml. Each extension is optional: without Cython or a working C compiler
 the build goes on without it and the Python code runs (the trace reader falls back silently; its output
@@ -30,6 +32,7 @@ MODULES = (  # (module, .pyx source), each built when its source is in the tree
     ("meshsim.sim.engine._rows", os.path.join("sim", "engine", "_rows.pyx")),
     ("meshsim.sim.outputs._trace", os.path.join("sim", "outputs", "_trace.pyx")),
     ("meshsim.sim.results._walk", os.path.join("sim", "results", "_walk.pyx")),
+    ("meshsim.sim.cost.collectives._maxmin", os.path.join("sim", "cost", "collectives", "_maxmin.pyx")),
 )
 
 

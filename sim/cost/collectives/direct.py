@@ -16,19 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshsim.sim.cost.collectives.phases import Flow, Phase, Plan, hop_between
+from meshsim.sim.cost.collectives.phases import Flow, Phase, Plan, worst_hop
 from meshsim.topologies.model import Topology
-
-_CLASS_ORDER = {"nvlink": 0, "pcie": 1, "network": 2}
 
 
 def direct_plan(topo: Topology, ranks: Sequence[int]) -> Plan:
     group = sorted(set(ranks))
     n = len(group)
-    flows = tuple(Flow(topo.route(a, b), 1.0 / n) for a in group for b in group if a != b)
-    pairs = [(a, b) for a in group for b in group if a != b]
-    worst = max((hop_between(topo, a, b) for a, b in pairs),
-                key=lambda h: (_CLASS_ORDER[h.link_class], h.path_s))
+    routes = [topo.route(a, b) for a in group for b in group if a != b]
+    frac = 1.0 / n
+    flows = tuple(Flow(route, frac) for route in routes)
+    worst = worst_hop(topo, routes)  # the slowest pair's hop: network before PCIe before NVLink, then latency
     multi = topo.node_of(group[0]) != topo.node_of(group[-1])
     return Plan("direct", (Phase(flows, ((worst, 1.0),), 1),), 1, multi)
 
@@ -38,8 +36,8 @@ def shift_plan(topo: Topology, ranks: Sequence[int]) -> Plan:
     group = list(ranks)
     n = len(group)
     pairs = [(group[i], group[(i + 1) % n]) for i in range(n)]
-    flows = tuple(Flow(topo.route(a, b), 1.0) for a, b in pairs)
-    worst = max((hop_between(topo, a, b) for a, b in pairs),
-                key=lambda h: (_CLASS_ORDER[h.link_class], h.path_s))
+    routes = [topo.route(a, b) for a, b in pairs]
+    flows = tuple(Flow(route, 1.0) for route in routes)
+    worst = worst_hop(topo, routes)
     multi = len({topo.node_of(r) for r in group}) > 1
     return Plan("direct", (Phase(flows, ((worst, 1.0),), 1),), 1, multi)

@@ -15,9 +15,18 @@ levels, a handful for symmetric collectives. Flows with no positive demand get r
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
+try:  # the same filling as C loops (_maxmin.pyx), built by setup.py when a compiler is there
+    from meshsim.sim.cost.collectives import _maxmin
+except ImportError:  # no compiled extension: the reference below runs
+    _maxmin = None
+
 _REL_TOL = 1e-9  # resources within this relative distance of the bottleneck level saturate together
+_FACTOR = 1 + _REL_TOL  # limit = level x _FACTOR + _TINY
+_TINY = 1e-300
+_PLAIN_SUM = sys.version_info < (3, 12)  # sum() of floats adds left to right before 3.12, compensated after
 
 
 def _usage(demands: Sequence[Mapping[int, float]]) -> dict[int, list[tuple[int, float]]]:
@@ -31,7 +40,20 @@ def _usage(demands: Sequence[Mapping[int, float]]) -> dict[int, list[tuple[int, 
 
 def maxmin_rates(demands: Sequence[Mapping[int, float]],
                  capacity: Mapping[int, float] | Callable[[int], float]) -> list[float]:
-    """Max-min fair rates r_i with sum_i d_i[l] r_i <= cap[l] for every resource l (progressive filling)."""
+    """Max-min fair rates r_i with sum_i d_i[l] r_i <= cap[l] for every resource l (progressive filling):
+    the compiled transliteration (_maxmin.pyx) when it is built and covers the input (dict demands, float
+    weights), else maxmin_rates_reference; the same floats either way (tests/test_maxmin_compiled.py)."""
+    if _maxmin is not None:
+        rates = _maxmin.maxmin_rates(demands if type(demands) is list else list(demands), capacity,
+                                     _FACTOR, _TINY, _PLAIN_SUM)
+        if rates is not None:
+            return rates
+    return maxmin_rates_reference(demands, capacity)
+
+
+def maxmin_rates_reference(demands: Sequence[Mapping[int, float]],
+                           capacity: Mapping[int, float] | Callable[[int], float]) -> list[float]:
+    """maxmin_rates in Python, the reference: progressive filling as the module docstring states it."""
     cap_of = capacity if callable(capacity) else capacity.__getitem__
     users = _usage(demands)
     rates = [math.inf] * len(demands)
@@ -45,7 +67,7 @@ def maxmin_rates(demands: Sequence[Mapping[int, float]],
     open_res = dict.fromkeys(users)  # ordered: resources tighten in first-use order, whatever their hash
     while open_res:
         level = min(max(left[r], 0.0) / weight[r] for r in open_res)
-        limit = level * (1 + _REL_TOL) + 1e-300
+        limit = level * _FACTOR + _TINY
         tight = [r for r in open_res if max(left[r], 0.0) / weight[r] <= limit]
         for res in tight:
             for i, _ in users[res]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.phases import Flow, Hop, Phase, Plan, path_hop
+from meshsim.topologies.fabric import FabricRouter
 from meshsim.topologies.model import Topology
 
 NVLS_OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -24,14 +26,40 @@ def nvls_switches(topo: Topology, ranks: Sequence[int]) -> list[str]:
     """Names of the in-network-reduction switches every rank of the group links to directly."""
     common: set[str] | None = None
     for r in ranks:
-        gpu = topo.gpu_names[r]
-        mine = {topo.links[li].dst for li in topo.out_links[gpu]
-                if topo.device_by_name[topo.links[li].dst].in_network_reduction
-                and topo.device_by_name[topo.links[li].dst].kind == "nvswitch"}
-        common = mine if common is None else common & mine
+        mine = switch_ports(topo, r).keys()
+        common = set(mine) if common is None else common & mine
         if not common:
             return []
     return sorted(common or ())
+
+
+def switch_ports(topo: Topology, rank: int) -> dict[str, tuple[int, int | None]]:
+    """Switch name -> (the first link from GPU `rank` to it, its first link back or None) of each in-network-reduction
+    NVSwitch the GPU links to directly, in the order of the GPU's out-links. On a fabric (fabric.multiply)
+    from the one-node template's ports: node n's link k is n x node_links + k, its devices the node's copies
+    (ports_of_devices is the long way, over the whole topology's out-links; tests compare the two)."""
+    router = topo.router
+    if not isinstance(router, FabricRouter):
+        return ports_of_devices(topo, rank)
+    n, local = divmod(rank, router.node.gpus_per_node)
+    tab = cache.table(router.node, "nvls_ports")
+    ports = tab.get(local)
+    if ports is None:
+        ports = cache.remember(tab, local, tuple(ports_of_devices(router.node, local).values()))
+    off = n * router.node_links
+    return {topo.links[off + up].dst: (off + up, None if down is None else off + down) for up, down in ports}
+
+
+def ports_of_devices(topo: Topology, rank: int) -> dict[str, tuple[int, int | None]]:
+    """switch_ports from the topology's own out-links and devices."""
+    gpu = topo.gpu_names[rank]
+    out: dict[str, tuple[int, int | None]] = {}
+    for li in topo.out_links[gpu]:
+        sw = topo.links[li].dst
+        dev = topo.device_by_name[sw]
+        if dev.in_network_reduction and dev.kind == "nvswitch" and sw not in out:
+            out[sw] = (li, next((lj for lj in topo.out_links[sw] if topo.links[lj].dst == gpu), None))
+    return out
 
 
 def port_fractions(op: str, n: int) -> tuple[float, float]:
@@ -57,9 +85,11 @@ def nvls_plan(topo: Topology, op: str, ranks: Sequence[int]) -> Plan:
     flows: list[Flow] = []
     step: Hop | None = None
     for r in ranks:
-        gpu = topo.gpu_names[r]
+        ports = switch_ports(topo, r)
         for sw in switches:
-            up, down = _link(topo, gpu, sw), _link(topo, sw, gpu)
+            up, down = ports[sw]
+            if down is None:  # no link back from the switch: the error the search for it raises
+                down = _link(topo, sw, topo.gpu_names[r])
             flows += [Flow((up,), up_frac / ns), Flow((down,), down_frac / ns)]
             hop = path_hop(topo, (up, down))
             step = hop if step is None or hop.path_s > step.path_s else step

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshsim.sim.core.units import US
+from meshsim.sim.cost.collectives import cache, maxmin
 from meshsim.sim.cost.collectives.maxmin import maxmin_rates
 from meshsim.topologies.model import Topology
 
@@ -80,7 +81,11 @@ class PlanCost:
 
 def link_class(topo: Topology, links: Sequence[int]) -> str:
     """NCCL link class of a route: network if it crosses IB, else NVLink if it uses any, else PCIe."""
-    kinds = {topo.links[i].kind for i in links}
+    return class_of_kinds({topo.links[i].kind for i in links})
+
+
+def class_of_kinds(kinds: set[str]) -> str:
+    """The link class of a route whose links have these kinds (link_class)."""
     if "ib" in kinds:
         return "network"
     if "nvlink" in kinds or not kinds - {"internal"}:
@@ -94,6 +99,35 @@ def hop_between(topo: Topology, src: int, dst: int) -> Hop:
 
 def path_hop(topo: Topology, links: Sequence[int]) -> Hop:
     return Hop(sum(topo.links[i].latency_us for i in links) * US, link_class(topo, links))
+
+
+_CLASS_ORDER = {"nvlink": 0, "pcie": 1, "network": 2}  # the slowest hop: network, then PCIe, then NVLink
+
+
+def worst_hop(topo: Topology, routes: Sequence[Sequence[int]]) -> Hop:
+    """max(path_hop(topo, r) for r in routes) by (class order, path_s), the first of equal ones: the same
+    Hop (equal keys are equal hops), with each route's latency summed as path_hop sums it (left to right
+    from 0) and its class found as link_class finds it, from per-link lists instead of Link objects."""
+    lat, kind = _link_columns(topo)
+    best_key: tuple[int, float] | None = None
+    best_cls = ""
+    for links in routes:
+        cls = class_of_kinds({kind[i] for i in links})
+        key = (_CLASS_ORDER[cls], sum([lat[i] for i in links]) * US)
+        if best_key is None or key > best_key:
+            best_key, best_cls = key, cls
+    if best_key is None:
+        raise ValueError("worst_hop of no routes")
+    return Hop(best_key[1], best_cls)
+
+
+def _link_columns(topo: Topology) -> tuple[list[float], list[str]]:
+    """(latency_us, kind) of every link, in link order; memoized per topology."""
+    tab = cache.table(topo, "link_columns")
+    hit = tab.get(0)
+    if hit is None:
+        hit = cache.remember(tab, 0, ([lk.latency_us for lk in topo.links], [lk.kind for lk in topo.links]))
+    return hit
 
 
 def merge_plans(own: Plan, others: Sequence[Plan]) -> tuple[tuple[Phase, tuple[Flow, ...]], ...]:
@@ -119,7 +153,19 @@ def evaluate(topo: Topology, own: Plan, others: Sequence[Plan], capacity_bps: Se
 
 def _phase_rates(own: Sequence[Flow], extra: Sequence[Flow],
                  capacity_bps: Sequence[float]) -> tuple[float, dict[int, float]]:
-    """(max over own flows of frac / rate, per-link busy seconds per byte) for one phase."""
+    """(max over own flows of frac / rate, per-link busy seconds per byte) for one phase: the compiled
+    transliteration (_maxmin.phase_rates) when it is built and covers the input, else the reference below;
+    the same floats and the same dict order either way (tests/test_maxmin_compiled.py)."""
+    if maxmin._maxmin is not None and type(capacity_bps) is list:
+        hit = maxmin._maxmin.phase_rates(own, extra, capacity_bps, maxmin._FACTOR, maxmin._TINY, maxmin._PLAIN_SUM)
+        if hit is not None:
+            return hit
+    return _phase_rates_reference(own, extra, capacity_bps)
+
+
+def _phase_rates_reference(own: Sequence[Flow], extra: Sequence[Flow],
+                           capacity_bps: Sequence[float]) -> tuple[float, dict[int, float]]:
+    """_phase_rates in Python: merge identical flows, fill max-min (maxmin_rates), sum each link's busy time."""
     keys: dict[tuple[tuple[int, ...], float], int] = {}
     mult: list[int] = []
     own_keys = set()

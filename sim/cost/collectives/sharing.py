@@ -36,14 +36,29 @@ ENABLED = True  # tests switch the pruning off to check that it changes nothing
 
 
 def _node_links(topo: Topology) -> list[int | None]:
-    """Per link: the node both its endpoints belong to, or None (fabric, or between nodes)."""
+    """Per link: the node both its endpoints belong to, or None (fabric, or between nodes); memoized. On a
+    fabric (fabric.multiply) from its layout: links [n x node_links, (n + 1) x node_links) join devices of
+    node n (its copies of the template's, all with node n), the links from ib_base on touch a leaf switch
+    (node None); node_links_of_devices is the long way, which tests compare it with."""
     tab = cache.table(topo, "node_links")
     hit = tab.get(0)
     if hit is None:
-        node_of = {d.name: d.node for d in topo.devices}
-        hit = cache.remember(tab, 0, [node_of[lk.src] if node_of[lk.src] is not None and node_of[lk.src] == node_of[lk.dst]
-                                      else None for lk in topo.links])
+        router = topo.router
+        if isinstance(router, FabricRouter) and router.ib_base == topo.nodes * router.node_links:
+            step = router.node_links
+            hit = [n for n in range(topo.nodes) for _ in range(step)]
+            hit += [None] * (len(topo.links) - router.ib_base)
+        else:
+            hit = node_links_of_devices(topo)
+        cache.remember(tab, 0, hit)
     return hit
+
+
+def node_links_of_devices(topo: Topology) -> list[int | None]:
+    """_node_links from every link's two devices."""
+    node_of = {d.name: d.node for d in topo.devices}
+    return [node_of[lk.src] if node_of[lk.src] is not None and node_of[lk.src] == node_of[lk.dst] else None
+            for lk in topo.links]
 
 
 def stays_in_node(topo: Topology, plan: Plan, node: int) -> bool:
@@ -119,10 +134,11 @@ def sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
                    concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The concurrent groups in the own group's link-sharing component (module doc); order kept. Memoized
     per (own plan, concurrent groups): each op prices several (algorithm, protocol) pairs on one plan."""
+    concurrent = concurrent if isinstance(concurrent, tuple) else tuple(concurrent)  # cost.Groups kept whole
     if not ENABLED or not concurrent:
-        return tuple(concurrent)
+        return concurrent
     tab = cache.table(topo, "sharing")
-    key = (id(own), tuple(ranks), tuple(concurrent))
+    key = (id(own), tuple(ranks), concurrent)
     hit = tab.get(key)
     if hit is None or hit[0] is not own:  # the plan is kept with the entry, so its id cannot be reused
         hit = cache.remember(tab, key, (own, _sharing_groups(topo, own, ranks, concurrent)))
@@ -136,10 +152,45 @@ def _sharing_groups(topo: Topology, own: Plan, ranks: Sequence[int],
     if len(nodes) != 1 or not stays_in_node(topo, own, next(iter(nodes))):
         if isinstance(topo.router, FabricRouter) and own.algo in ROUTED_ALGOS:
             return _fabric_sharing(topo, own, concurrent)
-        return tuple(concurrent)
-    node = nodes.pop()
+        return concurrent if isinstance(concurrent, tuple) else tuple(concurrent)
+    return node_local_sharing(topo, tuple(ranks), concurrent if isinstance(concurrent, tuple) else tuple(concurrent))
+
+
+def node_local_sharing(topo: Topology, ranks: tuple[int, ...],
+                       concurrent: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """The concurrent groups of a group whose plan stays in its node, less the copies on other nodes that no
+    kept group touches (module doc). It reads only the ranks, so it is memoized per (group, concurrent
+    groups), shared by every algorithm whose plan stays in the node. A group is a replica on node m when
+    group == (m x per_node + l for l in local): rank r is on node m at local l iff r = m x per_node + l
+    (0 <= l < per_node), the test of node_local_sharing_long_way."""
+    tab = cache.table(topo, "node_local_sharing")
+    key = (ranks, concurrent)
+    hit = tab.get(key)
+    if hit is None:
+        per_node = topo.gpus_per_node
+        node = ranks[0] // per_node
+        local = tuple(r % per_node for r in ranks)
+        replica: dict[int, int] = {}  # candidate index -> its node
+        touched: set[int] = {node}
+        for i, group in enumerate(concurrent):
+            first = group[0] // per_node
+            base = first * per_node
+            if first != node and group == tuple(base + lo for lo in local):
+                replica[i] = first
+            else:
+                touched.update(r // per_node for r in group)
+        hit = cache.remember(tab, key, tuple(g for i, g in enumerate(concurrent)
+                                             if i not in replica or replica[i] in touched))
+    return hit
+
+
+def node_local_sharing_long_way(topo: Topology, ranks: Sequence[int],
+                                concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """node_local_sharing as first written (the reference tests compare it with): per rank, node and local."""
+    per_node = topo.gpus_per_node
+    node = ranks[0] // per_node
     local = tuple(r % per_node for r in ranks)
-    replica: dict[int, int] = {}  # candidate index -> its node
+    replica: dict[int, int] = {}
     touched: set[int] = {node}
     for i, group in enumerate(concurrent):
         first = group[0] // per_node
