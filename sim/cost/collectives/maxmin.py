@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 try:  # the same filling as C loops (_maxmin.pyx), built by setup.py when a compiler is there
-    from meshsim.sim.cost.collectives import _maxmin
+    import meshsim.sim.cost.collectives._maxmin as _maxmin
 except ImportError:  # no compiled extension: the reference below runs
     _maxmin = None
 
@@ -27,6 +27,14 @@ _REL_TOL = 1e-9  # resources within this relative distance of the bottleneck lev
 _FACTOR = 1 + _REL_TOL  # limit = level x _FACTOR + _TINY
 _TINY = 1e-300
 _PLAIN_SUM = sys.version_info < (3, 12)  # sum() of floats adds left to right before 3.12, compensated after
+
+
+def compiled_phase_rates(own: Sequence, extra: Sequence, capacity_bps: list[float]):
+    """phases._phase_rates as the compiled loop (_maxmin.phase_rates) with this module's saturation constants;
+    None when the extension is not built or the input is outside what it covers (the caller runs the reference)."""
+    if _maxmin is None:
+        return None
+    return _maxmin.phase_rates(own, extra, capacity_bps, _FACTOR, _TINY, _PLAIN_SUM)
 
 
 def _usage(demands: Sequence[Mapping[int, float]]) -> dict[int, list[tuple[int, float]]]:

@@ -156,8 +156,8 @@ def _phase_rates(own: Sequence[Flow], extra: Sequence[Flow],
     """(max over own flows of frac / rate, per-link busy seconds per byte) for one phase: the compiled
     transliteration (_maxmin.phase_rates) when it is built and covers the input, else the reference below;
     the same floats and the same dict order either way (tests/test_maxmin_compiled.py)."""
-    if maxmin._maxmin is not None and type(capacity_bps) is list:
-        hit = maxmin._maxmin.phase_rates(own, extra, capacity_bps, maxmin._FACTOR, maxmin._TINY, maxmin._PLAIN_SUM)
+    if type(capacity_bps) is list:
+        hit = maxmin.compiled_phase_rates(own, extra, capacity_bps)
         if hit is not None:
             return hit
     return _phase_rates_reference(own, extra, capacity_bps)
