@@ -21,3 +21,13 @@ def world1():
     yield dist.group.WORLD
     if mine:
         dist.destroy_process_group()
+
+
+def pytest_sessionfinish(session):
+    """Stop the fork server validate's launcher started in this process (validate/launch/launch.py), and wait
+    for it: no process outlives the session, and its workers' CPU time is counted with this process's."""
+    import multiprocessing.forkserver as forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if server is not None and getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
