@@ -1,10 +1,54 @@
-"""Fixtures shared by several test files."""
+"""Fixtures shared by several test files, and the order the suite runs in.
+
+Under pytest-xdist (.ci/run), `--dist loadfile` (pyproject's addopts) runs each file's tests on one worker,
+in file order: a module-scoped fixture (e.g. one spawn of gloo processes serving every check of a file) runs
+once, not once per worker, and a test that reads what an earlier test of its file recorded sees it.
+`pytest_collection_modifyitems` below starts the costliest files first, so the two workers end together
+instead of one running a long file alone at the end. Neither changes what any test runs or asserts.
+"""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
+
+# Seconds a file's tests keep a worker busy in a 2-core run (measured; they set the order files start in,
+# nothing else). A file not listed starts after the listed ones, in collection order; re-measure with
+# --durations when the figures drift.
+FILE_COST_S = {
+    "test_steady_state.py": 47,
+    "test_tiled_shortcuts.py": 45,
+    "test_engine_compiled.py": 38,
+    "test_search.py": 36,
+    "test_kineto_fast.py": 32,
+    "test_period_path_settled.py": 25,
+    "test_validate_timing.py": 24,
+    "test_validate_launch.py": 20,
+    "test_library_runs.py": 19,
+    "test_steady_state_generated.py": 17,
+    "test_golden.py": 14,
+    "test_search_bound.py": 12,
+    "test_validate_without_torch.py": 10,
+    "test_hostile_inputs.py": 9,
+    "test_schedule_arrays.py": 9,
+    "test_sweep.py": 8,
+    "test_command_signals.py": 8,
+    "test_kineto_hostile.py": 8,
+    "test_notebooks.py": 7,
+    "test_critical_path_compiled.py": 7,
+    "test_architecture.py": 6,
+    "test_results_arrays.py": 6,
+    "test_trace_rows.py": 6,
+    "test_fair_rates_compiled.py": 5,
+    "test_validate_pp_timing.py": 5,
+    "test_accuracy_cases.py": 5,
+    "test_kineto_reader.py": 5,
+    "test_validate_numerics.py": 4,
+    "test_microbatch_group_size.py": 4,
+    "test_readable_output.py": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +65,18 @@ def world1():
     yield dist.group.WORLD
     if mine:
         dist.destroy_process_group()
+
+
+def pytest_sessionfinish(session):
+    """Stop the fork server validate's launcher started in this process (validate/launch/launch.py), and wait
+    for it: no process outlives the session, and its workers' CPU time is counted with this process's."""
+    import multiprocessing.forkserver as forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if server is not None and getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-FILE_COST_S.get(Path(item.nodeid.split("::", 1)[0]).name, 0.0), order[id(item)]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from meshsim.validate.launch.launch import LaunchError, launch  # noqa: E402
+from meshsim.validate.launch.launch import PRELOAD, TASKS, LaunchError, host_store, launch, start_method  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +21,24 @@ pytestmark = pytest.mark.slow
 def test_results_per_rank():
     out = launch("selftest", {}, 2, timeout_s=30)
     assert out == [{"rank": 0, "sum": 3.0}, {"rank": 1, "sum": 3.0}]  # all-reduce of rank+1 over 2 ranks
+
+
+def test_the_rendezvous_port_is_held_from_its_pick_to_the_end_of_the_launch():
+    """The launcher serves the store on the port the OS gave it; no other process can take that port between
+    its pick and the workers' joining (a free port picked, released, and bound later by rank 0 sometimes
+    was, on a busy machine)."""
+    store = host_store(2, 5.0)
+    port = store.port
+    with socket.socket() as sock, pytest.raises(OSError):
+        sock.bind(("127.0.0.1", port))
+    del store  # negative control: released, the same port binds
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_workers_fork_from_a_server_that_imported_every_task():
+    assert start_method() == "forkserver"  # Linux; spawn only where the platform has no fork server
+    assert {"torch", *(target.split(":")[0] for target in TASKS.values())} <= set(PRELOAD)
 
 
 def test_failing_rank_is_named():

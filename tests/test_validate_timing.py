@@ -21,6 +21,8 @@ from meshsim.validate.timing.measured import schedule_of  # noqa: E402
 from meshsim.validate.timing.trace_merge import MEASURED_PID_OFFSET  # noqa: E402
 
 pytestmark = pytest.mark.slow
+# every calibration here is checked for its structure, not its accuracy: 5 timed runs per work, not 30
+CALIBRATION_REPEATS = 5
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def calibrated(tmp_path_factory):
     sc, src = load_scenario("tiny-2gpu")
     shrunk = shrink(sc, 2, TIMING, src)
     path = tmp_path_factory.mktemp("cal") / "profile.yaml"
-    calibrate(shrunk, src, 2, out=path, accept_noise=True)  # structure, not accuracy: any load will do
+    calibrate(shrunk, src, 2, out=path, accept_noise=True, repeats=CALIBRATION_REPEATS)  # any load will do
     return sc, src, shrunk, path
 
 
@@ -109,7 +111,8 @@ def test_crosscheck_runs_fsdp_gathers_and_reduce_scatters_for_real(tmp_path):
     sc, src = load_scenario("tiny-2gpu")
     sc = with_overrides(sc, {"parallel.tp": 1, "parallel.fsdp": True, "parallel.distributed_optimizer": True,
                              "parallel.global_batch": 8}, src)
-    check = run_crosscheck(sc, src, 2, out_dir=tmp_path, repeats=2, accept_noise=True)
+    check = run_crosscheck(sc, src, 2, out_dir=tmp_path, repeats=2, accept_noise=True,
+                           calibration_repeats=CALIBRATION_REPEATS)
     r = check.report
     assert r["numerics_ok"] is True and r["measured_step_s"] > 0 and "dp_comm" in r["categories"]
     doc = json.loads((tmp_path / "trace_measured.json").read_text())
@@ -134,7 +137,8 @@ def test_crosscheck_runs_instance_reduce_scatters_and_cross_instance_all_reduces
                              "parallel.fsdp": fsdp}, src)
     shrunk = shrink(sc, 4, TIMING, src)
     assert shrunk.parallel.dist_opt_instances == 2 and shrunk.parallel.distributed_optimizer
-    check = run_crosscheck(sc, src, 4, out_dir=tmp_path, repeats=2, accept_noise=True)
+    check = run_crosscheck(sc, src, 4, out_dir=tmp_path, repeats=2, accept_noise=True,
+                           calibration_repeats=CALIBRATION_REPEATS)
     assert check.report["numerics_ok"] is True and "dp_comm" in check.report["categories"]
     doc = json.loads((tmp_path / "trace_measured.json").read_text())
     names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"]

@@ -11,9 +11,11 @@ from meshsim.sim.core.errors import missing_extra
 
 TESTS = Path(__file__).resolve().parent
 CPU_INDEX = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
-# pytest's collection in a fresh interpreter where `import torch` fails as if it were not installed
+# pytest's collection in a fresh interpreter where `import torch` fails as if it were not installed; the
+# modules are imported as they are (--assert=plain): what they import is the question, not their asserts
 COLLECT = ("import sys; sys.modules['torch'] = None\n"
-           "import pytest; sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', *sys.argv[1:]]))")
+           "import pytest; sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', '--assert=plain',"
+           " *sys.argv[1:]]))")
 
 
 def _collect(*paths: Path) -> subprocess.CompletedProcess:

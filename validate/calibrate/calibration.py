@@ -49,7 +49,7 @@ from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Attention, Collective, Elementwise, Gemm, Schedule, Work
 from meshsim.validate.calibrate.interference import interference_samples, reduce_interference
 from meshsim.validate.calibrate.noise import calibration_noise, load_per_core, refuse_noisy_profile
-from meshsim.validate.calibrate.sampling import reduce_samples, round_robin_samples_s
+from meshsim.validate.calibrate.sampling import REPEATS, reduce_samples, round_robin_samples_s
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, without_profile
 from meshsim.validate.stack.groups import new_groups
@@ -93,13 +93,16 @@ def calibrate_task(payload: dict) -> dict:
     dev = Device.for_backend(backend)
     sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
     runners = Runners(dev, {})
-    compute = round_robin_samples_s([(runners(w), None) for w in compute_works(schedule)], sync)
-    memory = round_robin_samples_s([(memory_kernel(n // 2, n - n // 2, dev), None) for n in MEM_SIZES], sync)
+    repeats = payload.get("repeats", REPEATS)
+    compute = round_robin_samples_s([(runners(w), None) for w in compute_works(schedule)], sync, repeats)
+    memory = round_robin_samples_s([(memory_kernel(n // 2, n - n // 2, dev), None) for n in MEM_SIZES], sync,
+                                   repeats)
     points = collective_points(schedule, dist.get_world_size(), backend == "nccl")
     groups = {g: _groups_of(g) for g in sorted({g for _, g, _ in points})}
     by_size = {g: Runners(dev, {"tp": group}) for g, group in groups.items()}
     colls = round_robin_samples_s([(by_size[g](Collective(op, "tp", nbytes)),
-                                 lambda grp=groups[g]: dist.barrier(group=grp)) for op, g, nbytes in points], sync)
+                                 lambda grp=groups[g]: dist.barrier(group=grp)) for op, g, nbytes in points], sync,
+                                 repeats)
     return {"rank": dist.get_rank(), "backend": backend, "compute": compute, "memory": memory, "collectives": colls,
             "interference": interference_samples(schedule, dev, groups, sync),
             "device": torch.cuda.get_device_name() if backend == "nccl" else cpu_name()}
@@ -209,13 +212,14 @@ def checked_profile(schedule: Schedule, per_rank: list[dict], name: str, backend
 
 
 def calibrate(scenario, source: str, nproc: int, *, backend: str = "gloo", out=None, timeout_s: float = 300.0,
-              accept_noise: bool = False):
+              accept_noise: bool = False, repeats: int = REPEATS):
     """Measure on nproc local processes the works of `scenario`'s schedule (pass it shrunk for CPU);
     returns the HardwareProfile and writes it to `out` when given (scenarios/profile.py save_profile).
-    Too noisy a measurement writes nothing and raises (checked_profile)."""
+    Too noisy a measurement writes nothing and raises (checked_profile). Fewer `repeats` (timed runs of
+    each work) than REPEATS make a rougher profile of the same structure, sooner."""
     scenario = without_profile(scenario)
     schedule = build_schedule(resolve(scenario, source))
-    payload = {"scenario": scenario.model_dump(mode="json"), "source": source}
+    payload = {"scenario": scenario.model_dump(mode="json"), "source": source, "repeats": repeats}
     load = load_per_core()  # before the workers add their own
     per_rank = launch("calibrate", payload, nproc, backend=backend, timeout_s=timeout_s)
     profile = checked_profile(schedule, per_rank, f"{scenario.name}-{backend}-{nproc}proc", backend, scenario.name,

@@ -35,6 +35,7 @@ from meshsim.sim.results.step_result import StepResult
 from meshsim.sim.schedule.ops import STREAMS
 from meshsim.validate.calibrate.calibration import calibrate
 from meshsim.validate.calibrate.noise import load_per_core, step_noise
+from meshsim.validate.calibrate.sampling import REPEATS
 from meshsim.validate.launch.launch import launch
 from meshsim.validate.launch.shrink import shrink, timing_rule, with_profile, without_profile
 from meshsim.validate.numerics.check import merge, numerics_payload
@@ -154,11 +155,12 @@ def write_traced_scenario(shrunk: Scenario, source: str, trace_dir: Path) -> Pat
 def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str | None = None,
                    out_dir: str | Path | None = None, backend: str = "gloo", repeats: int = 5,
                    numerics: bool = True, trace_dir: str | Path | None = None,
-                   accept_noise: bool = False) -> CrossCheck:
+                   accept_noise: bool = False, calibration_repeats: int = REPEATS) -> CrossCheck:
     """Shrink -> calibrate (unless `profile`) -> run for real (with the numerics check of the scenario's
     own variant in the same processes) -> simulate with the profile -> compare. Writes profile.yaml (when
     calibrated), trace_measured.json and trace_merged.json into out_dir; with trace_dir, Kineto traces of
     extra as-scheduled steps (validate/timing/profiled.py) and the shrunk scenario they ran there.
+    calibration_repeats: timed runs of each work in the calibration (fewer: rougher, sooner).
     A calibration too noisy to trust raises before anything is written, unless accept_noise
     (validate/calibrate/noise.py); the timed run's own excess and load are in the report ("noise")."""
     out = Path(out_dir) if out_dir is not None else None
@@ -171,7 +173,8 @@ def run_crosscheck(scenario: Scenario, source: str, nproc: int, *, profile: str 
         if out is None:
             raise ValueError("run_crosscheck needs out_dir to write the calibrated profile into")
         profile = str(out / "profile.yaml")
-        calibrate(shrunk, source, nproc, backend=backend, out=profile, accept_noise=accept_noise)
+        calibrate(shrunk, source, nproc, backend=backend, out=profile, accept_noise=accept_noise,
+                  repeats=calibration_repeats)
     load = load_per_core()
     per_rank = launch("timing", payload, nproc, backend=backend, timeout_s=300.0)
     measured = reduce_run(stage_schedules_of(shrunk, source), per_rank)

@@ -1,9 +1,13 @@
-"""Start N worker processes for a validate task, locally (spawn) or under torchrun / SLURM.
+"""Start N worker processes for a validate task, locally or under torchrun / SLURM.
 
-Local: `launch(task, payload, nproc)` picks a free localhost port, spawns nproc processes
-(torch.multiprocessing, start method "spawn"), and each one runs `worker_main`. Under torchrun the
-same `worker_main` runs from `python -m meshsim.validate.launch.launch TASK PAYLOAD.json --out DIR`, reading
-RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT from the environment (docs/validate.md).
+Local: `launch(task, payload, nproc)` serves the workers' rendezvous store itself, on a localhost port the OS
+picks (host_store), starts nproc processes (torch.multiprocessing; start method "forkserver" where the
+platform has it, else "spawn"), and each one runs `worker_main`. The fork server imports torch and the
+task modules once (PRELOAD) and forks every worker of this and later launches from that state: a worker
+starts with its imports done (~2 s of CPU each otherwise) and, as with spawn, from a process that never
+ran a task or touched CUDA. Under torchrun the same `worker_main` runs from
+`python -m meshsim.validate.launch.launch TASK PAYLOAD.json --out DIR`, reading RANK / WORLD_SIZE /
+LOCAL_RANK / MASTER_ADDR / MASTER_PORT from the environment (docs/validate.md).
 
 A worker initialises the process group with a timeout (datetime.timedelta), runs the task, and rank 0
 gathers every rank's result (gather_object) into DIR/results.json. Each rank writes DIR/joined.RANK once
@@ -22,7 +26,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -53,10 +56,36 @@ TASKS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+PRELOAD = list(dict.fromkeys(["torch", "torch.distributed", *(target.split(":")[0] for target in TASKS.values())]))
+
+
+def start_method() -> str:
+    """"forkserver" with PRELOAD imported in the server, where the platform has it; else "spawn"."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)  # takes effect when the server starts
+    return "forkserver"
+
+
+def _start(entry, args: tuple, nproc: int):
+    """mp.start_processes with start_method(); spawn when the fork server cannot start (its AF_UNIX socket
+    lives in TMPDIR, and a TMPDIR path near the 108-byte limit of such a path makes that fail)."""
+    method = start_method()
+    try:
+        return mp.start_processes(entry, args=args, nprocs=nproc, join=False, start_method=method)
+    except OSError:
+        if method == "spawn":
+            raise
+        return mp.start_processes(entry, args=args, nprocs=nproc, join=False, start_method="spawn")
+
+
+def host_store(nproc: int, timeout_s: float) -> dist.TCPStore:
+    """The workers' rendezvous store, served by this process on a port the OS picks while binding it, and
+    held until the launch ends. The workers connect to it as torchrun's workers connect to their agent's
+    store (TORCHELASTIC_USE_AGENT_STORE, set in _spawn_entry). Picking a free port here and letting rank 0
+    bind it later lost the port, now and then, to another process on a busy machine (EADDRINUSE)."""
+    return dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def pin_to_core(local_rank: int) -> None:
@@ -119,7 +148,7 @@ def worker_main(task: str, payload: dict, out_dir: str, backend: str = "gloo", t
 def _spawn_entry(local_rank: int, world: int, port: int, task: str, payload: dict, out_dir: str,
                  backend: str, timeout_s: float) -> None:
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us, quietly
     if payload.get("absent_rank") == local_rank:  # launcher tests: this rank never joins
         return
@@ -137,8 +166,8 @@ def launch(task: str, payload: dict, nproc: int, *, backend: str = "gloo", timeo
     Raises LaunchError naming the failing, missing or hung rank(s)."""
     with tempfile.TemporaryDirectory(prefix="meshsim-validate-") as tmp:
         out = Path(tmp)
-        ctx = mp.start_processes(_spawn_entry, args=(nproc, free_port(), task, payload, tmp, backend, timeout_s),
-                                 nprocs=nproc, join=False, start_method="spawn")
+        store = host_store(nproc, timeout_s)  # noqa: F841 (served while the workers run)
+        ctx = _start(_spawn_entry, (nproc, store.port, task, payload, tmp, backend, timeout_s), nproc)
         try:
             wait_for(ctx, out, nproc, 2 * timeout_s + 30, stale_after_s(timeout_s))
         except BaseException:  # a LaunchError, or Ctrl-C / SIGTERM in the parent: no worker outlives it
