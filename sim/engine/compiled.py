@@ -24,7 +24,7 @@ import numpy as np
 
 from meshsim.sim.engine.arbiter import Job, MemoRates
 from meshsim.sim.engine.event_columns import EventColumns
-from meshsim.sim.engine.processes import CollectiveFn, ComputeFn, Inputs, P2PFn, Transfer
+from meshsim.sim.engine.processes import CollectiveFn, ComputeFn, Inputs, OpsAt, P2PFn, Transfer
 from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, STREAMS, Collective, Op, Schedule
 
 try:
@@ -75,7 +75,8 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         st.streams = [np.fromiter(map(index, streams[s]), dtype=np.intc, count=len(streams[s]))
                       for s in FIFO_STREAMS if streams[s]]
-    st.batches = list(map(index, streams["pp_comm"]))
+    batches = streams["pp_comm"]
+    st.batches = batches.positions.tolist() if dense and isinstance(batches, OpsAt) else list(map(index, batches))
     st.stage = stage
     ids_arr = np.asarray(ids, dtype=np.intp)
     issue_arr = np.asarray(issue, dtype=np.float64)[ids_arr] if len(issue) else np.zeros(0)

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from itertools import accumulate, compress, repeat
 from operator import attrgetter, is_not
 
-from meshsim.sim.schedule.ops import Op
+import numpy as np
+
+from meshsim.sim.schedule.ops import Op, Schedule
 
 _WAIT = attrgetter("host_wait")
 
@@ -46,6 +48,22 @@ def host_syncs(ops: Sequence[Op], static_s: Sequence[float]) -> HostSyncs | None
     point_of = list(accumulate(has_wait, initial=-1))[1:]  # the syncs at or before each op, minus one
     bases = tuple(static_s[op.id - 1] if op.id else 0.0 for op in waits)
     return HostSyncs(tuple(point_of), tuple(op.id for op in waits), tuple(op.host_wait for op in waits), bases)
+
+
+def schedule_syncs(schedule: Schedule, static_s: Sequence[float]) -> HostSyncs | None:
+    """host_syncs(schedule.ops, static_s), read off the tiled host_wait column where the schedule has one
+    (ids are positions; tests/test_ops_arrays.py compares the two), else off the ops."""
+    tiled = schedule.tiled_arrays
+    if tiled is None:
+        return host_syncs(schedule.ops, static_s)
+    wait = tiled.host_wait
+    at = np.flatnonzero(wait >= 0)
+    if not at.size or not static_s:
+        return None
+    point_of = np.cumsum(wait >= 0, dtype=np.intp) - 1  # the syncs at or before each op, minus one
+    ops = at.tolist()
+    bases = tuple(static_s[i - 1] if i else 0.0 for i in ops)
+    return HostSyncs(tuple(point_of.tolist()), tuple(ops), tuple(wait[at].tolist()), bases)
 
 
 def next_delay_s(prev_s: float, awaited_end_s: float, base_s: float) -> float:

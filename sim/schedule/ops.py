@@ -304,6 +304,8 @@ class Tiling(Protocol):
 
     def tiled(self, ops: tuple[Op, ...]) -> ScheduleArrays | None: ...
 
+    def work_table(self, ops: tuple[Op, ...]) -> WorkTable | None: ...
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -329,8 +331,10 @@ class Schedule:
 
     @cached_property
     def work_table(self) -> WorkTable:
-        """The ops' distinct works and each op's index among them (WorkTable), built once."""
-        return WorkTable.of(self.ops)
+        """The ops' distinct works and each op's index among them (WorkTable), built once: from the
+        builder's stamps where its record covers the ops, else read off the ops."""
+        tiled = self.tiling.work_table(self.ops) if self.tiling is not None else None
+        return tiled if tiled is not None else WorkTable.of(self.ops)
 
     @cached_property
     def tiled_arrays(self) -> ScheduleArrays | None:

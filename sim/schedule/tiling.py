@@ -21,6 +21,7 @@ import numpy as np
 
 from meshsim.sim.schedule.ops import Op, ScheduleArrays, arrays_from_ops, kind_of
 from meshsim.sim.schedule.stencil import STREAM_INDEX, Stencil
+from meshsim.sim.schedule.work_table import WorkTable
 
 
 class Tiling:
@@ -73,7 +74,7 @@ class Tiling:
         loose_at = np.flatnonzero(loose).tolist()
         for p in loose_at:
             op = ops[p]
-            if op.id != p:  # ids are not positions: the long way maps them
+            if op.id != p or not _plain(op):  # ids not positions (the long way maps them), or odd values
                 return None
             cols[0][p], cols[1][p], cols[2][p] = kind_of(op.work), STREAM_INDEX[op.stream], op.host_calls
             cols[3][p] = -1 if op.host_wait is None else op.host_wait
@@ -87,6 +88,55 @@ class Tiling:
         for p in loose_at:
             idx[ptr[p]:ptr[p + 1]] = ops[p].deps
         return ScheduleArrays(cols[0], cols[1], ptr, idx, cols[2], cols[3])
+
+
+    def work_table(self, ops: tuple[Op, ...]) -> WorkTable | None:
+        """WorkTable.of(ops) from the stamps (each stamp's ops share its stencil's works, by position), the
+        loose ops read one by one; None where the record does not cover `ops`. Works are numbered as met
+        in position order, as WorkTable.of numbers them (tests/test_ops_arrays.py compares the two)."""
+        if self.broken or ops is not self.ops:
+            return None
+        n = len(ops)
+        first_seen: dict[int, int] = {}  # id(work) -> its provisional number
+        objs: list = []
+
+        def number(work) -> int:
+            k = first_seen.get(id(work))
+            if k is None:
+                k = first_seen[id(work)] = len(objs)
+                objs.append(work)
+            return k
+
+        prov = np.empty(n, dtype=np.intp)
+        loose = np.ones(n, dtype=bool)
+        for s, (bases, _) in self.stamps.items():
+            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
+            prov[pos] = np.array([number(w) for w in s.works], dtype=np.intp)
+            loose[pos] = False
+        for base, s in self.gated:
+            loose[[base + i for i in s.entries]] = True
+        loose[self.dirty] = True
+        at = np.flatnonzero(loose)
+        prov[at] = np.array([number(ops[p].work) for p in at.tolist()], dtype=np.intp)
+        present, first = np.unique(prov, return_index=True)
+        order = np.argsort(first, kind="stable")
+        renumber = np.empty(len(objs), dtype=np.intp)
+        renumber[present[order]] = np.arange(len(order), dtype=np.intp)
+        return WorkTable(tuple(objs[k] for k in present[order].tolist()), renumber[prov], first[order])
+
+
+def _plain(op: Op) -> bool:
+    """A loose op the arrays can hold as it is: a known stream, and host calls, deps and host wait (or None)
+    as ints the np.intc columns take, the wait not negative (-1 stands for None). Any other op is left to
+    the long way, whose check (sim/engine/events.py) names it; the rest of the check (calls not negative,
+    deps among the positions, a wait on an earlier op) reads the columns."""
+    wait = op.host_wait
+    return (op.stream in STREAM_INDEX and _fits(op.host_calls) and (wait is None or _fits(wait) and wait >= 0)
+            and all(map(_fits, op.deps)))
+
+
+def _fits(v: object) -> bool:
+    return type(v) is int and -2**31 <= v < 2**31
 
 
 def _tile_deps(s: Stencil, b: np.ndarray, exts: list[tuple], ptr: np.ndarray, idx: np.ndarray,
