@@ -20,8 +20,9 @@ from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import events
 from meshsim.sim.engine.host import host_syncs, schedule_syncs
 from meshsim.sim.engine.processes import OpsAt
+from meshsim.sim.results.period_keys import key_index, regular_mask
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
-from meshsim.sim.schedule.tiling import OpList
+from meshsim.sim.schedule.tiling import NONE, OpList
 from meshsim.sim.schedule.work_table import WorkTable
 
 
@@ -54,15 +55,37 @@ def test_array_reads_equal_the_long_way(case):
         assert list(fast) == list(slow)
         for k, view in fast.items():
             assert isinstance(view, OpsAt) and len(view) == len(slow[k])
-            assert all(map(lambda a, b: a is b, view, slow[k])) and list(view[1:3]) == slow[k][1:3]
+            assert list(view) == list(slow[k]) and list(view[1:3]) == list(slow[k][1:3])
         for dispatch_s in (20e-6, 1.0):
             times = issue_times_s(s, dispatch_s)
             assert schedule_syncs(s, times) == host_syncs(long.ops, times) == schedule_syncs(long, times)
             assert schedule_syncs(s, ()) is None
+        _same_fields(s)
+        _same_keys_and_masks(s, long)
         ranks = [0]
         a, b = events.check_inputs(s, ranks), events.check_inputs(long, ranks)
         assert [{k: list(v) for k, v in x.items()} for x in a.per_stream] == \
             [{k: list(v) for k, v in x.items()} for x in b.per_stream]
+
+
+def _same_fields(s) -> None:
+    f = s.fields
+    assert f is not None
+    assert [f.phases[k] for k in f.phase.tolist()] == [op.phase for op in s.ops]
+    for column, name in ((f.layer, "layer"), (f.micro_batch, "micro_batch")):
+        assert [None if v == NONE else v for v in column.tolist()] == [getattr(op, name) for op in s.ops]
+
+
+def _same_keys_and_masks(s, long) -> None:
+    fast, slow = key_index(s), key_index(long)
+    assert fast.mbs == slow.mbs and fast.parts == slow.parts
+    assert np.array_equal(fast.none, slow.none) and np.array_equal(fast.code, slow.code)
+    per_mb = max(1, len(s.ops) // max(1, s.micro_batches))
+    for unit in (1, 2):
+        for p in (0, 1, per_mb // 2, per_mb, 2 * per_mb, len(s.ops) - 1):
+            got = regular_mask(s.ops, fast, p, unit, tiled=s.tiled_arrays, fields=s.fields, table=s.work_table)
+            want = regular_mask(long.ops, slow, p, unit)
+            assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
 def _tiny():
@@ -119,3 +142,22 @@ def test_the_tiled_work_table_reads_a_replaced_ops_work():
     assert table.works[table.index[5]] is other
     _same_table(table, WorkTable.of(sched.ops))
     assert not np.array_equal(table.index, s.work_table.index)
+
+
+@pytest.mark.parametrize("changes", [{"phase": "bwd"}, {"layer": 99}, {"micro_batch": None}, {"layer": None}])
+def test_the_field_columns_read_a_replaced_op(changes):
+    """Negative control: a replaced op's own phase / layer / micro-batch is in the columns, and a regular
+    mask over the columns still equals the one over the ops."""
+    s = _tiny()
+    sched = _with(s, 5, **changes)
+    _same_fields(sched)
+    long = replace(sched, tiling=None)
+    _same_keys_and_masks(sched, long)
+    (name, value), = changes.items()
+    column = sched.fields.phases[sched.fields.phase[5]] if name == "phase" else getattr(sched.fields, name)[5]
+    assert column == (NONE if value is None else value)
+
+
+@pytest.mark.parametrize("changes", [{"phase": 3}, {"layer": 2**70}, {"micro_batch": True}])
+def test_field_values_the_columns_cannot_hold_drop_them(changes):
+    assert _with(_tiny(), 5, **changes).fields is None

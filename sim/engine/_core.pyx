@@ -105,7 +105,8 @@ cdef void* _grow(void* ptr, Py_ssize_t* cap, Py_ssize_t need, size_t size) excep
 
 cdef class Stage:
     """One pipeline stage's schedule as arrays (sim/engine/compiled.py)."""
-    cdef public list ops            # the Op records, by index
+    cdef public object ops          # the Op records, by index (a sequence: read only off the hot path)
+    cdef public list works          # per op index: its work object (what the hot path reads)
     cdef public list streams        # per FIFO stream with ops: its op indices in order (int arrays)
     cdef public list batches        # op indices of the pp_comm stream, in order
     cdef public object kind_arr, dep_ptr_arr, dep_idx_arr, issue_arr, point_arr, awaited_arr, base_arr
@@ -514,17 +515,18 @@ cdef class Core:
             hit = self.groups[key] = (group, sum(1 for r in group if r in self.rank_set))
         return <tuple>hit
 
-    cdef object collective_timing(self, object op, object group):
-        """collective(op, group); a coster that says `by_value` (its timing depends only on the op's work and
-        the group, and is the same object each time: sim/results/costers.py CollectiveCoster) is asked once
-        per (work, group) object pair, both kept alive by the memo so their ids stay theirs."""
+    cdef object collective_timing(self, Stage st, int k, object group):
+        """collective(op k of `st`, group); a coster that says `by_value` (its timing depends only on the op's
+        work and the group, and is the same object each time: sim/results/costers.py CollectiveCoster) is asked
+        once per (work, group) object pair, both kept alive by the memo so their ids stay theirs: the op's
+        record is read only on a miss."""
         if not self.coll_by_value:
-            return self.collective(op, group)
-        work = op.work
+            return self.collective(st.ops[k], group)
+        work = st.works[k]
         key = (id(work), id(group))
         hit = self.coll_memo.get(key)
         if hit is None:
-            hit = self.coll_memo[key] = (work, group, self.collective(op, group))
+            hit = self.coll_memo[key] = (work, group, self.collective(st.ops[k], group))
         return (<tuple>hit)[2]
 
     cdef object copy_key(self, Stage st, Proc p):
@@ -592,14 +594,14 @@ cdef class Core:
             if p.phase == S_START:
                 p.start_s = self.now
                 if st.kind[p.op] == K_COLLECTIVE:
-                    op = st.ops[p.op]
-                    p.work_group = op.work.group
+                    p.work_group = st.works[p.op].group
                     p.group, p.members = self.group(p.work_group, rank)
                     if p.members == 1:
                         p.rv = None
                         p.phase = S_XFER
                     else:  # processes.rendezvous
-                        key = (op.name if p.work_group == "embed" else op.id, p.group)  # stages number ops apart
+                        # stages number ops apart: a collective spanning stages is known by its name
+                        key = (st.ops[p.op].name if p.work_group == "embed" else st.op_ids[p.op], p.group)
                         rv = self.open.get(key)
                         if rv is None:
                             rv = _Rendezvous()
@@ -630,7 +632,7 @@ cdef class Core:
                         if self.wait(s, p):
                             return 0
             if p.phase == S_XFER:  # processes.transfer
-                lat_s, p.bw_s, p.load = self.collective_timing(st.ops[p.op], p.group)
+                lat_s, p.bw_s, p.load = self.collective_timing(st, p.op, p.group)
                 p.phase = S_XFER_BW
                 if lat_s > 0:
                     if self.wait(self.timeout(lat_s), p):
@@ -680,7 +682,7 @@ cdef class Core:
             if self.wait_deps(p):
                 return 0
             p.start_s = self.now
-            p.posts = [self.post(p, t) for t in st.ops[p.op].work.transfers]
+            p.posts = [self.post(p, t) for t in st.works[p.op].transfers]
             p.phase = 2
             if self.wait(self.all_of([(<_Posted>q).done for q in p.posts]), p):
                 return 0

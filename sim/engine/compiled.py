@@ -66,7 +66,8 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         durations = np.zeros(0)
     st = _core.Stage()
-    st.ops, st.op_ids = list(ops), ids
+    st.ops, st.op_ids = ops, ids  # (records are read off the hot path only: a schedule may build them on demand)
+    st.works = list(map(table.works.__getitem__, table.index.tolist()))
     st.sizes = list(map(size_of.__getitem__, table.index.tolist()))
     index = _ID if dense else (lambda op: position[op.id])
     if tiled is not None:  # `streams` holds the schedule's ops of each stream in order (events._by_stream)

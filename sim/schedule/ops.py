@@ -306,6 +306,8 @@ class Tiling(Protocol):
 
     def work_table(self, ops: tuple[Op, ...]) -> WorkTable | None: ...
 
+    def fields(self, ops: tuple[Op, ...]) -> object | None: ...
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -342,12 +344,19 @@ class Schedule:
         None: callers then read the ops one by one (the long way, which tests compare these against)."""
         return self.tiling.tiled(self.ops) if self.tiling is not None else None
 
+    @cached_property
+    def fields(self):
+        """The ops' phase, layer and micro-batch as columns (sim/schedule/tiling.OpFields) when the builder's
+        record covers the ops and holds their values exactly, else None (callers read the ops)."""
+        return self.tiling.fields(self.ops) if self.tiling is not None else None
+
     def __getstate__(self) -> dict:
         """Pickled without the tiling record and the arrays (rebuilt from the ops on demand)."""
         state = dict(self.__dict__)
         state.pop("arrays", None)
         state.pop("tiled_arrays", None)
         state.pop("work_table", None)
+        state.pop("fields", None)
         state["tiling"] = None
         return state
 
