@@ -189,6 +189,15 @@ cdef class _Job:
     cdef double start_s
 
 
+cdef struct JobRow:
+    long long tag0, tag1, key0, key1  # a job's tag and key when both are pairs of ints (else Core.job_odd)
+    double start_s, end_s
+
+
+cdef inline bint _int_pair(object x):
+    return type(x) is tuple and len(<tuple>x) == 2 and type((<tuple>x)[0]) is int and type((<tuple>x)[1]) is int
+
+
 cdef class Core:
     """One run: the loop, the processes' shared state, the arbiter."""
     # the loop
@@ -238,8 +247,11 @@ cdef class Core:
     cdef int timer
     cdef dict merged, jobs_of_key
     cdef int owning
-    cdef public list records
-    cdef object job_type
+    # every finished job as a row (rows [0, job_n) written), its loads by reference; job_rows() reads them
+    cdef JobRow* job_rows_
+    cdef Py_ssize_t job_n, job_cap
+    cdef public list job_loads, job_owns
+    cdef public dict job_odd          # row -> (tag, key) of a job whose tag or key is not a pair of ints
 
     def __dealloc__(self):
         free(self.heap)
@@ -253,9 +265,10 @@ cdef class Core:
         free(self.waiters)
         free(self.has_issue)
         free(self.has_syncs)
+        free(self.job_rows_)
 
     def __init__(self, stages, rank_stage_index, ranks, issue_ranks, sync_ranks, compute_s, collective, p2p,
-                 group_of, double kappa, rates, transfer_type, job_type):
+                 group_of, double kappa, rates, transfer_type):
         cdef Py_ssize_t n_ranks = len(ranks), ri, total = 0
         cdef Stage st
         self.stages = list(stages)
@@ -311,8 +324,8 @@ cdef class Core:
         self.timer = -1
         self.merged, self.jobs_of_key = {}, {}
         self.owning = 0
-        self.records = []
-        self.job_type = job_type
+        self.job_n = 0
+        self.job_loads, self.job_owns, self.job_odd = [], [], {}
 
     # ----- the loop ------------------------------------------------------------------------------------
     cdef int new_sig(self) except -1:
@@ -840,6 +853,41 @@ cdef class Core:
             hit = self.merged[memo_key] = ([load, *owns], merged)
         return hit[1]
 
+    cdef int record_job(self, _Job job) except -1:
+        """One finished job as a row: (tag, key, start, end) in C, loads by reference (job_rows)."""
+        cdef Py_ssize_t k = self.job_n
+        self.job_rows_ = <JobRow*>_grow(self.job_rows_, &self.job_cap, k + 1, sizeof(JobRow))
+        cdef JobRow* row = &self.job_rows_[k]
+        tag, key = job.tag, job.key
+        row.tag0 = row.tag1 = row.key0 = row.key1 = 0
+        plain = _int_pair(tag) and _int_pair(key)
+        if plain:
+            try:
+                row.tag0, row.tag1, row.key0, row.key1 = tag[0], tag[1], key[0], key[1]
+            except OverflowError:  # past 64 bits: kept as objects
+                plain = False
+        if not plain:
+            self.job_odd[k] = (tag, key)
+        row.start_s, row.end_s = job.start_s, self.now
+        self.job_loads.append(job.load)
+        self.job_owns.append(job.own)
+        self.job_n = k + 1
+        return 0
+
+    def job_rows(self):
+        """The finished jobs as columns, in finishing order: (tag0, tag1, key0, key1) int64, start_s, end_s
+        float64, loads, owns (lists), odd (row -> (tag, key) where those are not pairs of ints)."""
+        cdef Py_ssize_t n = self.job_n, k
+        ints = [np.empty(n, np.int64) for _ in range(4)]
+        times = [np.empty(n, np.float64) for _ in range(2)]
+        cdef long long[::1] t0 = ints[0], t1 = ints[1], k0 = ints[2], k1 = ints[3]
+        cdef double[::1] a = times[0], b = times[1]
+        for k in range(n):
+            t0[k], t1[k] = self.job_rows_[k].tag0, self.job_rows_[k].tag1
+            k0[k], k1[k] = self.job_rows_[k].key0, self.job_rows_[k].key1
+            a[k], b[k] = self.job_rows_[k].start_s, self.job_rows_[k].end_s
+        return (*ints, *times, self.job_loads, self.job_owns, self.job_odd)
+
     cdef int forget(self, _Job job) except -1:
         cdef int left = self.jobs_of_key[job.key] - 1
         if left:
@@ -876,9 +924,7 @@ cdef class Core:
         self.jobs = rest
         for job in finished:
             self.forget(job)
-            # tuple.__new__: the record the NamedTuple's __new__ builds, without its Python frame (run asserts
-            # job_type is a tuple subclass with no fields of its own)
-            self.records.append(tuple.__new__(self.job_type, (job.tag, job.key, job.start_s, self.now, job.load, job.own)))
+            self.record_job(job)
             self.succeed(job.done)
         if self.jobs:
             self.reschedule()

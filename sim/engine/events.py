@@ -65,6 +65,7 @@ from meshsim.sim.engine.arbiter import Job
 from meshsim.sim.engine.event_columns import EventColumns, columns_of
 from meshsim.sim.engine.event_rows import RankRows, is_rows, rank_events, rank_rows, retimed
 from meshsim.sim.engine.host import schedule_syncs
+from meshsim.sim.engine.job_rows import JobRows
 from meshsim.sim.engine.processes import (
     CollectiveFn,
     CommTiming,
@@ -136,7 +137,7 @@ class EventLog:
     _index: dict = field(default_factory=dict, compare=False, repr=False)
     # what the events summarise, for sim/results/steady_state.py: every P2P transfer and every arbiter job
     transfers: tuple[Transfer, ...] = field(default=(), compare=False, repr=False)
-    jobs: tuple[Job, ...] = field(default=(), compare=False, repr=False)
+    jobs: Sequence[Job] = field(default=(), compare=False, repr=False)  # compiled core: a JobRows
     _columns: list = field(default_factory=list, compare=False, repr=False)
 
     def columns(self) -> EventColumns:
@@ -154,8 +155,11 @@ class EventLog:
         key = ("span_times", which)
         if key not in self._index:
             spans = getattr(self, which)
-            self._index[key] = (np.fromiter(map(_START_S, spans), np.float64, len(spans)),
-                                np.fromiter(map(_END_S, spans), np.float64, len(spans)))
+            if isinstance(spans, JobRows):  # its columns: the values the records carry
+                self._index[key] = (spans.start_s, spans.end_s)
+            else:
+                self._index[key] = (np.fromiter(map(_START_S, spans), np.float64, len(spans)),
+                                    np.fromiter(map(_END_S, spans), np.float64, len(spans)))
         return self._index[key]
 
     def rows_of(self) -> dict[int, RankRows]:
@@ -338,7 +342,7 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
             work_bytes)
         _check_all_ran(inputs, finished, len(events_))
         return EventLog(events_, inputs.ranks, latest_s,
-                        transfers=tuple(transfers), jobs=tuple(jobs))
+                        transfers=tuple(transfers), jobs=jobs)  # a JobRows: records built when read
     events: list[Event] = []
     append = events.append
 
