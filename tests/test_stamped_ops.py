@@ -102,3 +102,21 @@ def test_a_run_over_stamped_ops_equals_the_run_over_records(monkeypatch):
         runs.append((result, tuple(log.events)))
     assert runs[0][1] == runs[1][1]
     assert replace(runs[0][0], events=()) == replace(runs[1][0], events=())
+
+
+def test_op_field_codes_over_stamped_ops_equal_those_over_records(monkeypatch):
+    """The trace and timeline writers' per-row op-field codes (sim/outputs/row_fields.op_codes) read off
+    StampedOps' columns equal those _trace.op_codes reads off the records."""
+    from meshsim.sim.outputs.row_fields import op_codes
+    from meshsim.sim.results import simulate
+
+    rs = resolved("llama2-70b-h100-pp4", {}, 8)
+    logs = []
+    for frozen in (OpList.frozen, lambda self: tuple(self)):
+        with monkeypatch.context() as m:
+            m.setattr(OpList, "frozen", frozen)
+            logs.append(simulate.simulate_with_events(rs)[1])
+    assert isinstance(logs[0].events.ops[0], StampedOps) and type(logs[1].events.ops[0]) is tuple
+    for field in ("stream", "category", "phase", "layer", "micro_batch", "name", "id"):
+        (a, va), (b, vb) = op_codes(logs[0].events, field), op_codes(logs[1].events, field)
+        assert va == vb and a.dtype == b.dtype and (a == b).all(), field
