@@ -51,6 +51,15 @@ class StampedOps(Sequence):
         return self._n
 
     def __getitem__(self, index):
+        if type(index) is int and 0 <= index < self._n:  # the common read, inline: a kept or cached record
+            hit = self._loose.get(index)
+            if hit is not None:
+                return hit
+            j = bisect_right(self._bases, index) - 1
+            block = self._cache.get(j)
+            if block is not None:
+                return block[index - self._bases[j]]
+            return self._one(index)
         if isinstance(index, slice):
             start, stop, step = index.indices(self._n)
             if step == 1:
