@@ -105,7 +105,8 @@ cdef void* _grow(void* ptr, Py_ssize_t* cap, Py_ssize_t need, size_t size) excep
 
 cdef class Stage:
     """One pipeline stage's schedule as arrays (sim/engine/compiled.py)."""
-    cdef public list ops            # the Op records, by index
+    cdef public object ops          # the Op records, by index (a sequence: read only off the hot path)
+    cdef public list works          # per op index: its work object (what the hot path reads)
     cdef public list streams        # per FIFO stream with ops: its op indices in order (int arrays)
     cdef public list batches        # op indices of the pp_comm stream, in order
     cdef public object kind_arr, dep_ptr_arr, dep_idx_arr, issue_arr, point_arr, awaited_arr, base_arr
@@ -188,6 +189,15 @@ cdef class _Job:
     cdef double start_s
 
 
+cdef struct JobRow:
+    long long tag0, tag1, key0, key1  # a job's tag and key when both are pairs of ints (else Core.job_odd)
+    double start_s, end_s
+
+
+cdef inline bint _int_pair(object x):
+    return type(x) is tuple and len(<tuple>x) == 2 and type((<tuple>x)[0]) is int and type((<tuple>x)[1]) is int
+
+
 cdef class Core:
     """One run: the loop, the processes' shared state, the arbiter."""
     # the loop
@@ -237,8 +247,11 @@ cdef class Core:
     cdef int timer
     cdef dict merged, jobs_of_key
     cdef int owning
-    cdef public list records
-    cdef object job_type
+    # every finished job as a row (rows [0, job_n) written), its loads by reference; job_rows() reads them
+    cdef JobRow* job_rows_
+    cdef Py_ssize_t job_n, job_cap
+    cdef public list job_loads, job_owns
+    cdef public dict job_odd          # row -> (tag, key) of a job whose tag or key is not a pair of ints
 
     def __dealloc__(self):
         free(self.heap)
@@ -252,9 +265,10 @@ cdef class Core:
         free(self.waiters)
         free(self.has_issue)
         free(self.has_syncs)
+        free(self.job_rows_)
 
     def __init__(self, stages, rank_stage_index, ranks, issue_ranks, sync_ranks, compute_s, collective, p2p,
-                 group_of, double kappa, rates, transfer_type, job_type):
+                 group_of, double kappa, rates, transfer_type):
         cdef Py_ssize_t n_ranks = len(ranks), ri, total = 0
         cdef Stage st
         self.stages = list(stages)
@@ -310,8 +324,8 @@ cdef class Core:
         self.timer = -1
         self.merged, self.jobs_of_key = {}, {}
         self.owning = 0
-        self.records = []
-        self.job_type = job_type
+        self.job_n = 0
+        self.job_loads, self.job_owns, self.job_odd = [], [], {}
 
     # ----- the loop ------------------------------------------------------------------------------------
     cdef int new_sig(self) except -1:
@@ -514,17 +528,18 @@ cdef class Core:
             hit = self.groups[key] = (group, sum(1 for r in group if r in self.rank_set))
         return <tuple>hit
 
-    cdef object collective_timing(self, object op, object group):
-        """collective(op, group); a coster that says `by_value` (its timing depends only on the op's work and
-        the group, and is the same object each time: sim/results/costers.py CollectiveCoster) is asked once
-        per (work, group) object pair, both kept alive by the memo so their ids stay theirs."""
+    cdef object collective_timing(self, Stage st, int k, object group):
+        """collective(op k of `st`, group); a coster that says `by_value` (its timing depends only on the op's
+        work and the group, and is the same object each time: sim/results/costers.py CollectiveCoster) is asked
+        once per (work, group) object pair, both kept alive by the memo so their ids stay theirs: the op's
+        record is read only on a miss."""
         if not self.coll_by_value:
-            return self.collective(op, group)
-        work = op.work
+            return self.collective(st.ops[k], group)
+        work = st.works[k]
         key = (id(work), id(group))
         hit = self.coll_memo.get(key)
         if hit is None:
-            hit = self.coll_memo[key] = (work, group, self.collective(op, group))
+            hit = self.coll_memo[key] = (work, group, self.collective(st.ops[k], group))
         return (<tuple>hit)[2]
 
     cdef object copy_key(self, Stage st, Proc p):
@@ -592,14 +607,14 @@ cdef class Core:
             if p.phase == S_START:
                 p.start_s = self.now
                 if st.kind[p.op] == K_COLLECTIVE:
-                    op = st.ops[p.op]
-                    p.work_group = op.work.group
+                    p.work_group = st.works[p.op].group
                     p.group, p.members = self.group(p.work_group, rank)
                     if p.members == 1:
                         p.rv = None
                         p.phase = S_XFER
                     else:  # processes.rendezvous
-                        key = (op.name if p.work_group == "embed" else op.id, p.group)  # stages number ops apart
+                        # stages number ops apart: a collective spanning stages is known by its name
+                        key = (st.ops[p.op].name if p.work_group == "embed" else st.op_ids[p.op], p.group)
                         rv = self.open.get(key)
                         if rv is None:
                             rv = _Rendezvous()
@@ -630,7 +645,7 @@ cdef class Core:
                         if self.wait(s, p):
                             return 0
             if p.phase == S_XFER:  # processes.transfer
-                lat_s, p.bw_s, p.load = self.collective_timing(st.ops[p.op], p.group)
+                lat_s, p.bw_s, p.load = self.collective_timing(st, p.op, p.group)
                 p.phase = S_XFER_BW
                 if lat_s > 0:
                     if self.wait(self.timeout(lat_s), p):
@@ -680,7 +695,7 @@ cdef class Core:
             if self.wait_deps(p):
                 return 0
             p.start_s = self.now
-            p.posts = [self.post(p, t) for t in st.ops[p.op].work.transfers]
+            p.posts = [self.post(p, t) for t in st.works[p.op].transfers]
             p.phase = 2
             if self.wait(self.all_of([(<_Posted>q).done for q in p.posts]), p):
                 return 0
@@ -838,6 +853,41 @@ cdef class Core:
             hit = self.merged[memo_key] = ([load, *owns], merged)
         return hit[1]
 
+    cdef int record_job(self, _Job job) except -1:
+        """One finished job as a row: (tag, key, start, end) in C, loads by reference (job_rows)."""
+        cdef Py_ssize_t k = self.job_n
+        self.job_rows_ = <JobRow*>_grow(self.job_rows_, &self.job_cap, k + 1, sizeof(JobRow))
+        cdef JobRow* row = &self.job_rows_[k]
+        tag, key = job.tag, job.key
+        row.tag0 = row.tag1 = row.key0 = row.key1 = 0
+        plain = _int_pair(tag) and _int_pair(key)
+        if plain:
+            try:
+                row.tag0, row.tag1, row.key0, row.key1 = tag[0], tag[1], key[0], key[1]
+            except OverflowError:  # past 64 bits: kept as objects
+                plain = False
+        if not plain:
+            self.job_odd[k] = (tag, key)
+        row.start_s, row.end_s = job.start_s, self.now
+        self.job_loads.append(job.load)
+        self.job_owns.append(job.own)
+        self.job_n = k + 1
+        return 0
+
+    def job_rows(self):
+        """The finished jobs as columns, in finishing order: (tag0, tag1, key0, key1) int64, start_s, end_s
+        float64, loads, owns (lists), odd (row -> (tag, key) where those are not pairs of ints)."""
+        cdef Py_ssize_t n = self.job_n, k
+        ints = [np.empty(n, np.int64) for _ in range(4)]
+        times = [np.empty(n, np.float64) for _ in range(2)]
+        cdef long long[::1] t0 = ints[0], t1 = ints[1], k0 = ints[2], k1 = ints[3]
+        cdef double[::1] a = times[0], b = times[1]
+        for k in range(n):
+            t0[k], t1[k] = self.job_rows_[k].tag0, self.job_rows_[k].tag1
+            k0[k], k1[k] = self.job_rows_[k].key0, self.job_rows_[k].key1
+            a[k], b[k] = self.job_rows_[k].start_s, self.job_rows_[k].end_s
+        return (*ints, *times, self.job_loads, self.job_owns, self.job_odd)
+
     cdef int forget(self, _Job job) except -1:
         cdef int left = self.jobs_of_key[job.key] - 1
         if left:
@@ -874,9 +924,7 @@ cdef class Core:
         self.jobs = rest
         for job in finished:
             self.forget(job)
-            # tuple.__new__: the record the NamedTuple's __new__ builds, without its Python frame (run asserts
-            # job_type is a tuple subclass with no fields of its own)
-            self.records.append(tuple.__new__(self.job_type, (job.tag, job.key, job.start_s, self.now, job.load, job.own)))
+            self.record_job(job)
             self.succeed(job.done)
         if self.jobs:
             self.reschedule()

@@ -24,7 +24,8 @@ import numpy as np
 
 from meshsim.sim.engine.arbiter import Job, MemoRates
 from meshsim.sim.engine.event_columns import EventColumns
-from meshsim.sim.engine.processes import CollectiveFn, ComputeFn, Inputs, P2PFn, Transfer
+from meshsim.sim.engine.job_rows import JobRows
+from meshsim.sim.engine.processes import CollectiveFn, ComputeFn, Inputs, OpsAt, P2PFn, Transfer
 from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, STREAMS, Collective, Op, Schedule
 
 try:
@@ -66,7 +67,8 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         durations = np.zeros(0)
     st = _core.Stage()
-    st.ops, st.op_ids = list(ops), ids
+    st.ops, st.op_ids = ops, ids  # (records are read off the hot path only: a schedule may build them on demand)
+    st.works = list(map(table.works.__getitem__, table.index.tolist()))
     st.sizes = list(map(size_of.__getitem__, table.index.tolist()))
     index = _ID if dense else (lambda op: position[op.id])
     if tiled is not None:  # `streams` holds the schedule's ops of each stream in order (events._by_stream)
@@ -75,7 +77,8 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         st.streams = [np.fromiter(map(index, streams[s]), dtype=np.intc, count=len(streams[s]))
                       for s in FIFO_STREAMS if streams[s]]
-    st.batches = list(map(index, streams["pp_comm"]))
+    batches = streams["pp_comm"]
+    st.batches = batches.positions.tolist() if dense and isinstance(batches, OpsAt) else list(map(index, batches))
     st.stage = stage
     ids_arr = np.asarray(ids, dtype=np.intp)
     issue_arr = np.asarray(issue, dtype=np.float64)[ids_arr] if len(issue) else np.zeros(0)
@@ -106,7 +109,7 @@ def _kind_and_deps(ops: Sequence[Op], works: list, position: dict[int, int] | No
 
 def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn,
         p2p: P2PFn | None, event_type: type, work_bytes: Callable[[Op], int]
-        ) -> tuple[_rows.EventRows, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
+        ) -> tuple[_rows.EventRows, float, list[Transfer], JobRows, Callable[[int], set[int]]]:
     """_run with the cyclic garbage collector paused: a run allocates an event tuple per (rank, op) and a few
     per op, none of them cyclic garbage, and each collection the allocations would trigger rescans the
     whole young generation (and now and then every object alive). Pausing it changes no value."""
@@ -126,7 +129,7 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
     arbiter jobs, rank -> the op ids it finished). event_type, work_bytes: events.Event and events.work_bytes (that module calls this one)."""
     # the core fills event_type records like tuples: a tuple subclass without slots of its own
     assert issubclass(event_type, tuple) and event_type.__basicsize__ == tuple.__basicsize__
-    assert issubclass(Job, tuple) and Job.__basicsize__ == tuple.__basicsize__  # so are arbiter jobs
+    assert issubclass(Job, tuple) and Job.__basicsize__ == tuple.__basicsize__  # so are arbiter jobs (JobRows)
     stage_of = inputs.stage_of
     ranks = inputs.ranks
     stage_ranks: dict[int, int] = {}
@@ -143,11 +146,11 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
     issue_ranks = frozenset(r for r in ranks if inputs.issue_of.get(r))
     sync_ranks = frozenset(r for r in ranks if r in inputs.syncs_of)
     core = _core.Core(stages, [stage_of(r) for r in ranks], ranks, issue_ranks, sync_ranks, compute_s, collective,
-                      p2p, inputs.group_of, inputs.kappa, MemoRates(), Transfer, Job)
+                      p2p, inputs.group_of, inputs.kappa, MemoRates(), Transfer)
     core.run()
     position = {r: i for i, r in enumerate(ranks)}
     rows, latest_s = _rows_of(core, stages, ranks, stage_of, event_type)
-    return rows, latest_s, core.transfers, core.records, lambda r: core.finished_ids(position[r])
+    return rows, latest_s, core.transfers, JobRows(*core.job_rows()), lambda r: core.finished_ids(position[r])
 
 
 def _rows_of(core: _core.Core, stages: list, ranks: Sequence[int], stage_of: Callable[[int], int], event_type: type

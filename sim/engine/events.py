@@ -64,13 +64,15 @@ from meshsim.sim.engine import compiled
 from meshsim.sim.engine.arbiter import Job
 from meshsim.sim.engine.event_columns import EventColumns, columns_of
 from meshsim.sim.engine.event_rows import RankRows, is_rows, rank_events, rank_rows, retimed
-from meshsim.sim.engine.host import host_syncs
+from meshsim.sim.engine.host import schedule_syncs
+from meshsim.sim.engine.job_rows import JobRows
 from meshsim.sim.engine.processes import (
     CollectiveFn,
     CommTiming,
     ComputeFn,
     GroupFn,
     Inputs,
+    OpsAt,
     P2PFn,
     Processes,
     Transfer,
@@ -135,7 +137,7 @@ class EventLog:
     _index: dict = field(default_factory=dict, compare=False, repr=False)
     # what the events summarise, for sim/results/steady_state.py: every P2P transfer and every arbiter job
     transfers: tuple[Transfer, ...] = field(default=(), compare=False, repr=False)
-    jobs: tuple[Job, ...] = field(default=(), compare=False, repr=False)
+    jobs: Sequence[Job] = field(default=(), compare=False, repr=False)  # compiled core: a JobRows
     _columns: list = field(default_factory=list, compare=False, repr=False)
 
     def columns(self) -> EventColumns:
@@ -153,8 +155,11 @@ class EventLog:
         key = ("span_times", which)
         if key not in self._index:
             spans = getattr(self, which)
-            self._index[key] = (np.fromiter(map(_START_S, spans), np.float64, len(spans)),
-                                np.fromiter(map(_END_S, spans), np.float64, len(spans)))
+            if isinstance(spans, JobRows):  # its columns: the values the records carry
+                self._index[key] = (spans.start_s, spans.end_s)
+            else:
+                self._index[key] = (np.fromiter(map(_START_S, spans), np.float64, len(spans)),
+                                    np.fromiter(map(_END_S, spans), np.float64, len(spans)))
         return self._index[key]
 
     def rows_of(self) -> dict[int, RankRows]:
@@ -228,21 +233,31 @@ _ID, _DEPS, _STREAM, _WAIT, _CALLS = (attrgetter(a) for a in ("id", "deps", "str
 def _valid_ops(ops: Sequence[Op], tiled: ScheduleArrays | None = None) -> bool:
     """_first_problem finds nothing, decided by whole-schedule passes (sets and C-level maps, not a
     Python loop per op): each test is the per-op test of _first_problem over every op at once. `tiled`:
-    the schedule's tiled arrays (ids are positions, so distinct, and its deps are the ops' deps): a dep is
-    known when it is in [0, n)."""
+    the schedule's tiled arrays, which the test then reads instead of the ops (_valid_arrays)."""
+    if tiled is not None:
+        return _valid_arrays(tiled)
     if not set(map(_STREAM, ops)).issubset(STREAMS) or (ops and min(map(_CALLS, ops)) < 0):
         return False
-    ids = range(len(ops)) if tiled is not None else list(map(_ID, ops))
-    if tiled is not None:
-        if len(tiled.dep_idx) and not (tiled.dep_idx.min() >= 0 and tiled.dep_idx.max() < len(ops)):
-            return False
-    else:
-        known = set(ids)
-        if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
-            return False
+    ids = list(map(_ID, ops))
+    known = set(ids)
+    if len(known) != len(ops) or not known.issuperset(chain.from_iterable(map(_DEPS, ops))):
+        return False
     waits = list(map(_WAIT, ops))
     waiting = compress(zip(waits, ids, strict=True), map(is_not, waits, repeat(None)))
     return all(0 <= wait < op_id for wait, op_id in waiting)
+
+
+def _valid_arrays(a: ScheduleArrays) -> bool:
+    """_valid_ops over a schedule's tiled arrays, without reading an op: ids are positions (so distinct)
+    and every stream is known (the tiling holds no other op: sim/schedule/tiling.py), so what is left is
+    read off the columns: host calls not negative, every dep in [0, n), every host wait (-1: none) before
+    its op's position."""
+    n = len(a.kind)
+    if n and a.host_calls.min() < 0:
+        return False
+    if len(a.dep_idx) and not (a.dep_idx.min() >= 0 and a.dep_idx.max() < n):
+        return False
+    return not np.any(a.host_wait >= np.arange(n, dtype=np.intc))
 
 
 def _first_problem(ops: Sequence[Op]) -> None:
@@ -263,10 +278,8 @@ def _first_problem(ops: Sequence[Op]) -> None:
 
 
 def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
-    ops = schedule.ops
-    tiled = schedule.tiled_arrays if set(map(_STREAM, ops)).issubset(STREAMS) else None  # (tiles known streams)
-    if not _valid_ops(ops, tiled):
-        _first_problem(ops)
+    if not _valid_ops(schedule.ops, schedule.tiled_arrays):
+        _first_problem(schedule.ops)
     kinds = {w.group for w in schedule.work_table.works if isinstance(w, Collective)}  # asked once per work
     for rank in ranks:
         for kind in kinds:
@@ -274,13 +287,13 @@ def _check(schedule: Schedule, ranks: Sequence[int], group_of: GroupFn) -> None:
                 raise ValueError(f"group_of({kind!r}, {rank}) does not contain rank {rank}")
 
 
-def _by_stream(schedule: Schedule) -> dict[str, list[Op]]:
+def _by_stream(schedule: Schedule) -> dict[str, Sequence[Op]]:
     """{stream: schedule.by_stream(stream)} for every stream, in one pass (streams checked by _check); from
-    the tiled stream column where the schedule has one (ids are positions), else op by op."""
+    the tiled stream column where the schedule has one (ids are positions: each stream's ops as an OpsAt
+    view, no list of them), else op by op."""
     arrays = schedule.tiled_arrays
     if arrays is not None:
-        at = schedule.ops.__getitem__
-        return {s: list(map(at, np.flatnonzero(arrays.stream == i).tolist())) for i, s in enumerate(STREAMS)}
+        return {s: OpsAt(schedule.ops, np.flatnonzero(arrays.stream == i)) for i, s in enumerate(STREAMS)}
     out: dict[str, list[Op]] = {s: [] for s in STREAMS}
     for op in schedule.ops:
         out[op.stream].append(op)
@@ -307,7 +320,7 @@ def check_inputs(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], 
             raise ValueError(f"issue_s has {len(times)} entries for {len(sched.ops)} ops")
     issue_of = {r: per_stage_issue[stage_of(r)] for r in ranks if per_stage_issue and per_stage_issue[stage_of(r)]}
     per_stream = tuple(_by_stream(sched) for sched in stages)
-    syncs = [host_syncs(sched.ops, times) for sched, times in zip(stages, per_stage_issue, strict=False)]
+    syncs = [schedule_syncs(sched, times) for sched, times in zip(stages, per_stage_issue, strict=False)]
     syncs_of = {r: syncs[stage_of(r)] for r in issue_of if syncs[stage_of(r)] is not None}
     return Inputs(ranks, stage_of, group_of, issue_of, comm_interference, per_stream, syncs_of)
 
@@ -329,7 +342,7 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
             work_bytes)
         _check_all_ran(inputs, finished, len(events_))
         return EventLog(events_, inputs.ranks, latest_s,
-                        transfers=tuple(transfers), jobs=tuple(jobs))
+                        transfers=tuple(transfers), jobs=jobs)  # a JobRows: records built when read
     events: list[Event] = []
     append = events.append
 
@@ -352,9 +365,10 @@ def run(schedule: Schedule | Sequence[Schedule], ranks: Sequence[int], compute_s
 
 
 def _check_all_ran(inputs: Inputs, finished: Callable[[int], Container[int]], ran: int) -> None:
-    ops_of = [[op for ops in streams.values() for op in ops] for streams in inputs.per_stream]
-    expected = sum(len(ops_of[inputs.stage_of(r)]) for r in inputs.ranks)
+    counts = [sum(map(len, streams.values())) for streams in inputs.per_stream]
+    expected = sum(counts[inputs.stage_of(r)] for r in inputs.ranks)
     if ran != expected:
+        ops_of = [[op for ops in streams.values() for op in ops] for streams in inputs.per_stream]
         stuck = sorted({(r, op.id, op.name) for r in inputs.ranks for op in ops_of[inputs.stage_of(r)]
                         if op.id not in finished(r)})[:3]
         raise ValueError(f"deadlock: {expected - ran} ops never ran, e.g. {stuck} "

@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, repeat
-from operator import attrgetter, is_not
+from operator import is_not
 
-from meshsim.sim.schedule.ops import Op
+import numpy as np
 
-_WAIT = attrgetter("host_wait")
+from meshsim.sim.schedule.ops import Op, Schedule
+from meshsim.sim.schedule.stamped_ops import op_column
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,32 @@ class HostSyncs:
 
 def host_syncs(ops: Sequence[Op], static_s: Sequence[float]) -> HostSyncs | None:
     """The syncs of a schedule whose host issues at `static_s` (per op id); None when it has none or no
-    host model (static_s empty: every op issued at once)."""
-    has_wait = list(map(is_not, map(_WAIT, ops), repeat(None)))  # C-level passes, no Python code per op
-    waits = list(compress(ops, has_wait))
-    if not waits or not static_s:
+    host model (static_s empty: every op issued at once). Read off the ops' host_wait and id columns
+    (stamped_ops.op_column: a StampedOps builds no record), by C-level passes."""
+    waits = op_column(ops, "host_wait")
+    has_wait = list(map(is_not, waits, repeat(None)))
+    if not any(has_wait) or not static_s:
         return None
     point_of = list(accumulate(has_wait, initial=-1))[1:]  # the syncs at or before each op, minus one
-    bases = tuple(static_s[op.id - 1] if op.id else 0.0 for op in waits)
-    return HostSyncs(tuple(point_of), tuple(op.id for op in waits), tuple(op.host_wait for op in waits), bases)
+    ids = list(compress(op_column(ops, "id"), has_wait))
+    bases = tuple(static_s[i - 1] if i else 0.0 for i in ids)
+    return HostSyncs(tuple(point_of), tuple(ids), tuple(compress(waits, has_wait)), bases)
+
+
+def schedule_syncs(schedule: Schedule, static_s: Sequence[float]) -> HostSyncs | None:
+    """host_syncs(schedule.ops, static_s), read off the tiled host_wait column where the schedule has one
+    (ids are positions; tests/test_ops_arrays.py compares the two), else off the ops."""
+    tiled = schedule.tiled_arrays
+    if tiled is None:
+        return host_syncs(schedule.ops, static_s)
+    wait = tiled.host_wait
+    at = np.flatnonzero(wait >= 0)
+    if not at.size or not static_s:
+        return None
+    point_of = np.cumsum(wait >= 0, dtype=np.intp) - 1  # the syncs at or before each op, minus one
+    ops = at.tolist()
+    bases = tuple(static_s[i - 1] if i else 0.0 for i in ops)
+    return HostSyncs(tuple(point_of.tolist()), tuple(ops), tuple(wait[at].tolist()), bases)
 
 
 def next_delay_s(prev_s: float, awaited_end_s: float, base_s: float) -> float:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from meshsim.sim.engine.arbiter import Arbiter
 from meshsim.sim.engine.host import HostSyncs, next_delay_s
 from meshsim.sim.engine.loop import Signal
@@ -40,6 +42,27 @@ class Transfer(NamedTuple):
     end_s: float
 
 
+class OpsAt(Sequence):
+    """The ops at `positions` (an int array) of `ops`, in that order, as a read-only sequence: a stream's ops
+    without a list of them (the compiled core reads `positions`; the Python core iterates the ops)."""
+
+    __slots__ = ("ops", "positions")
+
+    def __init__(self, ops: Sequence[Op], positions: np.ndarray) -> None:
+        self.ops, self.positions = ops, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(map(self.ops.__getitem__, self.positions[i].tolist()))
+        return self.ops[self.positions[i]]
+
+    def __iter__(self) -> Iterator[Op]:
+        return map(self.ops.__getitem__, self.positions.tolist())
+
+
 @dataclass(frozen=True)
 class Inputs:
     """A validated run (sim/engine/events.py check_inputs): per-stage schedules' streams and who runs what."""
@@ -49,7 +72,7 @@ class Inputs:
     group_of: GroupFn
     issue_of: Mapping[int, Sequence[float]]  # rank -> per op id: when its host issues it; absent = at once
     kappa: float  # comm_interference
-    per_stream: tuple[Mapping[str, Sequence[Op]], ...]  # per stage: stream -> its ops in order
+    per_stream: tuple[Mapping[str, Sequence[Op]], ...]  # per stage: stream -> its ops in order (or OpsAt)
     syncs_of: Mapping[int, HostSyncs] = field(default_factory=dict)  # rank -> its host's syncs (host.py)
 
 

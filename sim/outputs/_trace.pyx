@@ -216,6 +216,29 @@ cdef bint _is(object s, object literal) except -1:
     return PyUnicode_Compare(s, literal) == 0
 
 
+@cython.final
+cdef class _Columns:
+    """A stage's ops as the columns write_slices reads (id, name, stream, category, phase, layer, micro-batch),
+    from a sequence that has them (sim/schedule/stamped_ops.StampedOps.column): no Op record built."""
+    cdef tuple ids, names, streams, categories, phases, layers, mbs
+    cdef Py_ssize_t n
+
+
+cdef object _op_table(object ops):
+    """A stage's ops for write_slices: a tuple of its records, or its _Columns where it has columns."""
+    column = getattr(ops, "column", None)
+    if column is None:
+        return tuple(ops)
+    cdef _Columns c = _Columns()
+    c.ids, c.names, c.streams = tuple(column("id")), tuple(column("name")), tuple(column("stream"))
+    c.categories, c.phases = tuple(column("category")), tuple(column("phase"))
+    c.layers, c.mbs = tuple(column("layer")), tuple(column("micro_batch"))
+    c.n = len(ops)
+    if not all(len(t) == c.n for t in (c.ids, c.names, c.streams, c.categories, c.phases, c.layers, c.mbs)):
+        raise Fallback("op columns of another length than the ops")
+    return c
+
+
 def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] info, list prefixes, list infos,
                  dict tid_of, long long pid_offset, long long per_node, bint lead, js, ascii):
     """Write the op slices of every row of `rows` (an EventRows), each item after a "," (none before the
@@ -239,19 +262,34 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
     cdef object last_stream = _NONE
     cdef type op_type = Op
     compute_name, pp_name = "compute", "pp_comm"
-    cdef list op_tables = [tuple(t) for t in ops], size_tables = [tuple(t) for t in sizes]
+    cdef list op_tables = [_op_table(t) for t in ops], size_tables = [tuple(t) for t in sizes]
     cdef tuple stage_ops = (), stage_sizes = ()
+    cdef _Columns cols = None
+    cdef Py_ssize_t stage_n = 0
     cdef int s, k, last_stage = -1
     for i in range(n):
         s, k = stage[i], op_index[i]
         if s != last_stage:
             if not 0 <= s < len(op_tables) or len(size_tables) != len(op_tables):
                 raise Fallback("a row whose stage has no ops")
-            stage_ops, stage_sizes, last_stage = op_tables[s], size_tables[s], s
-        if not 0 <= k < PyTuple_GET_SIZE(stage_ops) or PyTuple_GET_SIZE(stage_sizes) != PyTuple_GET_SIZE(stage_ops):
+            table, stage_sizes, last_stage = op_tables[s], size_tables[s], s
+            if type(table) is _Columns:
+                cols, stage_n = <_Columns>table, (<_Columns>table).n
+            else:
+                cols, stage_ops = None, <tuple>table
+                stage_n = PyTuple_GET_SIZE(stage_ops)
+        if not 0 <= k < stage_n or PyTuple_GET_SIZE(stage_sizes) != stage_n:
             raise Fallback("a row whose op is not in its stage")
-        op = <object>PyTuple_GET_ITEM(stage_ops, k)
-        if type(op) is op_type:  # an Op is a tuple of its fields (sim/schedule/ops.py OP_FIELDS)
+        if cols is not None:  # the op's fields from its stage's columns
+            op_key, name = <object>PyTuple_GET_ITEM(cols.ids, k), <object>PyTuple_GET_ITEM(cols.names, k)
+            stream, category = <object>PyTuple_GET_ITEM(cols.streams, k), <object>PyTuple_GET_ITEM(cols.categories, k)
+            phase, layer, mb = <object>PyTuple_GET_ITEM(cols.phases, k), <object>PyTuple_GET_ITEM(cols.layers, k), \
+                <object>PyTuple_GET_ITEM(cols.mbs, k)
+        else:
+            op = <object>PyTuple_GET_ITEM(stage_ops, k)
+        if cols is not None:
+            pass
+        elif type(op) is op_type:  # an Op is a tuple of its fields (sim/schedule/ops.py OP_FIELDS)
             op_key, name = <object>PyTuple_GET_ITEM(op, 0), <object>PyTuple_GET_ITEM(op, 1)
             stream, category = <object>PyTuple_GET_ITEM(op, 2), <object>PyTuple_GET_ITEM(op, 3)
             phase, layer, mb = <object>PyTuple_GET_ITEM(op, 4), <object>PyTuple_GET_ITEM(op, 7), \

@@ -19,6 +19,7 @@ from operator import attrgetter
 import numpy as np
 
 from meshsim.sim.schedule.ops import OP_FIELDS
+from meshsim.sim.schedule.stamped_ops import StampedOps, op_column
 
 try:
     from meshsim.sim.outputs import _trace
@@ -31,7 +32,9 @@ ID_BITS = 32
 def op_codes(rows, field: str) -> tuple[np.ndarray, list]:
     """(codes, values): values[codes[i]] == rows[i].<field> for every row i (module docstring)."""
     index: dict = {}
-    if _trace is not None and field in OP_FIELDS:
+    if any(isinstance(ops, StampedOps) for ops in rows.ops):  # a field's column per stage, no record built
+        tables = [_column_codes(ops, field, index) for ops in rows.ops]
+    elif _trace is not None and field in OP_FIELDS:
         tables = _trace.op_codes(list(rows.ops), OP_FIELDS.index(field), field, index)
     else:
         get = attrgetter(field)
@@ -64,6 +67,15 @@ def keys_fit(rank: np.ndarray, op_id: np.ndarray) -> bool:
     """Whether every (rank, op id) packs into row_keys' int64 (both >= 0, rank < 2**31, op id < 2**32)."""
     return not len(rank) or bool(rank.min() >= 0 and rank.max() < 2**31 and op_id.min() >= 0
                                  and op_id.max() < 2**ID_BITS)
+
+
+def _column_codes(ops: Sequence, field: str, index: dict) -> np.ndarray:
+    """One stage's codes of `field` in `index`, extended with len(index) as each new value's code (what
+    _trace.op_codes does per stage), read off the field's column (stamped_ops.op_column)."""
+    values = op_column(ops, field)
+    for value in dict.fromkeys(values):
+        index.setdefault(value, len(index))
+    return np.fromiter(map(index.__getitem__, values), np.intc, len(values))
 
 
 def row_keys(rank: np.ndarray, op_id: np.ndarray) -> np.ndarray:

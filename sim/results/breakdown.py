@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from itertools import repeat
-from operator import attrgetter, eq, itemgetter, ne
+from operator import eq, itemgetter, ne
 
 import numpy as np
 
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event
+from meshsim.sim.schedule.stamped_ops import op_column
 
 Interval = tuple[float, float]
 # the keys of StepResult.breakdown_s: busy time per stream (they overlap), then the compute stream's waiting
@@ -106,8 +107,8 @@ def _row_codes(rows, names: dict[str, int]) -> np.ndarray:
     index = np.asarray(rows.op_index_arr, np.int64)
     code = np.empty(len(stage), np.int64)
     for s in np.unique(stage).tolist():
-        ops = rows.ops[s]
-        table = np.fromiter((names.setdefault(op.stream, len(names)) for op in ops), np.int64, len(ops))
+        streams = op_column(rows.ops[s], "stream")
+        table = np.fromiter((names.setdefault(stream, len(names)) for stream in streams), np.int64, len(streams))
         mask = stage == s
         code[mask] = table[index[mask]]
     return code
@@ -200,14 +201,13 @@ def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = F
 def op_fields(rows, name: str) -> list:
     """Each row's op field `name` (an EventRows: read off the ops of its stages, no Event built)."""
     stage, index = rows.stage_arr, rows.op_index_arr
-    get = attrgetter(name)
     stages = np.unique(stage).tolist()
     if len(stages) == 1:
-        return list(map(list(map(get, rows.ops[stages[0]])).__getitem__, index.tolist()))
+        return list(map(op_column(rows.ops[stages[0]], name).__getitem__, index.tolist()))
     out = np.empty(len(stage), object)
     for s in stages:
         table = np.empty(len(rows.ops[s]), object)
-        table[:] = list(map(get, rows.ops[s]))
+        table[:] = op_column(rows.ops[s], name)
         mask = stage == s
         out[mask] = table[index[mask]]
     return out.tolist()
@@ -255,7 +255,13 @@ EP_OPS = ("fwd.dispatch", "fwd.combine", "bwd.dispatch", "bwd.combine")  # op ty
 def ep_layer_ms(events: Iterable[Event]) -> dict[str, float]:
     """One MoE layer's token all-to-alls (ms, rendezvous wait excluded): the middle layer that has them,
     micro-batch 0, per op type of EP_OPS ({} for a model without them)."""
-    ep = [ev for ev in events if ev.layer is not None and ev.name.split(".", 2)[-1] in EP_OPS]
+    if is_rows(events):  # the same rows, selected off the ops' columns: only theirs are built as Events
+        keep = [i for i, (name, layer) in enumerate(zip(op_fields(events, "name"), op_fields(events, "layer"),
+                                                         strict=True))
+                if layer is not None and name.split(".", 2)[-1] in EP_OPS]
+        ep = list(events.take(keep)) if keep else []
+    else:
+        ep = [ev for ev in events if ev.layer is not None and ev.name.split(".", 2)[-1] in EP_OPS]
     layer = middle_layer(ep)
     sel = [ev for ev in ep if ev.layer == layer]
     sel = [ev for ev in sel if ev.micro_batch == 0] or sel

@@ -21,6 +21,8 @@ from operator import attrgetter, eq, itemgetter
 import numpy as np
 
 from meshsim.sim.schedule.ops import P2P, Op, Schedule, ScheduleArrays
+from meshsim.sim.schedule.tiling import NONE, OpFields
+from meshsim.sim.schedule.work_table import WorkTable
 
 Key = tuple  # (micro-batch, ordinal) or, for a P2P batch, (micro-batch, its transfers' identities)
 _MB, _WORK, _DEPS = attrgetter("micro_batch"), attrgetter("work"), attrgetter("deps")
@@ -132,8 +134,14 @@ def key_index(schedule: Schedule) -> KeyIndex:
     """The stage's KeyIndex (key_parts, then its groups)."""
     ops = schedule.ops
     n = len(ops)
-    mbs = list(map(_MB, ops))
     tiled = schedule.tiled_arrays
+    fields = schedule.fields if tiled is not None else None
+    if fields is not None:  # the micro-batch column (NONE: None), not a pass over the ops
+        mbs = fields.micro_batch.tolist()
+        for i in np.flatnonzero(fields.micro_batch == NONE).tolist():
+            mbs[i] = None
+    else:
+        mbs = list(map(_MB, ops))
     if tiled is not None:
         p2p = np.flatnonzero(tiled.kind == 2).tolist()  # ScheduleArrays.kind: 2 for a P2P batch
     else:
@@ -210,10 +218,13 @@ def dep_csr(ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
 
 def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
                  deps: tuple[np.ndarray, np.ndarray] | None = None, tiled: ScheduleArrays | None = None,
-                 mu: np.ndarray | None = None) -> np.ndarray:
+                 mu: np.ndarray | None = None, fields: OpFields | None = None, table: WorkTable | None = None
+                 ) -> np.ndarray:
     """ok[i] for every op id: i >= p, op i - p has a micro-batch, keys[i] == later(keys[i - p]), and op i
     reads what op i - p reads one period later: the same stream, phase, layer, host calls, work (a P2P
-    batch: its transfers one period later), and deps and host wait whose keys are the images of i - p's."""
+    batch: its transfers one period later), and deps and host wait whose keys are the images of i - p's.
+    With the schedule's tiled arrays, `fields` (its OpFields) and `table` (its WorkTable) every test reads
+    columns (equal codes <=> equal fields, equal work indices <=> one shared work) and no op."""
     n = len(ops)
     ok = np.zeros(n, bool)
     if p <= 0 or p >= n:
@@ -223,9 +234,10 @@ def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
     mu = index.later_ids(unit) if mu is None else mu
     has_mb = ~index.none
     good = has_mb[:-p] & (kid[p:] == mu[:-p])
-    for field, column in zip(_STATIC, ("stream", None, None, "host_calls"), strict=True):
-        if tiled is not None and column is not None:  # equal indices <=> equal streams; host calls are ints
-            values = getattr(tiled, column)
+    for field, column in zip(_STATIC, ("stream", "phase", "layer", "host_calls"), strict=True):
+        held = tiled if column in ("stream", "host_calls") else fields if tiled is not None else None
+        if held is not None:  # equal indices <=> equal streams, phases; host calls, layers are ints (or NONE)
+            values = getattr(held, column)
             good &= values[p:] == values[:-p]
         else:
             good &= _pairs_equal(list(map(field, ops)), p)
@@ -237,7 +249,7 @@ def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
     good &= (hw[p:] < 0) == (hw[:-p] < 0)
     both = (hw[p:] >= 0) & (hw[:-p] >= 0)
     good[both] &= kid[hw[p:][both]] == mu[hw[:-p][both]]
-    ptr, flat = deps if deps is not None else dep_csr(ops)
+    ptr, flat = deps if deps is not None else (tiled.dep_ptr, tiled.dep_idx) if tiled is not None else dep_csr(ops)
     count = np.diff(ptr)
     good &= count[p:] == count[:-p]
     cand = np.flatnonzero(good & (count[p:] > 0))
@@ -247,9 +259,14 @@ def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
         row = np.repeat(cand, c)
         bad = kid[flat[ptr[row + p] + at]] != mu[flat[ptr[row] + at]]
         good[np.unique(row[bad])] = False
-    works = list(map(_WORK, ops))
-    ids = np.fromiter(map(id, works), np.int64, n)
-    for j in np.flatnonzero(good & (ids[p:] != ids[:-p])).tolist():
-        good[j] = _same_work(works[j], works[j + p], unit)
+    if table is not None and tiled is not None:  # equal indices <=> one shared work object
+        works, ids = table.works, table.index
+        for j in np.flatnonzero(good & (ids[p:] != ids[:-p])).tolist():
+            good[j] = _same_work(works[ids[j]], works[ids[j + p]], unit)
+    else:
+        works = list(map(_WORK, ops))
+        ids = np.fromiter(map(id, works), np.int64, n)
+        for j in np.flatnonzero(good & (ids[p:] != ids[:-p])).tolist():
+            good[j] = _same_work(works[j], works[j + p], unit)
     ok[p:] = good
     return ok

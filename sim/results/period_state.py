@@ -67,7 +67,9 @@ def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, 
         return f"stage {schedule.stage} has no micro-batch {lead + unit}"
     p, ops, n = second - first, schedule.ops, len(schedule.ops)
     mu = index.later_ids(unit)
-    ok = regular_mask(ops, index, p, unit, deps, schedule.tiled_arrays, mu)
+    tiled = schedule.tiled_arrays
+    ok = regular_mask(ops, index, p, unit, deps, tiled, mu, schedule.fields if tiled is not None else None,
+                      schedule.work_table if tiled is not None else None)
     stops = np.flatnonzero(~ok[second:])
     end = second + int(stops[0]) if len(stops) else n
     breaks = np.flatnonzero(~ok[p:second])  # the run reaches back to p at most

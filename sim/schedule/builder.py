@@ -250,6 +250,6 @@ def _build_schedule(rs: ResolvedScenario) -> Schedule:
         ops = fill_param_gathers(ops, buckets, cfg.param_bytes)
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": len(grads) + len(expert_grads), "expert_params_per_rank": expert_params}
-    ops_t = tuple(ops)
+    ops_t = ops.frozen()  # the stamps' records are built again when read (sim/schedule/stamped_ops.py)
     return Schedule(ops_t, rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, ep=rs.ep,
                     etp=rs.etp, cp=rs.cp, tiling=ops.sealed(ops_t))

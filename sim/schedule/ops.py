@@ -304,6 +304,10 @@ class Tiling(Protocol):
 
     def tiled(self, ops: tuple[Op, ...]) -> ScheduleArrays | None: ...
 
+    def work_table(self, ops: tuple[Op, ...]) -> WorkTable | None: ...
+
+    def fields(self, ops: tuple[Op, ...]) -> object | None: ...
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -329,8 +333,10 @@ class Schedule:
 
     @cached_property
     def work_table(self) -> WorkTable:
-        """The ops' distinct works and each op's index among them (WorkTable), built once."""
-        return WorkTable.of(self.ops)
+        """The ops' distinct works and each op's index among them (WorkTable), built once: from the
+        builder's stamps where its record covers the ops, else read off the ops."""
+        tiled = self.tiling.work_table(self.ops) if self.tiling is not None else None
+        return tiled if tiled is not None else WorkTable.of(self.ops)
 
     @cached_property
     def tiled_arrays(self) -> ScheduleArrays | None:
@@ -338,12 +344,19 @@ class Schedule:
         None: callers then read the ops one by one (the long way, which tests compare these against)."""
         return self.tiling.tiled(self.ops) if self.tiling is not None else None
 
+    @cached_property
+    def fields(self):
+        """The ops' phase, layer and micro-batch as columns (sim/schedule/tiling.OpFields) when the builder's
+        record covers the ops and holds their values exactly, else None (callers read the ops)."""
+        return self.tiling.fields(self.ops) if self.tiling is not None else None
+
     def __getstate__(self) -> dict:
         """Pickled without the tiling record and the arrays (rebuilt from the ops on demand)."""
         state = dict(self.__dict__)
         state.pop("arrays", None)
         state.pop("tiled_arrays", None)
         state.pop("work_table", None)
+        state.pop("fields", None)
         state["tiling"] = None
         return state
 

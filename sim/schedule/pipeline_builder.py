@@ -249,7 +249,7 @@ def build_stage(rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: 
     meta = {"chunks": d.chunks, "params_per_rank": params + expert_params, "padded_vocab": d.vocab * d.tp,
             "grad_producers": sum(len(g) + len(e) for g, e in zip(st.grads, st.expert_grads, strict=True)),
             "layers": [list(ch.layers) for ch in chunks], "expert_params_per_rank": expert_params}
-    ops_t = tuple(ops)
+    ops_t = ops.frozen()  # the stamps' records are built again when read (sim/schedule/stamped_ops.py)
     return Schedule(ops_t, rs.tp, rs.dp, rs.micro_batches, meta, kv_replicas=rs.kv_replicas, pp=rs.pp,
                     stage=stage, ep=rs.ep, etp=rs.etp, cp=rs.cp, tiling=ops.sealed(ops_t))
 

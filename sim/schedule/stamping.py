@@ -18,7 +18,7 @@ from typing import Any
 
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.ops import Op, new_op
-from meshsim.sim.schedule.stencil import stencil_of
+from meshsim.sim.schedule.stencil import Stencil, stencil_of
 from meshsim.sim.schedule.template import Template
 
 
@@ -28,17 +28,29 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
     with no dep inside the template) also waits for, e.g. the all-gather of the block's weights under FSDP.
 
     Per op: id base + i, name prefix + suffix, deps (base + local..., ext[e]..., gate... on entry ops); built
-    from the template's Stencil by C-level passes (map / zip over its columns), no Python code per op. An
-    OpList `ops` also records the stamp (sim/schedule/tiling.py)."""
+    from the template's Stencil by C-level passes (stamp_records), no Python code per op. An OpList `ops`
+    also records the stamp (sim/schedule/tiling.py)."""
     s = stencil_of(tpl)
-    base, n = len(ops), s.n
+    base = len(ops)
     record = getattr(ops, "tiling", None)
-    if record is not None:  # an OpList: one int object per position, shared by ids, deps and host waits
-        ints = ops.ints(base + n)
+    ext_vals = tuple(ext[e] for e in s.ext_keys)
+    ops.extend(stamp_records(s, base, prefix, ext_vals, layer, mb, gate,
+                             ops.ints(base + s.n) if record is not None else None))
+    if record is not None:
+        record.add(s, base, ext_vals, gate, layer, mb, prefix)
+    return base
+
+
+def stamp_records(s: Stencil, base: int, prefix: str, ext_vals: tuple, layer: int | None, mb: int | None,
+                  gate: tuple[int, ...] = (), ints: list[int] | None = None) -> map:
+    """The Op records of stencil `s` stamped at `base` (stamp's module docstring), as an iterator built by
+    C-level passes; `ints`: 0..base + n - 1 as shared int objects (OpList.ints), else fresh ints. What stamp
+    appends, and what a schedule's StampedOps builds again on demand (sim/schedule/stamped_ops.py)."""
+    n = s.n
+    if ints is not None:  # one int object per position, shared by ids, deps and host waits
         ids, flat = ints[base:base + n], list(map(ints.__getitem__, map(base.__add__, s.flat_rel)))
     else:
-        ints, ids, flat = None, range(base, base + n), list(map(base.__add__, s.flat_rel))
-    ext_vals = tuple(ext[e] for e in s.ext_keys)
+        ids, flat = range(base, base + n), list(map(base.__add__, s.flat_rel))
     for pos, k in s.ext_slots:
         flat[pos] = ext_vals[k]
     deps = list(map(tuple(flat).__getitem__, s.slices))
@@ -51,11 +63,8 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
             waits[i] = base + w if ints is None else ints[base + w]
     else:
         waits = repeat(None, n)
-    ops.extend(map(new_op, zip(ids, map(prefix.__add__, s.suffixes), s.streams, s.categories, s.phases, s.works,
-                               deps, repeat(layer, n), repeat(mb, n), s.host_calls, waits, strict=True)))
-    if record is not None:
-        record.add(s, base, ext_vals, gate)
-    return base
+    return map(new_op, zip(ids, map(prefix.__add__, s.suffixes), s.streams, s.categories, s.phases, s.works, deps,
+                           repeat(layer, n), repeat(mb, n), s.host_calls, waits, strict=True))
 
 
 @contextmanager

@@ -17,10 +17,15 @@ tests/test_schedule_arrays.py proves Tiling.arrays equal to arrays_from_ops over
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
 from meshsim.sim.schedule.ops import Op, ScheduleArrays, arrays_from_ops, kind_of
+from meshsim.sim.schedule.stamped_ops import StampedOps
 from meshsim.sim.schedule.stencil import STREAM_INDEX, Stencil
+from meshsim.sim.schedule.work_table import WorkTable
 
 
 class Tiling:
@@ -28,12 +33,15 @@ class Tiling:
 
     def __init__(self) -> None:
         self.stamps: dict[Stencil, tuple[list[int], list[tuple]]] = {}
+        self.places: dict[Stencil, tuple[list, list, list]] = {}  # per stencil, per stamp: layer, micro-batch, prefix
+        self.order: list[tuple] = []  # every stamp's (base, stencil, ext inputs, layer, mb, prefix), in order
         self.gated: list[tuple[int, Stencil]] = []
         self.dirty: list[int] = []
         self.broken = False
         self.ops: tuple[Op, ...] | None = None  # the schedule's ops it describes (OpList.sealed)
 
-    def add(self, s: Stencil, base: int, ext_vals: tuple, gate: tuple[int, ...]) -> None:
+    def add(self, s: Stencil, base: int, ext_vals: tuple, gate: tuple[int, ...], layer: object = None,
+            mb: object = None, prefix: str = "") -> None:
         if None in ext_vals:  # an input the builder never made (a short schedule Megatron's rules refuse, as
             self.broken = True  # the search's bound builds): its dep is None, read off the ops the long way
             return
@@ -42,6 +50,13 @@ class Tiling:
             entry = self.stamps[s] = ([], [])
         entry[0].append(base)
         entry[1].append(ext_vals)
+        place = self.places.get(s)
+        if place is None:
+            place = self.places[s] = ([], [], [])
+        place[0].append(layer)
+        place[1].append(mb)
+        place[2].append(prefix)
+        self.order.append((base, s, ext_vals, layer, mb, prefix))
         if gate:
             self.gated.append((base, s))
 
@@ -73,7 +88,7 @@ class Tiling:
         loose_at = np.flatnonzero(loose).tolist()
         for p in loose_at:
             op = ops[p]
-            if op.id != p:  # ids are not positions: the long way maps them
+            if op.id != p or not _plain(op):  # ids not positions (the long way maps them), or odd values
                 return None
             cols[0][p], cols[1][p], cols[2][p] = kind_of(op.work), STREAM_INDEX[op.stream], op.host_calls
             cols[3][p] = -1 if op.host_wait is None else op.host_wait
@@ -87,6 +102,106 @@ class Tiling:
         for p in loose_at:
             idx[ptr[p]:ptr[p + 1]] = ops[p].deps
         return ScheduleArrays(cols[0], cols[1], ptr, idx, cols[2], cols[3])
+
+
+    def work_table(self, ops: tuple[Op, ...]) -> WorkTable | None:
+        """WorkTable.of(ops) from the stamps (each stamp's ops share its stencil's works, by position), the
+        loose ops read one by one; None where the record does not cover `ops`. Works are numbered as met
+        in position order, as WorkTable.of numbers them (tests/test_ops_arrays.py compares the two)."""
+        if self.broken or ops is not self.ops:
+            return None
+        n = len(ops)
+        first_seen: dict[int, int] = {}  # id(work) -> its provisional number
+        objs: list = []
+
+        def number(work) -> int:
+            k = first_seen.get(id(work))
+            if k is None:
+                k = first_seen[id(work)] = len(objs)
+                objs.append(work)
+            return k
+
+        prov = np.empty(n, dtype=np.intp)
+        loose = np.ones(n, dtype=bool)
+        for s, (bases, _) in self.stamps.items():
+            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
+            prov[pos] = np.array([number(w) for w in s.works], dtype=np.intp)
+            loose[pos] = False
+        for base, s in self.gated:
+            loose[[base + i for i in s.entries]] = True
+        loose[self.dirty] = True
+        at = np.flatnonzero(loose)
+        prov[at] = np.array([number(ops[p].work) for p in at.tolist()], dtype=np.intp)
+        present, first = np.unique(prov, return_index=True)
+        order = np.argsort(first, kind="stable")
+        renumber = np.empty(len(objs), dtype=np.intp)
+        renumber[present[order]] = np.arange(len(order), dtype=np.intp)
+        return WorkTable(tuple(objs[k] for k in present[order].tolist()), renumber[prov], first[order])
+
+
+    def fields(self, ops: tuple[Op, ...]) -> OpFields | None:
+        """The ops' phase, layer and micro-batch as columns (OpFields), from the stamps (phase: the stencil's;
+        layer, micro-batch: the stamp's), loose ops read one by one; None where the record does not cover
+        `ops` or a value is not one the columns hold exactly (a phase that is not a str, a layer or
+        micro-batch that is not an int in (NONE, 2^63) or None). tests/test_ops_arrays.py compares them."""
+        if self.broken or ops is not self.ops:
+            return None
+        n = len(ops)
+        phases: dict[str, int] = {}
+        phase, layer, mb = np.empty(n, dtype=np.intc), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        loose = np.ones(n, dtype=bool)
+        for s, (bases, _) in self.stamps.items():
+            layers, mbs = self.places[s][:2]
+            if not all(map(_int_or_none, layers)) or not all(map(_int_or_none, mbs)):
+                return None
+            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
+            phase[pos] = np.array([phases.setdefault(ph, len(phases)) for ph in s.phases], dtype=np.intc)
+            layer[pos] = np.array([NONE if v is None else v for v in layers], dtype=np.int64)[:, None]
+            mb[pos] = np.array([NONE if v is None else v for v in mbs], dtype=np.int64)[:, None]
+            loose[pos] = False
+        for base, s in self.gated:
+            loose[[base + i for i in s.entries]] = True
+        loose[self.dirty] = True
+        for p in np.flatnonzero(loose).tolist():  # gated entries and replaced ops too: their own values
+            op = ops[p]
+            if type(op.phase) is not str or not _int_or_none(op.layer) or not _int_or_none(op.micro_batch):
+                return None
+            phase[p] = phases.setdefault(op.phase, len(phases))
+            layer[p] = NONE if op.layer is None else op.layer
+            mb[p] = NONE if op.micro_batch is None else op.micro_batch
+        return OpFields(phase, tuple(phases), layer, mb)
+
+
+NONE = -2**63  # OpFields' None: below every int the columns take
+
+
+def _int_or_none(v: object) -> bool:
+    return v is None or type(v) is int and NONE < v < 2**63
+
+
+@dataclass(frozen=True, eq=False)
+class OpFields:
+    """Per op position: its phase's code (`phases[code]` is the phase; equal codes <=> equal phases), its layer
+    and its micro-batch as int64 (NONE: None; equal values <=> equal fields)."""
+
+    phase: np.ndarray
+    phases: tuple[str, ...]
+    layer: np.ndarray
+    micro_batch: np.ndarray
+
+
+def _plain(op: Op) -> bool:
+    """A loose op the arrays can hold as it is: a known stream, and host calls, deps and host wait (or None)
+    as ints the np.intc columns take, the wait not negative (-1 stands for None). Any other op is left to
+    the long way, whose check (sim/engine/events.py) names it; the rest of the check (calls not negative,
+    deps among the positions, a wait on an earlier op) reads the columns."""
+    wait = op.host_wait
+    return (op.stream in STREAM_INDEX and _fits(op.host_calls) and (wait is None or _fits(wait) and wait >= 0)
+            and all(map(_fits, op.deps)))
+
+
+def _fits(v: object) -> bool:
+    return type(v) is int and -2**31 <= v < 2**31
 
 
 def _tile_deps(s: Stencil, b: np.ndarray, exts: list[tuple], ptr: np.ndarray, idx: np.ndarray,
@@ -125,6 +240,22 @@ class OpList(list):
             self.tiling.dirty.append(i % len(self))
         else:
             self.tiling.broken = True
+
+    def frozen(self) -> Sequence[Op]:
+        """This list's ops as the Schedule holds them: a StampedOps (the stamps' records dropped, built again
+        on demand from the record: sim/schedule/stamped_ops.py) while the record covers the list, else a
+        tuple. Loose ops (not stamped, replaced, gated entries) are kept as records."""
+        t = self.tiling
+        if t.broken or not t.order:
+            return tuple(self)
+        n = len(self)
+        loose = np.ones(n, dtype=bool)
+        for base, s, *_ in t.order:
+            loose[base:base + s.n] = False
+        for base, s in t.gated:
+            loose[[base + i for i in s.entries]] = True
+        loose[t.dirty] = True
+        return StampedOps(t.order, n, {p: self[p] for p in np.flatnonzero(loose).tolist()})
 
     def sealed(self, ops: tuple[Op, ...]) -> Tiling:
         """The record, for the Schedule of `ops`: this list as it is now, as a tuple."""

@@ -1,0 +1,180 @@
+"""A built schedule's ops held as its stamps, each Op record built again when it is read (Schedule.ops).
+
+A builder stamps templates into an OpList (sim/schedule/stamping.py), which records each stamp: its base,
+Stencil, external inputs, layer, micro-batch and name prefix (sim/schedule/tiling.py). Those determine every
+stamped record (stamping.stamp_records), so once the schedule is built the records need not be kept:
+`StampedOps` keeps the stamps and the loose ops (appended by the builder itself, replaced after stamping,
+or the entry ops of a gated stamp) and builds a record when it is read, a whole stamp's at a time when
+iterated (the same C-level passes that stamped them). A 405B step's short run holds 856k ops: ~250 MB of
+records a schedule no longer keeps alive; what reads every op reads the schedule's columns instead (tiled
+arrays, OpFields, WorkTable).
+
+A record read twice is built twice: equal field for field (ints and strs by value), not the same object.
+The sequence compares equal to any sequence of equal ops (a tuple of the records too), hashes as that
+tuple, and pickles as that tuple. tests/test_stamped_ops.py checks it against the records the builder made.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from itertools import chain, islice, repeat
+from operator import attrgetter, eq
+
+from meshsim.sim.schedule.ops import Op
+from meshsim.sim.schedule.stamping import stamp_records
+
+CACHED_BLOCKS = 256  # stamps whose records StampedOps keeps after a read (~100 ops each), oldest dropped first
+_STENCIL_COLUMNS = {"stream": "streams", "category": "categories", "phase": "phases", "work": "works",
+                    "host_calls": "host_calls"}  # Op fields a stencil holds per op, as tuples
+
+
+class StampedOps(Sequence):
+    """Ops 0..n-1: those of the stamps `order` ((base, stencil, ext inputs, layer, micro-batch, prefix), in
+    base order) built on demand, but for `loose` (position -> its record), which are kept. A read builds
+    the whole stamp's records and keeps the last CACHED_BLOCKS stamps' (walks read neighbouring ops)."""
+
+    __slots__ = ("_order", "_n", "_loose", "_bases", "_inside", "_cache")
+
+    def __init__(self, order: list[tuple], n: int, loose: dict[int, Op]) -> None:
+        self._order, self._n, self._loose = order, n, loose
+        self._bases = [stamp[0] for stamp in order]
+        inside: dict[int, list[int]] = {}  # stamp index -> the loose positions inside it
+        for p in loose:
+            j = bisect_right(self._bases, p) - 1
+            if j >= 0 and p < order[j][0] + order[j][1].n:
+                inside.setdefault(j, []).append(p)
+        self._inside = inside
+        self._cache: dict[int, list[Op]] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index):
+        if type(index) is int and 0 <= index < self._n:  # the common read, inline: a kept or cached record
+            hit = self._loose.get(index)
+            if hit is not None:
+                return hit
+            j = bisect_right(self._bases, index) - 1
+            block = self._cache.get(j)
+            if block is not None:
+                return block[index - self._bases[j]]
+            return self._one(index)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._n)
+            if step == 1:
+                return tuple(islice(chain.from_iterable(self._blocks(start)), start - self._start_of(start),
+                                    start - self._start_of(start) + max(0, stop - start)))
+            return tuple(map(self._one, range(start, stop, step)))
+        i = index.__index__()
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("op index out of range")
+        return self._one(i)
+
+    def _one(self, i: int) -> Op:
+        hit = self._loose.get(i)
+        if hit is not None:
+            return hit
+        j = bisect_right(self._bases, i) - 1
+        block = self._cache.get(j)
+        if block is None:
+            if len(self._cache) >= CACHED_BLOCKS:
+                del self._cache[next(iter(self._cache))]
+            block = self._cache[j] = self._block(j)
+        return block[i - self._bases[j]]
+
+    def _block(self, j: int) -> list[Op]:
+        """Stamp j's records, its loose ones put back."""
+        base, s, ext, layer, mb, prefix = self._order[j]
+        records = list(stamp_records(s, base, prefix, ext, layer, mb))
+        for p in self._inside.get(j, ()):
+            records[p - base] = self._loose[p]
+        return records
+
+    def _start_of(self, i: int) -> int:
+        """Where the block holding position i starts (_blocks(i)'s first position)."""
+        j = bisect_right(self._bases, i) - 1
+        if j >= 0 and i < self._bases[j] + self._order[j][1].n:
+            return self._bases[j]
+        return i
+
+    def __iter__(self) -> Iterator[Op]:
+        return chain.from_iterable(self._blocks(0))
+
+    def _blocks(self, start: int) -> Iterator[Sequence[Op]]:
+        """The ops from _start_of(start) on, in position order: a block per stamp and per run of loose ops
+        between stamps."""
+        loose, at = self._loose, self._start_of(start)
+        for j in range(max(0, bisect_right(self._bases, at) - 1), len(self._order)):
+            base, s = self._order[j][:2]
+            if base + s.n <= at:
+                continue
+            if at < base:
+                yield list(map(loose.__getitem__, range(at, base)))
+            yield self._block(j)
+            at = base + s.n
+        if at < self._n:
+            yield list(map(loose.__getitem__, range(at, self._n)))
+
+    def column(self, field: str) -> list:
+        """[op.<field> for op in self], the values the records carry, built per stamp (a stencil's tuple, the
+        stamp's layer or micro-batch, prefix + suffix names) without building the records."""
+        out: list = []
+        loose, at = self._loose, 0
+        get = attrgetter(field)
+        for base, s, ext, layer, mb, prefix in self._order:
+            if at < base:
+                out += map(get, map(loose.__getitem__, range(at, base)))
+            if field in _STENCIL_COLUMNS:
+                out += getattr(s, _STENCIL_COLUMNS[field])
+            elif field == "layer":
+                out += repeat(layer, s.n)
+            elif field == "micro_batch":
+                out += repeat(mb, s.n)
+            elif field == "name":
+                out += map(prefix.__add__, s.suffixes)
+            elif field == "id":
+                out += range(base, base + s.n)
+            elif field == "host_wait":
+                waits = [None] * s.n
+                for i, w in s.waits:
+                    waits[i] = base + w
+                out += waits
+            else:
+                out += map(get, stamp_records(s, base, prefix, ext, layer, mb))
+            at = base + s.n
+        if at < self._n:
+            out += map(get, map(loose.__getitem__, range(at, self._n)))
+        for p, op in loose.items():  # the loose ops inside stamps (and, harmlessly, the others) as they are
+            out[p] = get(op)
+        return out
+
+    def __reversed__(self) -> Iterator[Op]:
+        return reversed(tuple(self))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(other) == self._n and all(map(eq, self, other))
+
+    def __ne__(self, other: object) -> bool:
+        same = self.__eq__(other)
+        return same if same is NotImplemented else not same
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __reduce__(self):
+        return tuple, (tuple(self),)
+
+    def __repr__(self) -> str:
+        return f"StampedOps({self._n} ops, {len(self._order)} stamps, {len(self._loose)} loose)"
+
+
+def op_column(ops: Sequence[Op], field: str) -> list:
+    """[op.<field> for op in ops]: a StampedOps' column (no record built), else read off the records."""
+    if isinstance(ops, StampedOps):
+        return ops.column(field)
+    return list(map(attrgetter(field), ops))
