@@ -52,6 +52,17 @@ FILE_COST_S = {
 
 
 @pytest.fixture(scope="module")
+def stamped_always():
+    """Every built stage holds its ops as stamps, however small (sim/schedule/tiling.py STAMPED_MIN_OPS): for
+    the files that test StampedOps on small generated schedules."""
+    from meshsim.sim.schedule import tiling
+
+    before, tiling.STAMPED_MIN_OPS = tiling.STAMPED_MIN_OPS, 0
+    yield
+    tiling.STAMPED_MIN_OPS = before
+
+
+@pytest.fixture(scope="module")
 def world1():
     """A one-rank gloo group in this process, so the dist calls really run (skipped without torch; a group
     another fixture already initialised is reused and left alone)."""

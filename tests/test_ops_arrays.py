@@ -25,6 +25,8 @@ from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.sim.schedule.tiling import NONE, OpList
 from meshsim.sim.schedule.work_table import WorkTable
 
+pytestmark = pytest.mark.usefixtures("stamped_always")  # small schedules held as stamps too
+
 
 def _pairs(case):
     name, over, micro_batches = case

@@ -23,6 +23,8 @@ from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.sim.schedule.stamped_ops import StampedOps, op_column
 from meshsim.sim.schedule.tiling import OpList
 
+pytestmark = pytest.mark.usefixtures("stamped_always")  # small schedules held as stamps too
+
 
 def _built(name, over, micro_batches, monkeypatch):
     """(schedules holding StampedOps, the same build holding the stamped records)."""
