@@ -4,7 +4,8 @@ Each layout is screened (sim/search/screen.py) and, when legal and fitting, give
 (sim/search/cheap_bound.py) and its accuracy group's error band, exactly as one process would: the same
 functions of the same inputs, so the outcome does not depend on `jobs` (tests/test_search.py compares
 them). Workers are forked (they inherit the scenario, the variants and the file snapshot) and take the
-layouts in chunks; they send back refusals, out-of-memory marks and (bound, band) pairs, not resolved
+layouts in chunks, a memory class (sim/search/memory_memo.py memory_key) in one chunk where it fits, so its
+memory is priced once; they send back refusals, out-of-memory marks and (bound, band) pairs, not resolved
 scenarios: the parent resolves again only the layouts it refines (bound.py) and those are few.
 """
 
@@ -18,6 +19,7 @@ from meshsim.sim.core.userio import FileSnapshot
 from meshsim.sim.results.error_band import ErrorBand, band_for
 from meshsim.sim.search.bound_types import Bound, PriceCache
 from meshsim.sim.search.cheap_bound import cheap_bound
+from meshsim.sim.search.memory_memo import MemoryMemo, memory_key
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
 from meshsim.sim.search.space import Layout
 
@@ -28,9 +30,9 @@ _WORK: dict = {}  # the forked workers' inputs (set in the parent before the poo
 
 
 def screen_one(layout: Layout, variants: Variants, files: FileSnapshot | None, stored: set[str],
-               cache: PriceCache) -> tuple[Outcome, Candidate | None]:
+               cache: PriceCache, memo: MemoryMemo | None = None) -> tuple[Outcome, Candidate | None]:
     """(the outcome, the candidate when legal) of one layout; a stored cheap bound is not recomputed."""
-    outcome = screen(layout, variants, files)
+    outcome = screen(layout, variants, files, memo)
     if isinstance(outcome, Refusal):
         return outcome, None
     if not isinstance(outcome, Candidate):
@@ -41,7 +43,17 @@ def screen_one(layout: Layout, variants: Variants, files: FileSnapshot | None, s
 
 def _chunk(indices: Sequence[int]) -> list[tuple[int, Outcome]]:
     w = _WORK
-    return [(i, screen_one(w["todo"][i], w["variants"], w["files"], w["stored"], w["cache"])[0]) for i in indices]
+    return [(i, screen_one(w["todo"][i], w["variants"], w["files"], w["stored"], w["cache"], w["memo"])[0])
+            for i in indices]
+
+
+def by_memory_class(todo: Sequence[Layout]) -> list[int]:
+    """The layouts' indices, those of one memory class (memory_memo.memory_key) next to each other, classes in
+    order of first appearance."""
+    classes: dict[tuple, list[int]] = {}
+    for i, layout in enumerate(todo):
+        classes.setdefault(memory_key(layout), []).append(i)
+    return [i for members in classes.values() for i in members]
 
 
 def screen_all(todo: Sequence[Layout], variants: Variants, files: FileSnapshot | None, stored: set[str], jobs: int,
@@ -50,15 +62,16 @@ def screen_all(todo: Sequence[Layout], variants: Variants, files: FileSnapshot |
     outcomes: list[Outcome] = [None] * len(todo)
     candidates: dict[str, Candidate] = {}
     if jobs <= 1 or len(todo) <= CHUNK:
-        cache = PriceCache()
+        cache, memo = PriceCache(), MemoryMemo()
         for i, layout in enumerate(todo):
-            outcomes[i], cand = screen_one(layout, variants, files, stored, cache)
+            outcomes[i], cand = screen_one(layout, variants, files, stored, cache, memo)
             if cand is not None:
                 candidates[layout.key] = cand
             advance(1)
         return outcomes, candidates
-    _WORK.update(todo=todo, variants=variants, files=files, stored=stored, cache=PriceCache())
-    chunks = [range(k, min(k + CHUNK, len(todo))) for k in range(0, len(todo), CHUNK)]
+    _WORK.update(todo=todo, variants=variants, files=files, stored=stored, cache=PriceCache(), memo=MemoryMemo())
+    order = by_memory_class(todo)
+    chunks = [order[k:k + CHUNK] for k in range(0, len(order), CHUNK)]
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             for done in pool.map(_chunk, chunks):
