@@ -12,8 +12,9 @@ scenarios: the parent resolves again only the layouts it refines (bound.py) and 
 from __future__ import annotations
 
 import multiprocessing
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from meshsim.sim.core.userio import FileSnapshot
 from meshsim.sim.results.error_band import ErrorBand, band_for
@@ -24,7 +25,8 @@ from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
 from meshsim.sim.search.space import Layout
 
 CHUNK = 64  # layouts per task: large enough to amortize the round trip, small enough to balance
-Outcome = Refusal | tuple[Bound | None, ErrorBand] | None  # None: out of memory; bound None: stored already
+UNSCREENED = "unscreened"  # the outcome of a layout the --budget left unscreened
+Outcome = Refusal | tuple[Bound | None, ErrorBand] | str | None  # None: out of memory; bound None: stored already
 
 _WORK: dict = {}  # the forked workers' inputs (set in the parent before the pool forks)
 
@@ -57,13 +59,18 @@ def by_memory_class(todo: Sequence[Layout]) -> list[int]:
 
 
 def screen_all(todo: Sequence[Layout], variants: Variants, files: FileSnapshot | None, stored: set[str], jobs: int,
-               advance: Callable[[int], None]) -> tuple[list[Outcome], dict[str, Candidate]]:
-    """Every layout's outcome, in order, and the candidates resolved here (all of them with jobs = 1)."""
-    outcomes: list[Outcome] = [None] * len(todo)
+               advance: Callable[[int], None], deadline: float | None = None
+               ) -> tuple[list[Outcome], dict[str, Candidate]]:
+    """Every layout's outcome, in order, and the candidates resolved here (all of them with jobs = 1). Past
+    `deadline` (time.monotonic), once a layout fits, no new layout (one process) or chunk (workers) starts:
+    the layouts left are UNSCREENED."""
+    outcomes: list[Outcome] = [UNSCREENED] * len(todo)
     candidates: dict[str, Candidate] = {}
     if jobs <= 1 or len(todo) <= CHUNK:
         cache, memo = PriceCache(), MemoryMemo()
         for i, layout in enumerate(todo):
+            if deadline is not None and candidates and time.monotonic() > deadline:
+                break
             outcomes[i], cand = screen_one(layout, variants, files, stored, cache, memo)
             if cand is not None:
                 candidates[layout.key] = cand
@@ -74,10 +81,18 @@ def screen_all(todo: Sequence[Layout], variants: Variants, files: FileSnapshot |
     chunks = [order[k:k + CHUNK] for k in range(0, len(order), CHUNK)]
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            for done in pool.map(_chunk, chunks):
+            futures, fits = [pool.submit(_chunk, chunk) for chunk in chunks], False
+            for future in as_completed(futures):
+                if future.cancelled():
+                    continue
+                done = future.result()
                 for i, outcome in done:
                     outcomes[i] = outcome
                 advance(len(done))
+                fits = fits or any(isinstance(o, tuple) for _, o in done)
+                if deadline is not None and fits and time.monotonic() > deadline:
+                    for f in futures:
+                        f.cancel()  # those not started; a running chunk finishes
     finally:
         _WORK.clear()
     return outcomes, candidates
