@@ -24,7 +24,7 @@ from meshsim.sim.search.memory_memo import MemoryMemo, memory_key
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
 from meshsim.sim.search.space import Layout
 
-CHUNK = 64  # layouts per task: large enough to amortize the round trip, small enough to balance
+CHUNK = 256  # layouts per task: large enough to share a mesh's prices in one process, small enough to balance
 UNSCREENED = "unscreened"  # the outcome of a layout the --budget left unscreened
 Outcome = Refusal | tuple[Bound | None, ErrorBand] | str | None  # None: out of memory; bound None: stored already
 
@@ -49,13 +49,20 @@ def _chunk(indices: Sequence[int]) -> list[tuple[int, Outcome]]:
             for i in indices]
 
 
+def _mesh_first(members: list[int], todo: Sequence[Layout]) -> tuple:
+    """A class's place: its mesh and micro-batch first (the layouts that share costers and block costs, which
+    each worker process keeps for itself, come in the same or nearby chunks), then first appearance."""
+    p = todo[members[0]].point
+    return p.tp, p.cp, p.ep, p.etp, p.pp, p.vp, p.micro_batch, members[0]
+
+
 def by_memory_class(todo: Sequence[Layout]) -> list[int]:
-    """The layouts' indices, those of one memory class (memory_memo.memory_key) next to each other, classes in
-    order of first appearance."""
+    """The layouts' indices, those of one memory class (memory_memo.memory_key) next to each other, classes
+    ordered by mesh and micro-batch (_mesh_first)."""
     classes: dict[tuple, list[int]] = {}
     for i, layout in enumerate(todo):
         classes.setdefault(memory_key(layout), []).append(i)
-    return [i for members in classes.values() for i in members]
+    return [i for members in sorted(classes.values(), key=lambda m: _mesh_first(m, todo)) for i in members]
 
 
 def screen_all(todo: Sequence[Layout], variants: Variants, files: FileSnapshot | None, stored: set[str], jobs: int,
