@@ -15,8 +15,8 @@ simulated over the simulated layouts for each level (cheap and refined: median a
 winner, whether it is proven, how many simulations the error band's list took beyond the proof, wall
 seconds per phase (screening and cheap bounds; refining and simulating, which overlap on the workers) and
 the CPU seconds the workers spent refining and simulating, the CPU of the whole case (this process and
-its workers: the figure to trust on a shared machine) and the load average around the case. `--budget S` stops a case's
-simulations after S seconds (then not proven); `--out DIR` keeps each case's stores in DIR/CASE (a
+its workers: the figure to trust on a shared machine) and the load average around the case. `--budget S` is search's: the case's
+whole wall time (screening included); the output says which claims hold; `--out DIR` keeps each case's stores in DIR/CASE (a
 rerun reads its bounds and records back).
 
     python benchmarks/search.py [--cases llama3-70b-64,...] [--jobs 2] [--budget 600]
@@ -97,7 +97,11 @@ def run_case(name: str, jobs: int, budget_s: float | None, dump: str | None = No
     print(f"  wall {wall:,.1f} s (" + ", ".join(f"{k} {v:,.1f}" for k, v in result.phase_s) +
           f"), CPU {cpu:,.1f} s (jobs {jobs}); load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
     if result.winner is not None:
-        proof = "proven optimal under the model" if result.proven else f"NOT proven ({result.stop_reason})"
+        proof = "proven optimal under the model" if result.proven else (
+            f"NOT proven ({result.stop_reason}; {result.unproven:,} below its step not simulated, "
+            f"{result.unscreened:,} not screened)")
+        if result.proven and not result.band_complete:
+            proof += f", band list incomplete ({result.band_missing:,} within it not simulated)"
         inside = sum(e.bound.step_s >= result.winner.step_s for e in result.within_error)
         band = (f"simulated for the band (bound >= winner's step) {len(result.simulated) - for_proof}, "
                 f"of which {inside} landed inside it") if result.proven else (
@@ -146,7 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="llama3-70b-64,deepseek-v3-1024,llama31-405b-512")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--budget", type=float, default=None, help="seconds of simulation per case")
+    parser.add_argument("--budget", type=float, default=None, help="wall seconds per case for the whole search (meshsim search --budget)")
     parser.add_argument("--sample", type=int, default=0, help="screen only, then bound and simulate N layouts")
     parser.add_argument("--dump", default=None, help="folder for one JSON per case: every layout's bound and step")
     parser.add_argument("--out", default=None, help="folder for each case's resumable stores (OUT/CASE)")

@@ -19,7 +19,7 @@ from meshsim.sim.core.errors import UserError
 from meshsim.sim.search.bound import lower_bound
 from meshsim.sim.search.bound_types import PriceCache
 from meshsim.sim.search.branch import search
-from meshsim.sim.search.cheap_bound import cheap_bound
+from meshsim.sim.search.cheap_bound import cheap_bound, stage_passes
 from meshsim.sim.search.screen import Candidate, Variants, screen
 from meshsim.sim.search.space import build_space, layouts, parse_assignment
 from meshsim.sim.sweep.explain_terms import sweet_spot
@@ -199,21 +199,29 @@ def test_only_the_layouts_that_reach_the_front_are_refined():
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_shared_prices_equal_fresh_ones(moe):
-    """PriceCache (one coster per mesh, one compute model per recipe) gives every layout of a space the same
-    bounds, to the bit, as pricing it alone."""
+    """PriceCache (one coster per mesh, one compute model per recipe, block costs and pass gaps kept by value
+    across layouts: cheap_bound.py step 7) gives every layout of a space the same bounds, to the bit, as
+    pricing it alone; the space holds layouts that share blocks (recompute, TP overlap, FSDP, EP overlap
+    on one mesh), and the cache did share them (negative control)."""
     scenario, source = small(moe=moe)
-    opened = {"tp": (1, 2, 4), "pp": (1, 2), "cp": (1, 2)} | ({"ep": (1, 2, 4)} if moe else {})
+    opened = {"tp": (1, 2, 4), "pp": (1, 2), "cp": (1, 2), "fsdp": (False, True), "recompute": ("none", "full")} | (
+        {"ep": (1, 2, 4), "ep_overlap": (False, True)} if moe else {})
     variants = Variants(scenario, source)
     cache = PriceCache()
-    seen = 0
-    for layout in layouts(scenario, build_space(scenario, FIXED | {"micro_batch": (1,)}, opened))[::3]:
+    seen = shared = 0
+    for layout in layouts(scenario, build_space(scenario, FIXED | {"micro_batch": (1,)} | {
+            k: v for k, v in opened.items() if k in ("fsdp", "cp")}, opened))[::2]:
         outcome = screen(layout, variants)
         if not isinstance(outcome, Candidate):
             continue
+        before = len(cache.blocks)
         assert cheap_bound(outcome.rs, cache=cache) == cheap_bound(outcome.rs)
         assert lower_bound(outcome.rs, cache=cache) == lower_bound(outcome.rs)
+        needed = sum(len({(id(b[0]), b[1], b[2]) for run in stage for b in run}) for stage in stage_passes(outcome.rs))
+        shared += needed - (len(cache.blocks) - before)  # blocks this layout found in the cache
         seen += 1
-    assert seen >= 4
+    assert seen >= 8
+    assert shared > 0  # layouts found their blocks' costs in the cache
 
 
 def test_moe_axes_are_searched_with_the_scenario_rules():

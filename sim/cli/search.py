@@ -39,7 +39,7 @@ def search_command(
     space: list[str] = typer.Option(None, "--space", help="values an axis takes: AXIS=V1,V2, e.g. fp8=off,tensorwise "
                                     "(repeatable)"),
     top: int = typer.Option(5, "--top", help="runners-up to show"),
-    budget: float = typer.Option(None, "--budget", help="stop simulating after SECONDS from the start, once one layout has run (the winner is then unproven)"),
+    budget: float = typer.Option(None, "--budget", help="wall SECONDS for the whole search (screening, bounding, simulating); past it nothing new starts once one layout has run, and the output says which claims hold"),
     jobs: int = typer.Option(None, "--jobs", "-j", help="local worker processes (default: all cores; 1 = in-process)"),
     ray: str = typer.Option(None, "--ray", help="simulate as Ray tasks: a cluster address, 'auto' or 'local'"),
     out: Path = typer.Option(None, "--out", help="directory for sweep.jsonl (resumable) and report.html"),

@@ -175,7 +175,7 @@ def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: Pr
     m, m_short = rs.micro_batches, short_micro_batches(rs)
     short = rs if m_short == m else replace(rs, micro_batches=m_short)
     price = cache.pricer(rs) if cache is not None else Pricer(rs)
-    costs = costs or BlockCosts(rs, price)
+    costs = costs or BlockCosts(rs, price, cache)
     stages, worst_s, ops = [], 0.0, 0
     schedules = build_stage_schedules(short)
     pipe = Pipeline(schedules, lambda op, stage: price(op, stage * rs.stage_size))

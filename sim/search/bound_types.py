@@ -85,6 +85,8 @@ class PriceCache:
         self.costers: dict[tuple, CollectiveCoster] = {}
         self.computes: dict[tuple, object] = {}
         self.groups: dict[tuple, tuple[int, ...]] = {}
+        self.blocks: dict[tuple, object] = {}  # cheap_bound.py step 7: (Pricer.key, rank, ...) -> BlockCost
+        self.passes: dict[tuple, dict[str, float]] = {}  # cheap_bound.py step 7: a pass's forced gaps
 
     def pricer(self, rs: ResolvedScenario) -> Pricer:
         hw, mesh = _hardware_key(rs), mesh_key(rs)
@@ -95,7 +97,7 @@ class PriceCache:
         compute = self.computes.get(run)
         if compute is None:
             compute = self.computes[run] = compute_fn(rs)
-        return Pricer(rs, compute, coster, self.groups, mesh)
+        return Pricer(rs, compute, coster, self.groups, mesh, key=(hw, mesh, run))
 
 
 class Pricer:
@@ -106,8 +108,9 @@ class Pricer:
     work alive, so its id stays its own (as sim/results/costers.py compute_fn does)."""
 
     def __init__(self, rs: ResolvedScenario, compute_s=None, coster: CollectiveCoster | None = None,
-                 groups: dict | None = None, mesh: tuple | None = None):
+                 groups: dict | None = None, mesh: tuple | None = None, key: tuple | None = None):
         self.rs = rs
+        self.key = key  # what its prices depend on besides (work, rank), when made by a PriceCache; else None
         self.compute_s = compute_s or compute_fn(rs)
         self.coster = coster or CollectiveCoster(rs)
         self.groups = {} if groups is None else groups

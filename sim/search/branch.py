@@ -22,7 +22,15 @@
    one of them; layouts whose bound is past that line are never simulated (nor refined, when the cheap
    bound is). Which layouts are simulated besides the proof's depends only on the tasks in flight when
    the best improves (at most jobs - 1 of them); the winner's step does not.
-   A --budget that runs out first leaves the winner unproven, and the result says so.
+4. --budget S bounds the whole search's wall time, counted from its start: screening, bounding and
+   simulating. Past it no new screening chunk, refinement or simulation starts (those running finish),
+   except that a search with no fitting layout simulated yet goes on until one is, so it always names
+   a layout. Then the claims are read off what was done, each on its own: "proven optimal" holds when
+   every layout was screened and every one not simulated has a bound >= the winner's step (a budget
+   that ran out during the error band's simulations leaves the proof whole); "the error band's list is
+   complete" when, besides, every one not simulated has a bound > best (1 + e). The result says which
+   hold and how many layouts each one still lacks (SearchResult.band_complete, unscreened,
+   needed_for_proof).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from meshsim.sim.outputs.advice import scenario_settings
 from meshsim.sim.search.bound_store import BoundStore
 from meshsim.sim.search.result import Entry, SearchResult
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, by_rule, screen
-from meshsim.sim.search.screen_pool import screen_all
+from meshsim.sim.search.screen_pool import UNSCREENED, screen_all
 from meshsim.sim.search.space import Layout, build_space, layouts
 from meshsim.sim.search.workers import Workers
 from meshsim.sim.sweep.axes import referenced_snapshot, scenario_digest
@@ -55,19 +63,21 @@ def _bar(enabled: bool) -> Progress:
 
 
 def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Mapping, bar: Progress,
-                     store: BoundStore, jobs: int):
+                     store: BoundStore, jobs: int, deadline: float | None = None):
     """(layouts searched, refusals, out-of-memory count, the candidates resolved here, their entries with
-    cheap bounds and error bands, variants, bounds reused), screening and cheap
-    bounding in `jobs` processes (sim/search/screen_pool.py)."""
+    cheap bounds and error bands, variants, bounds reused, layouts left unscreened at `deadline`), screening
+    and cheap bounding in `jobs` processes (sim/search/screen_pool.py)."""
     todo = layouts(scenario, build_space(scenario, fixed, opened))
     variants, files = Variants(scenario, source), referenced_snapshot(scenario, source)
     stored = {key for key, level in store.bounds if level == "cheap"}
     task = bar.add_task("screening and bounding layouts", total=len(todo))
     outcomes, candidates = screen_all(todo, variants, files, stored, jobs,
-                                      lambda n: bar.update(task, advance=n, refresh=True))
-    refusals, oom, entries, new = [], 0, [], []
+                                      lambda n: bar.update(task, advance=n, refresh=True), deadline)
+    refusals, oom, entries, new, unscreened = [], 0, [], [], 0
     for layout, outcome in zip(todo, outcomes, strict=True):
-        if isinstance(outcome, Refusal):
+        if outcome == UNSCREENED:
+            unscreened += 1
+        elif isinstance(outcome, Refusal):
             refusals.append(outcome)
         elif outcome is None:
             oom += 1
@@ -80,7 +90,7 @@ def screen_and_bound(scenario: Scenario, source: str, fixed: Mapping, opened: Ma
             entries.append((Entry(layout, bound, store.get(layout.key, "refined")), band))
     store.put(new)
     reused = len(entries) - len(new) + sum(1 for e, _ in entries if e.refined is not None)
-    return len(todo), refusals, oom, candidates, entries, variants, reused
+    return len(todo), refusals, oom, candidates, entries, variants, reused, unscreened
 
 
 class _Resolved:
@@ -170,11 +180,12 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
            progress: bool = False, runner: Callable[..., SweepRecord] = run_point, warn=None) -> SearchResult:
     """Branch and bound over the layouts of `scenario` (module docstring)."""
     start = time.monotonic()
+    deadline = start + budget_s if budget_s is not None else None
     jobs = max(1, jobs)
     store = BoundStore(out_dir, scenario_digest(scenario, source, referenced_snapshot(scenario, source)))
     with _bar(progress) as bar:
-        searched, refusals, oom, candidates, banded, variants, reused = screen_and_bound(
-            scenario, source, fixed or {}, opened or {}, bar, store, jobs)
+        searched, refusals, oom, candidates, banded, variants, reused, unscreened = screen_and_bound(
+            scenario, source, fixed or {}, opened or {}, bar, store, jobs, deadline)
         bounded = time.monotonic()
         order = [e for e, _ in banded]
         state = _State(order, {e.key: b for e, b in banded})
@@ -183,8 +194,7 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
         stop = ""
         with Workers(jobs, rs_of, variants, runner, out_dir, ray, warn) as workers:
             while True:
-                if not stop and budget_s is not None and state.best is not None and \
-                        time.monotonic() - start > budget_s:
+                if not stop and deadline is not None and state.best is not None and time.monotonic() > deadline:
                     stop = "budget"  # no new task; those in flight finish and count
                 if not stop:
                     state.launch(workers, jobs)
@@ -202,17 +212,21 @@ def search(scenario: Scenario, source: str, *, fixed: Mapping | None = None, ope
     best = state.best
     final = sorted(state.entries.values(), key=lambda e: e.bound.step_s)  # stable: ties keep enumeration order
     front = state.queue.front()
-    proven = best is not None and stop != "budget" and (front is None or front >= best.step_s)
+    proven = best is not None and not unscreened and (front is None or front >= best.step_s)
+    band_done = proven and (front is None or front > state.limit())
     phases = (("screen and cheap bound", bounded - start), ("refine and simulate", time.monotonic() - bounded),
               ("refine CPU", state.cpu_s["refine"]), ("simulate CPU", state.cpu_s["simulate"]))
-    return _outcome(scenario, searched, refusals, oom, final, state.failed, best, proven, stop, start, state.bands,
-                    phases, reused)
+    return _outcome(scenario, searched, refusals, oom, final, state.failed, best, (proven, band_done, unscreened),
+                    stop, start, state.bands, phases, reused)
 
 
-def _outcome(scenario: Scenario, searched, refusals, oom, entries, failed, best, proven, stop, start, bands, phases,
+def _outcome(scenario: Scenario, searched, refusals, oom, entries, failed, best, claims, stop, start, bands, phases,
              reused) -> SearchResult:
+    proven, band_done, unscreened = claims
     reason = {"bound": "the next bound is beyond the best step and its error band",
               "budget": "--budget ran out", "": "every layout simulated"}[stop]
+    if unscreened:
+        reason = f"--budget ran out while screening ({unscreened:,} layouts not screened)"
     band, within, reasons = None, (), ()
     if best is not None:
         band = bands[best.key]
@@ -221,5 +235,6 @@ def _outcome(scenario: Scenario, searched, refusals, oom, entries, failed, best,
         records = [e.record for e in entries if e.record is not None]
         reasons = tuple(explain(records, lambda rec: band, settings=scenario_settings(scenario)))
     return SearchResult(scenario.name, searched, by_rule(refusals), oom, tuple(entries), tuple(failed), best, proven,
-                        reason, within, band, reasons, time.monotonic() - start, phases, reused)
+                        reason, within, band, reasons, time.monotonic() - start, phases, reused, band_done,
+                        unscreened)
 

@@ -27,6 +27,16 @@ delayed-FP8 amax block and head, forward and backward) are priced once per templ
    compute and on ep_comm exceeds its busy time by what its own dependencies force; the excesses E_x add
    to step 3's sum (sim/search/overlap_windows.py states and proves it): T >= m * sum_blocks busy + E_x.
 
+7. Shared block costs (the search's PriceCache): a BlockCost is a pure function of the block's ops (their
+   work, streams, host calls and deps: tuple(template.ops), compared by value), the streams op_streams
+   gives them, the host's dispatch time, the rank, and the pricer; a PriceCache's pricer prices an op from
+   its work and the rank only, with the coster and compute model it keeps per Pricer.key (the hardware and
+   topology, the mesh, run.deterministic and run.fp8: bound_types.py). So a cost kept under (Pricer.key,
+   rank, dispatch, streams, ops) is the one the layout would compute: equal to the bit. A pass's gaps
+   (block_cost.py pass_gaps) read its blocks' ops, streams, durations and "out" marks only: kept under
+   the shared costs' identities (alive in the cache) and the marks. tests/test_search.py compares cheap
+   and refined bounds with the shared cache against fresh pricing over generated spaces.
+
 What it leaves out (bound.py's refinement adds the first two): the pipeline's fill and drain, the step's
 end (gradient reduction, optimizer), gaps across blocks, contention and kappa, host syncs.
 """
@@ -93,41 +103,46 @@ def host_dispatch_s(rs: ResolvedScenario) -> float:
 
 class BlockCosts:
     """Per-stage, per-micro-batch sums of the block costs and the passes' gaps (steps 2-4), shared with
-    bound.py's refinement."""
+    bound.py's refinement. `shared` (a PriceCache) keeps the block costs and the passes' gaps across the
+    layouts of a search, by value (step 7)."""
 
-    def __init__(self, rs: ResolvedScenario, price: Pricer | None = None):
+    def __init__(self, rs: ResolvedScenario, price: Pricer | None = None, shared: PriceCache | None = None):
         p = rs.scenario.parallel
         price = price or Pricer(rs)
         dispatch = host_dispatch_s(rs)
         memo: dict[tuple[int, bool, bool, int], BlockCost] = {}
-        same: dict[tuple, BlockCost] = {}  # blocks of equal streams and durations: one object
-        pass_memo: dict[tuple, dict[str, float]] = {}
+        blocks = shared.blocks if shared is not None and price.key is not None else {}
+        passes = shared.passes if shared is not None and price.key is not None else {}
         self.busy, self.gap, self.host, self.ops = [], [], [], []
-        for stage, passes in enumerate(stage_passes(rs)):
+        for stage, passes_of_stage in enumerate(stage_passes(rs)):
             rank = stage * rs.stage_size
             busy: dict[str, float] = {}
             gap: dict[str, float] = {}
             host = ops = 0.0
-            for run in passes:
+            for run in passes_of_stage:
                 costs = []
                 for tpl, layer, backward in run:
                     key = (id(tpl), layer, backward, rank)
                     c = memo.get(key)
                     if c is None:
                         streams = op_streams(tpl, p.moe_ep_overlap and layer, backward, p.delay_wgrad_compute)
-                        c = block_cost(tpl, streams, lambda op, r=rank: price(op, r), dispatch)
-                        c = memo[key] = same.setdefault((id(tpl), c.streams, c.dur_s), c)
+                        value = (price.key, rank, dispatch, streams, tuple(tpl.ops))  # step 7
+                        c = blocks.get(value)
+                        if c is None:
+                            c = blocks[value] = block_cost(tpl, streams, lambda op, r=rank: price(op, r), dispatch)
+                        memo[key] = c
                     costs.append(c)
                     for x, s in c.busy_s:
                         busy[x] = busy.get(x, 0.0) + s
                     host += c.dispatch_s
                     ops += c.ops
                 if not p.moe_ep_overlap:  # the nodes of two micro-batches interleave: no gaps (block_cost.py)
-                    key = tuple(id(c) for c in costs)  # a pure function of the blocks' templates and costs
-                    gaps = pass_memo.get(key)
+                    # the blocks' ops (deps), streams and durations (c, kept alive by `blocks`) and outputs
+                    key = tuple((id(c), b[0].marks.get("out")) for c, b in zip(costs, run, strict=True))
+                    gaps = passes.get(key)
                     if gaps is None:
-                        gaps = pass_memo[key] = pass_gaps([b[0] for b in run], [x for c in costs for x in c.streams],
-                                                          [d for c in costs for d in c.dur_s])
+                        gaps = passes[key] = pass_gaps([b[0] for b in run], [x for c in costs for x in c.streams],
+                                                       [d for c in costs for d in c.dur_s])
                     for x, s in gaps.items():
                         gap[x] = gap.get(x, 0.0) + s
             self.busy.append(busy)
@@ -139,7 +154,7 @@ class BlockCosts:
 
 def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:
     """The bound of the module docstring (`cache`: the search's shared cost functions)."""
-    costs = costs or BlockCosts(rs, cache.pricer(rs) if cache is not None else None)
+    costs = costs or BlockCosts(rs, cache.pricer(rs) if cache is not None else None, cache)
     m = rs.micro_batches
     stages, worst_s, ops = [], 0.0, 0
     for stage, (busy, gap, host) in enumerate(zip(costs.busy, costs.gap, costs.host, strict=True)):

@@ -81,7 +81,8 @@ class Pipeline:
             stage_of += [sched.stage] * len(sched.ops)
         self.index, self.ops, self.views = index, ops, {}
         n_ops = len(ops)
-        self.ok = all(d in ids for sched, ids in zip(schedules, index, strict=True) for op in sched.ops for d in op.deps)
+        self.ok = all(ids.keys() >= {d for op in sched.ops for d in op.deps}
+                      for sched, ids in zip(schedules, index, strict=True))
         if not self.ok:  # a dep outside the schedule (a short interleaved schedule Megatron would refuse): no graph
             return
         fifo = [op.stream in FIFO_STREAMS for op in ops]
@@ -98,7 +99,9 @@ class Pipeline:
                     last[op.stream] = i
                 own[i] = p
         partners = _partners(schedules, index)
-        preds = [own[n] + [p for o in partners[n] for p in own[o]] if n in partners else own[n] for n in range(n_ops)]
+        preds = own.copy()  # a P2P batch's: its own and its partners' (the other ops' lists are shared with own)
+        for n, others in partners.items():
+            preds[n] = own[n] + [p for o in others for p in own[o]]
         mbs = [op.micro_batch for op in ops]
         self.last_mb = max((mb for mb in mbs if mb is not None), default=0)
         first = [n for n in range(n_ops) if mbs[n] is None or mbs[n] == 0]

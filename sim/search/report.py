@@ -19,7 +19,8 @@ def summary_line(result: SearchResult) -> str:
     bound alone), simulated S'."""
     rules = ", ".join(f"{r.rule} {r.count:,}" for r in result.refused)
     failed = f" ({len(result.failed)} refused by the simulation)" if result.failed else ""
-    return (f"searched {result.searched:,}, refused {result.refused_total:,}" + (f" ({rules})" if rules else "")
+    unscreened = f" ({result.unscreened:,} not screened: --budget)" if result.unscreened else ""
+    return (f"searched {result.searched:,}{unscreened}, refused {result.refused_total:,}" + (f" ({rules})" if rules else "")
             + f", out of memory {result.out_of_memory:,}, pruned by the bound {result.pruned:,} "
             f"({len(result.entries) - result.refined:,} on the cheap bound alone), "
             f"simulated {len(result.simulated):,}{failed}" + (f" ({result.needed_for_proof:,} of them for the proof, "
@@ -27,15 +28,22 @@ def summary_line(result: SearchResult) -> str:
 
 
 def verdict(result: SearchResult) -> str:
-    """What the winner is, and what is proven about it."""
+    """What the winner is, and which claims hold (branch.py step 4: with --budget each is stated on its own)."""
     if result.winner is None:
-        return "No layout of the space ran and fits in memory."
+        return "No layout of the space ran and fits in memory." + (f" {result.stop_reason}." if result.unscreened else "")
     step = fmt_s(result.winner.step_s)
     if result.proven:
-        return (f"{result.winner.key} is the fastest layout of the space under meshsim's model (step {step}): "
+        text = (f"{result.winner.key} is the fastest layout of the space under meshsim's model (step {step}): "
                 "every layout not simulated has a lower bound at least that step, and no simulated one is faster.")
+        if not result.band_complete:
+            text += (f" The list of layouts that could be the best within the model's error is incomplete: "
+                     f"{result.stop_reason} with {result.band_missing:,} layouts whose bound is within the band "
+                     "not simulated.")
+        return text
+    lacking = f"{result.unproven:,} layouts with a lower bound below that step were not simulated" + (
+        f" and {result.unscreened:,} were not screened" if result.unscreened else "")
     return (f"{result.winner.key} is the fastest layout simulated (step {step}), not proven optimal: "
-            f"{result.stop_reason} before every layout with a smaller bound was simulated.")
+            f"{result.stop_reason}; {lacking}. Neither claim (proven optimal, the error band's list) holds.")
 
 
 def bound_figure(result: SearchResult):

@@ -60,6 +60,24 @@ class SearchResult:
     wall_s: float
     phase_s: tuple[tuple[str, float], ...] = ()  # wall s of screening + cheap bounds and of refining + simulating; workers CPU s of each
     bounds_reused: int = 0  # bounds read back from OUT/bounds.jsonl instead of computed
+    band_complete: bool = True  # every layout within the error band of the winner was simulated (branch.py step 4)
+    unscreened: int = 0  # layouts --budget left unscreened (then nothing is proven)
+
+    @property
+    def unproven(self) -> int:
+        """Layouts not simulated whose bound is below the winner's step: what a proof still lacks (besides the
+        unscreened ones)."""
+        if self.winner is None:
+            return len(self.entries)
+        return sum(1 for e in self.entries if e.record is None and e.bound.step_s < self.winner.step_s)
+
+    @property
+    def band_missing(self) -> int:
+        """Layouts not simulated whose bound is within the winner's error band: what the band's list lacks."""
+        if self.winner is None or self.band is None:
+            return 0
+        limit = self.winner.step_s * (1 + self.band.mape)
+        return sum(1 for e in self.entries if e.record is None and e.bound.step_s <= limit)
 
     @property
     def refused_total(self) -> int:

@@ -19,6 +19,7 @@ from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.userio import FileSnapshot, pinned_files
 from meshsim.sim.cost.memory import MemoryBreakdown, memory_per_gpu
+from meshsim.sim.search.memory_memo import MemoryMemo
 from meshsim.sim.search.space import Layout
 from meshsim.sim.sweep.axes import skip_reason
 
@@ -66,14 +67,16 @@ class Variants:
         return made
 
 
-def screen(layout: Layout, variants: Variants, files: FileSnapshot | None = None) -> Candidate | Refusal | MemoryBreakdown:
-    """A candidate, a refusal, or (out of memory) the memory that does not fit."""
+def screen(layout: Layout, variants: Variants, files: FileSnapshot | None = None,
+           memo: MemoryMemo | None = None) -> Candidate | Refusal | MemoryBreakdown:
+    """A candidate, a refusal, or (out of memory) the memory that does not fit (`memo`: the memo of
+    sim/search/memory_memo.py, equal to memory_per_gpu)."""
     try:
         with pinned_files(files):
             rs = resolve(with_overrides(variants(layout), layout.point.overrides(), variants.source), variants.source)
     except UserError as err:
         return Refusal(layout, err.field, skip_reason(err))
-    memory = memory_per_gpu(rs)
+    memory = memo(layout, rs) if memo is not None else memory_per_gpu(rs)
     return Candidate(layout, rs, memory) if memory.fits else memory
 
 
