@@ -68,6 +68,13 @@ def maxmin_rates(list demands, capacity, double factor, double tiny, bint plain_
     return _fill(n, len(keys), start, res, wt, keys, capacity, factor, tiny, plain_sum)
 
 
+cdef inline double _share(double left, double weight):
+    """max(left, 0.0) / weight, as the reference's `max(left[r], 0.0) / weight[r]` computes it."""
+    if 0.0 > left:
+        left = 0.0
+    return left / weight
+
+
 cdef list _fill(Py_ssize_t n, Py_ssize_t nres, Py_ssize_t[::1] start, Py_ssize_t[::1] res, double[::1] wt,
                 list keys, capacity, double factor, double tiny, bint plain_sum):
     cdef Py_ssize_t nnz = start[n], i, e, r, k, u, nopen, ntight
@@ -114,10 +121,7 @@ cdef list _fill(Py_ssize_t n, Py_ssize_t nres, Py_ssize_t[::1] start, Py_ssize_t
         k = 0
         for r in range(nres):
             if is_open[r]:
-                x = left[r]
-                if 0.0 > x:
-                    x = 0.0
-                ratio = x / weight[r]
+                ratio = _share(left[r], weight[r])
                 if k == 0 or ratio < level:
                     level = ratio
                 k = 1
@@ -125,10 +129,7 @@ cdef list _fill(Py_ssize_t n, Py_ssize_t nres, Py_ssize_t[::1] start, Py_ssize_t
         ntight = 0
         for r in range(nres):
             if is_open[r]:
-                x = left[r]
-                if 0.0 > x:
-                    x = 0.0
-                if x / weight[r] <= limit:
+                if _share(left[r], weight[r]) <= limit:
                     tight[ntight] = r
                     ntight += 1
         for k in range(ntight):
