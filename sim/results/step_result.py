@@ -186,13 +186,25 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         fp8_param_gather=run.fp8_param_gather if run.fp8_on else None,
         fp8_attention=run.fp8_attention if run.fp8_on else None,
         recompute_modules=list(par.recompute_modules) if par.recompute_modules is not None else None,
-        optimizer=sc.optimizer.model_dump(exclude_defaults=True) or None,
+        optimizer=non_defaults(sc.optimizer) or None,
         cp=rs.cp, cp_comm=par.cp_comm if rs.cp > 1 else None,
         delay_wgrad_compute=par.delay_wgrad_compute if moe and par.moe_ep_overlap else None,
         mtp_layers=sc.model.mtp_layers or None,
         fsdp=True if par.fsdp else None,
         dist_opt_instances=par.dist_opt_instances if par.dist_opt_instances > 1 else None,
     )
+
+
+def non_defaults(section) -> JsonDict:
+    """section.model_dump(exclude_defaults=True) for a section of plain fields (numbers, strings, bools, None):
+    each field, in order, whose value != its default, read off the model without building pydantic's
+    serializer (a few ms of a one-off run)."""
+    out: JsonDict = {}
+    for name, spec in type(section).model_fields.items():
+        value = getattr(section, name)
+        if value != spec.get_default(call_default_factory=True):
+            out[name] = value
+    return out
 
 
 def pipeline_summary(rs: ResolvedScenario, path_shares: Mapping[str, float],
