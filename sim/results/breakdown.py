@@ -109,7 +109,9 @@ def _row_codes(rows, names: dict[str, int]) -> np.ndarray:
     code = np.empty(len(stage), np.int64)
     for s in distinct_ints(stage):
         streams = op_column(rows.ops[s], "stream")
-        table = np.fromiter((names.setdefault(stream, len(names)) for stream in streams), np.int64, len(streams))
+        for stream in dict.fromkeys(streams):  # new streams numbered in order of first appearance
+            names.setdefault(stream, len(names))
+        table = np.fromiter(map(names.__getitem__, streams), np.int64, len(streams))
         mask = stage == s
         code[mask] = table[index[mask]]
     return code
