@@ -85,9 +85,10 @@ class StepResult:
     # not serialized, for trace and timeline: (rank, op id) -> its collective row; (group kind, rank) -> ranks
     op_collectives: Mapping[tuple[int, int], CollectiveRow] = field(default_factory=dict, compare=False, repr=False)
     rank_groups: Mapping[tuple[str, int], tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
-    # not serialized: every op type on the critical path, top_op_types(critical_path, all) computed once by
-    # assemble (results.json, the EP totals and the printed table read it); None: computed when first read
-    path_op_types: tuple[OpTypeRow, ...] | None = field(default=None, compare=False, repr=False)
+    # not serialized: every op type on the critical path, top_op_types(critical_path, all), typed once
+    # (results.json, the EP totals and the printed table read it): set by assemble, else when first read;
+    # not an init field, so dataclasses.replace (a new critical path, sim/sweep/record.py) starts without it
+    path_op_types: tuple[OpTypeRow, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -293,7 +294,7 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         if step_s > 0 else 0.0
     tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
     op_types = all_op_types(path)
-    return StepResult(
+    result = StepResult(
         scenario=rs.name, step_time_s=step_s,
         layer_fwd_ms=bd.layer_span_ms(rep, layer, ("fwd",)),
         layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
@@ -305,8 +306,10 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
         op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
-        ep_comm=ep_comm_summary(rep, op_types), path_op_types=op_types,
+        ep_comm=ep_comm_summary(rep, op_types),
     )
+    object.__setattr__(result, "path_op_types", op_types)  # frozen: set once, as top_op_types does
+    return result
 
 
 def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow]) -> EpComm | None:
