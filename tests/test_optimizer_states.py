@@ -10,6 +10,7 @@ from meshsim.scenarios.schema import OptimizerConfig
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.compute import ComputeModel
 from meshsim.sim.cost.memory import memory_per_gpu
+from meshsim.sim.results.step_result import non_defaults
 from meshsim.sim.schedule.builder import build_schedule
 from meshsim.sim.schedule.ops import Collective, OptimizerStep
 from meshsim.sim.schedule.optimizer_states import (
@@ -112,3 +113,15 @@ def test_results_echo_the_optimizer_fields_set():
     echo = config_echo(tiny(OFFLOAD))
     assert echo.optimizer == {"precision_aware": True, "cpu_offload": True} and echo.has("optimizer")
     assert config_echo(tiny({})).optimizer is None and "optimizer" not in config_echo(tiny({})).to_json()
+
+
+@pytest.mark.parametrize("fields", [{}, {"name": "muon"}, {"name": "adam", "muon_ns_steps": 5},
+                                    {"muon_ns_steps": 7, "exp_avg_dtype": "bf16", "store_param_remainders": False},
+                                    {"cpu_offload": True, "offload_fraction": 0.5, "pcie_gbps": 20.0},
+                                    {"offload_fraction": 1.0, "host_mem_gbps": 80.0, "main_grads_dtype": "bf16"}])
+def test_optimizer_echo_equals_pydantic_dump_without_defaults(fields):
+    """The results echo's non_defaults (no pydantic serializer built) is model_dump(exclude_defaults=True):
+    fields set to their default value are left out too, and the order is the fields' order."""
+    section = OptimizerConfig.model_validate(fields)
+    dumped = section.model_dump(exclude_defaults=True)
+    assert non_defaults(section) == dumped and list(non_defaults(section)) == list(dumped)

@@ -11,7 +11,7 @@ import pytest
 
 from meshsim.scenarios.load import load_and_resolve
 from meshsim.sim.outputs.step_report import results_json_text
-from meshsim.sim.results.critical_path import Segment
+from meshsim.sim.results.critical_path import Segment, top_op_types
 from meshsim.sim.results.records import (
     CONFIG_KEYS,
     CollectiveRow,
@@ -88,3 +88,13 @@ def test_optional_echoes_are_written_only_when_set():
     assert flex.to_json()["kernel"] == "deepep" and CollectiveRow.from_json(flex.to_json()) == flex
     assert MemoryGB().to_json() == dict.fromkeys(("weights", "grads", "optimizer", "activations", "workspace",
                                                   "total", "capacity"), 0.0) | {"fits": True}
+
+
+def test_a_replaced_critical_path_gets_its_own_op_types(result):
+    """The op types typed once per result follow its critical path: a copy with another path (a sweep
+    record keeps none) lists that path's types, not the original's."""
+    assert result.top_op_types(10) == top_op_types(result.critical_path, 10) and result.top_op_types(10)
+    lean = dataclasses.replace(result, critical_path=())
+    assert lean.top_op_types(10) == [] and lean.to_dict()["critical_path_top"] == []
+    short = dataclasses.replace(result, critical_path=result.critical_path[:3])
+    assert short.top_op_types(10**6) == top_op_types(result.critical_path[:3], 10**6)

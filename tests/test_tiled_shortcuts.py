@@ -35,9 +35,9 @@ from meshsim.sim.results.period_keys import key_index, key_parts, later, later_k
 from meshsim.sim.results.period_path import by_end, by_end_sorted
 from meshsim.sim.results.period_state import Cut, StageMap, jobs_repeat, stage_map, time_values
 from meshsim.sim.results.records import CollectiveRow
-from meshsim.sim.results.run_arrays import StageOps
+from meshsim.sim.results.run_arrays import StageOps, distinct_ints
 from meshsim.sim.results.simulate import run_stages, simulated_ranks, steady_plan
-from meshsim.sim.results.step_result import op_collectives, op_collectives_per_op
+from meshsim.sim.results.step_result import all_op_types, op_collectives, op_collectives_per_op
 from meshsim.sim.schedule.ops import Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.sim.schedule.tiling import OpList
@@ -217,6 +217,8 @@ def test_events_by_end_equal_sorted_events(case):
         for n in (8, 10**6):
             fast, slow = cp.top_op_types(segments, n), cp.top_op_types_per_segment(segments, n)
             assert [(k, c, float.hex(t), m) for k, c, t, m in fast] == [(k, c, float.hex(t), m) for k, c, t, m in slow]
+            # the result's list, computed once with every type, cut at n: the same rows
+            assert list(all_op_types(segments)[:n]) == fast
     # breakdown's layer figures over rows (op fields read off the ops) equal those over Event tuples
     for rows in (*(log.of_rank(r) for r in log.ranks), log.events):
         assert is_rows(rows)
@@ -256,3 +258,11 @@ def test_a_tiled_schedule_with_an_unknown_dep_is_refused_alike(dep):
     assert not events._valid_ops(bad, sched.tiled_arrays) and not events._valid_ops(bad)
     with pytest.raises(ValueError, match="depends on unknown op ids"):
         events.check_inputs(sched, [0, 1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-3, 2**40), max_size=40), st.sampled_from([np.int64, np.int32, np.intp]))
+def test_distinct_ints_equal_np_unique(values, dtype):
+    """distinct_ints (sort and compare, no numpy.ma import) gives np.unique's values and order."""
+    arr = np.asarray([v % 2**31 if dtype is np.int32 else v for v in values], dtype)
+    assert distinct_ints(arr) == np.unique(arr).tolist()

@@ -33,6 +33,8 @@ class SafeConsole(Console):
     sim/core/text.py `plain` first (markup in user text is escaped where it is interpolated: user_text)."""
 
     def render_str(self, text: str, **kwargs) -> Text:
+        if self.color_system is None and not self.record:  # piped: no style reaches the output, so rich's
+            kwargs["highlight"] = False  # highlighter (regexes compiled on first use) would mark spans unused
         return super().render_str(plain(text, keep_layout=True), **kwargs)
 
 

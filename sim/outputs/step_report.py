@@ -36,7 +36,7 @@ from meshsim.sim.engine.events import Event
 from meshsim.sim.outputs.advice import fixes_sentence
 from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
-from meshsim.sim.results.critical_path import CATEGORY_NAMES, top_op_types
+from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.error_band import ErrorBand
 from meshsim.sim.results.records import CollectiveRow, ConfigEcho
 from meshsim.sim.results.step_result import MEMORY_KEYS, StepResult
@@ -185,7 +185,7 @@ def stream_table(r: StepResult, width: int) -> tuple[Table, str]:
 
 
 def top_ops_table(r: StepResult, width: int, n: int = 8) -> tuple[Table, str]:
-    found = top_op_types(r.critical_path, n)
+    found = r.top_op_types(n)
     unit, fmt = time_column([total_us * 1e-6 for _, _, total_us, _ in found])
     columns = (Column("op type", "left", keep=True), Column("category", "left", rank=0), Column(unit, keep=True),
                Column("count", rank=1), Column("% of step", keep=True))

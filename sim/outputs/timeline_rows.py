@@ -93,7 +93,7 @@ def by_category(view: RowView) -> dict:
 def on_path(view: RowView, crit: Iterable[tuple]) -> np.ndarray:
     """Rows whose (rank, op id) is on the critical path (int64, log order)."""
     keys = row_keys(view.rank, view.op_id)
-    return np.flatnonzero(member(keys, np.unique(pair_keys(list(crit)))) >= 0)
+    return np.flatnonzero(member(keys, np.sort(pair_keys(list(crit)))) >= 0)  # repeats: found all the same
 
 
 def pipeline_stages(view: RowView) -> list[int]:

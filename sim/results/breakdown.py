@@ -38,6 +38,7 @@ import numpy as np
 
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event
+from meshsim.sim.results.run_arrays import distinct_ints
 from meshsim.sim.schedule.stamped_ops import op_column
 
 Interval = tuple[float, float]
@@ -106,9 +107,11 @@ def _row_codes(rows, names: dict[str, int]) -> np.ndarray:
     stage = np.asarray(rows.stage_arr, np.int64)
     index = np.asarray(rows.op_index_arr, np.int64)
     code = np.empty(len(stage), np.int64)
-    for s in np.unique(stage).tolist():
+    for s in distinct_ints(stage):
         streams = op_column(rows.ops[s], "stream")
-        table = np.fromiter((names.setdefault(stream, len(names)) for stream in streams), np.int64, len(streams))
+        for stream in dict.fromkeys(streams):  # new streams numbered in order of first appearance
+            names.setdefault(stream, len(names))
+        table = np.fromiter(map(names.__getitem__, streams), np.int64, len(streams))
         mask = stage == s
         code[mask] = table[index[mask]]
     return code
@@ -201,7 +204,7 @@ def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = F
 def op_fields(rows, name: str) -> list:
     """Each row's op field `name` (an EventRows: read off the ops of its stages, no Event built)."""
     stage, index = rows.stage_arr, rows.op_index_arr
-    stages = np.unique(stage).tolist()
+    stages = distinct_ints(stage)
     if len(stages) == 1:
         return list(map(op_column(rows.ops[stages[0]], name).__getitem__, index.tolist()))
     out = np.empty(len(stage), object)

@@ -334,7 +334,10 @@ def op_type(name: str) -> str:
     return ".".join(t for t in map(_type_part, name.split(".")) if t)
 
 
-def top_op_types(path: Iterable[Segment], n: int = 8) -> list[tuple[str, str, float, int]]:
+OpTypeRow = tuple[str, str, float, int]  # (op type, category, total us, count)
+
+
+def top_op_types(path: Iterable[Segment], n: int = 8) -> list[OpTypeRow]:
     """(op type, category, total us, count) of the op types holding the most critical-path time.
 
     Per (type, category) in order of first appearance: the sum, in path order from 0.0, of dur_us x count

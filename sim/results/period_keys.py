@@ -258,7 +258,7 @@ def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
         at = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)  # the dep's position in its list
         row = np.repeat(cand, c)
         bad = kid[flat[ptr[row + p] + at]] != mu[flat[ptr[row] + at]]
-        good[np.unique(row[bad])] = False
+        good[row[bad]] = False  # repeated rows: each set False, as once
     if table is not None and tiled is not None:  # equal indices <=> one shared work object
         works, ids = table.works, table.index
         for j in np.flatnonzero(good & (ids[p:] != ids[:-p])).tolist():

@@ -20,6 +20,7 @@ from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results.critical_path import TIE_S, Segment
 from meshsim.sim.results.period_proof import Proof
+from meshsim.sim.results.run_arrays import distinct_ints
 from meshsim.sim.schedule.ops import P2P, Schedule
 
 
@@ -152,7 +153,7 @@ def settled_steps(path: Sequence[Segment], spans: Sequence[tuple[int, int]], sch
     rank = np.fromiter((seg.rank for seg in segs), np.int64, len(segs))
     op_id = np.fromiter((seg.op_id for seg in segs), np.int64, len(segs))
     settled = np.zeros(len(segs), bool)
-    for r in np.unique(rank).tolist():
+    for r in distinct_ints(rank):
         at = np.flatnonzero(rank == r)
         stage = proof.stage_of(r)
         t, prev, row_of = tiled[stage], proof.prevs[stage], rows_of[r].row_of
@@ -173,7 +174,7 @@ def settled_steps(path: Sequence[Segment], spans: Sequence[tuple[int, int]], sch
         count = ptr[safe + 1] - ptr[safe]
         step = np.repeat(np.arange(len(ids)), count)
         deps = idx[np.repeat(ptr[safe], count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)]
-        ok[np.unique(step[~(end_s(deps) >= c1)])] = False  # as all(end >= c1): a NaN end is not settled
+        ok[step[~(end_s(deps) >= c1)]] = False  # as all(end >= c1): a NaN end is not settled
         before = np.array([-1 if p is None else p for p in map(prev.__getitem__, safe.tolist())], np.int64)
         ok &= (before < 0) | (end_s(before) >= c1)
         settled[at] = ok

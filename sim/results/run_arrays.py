@@ -69,6 +69,15 @@ class StageOps:
         return np.where(before > out, before, out)
 
 
+def distinct_ints(values) -> list[int]:
+    """np.unique(values).tolist() for an int array, by sort and compare (np.unique imports numpy.ma)."""
+    ordered = np.sort(np.asarray(values).ravel())
+    keep = np.empty(len(ordered), bool)
+    keep[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep].tolist()
+
+
 def tiled_stream_prev(stream: np.ndarray) -> np.ndarray:
     """Per op (ScheduleArrays.stream: its stream's index in STREAMS, ids = positions): the op before it on its
     FIFO stream, -1 for the first and for P2P batches (pp_comm is not FIFO); StageOps.of's loop over the ops."""

@@ -35,7 +35,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.memory import MemoryBreakdown
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results import breakdown as bd
-from meshsim.sim.results.critical_path import Segment, critical_path, shares, top_op_types
+from meshsim.sim.results.critical_path import OpTypeRow, Segment, critical_path, shares, top_op_types
 from meshsim.sim.results.records import (
     COLLECTIVE_JSON_KEYS,
     CONFIG_KEYS,
@@ -85,10 +85,22 @@ class StepResult:
     # not serialized, for trace and timeline: (rank, op id) -> its collective row; (group kind, rank) -> ranks
     op_collectives: Mapping[tuple[int, int], CollectiveRow] = field(default_factory=dict, compare=False, repr=False)
     rank_groups: Mapping[tuple[str, int], tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
+    # not serialized: every op type on the critical path, top_op_types(critical_path, all), typed once
+    # (results.json, the EP totals and the printed table read it): set by assemble, else when first read;
+    # not an init field, so dataclasses.replace (a new critical path, sim/sweep/record.py) starts without it
+    path_op_types: tuple[OpTypeRow, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
         return self.memory_gb.fits
+
+    def top_op_types(self, n: int) -> list[OpTypeRow]:
+        """top_op_types(self.critical_path, n), from the list assemble computed (the same sort, cut at n)."""
+        rows = self.path_op_types
+        if rows is None:
+            rows = all_op_types(self.critical_path)
+            object.__setattr__(self, "path_op_types", rows)
+        return list(rows[:n])
 
     def __getitem__(self, key: str) -> object:
         """result["tp"] reads a config echo, result["mfu"] a headline field."""
@@ -101,7 +113,7 @@ class StepResult:
         out.update(self.config.to_json())
         out.update(memory_gb=self.memory_gb.to_json(), breakdown_s=dict(self.breakdown_s),
                    critical_path_share=dict(self.critical_path_share),
-                   critical_path_top=critical_path_top(self.critical_path), source=self.source,
+                   critical_path_top=critical_path_top(self.top_op_types(TOP_OP_TYPES)), source=self.source,
                    explicit_ranks=self.explicit_ranks, simulated_ranks=self.simulated_ranks,
                    ops_per_rank=self.ops_per_rank,
                    steady_state=self.steady_state.to_json() if self.steady_state is not None else None,
@@ -118,7 +130,7 @@ class StepResult:
     def from_dict(cls, data: Mapping[str, object]) -> StepResult:
         """Inverse of to_dict (events are not saved); old files are upgraded first."""
         data = upgrade_result_dict(data)
-        names = {f.name for f in fields(cls)} - {"events", "op_collectives", "rank_groups"}
+        names = {f.name for f in fields(cls)} - {"events", "op_collectives", "rank_groups", "path_op_types"}
         kw = {k: data[k] for k in names if k in data}
         kw.setdefault("layer_fwd_ms", 0.0)  # absent from partial files (compare reads them): not shown there
         kw.setdefault("layer_bwd_ms", 0.0)
@@ -132,10 +144,16 @@ class StepResult:
         return cls(**kw)
 
 
-def critical_path_top(path: Sequence[Segment], n: int = TOP_OP_TYPES) -> list[JsonDict]:
-    """The op types holding the most critical-path time: [{op_type, category, total_s, count}]."""
+def critical_path_top(rows: Sequence[OpTypeRow]) -> list[JsonDict]:
+    """The op types holding the most critical-path time (top_op_types rows): [{op_type, category, total_s,
+    count}]."""
     return [{"op_type": kind, "category": cat, "total_s": total_us * 1e-6, "count": count}
-            for kind, cat, total_us, count in top_op_types(path, n)]
+            for kind, cat, total_us, count in rows]
+
+
+def all_op_types(path: Sequence[Segment]) -> tuple[OpTypeRow, ...]:
+    """Every op type on the path, top_op_types' order: any top-n list is its first n rows."""
+    return tuple(top_op_types(path, len(path)))
 
 
 def upgrade_result_dict(data: Mapping[str, object]) -> JsonDict:
@@ -169,13 +187,25 @@ def config_echo(rs: ResolvedScenario) -> ConfigEcho:
         fp8_param_gather=run.fp8_param_gather if run.fp8_on else None,
         fp8_attention=run.fp8_attention if run.fp8_on else None,
         recompute_modules=list(par.recompute_modules) if par.recompute_modules is not None else None,
-        optimizer=sc.optimizer.model_dump(exclude_defaults=True) or None,
+        optimizer=non_defaults(sc.optimizer) or None,
         cp=rs.cp, cp_comm=par.cp_comm if rs.cp > 1 else None,
         delay_wgrad_compute=par.delay_wgrad_compute if moe and par.moe_ep_overlap else None,
         mtp_layers=sc.model.mtp_layers or None,
         fsdp=True if par.fsdp else None,
         dist_opt_instances=par.dist_opt_instances if par.dist_opt_instances > 1 else None,
     )
+
+
+def non_defaults(section) -> JsonDict:
+    """section.model_dump(exclude_defaults=True) for a section of plain fields (numbers, strings, bools, None):
+    each field, in order, whose value != its default, read off the model without building pydantic's
+    serializer (a few ms of a one-off run)."""
+    out: JsonDict = {}
+    for name, spec in type(section).model_fields.items():
+        value = getattr(section, name)
+        if value != spec.get_default(call_default_factory=True):
+            out[name] = value
+    return out
 
 
 def pipeline_summary(rs: ResolvedScenario, path_shares: Mapping[str, float],
@@ -263,7 +293,8 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
         if step_s > 0 else 0.0
     tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
-    return StepResult(
+    op_types = all_op_types(path)
+    result = StepResult(
         scenario=rs.name, step_time_s=step_s,
         layer_fwd_ms=bd.layer_span_ms(rep, layer, ("fwd",)),
         layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
@@ -275,14 +306,17 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
         op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
-        ep_comm=ep_comm_summary(rep, path),
+        ep_comm=ep_comm_summary(rep, op_types),
     )
+    object.__setattr__(result, "path_op_types", op_types)  # frozen: set once, as top_op_types does
+    return result
 
 
-def ep_comm_summary(rep: Sequence[Event], path: Sequence[Segment]) -> EpComm | None:
-    """The MoE token all-to-alls: one layer's times (ms) and their critical-path seconds per op type."""
+def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow]) -> EpComm | None:
+    """The MoE token all-to-alls: one layer's times (ms) and their critical-path seconds per op type
+    (`op_types`: all_op_types of the critical path)."""
     layer = bd.ep_layer_ms(rep)
     if not layer:
         return None
-    on_path = {kind: total_us * 1e-6 for kind, _, total_us, _ in top_op_types(path, 10**6) if kind in bd.EP_OPS}
+    on_path = {kind: total_us * 1e-6 for kind, _, total_us, _ in op_types if kind in bd.EP_OPS}
     return EpComm(layer, {k: on_path.get(k, 0.0) for k in bd.EP_OPS if k in layer})
