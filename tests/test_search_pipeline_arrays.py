@@ -16,8 +16,8 @@ from meshsim.sim.schedule.ops import FIFO_STREAMS, STREAMS, Op, ScheduleArrays, 
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.sim.search.bound import short_micro_batches
 from meshsim.sim.search.bound_types import Pricer
-from meshsim.sim.search.pipeline_arrays import graph_from_arrays
-from meshsim.sim.search.pipeline_bound import Pipeline, _partners
+from meshsim.sim.search.pipeline_arrays import closure, graph_from_arrays
+from meshsim.sim.search.pipeline_bound import Pipeline, _closure, _partners
 from tests.test_search_pipeline import pipelines, resolved
 
 
@@ -116,3 +116,33 @@ def test_negative_control_a_changed_duration_is_seen():
     bumped = Pipeline.long_way(schedules, lambda op, stage: duration(op, stage) * (1 + 2**-40))
     assert fast.ok and bumped.ok
     assert _hex(fast.est) != _hex(bumped.est) or _hex(fast.tail) != _hex(bumped.tail)
+
+
+graphs = st.integers(1, 12).flatmap(lambda n: st.tuples(
+    st.lists(st.booleans(), min_size=n, max_size=n),
+    st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3 * n)))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(g=graphs)
+def test_the_array_closure_equals_kahns_op_by_op(g):
+    """On small graphs with repeated links, self-loops and cycles: the same members, each after its links."""
+    member, edges = g
+    links: list[list[int]] = [[] for _ in member]
+    for node, link in edges:
+        links[node].append(link)
+    nodes = [n for n, m in enumerate(member) if m]
+    back: dict[int, set[int]] = {}
+    for n in nodes:
+        for p in links[n]:
+            if member[p]:
+                back.setdefault(p, set()).add(n)
+    want = _closure(nodes, links, back)
+    node = np.array([e[0] for e in edges], dtype=np.int64)
+    link = np.array([e[1] for e in edges], dtype=np.int64)
+    got = closure(np.array(member, dtype=bool), node, link)
+    assert sorted(got) == sorted(want) and len(got) == len(set(got))
+    seen: set[int] = set()
+    for n in got:
+        assert all(p in seen for p in links[n])
+        seen.add(n)

@@ -16,6 +16,7 @@ checks est, tail, dur and fill_drain equal to the long way's to the bit.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,14 +31,17 @@ View = tuple[int, int, dict[str, list[tuple[int, int]]]]
 
 
 class Rows:
-    """Row n of a CSR table (ptr, idx) as a list of ints; the table is held as Python lists (one C pass)."""
+    """Row n of a CSR table (ptr, idx) as a list of ints; the table is turned into Python lists (one C pass)
+    on the first read, so a table nobody reads costs nothing."""
 
     __slots__ = ("idx", "ptr")
 
     def __init__(self, ptr: np.ndarray, idx: np.ndarray):
-        self.ptr, self.idx = ptr.tolist(), idx.tolist()
+        self.ptr, self.idx = ptr, idx
 
     def __getitem__(self, n: int) -> list[int]:
+        if type(self.idx) is not list:
+            self.ptr, self.idx = self.ptr.tolist(), self.idx.tolist()
         return self.idx[self.ptr[n]:self.ptr[n + 1]]
 
 
@@ -58,6 +62,7 @@ class PipeGraph:
     final: list[int] = None
     last_mb: int = 0
     view: Callable[[int], View] = None  # stage -> (first other, last other, stream -> [(position, node)])
+    orders: Callable[[], tuple[list[int], list[int]]] | None = None  # the closures (None: Kahn op by op)
 
 
 def _micro_batches(sched: Schedule) -> np.ndarray | None:
@@ -98,6 +103,31 @@ def _csr(cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.zeros(len(cnt) + 1, dtype=np.int64)
     np.cumsum(cnt, out=ptr[1:])
     return ptr, np.repeat(np.arange(len(cnt)), cnt)
+
+
+def closure(member: np.ndarray, node: np.ndarray, link: np.ndarray) -> list[int]:
+    """The members whose every link is in the result, in an order where links come first: Kahn's algorithm as
+    pipeline_bound._closure runs it, on edges (node[e] links to link[e]). A member with a link outside the
+    members never starts; each counts its distinct links, and is released once each of them is out."""
+    n_nodes = len(member)
+    outside = np.bincount(node[~member[link]], minlength=n_nodes)
+    cand = member & (outside == 0)
+    keep = cand[node]
+    pairs = np.unique(node[keep] * n_nodes + link[keep])  # distinct (node, link), by node then link
+    nodes, links = pairs // n_nodes, pairs % n_nodes
+    need = np.bincount(nodes, minlength=n_nodes).tolist()
+    by_link = np.argsort(links, kind="stable")
+    back = Rows(np.concatenate([[0], np.cumsum(np.bincount(links, minlength=n_nodes))]), nodes[by_link])
+    queue = deque(np.flatnonzero(cand & (np.bincount(nodes, minlength=n_nodes) == 0)).tolist())
+    order = []
+    while queue:
+        n = queue.popleft()
+        order.append(n)
+        for s in back[n]:
+            need[s] -= 1
+            if need[s] == 0:
+                queue.append(s)
+    return order
 
 
 def graph_from_arrays(schedules: Sequence[Schedule], partners_of: Callable) -> PipeGraph | None:
@@ -160,4 +190,5 @@ def graph_from_arrays(schedules: Sequence[Schedule], partners_of: Callable) -> P
         stage_of=lambda n: stage_nums[locate(n)[0]], fifo=np.concatenate([p[2] for p in parts]).tolist(),
         own=own, preds=Rows(pred_ptr, pred_idx), succs=Rows(succ_ptr, pred_row[by_pred]), partners=partners,
         first=np.flatnonzero(none | (mb == 0)).tolist(), final=np.flatnonzero(none | (mb == last_mb)).tolist(),
-        last_mb=last_mb, view=view)
+        last_mb=last_mb, view=view,
+        orders=lambda: (closure(none | (mb == 0), pred_row, pred_idx), closure(none | (mb == last_mb), pred_idx, pred_row)))

@@ -148,11 +148,14 @@ class Pipeline:
         """est on the fill set, tail on the drain set (module docstring), each in a topological order."""
         own, preds, succs, partners, fifo = g.own, g.preds, g.succs, g.partners, g.fifo
         self.last_mb = g.last_mb
-        in_first, in_final = set(g.first), set(g.final)
-        fwd = {p: {n for n in succs[p] if n in in_first} for p in g.first}
-        order_first = _closure(g.first, preds, fwd)
-        bwd = {n: {p for p in preds[n] if p in in_final} for n in g.final}
-        order_final = _closure(g.final, succs, bwd)
+        if g.orders is not None:
+            order_first, order_final = g.orders()
+        else:
+            in_first, in_final = set(g.first), set(g.final)
+            fwd = {p: {n for n in succs[p] if n in in_first} for p in g.first}
+            order_first = _closure(g.first, preds, fwd)
+            bwd = {n: {p for p in preds[n] if p in in_final} for n in g.final}
+            order_final = _closure(g.final, succs, bwd)
         self.dur: dict[int, float] = {}
         for n in (*order_first, *order_final):
             if n not in self.dur:
