@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,8 +31,8 @@ View = tuple[int, int, dict[str, list[tuple[int, int]]]]
 
 
 class Rows:
-    """Row n of a CSR table (ptr, idx) as a list of ints; the table is turned into Python lists (one C pass)
-    on the first read, so a table nobody reads costs nothing."""
+    """Row n of a CSR table (ptr, idx) as a list of ints, converted row by row as read (the solve reads the
+    rows of the fill and drain sets only); ptr becomes a list on the first read."""
 
     __slots__ = ("idx", "ptr")
 
@@ -40,9 +40,28 @@ class Rows:
         self.ptr, self.idx = ptr, idx
 
     def __getitem__(self, n: int) -> list[int]:
-        if type(self.idx) is not list:
-            self.ptr, self.idx = self.ptr.tolist(), self.idx.tolist()
-        return self.idx[self.ptr[n]:self.ptr[n + 1]]
+        ptr = self.ptr
+        if type(ptr) is not list:
+            ptr = self.ptr = ptr.tolist()
+        return self.idx[ptr[n]:ptr[n + 1]].tolist()
+
+
+class StreamOps:
+    """A stage's ops of one stream as (position, node), read one by one from either end (fill_drain stops
+    at the first op outside its region, so most are never read)."""
+
+    __slots__ = ("offset", "positions")
+
+    def __init__(self, positions: np.ndarray, offset: int):
+        self.positions, self.offset = positions, offset
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for p in self.positions:
+            yield int(p), int(p) + self.offset
+
+    def __reversed__(self) -> Iterator[tuple[int, int]]:
+        for p in self.positions[::-1]:
+            yield int(p), int(p) + self.offset
 
 
 @dataclass
@@ -178,10 +197,8 @@ def graph_from_arrays(schedules: Sequence[Schedule], partners_of: Callable) -> P
         a, m, off = arrays[stage], mbs[stage], offsets[stage]
         other_first = np.flatnonzero((m != NONE) & (m != 0))
         other_last = np.flatnonzero((m != NONE) & (m != last_mb))
-        streams = {}
-        for code in np.unique(a.stream).tolist():
-            pos = np.flatnonzero(a.stream == code)
-            streams[STREAMS[code]] = list(zip(pos.tolist(), (pos + off).tolist(), strict=True))
+        streams = {STREAMS[code]: StreamOps(np.flatnonzero(a.stream == code), off)
+                   for code in np.unique(a.stream).tolist()}
         return (int(other_first[0]) if len(other_first) else len(m),
                 int(other_last[-1]) if len(other_last) else -1, streams)
 
