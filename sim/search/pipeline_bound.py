@@ -23,6 +23,13 @@ micro-batch. x is taken only among ops whose every ancestor is of micro-batch 0 
 before the stage's first op of another micro-batch; z only among ops whose every descendant is of the
 last micro-batch or none and that come after its last op of another one. With m' = m the premise is
 not needed (it is the full step).
+
+The graph (each op's deps and previous op of its stream, the P2P partners, the fill and drain candidates and
+their closures) is read off the schedules' tiled arrays by numpy passes (sim/search/pipeline_arrays.py); a
+schedule without tiled arrays takes the long way, op by op (`Pipeline.long_way`, kept as the reference).
+The two give the same est, tail, dur, ok and fill_drain to the bit on generated pipelines, on deps that
+leave the schedule and on untiled schedules (tests/test_search_pipeline_arrays.py): est and tail are the
+same max and + over the same values, whatever topological order each closure yields.
 """
 
 from __future__ import annotations
