@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from meshsim.scenarios.load import load_scenario, resolve, with_overrides
+from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -179,12 +180,12 @@ pipelines = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(p=pipelines)
-def test_fill_and_drain_on_their_sets_equal_the_whole_graphs(p):
+def resolved(p: dict) -> ResolvedScenario | None:
+    """The tiny scenario a generated `pipelines` draw describes, or None when a rule refuses it."""
     pp, vp, tp, dp = p["pp"], p["vp"], p["tp"], p["dp"]
     layers = pp * vp * p["layers_per_chunk"] - (2 if p["split"] else 0)
-    assume(layers > 0)
+    if layers <= 0:
+        return None
     o = {"parallel.pp": pp, "parallel.vp": vp, "parallel.tp": tp, "parallel.sp": tp > 1, "parallel.gpus": tp * pp * dp,
          "topology.nodes": 2, "parallel.dp": "auto", "parallel.micro_batch": 1, "model.layers": layers,
          "parallel.global_batch": dp * p["micro_batches"], "parallel.recompute": p["recompute"],
@@ -195,9 +196,16 @@ def test_fill_and_drain_on_their_sets_equal_the_whole_graphs(p):
          **(MOE | {"parallel.ep": 2} if p["moe"] else {})}
     scenario, source = load_scenario("tiny-2gpu")
     try:
-        rs = resolve(with_overrides(scenario, o, source), source)
+        return resolve(with_overrides(scenario, o, source), source)
     except UserError:
-        assume(False)
+        return None
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(p=pipelines)
+def test_fill_and_drain_on_their_sets_equal_the_whole_graphs(p):
+    rs = resolved(p)
+    assume(rs is not None)
     schedules = build_stage_schedules(replace(rs, micro_batches=short_micro_batches(rs)))
     price = Pricer(rs)
     duration = lambda op, stage: price(op, stage * rs.stage_size)  # noqa: E731

@@ -23,31 +23,96 @@ micro-batch. x is taken only among ops whose every ancestor is of micro-batch 0 
 before the stage's first op of another micro-batch; z only among ops whose every descendant is of the
 last micro-batch or none and that come after its last op of another one. With m' = m the premise is
 not needed (it is the full step).
+
+The graph (each op's deps and previous op of its stream, the P2P partners, the fill and drain candidates and
+their closures) is read off the schedules' tiled arrays by numpy passes (sim/search/pipeline_arrays.py); a
+schedule without tiled arrays takes the long way, op by op (`Pipeline.long_way`, kept as the reference).
+The two give the same est, tail, dur, ok and fill_drain to the bit on generated pipelines, on deps that
+leave the schedule and on untiled schedules (tests/test_search_pipeline_arrays.py): est and tail are the
+same max and + over the same values, whatever topological order each closure yields.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
-from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, Schedule
+from meshsim.sim.schedule.ops import FIFO_STREAMS, P2P, Op, Schedule
+from meshsim.sim.search.pipeline_arrays import PipeGraph, View, graph_from_arrays
 
 
-def _partners(schedules: Sequence[Schedule], index: list[dict[int, int]]) -> dict[int, list[int]]:
-    """P2P batch -> the batches of the other stages that post its transfers' other ends (global indices)."""
+def _partners(p2p: Iterable[tuple[int, Op, int]]) -> dict[int, list[int]]:
+    """P2P batch -> the batches of the other stages that post its transfers' other ends (global nodes), over
+    the (stage, op, node) of every P2P batch in stage and list order."""
     posts: dict[tuple, int] = {}
-    for sched, ids in zip(schedules, index, strict=True):
-        for op in sched.ops:
-            if isinstance(op.work, P2P):
-                for t in op.work.transfers:
-                    src, dst = (sched.stage, t.peer_stage) if t.send else (t.peer_stage, sched.stage)
-                    posts[(src, dst, t.direction, t.micro_batch, t.sender_vstage, t.send)] = ids[op.id]
+    for stage, op, node in p2p:
+        for t in op.work.transfers:
+            src, dst = (stage, t.peer_stage) if t.send else (t.peer_stage, stage)
+            posts[(src, dst, t.direction, t.micro_batch, t.sender_vstage, t.send)] = node
     out: dict[int, list[int]] = defaultdict(list)
     for (src, dst, direction, mb, vstage, send), node in posts.items():
         other = posts.get((src, dst, direction, mb, vstage, not send))
         if other is not None:
             out[node].append(other)
     return out
+
+
+def _graph_long_way(schedules: Sequence[Schedule]) -> PipeGraph:
+    """The graph op by op (the reference sim/search/pipeline_arrays.py is checked against)."""
+    ops, stage_of, index = [], [], []
+    for sched in schedules:
+        index.append({op.id: len(ops) + k for k, op in enumerate(sched.ops)})
+        ops += sched.ops
+        stage_of += [sched.stage] * len(sched.ops)
+    n_ops = len(ops)
+    ok = all(ids.keys() >= {d for op in sched.ops for d in op.deps} for sched, ids in zip(schedules, index, strict=True))
+    if not ok:  # a dep outside the schedule (a short interleaved schedule Megatron would refuse): no graph
+        return PipeGraph(ok=False)
+    fifo = [op.stream in FIFO_STREAMS for op in ops]
+    own: list[list[int]] = [None] * n_ops  # deps and the previous op of the stream
+    for sched, ids in zip(schedules, index, strict=True):
+        last: dict[str, int] = {}
+        for op in sched.ops:
+            i = ids[op.id]
+            p = [ids[d] for d in op.deps]
+            if fifo[i]:
+                prev = last.get(op.stream)
+                if prev is not None:
+                    p.append(prev)
+                last[op.stream] = i
+            own[i] = p
+    partners = _partners((sched.stage, op, ids[op.id]) for sched, ids in zip(schedules, index, strict=True)
+                         for op in sched.ops if isinstance(op.work, P2P))
+    preds = own.copy()  # a P2P batch's: its own and its partners' (the other ops' lists are shared with own)
+    for n, others in partners.items():
+        preds[n] = own[n] + [p for o in others for p in own[o]]
+    mbs = [op.micro_batch for op in ops]
+    last_mb = max((mb for mb in mbs if mb is not None), default=0)
+    succs: list[list[int]] = [[] for _ in range(n_ops)]
+    for n in range(n_ops):
+        for p in preds[n]:
+            succs[p].append(n)
+    return PipeGraph(True, ops.__getitem__, stage_of.__getitem__, fifo, own, preds, succs, partners,
+                     [n for n in range(n_ops) if mbs[n] is None or mbs[n] == 0],
+                     [n for n in range(n_ops) if mbs[n] is None or mbs[n] == last_mb], last_mb,
+                     partial(_stage_view, schedules, index, last_mb))
+
+
+def _stage_view(schedules: Sequence[Schedule], index: list[dict[int, int]], last_mb: int, stage: int) -> View:
+    """(first op of another micro-batch than 0 / none, last op of another than the last / none, stream ->
+    its ops as (position, node)) of a stage's list, op by op."""
+    sched, ids = schedules[stage], index[stage]
+    first_other, last_other = len(sched.ops), -1
+    streams: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for i, op in enumerate(sched.ops):
+        mb = op.micro_batch
+        if mb is not None and mb != 0 and first_other > i:
+            first_other = i
+        if mb is not None and mb != last_mb:
+            last_other = i
+        streams[op.stream].append((i, ids[op.id]))
+    return first_other, last_other, streams
 
 
 def _closure(nodes: list[int], links: list[list[int]], back: dict[int, set[int]]) -> list[int]:
@@ -72,53 +137,36 @@ class Pipeline:
     """est on the fill set and tail on the drain set of the short schedules' ops (module docstring); `ok`
     False when an op depends on one that is not in the schedules (bound.py then leaves steps 7-8 out)."""
 
-    def __init__(self, schedules: Sequence[Schedule], duration: Callable[[object, int], float]):
-        self.schedules = schedules
-        ops, stage_of, index = [], [], []
-        for sched in schedules:
-            index.append({op.id: len(ops) + k for k, op in enumerate(sched.ops)})
-            ops += sched.ops
-            stage_of += [sched.stage] * len(sched.ops)
-        self.index, self.ops, self.views = index, ops, {}
-        n_ops = len(ops)
-        self.ok = all(ids.keys() >= {d for op in sched.ops for d in op.deps}
-                      for sched, ids in zip(schedules, index, strict=True))
-        if not self.ok:  # a dep outside the schedule (a short interleaved schedule Megatron would refuse): no graph
-            return
-        fifo = [op.stream in FIFO_STREAMS for op in ops]
-        own: list[list[int]] = [None] * n_ops  # deps and the previous op of the stream
-        for sched, ids in zip(schedules, index, strict=True):
-            last: dict[str, int] = {}
-            for op in sched.ops:
-                i = ids[op.id]
-                p = [ids[d] for d in op.deps]
-                if fifo[i]:
-                    prev = last.get(op.stream)
-                    if prev is not None:
-                        p.append(prev)
-                    last[op.stream] = i
-                own[i] = p
-        partners = _partners(schedules, index)
-        preds = own.copy()  # a P2P batch's: its own and its partners' (the other ops' lists are shared with own)
-        for n, others in partners.items():
-            preds[n] = own[n] + [p for o in others for p in own[o]]
-        mbs = [op.micro_batch for op in ops]
-        self.last_mb = max((mb for mb in mbs if mb is not None), default=0)
-        first = [n for n in range(n_ops) if mbs[n] is None or mbs[n] == 0]
-        final = [n for n in range(n_ops) if mbs[n] is None or mbs[n] == self.last_mb]
-        succs: list[list[int]] = [[] for _ in range(n_ops)]
-        for n in range(n_ops):
-            for p in preds[n]:
-                succs[p].append(n)
-        in_first, in_final = set(first), set(final)
-        fwd = {p: {n for n in succs[p] if n in in_first} for p in first}
-        order_first = _closure(first, preds, fwd)
-        bwd = {n: {p for p in preds[n] if p in in_final} for n in final}
-        order_final = _closure(final, succs, bwd)
+    def __init__(self, schedules: Sequence[Schedule], duration: Callable[[object, int], float],
+                 long_way: bool = False):
+        self.schedules, self.views = schedules, {}
+        graph = None if long_way else graph_from_arrays(schedules, _partners)
+        self.graph = graph = graph if graph is not None else _graph_long_way(schedules)
+        self.ok = graph.ok
+        if self.ok:
+            self._solve(graph, duration)
+
+    @classmethod
+    def long_way(cls, schedules: Sequence[Schedule], duration: Callable[[object, int], float]) -> Pipeline:
+        """The graph built op by op, whatever arrays the schedules carry (the reference of the array path)."""
+        return cls(schedules, duration, long_way=True)
+
+    def _solve(self, g: PipeGraph, duration: Callable[[object, int], float]) -> None:
+        """est on the fill set, tail on the drain set (module docstring), each in a topological order."""
+        own, preds, succs, partners, fifo = g.own, g.preds, g.succs, g.partners, g.fifo
+        self.last_mb = g.last_mb
+        if g.orders is not None:
+            order_first, order_final = g.orders()
+        else:
+            in_first, in_final = set(g.first), set(g.final)
+            fwd = {p: {n for n in succs[p] if n in in_first} for p in g.first}
+            order_first = _closure(g.first, preds, fwd)
+            bwd = {n: {p for p in preds[n] if p in in_final} for n in g.final}
+            order_final = _closure(g.final, succs, bwd)
         self.dur: dict[int, float] = {}
         for n in (*order_first, *order_final):
             if n not in self.dur:
-                self.dur[n] = duration(ops[n], stage_of[n]) if fifo[n] else 0.0
+                self.dur[n] = duration(g.op(n), g.stage_of(n)) if fifo[n] else 0.0
         dur = self.dur
         est, end = {}, {}
         for n in order_first:  # every predecessor of n is in the fill set, before n
@@ -141,22 +189,11 @@ class Pipeline:
         self.est, self.tail = est, tail
         self.ancestors_first, self.descendants_last = set(order_first), set(order_final)
 
-    def _stage_view(self, stage: int) -> tuple[int, int, dict[str, list[tuple[int, int]]]]:
-        """(first op of another micro-batch than 0 / none, last op of another than the last / none, stream ->
-        its ops as (position, node)) of a stage's list, once per stage."""
+    def _stage_view(self, stage: int) -> View:
+        """The graph's view of a stage's list (PipeGraph.view), once per stage."""
         view = self.views.get(stage)
         if view is None:
-            sched, ids = self.schedules[stage], self.index[stage]
-            first_other, last_other = len(sched.ops), -1
-            streams: dict[str, list[tuple[int, int]]] = defaultdict(list)
-            for i, op in enumerate(sched.ops):
-                mb = op.micro_batch
-                if mb is not None and mb != 0 and first_other > i:
-                    first_other = i
-                if mb is not None and mb != self.last_mb:
-                    last_other = i
-                streams[op.stream].append((i, ids[op.id]))
-            view = self.views[stage] = (first_other, last_other, streams)
+            view = self.views[stage] = self.graph.view(stage)
         return view
 
     def fill_drain(self, stage: int, stream: str) -> tuple[float, float]:
