@@ -993,25 +993,13 @@ cdef int _fit_resources(Py_ssize_t need) except -1:
     return 0
 
 
-cdef int _fit_met(Py_ssize_t need) except -1:
-    global _met, _met_cap
-    cdef Py_ssize_t cap = _met_cap if _met_cap else 256
-    while cap < need:
-        cap *= 2
-    cdef Py_ssize_t* m = <Py_ssize_t*>realloc(_met, cap * sizeof(Py_ssize_t))
-    if m == NULL:
-        raise MemoryError()
-    _met = m
-    _met_cap = cap
-    return 0
-
-
 def hot_of_arrays(list arrays, numbers=None):
     """(hot resources in order of first appearance, per load whether it has one): fair_rates.hot_of_arrays.
     Given `numbers` (one per load), per load its number if it has a hot resource, else -1, instead.
 
     Each resource's load is summed from 0.0 in array order (load by load, entry by entry), the additions
     np.bincount makes over the concatenated arrays; hot means a sum > 1 + 1e-12, the same comparison."""
+    global _met
     cdef Py_ssize_t n = len(arrays), j, k, r, met = 0
     cdef const Py_ssize_t[::1] idx
     cdef const double[::1] w
@@ -1020,7 +1008,7 @@ def hot_of_arrays(list arrays, numbers=None):
         idx = pair[0]
         w = pair[1]
         if met + idx.shape[0] > _met_cap:
-            _fit_met(met + idx.shape[0])
+            _met = <Py_ssize_t*>_grow(_met, &_met_cap, met + idx.shape[0], sizeof(Py_ssize_t))
         for k in range(idx.shape[0]):
             r = idx[k]
             if r >= _res_cap:
