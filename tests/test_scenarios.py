@@ -330,7 +330,7 @@ def _section_models() -> list[type]:
 
 @pytest.mark.parametrize("model", _section_models(), ids=lambda m: m.__name__)
 def test_a_section_validated_on_its_own_is_still_checked(model):
-    """Frozen's validators are built on first use (defer_build, scenarios/schema.py): a section validated
+    """Frozen's validators are built on first use (defer_build, scenarios/model_schema.py): a section validated
     alone, after the Scenario that holds it or before, still refuses an unknown field (extra=forbid)."""
     load_and_resolve(DEFAULT_SCENARIO)
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):

@@ -1,4 +1,4 @@
-"""Section defaults (scenarios/schema.py defaults_of): a section a file leaves out is the section with every
+"""Section defaults (scenarios/model_schema.py defaults_of): a section a file leaves out is the section with every
 field at its default, equal in every way a reader can see to `Section()`, and defining the schema builds no
 validator (start-up: each is built when a scenario first validates)."""
 
@@ -48,9 +48,10 @@ def test_a_left_out_section_dumps_as_before():
 
 
 def test_defining_the_schema_builds_no_validator():
-    code = ("import meshsim.scenarios.schema as s, meshsim.scenarios.profile as p, meshsim.topologies.custom as c\n"
-            "built = [m.__name__ for mod in (s, p, c) for m in vars(mod).values() if isinstance(m, type) and "
-            "issubclass(m, s.BaseModel) and m.__module__ == mod.__name__ and m.__pydantic_complete__]\n"
+    code = ("import pydantic, meshsim.scenarios.schema as s, meshsim.scenarios.model_schema as ms, "
+            "meshsim.scenarios.profile as p, meshsim.topologies.custom as c\n"
+            "built = [m.__name__ for mod in (s, ms, p, c) for m in vars(mod).values() if isinstance(m, type) and "
+            "issubclass(m, pydantic.BaseModel) and m.__module__ == mod.__name__ and m.__pydantic_complete__]\n"
             "print(','.join(built))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
