@@ -45,10 +45,6 @@ HOST_CATS = frozenset(("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver
 NCCL_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
              "Process Group Description", "Process Group Ranks", "bytes")
 STEP = re.compile(r"^ProfilerStep#(\d{1,9})$")
-
-
-
-
 MAX_NAME_CHARS = 16_384  # an event or thread name is kept to this many characters (C++ kernel names: ~2,000)
 MAX_NAMES_CHARS = 1 << 28  # distinct names held, all together (256 Mi characters)
 MAX_TIME_US = 1e18  # |ts| and dur (us; Kineto's ts are ~1.7e15 us since the epoch)
