@@ -18,8 +18,8 @@ whether the GEMM *shapes* of those rows, as sm_90 kernels run them, separate the
 
 3. FLUX's "GEMM" times as its torch baselines ran them (bytedance/flux @239a13d2): the all-gather case times
    `alpha_scale * torch.matmul(full_input, weight.t())` with alpha_scale = 1.0 for 16-bit inputs
-   (test/test_ag_kernel.py L118-147, perf_torch): the matmul and an elementwise multiply that reads and writes
-   the m x n fp16 output; the reduce-scatter case times the matmul alone (test/test_gemm_rs.py L131-145, no
+   (test/test_ag_kernel.py L118-145, perf_torch): the matmul and an elementwise multiply that reads and writes
+   the m x n fp16 output; the reduce-scatter case times the matmul alone (test/test_gemm_rs.py L131-148, no
    --has_bias in the README's command lines L62-65). Per FLUX GEMM row: the model's time with the multiply
    priced as an Elementwise kernel (compute.py), and the ceiling each row then implies (the ceiling at which
    the model's GEMM time equals the measured time less the multiply's).
