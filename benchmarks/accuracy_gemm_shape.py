@@ -12,7 +12,7 @@ whether the GEMM *shapes* of those rows, as sm_90 kernels run them, separate the
 2. Per row, its 16-bit GEMMs' shape as the model prices them, time-weighted over the last pipeline stage's
    schedule: the shape factor against the 8192^3 reference (gemm_efficiency's tiles, waves, split-K, k
    quantization, the epilogue), the wave efficiency and k efficiency of the best unsplit tile, and the operand
-   traffic a persistent sm_90 kernel would read from HBM (gemm_efficiency.operand_traffic_bytes: CUTLASS's
+   traffic a persistent sm_90 kernel would read from HBM (benchmarks/operand_traffic.py: CUTLASS's
    raster heuristic, L2 reuse within a wave) over the GEMMs' modelled time, at 0.90 of HBM bandwidth.
    `gemm16 s` is the 16-bit GEMM seconds of the last stage's schedule (a kernel row: its measured time).
 
@@ -33,16 +33,11 @@ from collections import Counter
 
 from accuracy_cases import kernels, step_cases
 from accuracy_rows import what_if_step_s
+from operand_traffic import operand_traffic_bytes
 
 from meshsim.scenarios.load import resolve, with_overrides
 from meshsim.sim.cost.compute import ComputeModel
-from meshsim.sim.cost.gemm_efficiency import (
-    DEFAULT_TILES,
-    REFERENCE_MNK,
-    k_efficiency,
-    operand_traffic_bytes,
-    wave_efficiency,
-)
+from meshsim.sim.cost.gemm_efficiency import DEFAULT_TILES, REFERENCE_MNK, k_efficiency, wave_efficiency
 from meshsim.sim.results.simulate import build_stage_schedules
 from meshsim.sim.schedule.ops import Elementwise, Gemm
 from meshsim.topologies.gpus import GPUS

@@ -1,12 +1,16 @@
-"""HBM operand traffic of a persistent sm_90 GEMM under CUTLASS's raster heuristic (sim/cost/gemm_efficiency.py
-operand_traffic_bytes, wave_panels): golden numbers by hand, and the one-wave / fits-in-L2 limits."""
+"""HBM operand traffic of a persistent sm_90 GEMM under CUTLASS's raster heuristic (benchmarks/operand_traffic.py,
+the what-if of benchmarks/accuracy_gemm_shape.py): golden numbers by hand, and the one-wave / fits-in-L2 limits."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshsim.sim.cost.gemm_efficiency import operand_traffic_bytes, wave_panels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from operand_traffic import operand_traffic_bytes, wave_panels  # noqa: E402
 
 TILE = {"tile_m": 128, "tile_n": 256}
 
