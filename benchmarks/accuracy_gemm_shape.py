@@ -37,6 +37,7 @@ from operand_traffic import operand_traffic_bytes
 
 from meshsim.scenarios.load import resolve, with_overrides
 from meshsim.sim.cost.compute import ComputeModel
+from meshsim.sim.cost.gemm_ceiling import BURST
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_TILES, REFERENCE_MNK, k_efficiency, wave_efficiency
 from meshsim.sim.results.simulate import build_stage_schedules
 from meshsim.sim.schedule.ops import Elementwise, Gemm
@@ -113,7 +114,7 @@ def flux_rows() -> None:
     for k in rows:
         if k.gemm is None:
             continue
-        model = ComputeModel(GPUS[k.gpu])
+        model = ComputeModel(GPUS[k.gpu], clock=BURST)
         m, n, kk = k.gemm
         gemm_ms = model.time_s(Gemm(m, n, kk)) * 1e3
         scale_ms = model.time_s(Elementwise("flux_alpha_scale", 2 * m * n, 2 * m * n)) * 1e3 if "-ag" in k.id else 0.0
@@ -131,7 +132,7 @@ def main() -> None:
             continue
         m, n, kk = k.gemm
         g = Gemm(m, n, kk)
-        model = ComputeModel(GPUS[k.gpu])
+        model = ComputeModel(GPUS[k.gpu], clock=BURST)
         rel, wave, keff, traffic_s = shape_terms(model, g)
         sim_ms = model.time_s(g) * 1e3
         need = model.knobs.gemm_efficiency * sim_ms / k.measured_ms

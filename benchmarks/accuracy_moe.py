@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from accuracy_rows import lone_kernel_compute_fn
+
 from meshsim.scenarios.load import resolve, validate_scenario
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US, issue_times_s
 from meshsim.sim.engine import events as engine
-from meshsim.sim.results.costers import CollectiveCoster, compute_fn
+from meshsim.sim.results.costers import CollectiveCoster
 from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
 from meshsim.sim.schedule.moe_shapes import moe_dims
 from meshsim.sim.schedule.moe_sync import mark_forward_syncs
@@ -95,7 +97,7 @@ def block_time_ms(rs, backward: bool) -> float:
     sched = Schedule(block_ops(rs, backward), 1, 1, 1)
     static_s = issue_times_s(sched, HOST_DISPATCH_US * 1e-6)
     lead_s = static_s[-1]
-    log = engine.run(sched, (0,), compute_fn(rs), CollectiveCoster(rs), rs.group,
+    log = engine.run(sched, (0,), lone_kernel_compute_fn(rs), CollectiveCoster(rs), rs.group,
                      issue_s=[t - lead_s for t in static_s])
     return log.step_time_s * 1e3
 
