@@ -2,8 +2,11 @@
 
     cd benchmarks && ../.venv/bin/python accuracy_gemm_shape.py
 
-H100's 16-bit ceiling (0.75, fits.yaml `gemm_ceiling.h100`) was fitted on FLUX's two H800 cuBLAS GEMMs; the
-405B BF16 H100 rows come out ~7% fast with it (docs/calibration-history.md, round three). This script asks
+This script is the evidence behind the two 16-bit ceilings per GPU (sim/cost/gemm_ceiling.py): the training rows'
+"needs" column fits the sustained figure (fits.yaml `gemm_ceiling.*`), the FLUX rows' implied ceiling with the
+multiply priced (section 3) the burst one (`gemm_burst_ceiling.*`); FLUX rows are priced at the burst clock.
+Before that split H100 had one ceiling, 0.75, fitted on FLUX's two H800 cuBLAS GEMMs, and the 405B BF16 H100
+rows came out ~7% fast with it (docs/calibration-history.md, round three). This script asks
 whether the GEMM *shapes* of those rows, as sm_90 kernels run them, separate them from FLUX's:
 
 1. Per row (H100 and A100: FLUX's kernels and the training rows whose steps are mostly 16-bit GEMMs), its error

@@ -11,6 +11,9 @@ collective coster on the real ep group of one DGX H100, in program order on one 
 (nothing inside the block overlaps), the host ahead of the GPU except after the forward's device-to-host
 syncs (sim/schedule/moe_sync.py), where it waits and then issues the following ops one by one. The FP8 rows run the experts' grouped GEMMs in blockwise FP8 with their quantize kernels
 (sim/schedule/moe_ops.py) and 16-bit dispatch, as the benchmark does.
+The benchmark runs 5 warm-up and 20 timed iterations of the one layer, with a synchronize after each
+(moe_perf/__main__.py L36-37, L209-247): a lone kernel sequence, not minutes of training, so its compute is priced
+at the burst clock (accuracy_rows.lone_kernel_compute_fn; sim/cost/gemm_ceiling.py).
 """
 
 from __future__ import annotations

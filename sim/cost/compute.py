@@ -16,8 +16,8 @@
 
 Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
 - gemm_efficiency: by GPU generation at the tensor cores' clock (sim/cost/gemm_ceiling.py GEMM_CEILING_BY_GPU):
-  sustained, a training step's (the default; A100 0.78 and H100 0.70 fitted on training steps, B200 0.60 on the
-  405B GB200 BF16 row, H200 0.72 from its measured 0.80 at H100's sustained clock), or burst, a lone kernel's
+  sustained, a training step's (the default; A100 0.78 and H100 0.68 fitted on training steps, B200 0.60 on the
+  405B GB200 BF16 row, H200 0.70 from its measured 0.80 at H100's sustained clock), or burst, a lone kernel's
   (`clock="burst"`: A100 0.85 and H100 0.78 from FLUX's GEMM times, H200 0.80), which also divides the FP8 and
   attention rates (fitted on training steps) by the GPU's sustained_clock.
 - mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200 (GEMM operand traffic,

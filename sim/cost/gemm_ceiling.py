@@ -21,16 +21,16 @@ rate, fitted on training steps, is divided by sustained_clock: the clock moves t
 it moves the 16-bit ones (an assumption, fitted on nothing: no FP8 or attention kernel row is in our set).
 
 Values (benchmarks/accuracy/fits.yaml names the rows; docs/cost-models.md "GEMM ceiling: sustained and burst"):
-- h100: sustained 0.70, fitted on the two dgxc-benchmarking Llama 3.1 405B BF16 H100 steps (nemo 25.04; GEMMs
+- h100: sustained 0.68, fitted on the two dgxc-benchmarking Llama 3.1 405B BF16 H100 steps (nemo 25.04; GEMMs
   ~90% of the step), which ask for 0.680 / 0.687; the Megatron CI GPT-3 7B H100 steps (another release family)
-  ask for 0.709 / 0.714 and are out of fit. Burst 0.78: FLUX's two H800 cuBLAS GEMMs (H100 SXM silicon and
-  clocks) with the all-gather baseline's `alpha_scale * matmul` multiply priced, which ask for 0.779 / 0.776.
-  sustained_clock 0.897.
+  ask for 0.709 / 0.714 and are out of fit (+0.9% / +2.5% at 0.68). Burst 0.78: FLUX's two H800 cuBLAS GEMMs
+  (H100 SXM silicon and clocks) with the all-gather baseline's `alpha_scale * matmul` multiply priced, which
+  ask for 0.779 / 0.776. sustained_clock 0.872.
 - a100: sustained 0.78, fitted on the three 2020 Megatron-LM A100 dp 1 steps (no data-parallel communication;
   they ask for 0.770 / 0.776 / 0.803); out of fit: the Megatron CI A100 steps (0.828 / 0.750) and NeMo 5B.
   Burst 0.85: FLUX's two A800 GEMMs priced the same way (0.880 / 0.828). sustained_clock 0.918.
 - h200: burst 0.80, measured here (8192^3 bf16 at ~790 of 989 TFLOP/s, reference/modeling-facts.md, a lone
-  kernel); sustained 0.72 = 0.80 x H100's sustained_clock: the same GH100 die at the same 700 W limit. Fitted on
+  kernel); sustained 0.70 = 0.80 x H100's sustained_clock (0.697): the same GH100 die at the same 700 W limit. Fitted on
   nothing (no H200 step is a case).
 - b200: 0.60 both (fitted on the dgxc 405B BF16 GB200 step, a training row: sustained; no Blackwell kernel row).
 - v100: DEFAULT_CEILING both, no measurement.
