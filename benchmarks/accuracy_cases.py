@@ -75,6 +75,9 @@ class KernelCase:
     gemm: tuple[int, int, int] | None = None  # m, n, k
     collective: str = ""  # op, when not a GEMM
     nbytes: int = 0
+    # FLUX's all-gather baseline times `alpha_scale * torch.matmul(...)`: the GEMM and an elementwise multiply
+    # reading and writing its m x n 16-bit output (bytedance/flux @239a13d2 test/test_ag_kernel.py L118-145)
+    scaled_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,8 @@ def kernels() -> tuple[list[KernelCase], float]:
     """FLUX rows and the export parts' NVLink GB/s per direction."""
     data = _read(HERE / "kernels.yaml")
     rows = [KernelCase(k["id"], k["label"], k["gpu"], k["preset"], float(k["measured_ms"]),
-                       tuple(k["gemm"]) if "gemm" in k else None, k.get("collective", ""), int(k.get("bytes", 0)))
+                       tuple(k["gemm"]) if "gemm" in k else None, k.get("collective", ""), int(k.get("bytes", 0)),
+                       bool(k.get("scaled_output", False)))
             for k in data["kernels"]]
     return rows, float(data["nvlink_gbps"])
 

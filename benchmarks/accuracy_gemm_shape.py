@@ -2,8 +2,11 @@
 
     cd benchmarks && ../.venv/bin/python accuracy_gemm_shape.py
 
-H100's 16-bit ceiling (0.75, fits.yaml `gemm_ceiling.h100`) was fitted on FLUX's two H800 cuBLAS GEMMs; the
-405B BF16 H100 rows come out ~7% fast with it (docs/calibration-history.md, round three). This script asks
+This script is the evidence behind the two 16-bit ceilings per GPU (sim/cost/gemm_ceiling.py): the training rows'
+"needs" column fits the sustained figure (fits.yaml `gemm_ceiling.*`), the FLUX rows' implied ceiling with the
+multiply priced (section 3) the burst one (`gemm_burst_ceiling.*`); FLUX rows are priced at the burst clock.
+Before that split H100 had one ceiling, 0.75, fitted on FLUX's two H800 cuBLAS GEMMs, and the 405B BF16 H100
+rows came out ~7% fast with it (docs/calibration-history.md, round three). This script asks
 whether the GEMM *shapes* of those rows, as sm_90 kernels run them, separate them from FLUX's:
 
 1. Per row (H100 and A100: FLUX's kernels and the training rows whose steps are mostly 16-bit GEMMs), its error
@@ -37,6 +40,7 @@ from operand_traffic import operand_traffic_bytes
 
 from meshsim.scenarios.load import resolve, with_overrides
 from meshsim.sim.cost.compute import ComputeModel
+from meshsim.sim.cost.gemm_ceiling import BURST
 from meshsim.sim.cost.gemm_efficiency import DEFAULT_TILES, REFERENCE_MNK, k_efficiency, wave_efficiency
 from meshsim.sim.results.simulate import build_stage_schedules
 from meshsim.sim.schedule.ops import Elementwise, Gemm
@@ -113,7 +117,7 @@ def flux_rows() -> None:
     for k in rows:
         if k.gemm is None:
             continue
-        model = ComputeModel(GPUS[k.gpu])
+        model = ComputeModel(GPUS[k.gpu], clock=BURST)
         m, n, kk = k.gemm
         gemm_ms = model.time_s(Gemm(m, n, kk)) * 1e3
         scale_ms = model.time_s(Elementwise("flux_alpha_scale", 2 * m * n, 2 * m * n)) * 1e3 if "-ag" in k.id else 0.0
@@ -131,7 +135,7 @@ def main() -> None:
             continue
         m, n, kk = k.gemm
         g = Gemm(m, n, kk)
-        model = ComputeModel(GPUS[k.gpu])
+        model = ComputeModel(GPUS[k.gpu], clock=BURST)
         rel, wave, keff, traffic_s = shape_terms(model, g)
         sim_ms = model.time_s(g) * 1e3
         need = model.knobs.gemm_efficiency * sim_ms / k.measured_ms

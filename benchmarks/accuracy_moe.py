@@ -11,16 +11,21 @@ collective coster on the real ep group of one DGX H100, in program order on one 
 (nothing inside the block overlaps), the host ahead of the GPU except after the forward's device-to-host
 syncs (sim/schedule/moe_sync.py), where it waits and then issues the following ops one by one. The FP8 rows run the experts' grouped GEMMs in blockwise FP8 with their quantize kernels
 (sim/schedule/moe_ops.py) and 16-bit dispatch, as the benchmark does.
+The benchmark runs 5 warm-up and 20 timed iterations of the one layer, with a synchronize after each
+(moe_perf/__main__.py L36-37, L209-247): a lone kernel sequence, not minutes of training, so its compute is priced
+at the burst clock (accuracy_rows.lone_kernel_compute_fn; sim/cost/gemm_ceiling.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from accuracy_rows import lone_kernel_compute_fn
+
 from meshsim.scenarios.load import resolve, validate_scenario
 from meshsim.sim.cost.host_dispatch import HOST_DISPATCH_US, issue_times_s
 from meshsim.sim.engine import events as engine
-from meshsim.sim.results.costers import CollectiveCoster, compute_fn
+from meshsim.sim.results.costers import CollectiveCoster
 from meshsim.sim.schedule.moe_ops import moe_backward, moe_forward
 from meshsim.sim.schedule.moe_shapes import moe_dims
 from meshsim.sim.schedule.moe_sync import mark_forward_syncs
@@ -95,7 +100,7 @@ def block_time_ms(rs, backward: bool) -> float:
     sched = Schedule(block_ops(rs, backward), 1, 1, 1)
     static_s = issue_times_s(sched, HOST_DISPATCH_US * 1e-6)
     lead_s = static_s[-1]
-    log = engine.run(sched, (0,), compute_fn(rs), CollectiveCoster(rs), rs.group,
+    log = engine.run(sched, (0,), lone_kernel_compute_fn(rs), CollectiveCoster(rs), rs.group,
                      issue_s=[t - lead_s for t in static_s])
     return log.step_time_s * 1e3
 

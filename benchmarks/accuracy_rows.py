@@ -17,10 +17,12 @@ from accuracy_cases import MIB, Assumption, Curve, KernelCase, Ratio, StepCase
 from meshsim.scenarios.load import resolve, validate_scenario, with_overrides
 from meshsim.scenarios.schema import Scenario
 from meshsim.sim.core.errors import UserError
+from meshsim.sim.cost.compute import ComputeModel
+from meshsim.sim.cost.gemm_ceiling import BURST
 from meshsim.sim.cost.memory import memory_per_gpu
-from meshsim.sim.results.costers import CollectiveCoster, compute_fn
+from meshsim.sim.results.costers import CollectiveCoster
 from meshsim.sim.results.simulate import simulate
-from meshsim.sim.schedule.ops import Collective, Gemm, Op
+from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm
 
 SMALL_MIB = 16  # nccl-tests points below this size form the collectives-small group
 
@@ -171,10 +173,36 @@ def curve_rows(curve: Curve, ctx: Context) -> list[Row]:
     return rows
 
 
+def lone_kernel_model(rs) -> ComputeModel:
+    """The scenario's compute model at the burst clock of a kernel timed alone for a few iterations (FLUX's
+    kernels, Megatron's moe_perf layers: sim/cost/gemm_ceiling.py), as sim/results/costers.compute_fn builds
+    it otherwise."""
+    return ComputeModel(rs.gpu, rs.scenario.hardware.compute, rs.profile,
+                        fill_uninitialized=rs.scenario.run.deterministic, fp8_recipe=rs.scenario.run.fp8,
+                        fp8_gemm_rate=rs.fp8_gemm_rate, clock=BURST)
+
+
+def lone_kernel_compute_fn(rs):
+    """compute_s(op, rank) at the burst clock (lone_kernel_model), for the engine."""
+    model = lone_kernel_model(rs)
+
+    def compute_s(op, rank: int) -> float:
+        return model.time_s(op.work)
+    return compute_s
+
+
+def flux_gemm_s(k: KernelCase, model: ComputeModel) -> float:
+    """A FLUX GEMM row as its baseline timed it: the GEMM, and for `scaled_output` the multiply that reads and
+    writes its 16-bit output (accuracy_cases.KernelCase)."""
+    m, n, _ = k.gemm
+    scale_s = model.time_s(Elementwise("flux_alpha_scale", 2 * m * n, 2 * m * n)) if k.scaled_output else 0.0
+    return model.time_s(Gemm(*k.gemm)) + scale_s
+
+
 def kernel_row(k: KernelCase, nvlink_gbps: float, ctx: Context) -> Row:
     rs = bare_scenario(k.preset, 8, k.gpu, ctx.profile, nvlink_gbps=nvlink_gbps)
     if k.gemm is not None:
-        sim_s = compute_fn(rs)(Op(0, k.label, "compute", "compute", "fwd", Gemm(*k.gemm)), 0)
+        sim_s = flux_gemm_s(k, lone_kernel_model(rs))
     else:
         sim_s = collective_s(rs, Collective(k.collective, "tp", k.nbytes, "flux"))
     return Row("kernels", k.id, k.label, k.measured_ms, sim_s * 1e3, "ms", used_in_fit=ctx.used.get(k.id, ()))

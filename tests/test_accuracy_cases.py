@@ -115,9 +115,10 @@ def test_fitted_generation_constants_are_the_code_values():
     from meshsim.sim.cost.collectives.flex import FLEX_NVLINK_CAP_GBPS
     from meshsim.sim.cost.compute import ELEMENTWISE_EFFICIENCY
     from meshsim.sim.cost.fp8_gemm import block_scaled_rate, fp8_gemm_ceiling
-    from meshsim.sim.cost.gemm_efficiency import gemm_ceiling
+    from meshsim.sim.cost.gemm_ceiling import gemm_burst_ceiling, gemm_ceiling
 
-    lookups = {"gemm_ceiling": gemm_ceiling, "fp8_gemm_ceiling": fp8_gemm_ceiling,
+    lookups = {"gemm_ceiling": gemm_ceiling, "gemm_burst_ceiling": gemm_burst_ceiling,
+               "fp8_gemm_ceiling": fp8_gemm_ceiling,
                "attention_efficiency": attention_efficiency,
                "block_scaled_rate": lambda gpu: block_scaled_rate("mxfp8" if gpu == "b200" else "blockwise", gpu),
                "reference_rate": lambda gpu: GPUS[gpu].reference_rate,

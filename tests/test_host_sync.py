@@ -15,12 +15,13 @@ from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import events as engine
 from meshsim.sim.engine.host import delays_s, host_syncs, last_known
 from meshsim.sim.results import period_proof
-from meshsim.sim.results.costers import CollectiveCoster, compute_fn
+from meshsim.sim.results.costers import CollectiveCoster
 from meshsim.sim.results.simulate import simulate_steady
 from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Op, Schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from accuracy_moe import block_ops, block_time_ms, layer_scenario  # noqa: E402
+from accuracy_rows import lone_kernel_compute_fn  # noqa: E402
 
 US = 1e-6
 DURATION_US = {"long": 100.0, "short": 1.0}
@@ -135,8 +136,9 @@ def test_a_sync_that_binds_moves_the_forward_only_by_its_host_calls():
 
 
 def _serial_ms(rs, backward: bool) -> float:
-    """The block's ops back to back (no host): the sum of their times."""
-    compute, coster = compute_fn(rs), CollectiveCoster(rs)
+    """The block's ops back to back (no host): the sum of their times, at the burst clock the layer benchmark's
+    rows are priced at (sim/cost/gemm_ceiling.py)."""
+    compute, coster = lone_kernel_compute_fn(rs), CollectiveCoster(rs)
     total = 0.0
     for op in block_ops(rs, backward):
         if isinstance(op.work, Collective):

@@ -68,7 +68,7 @@ class GpuSpec:
     reference_rate: float = 1.0
 
 
-GB300_REFERENCE_RATE = 1.29  # fitted (sim/cost/reference_rate.py, benchmarks/accuracy/fits.yaml)
+GB300_REFERENCE_RATE = 1.30  # fitted (sim/cost/reference_rate.py, benchmarks/accuracy/fits.yaml)
 
 GPUS: dict[str, GpuSpec] = {
     g.name: g

@@ -15,8 +15,11 @@
                  optimizer.cpu_offload (offload_step_s)
 
 Defaults and sources (each overridable by scenario hardware.compute, else by a profile's compute section):
-- gemm_efficiency: by GPU generation (sim/gemm_efficiency.GEMM_CEILING_BY_GPU: A100 0.82 and H100 0.75
-  from FLUX's public GEMM times, B200 0.60 from the 405B GB200 BF16 row, H200 0.80 from ~790 of 989 TFLOP/s measured here).
+- gemm_efficiency: by GPU generation at the tensor cores' clock (sim/cost/gemm_ceiling.py GEMM_CEILING_BY_GPU):
+  sustained, a training step's (the default; A100 0.78 and H100 0.68 fitted on training steps, B200 0.60 on the
+  405B GB200 BF16 row, H200 0.70 from its measured 0.80 at H100's sustained clock), or burst, a lone kernel's
+  (`clock="burst"`: A100 0.85 and H100 0.78 from FLUX's GEMM times, H200 0.80), which also divides the FP8 and
+  attention rates (fitted on training steps) by the GPU's sustained_clock.
 - mem_bw_efficiency 0.90: device-to-device copy at ~4.3 of 4.8 TB/s on the same H200 (GEMM operand traffic,
   the optimizer's streaming update).
 - elementwise_efficiency ELEMENTWISE_EFFICIENCY: the fraction of HBM bandwidth of Elementwise kernels.
@@ -77,11 +80,11 @@ from meshsim.sim.cost.fp8_gemm import (
     lowp_peak_tflops,
     lowp_value_bytes,
 )
+from meshsim.sim.cost.gemm_ceiling import SUSTAINED, Clock, clock_factor, gemm_ceiling
 from meshsim.sim.cost.gemm_efficiency import (
     DEFAULT_CEILING,
     DEFAULT_TILES,
     cublas_workspace_bytes,
-    gemm_ceiling,
     gemm_efficiency,
     k_tile,
 )
@@ -154,16 +157,20 @@ class ComputeModel:
     # the software release's multiplier on the per-tensor FP8 ceiling (scenarios/releases.py); block-scaled
     # recipes keep the generation's (their rate was fitted on rows the release rate does not describe)
     fp8_gemm_rate: float = 1.0
+    # the tensor cores' clock: a training step's sustained one (every scenario), or a lone kernel's burst
+    # (benchmarks/accuracy's kernel and MoE-layer rows; sim/cost/gemm_ceiling.py)
+    clock: Clock = SUSTAINED
     knobs: ComputeTuning = field(init=False)
     _memo: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.knobs = resolve_tuning(self.tuning, self.profile)
-        by_generation = {"gemm_efficiency": gemm_ceiling(self.gpu.name),
-                         "fp8_gemm_efficiency": fp8_gemm_ceiling(self.gpu.name)
+        clock = clock_factor(self.gpu.name, self.clock)  # 1 at the sustained clock the tables hold
+        by_generation = {"gemm_efficiency": gemm_ceiling(self.gpu.name, self.clock),
+                         "fp8_gemm_efficiency": fp8_gemm_ceiling(self.gpu.name) * clock
                          * block_scaled_rate(self.fp8_recipe, self.gpu.name)
                          * (1.0 if self.fp8_recipe in BLOCK_SCALED_RECIPES else self.fp8_gemm_rate),
-                         "attention_efficiency": attention_efficiency(self.gpu.name)}
+                         "attention_efficiency": attention_efficiency(self.gpu.name) * clock}
         unstated = {knob: value * rate_scale(self.gpu, knob) for knob, value in by_generation.items()
                     if not self._stated(knob)}
         if unstated:  # no scenario or profile figure: the GPU generation's value (at its reference's rate)

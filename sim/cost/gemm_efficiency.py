@@ -57,8 +57,6 @@ from __future__ import annotations
 
 from math import ceil
 
-from meshsim.topologies.gpus import by_gpu_prefix
-
 DEFAULT_TILES = ((128, 256), (256, 128), (128, 128))
 SPLIT_K_MIN_K = 256  # shortest k slice of a split-K kernel (module docstring; assumption)
 PARTIAL_BYTES = 4  # a split's fp32 partial C (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
@@ -69,26 +67,7 @@ WORKSPACE_BYTES_OLDER = 4_194_304
 K_TILE_BYTES = 128  # one mainloop step's k extent in bytes of operand values (module docstring)
 DEFAULT_CEILING = 0.80  # 790 / 989 TFLOP/s, 8192^3 bf16 GEMM on an H200 (reference/modeling-facts.md)
 REFERENCE_MNK = 8192
-# Large-GEMM ceiling by GPU generation (GPU preset name prefix), each from a public measurement:
-# - a100: 0.82, FLUX README (bytedance/flux 239a13d2): cuBLAS fp16 GEMMs of GPT-3 175B MLP shapes at TP 8
-#   (4096 x 12288 x 6144 and 4096 x 6144 x 12288) on A800 (A100 silicon) run 2.438 / 2.453 ms = 254 /
-#   252 TFLOP/s = 81% of 312 at a shape factor ~0.99 of 8192^3;
-# - h100: 0.75, the same FLUX GEMMs on H800 (H100 SXM silicon and clocks): 0.846 / 0.818 ms = 731 / 756
-#   TFLOP/s = 74-76% of 989 (sustained clocks under load sit below the boost clock the peak assumes);
-# - h200: 0.80, measured here (8192^3 bf16, 790 / 989; more HBM bandwidth and power headroom than H100);
-# - b200: 0.60, fitted on the dgxc-benchmarking Llama 3.1 405B BF16 row on 128 GB200 (public-measurements-3.md
-#   section 2; GEMMs ~80% of its step, hidden 16,384 at TP 4), gradients reduced in bf16 as NeMo's performance
-#   mode runs it: 0.61 gives -1.6%, 0.60 -0.1%, 0.59 +1.4%, H100's 0.75 -18.2%. GB200 (the same die) runs
-#   at B200's absolute rate (sim/cost/reference_rate.py), so 0.60 x 2250 = 1,350 TFLOP/s. Was 0.62 with the
-#   case's fp32 gradient reduction (an assumption NeMo's source contradicts), 0.75 (H100's, assumed) before;
-# - v100: 0.80, no GEMM measurement in our set: DEFAULT_CEILING, not fitted on any case (benchmarks/accuracy/
-#   fits.yaml; the 2020 DGX-2 tp1 step, compute-bound, comes out +5.6% with it).
-GEMM_CEILING_BY_GPU = {"a100": 0.82, "h100": 0.75, "h200": 0.80, "b200": 0.60, "v100": DEFAULT_CEILING}
-
-
-def gemm_ceiling(gpu_name: str) -> float:
-    """The large-GEMM fraction of peak for a GPU preset (GEMM_CEILING_BY_GPU), DEFAULT_CEILING if unknown."""
-    return by_gpu_prefix(GEMM_CEILING_BY_GPU, gpu_name, DEFAULT_CEILING)
+# The ceiling by GPU generation, sustained (training steps) and burst (lone kernels): sim/cost/gemm_ceiling.py
 
 
 def tile_padding(m: int, n: int, tile_m: int, tile_n: int) -> float:
