@@ -37,10 +37,10 @@ def test_blackwell_flex_combine_runs_at_deepeps_measured_740_gbps():
 
 @pytest.mark.parametrize(("preset", "efficiency"), [("dgx-b200", 660.6 / 900), ("gb200-nvl72", 660.6 / 900),
                                                     ("dgx-b300", 660.6 / 900), ("gb300-nvl72", 660.6 / 900),
-                                                    ("dgx-h100", 207 / 450), ("dgx-h200", 207 / 450)])
+                                                    ("dgx-h100", 189 / 450), ("dgx-h200", 189 / 450)])
 def test_the_generation_cap_sets_the_nvlink_efficiency(preset, efficiency):
     assert flex_constants(build_topology(preset)).nvlink_efficiency == pytest.approx(efficiency, rel=1e-12)
-    assert FLEX_NVLINK_CAP_GBPS == {"hopper": 207.0, "blackwell": 660.6}
+    assert FLEX_NVLINK_CAP_GBPS == {"hopper": 189.0, "blackwell": 660.6}
 
 
 def test_an_h800_stays_under_the_cap_at_deepeps_153_of_160():

@@ -16,8 +16,9 @@ NCCL's per-link figures (reference/public-measurements-2.md section 1.14):
     HybridEP's default 16 SMs near 440 GB/s if the cap scaled with SMs; the Blackwell HybridEP steps
     (Qwen3-30B-A3B MXFP8 on B300, GB200, GB300) then come out 15-17% slow, so parallel.moe_flex_sms does
     not set the cap here (their recipes may run more SMs);
-  - Hopper 207 GB/s (0.46 of an H100's 450): fitted on Megatron-LM's MoE layer benchmark on 8 H100
-    (section 1.5), the DeepSeek-proxy HybridEP bf16 forward + backward (0.46 gives -0.1%, 0.47 -0.7%);
+  - Hopper 189 GB/s (0.42 of an H100's 450): fitted on Megatron-LM's MoE layer benchmark on 8 H100
+    (section 1.5), the DeepSeek-proxy HybridEP bf16 forward + backward, with the layer's GEMMs at the burst
+    clock of a lone kernel (sim/cost/gemm_ceiling.py): 0.42 gives +0.2%, 0.43 -0.5%;
     its other 14 DeepEP / HybridEP rows are out of fit. With 153 / 160 of 450 GB/s the flex layers were
     0.9-1.0 ms per direction too fast against the alltoall ones on the DeepSeek proxy, whose alltoall
     rows meshsim holds within 3%; an H800's 160 GB/s stays under the cap, as DeepEP measured it.
@@ -51,7 +52,7 @@ DEFAULT_FLEX_SMS = {"deepep": 20, "hybridep": 16}
 FLEX_CONSTANTS: NcclConstants = replace(DEFAULT_CONSTANTS, nvlink_efficiency=DEEPEP_NVLINK_EFFICIENCY,
                                         network_efficiency=DEEPEP_RDMA_EFFICIENCY)
 # What a GPU's flex kernels push through NVLink, GB/s per direction, by NCCL generation (module doc)
-FLEX_NVLINK_CAP_GBPS = {"hopper": 207.0, "blackwell": 660.6}
+FLEX_NVLINK_CAP_GBPS = {"hopper": 189.0, "blackwell": 660.6}
 
 
 def flex_arguments(kernel: str, topo: Topology) -> dict[str, Any]:
