@@ -1,0 +1,414 @@
+# Included by _core.pyx (one extension: the Core calls these as C functions).
+"""fair_rates (sim/engine/fair_rates.py) as C loops over loads interned once per run: the Core's arbiter asks
+FairRates for the rates of the loads draining at once without a call into Python.
+
+A load mapping is interned once (by identity, kept alive): its items in order as a resource index array and
+a weight array (CSR over the run's loads), and a number shared by every load with equal items in the same
+order (arbiter.MemoRates numbers loads the same way). A call for the loads ix[0..n) then does fair_rates'
+steps in fair_rates' order:
+
+- each resource's load summed from 0.0, load by load, item by item (fair_rates' dict loop: the same IEEE
+  additions); hot resources (sum > 1 + 1e-12) listed in order of first appearance;
+- jobs joined into components when they load a common hot resource with a positive load (union-find), per
+  component in order of its first job, its hot resources in hot order (fair_rates._components);
+- per component, progressive filling (maxmin.maxmin_rates, as _maxmin.pyx transliterates it) over the
+  demands fair_rates._fill builds: job j's positive loads on the component's hot resources in that order,
+  then a private resource of capacity 1 (resources numbered in first-use order), capacity 1 everywhere;
+  each rate then min(1.0, r); a job in no component runs at 1.
+
+Two exact memos, as MemoRates and fair_rates_of_arrays keep them: by the loads' numbers (equal ordered items,
+equal floats), and by (hot resources in order, per load its number or -1 when it has no hot resource): the
+filling reads nothing else. A load outside what the C loops cover (a weight that is not a float or is NaN,
+a resource key that is not a non-negative int or a tuple: the private resources are negative ints) makes
+the call return None; the caller then asks the Python reference (`fallback`).
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.math cimport isnan
+
+cdef dict _FR_RESOURCE = {}       # a load's resource key -> dense index (never reused)
+cdef dict _FR_NUMBER = {}         # a plain load's items in order -> its number (never reused)
+cdef long long _FR_NEXT = 0
+cdef dict _FR_BY_NUMBERS = {}     # the loads' numbers (bytes) -> rates
+cdef dict _FR_BY_HOT = {}         # (hot resources in order, per load its number or -1) as bytes -> rates
+cdef Py_ssize_t _FR_MAX = 1 << 16  # per table, as fair_rates.MAX_ENTRIES: a full table is emptied
+cdef double* _fr_sum = NULL       # per resource: its summed load in the current call
+cdef char* _fr_seen = NULL        # per resource: 1 while the current call has met it
+cdef Py_ssize_t* _fr_col = NULL   # per resource: its position among the hot ones, -1 otherwise
+cdef double* _fr_val = NULL       # per resource: the current job's load on it (0.0 when none)
+cdef Py_ssize_t _fr_cap = 0
+
+
+cdef int _fr_fit(Py_ssize_t need) except -1:
+    """Grow the per-resource scratch to `need` entries (new ones unseen, no column, no load)."""
+    global _fr_sum, _fr_seen, _fr_col, _fr_val, _fr_cap
+    if need <= _fr_cap:
+        return 0
+    cdef Py_ssize_t old = _fr_cap, i
+    cdef Py_ssize_t cap = old
+    _fr_sum = <double*>_grow(_fr_sum, &cap, need, sizeof(double))
+    cap = old
+    _fr_seen = <char*>_grow(_fr_seen, &cap, need, sizeof(char))
+    cap = old
+    _fr_col = <Py_ssize_t*>_grow(_fr_col, &cap, need, sizeof(Py_ssize_t))
+    cap = old
+    _fr_val = <double*>_grow(_fr_val, &cap, need, sizeof(double))
+    for i in range(old, cap):
+        _fr_seen[i] = 0
+        _fr_col[i] = -1
+        _fr_val[i] = 0.0
+    _fr_cap = cap
+    return 0
+
+
+cdef inline bint _fr_plain_key(object key):
+    """A resource key the private resources -(j + 1) cannot equal: a non-negative int or a tuple."""
+    return (type(key) is int and key >= 0) or type(key) is tuple
+
+
+cdef inline double _fr_share(double left, double weight):
+    """max(left, 0.0) / weight (maxmin.py; division by zero raises, as there)."""
+    if 0.0 > left:
+        left = 0.0
+    return left / weight
+
+
+cdef class FairRates:
+    """The rates of concurrent loads, fair_rates' floats, over loads interned once (module docstring).
+    Called with a list of loads it answers like fair_rates (the differential tests call it so); the Core
+    calls rates_of on the interned indices. `fallback`: the reference (arbiter.MemoRates), asked for loads
+    the C loops do not cover; factor, tiny, plain_sum: maxmin.py's saturation constants and sum rule."""
+    cdef public object fallback
+    cdef double factor, tiny
+    cdef bint plain_sum
+    cdef dict index_of                # id(load) -> its index here
+    cdef list kept                    # the loads by index (kept alive: their ids stay theirs)
+    cdef long long* number            # per load: its number (-1: outside the C loops)
+    cdef Py_ssize_t* ptr              # per load: where its items start in res / wt (CSR; n_loads + 1)
+    cdef Py_ssize_t* res
+    cdef double* wt
+    cdef Py_ssize_t n_loads, cap_number, cap_ptr, nnz, cap_res, cap_wt
+    cdef long long* key               # per call: the memo key being built
+    cdef Py_ssize_t cap_key
+    cdef Py_ssize_t* met              # per call: resources met, then the hot ones in order
+    cdef Py_ssize_t cap_met
+    cdef Py_ssize_t* ix               # the Core's per-call list of load indices
+    cdef Py_ssize_t cap_ix
+
+    def __cinit__(self):
+        self.ptr = <Py_ssize_t*>_grow(NULL, &self.cap_ptr, 1, sizeof(Py_ssize_t))
+        self.ptr[0] = 0
+
+    def __init__(self, fallback, double factor, double tiny, bint plain_sum):
+        self.fallback, self.factor, self.tiny, self.plain_sum = fallback, factor, tiny, plain_sum
+        self.index_of, self.kept = {}, []
+
+    def __dealloc__(self):
+        free(self.number)
+        free(self.ptr)
+        free(self.res)
+        free(self.wt)
+        free(self.key)
+        free(self.met)
+        free(self.ix)
+
+    def __call__(self, loads):
+        """fair_rates(loads): each load interned, the C loops, or the fallback for loads outside them."""
+        cdef Py_ssize_t n = len(loads), k
+        self.ix = <Py_ssize_t*>_grow(self.ix, &self.cap_ix, n + 1, sizeof(Py_ssize_t))
+        for k in range(n):
+            self.ix[k] = self.intern(loads[k])
+        rates = self.rates_of(self.ix, n)
+        return list(self.fallback(list(loads)) if rates is None else rates)
+
+    cdef Py_ssize_t intern(self, object load) except -1:
+        """The load's index here, interning it on first sight (module docstring)."""
+        global _FR_NEXT
+        hit = self.index_of.get(id(load))
+        if hit is not None:
+            return <Py_ssize_t>hit
+        cdef Py_ssize_t i = self.n_loads, r, e
+        cdef long long number = -1
+        items = tuple(load.items())
+        cdef bint plain = True
+        for key, w in items:
+            if type(w) is not float or isnan(<double>w) or not _fr_plain_key(key):
+                plain = False
+                break
+        self.number = <long long*>_grow(self.number, &self.cap_number, i + 1, sizeof(long long))
+        self.ptr = <Py_ssize_t*>_grow(self.ptr, &self.cap_ptr, i + 2, sizeof(Py_ssize_t))
+        e = self.nnz
+        if plain:
+            got = _FR_NUMBER.get(items)
+            if got is None:
+                if len(_FR_NUMBER) >= _FR_MAX:
+                    _FR_NUMBER.clear()  # numbers are never reused: older ones only stop matching
+                got = _FR_NUMBER[items] = _FR_NEXT
+                _FR_NEXT += 1
+            number = got
+            self.res = <Py_ssize_t*>_grow(self.res, &self.cap_res, e + len(items), sizeof(Py_ssize_t))
+            self.wt = <double*>_grow(self.wt, &self.cap_wt, e + len(items), sizeof(double))
+            for key, w in items:
+                got = _FR_RESOURCE.get(key)
+                if got is None:
+                    got = _FR_RESOURCE[key] = len(_FR_RESOURCE)
+                r = got
+                _fr_fit(r + 1)
+                self.res[e] = r
+                self.wt[e] = w
+                e += 1
+        self.number[i] = number
+        self.nnz = e
+        self.ptr[i + 1] = e
+        self.n_loads = i + 1
+        self.kept.append(load)
+        self.index_of[id(load)] = i
+        return i
+
+    cdef object rates_of(self, Py_ssize_t* ix, Py_ssize_t n):
+        """The rates (a list, shared with the memo: read it, do not change it) of the loads ix[0..n), or
+        None when one of them is outside the C loops."""
+        cdef Py_ssize_t k
+        self.key = <long long*>_grow(self.key, &self.cap_key, n + 1, sizeof(long long))
+        for k in range(n):
+            if self.number[ix[k]] < 0:
+                return None
+            self.key[k] = self.number[ix[k]]
+        memo_key = PyBytes_FromStringAndSize(<char*>self.key, n * sizeof(long long))
+        rates = _FR_BY_NUMBERS.get(memo_key)
+        if rates is None:
+            rates = [1.0] if n == 1 else self.by_hot(ix, n)
+            if len(_FR_BY_NUMBERS) >= _FR_MAX:
+                _FR_BY_NUMBERS.clear()
+            _FR_BY_NUMBERS[memo_key] = rates
+        return rates
+
+    cdef list by_hot(self, Py_ssize_t* ix, Py_ssize_t n):
+        """Sum each resource's load, list the hot ones in order of first appearance; then the hot memo, or
+        the components' fillings."""
+        cdef Py_ssize_t k, e, r, m = 0, nhot = 0, total = 0
+        cdef bint touches
+        for k in range(n):
+            total += self.ptr[ix[k] + 1] - self.ptr[ix[k]]
+        self.met = <Py_ssize_t*>_grow(self.met, &self.cap_met, total + 1, sizeof(Py_ssize_t))
+        for k in range(n):
+            for e in range(self.ptr[ix[k]], self.ptr[ix[k] + 1]):
+                r = self.res[e]
+                if not _fr_seen[r]:
+                    _fr_seen[r] = 1
+                    _fr_sum[r] = 0.0
+                    self.met[m] = r
+                    m += 1
+                _fr_sum[r] = _fr_sum[r] + self.wt[e]
+        for k in range(m):  # unmark every met resource; keep the hot ones, in order, at the front
+            r = self.met[k]
+            _fr_seen[r] = 0
+            if _fr_sum[r] > _HOT_LIMIT:
+                self.met[nhot] = r
+                nhot += 1
+        if nhot == 0:
+            return [1.0] * n
+        for k in range(nhot):
+            _fr_col[self.met[k]] = k
+        try:
+            self.key = <long long*>_grow(self.key, &self.cap_key, nhot + n + 1, sizeof(long long))
+            self.key[0] = nhot
+            for k in range(nhot):
+                self.key[1 + k] = self.met[k]
+            for k in range(n):
+                touches = False
+                for e in range(self.ptr[ix[k]], self.ptr[ix[k] + 1]):
+                    if _fr_col[self.res[e]] >= 0:
+                        touches = True
+                        break
+                self.key[1 + nhot + k] = self.number[ix[k]] if touches else -1
+            memo_key = PyBytes_FromStringAndSize(<char*>self.key, (1 + nhot + n) * sizeof(long long))
+            rates = _FR_BY_HOT.get(memo_key)
+            if rates is None:
+                rates = self.components(ix, n, nhot)
+                if len(_FR_BY_HOT) >= _FR_MAX:
+                    _FR_BY_HOT.clear()
+                _FR_BY_HOT[memo_key] = rates
+        finally:
+            for k in range(nhot):
+                _fr_col[self.met[k]] = -1
+        return rates
+
+    cdef list components(self, Py_ssize_t* ix, Py_ssize_t n, Py_ssize_t nhot):
+        """Per connected component (fair_rates._components: jobs joined by a positive load on a common hot
+        resource; in order of the first job), its filling; 1.0 for a job in none."""
+        cdef Py_ssize_t j, k, e, c, root, r
+        cdef list rates = [1.0] * n
+        cdef Py_ssize_t* parent = <Py_ssize_t*>malloc((2 * n + 2 * nhot + 1) * sizeof(Py_ssize_t))
+        cdef char* used = <char*>malloc(n + 1)
+        if parent == NULL or used == NULL:
+            free(parent)
+            free(used)
+            raise MemoryError()
+        cdef Py_ssize_t* first_user = parent + n   # per hot column: its first job with a positive load
+        cdef Py_ssize_t* jobs = first_user + nhot  # a component's jobs, ascending
+        cdef Py_ssize_t* cols = jobs + n           # its hot columns, ascending
+        cdef Py_ssize_t nj, nc
+        try:
+            for j in range(n):
+                parent[j] = j
+                used[j] = 0
+            for c in range(nhot):
+                first_user[c] = -1
+            for j in range(n):
+                for e in range(self.ptr[ix[j]], self.ptr[ix[j] + 1]):
+                    c = _fr_col[self.res[e]]
+                    if c < 0 or not (self.wt[e] > 0):
+                        continue
+                    used[j] = 1
+                    if first_user[c] < 0:
+                        first_user[c] = j
+                    else:
+                        root = _root(parent, first_user[c])
+                        r = _root(parent, j)
+                        if r != root:
+                            parent[r] = root
+            for j in range(n):
+                if used[j] != 1:
+                    continue
+                root = _root(parent, j)
+                nj = nc = 0
+                for k in range(j, n):
+                    if used[k] == 1 and _root(parent, k) == root:
+                        used[k] = 2
+                        jobs[nj] = k
+                        nj += 1
+                for c in range(nhot):
+                    if first_user[c] >= 0 and _root(parent, first_user[c]) == root:
+                        cols[nc] = c
+                        nc += 1
+                part = self.fill(ix, jobs, nj, cols, nc)
+                for k in range(nj):
+                    rates[jobs[k]] = part[k]
+        finally:
+            free(parent)
+            free(used)
+        return rates
+
+    cdef list fill(self, Py_ssize_t* ix, Py_ssize_t* jobs, Py_ssize_t nj, Py_ssize_t* cols, Py_ssize_t nc):
+        """fair_rates._fill of one component: the demands (module docstring) as CSR, resources numbered in
+        first-use order, then maxmin's progressive filling (_maxmin.pyx _fill, capacity 1.0 everywhere)."""
+        cdef Py_ssize_t size = nj * (nc + 1), jj, c, e, r, cnt = 0, nres = 0, li
+        cdef double w
+        start = np.empty(nj + 1, dtype=np.intp)
+        fres = np.empty(max(size, 1), dtype=np.intp)
+        fwt = np.empty(max(size, 1), dtype=np.float64)
+        mm_of = np.full(max(nc, 1), -1, dtype=np.intp)
+        cdef Py_ssize_t[::1] st = start, rs = fres, mm = mm_of
+        cdef double[::1] ws = fwt
+        for jj in range(nj):
+            li = ix[jobs[jj]]
+            for e in range(self.ptr[li], self.ptr[li + 1]):
+                _fr_val[self.res[e]] = self.wt[e]
+            st[jj] = cnt
+            for c in range(nc):
+                w = _fr_val[self.met[cols[c]]]
+                if w > 0:
+                    if mm[c] < 0:
+                        mm[c] = nres
+                        nres += 1
+                    rs[cnt] = mm[c]
+                    ws[cnt] = w
+                    cnt += 1
+            for e in range(self.ptr[li], self.ptr[li + 1]):
+                _fr_val[self.res[e]] = 0.0
+            rs[cnt] = nres  # the job's private resource -(j + 1), capacity 1
+            ws[cnt] = 1.0
+            nres += 1
+            cnt += 1
+        st[nj] = cnt
+        cdef list rates = _maxmin_fill(nj, nres, st, rs, ws, self.factor, self.tiny, self.plain_sum)
+        for jj in range(nj):
+            w = rates[jj]
+            rates[jj] = w if w < 1.0 else 1.0  # min(1.0, r)
+        return rates
+
+
+cdef list _maxmin_fill(Py_ssize_t n, Py_ssize_t nres, Py_ssize_t[::1] start, Py_ssize_t[::1] res,
+                       double[::1] wt, double factor, double tiny, bint plain_sum):
+    """sim/cost/collectives/_maxmin.pyx _fill with every capacity 1.0 (float(1.0)): the same operations in
+    the same order (that module's docstring states them)."""
+    cdef Py_ssize_t nnz = start[n], i, e, r, k, u, nopen, ntight
+    cdef double level = 0.0, limit, ratio, x
+    cdef Py_ssize_t[::1] ustart = np.zeros(nres + 1, dtype=np.intp)
+    cdef Py_ssize_t[::1] fill = np.empty(max(nres, 1), dtype=np.intp)
+    cdef Py_ssize_t[::1] uflow = np.empty(max(nnz, 1), dtype=np.intp)
+    cdef double[::1] uw = np.empty(max(nnz, 1), dtype=np.float64)
+    for e in range(nnz):
+        ustart[res[e] + 1] += 1
+    for r in range(nres):
+        ustart[r + 1] += ustart[r]
+        fill[r] = ustart[r]
+    for i in range(n):
+        for e in range(start[i], start[i + 1]):
+            r = res[e]
+            uflow[fill[r]] = i
+            uw[fill[r]] = wt[e]
+            fill[r] += 1
+    cdef double[::1] left = np.empty(max(nres, 1), dtype=np.float64)
+    cdef double[::1] weight = np.empty(max(nres, 1), dtype=np.float64)
+    cdef Py_ssize_t[::1] active = np.empty(max(nres, 1), dtype=np.intp)
+    cdef char[::1] is_open = np.ones(max(nres, 1), dtype=np.int8)
+    cdef Py_ssize_t[::1] tight = np.empty(max(nres, 1), dtype=np.intp)
+    cdef char[::1] frozen = np.ones(max(n, 1), dtype=np.int8)
+    for r in range(nres):
+        left[r] = 1.0
+    for r in range(nres):
+        active[r] = ustart[r + 1] - ustart[r]
+        if plain_sum:
+            x = 0.0
+            for u in range(ustart[r], ustart[r + 1]):
+                x = x + uw[u]
+            weight[r] = x
+        else:
+            weight[r] = sum([uw[u] for u in range(ustart[r], ustart[r + 1])])
+        for u in range(ustart[r], ustart[r + 1]):
+            frozen[uflow[u]] = 0
+    cdef list rates = [float("inf")] * n
+    nopen = nres
+    while nopen > 0:
+        k = 0
+        for r in range(nres):
+            if is_open[r]:
+                ratio = _fr_share(left[r], weight[r])
+                if k == 0 or ratio < level:
+                    level = ratio
+                k = 1
+        limit = level * factor + tiny
+        ntight = 0
+        for r in range(nres):
+            if is_open[r]:
+                if _fr_share(left[r], weight[r]) <= limit:
+                    tight[ntight] = r
+                    ntight += 1
+        for k in range(ntight):
+            r = tight[k]
+            for u in range(ustart[r], ustart[r + 1]):
+                i = uflow[u]
+                if frozen[i]:
+                    continue
+                frozen[i] = 1
+                rates[i] = level
+                for e in range(start[i], start[i + 1]):
+                    x = wt[e]
+                    left[res[e]] = left[res[e]] - x * level
+                    weight[res[e]] = weight[res[e]] - x
+                    active[res[e]] -= 1
+                    if active[res[e]] == 0 and is_open[res[e]]:
+                        is_open[res[e]] = 0
+                        nopen -= 1
+            if is_open[r]:
+                is_open[r] = 0
+                nopen -= 1
+    return rates
+
+
+def clear_memos():
+    """Empty FairRates' two memo tables (the tests' way to make a call do every step again)."""
+    _FR_BY_NUMBERS.clear()
+    _FR_BY_HOT.clear()
