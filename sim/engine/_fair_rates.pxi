@@ -16,9 +16,9 @@ steps in fair_rates' order:
   then a private resource of capacity 1 (resources numbered in first-use order), capacity 1 everywhere;
   each rate then min(1.0, r); a job in no component runs at 1.
 
-Two exact memos, as MemoRates and fair_rates_of_arrays keep them: by the loads' numbers (equal ordered items,
-equal floats), and by (hot resources in order, per load its number or -1 when it has no hot resource): the
-filling reads nothing else. A load outside what the C loops cover (a weight that is not a float or is NaN,
+Three exact memos, as MemoRates and fair_rates_of_arrays keep them: by the loads' numbers (equal ordered
+items, equal floats); by (hot resources in order, per load its number or -1 when it has no hot resource):
+the filling reads nothing else; and per component by (its hot resources in order, its loads' numbers). A load outside what the C loops cover (a weight that is not a float or is NaN,
 a resource key that is not a non-negative int or a tuple: the private resources are negative ints) makes
 the call return None; the caller then asks the Python reference (`fallback`).
 """
@@ -31,6 +31,7 @@ cdef dict _FR_NUMBER = {}         # a plain load's items in order -> its number 
 cdef long long _FR_NEXT = 0
 cdef dict _FR_BY_NUMBERS = {}     # the loads' numbers (bytes) -> rates
 cdef dict _FR_BY_HOT = {}         # (hot resources in order, per load its number or -1) as bytes -> rates
+cdef dict _FR_BY_COMPONENT = {}   # (a component's hot resources in order, its loads' numbers) -> its rates
 cdef Py_ssize_t _FR_MAX = 1 << 16  # per table, as fair_rates.MAX_ENTRIES: a full table is emptied
 cdef double* _fr_sum = NULL       # per resource: its summed load in the current call
 cdef char* _fr_seen = NULL        # per resource: 1 while the current call has met it
@@ -282,7 +283,7 @@ cdef class FairRates:
                     if first_user[c] >= 0 and _root(parent, first_user[c]) == root:
                         cols[nc] = c
                         nc += 1
-                part = self.fill(ix, jobs, nj, cols, nc)
+                part = self.component_rates(ix, jobs, nj, cols, nc)
                 for k in range(nj):
                     rates[jobs[k]] = part[k]
         finally:
@@ -290,125 +291,170 @@ cdef class FairRates:
             free(used)
         return rates
 
+    cdef list component_rates(self, Py_ssize_t* ix, Py_ssize_t* jobs, Py_ssize_t nj, Py_ssize_t* cols,
+                              Py_ssize_t nc):
+        """fill, memoized on (the component's hot resources in order, its jobs' numbers): what the demands
+        are built from (fair_rates' _COMPONENT_RATES)."""
+        cdef Py_ssize_t k
+        self.key = <long long*>_grow(self.key, &self.cap_key, nc + nj + 1, sizeof(long long))
+        self.key[0] = nc
+        for k in range(nc):
+            self.key[1 + k] = self.met[cols[k]]
+        for k in range(nj):
+            self.key[1 + nc + k] = self.number[ix[jobs[k]]]
+        memo_key = PyBytes_FromStringAndSize(<char*>self.key, (1 + nc + nj) * sizeof(long long))
+        part = _FR_BY_COMPONENT.get(memo_key)
+        if part is None:
+            part = self.fill(ix, jobs, nj, cols, nc)
+            if len(_FR_BY_COMPONENT) >= _FR_MAX:
+                _FR_BY_COMPONENT.clear()
+            _FR_BY_COMPONENT[memo_key] = part
+        return part
+
     cdef list fill(self, Py_ssize_t* ix, Py_ssize_t* jobs, Py_ssize_t nj, Py_ssize_t* cols, Py_ssize_t nc):
         """fair_rates._fill of one component: the demands (module docstring) as CSR, resources numbered in
         first-use order, then maxmin's progressive filling (_maxmin.pyx _fill, capacity 1.0 everywhere)."""
-        cdef Py_ssize_t size = nj * (nc + 1), jj, c, e, r, cnt = 0, nres = 0, li
+        cdef Py_ssize_t size = nj * (nc + 1), jj, c, e, cnt = 0, nres = 0, li
         cdef double w
-        start = np.empty(nj + 1, dtype=np.intp)
-        fres = np.empty(max(size, 1), dtype=np.intp)
-        fwt = np.empty(max(size, 1), dtype=np.float64)
-        mm_of = np.full(max(nc, 1), -1, dtype=np.intp)
-        cdef Py_ssize_t[::1] st = start, rs = fres, mm = mm_of
-        cdef double[::1] ws = fwt
-        for jj in range(nj):
-            li = ix[jobs[jj]]
-            for e in range(self.ptr[li], self.ptr[li + 1]):
-                _fr_val[self.res[e]] = self.wt[e]
-            st[jj] = cnt
+        cdef Py_ssize_t* st = <Py_ssize_t*>malloc((nj + 1 + size + nc + 1) * sizeof(Py_ssize_t))
+        cdef double* ws = <double*>malloc((size + 1) * sizeof(double))
+        if st == NULL or ws == NULL:
+            free(st)
+            free(ws)
+            raise MemoryError()
+        cdef Py_ssize_t* rs = st + nj + 1  # each flow's resources (CSR over st)
+        cdef Py_ssize_t* mm = rs + size    # per column: its resource number in the filling (-1: not yet used)
+        try:
             for c in range(nc):
-                w = _fr_val[self.met[cols[c]]]
-                if w > 0:
-                    if mm[c] < 0:
-                        mm[c] = nres
-                        nres += 1
-                    rs[cnt] = mm[c]
-                    ws[cnt] = w
-                    cnt += 1
-            for e in range(self.ptr[li], self.ptr[li + 1]):
-                _fr_val[self.res[e]] = 0.0
-            rs[cnt] = nres  # the job's private resource -(j + 1), capacity 1
-            ws[cnt] = 1.0
-            nres += 1
-            cnt += 1
-        st[nj] = cnt
-        cdef list rates = _maxmin_fill(nj, nres, st, rs, ws, self.factor, self.tiny, self.plain_sum)
+                mm[c] = -1
+            for jj in range(nj):
+                li = ix[jobs[jj]]
+                for e in range(self.ptr[li], self.ptr[li + 1]):
+                    _fr_val[self.res[e]] = self.wt[e]
+                st[jj] = cnt
+                for c in range(nc):
+                    w = _fr_val[self.met[cols[c]]]
+                    if w > 0:
+                        if mm[c] < 0:
+                            mm[c] = nres
+                            nres += 1
+                        rs[cnt] = mm[c]
+                        ws[cnt] = w
+                        cnt += 1
+                for e in range(self.ptr[li], self.ptr[li + 1]):
+                    _fr_val[self.res[e]] = 0.0
+                rs[cnt] = nres  # the job's private resource -(j + 1), capacity 1
+                ws[cnt] = 1.0
+                nres += 1
+                cnt += 1
+            st[nj] = cnt
+            rates = _maxmin_fill(nj, nres, st, rs, ws, self.factor, self.tiny, self.plain_sum)
+        finally:
+            free(st)
+            free(ws)
         for jj in range(nj):
             w = rates[jj]
             rates[jj] = w if w < 1.0 else 1.0  # min(1.0, r)
         return rates
 
 
-cdef list _maxmin_fill(Py_ssize_t n, Py_ssize_t nres, Py_ssize_t[::1] start, Py_ssize_t[::1] res,
-                       double[::1] wt, double factor, double tiny, bint plain_sum):
+cdef list _maxmin_fill(Py_ssize_t n, Py_ssize_t nres, Py_ssize_t* start, Py_ssize_t* res, double* wt,
+                       double factor, double tiny, bint plain_sum):
     """sim/cost/collectives/_maxmin.pyx _fill with every capacity 1.0 (float(1.0)): the same operations in
     the same order (that module's docstring states them)."""
     cdef Py_ssize_t nnz = start[n], i, e, r, k, u, nopen, ntight
     cdef double level = 0.0, limit, ratio, x
-    cdef Py_ssize_t[::1] ustart = np.zeros(nres + 1, dtype=np.intp)
-    cdef Py_ssize_t[::1] fill = np.empty(max(nres, 1), dtype=np.intp)
-    cdef Py_ssize_t[::1] uflow = np.empty(max(nnz, 1), dtype=np.intp)
-    cdef double[::1] uw = np.empty(max(nnz, 1), dtype=np.float64)
-    for e in range(nnz):
-        ustart[res[e] + 1] += 1
-    for r in range(nres):
-        ustart[r + 1] += ustart[r]
-        fill[r] = ustart[r]
-    for i in range(n):
-        for e in range(start[i], start[i + 1]):
-            r = res[e]
-            uflow[fill[r]] = i
-            uw[fill[r]] = wt[e]
-            fill[r] += 1
-    cdef double[::1] left = np.empty(max(nres, 1), dtype=np.float64)
-    cdef double[::1] weight = np.empty(max(nres, 1), dtype=np.float64)
-    cdef Py_ssize_t[::1] active = np.empty(max(nres, 1), dtype=np.intp)
-    cdef char[::1] is_open = np.ones(max(nres, 1), dtype=np.int8)
-    cdef Py_ssize_t[::1] tight = np.empty(max(nres, 1), dtype=np.intp)
-    cdef char[::1] frozen = np.ones(max(n, 1), dtype=np.int8)
-    for r in range(nres):
-        left[r] = 1.0
-    for r in range(nres):
-        active[r] = ustart[r + 1] - ustart[r]
-        if plain_sum:
-            x = 0.0
-            for u in range(ustart[r], ustart[r + 1]):
-                x = x + uw[u]
-            weight[r] = x
-        else:
-            weight[r] = sum([uw[u] for u in range(ustart[r], ustart[r + 1])])
-        for u in range(ustart[r], ustart[r + 1]):
-            frozen[uflow[u]] = 0
-    cdef list rates = [float("inf")] * n
-    nopen = nres
-    while nopen > 0:
-        k = 0
+    cdef Py_ssize_t* ustart = <Py_ssize_t*>malloc((4 * nres + nnz + 1) * sizeof(Py_ssize_t))
+    cdef double* uw = <double*>malloc((nnz + 2 * nres + 1) * sizeof(double))
+    cdef char* is_open = <char*>malloc(nres + n + 1)
+    if ustart == NULL or uw == NULL or is_open == NULL:
+        free(ustart)
+        free(uw)
+        free(is_open)
+        raise MemoryError()
+    cdef Py_ssize_t* fill = ustart + nres + 1
+    cdef Py_ssize_t* uflow = fill + nres
+    cdef Py_ssize_t* active = uflow + nnz
+    cdef Py_ssize_t* tight = active + nres
+    cdef double* left = uw + nnz
+    cdef double* weight = left + nres
+    cdef char* frozen = is_open + nres
+    cdef list rates
+    try:
+        for r in range(nres + 1):
+            ustart[r] = 0
         for r in range(nres):
-            if is_open[r]:
-                ratio = _fr_share(left[r], weight[r])
-                if k == 0 or ratio < level:
-                    level = ratio
-                k = 1
-        limit = level * factor + tiny
-        ntight = 0
+            is_open[r] = 1
+        for i in range(n):
+            frozen[i] = 1
+        for e in range(nnz):  # users of each resource, in flow order (CSR by resource)
+            ustart[res[e] + 1] += 1
         for r in range(nres):
-            if is_open[r]:
-                if _fr_share(left[r], weight[r]) <= limit:
-                    tight[ntight] = r
-                    ntight += 1
-        for k in range(ntight):
-            r = tight[k]
+            ustart[r + 1] += ustart[r]
+            fill[r] = ustart[r]
+        for i in range(n):
+            for e in range(start[i], start[i + 1]):
+                r = res[e]
+                uflow[fill[r]] = i
+                uw[fill[r]] = wt[e]
+                fill[r] += 1
+        for r in range(nres):
+            left[r] = 1.0
+        for r in range(nres):
+            active[r] = ustart[r + 1] - ustart[r]
+            if plain_sum:
+                x = 0.0
+                for u in range(ustart[r], ustart[r + 1]):
+                    x = x + uw[u]
+                weight[r] = x
+            else:
+                weight[r] = sum([uw[u] for u in range(ustart[r], ustart[r + 1])])
             for u in range(ustart[r], ustart[r + 1]):
-                i = uflow[u]
-                if frozen[i]:
-                    continue
-                frozen[i] = 1
-                rates[i] = level
-                for e in range(start[i], start[i + 1]):
-                    x = wt[e]
-                    left[res[e]] = left[res[e]] - x * level
-                    weight[res[e]] = weight[res[e]] - x
-                    active[res[e]] -= 1
-                    if active[res[e]] == 0 and is_open[res[e]]:
-                        is_open[res[e]] = 0
-                        nopen -= 1
-            if is_open[r]:
-                is_open[r] = 0
-                nopen -= 1
+                frozen[uflow[u]] = 0
+        rates = [float("inf")] * n
+        nopen = nres
+        while nopen > 0:
+            k = 0
+            for r in range(nres):
+                if is_open[r]:
+                    ratio = _fr_share(left[r], weight[r])
+                    if k == 0 or ratio < level:
+                        level = ratio
+                    k = 1
+            limit = level * factor + tiny
+            ntight = 0
+            for r in range(nres):
+                if is_open[r]:
+                    if _fr_share(left[r], weight[r]) <= limit:
+                        tight[ntight] = r
+                        ntight += 1
+            for k in range(ntight):
+                r = tight[k]
+                for u in range(ustart[r], ustart[r + 1]):
+                    i = uflow[u]
+                    if frozen[i]:
+                        continue
+                    frozen[i] = 1
+                    rates[i] = level
+                    for e in range(start[i], start[i + 1]):
+                        x = wt[e]
+                        left[res[e]] = left[res[e]] - x * level
+                        weight[res[e]] = weight[res[e]] - x
+                        active[res[e]] -= 1
+                        if active[res[e]] == 0 and is_open[res[e]]:
+                            is_open[res[e]] = 0
+                            nopen -= 1
+                if is_open[r]:
+                    is_open[r] = 0
+                    nopen -= 1
+    finally:
+        free(ustart)
+        free(uw)
+        free(is_open)
     return rates
 
-
 def clear_memos():
-    """Empty FairRates' two memo tables (the tests' way to make a call do every step again)."""
+    """Empty FairRates' memo tables (the tests' way to make a call do every step again)."""
     _FR_BY_NUMBERS.clear()
     _FR_BY_HOT.clear()
+    _FR_BY_COMPONENT.clear()
