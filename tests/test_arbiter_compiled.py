@@ -1,7 +1,8 @@
 """The compiled core's arbiter rates (sim/engine/_fair_rates.pxi FairRates: fair_rates in C over loads interned
 once per run) against the Python reference, float.hex for float.hex:
 
-- directly, against fair_rates on generated load sets aimed at its edges: summed loads one ulp either side
+- directly, against fair_rates on generated load sets aimed at its edges (and its shortcut, hot resources
+  found through the pairs of loads that share them, against summing every item): summed loads one ulp either side
   of the hot threshold, loads that share every link, equal loads (the same object twice, or equal items in
   two objects), zero, negative-zero and negative weights, compute resources ("cpu", r), and loads outside
   the C loops (int or NaN weights, negative-int, bool or string resource keys: the reference answers them);
@@ -93,6 +94,20 @@ def test_interned_rates_equal_fair_rates(loads):
     assert _hex(compiled.fair_rates()(loads)) == want  # a fresh table, global memos warm
     _core.clear_memos()
     assert _hex(compiled.fair_rates()(loads)) == want  # memos empty
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(load_sets())
+def test_hot_resources_by_pairs_equal_the_long_way(loads):
+    """The shortcut FairRates takes (only resources shared by two loads are summed; the others are hot when
+    their one load is) lists the same hot resources in the same order, and the same marks, as summing every
+    item (the long way, fair_rates' own)."""
+    fair = compiled.fair_rates()
+    plain = [load for load in loads if all(type(w) is float and w == w for w in load.values())
+             and all((type(k) is int and k >= 0) or type(k) is tuple for k in load)]
+    if len(plain) >= 2:
+        by_scan, by_pairs = fair.hot_both_ways(plain)
+        assert by_pairs == by_scan
 
 
 def test_the_hot_threshold_is_exact_and_binds():

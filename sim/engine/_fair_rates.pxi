@@ -25,6 +25,7 @@ the call return None; the caller then asks the Python reference (`fallback`).
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.math cimport isnan
+from libc.stdlib cimport qsort
 
 cdef dict _FR_RESOURCE = {}       # a load's resource key -> dense index (never reused)
 cdef dict _FR_NUMBER = {}         # a plain load's items in order -> its number (never reused)
@@ -37,12 +38,17 @@ cdef double* _fr_sum = NULL       # per resource: its summed load in the current
 cdef char* _fr_seen = NULL        # per resource: 1 while the current call has met it
 cdef Py_ssize_t* _fr_col = NULL   # per resource: its position among the hot ones, -1 otherwise
 cdef double* _fr_val = NULL       # per resource: the current job's load on it (0.0 when none)
+cdef Py_ssize_t* _fr_pos = NULL   # per resource: its entry in the load being paired (-1 otherwise)
+cdef long long* _fr_stamp = NULL  # per resource: the call (_fr_gen) that last met it as shared
+cdef Py_ssize_t* _fr_last = NULL  # per resource: the last job of that call whose load was added to its sum
+cdef long long* _fr_first = NULL  # per resource: (job << 32) | entry position of its first appearance
+cdef long long _fr_gen = 0
 cdef Py_ssize_t _fr_cap = 0
 
 
 cdef int _fr_fit(Py_ssize_t need) except -1:
     """Grow the per-resource scratch to `need` entries (new ones unseen, no column, no load)."""
-    global _fr_sum, _fr_seen, _fr_col, _fr_val, _fr_cap
+    global _fr_sum, _fr_seen, _fr_col, _fr_val, _fr_pos, _fr_stamp, _fr_last, _fr_first, _fr_cap
     if need <= _fr_cap:
         return 0
     cdef Py_ssize_t old = _fr_cap, i
@@ -54,12 +60,28 @@ cdef int _fr_fit(Py_ssize_t need) except -1:
     _fr_col = <Py_ssize_t*>_grow(_fr_col, &cap, need, sizeof(Py_ssize_t))
     cap = old
     _fr_val = <double*>_grow(_fr_val, &cap, need, sizeof(double))
+    cap = old
+    _fr_pos = <Py_ssize_t*>_grow(_fr_pos, &cap, need, sizeof(Py_ssize_t))
+    cap = old
+    _fr_stamp = <long long*>_grow(_fr_stamp, &cap, need, sizeof(long long))
+    cap = old
+    _fr_last = <Py_ssize_t*>_grow(_fr_last, &cap, need, sizeof(Py_ssize_t))
+    cap = old
+    _fr_first = <long long*>_grow(_fr_first, &cap, need, sizeof(long long))
     for i in range(old, cap):
         _fr_seen[i] = 0
         _fr_col[i] = -1
         _fr_val[i] = 0.0
+        _fr_pos[i] = -1
+        _fr_stamp[i] = 0
     _fr_cap = cap
     return 0
+
+
+cdef int _fr_by_first(const void* a, const void* b) noexcept nogil:
+    """qsort order of (first appearance, resource) pairs: by first appearance (distinct per resource)."""
+    cdef long long x = (<const long long*>a)[0], y = (<const long long*>b)[0]
+    return (x > y) - (x < y)
 
 
 cdef inline bint _fr_plain_key(object key):
@@ -95,10 +117,30 @@ cdef class FairRates:
     cdef Py_ssize_t cap_met
     cdef Py_ssize_t* ix               # the Core's per-call list of load indices
     cdef Py_ssize_t cap_ix
+    cdef Py_ssize_t* hot_ptr          # per load: where its entries over the threshold start in hot_e (CSR)
+    cdef Py_ssize_t* hot_e            # their entry indices
+    cdef Py_ssize_t cap_hot_ptr, n_hot_e, cap_hot_e
+    cdef dict pair_index              # (la << 32) | lb -> the pair's index: its shared entries are known
+    cdef Py_ssize_t* pair_ptr         # per pair: where its shared entries start in pair_a / pair_b (CSR)
+    cdef Py_ssize_t* pair_a           # a shared resource's entry in la's items
+    cdef Py_ssize_t* pair_b           # the same resource's entry in lb's items
+    cdef Py_ssize_t n_pairs, cap_pair_ptr, cap_pair_a, cap_pair_b
+    cdef Py_ssize_t* task_j           # per call: (job, entry) of each shared entry met through a pair
+    cdef Py_ssize_t* task_e
+    cdef Py_ssize_t* bucket           # per call: the tasks bucketed by job (CSR over jobs: bucket_ptr)
+    cdef Py_ssize_t* bucket_ptr
+    cdef Py_ssize_t* shared           # per call: the shared resources met
+    cdef long long* order_key         # per call: hot candidates' (first appearance, resource) pairs
+    cdef Py_ssize_t cap_task_j, cap_task_e, cap_bucket, cap_bucket_ptr, cap_shared, cap_order_key
 
     def __cinit__(self):
         self.ptr = <Py_ssize_t*>_grow(NULL, &self.cap_ptr, 1, sizeof(Py_ssize_t))
         self.ptr[0] = 0
+        self.hot_ptr = <Py_ssize_t*>_grow(NULL, &self.cap_hot_ptr, 1, sizeof(Py_ssize_t))
+        self.hot_ptr[0] = 0
+        self.pair_ptr = <Py_ssize_t*>_grow(NULL, &self.cap_pair_ptr, 1, sizeof(Py_ssize_t))
+        self.pair_ptr[0] = 0
+        self.pair_index = {}
 
     def __init__(self, fallback, double factor, double tiny, bint plain_sum):
         self.fallback, self.factor, self.tiny, self.plain_sum = fallback, factor, tiny, plain_sum
@@ -112,6 +154,17 @@ cdef class FairRates:
         free(self.key)
         free(self.met)
         free(self.ix)
+        free(self.hot_ptr)
+        free(self.hot_e)
+        free(self.pair_ptr)
+        free(self.pair_a)
+        free(self.pair_b)
+        free(self.task_j)
+        free(self.task_e)
+        free(self.bucket)
+        free(self.bucket_ptr)
+        free(self.shared)
+        free(self.order_key)
 
     def __call__(self, loads):
         """fair_rates(loads): each load interned, the C loops, or the fallback for loads outside them."""
@@ -159,6 +212,14 @@ cdef class FairRates:
                 self.wt[e] = w
                 e += 1
         self.number[i] = number
+        self.hot_ptr = <Py_ssize_t*>_grow(self.hot_ptr, &self.cap_hot_ptr, i + 2, sizeof(Py_ssize_t))
+        self.hot_e = <Py_ssize_t*>_grow(self.hot_e, &self.cap_hot_e, self.n_hot_e + e - self.nnz + 1,
+                                        sizeof(Py_ssize_t))
+        for r in range(self.nnz, e):  # entries hot on their own (0.0 + w > the threshold)
+            if self.wt[r] > _HOT_LIMIT:
+                self.hot_e[self.n_hot_e] = r
+                self.n_hot_e += 1
+        self.hot_ptr[i + 1] = self.n_hot_e
         self.nnz = e
         self.ptr[i + 1] = e
         self.n_loads = i + 1
@@ -185,10 +246,36 @@ cdef class FairRates:
         return rates
 
     cdef list by_hot(self, Py_ssize_t* ix, Py_ssize_t n):
-        """Sum each resource's load, list the hot ones in order of first appearance; then the hot memo, or
-        the components' fillings."""
+        """The hot resources in order of first appearance (hot_by_pairs); then the hot memo, or the
+        components' fillings."""
+        cdef Py_ssize_t k
+        cdef Py_ssize_t nhot = self.hot_by_pairs(ix, n)
+        if nhot == 0:
+            return [1.0] * n
+        for k in range(nhot):
+            _fr_col[self.met[k]] = k
+        try:
+            self.key = <long long*>_grow(self.key, &self.cap_key, nhot + n + 1, sizeof(long long))
+            self.key[0] = nhot
+            for k in range(nhot):
+                self.key[1 + k] = self.met[k]
+            self.marks_by_pairs(ix, n, self.key + 1 + nhot)
+            memo_key = PyBytes_FromStringAndSize(<char*>self.key, (1 + nhot + n) * sizeof(long long))
+            rates = _FR_BY_HOT.get(memo_key)
+            if rates is None:
+                rates = self.components(ix, n, nhot)
+                if len(_FR_BY_HOT) >= _FR_MAX:
+                    _FR_BY_HOT.clear()
+                _FR_BY_HOT[memo_key] = rates
+        finally:
+            for k in range(nhot):
+                _fr_col[self.met[k]] = -1
+        return rates
+
+    cdef Py_ssize_t hot_by_scan(self, Py_ssize_t* ix, Py_ssize_t n) except -1:
+        """The long way (fair_rates' own): sum every resource's load from 0.0, load by load, item by item;
+        the hot ones (sum > 1 + 1e-12), in order of first appearance, into met[0..nhot); returns nhot."""
         cdef Py_ssize_t k, e, r, m = 0, nhot = 0, total = 0
-        cdef bint touches
         for k in range(n):
             total += self.ptr[ix[k] + 1] - self.ptr[ix[k]]
         self.met = <Py_ssize_t*>_grow(self.met, &self.cap_met, total + 1, sizeof(Py_ssize_t))
@@ -207,33 +294,171 @@ cdef class FairRates:
             if _fr_sum[r] > _HOT_LIMIT:
                 self.met[nhot] = r
                 nhot += 1
-        if nhot == 0:
-            return [1.0] * n
-        for k in range(nhot):
-            _fr_col[self.met[k]] = k
-        try:
-            self.key = <long long*>_grow(self.key, &self.cap_key, nhot + n + 1, sizeof(long long))
-            self.key[0] = nhot
-            for k in range(nhot):
-                self.key[1 + k] = self.met[k]
-            for k in range(n):
-                touches = False
-                for e in range(self.ptr[ix[k]], self.ptr[ix[k] + 1]):
-                    if _fr_col[self.res[e]] >= 0:
+        return nhot
+
+    cdef int marks_by_scan(self, Py_ssize_t* ix, Py_ssize_t n, long long* out) except -1:
+        """Per load, its number if one of its resources is hot (_fr_col set), else -1, by scanning its items."""
+        cdef Py_ssize_t k, e
+        cdef bint touches
+        for k in range(n):
+            touches = False
+            for e in range(self.ptr[ix[k]], self.ptr[ix[k] + 1]):
+                if _fr_col[self.res[e]] >= 0:
+                    touches = True
+                    break
+            out[k] = self.number[ix[k]] if touches else -1
+        return 0
+
+    cdef Py_ssize_t pair_of(self, Py_ssize_t la, Py_ssize_t lb) except -1:
+        """The pair (la, lb)'s index; its shared resources (entry in la, entry in lb; in lb's item order) are
+        found once per run by marking la's resources and scanning lb's."""
+        key = (<long long>la << 32) | lb
+        hit = self.pair_index.get(key)
+        if hit is not None:
+            return <Py_ssize_t>hit
+        cdef Py_ssize_t p = self.n_pairs, e, f, q = self.pair_ptr[self.n_pairs]
+        cdef Py_ssize_t most = q + min(self.ptr[la + 1] - self.ptr[la], self.ptr[lb + 1] - self.ptr[lb]) + 1
+        self.pair_a = <Py_ssize_t*>_grow(self.pair_a, &self.cap_pair_a, most, sizeof(Py_ssize_t))
+        self.pair_b = <Py_ssize_t*>_grow(self.pair_b, &self.cap_pair_b, most, sizeof(Py_ssize_t))
+        self.pair_ptr = <Py_ssize_t*>_grow(self.pair_ptr, &self.cap_pair_ptr, p + 2, sizeof(Py_ssize_t))
+        for e in range(self.ptr[la], self.ptr[la + 1]):
+            _fr_pos[self.res[e]] = e
+        for f in range(self.ptr[lb], self.ptr[lb + 1]):
+            e = _fr_pos[self.res[f]]
+            if e >= 0:
+                self.pair_a[q] = e
+                self.pair_b[q] = f
+                q += 1
+        for e in range(self.ptr[la], self.ptr[la + 1]):
+            _fr_pos[self.res[e]] = -1
+        self.pair_ptr[p + 1] = q
+        self.n_pairs = p + 1
+        self.pair_index[key] = p
+        return p
+
+    cdef Py_ssize_t hot_by_pairs(self, Py_ssize_t* ix, Py_ssize_t n) except -1:
+        """hot_by_scan's list without visiting every item: a resource met by one load only sums to
+        0.0 + w = w, hot when w itself is over the threshold (the load's hot_e entries, known at intern); a
+        resource shared by several loads is met through the pairs of loads that share it (pair_of), and
+        only those are summed, from 0.0, load by load in job order (each load once: _fr_last). The hot ones
+        are then ordered by first appearance, (job, entry position), as the long way meets them."""
+        global _fr_gen
+        _fr_gen += 1
+        cdef long long gen = _fr_gen, first
+        cdef Py_ssize_t j, k, p, q, t, e, r, nt = 0, nsh = 0, nhot = 0, most = 0
+        for j in range(n):  # the tasks: each shared entry of each job, via the pairs
+            for k in range(j + 1, n):
+                p = self.pair_of(ix[j], ix[k])
+                most = nt + 2 * (self.pair_ptr[p + 1] - self.pair_ptr[p]) + 1
+                self.task_j = <Py_ssize_t*>_grow(self.task_j, &self.cap_task_j, most, sizeof(Py_ssize_t))
+                self.task_e = <Py_ssize_t*>_grow(self.task_e, &self.cap_task_e, most, sizeof(Py_ssize_t))
+                for q in range(self.pair_ptr[p], self.pair_ptr[p + 1]):
+                    self.task_j[nt] = j
+                    self.task_e[nt] = self.pair_a[q]
+                    self.task_j[nt + 1] = k
+                    self.task_e[nt + 1] = self.pair_b[q]
+                    nt += 2
+        self.bucket_ptr = <Py_ssize_t*>_grow(self.bucket_ptr, &self.cap_bucket_ptr, n + 2, sizeof(Py_ssize_t))
+        self.bucket = <Py_ssize_t*>_grow(self.bucket, &self.cap_bucket, nt + 1, sizeof(Py_ssize_t))
+        self.shared = <Py_ssize_t*>_grow(self.shared, &self.cap_shared, nt + 1, sizeof(Py_ssize_t))
+        for j in range(n + 2):
+            self.bucket_ptr[j] = 0
+        for t in range(nt):  # counting sort of the tasks by job
+            self.bucket_ptr[self.task_j[t] + 2] += 1
+        for j in range(n):
+            self.bucket_ptr[j + 2] += self.bucket_ptr[j + 1]
+        for t in range(nt):
+            j = self.task_j[t] + 1
+            self.bucket[self.bucket_ptr[j]] = self.task_e[t]
+            self.bucket_ptr[j] += 1
+        for j in range(n):  # the shared resources' sums, job by job (bucket_ptr[j]..[j + 1]: job j's tasks)
+            for t in range(self.bucket_ptr[j], self.bucket_ptr[j + 1]):
+                e = self.bucket[t]
+                r = self.res[e]
+                if _fr_stamp[r] != gen:
+                    _fr_stamp[r] = gen
+                    _fr_sum[r] = 0.0
+                    _fr_last[r] = -1
+                    _fr_first[r] = (<long long>j << 32) | (e - self.ptr[ix[j]])
+                    self.shared[nsh] = r
+                    nsh += 1
+                if _fr_last[r] == j:
+                    continue
+                _fr_last[r] = j
+                _fr_sum[r] = _fr_sum[r] + self.wt[e]
+        most = nsh + 1
+        for j in range(n):
+            most += self.hot_ptr[ix[j] + 1] - self.hot_ptr[ix[j]]
+        self.order_key = <long long*>_grow(self.order_key, &self.cap_order_key, 2 * most, sizeof(long long))
+        for t in range(nsh):
+            r = self.shared[t]
+            if _fr_sum[r] > _HOT_LIMIT:
+                self.order_key[2 * nhot] = _fr_first[r]
+                self.order_key[2 * nhot + 1] = r
+                nhot += 1
+        for j in range(n):  # loads' own hot entries on resources no other load meets
+            for t in range(self.hot_ptr[ix[j]], self.hot_ptr[ix[j] + 1]):
+                e = self.hot_e[t]
+                r = self.res[e]
+                if _fr_stamp[r] != gen:
+                    self.order_key[2 * nhot] = (<long long>j << 32) | (e - self.ptr[ix[j]])
+                    self.order_key[2 * nhot + 1] = r
+                    nhot += 1
+        if nhot:
+            qsort(self.order_key, nhot, 2 * sizeof(long long), _fr_by_first)
+        self.met = <Py_ssize_t*>_grow(self.met, &self.cap_met, nhot + 1, sizeof(Py_ssize_t))
+        for t in range(nhot):
+            self.met[t] = <Py_ssize_t>self.order_key[2 * t + 1]
+        return nhot
+
+    cdef int marks_by_pairs(self, Py_ssize_t* ix, Py_ssize_t n, long long* out) except -1:
+        """marks_by_scan after hot_by_pairs: a load meets a hot resource through its shared entries (its
+        tasks) or its own hot entries (every resource of a load is one or the other when it is hot)."""
+        cdef Py_ssize_t j, t
+        cdef bint touches
+        for j in range(n):
+            touches = False
+            for t in range(self.bucket_ptr[j], self.bucket_ptr[j + 1]):
+                if _fr_col[self.res[self.bucket[t]]] >= 0:
+                    touches = True
+                    break
+            if not touches:
+                for t in range(self.hot_ptr[ix[j]], self.hot_ptr[ix[j] + 1]):
+                    if _fr_col[self.res[self.hot_e[t]]] >= 0:
                         touches = True
                         break
-                self.key[1 + nhot + k] = self.number[ix[k]] if touches else -1
-            memo_key = PyBytes_FromStringAndSize(<char*>self.key, (1 + nhot + n) * sizeof(long long))
-            rates = _FR_BY_HOT.get(memo_key)
-            if rates is None:
-                rates = self.components(ix, n, nhot)
-                if len(_FR_BY_HOT) >= _FR_MAX:
-                    _FR_BY_HOT.clear()
-                _FR_BY_HOT[memo_key] = rates
+            out[j] = self.number[ix[j]] if touches else -1
+        return 0
+
+    def hot_both_ways(self, loads):
+        """(hot resources in order, marks) by the long way (hot_by_scan, marks_by_scan) and by the pairs
+        (hot_by_pairs, marks_by_pairs), for loads the C loops cover (tests/test_arbiter_compiled.py)."""
+        cdef Py_ssize_t n = len(loads), k, nhot
+        self.ix = <Py_ssize_t*>_grow(self.ix, &self.cap_ix, n + 1, sizeof(Py_ssize_t))
+        for k in range(n):
+            self.ix[k] = self.intern(loads[k])
+            if self.number[self.ix[k]] < 0:
+                raise ValueError("a load outside the C loops")
+        out = []
+        cdef long long* marks = <long long*>malloc((n + 1) * sizeof(long long))
+        if marks == NULL:
+            raise MemoryError()
+        try:
+            for by_pairs in (False, True):
+                nhot = self.hot_by_pairs(self.ix, n) if by_pairs else self.hot_by_scan(self.ix, n)
+                order = [self.met[k] for k in range(nhot)]
+                for k in range(nhot):
+                    _fr_col[self.met[k]] = k
+                if by_pairs:
+                    self.marks_by_pairs(self.ix, n, marks)
+                else:
+                    self.marks_by_scan(self.ix, n, marks)
+                for k in range(nhot):
+                    _fr_col[self.met[k]] = -1
+                out.append((order, [marks[k] for k in range(n)] if nhot else []))
         finally:
-            for k in range(nhot):
-                _fr_col[self.met[k]] = -1
-        return rates
+            free(marks)
+        return out
 
     cdef list components(self, Py_ssize_t* ix, Py_ssize_t n, Py_ssize_t nhot):
         """Per connected component (fair_rates._components: jobs joined by a positive load on a common hot
