@@ -10,8 +10,10 @@ The same engine as the Python reference, step for step (sim/engine/events.py sta
   continues at once;
 - each generator of processes.py (a FIFO stream, a P2P batch, a P2P transfer) is a process with an explicit
   resume point (`phase`) that does, between two waits, exactly what the generator does between two yields;
-- the arbiter drains jobs with the same float operations in the same order and asks the same rates function
-  (arbiter.MemoRates) for rates;
+- the arbiter drains jobs with the same float operations in the same order; its rates come from FairRates
+  (_fair_rates.pxi, included below: fair_rates' steps as C loops over loads interned once per run, the same
+  floats), which asks the reference (arbiter.MemoRates) only for loads outside its C loops; a Core given
+  another rates function calls it, as the Python engine does;
 - the collective coster is asked at the same points, except that one marked `by_value` (a pure, memoized
   coster that returns the same timing object for the same work and group) is asked once per (work object,
   group object) pair and its answer reused: the same object it would have returned.

@@ -81,7 +81,7 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     batches = streams["pp_comm"]
     st.batches = batches.positions.tolist() if dense and isinstance(batches, OpsAt) else list(map(index, batches))
     st.stage = stage
-    ids_arr = np.asarray(ids, dtype=np.intp)
+    ids_arr = np.arange(len(ops), dtype=np.intp) if dense else np.asarray(ids, dtype=np.intp)
     issue_arr = np.asarray(issue, dtype=np.float64)[ids_arr] if len(issue) else np.zeros(0)
     if syncs is not None:
         point = np.asarray(syncs.point_of, dtype=np.intc)[ids_arr]
