@@ -201,6 +201,7 @@ cdef inline bint _int_pair(object x):
     return type(x) is tuple and len(<tuple>x) == 2 and type((<tuple>x)[0]) is int and type((<tuple>x)[1]) is int
 
 
+include "_fair_fill.pxi"
 include "_fair_rates.pxi"
 
 
