@@ -10,8 +10,10 @@ The same engine as the Python reference, step for step (sim/engine/events.py sta
   continues at once;
 - each generator of processes.py (a FIFO stream, a P2P batch, a P2P transfer) is a process with an explicit
   resume point (`phase`) that does, between two waits, exactly what the generator does between two yields;
-- the arbiter drains jobs with the same float operations in the same order and asks the same rates function
-  (arbiter.MemoRates) for rates;
+- the arbiter drains jobs with the same float operations in the same order; its rates come from FairRates
+  (_fair_rates.pxi, included below: fair_rates' steps as C loops over loads interned once per run, the same
+  floats), which asks the reference (arbiter.MemoRates) only for loads outside its C loops; a Core given
+  another rates function calls it, as the Python engine does;
 - the collective coster is asked at the same points, except that one marked `by_value` (a pure, memoized
   coster that returns the same timing object for the same work and group) is asked once per (work object,
   group object) pair and its answer reused: the same object it would have returned.
@@ -187,6 +189,7 @@ cdef class _Job:
     cdef double rate
     cdef object tag
     cdef double start_s
+    cdef Py_ssize_t li                # its load's index in the Core's FairRates (-1: the rates function is another)
 
 
 cdef struct JobRow:
@@ -196,6 +199,10 @@ cdef struct JobRow:
 
 cdef inline bint _int_pair(object x):
     return type(x) is tuple and len(<tuple>x) == 2 and type((<tuple>x)[0]) is int and type((<tuple>x)[1]) is int
+
+
+include "_fair_fill.pxi"
+include "_fair_rates.pxi"
 
 
 cdef class Core:
@@ -242,6 +249,7 @@ cdef class Core:
     # the arbiter
     cdef object rates
     cdef dict rate_memo          # MemoRates._memo: ids of the loads -> (the loads, their rates)
+    cdef FairRates fair          # rates is a FairRates: asked in C over interned loads (None: rates is called)
     cdef list jobs
     cdef double last_s
     cdef int timer
@@ -317,6 +325,7 @@ cdef class Core:
         self.now = 0.0
         self.seq = 0
         self.rates = rates
+        self.fair = rates if type(rates) is FairRates else None
         memo = getattr(rates, "_memo", None)  # arbiter.MemoRates (rates_of); any other rates function: called
         self.rate_memo = memo if type(memo) is dict else None
         self.jobs = []
@@ -772,6 +781,7 @@ cdef class Core:
         cdef _Job job = _Job()
         job.key, job.remaining_s, job.load, job.done, job.own = key, work_s, load, self.new_sig(), own
         job.rate, job.tag, job.start_s = 1.0, tag, self.now
+        job.li = self.fair.intern(load) if self.fair is not None else -1
         self.jobs.append(job)
         self.jobs_of_key[key] = self.jobs_of_key.get(key, 0) + 1
         if own:
@@ -800,14 +810,19 @@ cdef class Core:
             wait_s = x if x > 0.0 else 0.0
         else:
             if not self.owning and len(self.jobs_of_key) == n:  # one job per key: its own load
-                rates = self.rates_of([(<_Job>j).load for j in jobs])
+                if self.fair is not None:
+                    rates = self.fair_rates_of(jobs)
+                else:
+                    rates = self.rates_of([(<_Job>j).load for j in jobs])
                 if len(rates) != n:
                     raise ValueError("rates of a different length than the jobs")
                 for k in range(n):
                     (<_Job>jobs[k]).rate = rates[k]
             else:
                 keys = self.key_loads()
-                rate_of = dict(zip(keys, self.rates_of(list(keys.values())), strict=True))
+                loads = list(keys.values())
+                rate_of = dict(zip(keys, self.rates_of(loads) if self.fair is None else self.fair(loads),
+                                   strict=True))
                 for job in jobs:
                     job.rate = rate_of[job.key]
             job = <_Job>jobs[0]
@@ -822,6 +837,19 @@ cdef class Core:
         self.timer = self.timeout(wait_s)
         self.add_cb(self.timer, CB_TICK, 0)
         return 0
+
+    cdef object fair_rates_of(self, list jobs):
+        """The jobs' rates from their interned loads (FairRates.rates_of), or the reference's for loads
+        outside the C loops."""
+        cdef FairRates fair = self.fair
+        cdef Py_ssize_t k, n = len(jobs)
+        fair.ix = <Py_ssize_t*>_grow(fair.ix, &fair.cap_ix, n + 1, sizeof(Py_ssize_t))
+        for k in range(n):
+            fair.ix[k] = (<_Job>jobs[k]).li
+        rates = fair.rates_of(fair.ix, n)
+        if rates is None:
+            return fair.fallback([(<_Job>j).load for j in jobs])
+        return rates
 
     cdef object rates_of(self, list loads):
         """self.rates(loads), answered from arbiter.MemoRates' own first table when it holds them (the lookup

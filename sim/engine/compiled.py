@@ -22,6 +22,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from meshsim.sim.cost.collectives import maxmin
 from meshsim.sim.engine.arbiter import Job, MemoRates
 from meshsim.sim.engine.event_columns import EventColumns
 from meshsim.sim.engine.job_rows import JobRows
@@ -80,7 +81,7 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     batches = streams["pp_comm"]
     st.batches = batches.positions.tolist() if dense and isinstance(batches, OpsAt) else list(map(index, batches))
     st.stage = stage
-    ids_arr = np.asarray(ids, dtype=np.intp)
+    ids_arr = np.arange(len(ops), dtype=np.intp) if dense else np.asarray(ids, dtype=np.intp)
     issue_arr = np.asarray(issue, dtype=np.float64)[ids_arr] if len(issue) else np.zeros(0)
     if syncs is not None:
         point = np.asarray(syncs.point_of, dtype=np.intc)[ids_arr]
@@ -122,6 +123,12 @@ def run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, col
             gc.enable()
 
 
+def fair_rates() -> _core.FairRates:
+    """The arbiter's rates for the compiled core: fair_rates in C over loads interned once per run
+    (sim/engine/_fair_rates.pxi), the reference arbiter.MemoRates for loads outside its C loops."""
+    return _core.FairRates(MemoRates(), maxmin._FACTOR, maxmin._TINY, maxmin._PLAIN_SUM)
+
+
 def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, collective: CollectiveFn, p2p: P2PFn | None,
         event_type: type, work_bytes: Callable[[Op], int]
         ) -> tuple[_rows.EventRows, float, list[Transfer], list[Job], Callable[[int], set[int]]]:
@@ -146,7 +153,7 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
     issue_ranks = frozenset(r for r in ranks if inputs.issue_of.get(r))
     sync_ranks = frozenset(r for r in ranks if r in inputs.syncs_of)
     core = _core.Core(stages, [stage_of(r) for r in ranks], ranks, issue_ranks, sync_ranks, compute_s, collective,
-                      p2p, inputs.group_of, inputs.kappa, MemoRates(), Transfer)
+                      p2p, inputs.group_of, inputs.kappa, fair_rates(), Transfer)
     core.run()
     position = {r: i for i, r in enumerate(ranks)}
     rows, latest_s = _rows_of(core, stages, ranks, stage_of, event_type)

@@ -13,6 +13,10 @@ fair_rates_of_arrays computes the same floats from numpy's summed loads and, giv
 inputs (`_HOT_RATES`) and, below it, of an earlier component with the same inputs (`_COMPONENT_RATES`): a
 step that simulates several pipeline stages at once drains collectives of every stage together, and
 their combinations recur far less often than each stage's own.
+
+The compiled core does not call this module per arbitration: sim/engine/_fair_rates.pxi (FairRates) does the
+same steps as C loops over loads interned once per run, with the same memos, and asks the Python reference
+only for loads its loops do not cover (tests/test_arbiter_compiled.py compares the two float for float).
 """
 
 from __future__ import annotations
