@@ -265,6 +265,11 @@ def ep_layer_ms(events: Iterable[Event]) -> dict[str, float]:
         ep = list(events.take(keep)) if keep else []
     else:
         ep = [ev for ev in events if ev.layer is not None and ev.name.split(".", 2)[-1] in EP_OPS]
+    return ep_layer_of(ep)
+
+
+def ep_layer_of(ep: list[Event]) -> dict[str, float]:
+    """ep_layer_ms of the events it selected (those of an op of EP_OPS with a layer)."""
     layer = middle_layer(ep)
     sel = [ev for ev in ep if ev.layer == layer]
     sel = [ev for ev in sel if ev.micro_batch == 0] or sel

@@ -77,17 +77,19 @@ def ranks_per_stage(rs: ResolvedScenario, explicit_ranks: bool) -> int:
 
 
 def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tuple[int, ...],
-               coster: CollectiveCoster, engine_name: EngineName | None = None) -> engine.EventLog:
+               coster: CollectiveCoster, engine_name: EngineName | None = None,
+               issue_s: Sequence[Sequence[float]] | None = None) -> engine.EventLog:
     """The engine over `ranks`, each running its stage's schedule, on the scenario's engine (run.engine)
-    unless `engine_name` says otherwise."""
+    unless `engine_name` says otherwise. `issue_s`: each stage's host_issue_times(rs, schedule), when the
+    caller has them (the same values: a pure function of the two)."""
     loop = engine_name or rs.scenario.run.engine
+    issue = issue_s if issue_s is not None else [host_issue_times(rs, s) for s in schedules]
     if rs.pp == 1:
         return engine.run(schedules[0], ranks, compute_fn(rs), coster, rs.group, engine=loop,
-                          comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedules[0]))
+                          comm_interference=comm_interference(rs), issue_s=issue[0])
     # each stage's host issues its own ops (it does not wait at blocking P2P here: a lower bound)
     return engine.run(schedules, ranks, compute_fn(rs), coster, rs.group, comm_interference=comm_interference(rs),
-                      issue_s=[host_issue_times(rs, s) for s in schedules], stage_of=rs.stage_of, p2p=P2PCoster(rs),
-                      engine=loop)
+                      issue_s=list(issue), stage_of=rs.stage_of, p2p=P2PCoster(rs), engine=loop)
 
 
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, engine_name: EngineName | None = None,
@@ -158,12 +160,12 @@ def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, c
                   why=" by the steady state's run")
     short = replace(rs, micro_batches=micro_batches)
     schedules = build_stage_schedules(short)
-    log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
+    issue = tuple(host_issue_times(short, s) for s in schedules)
+    log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name, issue)
     rep = log.of_rank(log.ranks[0])
     path = critical_path(schedules, log)
     split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1)
     counts = Counter({(s.stage, *key): c for s in schedules for key, c in collective_counts(s).items()})
-    issue = tuple(host_issue_times(short, s) for s in schedules)
     return steady_state.Run(schedules, log, path, split, counts, issue, comm_interference(rs))
 
 
@@ -204,7 +206,7 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
                     ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state,
                     hardware_flops=hardware_flops_per_step(rs),
                     op_collectives=rows_by_event(run.schedules, collectives, ranks, rs.stage_size),
-                    rank_groups=rank_groups(rs, run.schedules, ranks)), ""
+                    rank_groups=rank_groups(rs, run.schedules, ranks), schedules=run.schedules), ""
 
 
 def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False,

@@ -35,6 +35,7 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.memory import MemoryBreakdown
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results import breakdown as bd
+from meshsim.sim.results import row_fields as rf
 from meshsim.sim.results.critical_path import OpTypeRow, Segment, critical_path, shares, top_op_types
 from meshsim.sim.results.records import (
     COLLECTIVE_JSON_KEYS,
@@ -273,7 +274,8 @@ def build_result(rs: ResolvedScenario, schedule: Schedule | Sequence[Schedule], 
     return assemble(rs, step_s, rep, breakdown_s, path, memory=memory, model_flops=model_flops,
                     collectives=collectives, explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks),
                     ops_per_rank=max(len(s.ops) for s in schedules), events=log.events, steady_state=steady_state,
-                    hardware_flops=hardware_flops, op_collectives=by_op, rank_groups=rank_groups)
+                    hardware_flops=hardware_flops, op_collectives=by_op, rank_groups=rank_groups,
+                    schedules=schedules)
 
 
 def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float],
@@ -282,13 +284,16 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
              events: Sequence[Event], steady_state: SteadyState | None = None,
              hardware_flops: float | None = None,
              op_collectives: Mapping[tuple[int, int], CollectiveRow] | None = None,
-             rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> StepResult:
+             rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None,
+             schedules: Sequence[Schedule] = ()) -> StepResult:
     """The one constructor of a StepResult, from a step time, the representative rank's events (layer
     spans of micro-batch 0), its breakdown and the critical path: those of a whole simulated step
     (build_result) or of an extrapolated one (sim/results/simulate.py, steady_state.py). The optional
-    op_collectives / rank_groups feed the trace's and timeline's collective details."""
+    op_collectives / rank_groups feed the trace's and timeline's collective details; `schedules` (those
+    the events' ops belong to) lets the layer spans and EP times read their columns (row_fields.py)."""
     path_shares = shares(list(path), step_s, rs.pp > 1, moe=rs.scenario.model.moe is not None, cp=rs.cp > 1)
-    layer = bd.middle_layer(rep)
+    fields_ = rf.row_fields(rep, schedules) if schedules else None
+    layer = bd.middle_layer(rep) if fields_ is None else rf.middle_layer(fields_)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
         if step_s > 0 else 0.0
@@ -296,8 +301,8 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
     op_types = all_op_types(path)
     result = StepResult(
         scenario=rs.name, step_time_s=step_s,
-        layer_fwd_ms=bd.layer_span_ms(rep, layer, ("fwd",)),
-        layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
+        layer_fwd_ms=_layer_span_ms(rep, fields_, layer, ("fwd",)),
+        layer_bwd_ms=_layer_span_ms(rep, fields_, layer, ("bwd", "recompute")),
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
         tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops, hfu=hw_tflops / rs.datasheet_peak_tflops,
         memory_gb=MemoryGB.of(memory), breakdown_s=dict(breakdown_s),
@@ -306,16 +311,22 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
         op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
-        ep_comm=ep_comm_summary(rep, op_types),
+        ep_comm=ep_comm_summary(rep, op_types, fields_),
     )
     object.__setattr__(result, "path_op_types", op_types)  # frozen: set once, as top_op_types does
     return result
 
 
-def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow]) -> EpComm | None:
+def _layer_span_ms(rep: Sequence[Event], fields_: rf.RowFields | None, layer: int | None,
+                   phases: tuple[str, ...]) -> float:
+    return bd.layer_span_ms(rep, layer, phases) if fields_ is None else rf.layer_span_ms(fields_, layer, phases)
+
+
+def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow],
+                    fields_: rf.RowFields | None = None) -> EpComm | None:
     """The MoE token all-to-alls: one layer's times (ms) and their critical-path seconds per op type
-    (`op_types`: all_op_types of the critical path)."""
-    layer = bd.ep_layer_ms(rep)
+    (`op_types`: all_op_types of the critical path; `fields_`: rep's row_fields, when it has them)."""
+    layer = bd.ep_layer_ms(rep) if fields_ is None else rf.ep_layer_ms(fields_)
     if not layer:
         return None
     on_path = {kind: total_us * 1e-6 for kind, _, total_us, _ in op_types if kind in bd.EP_OPS}
