@@ -19,13 +19,25 @@ import numpy as np
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results.critical_path import TIE_S, Segment
+from meshsim.sim.results.path_columns import PathColumns
+from meshsim.sim.results.path_columns import inside_an_op as _inside_an_op_columns
 from meshsim.sim.results.period_proof import Proof
+from meshsim.sim.results.period_state import StageMap
 from meshsim.sim.results.run_arrays import distinct_ints
 from meshsim.sim.schedule.ops import P2P, Schedule
 
 
-def steps(path: Sequence[Segment]) -> list[tuple[int, int]]:
-    """(first, last) segment index of each walk step, in time order: its waits, then its op's segment."""
+def steps(path: Sequence[Segment] | PathColumns) -> list[tuple[int, int]]:
+    """(first, last) segment index of each walk step, in time order: its waits, then its op's segment
+    (over PathColumns: the ops' positions, each step from the one after the previous op)."""
+    if isinstance(path, PathColumns):
+        lasts = np.flatnonzero(path.op_id >= 0)
+        firsts = np.concatenate((np.zeros(1, np.int64), lasts[:-1] + 1)) if len(lasts) else lasts
+        out = list(zip(firsts.tolist(), lasts.tolist(), strict=True))
+        first = int(lasts[-1]) + 1 if len(lasts) else 0
+        if first < len(path):
+            out.append((first, len(path) - 1))
+        return out
     out, first = [], 0
     for i, seg in enumerate(path):
         if seg.op_id is not None:
@@ -36,7 +48,14 @@ def steps(path: Sequence[Segment]) -> list[tuple[int, int]]:
     return out
 
 
-def _holding(path: Sequence[Segment], spans: list[tuple[int, int]], c_us: float) -> int | None:
+def _holding(path: Sequence[Segment] | PathColumns, spans: list[tuple[int, int]], c_us: float) -> int | None:
+    if isinstance(path, PathColumns):
+        starts = path.start_us[[a for a, _ in spans]].tolist()
+        i = bisect_right(starts, c_us) - 1
+        if i < 0:
+            return None
+        b = spans[i][1]
+        return i if float(path.start_us[b]) + float(path.dur_us[b]) > c_us else None
     starts = [path[a].start_us for a, _ in spans]
     i = bisect_right(starts, c_us) - 1
     if i < 0:
@@ -45,9 +64,11 @@ def _holding(path: Sequence[Segment], spans: list[tuple[int, int]], c_us: float)
     return i if path[b].start_us + path[b].dur_us > c_us else None
 
 
-def inside_an_op(path: Sequence[Segment]) -> Callable[[float], bool]:
+def inside_an_op(path: Sequence[Segment] | PathColumns) -> Callable[[float], bool]:
     """Whether the critical path at time c (s) runs a compute or collective op's segment (not a wait or a
     P2P transfer): cuts there keep the path checks simple."""
+    if isinstance(path, PathColumns):
+        return _inside_an_op_columns(path)
     starts = [seg.start_us for seg in path]
 
     def good(c_s: float) -> bool:
@@ -57,25 +78,35 @@ def inside_an_op(path: Sequence[Segment]) -> Callable[[float], bool]:
     return good
 
 
-def extend_path(path: Sequence[Segment], schedules: Sequence[Schedule], log: EventLog, proof: Proof
-                ) -> list[Segment] | str:
-    """The step's critical path (segments of the period carry count n + 1), or why it is not proven."""
+def extend_path(path: Sequence[Segment] | PathColumns, schedules: Sequence[Schedule], log: EventLog, proof: Proof
+                ) -> list[Segment] | PathColumns | str:
+    """The step's critical path (segments of the period carry count n + 1), or why it is not proven (over
+    PathColumns: the same checks on the same values, the result as columns)."""
     cut = proof.cut
     spans = steps(path)
     z, y = _holding(path, spans, cut.c1 * 1e6), _holding(path, spans, cut.c2 * 1e6)
     if z is None or y is None or y <= z:
         return "the critical path has no step at each cut"
-    if not _segments_repeat(path[spans[z][0]:spans[z][1] + 1], path[spans[y][0]:spans[y][1] + 1], proof):
+    if not _segments_repeat(_segs(path, *spans[z]), _segs(path, *spans[y]), proof):
         return "the critical path crosses the second cut elsewhere than one period after the first"
     reason = decisions_repeat(path, spans[z:], schedules, log, proof)
     if reason is not None:
         return reason
     n, s1, s2 = proof.periods, spans[z][0], spans[y][0]
     shift_us = n * cut.period_s * 1e6
+    if isinstance(path, PathColumns):
+        return path.with_period(s1, s2, n, shift_us)
     return [*path[:s1], *(Segment(s.name, s.category, s.rank, s.start_us, s.dur_us, s.op_id, n + 1)
                           for s in path[s1:s2]),
             *(Segment(s.name, s.category, s.rank, s.start_us + shift_us, s.dur_us, s.op_id, s.count)
               for s in path[s2:])]
+
+
+def _segs(path: Sequence[Segment] | PathColumns, first: int, last: int) -> list[Segment]:
+    """Segments first..last of the path."""
+    if isinstance(path, PathColumns):
+        return [path.segment(k) for k in range(first, last + 1)]
+    return list(path[first:last + 1])
 
 
 def _segments_repeat(a: Sequence[Segment], b: Sequence[Segment], proof: Proof) -> bool:
@@ -106,11 +137,11 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     by = log.by_rank()
     prevs, c1, c2 = proof.prevs, proof.cut.c1, proof.cut.c2
     order: dict[int, tuple[list[Event], list[float]]] = {}  # per rank, by end, and the ends (P2P steps)
-    settled = settled_steps(path, spans, schedules, log, proof) if skip_settled else None
+    settled = settled_steps(path, spans, schedules, log, proof, images=True) if skip_settled else None
     if settled is not None:
         spans = [spans[i] for i in np.flatnonzero(~settled).tolist()]
     for _, last in spans:
-        seg = path[last]
+        seg = path.segment(last) if isinstance(path, PathColumns) else path[last]
         events = by[seg.rank]
         ev = events[seg.op_id]
         stage = proof.stage_of(seg.rank)
@@ -137,26 +168,36 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     return None
 
 
-def settled_steps(path: Sequence[Segment], spans: Sequence[tuple[int, int]], schedules: Sequence[Schedule],
-                  log: EventLog, proof: Proof) -> np.ndarray | None:
+def settled_steps(path: Sequence[Segment] | PathColumns, spans: Sequence[tuple[int, int]],
+                  schedules: Sequence[Schedule], log: EventLog, proof: Proof, images: bool = False
+                  ) -> np.ndarray | None:
     """Per step of `spans`, whether decisions_repeat's loop passes it with nothing checked: its op is no P2P
     batch, its event starts at or after c2 (no image check) and every candidate (each dep, the stream
     predecessor) ends at or after c1 (all periodic). Read off the log's columns and the schedules' tiled
     deps, no event built; a step whose op or a candidate has no event is not settled (the loop raises there
-    as before). None when a schedule has no tiled arrays."""
+    as before). None when a schedule has no tiled arrays.
+
+    `images`: a step starting before c2 is settled too when the loop's image check passes for it (images_hold:
+    the op's image is regular and has the image of the op's stream predecessor as its own), which the loop
+    does before the candidates' test and returns on when it fails; for the proof's own StageMaps only (a
+    map of another kind: the loop looks at those steps)."""
     tiled = [s.tiled_arrays for s in schedules]
     if not spans or any(t is None for t in tiled):
         return None
     c1, c2 = proof.cut.c1, proof.cut.c2
     cols, rows_of = log.columns(), log.rows_of()
-    segs = [path[last] for _, last in spans]
-    rank = np.fromiter((seg.rank for seg in segs), np.int64, len(segs))
-    op_id = np.fromiter((seg.op_id for seg in segs), np.int64, len(segs))
-    settled = np.zeros(len(segs), bool)
+    if isinstance(path, PathColumns):
+        lasts = [last for _, last in spans]
+        rank, op_id = path.rank[lasts], path.op_id[lasts]
+    else:
+        segs = [path[last] for _, last in spans]
+        rank = np.fromiter((seg.rank for seg in segs), np.int64, len(segs))
+        op_id = np.fromiter((seg.op_id for seg in segs), np.int64, len(segs))
+    settled = np.zeros(len(rank), bool)
     for r in distinct_ints(rank):
         at = np.flatnonzero(rank == r)
         stage = proof.stage_of(r)
-        t, prev, row_of = tiled[stage], proof.prevs[stage], rows_of[r].row_of
+        t, row_of = tiled[stage], rows_of[r].row_of
         ids = op_id[at]
 
         def end_s(op_ids: np.ndarray, row_of: np.ndarray = row_of) -> np.ndarray:
@@ -167,7 +208,11 @@ def settled_steps(path: Sequence[Segment], spans: Sequence[tuple[int, int]], sch
 
         known = (ids >= 0) & (ids < len(row_of))
         rows = np.where(known, row_of[np.where(known, ids, 0)], -1)
-        ok = (rows >= 0) & (cols.start_s[np.maximum(rows, 0)] >= c2)
+        prev_ids = _prev_ids(proof, stage)
+        late = cols.start_s[np.maximum(rows, 0)] >= c2
+        if images and isinstance(proof.maps[stage], StageMap):
+            late |= images_hold(proof.maps[stage], prev_ids, np.where(known, ids, 0))
+        ok = (rows >= 0) & late
         ok &= np.asarray(t.kind, np.int64)[np.where(known, ids, 0)] != 2
         ptr, idx = np.asarray(t.dep_ptr, np.int64), np.asarray(t.dep_idx, np.int64)
         safe = np.where(ok, ids, 0)
@@ -175,10 +220,31 @@ def settled_steps(path: Sequence[Segment], spans: Sequence[tuple[int, int]], sch
         step = np.repeat(np.arange(len(ids)), count)
         deps = idx[np.repeat(ptr[safe], count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)]
         ok[step[~(end_s(deps) >= c1)]] = False  # as all(end >= c1): a NaN end is not settled
-        before = np.array([-1 if p is None else p for p in map(prev.__getitem__, safe.tolist())], np.int64)
+        before = prev_ids[safe]
         ok &= (before < 0) | (end_s(before) >= c1)
         settled[at] = ok
     return settled
+
+
+def _prev_ids(proof: Proof, stage: int) -> np.ndarray:
+    """The stage's stream predecessors as int64 (-1: None): the proof's arrays, else its lists converted."""
+    prev_ids = getattr(proof, "prev_ids", ())  # (a Proof of tests/results_reference has none)
+    if len(prev_ids) > stage:
+        return prev_ids[stage]
+    return np.array([-1 if p is None else p for p in proof.prevs[stage]], np.int64)
+
+
+def images_hold(m: StageMap, prev_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Per op of `ids`, decisions_repeat's image check passes: later = mu(op) is not None, first_regular <=
+    later < end_regular, and mu(prev[op]) == prev[later] (None == None; mu of None is None). mu over the
+    stage map's arrays: op i itself when it has no micro-batch, else its later key's id (-1: None)."""
+    n = len(m.index.none)
+    mu = np.where(m.index.none, np.arange(n), np.asarray(m.mu_ids, np.int64))
+    later = mu[ids]
+    ok = (later >= 0) & (later >= m.first_regular) & (later < m.end_regular)
+    before = prev_ids[ids]
+    mu_before = np.where(before >= 0, mu[np.maximum(before, 0)], -1)
+    return ok & (mu_before == prev_ids[np.maximum(later, 0)])
 
 
 def by_end(log: EventLog, rank: int, events: Mapping[int, Event]) -> tuple[Sequence[Event], list[float]]:
