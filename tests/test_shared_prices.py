@@ -67,7 +67,7 @@ def _collectives(rs):
 def test_shared_prices_equal_fresh_prices(case):
     name, first, second = case
     a, b = _resolved(name, first), _resolved(name, second)
-    costers.SHARED_PRICES.clear()
+    costers.clear_shared_prices()
     shared_a = CollectiveCoster(a)
     for work, group in _collectives(a):
         shared_a.cost(work, group)
@@ -79,7 +79,7 @@ def test_shared_prices_equal_fresh_prices(case):
     assert filled or not _collectives(a)
     # the whole step: priced through a memo the first configuration filled, and afresh
     with_memo = simulate(b, lean=True)
-    costers.SHARED_PRICES.clear()
+    costers.clear_shared_prices()
     original = CollectiveCoster._shared
     CollectiveCoster._shared = _Fresh._shared
     try:
@@ -94,7 +94,7 @@ def test_other_tuning_or_topology_gets_no_shared_price():
     name = "llama2-70b-h100-tp8"
     a = _resolved(name, {})
     b = _resolved(name, {"hardware.network.link_efficiency": 0.5})
-    costers.SHARED_PRICES.clear()
+    costers.clear_shared_prices()
     pairs = _collectives(a)
     coster_a = CollectiveCoster(a)
     prices_a = [coster_a.cost(w, g) for w, g in pairs]
@@ -115,3 +115,20 @@ def test_other_tuning_or_topology_gets_no_shared_price():
     for w, g in pairs:
         assert again.cost(w, g) != marker
     assert costers.SHARED_PRICES[key][0] is topo
+
+
+def test_shared_prices_stay_bounded(monkeypatch):
+    """At most MAX_SHARED_PRICES entries and MAX_SHARED_LOADS link loads together, the oldest dropped first;
+    what is dropped is priced again, the same."""
+    a = _resolved("llama2-70b-h100-tp8", {})
+    pairs = _collectives(a)
+    costers.clear_shared_prices()
+    monkeypatch.setattr(costers, "MAX_SHARED_PRICES", 3)
+    first = [CollectiveCoster(a).cost(w, g) for w, g in pairs]
+    assert len(costers.SHARED_PRICES) <= 3
+    loads = sum(len(e[2][0][2]) for e in costers.SHARED_PRICES.values())
+    monkeypatch.setattr(costers, "MAX_SHARED_LOADS", max(1, loads // 2))
+    second = [CollectiveCoster(a).cost(w, g) for w, g in pairs]
+    assert sum(len(e[2][0][2]) for e in costers.SHARED_PRICES.values()) <= max(1, loads // 2) or \
+        len(costers.SHARED_PRICES) == 1
+    assert first == second == [_Fresh(a).cost(w, g) for w, g in pairs]

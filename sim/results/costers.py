@@ -47,9 +47,29 @@ def network_tuning(rs: ResolvedScenario):
 
 
 # _compute's results by everything it reads, for every coster of the process (CollectiveCoster._shared);
-# at most MAX_SHARED_PRICES, the oldest dropped first
+# at most MAX_SHARED_PRICES of them holding at most MAX_SHARED_LOADS link loads together (a price on a
+# 16,384-GPU fabric loads thousands of links), the oldest dropped first
 SHARED_PRICES: dict[tuple, tuple[object, object, tuple[engine.CommTiming, CollectiveRow]]] = {}
 MAX_SHARED_PRICES = 8192
+MAX_SHARED_LOADS = 1 << 20
+_shared_loads = [0]  # link loads SHARED_PRICES holds (its entries' sizes)
+
+
+def clear_shared_prices() -> None:
+    SHARED_PRICES.clear()
+    _shared_loads[0] = 0
+
+
+def _remember(key: tuple, entry: tuple) -> None:
+    if not SHARED_PRICES:
+        _shared_loads[0] = 0
+    old = SHARED_PRICES.pop(key, None)
+    if old is not None:
+        _shared_loads[0] -= len(old[2][0][2])
+    SHARED_PRICES[key] = entry
+    _shared_loads[0] += len(entry[2][0][2])
+    while SHARED_PRICES and (len(SHARED_PRICES) > MAX_SHARED_PRICES or _shared_loads[0] > MAX_SHARED_LOADS):
+        _shared_loads[0] -= len(SHARED_PRICES.pop(next(iter(SHARED_PRICES)))[2][0][2])  # the oldest first
 
 
 class CollectiveCoster:
@@ -94,9 +114,7 @@ class CollectiveCoster:
         if hit is not None and hit[0] is rs.topology and hit[1] is rs.profile:
             return hit[2]
         priced = self._compute(work, group)
-        SHARED_PRICES[key] = (rs.topology, rs.profile, priced)  # (kept alive: their ids stay theirs)
-        while len(SHARED_PRICES) > MAX_SHARED_PRICES:
-            del SHARED_PRICES[next(iter(SHARED_PRICES))]  # the oldest first
+        _remember(key, (rs.topology, rs.profile, priced))  # (kept alive: their ids stay theirs)
         return priced
 
     def _translated(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow] | None:
