@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def steps(path: Sequence[Segment] | PathColumns) -> list[tuple[int, int]]:
 
 def _holding(path: Sequence[Segment] | PathColumns, spans: list[tuple[int, int]], c_us: float) -> int | None:
     if isinstance(path, PathColumns):
-        starts = path.start_us[[a for a, _ in spans]].tolist()
+        starts = path.start_us[np.fromiter(map(itemgetter(0), spans), np.int64, len(spans))].tolist()
         i = bisect_right(starts, c_us) - 1
         if i < 0:
             return None
@@ -135,7 +136,8 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     `skip_settled`: steps `settled_steps` marks pass without a look (the loop would pass them with nothing
     checked); False: every step is looked at (the reference, tests/test_period_path_settled.py)."""
     by = log.by_rank()
-    prevs, c1, c2 = proof.prevs, proof.cut.c1, proof.cut.c2
+    c1, c2 = proof.cut.c1, proof.cut.c2
+    prev_of: dict[int, _PrevOf] = {}  # per stage: op id -> its stream predecessor (None: none)
     order: dict[int, tuple[list[Event], list[float]]] = {}  # per rank, by end, and the ends (P2P steps)
     settled = settled_steps(path, spans, schedules, log, proof, images=True) if skip_settled else None
     if settled is not None:
@@ -145,7 +147,9 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
         events = by[seg.rank]
         ev = events[seg.op_id]
         stage = proof.stage_of(seg.rank)
-        op, prev, m = schedules[stage].ops[seg.op_id], prevs[stage], proof.maps[stage]
+        if stage not in prev_of:
+            prev_of[stage] = _PrevOf(_prev_ids(proof, stage))
+        op, prev, m = schedules[stage].ops[seg.op_id], prev_of[stage], proof.maps[stage]
         if isinstance(op.work, P2P):
             if seg.rank not in order:
                 order[seg.rank] = by_end(log, seg.rank, events)
@@ -226,10 +230,23 @@ def settled_steps(path: Sequence[Segment] | PathColumns, spans: Sequence[tuple[i
     return settled
 
 
+class _PrevOf:
+    """op id -> its stream predecessor, None where it has none, read off a stage's prev_ids."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = ids
+
+    def __getitem__(self, op_id: int) -> int | None:
+        p = int(self.ids[op_id])
+        return None if p < 0 else p
+
+
 def _prev_ids(proof: Proof, stage: int) -> np.ndarray:
     """The stage's stream predecessors as int64 (-1: None): the proof's arrays, else its lists converted."""
-    prev_ids = getattr(proof, "prev_ids", ())  # (a Proof of tests/results_reference has none)
-    if len(prev_ids) > stage:
+    prev_ids = getattr(proof, "prev_ids", None)  # (a Proof of tests/results_reference has only the lists)
+    if prev_ids is not None:
         return prev_ids[stage]
     return np.array([-1 if p is None else p for p in proof.prevs[stage]], np.int64)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -43,8 +44,12 @@ class Proof:
     periods: int  # n: periods the step has beyond the run
     maps: tuple[StageMap, ...]
     stage_of: Callable[[int], int]
-    prevs: tuple[list[int | None], ...]  # per stage: op id -> the op before it on its FIFO stream
-    prev_ids: tuple[np.ndarray, ...] = ()  # per stage: prevs as int64, -1 for None (StageOps.prev)
+    prev_ids: tuple[np.ndarray, ...]  # per stage: op id -> the op before it on its FIFO stream (-1: none)
+
+    @cached_property
+    def prevs(self) -> tuple[list[int | None], ...]:
+        """prev_ids as lists, None where there is none (StageOps.prev_list), built when first read."""
+        return tuple([None if p < 0 else p for p in ids.tolist()] for ids in self.prev_ids)
 
     def map_of(self, rank: int) -> StageMap:
         return self.maps[self.stage_of(rank)]
@@ -88,7 +93,7 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
     if c1 is None:
         return "no time in the first period is clear of state changes there and one period later"
     proof = Proof(Cut(c1, period_s, tol_s, kappa), (micro_batches - n_b) // unit, tuple(maps), stage_of,
-                  tuple(st.prev_list() for st in stages), tuple(st.prev for st in stages))
+                  tuple(st.prev for st in stages))
     for check in (_drain_after_cut, _states, _host):
         reason = check(proof, log, run, issue)
         if reason is not None:
