@@ -65,3 +65,19 @@ def test_row_fields_need_the_rows_own_schedules(case):
         name, over, micro_batches = case
         assert rf.row_fields(rows, build_stage_schedules(resolved(name, over, micro_batches))) is None
         assert rf.row_fields(rows, ()) is None
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(case=scenarios())
+def test_breakdown_from_stream_columns_equals_breakdown(case):
+    """breakdown with the schedules (each row's stream read off the tiled stream column) gives the same
+    dict, bit for bit and key for key, as without them and as over the Event tuples."""
+    schedules, log = _run(case)
+    pipeline = len(schedules) > 1
+    for rank in log.ranks:
+        rows = log.of_rank(rank)
+        for step_s in (log.step_time_s, log.step_time_s * 1.5):
+            want = bd.breakdown(rows, step_s, pipeline=pipeline)
+            got = bd.breakdown(rows, step_s, pipeline=pipeline, schedules=schedules)
+            assert list(got.items()) == list(want.items())
+            assert list(want.items()) == list(bd.breakdown(list(rows), step_s, pipeline=pipeline).items())

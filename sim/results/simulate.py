@@ -164,7 +164,7 @@ def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, c
     log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name, issue)
     rep = log.of_rank(log.ranks[0])
     path = critical_path_columns(schedules, log)
-    split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1)
+    split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1, schedules=schedules)
     counts = Counter({(s.stage, *key): c for s in schedules for key, c in collective_counts(s).items()})
     return steady_state.Run(schedules, log, path, split, counts, issue, comm_interference(rs))
 

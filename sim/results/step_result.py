@@ -271,7 +271,7 @@ def build_result(rs: ResolvedScenario, schedule: Schedule | Sequence[Schedule], 
     step_s = log.step_time_s
     rep = log.of_rank(log.ranks[0])
     path = pc.critical_path_columns(schedules, log)
-    breakdown_s = bd.breakdown(rep, step_s, pipeline=pipeline)
+    breakdown_s = bd.breakdown(rep, step_s, pipeline=pipeline, schedules=schedules)
     by_op = rows_by_event(schedules, collectives, log.ranks, rs.stage_size) if lean is False else {}
     return assemble(rs, step_s, rep, breakdown_s, path, memory=memory, model_flops=model_flops,
                     collectives=collectives, explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks),
