@@ -19,6 +19,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import chain
 from operator import attrgetter
 
@@ -37,7 +38,8 @@ _WAIT_NAMES = {"waiting": "wait", "pipeline_bubble": "pipeline bubble"}  # criti
 @dataclass(frozen=True, eq=False)
 class PathColumns:
     """A critical path, segment k in time order: rank[k], op_id[k] (-1: a wait, Segment.op_id None),
-    start_us[k], dur_us[k], count[k], categories[category[k]], names[k]."""
+    start_us[k], dur_us[k], count[k], categories[category[k]], names[k]. The names are built when first
+    read (`name_list()`: only op types and Segment records read them)."""
 
     rank: np.ndarray
     op_id: np.ndarray
@@ -46,7 +48,11 @@ class PathColumns:
     count: np.ndarray
     category: np.ndarray
     categories: tuple[str, ...]
-    names: list[str]
+    name_list: Callable[[], list[str]]
+
+    @cached_property
+    def names(self) -> list[str]:
+        return self.name_list()
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -81,6 +87,18 @@ class PathColumns:
         return replace(self, start_us=start, count=count)
 
 
+class _Names:
+    """A name list handed back as it is (from_segments' name_list)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __call__(self) -> list[str]:
+        return self.names
+
+
 def from_segments(path: Sequence[Segment]) -> PathColumns:
     """The columns of a Segment list (categories numbered in order of first appearance)."""
     n = len(path)
@@ -94,7 +112,7 @@ def from_segments(path: Sequence[Segment]) -> PathColumns:
         np.fromiter(map(attrgetter("start_us"), path), np.float64, n),
         np.fromiter(map(attrgetter("dur_us"), path), np.float64, n),
         np.fromiter(map(attrgetter("count"), path), np.int64, n),
-        np.fromiter(map(codes.__getitem__, cats), np.int64, n), tuple(codes), list(map(attrgetter("name"), path)))
+        np.fromiter(map(codes.__getitem__, cats), np.int64, n), tuple(codes), _Names(list(map(attrgetter("name"), path))))
 
 
 def critical_path_columns(schedule: Schedule | Sequence[Schedule], log: EventLog) -> PathColumns:
@@ -118,23 +136,31 @@ def critical_path_columns(schedule: Schedule | Sequence[Schedule], log: EventLog
     is_op = (code == cp._walk.OP) | (code == cp._walk.TRANSFER)
     categories = ["waiting", "pipeline_bubble", "pp_comm"]
     category = np.where(code == cp._walk.WAIT, 0, np.where(code == cp._walk.BUBBLE, 1, 2)).astype(np.int64)
-    names = np.full(n, _WAIT_NAMES["waiting"], object)
-    names[code == cp._walk.BUBBLE] = _WAIT_NAMES["pipeline_bubble"]
     stage = np.where(is_op, 0 if st.single else rank // st.size, -1)  # _Ranks.stage_index
     codes = {c: i for i, c in enumerate(categories)}
     for s in distinct_ints(stage[is_op]):
         ops = st.schedules[s].ops
         at = np.flatnonzero(is_op & (stage == s))
-        stage_names = op_column(ops, "name")
-        names[at] = list(map(stage_names.__getitem__, op_id[at].tolist()))
         stage_cats = op_column(ops, "category")
         for c in dict.fromkeys(stage_cats):
             codes.setdefault(c, len(codes))
         table = np.fromiter(map(codes.__getitem__, stage_cats), np.int64, len(stage_cats))
         on_op = at[code[at] == cp._walk.OP]
         category[on_op] = table[op_id[on_op]]
+    bubble = code == cp._walk.BUBBLE
+
+    def name_list() -> list[str]:
+        """Each segment's name: its op's (the stage's name column), "wait" or "pipeline bubble"."""
+        names = np.full(n, _WAIT_NAMES["waiting"], object)
+        names[bubble] = _WAIT_NAMES["pipeline_bubble"]
+        for s in distinct_ints(stage[is_op]):
+            at = np.flatnonzero(is_op & (stage == s))
+            stage_names = op_column(st.schedules[s].ops, "name")
+            names[at] = list(map(stage_names.__getitem__, op_id[at].tolist()))
+        return names.tolist()
+
     return PathColumns(rank, np.where(is_op, op_id, -1), a_s * 1e6, (b_s - a_s) * 1e6,
-                       np.ones(n, np.int64), category, tuple(codes), names.tolist())
+                       np.ones(n, np.int64), category, tuple(codes), name_list)
 
 
 def category_us(path: PathColumns, pipeline: bool = False, moe: bool = False, cp_: bool = False) -> dict[str, float]:

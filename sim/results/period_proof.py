@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from meshsim.sim.engine.events import EventLog
-from meshsim.sim.engine.host import HostSyncs, delays_s, host_syncs, last_known
+from meshsim.sim.engine.host import HostSyncs, delays_s, last_known, schedule_syncs
 from meshsim.sim.results.period_state import (
     DONE,
     RUNNING,
@@ -62,10 +62,11 @@ def stream_prev(schedule: Schedule) -> list[int | None]:
 
 @dataclass(frozen=True, eq=False)
 class _Run:
-    """What the checks read of the run: each stage's StageOps, each rank's times by op id (run_arrays)."""
+    """What the checks read of the run: each stage's StageOps, each rank's times by op id (run_arrays), the schedules."""
 
     stages: tuple[StageOps, ...]
     times: dict[int, RankTimes]
+    schedules: tuple[Schedule, ...] = ()
 
 
 def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, micro_batches: int,
@@ -82,7 +83,7 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
     if bad is not None:
         return bad
     tol_s = REL_TOL * log.step_time_s
-    run = _Run(stages, rank_times(log, [len(schedules[stage_of(r)].ops) for r in log.ranks]))
+    run = _Run(stages, rank_times(log, [len(schedules[stage_of(r)].ops) for r in log.ranks]), tuple(schedules))
     rep, m0 = log.ranks[0], maps[stage_of(log.ranks[0])]
     starts = run.times[rep].start
     period_s = float(starts[m0.index.id_of((lead + unit, 0))] - starts[m0.index.id_of((lead, 0))])
@@ -186,7 +187,7 @@ def _host(proof: Proof, log: EventLog, run: _Run, issue: Sequence[Sequence[float
         m, t = proof.maps[stage], run.times[rank]
         i0 = m.first_regular
         host_s = times[i0 - 1 + m.period_ops] - times[i0 - 1]
-        syncs = host_syncs(m.ops, times)
+        syncs = schedule_syncs(run.schedules[stage], times)  # host_syncs(m.ops, times), off the tiled column
         after = (t.start > cut.c1) & ~run.stages[stage].p2p  # the FIFO ops still to start at c1
         if syncs is not None:
             reason = _synced_host(syncs, m, t, after, cut, host_s)
