@@ -48,13 +48,14 @@ events.EventLog.columns = timed("columns", events.EventLog.columns)  # the log's
 if sys.argv[3] == "reference":  # today's per-event code (tests/results_reference) in this tree's place
     sys.path.insert(0, "tests")
     from results_reference import breakdown as rb, critical_path as rc, period_proof as rp
-    ss.prove, ss.breakdown, sm.breakdown, sm.critical_path = rp.prove, rb.breakdown, rb.breakdown, rc.critical_path
-    sr.critical_path, sr.bd = rc.critical_path, rb
+    ss.prove, ss.breakdown, sm.breakdown = rp.prove, rb.breakdown, rb.breakdown
+    sm.critical_path_columns = sr.pc.critical_path_columns = lambda s, log: sr.pc.from_segments(rc.critical_path(s, log))
+    sr.bd = rb
 ss.prove = timed("prove", ss.prove)
 ss.breakdown = timed("breakdown", ss.breakdown)
 sm.breakdown = timed("breakdown", sm.breakdown)
-sm.critical_path = timed("critical_path", sm.critical_path)
-sr.critical_path = timed("critical_path", sr.critical_path)
+sm.critical_path_columns = timed("critical_path", sm.critical_path_columns)  # the path as columns (path_columns.py)
+sr.pc.critical_path_columns = timed("critical_path", sr.pc.critical_path_columns)
 sr.bd.breakdown = timed("breakdown", sr.bd.breakdown)
 name, repeats = sys.argv[1], int(sys.argv[2])
 rs = load_and_resolve(name)

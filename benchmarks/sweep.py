@@ -70,7 +70,7 @@ PHASES = (
     ("host issue times", "meshsim.sim.results.simulate", "host_issue_times", 1),
     ("collective pricing (CollectiveCoster.cost)", "meshsim.sim.results.costers", "CollectiveCoster.cost", 1),
     ("host issue times (short runs' records)", "meshsim.sim.results.simulate", "host_issue_times", 0),
-    ("critical path (short runs)", "meshsim.sim.results.simulate", "critical_path", 0),
+    ("critical path (short runs)", "meshsim.sim.results.simulate", "critical_path_columns", 0),
     ("breakdown (short runs)", "meshsim.sim.results.simulate", "breakdown", 0),
     ("steady-state proof + extrapolation", "meshsim.sim.results.steady_state", "extrapolate", 0),
     ("collective report rows (CollectiveCoster.rows)", "meshsim.sim.results.costers", "CollectiveCoster.rows", 0),

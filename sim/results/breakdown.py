@@ -30,7 +30,7 @@ weight gathers, issued one block ahead, and gradient reduce-scatters: sim/schedu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import eq, itemgetter, ne
 
@@ -39,6 +39,7 @@ import numpy as np
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event
 from meshsim.sim.results.run_arrays import distinct_ints
+from meshsim.sim.schedule.ops import STREAMS, Schedule
 from meshsim.sim.schedule.stamped_ops import op_column
 
 Interval = tuple[float, float]
@@ -101,13 +102,20 @@ def union_of(starts: np.ndarray, ends: np.ndarray) -> float:
 _STREAM, _START, _END, _WAIT = (itemgetter(i) for i in (3, 8, 9, 10))
 
 
-def _row_codes(rows, names: dict[str, int]) -> np.ndarray:
+def _row_codes(rows, names: dict[str, int], schedules: Sequence[Schedule] = ()) -> np.ndarray:
     """Each row's stream code, read off the ops of the stages its rows hold (an EventRows: no Event is
-    built); new streams are added to `names`."""
+    built); new streams are added to `names`. A stage whose schedule is among `schedules` (by its ops'
+    identity) with tiled arrays: its stream column (the index in STREAMS) mapped to `names`' codes."""
     stage = np.asarray(rows.stage_arr, np.int64)
     index = np.asarray(rows.op_index_arr, np.int64)
     code = np.empty(len(stage), np.int64)
     for s in distinct_ints(stage):
+        sched = next((x for x in schedules if x.ops is rows.ops[s] and x.tiled_arrays is not None), None)
+        if sched is not None:
+            table = np.array([names.setdefault(stream, len(names)) for stream in STREAMS], np.int64)
+            mask = stage == s
+            code[mask] = table[np.asarray(sched.tiled_arrays.stream, np.int64)[index[mask]]]
+            continue
         streams = op_column(rows.ops[s], "stream")
         for stream in dict.fromkeys(streams):  # new streams numbered in order of first appearance
             names.setdefault(stream, len(names))
@@ -124,12 +132,12 @@ class _Slices:
     tuples would carry; the stream codes' numbering differs, which no result depends on (codes are
     only looked up by name)."""
 
-    def __init__(self, events: Iterable[Event]):
+    def __init__(self, events: Iterable[Event], schedules: Sequence[Schedule] = ()):
         names = {"compute": 0, "tp_comm": 1, "dp_comm": 2, "pp_comm": 3}
         if is_rows(events):
             cols = events.columns
             start, self.end, self.wait = cols.start_s, cols.end_s, cols.wait_s
-            self.code = _row_codes(events, names)
+            self.code = _row_codes(events, names, schedules)
         else:
             events = list(events)
             n = len(events)
@@ -172,9 +180,11 @@ def _neighbour_waits(sl: _Slices, step_time_s: float) -> tuple[np.ndarray, np.nd
     return starts, ends
 
 
-def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = False) -> dict[str, float]:
-    """BREAKDOWN_KEYS (PIPELINE_BREAKDOWN_KEYS with `pipeline`) in seconds for the events of one rank."""
-    sl = _Slices(events)
+def breakdown(events: Iterable[Event], step_time_s: float, *, pipeline: bool = False,
+              schedules: Sequence[Schedule] = ()) -> dict[str, float]:
+    """BREAKDOWN_KEYS (PIPELINE_BREAKDOWN_KEYS with `pipeline`) in seconds for the events of one rank
+    (`schedules`: those its ops belong to, whose stream columns it then reads: the same streams)."""
+    sl = _Slices(events, schedules)
     compute = sl.of("compute")
     ep, cp = sl.has("ep_comm"), sl.has("cp_comm")
     comm = ("tp_comm",) + (("ep_comm",) if ep else ()) + (("cp_comm",) if cp else ())
@@ -265,6 +275,11 @@ def ep_layer_ms(events: Iterable[Event]) -> dict[str, float]:
         ep = list(events.take(keep)) if keep else []
     else:
         ep = [ev for ev in events if ev.layer is not None and ev.name.split(".", 2)[-1] in EP_OPS]
+    return ep_layer_of(ep)
+
+
+def ep_layer_of(ep: list[Event]) -> dict[str, float]:
+    """ep_layer_ms of the events it selected (those of an op of EP_OPS with a layer)."""
     layer = middle_layer(ep)
     sel = [ev for ev in ep if ev.layer == layer]
     sel = [ev for ev in sel if ev.micro_batch == 0] or sel

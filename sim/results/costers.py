@@ -46,6 +46,32 @@ def network_tuning(rs: ResolvedScenario):
     return mine.model_copy(update={k: v for k, v in theirs.items() if k not in mine.model_fields_set})
 
 
+# _compute's results by everything it reads, for every coster of the process (CollectiveCoster._shared);
+# at most MAX_SHARED_PRICES of them holding at most MAX_SHARED_LOADS link loads together (a price on a
+# 16,384-GPU fabric loads thousands of links), the oldest dropped first
+SHARED_PRICES: dict[tuple, tuple[object, object, tuple[engine.CommTiming, CollectiveRow]]] = {}
+MAX_SHARED_PRICES = 8192
+MAX_SHARED_LOADS = 1 << 20
+_shared_loads = [0]  # link loads SHARED_PRICES holds (its entries' sizes)
+
+
+def clear_shared_prices() -> None:
+    SHARED_PRICES.clear()
+    _shared_loads[0] = 0
+
+
+def _remember(key: tuple, entry: tuple) -> None:
+    if not SHARED_PRICES:
+        _shared_loads[0] = 0
+    old = SHARED_PRICES.pop(key, None)
+    if old is not None:
+        _shared_loads[0] -= len(old[2][0][2])
+    SHARED_PRICES[key] = entry
+    _shared_loads[0] += len(entry[2][0][2])
+    while SHARED_PRICES and (len(SHARED_PRICES) > MAX_SHARED_PRICES or _shared_loads[0] > MAX_SHARED_LOADS):
+        _shared_loads[0] -= len(SHARED_PRICES.pop(next(iter(SHARED_PRICES)))[2][0][2])  # the oldest first
+
+
 class CollectiveCoster:
     """collective(op, group) -> (latency_s, bandwidth_s, link_load), memoized per (op, kind, group, nbytes, kernel).
 
@@ -61,6 +87,7 @@ class CollectiveCoster:
         self.tuning = network_tuning(rs)
         self.blocks = FabricBlocks.of(rs) if translate else None
         self.memo: dict[tuple[str, str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
+        self.tuning_key = (type(self.tuning).__qualname__, self.tuning.model_dump_json())
 
     def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
         work = op.work  # the memo read inline (the engine calls this per collective op and rank)
@@ -71,8 +98,24 @@ class CollectiveCoster:
         key = (work.op, work.group, group, work.nbytes, work.kernel)
         hit = self.memo.get(key)
         if hit is None:
-            hit = self.memo[key] = self._translated(work, group) or self._compute(work, group)
+            hit = self.memo[key] = self._translated(work, group) or self._shared(work, group)
         return hit
+
+    def _shared(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
+        """_compute(work, group), looked up first among the prices every coster of this process made
+        (SHARED_PRICES): a sweep's configurations share their topology and profile objects (scenarios/load.py
+        caches them) and most of their collectives. The key is everything _compute reads: the topology and
+        profile (by identity, checked on a hit), the network tuning (by value), the work's op, group kind,
+        bytes and kernel, the group and its concurrent groups."""
+        rs = self.rs
+        key = (id(rs.topology), id(rs.profile), self.tuning_key, work.op, work.group, group, work.nbytes,
+               work.kernel, self._concurrent(work.group, group))
+        hit = SHARED_PRICES.get(key)
+        if hit is not None and hit[0] is rs.topology and hit[1] is rs.profile:
+            return hit[2]
+        priced = self._compute(work, group)
+        _remember(key, (rs.topology, rs.profile, priced))  # (kept alive: their ids stay theirs)
+        return priced
 
     def _translated(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow] | None:
         """The cost of the group's copy in the fabric's first block, its link loads moved back to the group's

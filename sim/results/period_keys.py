@@ -137,16 +137,21 @@ def key_index(schedule: Schedule) -> KeyIndex:
     tiled = schedule.tiled_arrays
     fields = schedule.fields if tiled is not None else None
     if fields is not None:  # the micro-batch column (NONE: None), not a pass over the ops
-        mbs = fields.micro_batch.tolist()
-        for i in np.flatnonzero(fields.micro_batch == NONE).tolist():
+        mb = fields.micro_batch
+        none = mb == NONE
+        mbs = mb.tolist()
+        for i in np.flatnonzero(none).tolist():
             mbs[i] = None
+        # mb_codes(mbs) off the int64 column: the same min - 1 code for none (-1 when none has one)
+        code = np.where(none, int(mb[~none].min()) - 1 if not none.all() else -1, mb)
     else:
         mbs = list(map(_MB, ops))
+        code = mb_codes(mbs)
+        none = np.isnan(np.array(mbs, np.float64)) if n else np.zeros(0, bool)
     if tiled is not None:
         p2p = np.flatnonzero(tiled.kind == 2).tolist()  # ScheduleArrays.kind: 2 for a P2P batch
     else:
         p2p = [i for i, w in enumerate(map(_WORK, ops)) if isinstance(w, P2P)]
-    code = mb_codes(mbs)
     counted = np.ones(n, bool)
     counted[p2p] = False
     rows = np.flatnonzero(counted)
@@ -157,7 +162,6 @@ def key_index(schedule: Schedule) -> KeyIndex:
     ordinal = np.zeros(n, np.int64)
     ordinal[order] = np.arange(len(order)) - np.repeat(first, sizes)
     p2p_key = {i: _p2p_key(ops[i]) for i in p2p}
-    none = np.isnan(np.array(mbs, np.float64)) if n else np.zeros(0, bool)
     none_code = int(code[none][0]) if none.any() else int(code.min()) - 1 if n else -1
     return KeyIndex(mbs, p2p, none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code, p2p_key,
                     {key: i for i, key in p2p_key.items()})

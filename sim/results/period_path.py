@@ -13,19 +13,31 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 
 import numpy as np
 
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results.critical_path import TIE_S, Segment
+from meshsim.sim.results.path_columns import PathColumns
+from meshsim.sim.results.path_columns import inside_an_op as _inside_an_op_columns
 from meshsim.sim.results.period_proof import Proof
-from meshsim.sim.results.run_arrays import distinct_ints
+from meshsim.sim.results.period_settled import settled_steps, stream_prev_ids
 from meshsim.sim.schedule.ops import P2P, Schedule
 
 
-def steps(path: Sequence[Segment]) -> list[tuple[int, int]]:
-    """(first, last) segment index of each walk step, in time order: its waits, then its op's segment."""
+def steps(path: Sequence[Segment] | PathColumns) -> list[tuple[int, int]]:
+    """(first, last) segment index of each walk step, in time order: its waits, then its op's segment
+    (over PathColumns: the ops' positions, each step from the one after the previous op)."""
+    if isinstance(path, PathColumns):
+        lasts = np.flatnonzero(path.op_id >= 0)
+        firsts = np.concatenate((np.zeros(1, np.int64), lasts[:-1] + 1)) if len(lasts) else lasts
+        out = list(zip(firsts.tolist(), lasts.tolist(), strict=True))
+        first = int(lasts[-1]) + 1 if len(lasts) else 0
+        if first < len(path):
+            out.append((first, len(path) - 1))
+        return out
     out, first = [], 0
     for i, seg in enumerate(path):
         if seg.op_id is not None:
@@ -36,7 +48,14 @@ def steps(path: Sequence[Segment]) -> list[tuple[int, int]]:
     return out
 
 
-def _holding(path: Sequence[Segment], spans: list[tuple[int, int]], c_us: float) -> int | None:
+def _holding(path: Sequence[Segment] | PathColumns, spans: list[tuple[int, int]], c_us: float) -> int | None:
+    if isinstance(path, PathColumns):
+        starts = path.start_us[np.fromiter(map(itemgetter(0), spans), np.int64, len(spans))].tolist()
+        i = bisect_right(starts, c_us) - 1
+        if i < 0:
+            return None
+        b = spans[i][1]
+        return i if float(path.start_us[b]) + float(path.dur_us[b]) > c_us else None
     starts = [path[a].start_us for a, _ in spans]
     i = bisect_right(starts, c_us) - 1
     if i < 0:
@@ -45,9 +64,11 @@ def _holding(path: Sequence[Segment], spans: list[tuple[int, int]], c_us: float)
     return i if path[b].start_us + path[b].dur_us > c_us else None
 
 
-def inside_an_op(path: Sequence[Segment]) -> Callable[[float], bool]:
+def inside_an_op(path: Sequence[Segment] | PathColumns) -> Callable[[float], bool]:
     """Whether the critical path at time c (s) runs a compute or collective op's segment (not a wait or a
     P2P transfer): cuts there keep the path checks simple."""
+    if isinstance(path, PathColumns):
+        return _inside_an_op_columns(path)
     starts = [seg.start_us for seg in path]
 
     def good(c_s: float) -> bool:
@@ -57,25 +78,35 @@ def inside_an_op(path: Sequence[Segment]) -> Callable[[float], bool]:
     return good
 
 
-def extend_path(path: Sequence[Segment], schedules: Sequence[Schedule], log: EventLog, proof: Proof
-                ) -> list[Segment] | str:
-    """The step's critical path (segments of the period carry count n + 1), or why it is not proven."""
+def extend_path(path: Sequence[Segment] | PathColumns, schedules: Sequence[Schedule], log: EventLog, proof: Proof
+                ) -> list[Segment] | PathColumns | str:
+    """The step's critical path (segments of the period carry count n + 1), or why it is not proven (over
+    PathColumns: the same checks on the same values, the result as columns)."""
     cut = proof.cut
     spans = steps(path)
     z, y = _holding(path, spans, cut.c1 * 1e6), _holding(path, spans, cut.c2 * 1e6)
     if z is None or y is None or y <= z:
         return "the critical path has no step at each cut"
-    if not _segments_repeat(path[spans[z][0]:spans[z][1] + 1], path[spans[y][0]:spans[y][1] + 1], proof):
+    if not _segments_repeat(_segs(path, *spans[z]), _segs(path, *spans[y]), proof):
         return "the critical path crosses the second cut elsewhere than one period after the first"
     reason = decisions_repeat(path, spans[z:], schedules, log, proof)
     if reason is not None:
         return reason
     n, s1, s2 = proof.periods, spans[z][0], spans[y][0]
     shift_us = n * cut.period_s * 1e6
+    if isinstance(path, PathColumns):
+        return path.with_period(s1, s2, n, shift_us)
     return [*path[:s1], *(Segment(s.name, s.category, s.rank, s.start_us, s.dur_us, s.op_id, n + 1)
                           for s in path[s1:s2]),
             *(Segment(s.name, s.category, s.rank, s.start_us + shift_us, s.dur_us, s.op_id, s.count)
               for s in path[s2:])]
+
+
+def _segs(path: Sequence[Segment] | PathColumns, first: int, last: int) -> list[Segment]:
+    """Segments first..last of the path."""
+    if isinstance(path, PathColumns):
+        return [path.segment(k) for k in range(first, last + 1)]
+    return list(path[first:last + 1])
 
 
 def _segments_repeat(a: Sequence[Segment], b: Sequence[Segment], proof: Proof) -> bool:
@@ -104,17 +135,20 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     `skip_settled`: steps `settled_steps` marks pass without a look (the loop would pass them with nothing
     checked); False: every step is looked at (the reference, tests/test_period_path_settled.py)."""
     by = log.by_rank()
-    prevs, c1, c2 = proof.prevs, proof.cut.c1, proof.cut.c2
+    c1, c2 = proof.cut.c1, proof.cut.c2
+    prev_of: dict[int, _PrevOf] = {}  # per stage: op id -> its stream predecessor (None: none)
     order: dict[int, tuple[list[Event], list[float]]] = {}  # per rank, by end, and the ends (P2P steps)
-    settled = settled_steps(path, spans, schedules, log, proof) if skip_settled else None
+    settled = settled_steps(path, spans, schedules, log, proof, images=True) if skip_settled else None
     if settled is not None:
         spans = [spans[i] for i in np.flatnonzero(~settled).tolist()]
     for _, last in spans:
-        seg = path[last]
+        seg = path.segment(last) if isinstance(path, PathColumns) else path[last]
         events = by[seg.rank]
         ev = events[seg.op_id]
         stage = proof.stage_of(seg.rank)
-        op, prev, m = schedules[stage].ops[seg.op_id], prevs[stage], proof.maps[stage]
+        if stage not in prev_of:
+            prev_of[stage] = _PrevOf(stream_prev_ids(proof, stage))
+        op, prev, m = schedules[stage].ops[seg.op_id], prev_of[stage], proof.maps[stage]
         if isinstance(op.work, P2P):
             if seg.rank not in order:
                 order[seg.rank] = by_end(log, seg.rank, events)
@@ -137,48 +171,17 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     return None
 
 
-def settled_steps(path: Sequence[Segment], spans: Sequence[tuple[int, int]], schedules: Sequence[Schedule],
-                  log: EventLog, proof: Proof) -> np.ndarray | None:
-    """Per step of `spans`, whether decisions_repeat's loop passes it with nothing checked: its op is no P2P
-    batch, its event starts at or after c2 (no image check) and every candidate (each dep, the stream
-    predecessor) ends at or after c1 (all periodic). Read off the log's columns and the schedules' tiled
-    deps, no event built; a step whose op or a candidate has no event is not settled (the loop raises there
-    as before). None when a schedule has no tiled arrays."""
-    tiled = [s.tiled_arrays for s in schedules]
-    if not spans or any(t is None for t in tiled):
-        return None
-    c1, c2 = proof.cut.c1, proof.cut.c2
-    cols, rows_of = log.columns(), log.rows_of()
-    segs = [path[last] for _, last in spans]
-    rank = np.fromiter((seg.rank for seg in segs), np.int64, len(segs))
-    op_id = np.fromiter((seg.op_id for seg in segs), np.int64, len(segs))
-    settled = np.zeros(len(segs), bool)
-    for r in distinct_ints(rank):
-        at = np.flatnonzero(rank == r)
-        stage = proof.stage_of(r)
-        t, prev, row_of = tiled[stage], proof.prevs[stage], rows_of[r].row_of
-        ids = op_id[at]
+class _PrevOf:
+    """op id -> its stream predecessor, None where it has none, read off a stage's prev_ids."""
 
-        def end_s(op_ids: np.ndarray, row_of: np.ndarray = row_of) -> np.ndarray:
-            """The ops' ends (-inf where an op has no event: never settled)."""
-            known = (op_ids >= 0) & (op_ids < len(row_of))
-            rows = np.where(known, row_of[np.where(known, op_ids, 0)], -1)
-            return np.where(rows >= 0, cols.end_s[np.maximum(rows, 0)], -np.inf)
+    __slots__ = ("ids",)
 
-        known = (ids >= 0) & (ids < len(row_of))
-        rows = np.where(known, row_of[np.where(known, ids, 0)], -1)
-        ok = (rows >= 0) & (cols.start_s[np.maximum(rows, 0)] >= c2)
-        ok &= np.asarray(t.kind, np.int64)[np.where(known, ids, 0)] != 2
-        ptr, idx = np.asarray(t.dep_ptr, np.int64), np.asarray(t.dep_idx, np.int64)
-        safe = np.where(ok, ids, 0)
-        count = ptr[safe + 1] - ptr[safe]
-        step = np.repeat(np.arange(len(ids)), count)
-        deps = idx[np.repeat(ptr[safe], count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)]
-        ok[step[~(end_s(deps) >= c1)]] = False  # as all(end >= c1): a NaN end is not settled
-        before = np.array([-1 if p is None else p for p in map(prev.__getitem__, safe.tolist())], np.int64)
-        ok &= (before < 0) | (end_s(before) >= c1)
-        settled[at] = ok
-    return settled
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = ids
+
+    def __getitem__(self, op_id: int) -> int | None:
+        p = int(self.ids[op_id])
+        return None if p < 0 else p
 
 
 def by_end(log: EventLog, rank: int, events: Mapping[int, Event]) -> tuple[Sequence[Event], list[float]]:

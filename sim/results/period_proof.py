@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from meshsim.sim.engine.events import EventLog
-from meshsim.sim.engine.host import HostSyncs, delays_s, host_syncs, last_known
+from meshsim.sim.engine.host import HostSyncs, delays_s, last_known, schedule_syncs
 from meshsim.sim.results.period_state import (
     DONE,
     RUNNING,
@@ -43,7 +44,12 @@ class Proof:
     periods: int  # n: periods the step has beyond the run
     maps: tuple[StageMap, ...]
     stage_of: Callable[[int], int]
-    prevs: tuple[list[int | None], ...]  # per stage: op id -> the op before it on its FIFO stream
+    prev_ids: tuple[np.ndarray, ...]  # per stage: op id -> the op before it on its FIFO stream (-1: none)
+
+    @cached_property
+    def prevs(self) -> tuple[list[int | None], ...]:
+        """prev_ids as lists, None where there is none (StageOps.prev_list), built when first read."""
+        return tuple([None if p < 0 else p for p in ids.tolist()] for ids in self.prev_ids)
 
     def map_of(self, rank: int) -> StageMap:
         return self.maps[self.stage_of(rank)]
@@ -56,10 +62,11 @@ def stream_prev(schedule: Schedule) -> list[int | None]:
 
 @dataclass(frozen=True, eq=False)
 class _Run:
-    """What the checks read of the run: each stage's StageOps, each rank's times by op id (run_arrays)."""
+    """What the checks read of the run: each stage's StageOps, each rank's times by op id (run_arrays), the schedules."""
 
     stages: tuple[StageOps, ...]
     times: dict[int, RankTimes]
+    schedules: tuple[Schedule, ...] = ()
 
 
 def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, micro_batches: int,
@@ -76,7 +83,7 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
     if bad is not None:
         return bad
     tol_s = REL_TOL * log.step_time_s
-    run = _Run(stages, rank_times(log, [len(schedules[stage_of(r)].ops) for r in log.ranks]))
+    run = _Run(stages, rank_times(log, [len(schedules[stage_of(r)].ops) for r in log.ranks]), tuple(schedules))
     rep, m0 = log.ranks[0], maps[stage_of(log.ranks[0])]
     starts = run.times[rep].start
     period_s = float(starts[m0.index.id_of((lead + unit, 0))] - starts[m0.index.id_of((lead, 0))])
@@ -87,7 +94,7 @@ def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, mi
     if c1 is None:
         return "no time in the first period is clear of state changes there and one period later"
     proof = Proof(Cut(c1, period_s, tol_s, kappa), (micro_batches - n_b) // unit, tuple(maps), stage_of,
-                  tuple(st.prev_list() for st in stages))
+                  tuple(st.prev for st in stages))
     for check in (_drain_after_cut, _states, _host):
         reason = check(proof, log, run, issue)
         if reason is not None:
@@ -180,7 +187,7 @@ def _host(proof: Proof, log: EventLog, run: _Run, issue: Sequence[Sequence[float
         m, t = proof.maps[stage], run.times[rank]
         i0 = m.first_regular
         host_s = times[i0 - 1 + m.period_ops] - times[i0 - 1]
-        syncs = host_syncs(m.ops, times)
+        syncs = schedule_syncs(run.schedules[stage], times)  # host_syncs(m.ops, times), off the tiled column
         after = (t.start > cut.c1) & ~run.stages[stage].p2p  # the FIFO ops still to start at c1
         if syncs is not None:
             reason = _synced_host(syncs, m, t, after, cut, host_s)

@@ -51,7 +51,7 @@ from meshsim.sim.results.costers import (
     count_collectives,
     host_issue_times,
 )
-from meshsim.sim.results.critical_path import critical_path
+from meshsim.sim.results.path_columns import critical_path_columns
 from meshsim.sim.results.step_result import StepResult, assemble, build_result, rows_by_event
 from meshsim.sim.schedule.ops import Collective, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
@@ -77,25 +77,27 @@ def ranks_per_stage(rs: ResolvedScenario, explicit_ranks: bool) -> int:
 
 
 def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tuple[int, ...],
-               coster: CollectiveCoster, engine_name: EngineName | None = None) -> engine.EventLog:
+               coster: CollectiveCoster, engine_name: EngineName | None = None,
+               issue_s: Sequence[Sequence[float]] | None = None) -> engine.EventLog:
     """The engine over `ranks`, each running its stage's schedule, on the scenario's engine (run.engine)
-    unless `engine_name` says otherwise."""
+    unless `engine_name` says otherwise. `issue_s`: each stage's host_issue_times(rs, schedule), when the
+    caller has them (the same values: a pure function of the two)."""
     loop = engine_name or rs.scenario.run.engine
+    issue = issue_s if issue_s is not None else [host_issue_times(rs, s) for s in schedules]
     if rs.pp == 1:
         return engine.run(schedules[0], ranks, compute_fn(rs), coster, rs.group, engine=loop,
-                          comm_interference=comm_interference(rs), issue_s=host_issue_times(rs, schedules[0]))
+                          comm_interference=comm_interference(rs), issue_s=issue[0])
     # each stage's host issues its own ops (it does not wait at blocking P2P here: a lower bound)
     return engine.run(schedules, ranks, compute_fn(rs), coster, rs.group, comm_interference=comm_interference(rs),
-                      issue_s=[host_issue_times(rs, s) for s in schedules], stage_of=rs.stage_of, p2p=P2PCoster(rs),
-                      engine=loop)
+                      issue_s=list(issue), stage_of=rs.stage_of, p2p=P2PCoster(rs), engine=loop)
 
 
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, engine_name: EngineName | None = None,
-                         state: steady_state.SteadyState | None = None
+                         state: steady_state.SteadyState | None = None, lean: bool = False
                          ) -> tuple[StepResult, engine.EventLog, Schedule]:
     """The whole step simulated: its result, its event log and stage 0's schedule (the others:
     build_stage_schedules(rs)); `state` is what the result's steady_state says about it (simulate: why
-    the step was not extrapolated)."""
+    the step was not extrapolated); `lean`: build_result's."""
     check_run_ops(rs.scenario, rs.micro_batches, source=rs.source, ranks_per_stage=ranks_per_stage(rs, explicit_ranks))
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
@@ -104,7 +106,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, 
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=collectives, explicit_ranks=explicit_ranks,
                           hardware_flops=hardware_flops_per_step(rs),
-                          rank_groups=rank_groups(rs, schedules, log.ranks), steady_state=state)
+                          rank_groups=rank_groups(rs, schedules, log.ranks), steady_state=state, lean=lean)
     return result, log, schedules[0]
 
 
@@ -158,12 +160,12 @@ def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, c
                   why=" by the steady state's run")
     short = replace(rs, micro_batches=micro_batches)
     schedules = build_stage_schedules(short)
-    log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
-    rep = log.of_rank(log.ranks[0])
-    path = critical_path(schedules, log)
-    split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1)
-    counts = Counter({(s.stage, *key): c for s in schedules for key, c in collective_counts(s).items()})
     issue = tuple(host_issue_times(short, s) for s in schedules)
+    log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name, issue)
+    rep = log.of_rank(log.ranks[0])
+    path = critical_path_columns(schedules, log)
+    split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1, schedules=schedules)
+    counts = Counter({(s.stage, *key): c for s in schedules for key, c in collective_counts(s).items()})
     return steady_state.Run(schedules, log, path, split, counts, issue, comm_interference(rs))
 
 
@@ -174,7 +176,7 @@ def later_plan(plan: steady_state.Plan) -> steady_state.Plan:
 
 
 def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force: bool = False,
-                    engine_name: EngineName | None = None) -> tuple[StepResult | None, str]:
+                    engine_name: EngineName | None = None, lean: bool = False) -> tuple[StepResult | None, str]:
     """(The step extrapolated from one short run, "") (sim/results/steady_state.py), or (None, why not): the
     step is too short to gain from it (unless `force`, which only needs one more period than the run) or
     a premise of the proof fails, also with later_plan when the step is at least twice its run."""
@@ -198,30 +200,32 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
         Counter({key[1:]: c for key, c in ex.collective_counts.items() if key[0] == stage}),
         stage * rs.stage_size)]
     ranks = run.log.ranks
+    by_op = {} if lean else rows_by_event(run.schedules, collectives, ranks, rs.stage_size)
     return assemble(rs, ex.step_s, events_of_rank(ex.events, ranks[0]), ex.breakdown_s, ex.path,
                     memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs), collectives=collectives,
                     explicit_ranks=explicit_ranks, simulated_ranks=len(ranks),
-                    ops_per_rank=ex.ops_per_rank, events=ex.events, steady_state=ex.state,
-                    hardware_flops=hardware_flops_per_step(rs),
-                    op_collectives=rows_by_event(run.schedules, collectives, ranks, rs.stage_size),
-                    rank_groups=rank_groups(rs, run.schedules, ranks)), ""
+                    ops_per_rank=ex.ops_per_rank, events=() if lean else ex.events, steady_state=ex.state,
+                    hardware_flops=hardware_flops_per_step(rs), op_collectives=by_op,
+                    rank_groups=rank_groups(rs, run.schedules, ranks), schedules=run.schedules, lean=lean), ""
 
 
 def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False,
-             engine_name: EngineName | None = None) -> StepResult:
+             engine_name: EngineName | None = None, lean: bool = False) -> StepResult:
     """Simulate one training step: extrapolated from its steady state when that is proven exact and
     cheaper (sim/results/steady_state.py), else (or with full=True) every micro-batch; result.steady_state
     says which. Events are kept in `result.events` (the simulated ones only when extrapolated).
-    engine_name: the event loop (default: the scenario's run.engine)."""
+    engine_name: the event loop (default: the scenario's run.engine). `lean`: a result without the
+    op-by-op critical path, the events and the op -> collective map (a sweep's record: the same figures,
+    the critical path's shares and op types included)."""
     reason = "requested (--full)"
     if not full:
-        result, reason = simulate_steady(rs, explicit_ranks=explicit_ranks, engine_name=engine_name)
+        result, reason = simulate_steady(rs, explicit_ranks=explicit_ranks, engine_name=engine_name, lean=lean)
         if result is not None:
             return result
     check_run_ops(rs.scenario, rs.micro_batches, source=rs.source, ranks_per_stage=ranks_per_stage(rs, explicit_ranks),
                   why=f" by the whole step (not extrapolated: {reason})")
     return simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name,
-                                state=steady_state.SteadyState("full", reason))[0]
+                                state=steady_state.SteadyState("full", reason), lean=lean)[0]
 
 
 @contextmanager

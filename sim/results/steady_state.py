@@ -174,7 +174,7 @@ def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[in
     if isinstance(plus, str):
         return plus
     cut, n, log = proof.cut, proof.periods, run.log
-    plus_split = breakdown(plus, log.step_time_s + cut.period_s, pipeline=pipeline)
+    plus_split = breakdown(plus, log.step_time_s + cut.period_s, pipeline=pipeline, schedules=run.schedules)
     per_period = Counter({(s, *key): c for s, m in enumerate(proof.maps)
                           for key, c in count(m.ops[m.end_regular - m.period_ops:m.end_regular]).items()})
     state = SteadyState("extrapolated", micro_batches=micro_batches,

@@ -24,7 +24,7 @@ run (`build_result` reads the pieces off its event log) or an extrapolated one (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import repeat
 from operator import attrgetter, is_not
@@ -35,7 +35,9 @@ from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.memory import MemoryBreakdown
 from meshsim.sim.engine.events import Event, EventLog
 from meshsim.sim.results import breakdown as bd
-from meshsim.sim.results.critical_path import OpTypeRow, Segment, critical_path, shares, top_op_types
+from meshsim.sim.results import path_columns as pc
+from meshsim.sim.results import row_fields as rf
+from meshsim.sim.results.critical_path import OpTypeRow, Segment, shares, top_op_types
 from meshsim.sim.results.records import (
     COLLECTIVE_JSON_KEYS,
     CONFIG_KEYS,
@@ -260,20 +262,22 @@ def build_result(rs: ResolvedScenario, schedule: Schedule | Sequence[Schedule], 
                  memory: MemoryBreakdown, model_flops: float, collectives: Sequence[CollectiveRow] = (),
                  explicit_ranks: bool = False, hardware_flops: float | None = None,
                  rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None,
-                 steady_state: SteadyState | None = None) -> StepResult:
+                 steady_state: SteadyState | None = None, lean: bool = False) -> StepResult:
     """`assemble` with the pieces read off a whole simulated step's event log (`schedule`: one, or one per
-    pipeline stage)."""
+    pipeline stage). `lean`: without the op-by-op critical path, the events and the op -> collective map
+    (what a sweep's record drops: sim/sweep/record.py)."""
     schedules = (schedule,) if isinstance(schedule, Schedule) else tuple(schedule)
     pipeline = len(schedules) > 1
     step_s = log.step_time_s
     rep = log.of_rank(log.ranks[0])
-    path = critical_path(schedules, log)
-    breakdown_s = bd.breakdown(rep, step_s, pipeline=pipeline)
-    by_op = rows_by_event(schedules, collectives, log.ranks, rs.stage_size)
+    path = pc.critical_path_columns(schedules, log)
+    breakdown_s = bd.breakdown(rep, step_s, pipeline=pipeline, schedules=schedules)
+    by_op = rows_by_event(schedules, collectives, log.ranks, rs.stage_size) if lean is False else {}
     return assemble(rs, step_s, rep, breakdown_s, path, memory=memory, model_flops=model_flops,
                     collectives=collectives, explicit_ranks=explicit_ranks, simulated_ranks=len(log.ranks),
-                    ops_per_rank=max(len(s.ops) for s in schedules), events=log.events, steady_state=steady_state,
-                    hardware_flops=hardware_flops, op_collectives=by_op, rank_groups=rank_groups)
+                    ops_per_rank=max(len(s.ops) for s in schedules), events=log.events if lean is False else (),
+                    steady_state=steady_state, hardware_flops=hardware_flops, op_collectives=by_op,
+                    rank_groups=rank_groups, schedules=schedules, lean=lean)
 
 
 def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdown_s: Mapping[str, float],
@@ -282,41 +286,72 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
              events: Sequence[Event], steady_state: SteadyState | None = None,
              hardware_flops: float | None = None,
              op_collectives: Mapping[tuple[int, int], CollectiveRow] | None = None,
-             rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> StepResult:
+             rank_groups: Mapping[tuple[str, int], tuple[int, ...]] | None = None,
+             schedules: Sequence[Schedule] = (), lean: bool = False) -> StepResult:
     """The one constructor of a StepResult, from a step time, the representative rank's events (layer
     spans of micro-batch 0), its breakdown and the critical path: those of a whole simulated step
     (build_result) or of an extrapolated one (sim/results/simulate.py, steady_state.py). The optional
-    op_collectives / rank_groups feed the trace's and timeline's collective details."""
-    path_shares = shares(list(path), step_s, rs.pp > 1, moe=rs.scenario.model.moe is not None, cp=rs.cp > 1)
-    layer = bd.middle_layer(rep)
+    op_collectives / rank_groups feed the trace's and timeline's collective details; `schedules` (those
+    the events' ops belong to) lets the layer spans and EP times read their columns (row_fields.py).
+    `path`: Segments or their PathColumns (summed over the columns, the Segments built only for the
+    result's critical_path). `lean` (a sweep's record, sim/sweep/record.py): the result's critical_path
+    is left empty and its op types are taken only where the EP summary reads them, so its top_op_types
+    are empty, as a sweep record's (dataclasses.replace drops them) always were; every serialized figure
+    is the same."""
+    moe = rs.scenario.model.moe is not None
+    columns = isinstance(path, pc.PathColumns)
+    if columns:
+        path_shares = pc.shares(path, step_s, rs.pp > 1, moe=moe, cp_=rs.cp > 1)
+    else:
+        path_shares = shares(list(path), step_s, rs.pp > 1, moe=moe, cp=rs.cp > 1)
+    typed: list[tuple[OpTypeRow, ...]] = []
+
+    def op_types() -> tuple[OpTypeRow, ...]:
+        if not typed:
+            typed.append(tuple(pc.top_op_types(path, len(path))) if columns else all_op_types(path))
+        return typed[0]
+
+    if not lean:
+        op_types()
+    fields_ = rf.row_fields(rep, schedules) if schedules else None
+    layer = bd.middle_layer(rep) if fields_ is None else rf.middle_layer(fields_)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
     hw_tflops = (hardware_flops if hardware_flops is not None else model_flops) / step_s / rs.gpus / 1e12 \
         if step_s > 0 else 0.0
     tokens = rs.scenario.parallel.global_batch * rs.scenario.model.seq_len
-    op_types = all_op_types(path)
     result = StepResult(
         scenario=rs.name, step_time_s=step_s,
-        layer_fwd_ms=bd.layer_span_ms(rep, layer, ("fwd",)),
-        layer_bwd_ms=bd.layer_span_ms(rep, layer, ("bwd", "recompute")),
+        layer_fwd_ms=_layer_span_ms(rep, fields_, layer, ("fwd",)),
+        layer_bwd_ms=_layer_span_ms(rep, fields_, layer, ("bwd", "recompute")),
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
         tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops, hfu=hw_tflops / rs.datasheet_peak_tflops,
         memory_gb=MemoryGB.of(memory), breakdown_s=dict(breakdown_s),
-        critical_path=tuple(path), critical_path_share=path_shares,
+        critical_path=() if lean else tuple(path.segments() if columns else path), critical_path_share=path_shares,
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
         op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
-        ep_comm=ep_comm_summary(rep, op_types),
+        ep_comm=ep_comm_summary(rep, op_types, fields_),
     )
-    object.__setattr__(result, "path_op_types", op_types)  # frozen: set once, as top_op_types does
+    if typed:
+        object.__setattr__(result, "path_op_types", typed[0])  # frozen: set once, as top_op_types does
     return result
 
 
-def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow]) -> EpComm | None:
+def _layer_span_ms(rep: Sequence[Event], fields_: rf.RowFields | None, layer: int | None,
+                   phases: tuple[str, ...]) -> float:
+    return bd.layer_span_ms(rep, layer, phases) if fields_ is None else rf.layer_span_ms(fields_, layer, phases)
+
+
+def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow] | Callable[[], Sequence[OpTypeRow]],
+                    fields_: rf.RowFields | None = None) -> EpComm | None:
     """The MoE token all-to-alls: one layer's times (ms) and their critical-path seconds per op type
-    (`op_types`: all_op_types of the critical path)."""
-    layer = bd.ep_layer_ms(rep)
+    (`op_types`: all_op_types of the critical path, or a function giving them, called only for a model
+    that has them; `fields_`: rep's row_fields, when it has them)."""
+    layer = bd.ep_layer_ms(rep) if fields_ is None else rf.ep_layer_ms(fields_)
     if not layer:
         return None
+    if callable(op_types):
+        op_types = op_types()
     on_path = {kind: total_us * 1e-6 for kind, _, total_us, _ in op_types if kind in bd.EP_OPS}
     return EpComm(layer, {k: on_path.get(k, 0.0) for k in bd.EP_OPS if k in layer})

@@ -86,13 +86,14 @@ def run_point(scenario, source: str, point: SweepPoint, digest: str = "",
     The record keeps the StepResult without the op-by-op critical path (tens of thousands of segments,
     ~99% of a record's bytes); its `critical_path_share` is what sweeps explain and plot, and `meshsim run`
     on the configuration writes the full path. Results only: no trace, no timeline, the steady state
-    extrapolated (sim/results/steady_state.py), the garbage collector off while it simulates."""
+    extrapolated (sim/results/steady_state.py), the garbage collector off while it simulates; the result
+    simulated lean (simulate's `lean`: the op-by-op path, events and op -> collective map never built)."""
     start_s = time.perf_counter()
     try:
         with pinned_files(files):
             rs = resolve(with_overrides(scenario, point.overrides(), source), source)
         with gc_frozen():
-            record = SweepRecord.ran(point, digest, simulate(rs))
+            record = SweepRecord.ran(point, digest, simulate(rs, lean=True))
     except UserError as err:
         record = SweepRecord.skipped(point, digest, skip_reason(err, source))
     return dataclasses.replace(record, elapsed_s=time.perf_counter() - start_s)

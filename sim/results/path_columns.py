@@ -1,0 +1,219 @@
+"""The critical path as columns: what sim/results/critical_path.py's Segment list holds, one array per field.
+
+A step's path has ~10^4 segments; a Segment record costs ~1 us to build and as much to free, and what a
+result reads of the path (category shares, op types, the steady state's cuts and steps) is a sum or a
+search over it. `PathColumns` holds, per segment in time order: rank, op id (-1: a wait), start_us,
+dur_us, count, its category (a code into `categories`) and its name. critical_path_columns builds it from
+the compiled walk's steps with the expressions critical_path uses (start_us = a_s x 1e6, dur_us =
+(b_s - a_s) x 1e6, elementwise: the same IEEE double operations), names and categories read off the
+stages' op columns (sim/schedule/stamped_ops.py op_column: the values the records carry); without the
+compiled walk it is the Python walk's segments, column by column. `segments()` gives the Segment list
+back, equal field for field to critical_path's (tests/test_path_columns.py).
+
+category_us, top_op_types and inside_an_op here are critical_path.py's over the columns: the same sums in
+the same order (np.bincount adds each bin's weights in index order from 0.0, as the loop and np.add.at do).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+
+from meshsim.sim.engine.events import EventLog
+from meshsim.sim.results import critical_path as cp
+from meshsim.sim.results.critical_path import Segment
+from meshsim.sim.results.run_arrays import distinct_ints
+from meshsim.sim.schedule.ops import Schedule
+from meshsim.sim.schedule.stamped_ops import op_column
+
+_WAIT_NAMES = {"waiting": "wait", "pipeline_bubble": "pipeline bubble"}  # critical_path._waiting's names
+
+
+@dataclass(frozen=True, eq=False)
+class PathColumns:
+    """A critical path, segment k in time order: rank[k], op_id[k] (-1: a wait, Segment.op_id None),
+    start_us[k], dur_us[k], count[k], categories[category[k]], names[k]. The names are built when first
+    read (`name_list()`: only op types and Segment records read them)."""
+
+    rank: np.ndarray
+    op_id: np.ndarray
+    start_us: np.ndarray
+    dur_us: np.ndarray
+    count: np.ndarray
+    category: np.ndarray
+    categories: tuple[str, ...]
+    name_list: Callable[[], list[str]]
+
+    @cached_property
+    def names(self) -> list[str]:
+        return self.name_list()
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def __getitem__(self, k):
+        """Segment k (a list of them for a slice), built when read."""
+        if isinstance(k, slice):
+            return [self.segment(i) for i in range(*k.indices(len(self)))]
+        return self.segment(range(len(self))[k])
+
+    def __iter__(self):
+        return iter(self.segments())
+
+    def segment(self, k: int) -> Segment:
+        op = int(self.op_id[k])
+        return Segment(self.names[k], self.categories[int(self.category[k])], int(self.rank[k]),
+                       float(self.start_us[k]), float(self.dur_us[k]), None if op < 0 else op, int(self.count[k]))
+
+    def segments(self) -> list[Segment]:
+        """The Segment records, in order."""
+        ops = [None if op < 0 else op for op in self.op_id.tolist()]
+        cats = list(map(self.categories.__getitem__, self.category.tolist()))
+        return list(map(Segment, self.names, cats, self.rank.tolist(), self.start_us.tolist(), self.dur_us.tolist(),
+                        ops, self.count.tolist()))
+
+    def with_period(self, s1: int, s2: int, n: int, shift_us: float) -> PathColumns:
+        """period_path.extend_path's result: segments [s1, s2) count n + 1, those from s2 on start shift_us
+        later (start_us + shift_us, elementwise)."""
+        count, start = self.count.copy(), self.start_us.copy()
+        count[s1:s2] = n + 1
+        start[s2:] = start[s2:] + shift_us
+        return replace(self, start_us=start, count=count)
+
+
+class _Names:
+    """A name list handed back as it is (from_segments' name_list)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __call__(self) -> list[str]:
+        return self.names
+
+
+def from_segments(path: Sequence[Segment]) -> PathColumns:
+    """The columns of a Segment list (categories numbered in order of first appearance)."""
+    n = len(path)
+    codes: dict[str, int] = {}
+    cats = list(map(attrgetter("category"), path))
+    for c in dict.fromkeys(cats):
+        codes[c] = len(codes)
+    return PathColumns(
+        np.fromiter(map(attrgetter("rank"), path), np.int64, n),
+        np.fromiter((-1 if s.op_id is None else s.op_id for s in path), np.int64, n),
+        np.fromiter(map(attrgetter("start_us"), path), np.float64, n),
+        np.fromiter(map(attrgetter("dur_us"), path), np.float64, n),
+        np.fromiter(map(attrgetter("count"), path), np.int64, n),
+        np.fromiter(map(codes.__getitem__, cats), np.int64, n), tuple(codes), _Names(list(map(attrgetter("name"), path))))
+
+
+def critical_path_columns(schedule: Schedule | Sequence[Schedule], log: EventLog) -> PathColumns:
+    """critical_path(schedule, log) as columns (module docstring)."""
+    if cp._walk is None:
+        return from_segments(cp.critical_path_python(schedule, log))
+    st = cp._Ranks(schedule, log)
+    if not len(st.rank):
+        return from_segments([])
+    cols = st.cols
+    steps = cp._walk.walk(st, cp._last_row(st), *(np.ascontiguousarray(c, t) for c, t in (
+        (cols.rank, np.int64), (cols.op_id, np.int64), (cols.start_s, np.float64), (cols.end_s, np.float64),
+        (cols.wait_s, np.float64), (cols.peer, np.int64), (cols.peer_op, np.int64))), cp.TIE_S, cp._GAP_S)
+    steps.reverse()
+    n = len(steps)
+    # one pass: every field as a double (codes, ranks and op ids are ints far below 2^53: exact), the
+    # times the walk's own doubles
+    table = np.fromiter(chain.from_iterable(steps), np.float64, 5 * n).reshape(n, 5)
+    code, rank, op_id = (table[:, j].astype(np.int64) for j in range(3))
+    a_s, b_s = np.ascontiguousarray(table[:, 3]), np.ascontiguousarray(table[:, 4])
+    is_op = (code == cp._walk.OP) | (code == cp._walk.TRANSFER)
+    categories = ["waiting", "pipeline_bubble", "pp_comm"]
+    category = np.where(code == cp._walk.WAIT, 0, np.where(code == cp._walk.BUBBLE, 1, 2)).astype(np.int64)
+    stage = np.where(is_op, 0 if st.single else rank // st.size, -1)  # _Ranks.stage_index
+    codes = {c: i for i, c in enumerate(categories)}
+    for s in distinct_ints(stage[is_op]):
+        ops = st.schedules[s].ops
+        at = np.flatnonzero(is_op & (stage == s))
+        stage_cats = op_column(ops, "category")
+        for c in dict.fromkeys(stage_cats):
+            codes.setdefault(c, len(codes))
+        table = np.fromiter(map(codes.__getitem__, stage_cats), np.int64, len(stage_cats))
+        on_op = at[code[at] == cp._walk.OP]
+        category[on_op] = table[op_id[on_op]]
+    bubble = code == cp._walk.BUBBLE
+
+    def name_list() -> list[str]:
+        """Each segment's name: its op's (the stage's name column), "wait" or "pipeline bubble"."""
+        names = np.full(n, _WAIT_NAMES["waiting"], object)
+        names[bubble] = _WAIT_NAMES["pipeline_bubble"]
+        for s in distinct_ints(stage[is_op]):
+            at = np.flatnonzero(is_op & (stage == s))
+            stage_names = op_column(st.schedules[s].ops, "name")
+            names[at] = list(map(stage_names.__getitem__, op_id[at].tolist()))
+        return names.tolist()
+
+    return PathColumns(rank, np.where(is_op, op_id, -1), a_s * 1e6, (b_s - a_s) * 1e6,
+                       np.ones(n, np.int64), category, tuple(codes), name_list)
+
+
+def category_us(path: PathColumns, pipeline: bool = False, moe: bool = False, cp_: bool = False) -> dict[str, float]:
+    """critical_path.category_us over the columns: each category's sum of dur_us x count in path order from
+    0.0 (np.bincount), the fixed categories first, then the others in order of first appearance."""
+    total_us = {c: 0.0 for c in cp.CATEGORIES + (cp.PIPELINE_CATEGORIES if pipeline else ())
+                + (cp.EP_CATEGORIES if moe else ()) + (cp.CP_CATEGORIES if cp_ else ())}
+    if not len(path):
+        return total_us
+    sums = np.bincount(path.category, weights=path.dur_us * path.count, minlength=len(path.categories)).tolist()
+    present = np.zeros(len(path.categories), bool)
+    present[path.category] = True
+    first = np.full(len(path.categories), len(path), np.int64)
+    np.minimum.at(first, path.category, np.arange(len(path)))
+    for code in sorted(np.flatnonzero(present).tolist(), key=first.__getitem__):
+        total_us[path.categories[code]] = sums[code]
+    return total_us
+
+
+def shares(path: PathColumns, step_time_s: float, pipeline: bool = False, moe: bool = False,
+           cp_: bool = False) -> dict[str, float]:
+    """critical_path.shares over the columns."""
+    total_us = category_us(path, pipeline, moe, cp_)
+    if step_time_s <= 0:
+        return {c: 0.0 for c in total_us}
+    return {c: t / (step_time_s * 1e6) for c, t in total_us.items()}
+
+
+def top_op_types(path: PathColumns, n: int = 8) -> list[cp.OpTypeRow]:
+    """critical_path.top_op_types over the columns: per (op type, category) in order of first appearance,
+    the sum of dur_us x count in path order from 0.0 (np.bincount) and the sum of the counts."""
+    if not len(path):
+        return []
+    type_of = {name: cp.op_type(name) for name in dict.fromkeys(path.names)}
+    keys = list(zip(map(type_of.__getitem__, path.names), map(path.categories.__getitem__, path.category.tolist()),
+                    strict=True))
+    code_of = dict(zip(dict.fromkeys(keys), range(len(keys)), strict=False))
+    codes = np.fromiter(map(code_of.__getitem__, keys), np.intp, len(keys))
+    totals = np.bincount(codes, weights=path.dur_us * path.count, minlength=len(code_of)).tolist()
+    sums = np.bincount(codes, weights=path.count, minlength=len(code_of))
+    rows = [(k, c, t, int(cnt)) for (k, c), t, cnt in zip(code_of, totals, sums.tolist(), strict=True)]
+    return sorted(rows, key=lambda r: (-r[2], r[0]))[:n]
+
+
+def inside_an_op(path: PathColumns) -> Callable[[float], bool]:
+    """period_path.inside_an_op over the columns."""
+    starts = path.start_us.tolist()
+    ok = np.isin(path.category, [i for i, c in enumerate(path.categories) if c in ("compute", "tp_comm", "dp_comm")])
+    ok &= path.op_id >= 0
+    good_at = ok.tolist()
+
+    def good(c_s: float) -> bool:
+        i = bisect_right(starts, c_s * 1e6) - 1
+        return i >= 0 and good_at[i]
+
+    return good
