@@ -98,3 +98,26 @@ def test_a_replaced_critical_path_gets_its_own_op_types(result):
     assert lean.top_op_types(10) == [] and lean.to_dict()["critical_path_top"] == []
     short = dataclasses.replace(result, critical_path=result.critical_path[:3])
     assert short.top_op_types(10**6) == top_op_types(result.critical_path[:3], 10**6)
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_a_sweep_record_keeps_the_runs_critical_path_top(name):
+    """A sweep simulates lean (no op-by-op path) and its record drops the path, but both keep the path's op
+    types: the record's critical_path_top is the full run's (it was once silently empty)."""
+    rs = load_and_resolve(name)
+    full, lean = simulate(rs), simulate(rs, lean=True)
+    top = full.to_dict()["critical_path_top"]
+    assert top and lean.critical_path == () and lean.to_dict()["critical_path_top"] == top
+    point = SweepPoint(full.config.tp, full.config.sp, full.config.micro_batch, False, full.config.recompute)
+    assert SweepRecord.ran(point, "d", lean).to_json()["result"]["critical_path_top"] == top
+    assert SweepRecord.ran(point, "d", full).to_json()["result"]["critical_path_top"] == top
+
+
+def test_a_results_file_without_the_path_keeps_its_critical_path_top(result):
+    """results.json without --full-critical-path read back and written again gives the same bytes, its
+    critical_path_top included; with the path in the file, the rows come from the path (saved_top unused)."""
+    text = json.dumps(result.to_dict(full_critical_path=False))
+    again = StepResult.from_dict(json.loads(text))
+    assert again.saved_top and json.dumps(again.to_dict(full_critical_path=False)) == text
+    whole = StepResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert whole.saved_top == () and whole.to_dict()["critical_path_top"] == result.to_dict()["critical_path_top"]

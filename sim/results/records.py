@@ -240,3 +240,23 @@ class EpComm:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EpComm:
         return cls(dict(data.get("layer_ms", {})), dict(data.get("critical_path_s", {})))
+
+
+@dataclass(frozen=True)
+class TopOpType:
+    """One critical_path_top row as a results file holds it: an op type, its category, the seconds it holds
+    on the critical path and its count. Kept when a result is read back from a file without the op-by-op
+    path (a results.json written without --full-critical-path, a sweep record), so writing it again gives
+    the same rows."""
+
+    op_type: str
+    category: str
+    total_s: float
+    count: int
+
+    def to_json(self) -> JsonDict:
+        return {"op_type": self.op_type, "category": self.category, "total_s": self.total_s, "count": self.count}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TopOpType:
+        return cls(data["op_type"], data["category"], data["total_s"], data["count"])

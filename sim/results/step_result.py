@@ -24,7 +24,7 @@ run (`build_result` reads the pieces off its event log) or an extrapolated one (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import repeat
 from operator import attrgetter, is_not
@@ -48,6 +48,7 @@ from meshsim.sim.results.records import (
     JsonDict,
     MemoryGB,
     PipelineSummary,
+    TopOpType,
 )
 from meshsim.sim.results.steady_state import SteadyState
 from meshsim.sim.schedule.ops import Collective, Schedule
@@ -91,6 +92,8 @@ class StepResult:
     # (results.json, the EP totals and the printed table read it): set by assemble, else when first read;
     # not an init field, so dataclasses.replace (a new critical path, sim/sweep/record.py) starts without it
     path_op_types: tuple[OpTypeRow, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    # not compared: the critical_path_top rows read back from a file that has no op-by-op path (from_dict)
+    saved_top: tuple[TopOpType, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -115,7 +118,7 @@ class StepResult:
         out.update(self.config.to_json())
         out.update(memory_gb=self.memory_gb.to_json(), breakdown_s=dict(self.breakdown_s),
                    critical_path_share=dict(self.critical_path_share),
-                   critical_path_top=critical_path_top(self.top_op_types(TOP_OP_TYPES)), source=self.source,
+                   critical_path_top=self._critical_path_top(), source=self.source,
                    explicit_ranks=self.explicit_ranks, simulated_ranks=self.simulated_ranks,
                    ops_per_rank=self.ops_per_rank,
                    steady_state=self.steady_state.to_json() if self.steady_state is not None else None,
@@ -128,11 +131,18 @@ class StepResult:
             out["critical_path"] = [seg.to_json() for seg in self.critical_path]
         return out
 
+    def _critical_path_top(self) -> list[JsonDict]:
+        """critical_path_top of the op-by-op path (or of the op types assemble kept), else the saved rows."""
+        if self.saved_top and not self.critical_path:
+            return [row.to_json() for row in self.saved_top]
+        return critical_path_top(self.top_op_types(TOP_OP_TYPES))
+
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> StepResult:
         """Inverse of to_dict (events are not saved); old files are upgraded first."""
         data = upgrade_result_dict(data)
-        names = {f.name for f in fields(cls)} - {"events", "op_collectives", "rank_groups", "path_op_types"}
+        names = {f.name for f in fields(cls)} - {"events", "op_collectives", "rank_groups", "path_op_types",
+                                                 "saved_top"}
         kw = {k: data[k] for k in names if k in data}
         kw.setdefault("layer_fwd_ms", 0.0)  # absent from partial files (compare reads them): not shown there
         kw.setdefault("layer_bwd_ms", 0.0)
@@ -143,6 +153,8 @@ class StepResult:
         kw["steady_state"] = SteadyState.from_json(data["steady_state"]) if data.get("steady_state") else None
         kw["pipeline"] = PipelineSummary.from_json(data["pipeline"]) if data.get("pipeline") else None
         kw["ep_comm"] = EpComm.from_json(data["ep_comm"]) if data.get("ep_comm") else None
+        if "critical_path" not in data:  # the path's summary is all the file has of it
+            kw["saved_top"] = tuple(TopOpType.from_json(row) for row in data.get("critical_path_top", ()))
         return cls(**kw)
 
 
@@ -295,24 +307,14 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
     the events' ops belong to) lets the layer spans and EP times read their columns (row_fields.py).
     `path`: Segments or their PathColumns (summed over the columns, the Segments built only for the
     result's critical_path). `lean` (a sweep's record, sim/sweep/record.py): the result's critical_path
-    is left empty and its op types are taken only where the EP summary reads them, so its top_op_types
-    are empty, as a sweep record's (dataclasses.replace drops them) always were; every serialized figure
-    is the same."""
+    is left empty; its op types are kept (path_op_types), so critical_path_top is the full run's."""
     moe = rs.scenario.model.moe is not None
     columns = isinstance(path, pc.PathColumns)
     if columns:
         path_shares = pc.shares(path, step_s, rs.pp > 1, moe=moe, cp_=rs.cp > 1)
     else:
         path_shares = shares(list(path), step_s, rs.pp > 1, moe=moe, cp=rs.cp > 1)
-    typed: list[tuple[OpTypeRow, ...]] = []
-
-    def op_types() -> tuple[OpTypeRow, ...]:
-        if not typed:
-            typed.append(tuple(pc.top_op_types(path, len(path))) if columns else all_op_types(path))
-        return typed[0]
-
-    if not lean:
-        op_types()
+    op_types = tuple(pc.top_op_types(path, len(path))) if columns else all_op_types(path)
     fields_ = rf.row_fields(rep, schedules) if schedules else None
     layer = bd.middle_layer(rep) if fields_ is None else rf.middle_layer(fields_)
     tflops = model_flops / step_s / rs.gpus / 1e12 if step_s > 0 else 0.0
@@ -333,8 +335,7 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
         ep_comm=ep_comm_summary(rep, op_types, fields_),
     )
-    if typed:
-        object.__setattr__(result, "path_op_types", typed[0])  # frozen: set once, as top_op_types does
+    object.__setattr__(result, "path_op_types", op_types)  # frozen: set once, as top_op_types does
     return result
 
 
@@ -343,15 +344,12 @@ def _layer_span_ms(rep: Sequence[Event], fields_: rf.RowFields | None, layer: in
     return bd.layer_span_ms(rep, layer, phases) if fields_ is None else rf.layer_span_ms(fields_, layer, phases)
 
 
-def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow] | Callable[[], Sequence[OpTypeRow]],
+def ep_comm_summary(rep: Sequence[Event], op_types: Sequence[OpTypeRow],
                     fields_: rf.RowFields | None = None) -> EpComm | None:
     """The MoE token all-to-alls: one layer's times (ms) and their critical-path seconds per op type
-    (`op_types`: all_op_types of the critical path, or a function giving them, called only for a model
-    that has them; `fields_`: rep's row_fields, when it has them)."""
+    (`op_types`: all_op_types of the critical path; `fields_`: rep's row_fields, when it has them)."""
     layer = bd.ep_layer_ms(rep) if fields_ is None else rf.ep_layer_ms(fields_)
     if not layer:
         return None
-    if callable(op_types):
-        op_types = op_types()
     on_path = {kind: total_us * 1e-6 for kind, _, total_us, _ in op_types if kind in bd.EP_OPS}
     return EpComm(layer, {k: on_path.get(k, 0.0) for k in bd.EP_OPS if k in layer})

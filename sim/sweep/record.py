@@ -9,6 +9,7 @@ carries RECORD_VERSION so a future layout can tell old lines apart.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -45,6 +46,8 @@ class SweepRecord:
     @classmethod
     def ran(cls, point: SweepPoint, digest: str, result: StepResult) -> SweepRecord:
         lean = dataclasses.replace(result, critical_path=(), events=())
+        # path_op_types is no init field (replace drops it): carried over, so critical_path_top is the run's
+        object.__setattr__(lean, "path_op_types", tuple(result.top_op_types(sys.maxsize)))
         return cls(point.key, point, digest, "ok", lean)
 
     @classmethod
