@@ -126,8 +126,20 @@ class KeyIndex:
             if not len(at) or not 0 <= tag < self.group_size[at[0]]:
                 return None
             return int(self.order[self.group_first[at[0]] + tag])
-        hit = int(self.find(np.array([mb], np.int64), np.array([tag], np.int64))[0])
-        return None if hit < 0 else hit
+        return self._one(mb, tag)
+
+    @cached_property
+    def _group_of(self) -> dict[int, tuple[int, int]]:
+        """code -> (where its group starts in `order`, its size), for the micro-batch groups."""
+        return {c: (f, z) for c, f, z in zip(self.group_code.tolist(), self.group_first.tolist(),
+                                             self.group_size.tolist(), strict=True) if c != self.none_code}
+
+    def _one(self, mb: int, tag: int) -> int | None:
+        """find() of one key (a micro-batch's), without its arrays: the same id, None where find gives -1."""
+        group = self._group_of.get(mb)
+        if group is None or not 0 <= tag < group[1]:
+            return None
+        return int(self.order[group[0] + tag])
 
 
 def key_index(schedule: Schedule) -> KeyIndex:
