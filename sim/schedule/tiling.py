@@ -237,6 +237,10 @@ class OpList(list):
             table.extend(range(len(table), size + 4096))
         return table
 
+    def deps_of(self, i: int) -> tuple:
+        """self[i].deps (as StageOps.deps_of, which builds no record)."""
+        return self[i].deps
+
     def __setitem__(self, i, value) -> None:
         list.__setitem__(self, i, value)
         if isinstance(i, int):
