@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _ascii
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -71,6 +71,14 @@ def applies(events: Sequence, pid_offset: Any) -> bool:
     return keys_fit(c.rank, c.op_id) and _times_fit(c)
 
 
+class Lane(NamedTuple):
+    """What a critical-path arrow reads of an event (trace_slices.hops_json): its lane and its start."""
+
+    rank: int
+    stream: str
+    start_s: float
+
+
 class RowsContext:
     """trace.py's _Context over arrays: ranks and their streams, the critical mask, the collective args."""
 
@@ -83,6 +91,7 @@ class RowsContext:
         self.per_node = (self.config.gpus_per_node or 0) if self.config is not None else 0
         self.keys = row_keys(c.rank, c.op_id)
         streams, names = op_codes(events, "stream")
+        self.stream_codes, self.stream_names = streams, names
         pairs = dense_unique(c.rank.astype(np.int64) * len(names) + streams)[0] if len(names) else np.zeros(0, np.int64)
         self.streams: dict[int, set] = {}
         for rank, code in zip((pairs // max(len(names), 1)).tolist(), (pairs % max(len(names), 1)).tolist(),
@@ -124,6 +133,25 @@ class RowsContext:
     def critical_events(self, events) -> dict[tuple[int, int], Any]:
         """(rank, op id) -> event of the critical path's ops (trace.py's _by_key), only those built."""
         return {(ev.rank, ev.op_id): ev for ev in rows_where(events, self.critical.view(bool))}
+
+    def hops(self, events, path: Sequence[Segment]) -> list[tuple[Lane, Lane]]:
+        """trace_slices.hops(path, self.critical_events(events)) as the (rank, stream, start_s) of each hop's
+        two events (all trace_slices.hops_json reads), no Event built: the path's chain of critical rows
+        ((rank, op id) -> its last critical row, as that dict keeps the last event), its lane changes read
+        off the rank and stream-code columns (equal codes <=> equal streams)."""
+        c = events.columns
+        rows = np.flatnonzero(self.critical)
+        row_of = dict(zip(zip(c.rank[rows].tolist(), c.op_id[rows].tolist(), strict=True), rows.tolist(), strict=True))
+        chain = np.fromiter((row_of[key] for s in path if s.op_id is not None and (key := (s.rank, s.op_id)) in row_of),
+                            np.intp)
+        if len(chain) < 2:
+            return []
+        rank, stream = c.rank[chain], self.stream_codes[chain]
+        at = np.flatnonzero((rank[1:] != rank[:-1]) | (stream[1:] != stream[:-1]))
+        ends = np.concatenate([chain[at], chain[at + 1]])
+        lanes = list(map(Lane, c.rank[ends].tolist(), map(self.stream_names.__getitem__, self.stream_codes[ends].tolist()),
+                         c.start_s[ends].tolist()))
+        return list(zip(lanes[:len(at)], lanes[len(at):], strict=True))
 
 
 def write_slices(fh: BinaryIO, events, ctx: RowsContext, pid_offset: int, lead: bool) -> int:

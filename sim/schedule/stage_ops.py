@@ -55,6 +55,7 @@ class StageOps(StampedOps):
         """stamping.stamp's entry (the stamp recorded, no record built but the gated entry ops'); its base."""
         base = self._n
         self._order.append((base, s, ext_vals, layer, mb, prefix))
+        self._grouped = None
         self._bases.append(base)
         self._n += s.n
         self.tiling.add(s, base, ext_vals, gate, layer, mb, prefix)

@@ -21,12 +21,15 @@ from collections.abc import Iterator, Sequence
 from itertools import chain, islice, repeat
 from operator import attrgetter, eq
 
+import numpy as np
+
 from meshsim.sim.schedule.ops import Op
 from meshsim.sim.schedule.stamping import stamp_records
 
 CACHED_BLOCKS = 256  # stamps whose records StampedOps keeps after a read (~100 ops each), oldest dropped first
 _STENCIL_COLUMNS = {"stream": "streams", "category": "categories", "phase": "phases", "work": "works",
                     "host_calls": "host_calls"}  # Op fields a stencil holds per op, as tuples
+CODED_FIELDS = (*_STENCIL_COLUMNS, "layer", "micro_batch")  # the fields StampedOps.codes codes per stamp
 
 
 class StampedOps(Sequence):
@@ -34,7 +37,7 @@ class StampedOps(Sequence):
     base order) built on demand, but for `loose` (position -> its record), which are kept. A read builds
     the whole stamp's records and keeps the last CACHED_BLOCKS stamps' (walks read neighbouring ops)."""
 
-    __slots__ = ("_order", "_n", "_loose", "_bases", "_inside", "_cache")
+    __slots__ = ("_order", "_n", "_loose", "_bases", "_inside", "_cache", "_grouped")
 
     def __init__(self, order: list[tuple], n: int, loose: dict[int, Op]) -> None:
         self._order, self._n, self._loose = order, n, loose
@@ -46,6 +49,7 @@ class StampedOps(Sequence):
                 inside.setdefault(j, []).append(p)
         self._inside = inside
         self._cache: dict[int, list[Op]] = {}
+        self._grouped: dict | None = None  # _groups, once read
 
     def __len__(self) -> int:
         return self._n
@@ -149,6 +153,70 @@ class StampedOps(Sequence):
             out += map(get, map(loose.__getitem__, range(at, self._n)))
         for p, op in loose.items():  # the loose ops inside stamps (and, harmlessly, the others) as they are
             out[p] = get(op)
+        return out
+
+    def name_parts(self) -> tuple[list[str], list[str]]:
+        """(prefixes, suffixes): per op, two strs whose concatenation is its name (column("name")), without
+        building the names: a stamped op's stamp prefix and stencil suffix, a loose op's "" and its name."""
+        prefixes: list = []
+        suffixes: list = []
+        loose, at = self._loose, 0
+        for base, s, *_, prefix in self._order:
+            if at < base:
+                prefixes += repeat("", base - at)
+                suffixes += (loose[p].name for p in range(at, base))
+            prefixes += repeat(prefix, s.n)
+            suffixes += s.suffixes
+            at = base + s.n
+        if at < self._n:
+            prefixes += repeat("", self._n - at)
+            suffixes += (loose[p].name for p in range(at, self._n))
+        for p, op in loose.items():
+            prefixes[p], suffixes[p] = "", op.name
+        return prefixes, suffixes
+
+    def codes(self, field: str, index: dict) -> np.ndarray:
+        """Per op: the code of its `field` in `index` (value -> code), which is extended with len(index) as each
+        new value's code in the order the values first occur (intc): what coding column(field) value by value
+        gives, for a field a stamp holds per stencil or per stamp (CODED_FIELDS), without the column. The
+        stamps' values are numbered per stencil and tiled by numpy; the loose ops read one by one; a value's
+        code goes to the value its first op holds (equal values share one code, as dict keys)."""
+        first_code: dict = {}  # value -> provisional number
+
+        def number(value) -> int:
+            return first_code.setdefault(value, len(first_code))
+
+        prov, loose = np.empty(self._n, dtype=np.intp), np.ones(self._n, dtype=bool)
+        for s, (bases, places) in self._groups().items():
+            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
+            loose[pos] = False
+            if field in _STENCIL_COLUMNS:
+                prov[pos] = np.array([number(v) for v in getattr(s, _STENCIL_COLUMNS[field])], dtype=np.intp)
+            else:  # layer, micro_batch: one value per stamp
+                prov[pos] = np.array([number(v) for v in places[CODED_FIELDS.index(field) - len(_STENCIL_COLUMNS)]],
+                                     dtype=np.intp)[:, None]
+        loose[list(self._loose)] = True
+        at = np.flatnonzero(loose).tolist()
+        prov[at] = np.array(list(map(number, map(attrgetter(field), map(self._loose.__getitem__, at)))), dtype=np.intp)
+        present, first = np.unique(prov, return_index=True)
+        table = np.empty(len(first_code), dtype=np.intc)
+        for k in np.argsort(first, kind="stable").tolist():
+            value = getattr(self[int(first[k])], field)
+            table[present[k]] = index.setdefault(value, len(index))
+        return table[prov]
+
+    def _groups(self) -> dict:
+        """Stencil -> (its stamps' bases, ([their layers], [their micro-batches])), built once."""
+        if self._grouped is not None:
+            return self._grouped
+        out = self._grouped = {}
+        for base, s, _, layer, mb, _ in self._order:
+            entry = out.get(s)
+            if entry is None:
+                entry = out[s] = ([], ([], []))
+            entry[0].append(base)
+            entry[1][0].append(layer)
+            entry[1][1].append(mb)
         return out
 
     def __reversed__(self) -> Iterator[Op]:
