@@ -1,11 +1,13 @@
 """trace.json straight from an event log's arrays: the compiled core's EventRows, written by the compiled
-slice writer (sim/outputs/_trace.pyx), no Event built but the critical path's.
+slice writer (sim/outputs/_trace.pyx), no Event built.
 
 What each slice needs besides its row and its op is computed with numpy over the columns: whether the op
 is on the critical path (`critical`, one int64 key per (rank, op id): sim/outputs/row_fields.py), and the
 index of its collective args (`infos`: the args of each distinct (collective row, rank) encoded once, as
 trace.py's _Context caches them). The document around the slices (metadata, steady-state slices,
-critical-path arrows) is trace.py's own, encoded the same way.
+critical-path arrows) is trace.py's own, encoded the same way; the arrows' hops are found on the columns
+(`RowsContext.hops`: no Event built, equal to trace_slices.hops over every critical event, which
+tests/test_output_shortcuts.py checks).
 
 `write_rows_trace` returns False where it does not apply (no compiled writer, a log of Event tuples, a time
 whose nanoseconds leave [0, 2**62) or are not finite, a rank or op id that does not pack, a pid offset that

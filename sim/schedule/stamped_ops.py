@@ -1,17 +1,19 @@
 """A built schedule's ops held as its stamps, each Op record built again when it is read (Schedule.ops).
 
-A builder stamps templates into an OpList (sim/schedule/stamping.py), which records each stamp: its base,
-Stencil, external inputs, layer, micro-batch and name prefix (sim/schedule/tiling.py). Those determine every
-stamped record (stamping.stamp_records), so once the schedule is built the records need not be kept:
-`StampedOps` keeps the stamps and the loose ops (appended by the builder itself, replaced after stamping,
-or the entry ops of a gated stamp) and builds a record when it is read, a whole stamp's at a time when
-iterated (the same C-level passes that stamped them). A 405B step's short run holds 856k ops: ~250 MB of
-records a schedule no longer keeps alive; what reads every op reads the schedule's columns instead (tiled
-arrays, OpFields, WorkTable).
+A builder stamps templates into a StageOps (sim/schedule/stage_ops.py; the reference, tiling.OpList, builds
+the records as it stamps), which records each stamp: its base, Stencil, external inputs, layer, micro-batch
+and name prefix (sim/schedule/tiling.py). Those determine every stamped record (stamping.stamp_records), so
+the records need not be kept, nor (StageOps) ever made by the builder: `StampedOps` keeps the stamps and
+the loose ops (appended by the builder itself, replaced after stamping, or the entry ops of a gated stamp)
+and builds a record when it is read, a whole stamp's at a time when iterated (the same C-level passes that
+stamped them). A 405B step's short run holds 856k ops: ~250 MB of records a schedule never holds; what
+reads every op reads the schedule's columns instead (tiled arrays, OpFields, WorkTable, `column`,
+`name_parts`, and `codes`, a field's value codes tiled per stencil for the trace and timeline writers).
 
 A record read twice is built twice: equal field for field (ints and strs by value), not the same object.
 The sequence compares equal to any sequence of equal ops (a tuple of the records too), hashes as that
-tuple, and pickles as that tuple. tests/test_stamped_ops.py checks it against the records the builder made.
+tuple, and pickles as that tuple. tests/test_stamped_ops.py checks it against the records the builder made;
+tests/test_output_shortcuts.py checks `codes` and `name_parts` against the columns they shortcut.
 """
 
 from __future__ import annotations
