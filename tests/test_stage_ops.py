@@ -72,7 +72,7 @@ def _same_build(lazy, ref) -> None:
                                                   for k in ("phase", "layer", "micro_batch"))
 
 
-@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=scenarios(), data=st.data())
 def test_the_lazy_build_equals_the_record_build(case, data, monkeypatch):
     name, over, micro_batches = case

@@ -70,6 +70,7 @@ class StageOps(StampedOps):
     def append(self, op: Op | None) -> None:
         self._loose[self._n] = op
         self._n += 1
+        self._grouped = None
 
     def extend(self, ops: Iterable[Op | None]) -> None:
         for op in ops:
@@ -90,6 +91,7 @@ class StageOps(StampedOps):
         if i not in self._loose and j >= 0 and i < self._bases[j] + self._order[j][1].n:
             self._inside.setdefault(j, []).append(i)
         self._loose[i] = op
+        self._grouped = None
         self.tiling.dirty.append(index % self._n)
 
     # reading

@@ -51,7 +51,7 @@ class StampedOps(Sequence):
                 inside.setdefault(j, []).append(p)
         self._inside = inside
         self._cache: dict[int, list[Op]] = {}
-        self._grouped: dict | None = None  # _groups, once read
+        self._grouped: tuple | None = None  # _groups, once read
 
     def __len__(self) -> int:
         return self._n
@@ -185,33 +185,34 @@ class StampedOps(Sequence):
         code goes to the value its first op holds (equal values share one code, as dict keys)."""
         first_code: dict = {}  # value -> provisional number
 
-        def number(value) -> int:
-            return first_code.setdefault(value, len(first_code))
+        def numbers(values: list) -> np.ndarray:
+            for value in dict.fromkeys(values):
+                first_code.setdefault(value, len(first_code))
+            return np.fromiter(map(first_code.__getitem__, values), np.intp, len(values))
 
-        prov, loose = np.empty(self._n, dtype=np.intp), np.ones(self._n, dtype=bool)
-        for s, (bases, places) in self._groups().items():
-            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
-            loose[pos] = False
+        groups, loose_at = self._groups()
+        prov = np.empty(self._n, dtype=np.intp)
+        for s, (pos, places) in groups.items():
             if field in _STENCIL_COLUMNS:
-                prov[pos] = np.array([number(v) for v in getattr(s, _STENCIL_COLUMNS[field])], dtype=np.intp)
+                prov[pos] = numbers(list(getattr(s, _STENCIL_COLUMNS[field])))
             else:  # layer, micro_batch: one value per stamp
-                prov[pos] = np.array([number(v) for v in places[CODED_FIELDS.index(field) - len(_STENCIL_COLUMNS)]],
-                                     dtype=np.intp)[:, None]
-        loose[list(self._loose)] = True
-        at = np.flatnonzero(loose).tolist()
-        prov[at] = np.array(list(map(number, map(attrgetter(field), map(self._loose.__getitem__, at)))), dtype=np.intp)
-        present, first = np.unique(prov, return_index=True)
+                prov[pos] = numbers(places[CODED_FIELDS.index(field) - len(_STENCIL_COLUMNS)])[:, None]
+        prov[loose_at] = numbers(list(map(attrgetter(field), map(self._loose.__getitem__, loose_at))))
+        first = np.full(len(first_code), self._n, dtype=np.intp)  # each number's first position (n: none)
+        np.minimum.at(first, prov, np.arange(self._n, dtype=np.intp))
         table = np.empty(len(first_code), dtype=np.intc)
-        for k in np.argsort(first, kind="stable").tolist():
+        present = np.flatnonzero(first < self._n)
+        for k in present[np.argsort(first[present], kind="stable")].tolist():
             value = getattr(self[int(first[k])], field)
-            table[present[k]] = index.setdefault(value, len(index))
+            table[k] = index.setdefault(value, len(index))
         return table[prov]
 
-    def _groups(self) -> dict:
-        """Stencil -> (its stamps' bases, ([their layers], [their micro-batches])), built once."""
+    def _groups(self) -> tuple[dict, list[int]]:
+        """(stencil -> (its stamps' op positions, one row per stamp, and ([their layers], [their
+        micro-batches])), the loose positions), built once."""
         if self._grouped is not None:
             return self._grouped
-        out = self._grouped = {}
+        out: dict = {}
         for base, s, _, layer, mb, _ in self._order:
             entry = out.get(s)
             if entry is None:
@@ -219,7 +220,14 @@ class StampedOps(Sequence):
             entry[0].append(base)
             entry[1][0].append(layer)
             entry[1][1].append(mb)
-        return out
+        loose = np.ones(self._n, dtype=bool)
+        for s, (bases, places) in out.items():
+            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
+            loose[pos] = False
+            out[s] = (pos, places)
+        loose[list(self._loose)] = True
+        self._grouped = (out, np.flatnonzero(loose).tolist())
+        return self._grouped
 
     def __reversed__(self) -> Iterator[Op]:
         return reversed(tuple(self))
