@@ -102,19 +102,24 @@ class RowsContext:
         self.critical = np.isin(self.keys, pair_keys(list(self.crit))).view(np.uint8) if len(self.keys) else \
             np.zeros(0, np.uint8)
 
-    def infos(self) -> tuple[np.ndarray, list[bytes], list[bytes]]:
+    def infos(self, events) -> tuple[np.ndarray, list[bytes], list[bytes]]:
         """(per row: its entry, intc; entries' escaped name prefixes; entries' args members), the last
-        entry an op without a collective row."""
+        entry an op without a collective row. Only the rows the writer reads an entry for are looked up:
+        those whose category is not "compute" (a compute op's slice has no collective prefix nor args; a
+        category equal to "compute" but not a str makes the writer fall back)."""
         ops, rows = list(self.by_op), list(self.by_op.values())
         keys = pair_keys(ops)
         order = None if len(keys) < 2 or bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
-        at = member(self.keys, keys if order is None else keys[order])
-        hit = np.flatnonzero(at >= 0)
-        which = at[hit] if order is None else order[at[hit]]  # index into ops / rows of each hit row
+        categories, values = op_codes(events, "category")
+        compute = [k for k, v in enumerate(values) if v == "compute"]
+        need = np.flatnonzero(categories != compute[0]) if compute else np.arange(len(self.keys))
+        at = member(self.keys[need], keys if order is None else keys[order])
+        found = np.flatnonzero(at >= 0)
+        hit = need[found]
+        which = at[found] if order is None else order[at[found]]  # index into ops / rows of each hit row
         # one entry per distinct (row object, rank) among the hits, as _Context.info caches them
-        code = {i: k for k, i in enumerate(dict.fromkeys(map(id, rows)))}
-        row_code = np.fromiter(map(code.__getitem__, map(id, rows)), np.int64, len(rows))
-        ident = (row_code[which] << 31) | (self.keys[hit] >> 32)
+        row_code = np.unique(np.fromiter(map(id, rows), np.uint64, len(rows)), return_inverse=True)[1].reshape(-1)
+        ident = (row_code[which].astype(np.int64) << 31) | (self.keys[hit] >> 32)
         _, first, inverse = np.unique(ident, return_index=True, return_inverse=True)
         prefixes, members = [], []
         for k in first.tolist():
@@ -158,6 +163,6 @@ class RowsContext:
 
 def write_slices(fh: BinaryIO, events, ctx: RowsContext, pid_offset: int, lead: bool) -> int:
     """The op slices of every row into fh, each after a "," (not the first unless `lead`); their count."""
-    entry, prefixes, members = ctx.infos()
+    entry, prefixes, members = ctx.infos(events)
     return _trace.write_slices(fh.write, events, ctx.critical, entry, prefixes, members, TID, pid_offset,
                                ctx.per_node, lead, js, _ascii)
