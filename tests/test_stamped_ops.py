@@ -1,6 +1,7 @@
 """A built schedule's ops held as stamps (sim/schedule/stamped_ops.py) equal the records the builder stamped,
 on generated schedules of every builder path (test_schedule_arrays.scenarios): the reference is the same
-build with OpList.frozen returning the records themselves (what a Schedule held before). Compared: every
+build on the records-building op list (stage_ops.LAZY off: tiling.OpList) with OpList.frozen returning the
+records themselves (what a Schedule held before). Compared: every
 op by index (negative ones too), iteration, slices of any start / stop / step, reversed, each field's
 column, equality and hash both ways, pickling; the engine's run and the results over either are equal.
 Negative control: a stamp record that lies (another prefix) gives other records, which the comparison sees."""
@@ -17,7 +18,7 @@ from test_schedule_arrays import scenarios
 from test_steady_state import resolved
 
 from meshsim.sim.core.errors import UserError
-from meshsim.sim.schedule import stamped_ops
+from meshsim.sim.schedule import stage_ops, stamped_ops
 from meshsim.sim.schedule.ops import OP_FIELDS
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.sim.schedule.stamped_ops import StampedOps, op_column
@@ -34,9 +35,15 @@ def _built(name, over, micro_batches, monkeypatch):
         assume(False)
     lazy = build_stage_schedules(rs)
     with monkeypatch.context() as m:
-        m.setattr(OpList, "frozen", lambda self: tuple(self))
+        _records_held(m)
         records = build_stage_schedules(rs)
     return lazy, records
+
+
+def _records_held(m) -> None:
+    """Builders stamp into tiling.OpList (every record built) and the schedule holds the records."""
+    m.setattr(stage_ops, "LAZY", False)
+    m.setattr(OpList, "frozen", lambda self: tuple(self))
 
 
 def _same_ops(ops: StampedOps, ref: tuple, draw_slices) -> None:
@@ -97,9 +104,10 @@ def test_a_run_over_stamped_ops_equals_the_run_over_records(monkeypatch):
 
     rs = resolved("llama2-70b-h100-pp4", {}, 8)
     runs = []
-    for frozen in (OpList.frozen, lambda self: tuple(self)):
+    for held_as_records in (False, True):
         with monkeypatch.context() as m:
-            m.setattr(OpList, "frozen", frozen)
+            if held_as_records:
+                _records_held(m)
             result, log, _ = simulate.simulate_with_events(rs)
         runs.append((result, tuple(log.events)))
     assert runs[0][1] == runs[1][1]
@@ -114,9 +122,10 @@ def test_op_field_codes_over_stamped_ops_equal_those_over_records(monkeypatch):
 
     rs = resolved("llama2-70b-h100-pp4", {}, 8)
     logs = []
-    for frozen in (OpList.frozen, lambda self: tuple(self)):
+    for held_as_records in (False, True):
         with monkeypatch.context() as m:
-            m.setattr(OpList, "frozen", frozen)
+            if held_as_records:
+                _records_held(m)
             logs.append(simulate.simulate_with_events(rs)[1])
     assert isinstance(logs[0].events.ops[0], StampedOps) and type(logs[1].events.ops[0]) is tuple
     for field in ("stream", "category", "phase", "layer", "micro_batch", "name", "id"):

@@ -219,8 +219,11 @@ cdef bint _is(object s, object literal) except -1:
 @cython.final
 cdef class _Columns:
     """A stage's ops as the columns write_slices reads (id, name, stream, category, phase, layer, micro-batch),
-    from a sequence that has them (sim/schedule/stamped_ops.StampedOps.column): no Op record built."""
-    cdef tuple ids, names, streams, categories, phases, layers, mbs
+    from a sequence that has them (sim/schedule/stamped_ops.StampedOps.column): no Op record built. A name
+    is held as two parts, written one after the other (StampedOps.name_parts: a stamp's prefix and its
+    stencil's suffix), so no name str is built; JSON escapes each character alone, so the bytes are the
+    whole name's."""
+    cdef tuple ids, names, suffixes, streams, categories, phases, layers, mbs
     cdef Py_ssize_t n
 
 
@@ -230,10 +233,18 @@ cdef object _op_table(object ops):
     if column is None:
         return tuple(ops)
     cdef _Columns c = _Columns()
-    c.ids, c.names, c.streams = tuple(column("id")), tuple(column("name")), tuple(column("stream"))
+    parts = getattr(ops, "name_parts", None)
+    if parts is not None:
+        prefixes, suffixes = parts()
+        c.names, c.suffixes = tuple(prefixes), tuple(suffixes)
+    else:
+        c.names, c.suffixes = tuple(column("name")), None
+    c.ids, c.streams = tuple(column("id")), tuple(column("stream"))
     c.categories, c.phases = tuple(column("category")), tuple(column("phase"))
     c.layers, c.mbs = tuple(column("layer")), tuple(column("micro_batch"))
     c.n = len(ops)
+    if c.suffixes is not None and len(c.suffixes) != c.n:
+        raise Fallback("op name parts of another length than the ops")
     if not all(len(t) == c.n for t in (c.ids, c.names, c.streams, c.categories, c.phases, c.layers, c.mbs)):
         raise Fallback("op columns of another length than the ops")
     return c
@@ -258,7 +269,7 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
     cdef long long r, pid, s_ns, e_ns, w_ns, oid
     cdef int overflow = 0
     cdef bint compute, bubble, first = not lead
-    cdef object op, name, category, phase, stream, layer, mb, size, nbytes, flops, tid = None, op_key
+    cdef object op, name, suffix = None, category, phase, stream, layer, mb, size, nbytes, flops, tid = None, op_key
     cdef object last_stream = _NONE
     cdef type op_type = Op
     compute_name, pp_name = "compute", "pp_comm"
@@ -282,11 +293,12 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
             raise Fallback("a row whose op is not in its stage")
         if cols is not None:  # the op's fields from its stage's columns
             op_key, name = <object>PyTuple_GET_ITEM(cols.ids, k), <object>PyTuple_GET_ITEM(cols.names, k)
+            suffix = <object>PyTuple_GET_ITEM(cols.suffixes, k) if cols.suffixes is not None else None
             stream, category = <object>PyTuple_GET_ITEM(cols.streams, k), <object>PyTuple_GET_ITEM(cols.categories, k)
             phase, layer, mb = <object>PyTuple_GET_ITEM(cols.phases, k), <object>PyTuple_GET_ITEM(cols.layers, k), \
                 <object>PyTuple_GET_ITEM(cols.mbs, k)
         else:
-            op = <object>PyTuple_GET_ITEM(stage_ops, k)
+            op, suffix = <object>PyTuple_GET_ITEM(stage_ops, k), None
         if cols is not None:
             pass
         elif type(op) is op_type:  # an Op is a tuple of its fields (sim/schedule/ops.py OP_FIELDS)
@@ -300,7 +312,7 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
         oid = op_id[i]
         if not PyLong_CheckExact(op_key) or PyLong_AsLongLongAndOverflow(op_key, &overflow) != oid or overflow:
             raise Fallback("an op id that is not the row's")
-        if not PyUnicode_CheckExact(name):
+        if not PyUnicode_CheckExact(name) or suffix is not None and not PyUnicode_CheckExact(suffix):
             raise Fallback("an op name that is not a str")
         size = <object>PyTuple_GET_ITEM(stage_sizes, k)
         if not PyTuple_CheckExact(size) or PyTuple_GET_SIZE(size) < 2:
@@ -319,6 +331,8 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
         if not compute:
             out.bytes_(<bytes>prefixes[info[i]])
         out.text(name)
+        if suffix is not None:
+            out.text(suffix)
         out.lit('","cat":"kernel","ph":"X","ts":')
         out.span(s_ns, e_ns - s_ns, pid, tid, oid)
         out.lit(',"category":')

@@ -19,7 +19,7 @@ from operator import attrgetter
 import numpy as np
 
 from meshsim.sim.schedule.ops import OP_FIELDS
-from meshsim.sim.schedule.stamped_ops import StampedOps, op_column
+from meshsim.sim.schedule.stamped_ops import CODED_FIELDS, StampedOps, op_column
 
 try:
     from meshsim.sim.outputs import _trace
@@ -71,7 +71,10 @@ def keys_fit(rank: np.ndarray, op_id: np.ndarray) -> bool:
 
 def _column_codes(ops: Sequence, field: str, index: dict) -> np.ndarray:
     """One stage's codes of `field` in `index`, extended with len(index) as each new value's code (what
-    _trace.op_codes does per stage), read off the field's column (stamped_ops.op_column)."""
+    _trace.op_codes does per stage), read off the field's column (stamped_ops.op_column), or for a field
+    StampedOps holds per stamp coded from the stamps (StampedOps.codes)."""
+    if isinstance(ops, StampedOps) and field in CODED_FIELDS:
+        return ops.codes(field, index)
     values = op_column(ops, field)
     for value in dict.fromkeys(values):
         index.setdefault(value, len(index))

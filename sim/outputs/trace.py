@@ -47,6 +47,7 @@ from meshsim.sim.outputs.trace_slices import (
     encode_json,
     flows,
     flows_json,
+    hops_json,
     ns,
     op_slices,
     op_slices_json,
@@ -222,7 +223,7 @@ def _write_rows(fh, events, critical_path: Sequence[Segment], *, pid_offset: int
     lead = trace_rows.write_slices(fh, events, ctx, pid_offset, head) > 0 or head
     lead = _write_texts(fh, map(encode_json, _steady_state_slices(sorted(ctx.streams), steady_state, pid_offset)),
                         lead) or lead
-    _write_texts(fh, flows_json(critical_path, ctx.critical_events(events), pid_offset, flow_id_base), lead)
+    _write_texts(fh, hops_json(ctx.hops(events, critical_path), pid_offset, flow_id_base), lead)
 
 
 def write_trace(path: str | Path, events: Iterable[Event], critical_path: Sequence[Segment] = (),

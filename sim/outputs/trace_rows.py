@@ -1,11 +1,13 @@
 """trace.json straight from an event log's arrays: the compiled core's EventRows, written by the compiled
-slice writer (sim/outputs/_trace.pyx), no Event built but the critical path's.
+slice writer (sim/outputs/_trace.pyx), no Event built.
 
 What each slice needs besides its row and its op is computed with numpy over the columns: whether the op
 is on the critical path (`critical`, one int64 key per (rank, op id): sim/outputs/row_fields.py), and the
 index of its collective args (`infos`: the args of each distinct (collective row, rank) encoded once, as
 trace.py's _Context caches them). The document around the slices (metadata, steady-state slices,
-critical-path arrows) is trace.py's own, encoded the same way.
+critical-path arrows) is trace.py's own, encoded the same way; the arrows' hops are found on the columns
+(`RowsContext.hops`: no Event built, equal to trace_slices.hops over every critical event, which
+tests/test_output_shortcuts.py checks).
 
 `write_rows_trace` returns False where it does not apply (no compiled writer, a log of Event tuples, a time
 whose nanoseconds leave [0, 2**62) or are not finite, a rank or op id that does not pack, a pid offset that
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _ascii
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -71,6 +73,14 @@ def applies(events: Sequence, pid_offset: Any) -> bool:
     return keys_fit(c.rank, c.op_id) and _times_fit(c)
 
 
+class Lane(NamedTuple):
+    """What a critical-path arrow reads of an event (trace_slices.hops_json): its lane and its start."""
+
+    rank: int
+    stream: str
+    start_s: float
+
+
 class RowsContext:
     """trace.py's _Context over arrays: ranks and their streams, the critical mask, the collective args."""
 
@@ -83,6 +93,7 @@ class RowsContext:
         self.per_node = (self.config.gpus_per_node or 0) if self.config is not None else 0
         self.keys = row_keys(c.rank, c.op_id)
         streams, names = op_codes(events, "stream")
+        self.stream_codes, self.stream_names = streams, names
         pairs = dense_unique(c.rank.astype(np.int64) * len(names) + streams)[0] if len(names) else np.zeros(0, np.int64)
         self.streams: dict[int, set] = {}
         for rank, code in zip((pairs // max(len(names), 1)).tolist(), (pairs % max(len(names), 1)).tolist(),
@@ -91,19 +102,24 @@ class RowsContext:
         self.critical = np.isin(self.keys, pair_keys(list(self.crit))).view(np.uint8) if len(self.keys) else \
             np.zeros(0, np.uint8)
 
-    def infos(self) -> tuple[np.ndarray, list[bytes], list[bytes]]:
+    def infos(self, events) -> tuple[np.ndarray, list[bytes], list[bytes]]:
         """(per row: its entry, intc; entries' escaped name prefixes; entries' args members), the last
-        entry an op without a collective row."""
+        entry an op without a collective row. Only the rows the writer reads an entry for are looked up:
+        those whose category is not "compute" (a compute op's slice has no collective prefix nor args; a
+        category equal to "compute" but not a str makes the writer fall back)."""
         ops, rows = list(self.by_op), list(self.by_op.values())
         keys = pair_keys(ops)
         order = None if len(keys) < 2 or bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
-        at = member(self.keys, keys if order is None else keys[order])
-        hit = np.flatnonzero(at >= 0)
-        which = at[hit] if order is None else order[at[hit]]  # index into ops / rows of each hit row
+        categories, values = op_codes(events, "category")
+        compute = [k for k, v in enumerate(values) if v == "compute"]
+        need = np.flatnonzero(categories != compute[0]) if compute else np.arange(len(self.keys))
+        at = member(self.keys[need], keys if order is None else keys[order])
+        found = np.flatnonzero(at >= 0)
+        hit = need[found]
+        which = at[found] if order is None else order[at[found]]  # index into ops / rows of each hit row
         # one entry per distinct (row object, rank) among the hits, as _Context.info caches them
-        code = {i: k for k, i in enumerate(dict.fromkeys(map(id, rows)))}
-        row_code = np.fromiter(map(code.__getitem__, map(id, rows)), np.int64, len(rows))
-        ident = (row_code[which] << 31) | (self.keys[hit] >> 32)
+        row_code = np.unique(np.fromiter(map(id, rows), np.uint64, len(rows)), return_inverse=True)[1].reshape(-1)
+        ident = (row_code[which].astype(np.int64) << 31) | (self.keys[hit] >> 32)
         _, first, inverse = np.unique(ident, return_index=True, return_inverse=True)
         prefixes, members = [], []
         for k in first.tolist():
@@ -125,9 +141,28 @@ class RowsContext:
         """(rank, op id) -> event of the critical path's ops (trace.py's _by_key), only those built."""
         return {(ev.rank, ev.op_id): ev for ev in rows_where(events, self.critical.view(bool))}
 
+    def hops(self, events, path: Sequence[Segment]) -> list[tuple[Lane, Lane]]:
+        """trace_slices.hops(path, self.critical_events(events)) as the (rank, stream, start_s) of each hop's
+        two events (all trace_slices.hops_json reads), no Event built: the path's chain of critical rows
+        ((rank, op id) -> its last critical row, as that dict keeps the last event), its lane changes read
+        off the rank and stream-code columns (equal codes <=> equal streams)."""
+        c = events.columns
+        rows = np.flatnonzero(self.critical)
+        row_of = dict(zip(zip(c.rank[rows].tolist(), c.op_id[rows].tolist(), strict=True), rows.tolist(), strict=True))
+        chain = np.fromiter((row_of[key] for s in path if s.op_id is not None and (key := (s.rank, s.op_id)) in row_of),
+                            np.intp)
+        if len(chain) < 2:
+            return []
+        rank, stream = c.rank[chain], self.stream_codes[chain]
+        at = np.flatnonzero((rank[1:] != rank[:-1]) | (stream[1:] != stream[:-1]))
+        ends = np.concatenate([chain[at], chain[at + 1]])
+        lanes = list(map(Lane, c.rank[ends].tolist(), map(self.stream_names.__getitem__, self.stream_codes[ends].tolist()),
+                         c.start_s[ends].tolist()))
+        return list(zip(lanes[:len(at)], lanes[len(at):], strict=True))
+
 
 def write_slices(fh: BinaryIO, events, ctx: RowsContext, pid_offset: int, lead: bool) -> int:
     """The op slices of every row into fh, each after a "," (not the first unless `lead`); their count."""
-    entry, prefixes, members = ctx.infos()
+    entry, prefixes, members = ctx.infos(events)
     return _trace.write_slices(fh.write, events, ctx.critical, entry, prefixes, members, TID, pid_offset,
                                ctx.per_node, lead, js, _ascii)

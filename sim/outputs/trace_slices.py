@@ -134,7 +134,12 @@ def flows(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event], pid_
 def flows_json(path: Sequence[Segment], by_key: Mapping[tuple[int, int], Event], pid_offset: int,
                 flow_id_base: int) -> Iterator[str]:
     """The JSON texts of `flows`, written from the hops."""
-    for i, (a, b) in enumerate(hops(path, by_key)):
+    return hops_json(hops(path, by_key), pid_offset, flow_id_base)
+
+
+def hops_json(pairs: Sequence[tuple[Event, Event]], pid_offset: int, flow_id_base: int) -> Iterator[str]:
+    """The JSON texts of the arrows of these hops (flows_json's, from hops already found)."""
+    for i, (a, b) in enumerate(pairs):
         common = f'{{"name":"critical path","cat":"critical","id":{js(flow_id_base + i + 1)},'
         yield (common + f'"ph":"s","ts":{js(ns(a.start_s) / 1e3)},"pid":{js(pid_offset + a.rank)},'
                f'"tid":{TID[a.stream]}}}')

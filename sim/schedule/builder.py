@@ -45,9 +45,9 @@ from meshsim.sim.schedule.optimizer_states import step_plan
 from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathers
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
+from meshsim.sim.schedule.stage_ops import op_list
 from meshsim.sim.schedule.stamping import gc_paused, micro_batch_blocks, stamp
 from meshsim.sim.schedule.template import Template
-from meshsim.sim.schedule.tiling import OpList
 
 
 class Templates:
@@ -227,7 +227,7 @@ def _build_schedule(rs: ResolvedScenario) -> Schedule:
     bucket_bytes = dp_bucket_bytes(rs)
     reserved = reserved_gathers(_grad_params(t, model.layers), bucket_bytes, _grad_params(t, model.layers, True),
                                 rs.grad_dp, rs.edp) if overlap_gather else 0
-    ops: list[Op] = OpList([None] * reserved)  # slots for the gathers that open the step; records the stamps
+    ops = op_list(reserved)  # slots for the gathers that open the step; holds the stamps (stage_ops.py)
     grads: list[tuple[int, int]] = []
     expert_grads: list[tuple[int, int]] = []
     p = rs.scenario.parallel

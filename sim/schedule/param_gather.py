@@ -25,27 +25,43 @@ from operator import attrgetter
 
 from meshsim.sim.schedule.dp_ops import PARAM_BYTES, Bucket, make_buckets, param_gather
 from meshsim.sim.schedule.ops import Op
+from meshsim.sim.schedule.stage_ops import StageOps
 
 _ID, _PHASE_MB = attrgetter("id"), attrgetter("phase", "micro_batch")
 
 
 def _owner(op: Op) -> tuple:
     """What an op's parameters belong to: its layer, or the embedding / head block ("embed", "head")."""
-    return ("layer", op.layer) if op.layer is not None else ("block", op.name.split(".", 1)[0])
+    return owner_of(op.layer, op.name)
+
+
+def owner_of(layer: int | None, name: str) -> tuple:
+    """_owner of an op of this layer and name."""
+    return ("layer", layer) if layer is not None else ("block", name.split(".", 1)[0])
 
 
 def _first_forward_use(ops: Sequence[Op], start: int, owners: set[tuple]) -> dict[tuple, int]:
     """Owner -> id of the first forward op of micro-batch 0 in ops[start:] that belongs to it, for `owners`:
-    the scan stops once each has been seen (micro-batch 0's forward runs early in the step)."""
+    the scan stops once each has been seen (micro-batch 0's forward runs early in the step). A StageOps is
+    scanned by its stamps (StageOps.where), no record built."""
+    if isinstance(ops, StageOps):
+        uses = ((op_id, owner_of(layer, name)) for op_id, layer, name in ops.where(start, "fwd", 0))
+    else:
+        fwd_mb0 = map(("fwd", 0).__eq__, map(_PHASE_MB, islice(ops, start, None)))
+        uses = ((op.id, _owner(op)) for op in compress(islice(ops, start, None), fwd_mb0))  # a C-level filter
     first: dict[tuple, int] = {}
-    fwd_mb0 = map(("fwd", 0).__eq__, map(_PHASE_MB, islice(ops, start, None)))
-    for op in compress(islice(ops, start, None), fwd_mb0):  # a C-level filter
-        owner = _owner(op)
+    for op_id, owner in uses:
         if owner in owners and owner not in first:
-            first[owner] = op.id
+            first[owner] = op_id
             if len(first) == len(owners):
                 break
     return first
+
+
+def _ids_are_positions(ops: Sequence[Op], start: int) -> bool:
+    if isinstance(ops, StageOps):
+        return ops.ids_are_positions(start)
+    return list(map(_ID, ops[start:])) == list(range(start, len(ops)))
 
 
 def reserved_gathers(grad_params: list[int], bucket_bytes: int, expert_params: list[int] = (), dp: int = 2,
@@ -58,12 +74,12 @@ def reserved_gathers(grad_params: list[int], bucket_bytes: int, expert_params: l
     return dense + experts
 
 
-def fill_param_gathers(ops: list[Op | None], buckets: list[Bucket], param_bytes: float = PARAM_BYTES) -> list[Op]:
+def fill_param_gathers(ops: list[Op | None] | StageOps, buckets: list[Bucket], param_bytes: float = PARAM_BYTES) -> list[Op]:
     """Fill the reserved slots ops[0:len(buckets)] (None) with the buckets' all-gathers in forward order,
     and make each bucket's first forward consumers depend on its gather (module docstring). Only the
     gated ops are rebuilt: ids stay list positions."""
     n = len(buckets)
-    assert ops[:n] == [None] * n and list(map(_ID, ops[n:])) == list(range(n, len(ops)))
+    assert list(ops[:n]) == [None] * n and _ids_are_positions(ops, n)
     first = _first_forward_use(ops, n, {_owner(ops[p]) for b in buckets for p in b.producers})
     gates: dict[int, list[int]] = {}
     for new_id, (i, bucket) in enumerate(reversed(list(enumerate(buckets)))):

@@ -53,6 +53,7 @@ from meshsim.sim.schedule.pipeline_combined import combined_compute
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
+from meshsim.sim.schedule.stage_ops import StageOps, op_list
 from meshsim.sim.schedule.stamping import gc_paused
 from meshsim.sim.schedule.tiling import OpList
 
@@ -74,10 +75,11 @@ def scatter_gather(rs: ResolvedScenario, d: LayerDims) -> bool:
         and p2p_bytes(d) % (rs.tp * d.dtype_bytes) == 0
 
 
-def _gate(ops: list[Op], op_id: int, gate: tuple[int, ...]) -> None:
-    extra = tuple(g for g in gate if g not in ops[op_id].deps)
+def _gate(ops: StageOps | OpList, op_id: int, gate: tuple[int, ...]) -> None:
+    deps = ops.deps_of(op_id)
+    extra = tuple(g for g in gate if g not in deps)
     if extra:
-        ops[op_id] = replace(ops[op_id], deps=ops[op_id].deps + extra)
+        ops[op_id] = replace(ops[op_id], deps=deps + extra)
 
 
 class _Stage:
@@ -86,7 +88,7 @@ class _Stage:
     def __init__(self, rs: ResolvedScenario, stage: int, chunks: list[ChunkLayout], t: Templates, reserved: int):
         self.rs, self.stage, self.chunks, self.t = rs, stage, chunks, t
         self.shape = pipeline_shape(rs)
-        self.ops: list[Op] = OpList([None] * reserved)  # slots for the parameter all-gathers; records the stamps
+        self.ops = op_list(reserved)  # slots for the parameter all-gathers; holds the stamps (stage_ops.py)
         self.received: dict[tuple[str, int, int], int] = {}  # (direction, mb, chunk) -> P2P op id
         self.loss: dict[tuple[int, int], int] = {}
         self.grads: list[list[tuple[int, int]]] = [[] for _ in chunks]

@@ -1,17 +1,19 @@
 """A built schedule's ops held as its stamps, each Op record built again when it is read (Schedule.ops).
 
-A builder stamps templates into an OpList (sim/schedule/stamping.py), which records each stamp: its base,
-Stencil, external inputs, layer, micro-batch and name prefix (sim/schedule/tiling.py). Those determine every
-stamped record (stamping.stamp_records), so once the schedule is built the records need not be kept:
-`StampedOps` keeps the stamps and the loose ops (appended by the builder itself, replaced after stamping,
-or the entry ops of a gated stamp) and builds a record when it is read, a whole stamp's at a time when
-iterated (the same C-level passes that stamped them). A 405B step's short run holds 856k ops: ~250 MB of
-records a schedule no longer keeps alive; what reads every op reads the schedule's columns instead (tiled
-arrays, OpFields, WorkTable).
+A builder stamps templates into a StageOps (sim/schedule/stage_ops.py; the reference, tiling.OpList, builds
+the records as it stamps), which records each stamp: its base, Stencil, external inputs, layer, micro-batch
+and name prefix (sim/schedule/tiling.py). Those determine every stamped record (stamping.stamp_records), so
+the records need not be kept, nor (StageOps) ever made by the builder: `StampedOps` keeps the stamps and
+the loose ops (appended by the builder itself, replaced after stamping, or the entry ops of a gated stamp)
+and builds a record when it is read, a whole stamp's at a time when iterated (the same C-level passes that
+stamped them). A 405B step's short run holds 856k ops: ~250 MB of records a schedule never holds; what
+reads every op reads the schedule's columns instead (tiled arrays, OpFields, WorkTable, `column`,
+`name_parts`, and `codes`, a field's value codes tiled per stencil for the trace and timeline writers).
 
 A record read twice is built twice: equal field for field (ints and strs by value), not the same object.
 The sequence compares equal to any sequence of equal ops (a tuple of the records too), hashes as that
-tuple, and pickles as that tuple. tests/test_stamped_ops.py checks it against the records the builder made.
+tuple, and pickles as that tuple. tests/test_stamped_ops.py checks it against the records the builder made;
+tests/test_output_shortcuts.py checks `codes` and `name_parts` against the columns they shortcut.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from collections.abc import Iterator, Sequence
 from itertools import chain, islice, repeat
 from operator import attrgetter, eq
 
+import numpy as np
+
 from meshsim.sim.schedule.ops import Op
 from meshsim.sim.schedule.stamping import stamp_records
 
 CACHED_BLOCKS = 256  # stamps whose records StampedOps keeps after a read (~100 ops each), oldest dropped first
 _STENCIL_COLUMNS = {"stream": "streams", "category": "categories", "phase": "phases", "work": "works",
                     "host_calls": "host_calls"}  # Op fields a stencil holds per op, as tuples
+CODED_FIELDS = (*_STENCIL_COLUMNS, "layer", "micro_batch")  # the fields StampedOps.codes codes per stamp
 
 
 class StampedOps(Sequence):
@@ -34,7 +39,7 @@ class StampedOps(Sequence):
     base order) built on demand, but for `loose` (position -> its record), which are kept. A read builds
     the whole stamp's records and keeps the last CACHED_BLOCKS stamps' (walks read neighbouring ops)."""
 
-    __slots__ = ("_order", "_n", "_loose", "_bases", "_inside", "_cache")
+    __slots__ = ("_order", "_n", "_loose", "_bases", "_inside", "_cache", "_grouped")
 
     def __init__(self, order: list[tuple], n: int, loose: dict[int, Op]) -> None:
         self._order, self._n, self._loose = order, n, loose
@@ -46,6 +51,7 @@ class StampedOps(Sequence):
                 inside.setdefault(j, []).append(p)
         self._inside = inside
         self._cache: dict[int, list[Op]] = {}
+        self._grouped: tuple | None = None  # _groups, once read
 
     def __len__(self) -> int:
         return self._n
@@ -150,6 +156,78 @@ class StampedOps(Sequence):
         for p, op in loose.items():  # the loose ops inside stamps (and, harmlessly, the others) as they are
             out[p] = get(op)
         return out
+
+    def name_parts(self) -> tuple[list[str], list[str]]:
+        """(prefixes, suffixes): per op, two strs whose concatenation is its name (column("name")), without
+        building the names: a stamped op's stamp prefix and stencil suffix, a loose op's "" and its name."""
+        prefixes: list = []
+        suffixes: list = []
+        loose, at = self._loose, 0
+        for base, s, *_, prefix in self._order:
+            if at < base:
+                prefixes += repeat("", base - at)
+                suffixes += (loose[p].name for p in range(at, base))
+            prefixes += repeat(prefix, s.n)
+            suffixes += s.suffixes
+            at = base + s.n
+        if at < self._n:
+            prefixes += repeat("", self._n - at)
+            suffixes += (loose[p].name for p in range(at, self._n))
+        for p, op in loose.items():
+            prefixes[p], suffixes[p] = "", op.name
+        return prefixes, suffixes
+
+    def codes(self, field: str, index: dict) -> np.ndarray:
+        """Per op: the code of its `field` in `index` (value -> code), which is extended with len(index) as each
+        new value's code in the order the values first occur (intc): what coding column(field) value by value
+        gives, for a field a stamp holds per stencil or per stamp (CODED_FIELDS), without the column. The
+        stamps' values are numbered per stencil and tiled by numpy; the loose ops read one by one; a value's
+        code goes to the value its first op holds (equal values share one code, as dict keys)."""
+        first_code: dict = {}  # value -> provisional number
+
+        def numbers(values: list) -> np.ndarray:
+            for value in dict.fromkeys(values):
+                first_code.setdefault(value, len(first_code))
+            return np.fromiter(map(first_code.__getitem__, values), np.intp, len(values))
+
+        groups, loose_at = self._groups()
+        prov = np.empty(self._n, dtype=np.intp)
+        for s, (pos, places) in groups.items():
+            if field in _STENCIL_COLUMNS:
+                prov[pos] = numbers(list(getattr(s, _STENCIL_COLUMNS[field])))
+            else:  # layer, micro_batch: one value per stamp
+                prov[pos] = numbers(places[CODED_FIELDS.index(field) - len(_STENCIL_COLUMNS)])[:, None]
+        prov[loose_at] = numbers(list(map(attrgetter(field), map(self._loose.__getitem__, loose_at))))
+        first = np.full(len(first_code), self._n, dtype=np.intp)  # each number's first position (n: none)
+        np.minimum.at(first, prov, np.arange(self._n, dtype=np.intp))
+        table = np.empty(len(first_code), dtype=np.intc)
+        present = np.flatnonzero(first < self._n)
+        for k in present[np.argsort(first[present], kind="stable")].tolist():
+            value = getattr(self[int(first[k])], field)
+            table[k] = index.setdefault(value, len(index))
+        return table[prov]
+
+    def _groups(self) -> tuple[dict, list[int]]:
+        """(stencil -> (its stamps' op positions, one row per stamp, and ([their layers], [their
+        micro-batches])), the loose positions), built once."""
+        if self._grouped is not None:
+            return self._grouped
+        out: dict = {}
+        for base, s, _, layer, mb, _ in self._order:
+            entry = out.get(s)
+            if entry is None:
+                entry = out[s] = ([], ([], []))
+            entry[0].append(base)
+            entry[1][0].append(layer)
+            entry[1][1].append(mb)
+        loose = np.ones(self._n, dtype=bool)
+        for s, (bases, places) in out.items():
+            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
+            loose[pos] = False
+            out[s] = (pos, places)
+        loose[list(self._loose)] = True
+        self._grouped = (out, np.flatnonzero(loose).tolist())
+        return self._grouped
 
     def __reversed__(self) -> Iterator[Op]:
         return reversed(tuple(self))

@@ -29,8 +29,12 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
 
     Per op: id base + i, name prefix + suffix, deps (base + local..., ext[e]..., gate... on entry ops); built
     from the template's Stencil by C-level passes (stamp_records), no Python code per op. An OpList `ops`
-    also records the stamp (sim/schedule/tiling.py)."""
+    also records the stamp (sim/schedule/tiling.py); a StageOps `ops` records only the stamp, no record
+    (sim/schedule/stage_ops.py)."""
     s = stencil_of(tpl)
+    add_stamp = getattr(ops, "add_stamp", None)
+    if add_stamp is not None:
+        return add_stamp(s, prefix, tuple(ext[e] for e in s.ext_keys), layer, mb, gate)
     base = len(ops)
     record = getattr(ops, "tiling", None)
     ext_vals = tuple(ext[e] for e in s.ext_keys)

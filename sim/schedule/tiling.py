@@ -1,6 +1,7 @@
 """A schedule's arrays tiled from the templates it was stamped from, not read off its ops one by one.
 
-A builder collects its ops in an `OpList`, which records each stamp (sim/schedule/stamping.stamp): the
+A builder collects its ops in a StageOps (sim/schedule/stage_ops.py), or in the reference `OpList` here, which
+builds every record as it stamps; either records each stamp (sim/schedule/stamping.stamp) in a Tiling: the
 template's Stencil, the base and the external inputs. Grouped per stencil, m stamps at bases B are the
 ops B[j] + i (i < n): their kind, stream, host calls and dep counts are the stencil's columns, their host
 waits B[j] + w_i, and their deps B[j] + rel_f (ext slots: the stamp's input) written at
@@ -236,6 +237,10 @@ class OpList(list):
         if len(table) < size:
             table.extend(range(len(table), size + 4096))
         return table
+
+    def deps_of(self, i: int) -> tuple:
+        """self[i].deps (as StageOps.deps_of, which builds no record)."""
+        return self[i].deps
 
     def __setitem__(self, i, value) -> None:
         list.__setitem__(self, i, value)
