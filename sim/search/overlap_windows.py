@@ -42,12 +42,25 @@ Windows repeat: a window is determined by its (forward chunk or None, backward c
 computed once per kind and multiplied by its count in the full step's stage_order (no short schedule:
 no premise P). A path from the first x-op needs nothing before it, so ops it cannot reach (e.g. a pair's
 backward combine, issued before the forward's pre-dispatch node) do not count.
+6. Computed once (window_excess; window_excess_long_way is the long way, kept as the reference). The scratch
+   ops' streams, deps and works are a function of delay_wgrad and the templates chunk_step stamps, by
+   value, in order (window_key: f's embedding, layers and head, b's head, layers from the last, embedding):
+   chunk_step and the Emitter read nothing else that reaches an op's stream, deps or work (names, layer
+   and micro-batch numbers do not), the chains start fresh and the placeholder is op 0. Which ops
+   longest_paths reaches from the first x-op, and through which predecessors, depends on the deps and
+   streams only (an op is reached iff a predecessor is; durations are >= 0), so it is walked once per
+   window_key (WindowPaths), and the lengths are the same maxima and sums of the same durations in the
+   same order: equal to the bit. A duration is price(op, rank), a function of the op's work and the rank
+   for a PriceCache's Pricer, whose prices are equal for equal Pricer.key (cheap_bound.py step 7): the
+   lengths are kept under (Pricer.key, rank, window_key). tests/test_search_windows.py compares
+   window_excess, with one PriceCache over generated layouts, with the long way.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 from meshsim.scenarios.resolved import ResolvedScenario
@@ -58,6 +71,7 @@ from meshsim.sim.schedule.pipeline import Combined, Compute, PipelineShape, stag
 from meshsim.sim.schedule.pipeline_builder import pipeline_shape
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.shapes import layer_dims
+from meshsim.sim.schedule.template import Template
 
 WINDOW_STREAMS = ("compute", "ep_comm")  # step 1
 WindowKey = tuple[int | None, int | None]  # (forward chunk, backward chunk)
@@ -133,19 +147,150 @@ def longest_paths(ops: list[Op], dur: Callable[[Op], float]) -> dict[str, tuple[
     return out
 
 
-def window_excess(rs: ResolvedScenario, price: Callable[[Op, int], float]) -> list[dict[str, tuple[float, float]]]:
+@dataclass(frozen=True)
+class WindowPaths:
+    """A window's longest paths of step 3 with the prices left out (step 6): `priced` the ops whose durations
+    the paths read ((position, op), FIFO ops only: the others last 0); per window stream x with ops, (x, its
+    x-ops, the first x-op, the ops the path reaches after it in list order, each with its reached
+    predecessors)."""
+
+    size: int  # the window's op count
+    priced: tuple[tuple[int, Op], ...]
+    streams: tuple[tuple[str, tuple[int, ...], int, tuple[tuple[int, tuple[int, ...]], ...]], ...]
+
+
+def window_paths(ops: list[Op]) -> WindowPaths:
+    """longest_paths' walk without durations: which ops it reaches and through which predecessors (step 6)."""
+    streams, needed = [], set()
+    for x in WINDOW_STREAMS:
+        mine = tuple(op.id for op in ops if op.stream == x)
+        if not mine:
+            continue
+        first, last = mine[0], mine[-1]
+        reached, order = {first}, []
+        prev: dict[str, int] = {x: first}
+        for op in ops[first + 1: last + 1]:
+            preds = list(op.deps)
+            if op.stream in FIFO_STREAMS and prev.get(op.stream) is not None:
+                preds.append(prev[op.stream])
+            mine_preds = tuple(q for q in preds if q in reached)
+            if mine_preds:
+                reached.add(op.id)
+                order.append((op.id, mine_preds))
+                needed.update(mine_preds)
+                if op.stream in FIFO_STREAMS:
+                    prev[op.stream] = op.id
+        needed.update(mine)
+        streams.append((x, mine, first, tuple(order)))
+    priced = tuple((i, ops[i]) for i in sorted(needed) if ops[i].stream in FIFO_STREAMS)
+    return WindowPaths(len(ops), priced, tuple(streams))
+
+
+def path_lengths(paths: WindowPaths, price: Callable[[Op], float]) -> dict[str, tuple[float, float]]:
+    """longest_paths(ops, dur) from the window's WindowPaths (step 6): the same maxima and sums of the same
+    durations, in the same order."""
+    dur = [0.0] * paths.size
+    for i, op in paths.priced:
+        dur[i] = price(op)
+    out = {}
+    for x, mine, first, order in paths.streams:
+        reach = {first: 0.0}
+        for j, preds in order:
+            reach[j] = max([reach[q] + dur[q] for q in preds])
+        last = mine[-1]
+        out[x] = (reach[last] + dur[last], sum(dur[i] for i in mine))
+    return out
+
+
+class _Canonical:
+    """A template's value as a small int: equal templates (ops, marks, gradient lists), equal ints. `values`
+    (a PriceCache's) is shared by a search; the identities are this call's (its templates stay alive)."""
+
+    def __init__(self, values: dict):
+        self.values, self.ids = values, {}
+
+    def __call__(self, tpl: Template) -> int:
+        hit = self.ids.get(id(tpl))
+        if hit is None:
+            value = (tuple(tpl.ops), tuple(sorted(tpl.marks.items())), tuple(tpl.grads), tuple(tpl.expert_grads))
+            hit = self.ids[id(tpl)] = self.values.setdefault(value, len(self.values))
+        return hit
+
+
+def window_key(t, chunks: list[ChunkLayout], key: WindowKey, delay_wgrad: bool, canon: _Canonical) -> tuple:
+    """What the scratch window of kind `key` is made of (step 6): delay_wgrad, and per side the templates
+    chunk_step stamps, by value, in its order."""
+    f = b = None
+    if key[0] is not None:
+        ch = chunks[key[0]]
+        f = (canon(t.embed_fwd) if ch.embedding else None, tuple(canon(t.layer_fwd(n)) for n in ch.layers),
+             canon(t.head_fwd) if ch.head else None)
+    if key[1] is not None:
+        ch = chunks[key[1]]
+        b = (canon(t.head_bwd) if ch.head else None, tuple(canon(t.layer_bwd(n)) for n in reversed(ch.layers)),
+             canon(t.embed_bwd) if ch.embedding else None)
+    return delay_wgrad, f, b
+
+
+def bound_templates(rs: ResolvedScenario):
+    """The layout's step_templates as the builders make them: tied embeddings only without pipelining."""
+    d, model = layer_dims(rs), rs.scenario.model
+    return step_templates(rs, d, model.tied_embeddings if rs.pp == 1 else False)
+
+
+def _stage_layout(rs: ResolvedScenario) -> list[list[ChunkLayout]]:
+    """layout[stage][chunk] of the combined steps (without pipelining one chunk holds the whole model)."""
+    model = rs.scenario.model
+    if rs.pp == 1:
+        return [[ChunkLayout(0, 0, range(model.layers), True, True)]]
+    return pipeline_layout(rs.scenario.parallel, model.layers)
+
+
+def window_excess(rs: ResolvedScenario, price: Callable[[Op, int], float], shared=None, t=None
+                  ) -> list[dict[str, tuple[float, float]]]:
     """Per stage, stream -> (E_x of step 4, the part of it in the edge windows of step 5); empty without
-    moe_ep_overlap."""
+    moe_ep_overlap. Each window kind's paths are walked once per value (step 6), and its lengths priced once
+    per (Pricer.key, rank) when `price` is a PriceCache's; `shared` (a PriceCache) keeps both for a search;
+    `t` the layout's step_templates when the caller has them."""
     p = rs.scenario.parallel
     if not p.moe_ep_overlap:
         return [{} for _ in range(rs.pp)]
-    d, model = layer_dims(rs), rs.scenario.model
-    if rs.pp == 1:
-        t = step_templates(rs, d, model.tied_embeddings)
-        layout = [[ChunkLayout(0, 0, range(model.layers), True, True)]]
-    else:
-        t = step_templates(rs, d, tied=False)
-        layout = pipeline_layout(p, model.layers)
+    t, layout = t or bound_templates(rs), _stage_layout(rs)
+    key_of_price = getattr(price, "key", None)
+    paths_memo = shared.windows if shared is not None else {}
+    lengths_memo = shared.window_lengths if shared is not None and key_of_price is not None else {}
+    canon = _Canonical(shared.templates if shared is not None else {})
+    out = []
+    for stage, chunks in enumerate(layout):
+        rank = stage * rs.stage_size
+        excess: dict[str, tuple[float, float]] = {}
+        counts, edges = window_counts(rs, stage)
+        for key, n in counts.items():
+            value = window_key(t, chunks, key, p.delay_wgrad_compute, canon)
+            lengths = lengths_memo.get((key_of_price, rank, value))
+            if lengths is None:
+                paths = paths_memo.get(value)
+                if paths is None:
+                    paths = paths_memo[value] = window_paths(_scratch(t, chunks, key, p.delay_wgrad_compute))
+                lengths = path_lengths(paths, lambda op, r=rank: price(op, r))
+                if key_of_price is not None:
+                    lengths_memo[(key_of_price, rank, value)] = lengths
+            for x, (length, busy) in lengths.items():
+                e = max(0.0, length - busy)
+                total, edge = excess.get(x, (0.0, 0.0))
+                excess[x] = (total + n * e, edge + edges.get(key, 0) * e)
+        out.append(excess)
+    return out
+
+
+def window_excess_long_way(rs: ResolvedScenario, price: Callable[[Op, int], float]
+                           ) -> list[dict[str, tuple[float, float]]]:
+    """window_excess with a scratch window and longest_paths per window and stage, nothing kept (the reference
+    tests/test_search_windows.py compares it with)."""
+    p = rs.scenario.parallel
+    if not p.moe_ep_overlap:
+        return [{} for _ in range(rs.pp)]
+    t, layout = bound_templates(rs), _stage_layout(rs)
     out = []
     for stage, chunks in enumerate(layout):
         rank = stage * rs.stage_size
