@@ -20,12 +20,11 @@ from meshsim.sim.search.overlap_windows import (
     _stage_layout,
     bound_templates,
     longest_paths,
-    path_lengths,
     window_counts,
     window_excess,
     window_excess_long_way,
-    window_paths,
 )
+from meshsim.sim.search.window_paths import path_lengths, window_paths
 
 SHARED = PriceCache()  # one cache for every example: later layouts meet earlier layouts' windows
 hits: list[int] = []
