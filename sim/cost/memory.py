@@ -104,22 +104,33 @@ def model_layers(rs: ResolvedScenario) -> list[int]:
 
 def layers_memory(rs: ResolvedScenario, layers: list[int]) -> tuple[int, int, int, int]:
     """(dense params, routed-expert params, activation bytes of one micro-batch, the largest layer's
-    activation bytes) of `layers` on one rank, per layer kind (sim/cost/layer_memory.py)."""
+    activation bytes) of `layers` on one rank, per layer kind (sim/cost/layer_memory.py): each kind's terms
+    are computed once (a pure function of the plan and the kind) and summed over the layers in order."""
     plan, model = layer_plan(rs, layer_dims(rs)), rs.scenario.model
     dense = expert = acts = biggest = 0
+    by_kind: dict = {}
     for layer in layers:
         kind = layer_kind(model, layer, rs.scenario.run)
-        plan_k = sixteen_bit(plan) if kind.bf16 else plan  # a 16-bit first / last layer keeps no FP8 savings
-        d = plan_k.d
-        p_dense, p_expert = layer_params(plan_k, kind)
-        attn = mla_activation_bytes(plan_k) if plan.mla is not None else (  # its own FP8 savings only
-            layer_activation_bytes(d) - dense_mlp_activation_bytes(d) + fp8_activation_savings(d)
-            - fp8_activation_savings(d, mlp=False))
-        mlp_fp8 = fp8_activation_savings(d) - fp8_activation_savings(d, mlp=False)
-        act = attn + (moe_activation_bytes(plan_k) - moe_fp8_savings(plan_k) if kind.moe
-                      else dense_mlp_activation_bytes(d) - mlp_fp8)
+        terms = by_kind.get(kind)
+        if terms is None:
+            terms = by_kind[kind] = _kind_terms(plan, kind)
+        p_dense, p_expert, act = terms
         dense, expert, acts, biggest = dense + p_dense, expert + p_expert, acts + act, max(biggest, act)
     return dense, expert, acts, biggest
+
+
+def _kind_terms(plan, kind) -> tuple[int, int, int]:
+    """(dense params, routed-expert params, activation bytes of one micro-batch) of one layer of `kind`."""
+    plan_k = sixteen_bit(plan) if kind.bf16 else plan  # a 16-bit first / last layer keeps no FP8 savings
+    d = plan_k.d
+    p_dense, p_expert = layer_params(plan_k, kind)
+    attn = mla_activation_bytes(plan_k) if plan.mla is not None else (  # its own FP8 savings only
+        layer_activation_bytes(d) - dense_mlp_activation_bytes(d) + fp8_activation_savings(d)
+        - fp8_activation_savings(d, mlp=False))
+    mlp_fp8 = fp8_activation_savings(d) - fp8_activation_savings(d, mlp=False)
+    act = attn + (moe_activation_bytes(plan_k) - moe_fp8_savings(plan_k) if kind.moe
+                  else dense_mlp_activation_bytes(d) - mlp_fp8)
+    return p_dense, p_expert, act
 
 
 def params_per_rank(rs: ResolvedScenario) -> int:
@@ -201,23 +212,27 @@ def combined_1f1b_activations(rs: ResolvedScenario) -> int | None:
     return max(prefix[layer + 1] + prefix[n - layer] for layer in range(n))
 
 
-def stage_layers(rs: ResolvedScenario, stage: int) -> list[int]:
-    """The transformer layers `stage` runs: its chunks', and on the last stage the MTP depths' (model_layers)."""
+def stage_layers(rs: ResolvedScenario, stage: int, layout: list | None = None) -> list[int]:
+    """The transformer layers `stage` runs: its chunks', and on the last stage the MTP depths' (model_layers);
+    `layout` the scenario's pipeline_layout when the caller has it."""
     m = rs.scenario.model
     mtp = mtp_layer_ids(m) if stage == rs.pp - 1 else []
-    return [layer for ch in pipeline_layout(rs.scenario.parallel, m.layers)[stage] for layer in ch.layers] + mtp
+    layout = layout or pipeline_layout(rs.scenario.parallel, m.layers)
+    return [layer for ch in layout[stage] for layer in ch.layers] + mtp
 
 
-def stage_param_split(rs: ResolvedScenario, stage: int) -> tuple[int, int]:
+def stage_param_split(rs: ResolvedScenario, stage: int, layers: list[int] | None = None,
+                      terms: tuple[int, int, int, int] | None = None) -> tuple[int, int]:
     """(dense, routed-expert) parameters one rank of `stage` holds: its layers, the embedding (first stage),
-    the final norm and the output layer or its tied copy of the embedding (last stage)."""
+    the final norm and the output layer or its tied copy of the embedding (last stage). `layers` (its
+    stage_layers) and `terms` (their layers_memory, kinded scenarios) when the caller has them."""
     d = layer_dims(rs)
-    layers = stage_layers(rs, stage)
+    layers = stage_layers(rs, stage) if layers is None else layers
     table = d.vocab * d.hidden
     output = 0 if stage == 0 and rs.scenario.model.tied_embeddings else table  # pp = 1: tied shares the embedding
     ends = (table if stage == 0 else 0) + (output + d.norm_params + mtp_extra_params(rs) if stage == rs.pp - 1 else 0)
     if kinded(rs):
-        dense, expert, _, _ = layers_memory(rs, layers)
+        dense, expert, _, _ = terms or layers_memory(rs, layers)
         return dense + ends, expert
     return len(layers) * d.layer_params + ends, 0
 
@@ -226,13 +241,15 @@ def stage_params(rs: ResolvedScenario, stage: int) -> int:
     return sum(stage_param_split(rs, stage))
 
 
-def stage_activation_bytes(rs: ResolvedScenario, stage: int) -> int:
+def stage_activation_bytes(rs: ResolvedScenario, stage: int, layer_ids: list[int] | None = None,
+                           terms: tuple[int, int, int, int] | None = None) -> int:
+    """A stage's activation bytes at its peak (`layer_ids`, `terms`: as stage_param_split's)."""
     d = layer_dims(rs)
-    layer_ids = stage_layers(rs, stage)
+    layer_ids = stage_layers(rs, stage) if layer_ids is None else layer_ids
     layers = len(layer_ids)
     flight = in_flight_micro_batches(rs, stage)
     if kinded(rs):
-        _, _, acts, biggest = layers_memory(rs, layer_ids)
+        _, _, acts, biggest = terms or layers_memory(rs, layer_ids)
         if d.recompute == "full":
             body = layers * d.tokens_out * d.hidden * d.dtype_bytes * flight + biggest
         else:
@@ -260,14 +277,21 @@ def _breakdown(rs: ResolvedScenario, params: int, activation_b: int, expert_para
 
 
 def pipeline_memory(rs: ResolvedScenario) -> MemoryBreakdown:
-    """Every stage's memory; the worst stage's figures on top ("fits" is the worst stage's)."""
-    stages = tuple(_breakdown(rs, *stage_param_split(rs, r)[:1], stage_activation_bytes(rs, r),
-                              stage_param_split(rs, r)[1], stage_layers(rs, r), r == rs.pp - 1)
-                   for r in range(rs.pp))
+    """Every stage's memory; the worst stage's figures on top ("fits" is the worst stage's). The pipeline
+    layout, each stage's layers and their layers_memory are computed once and handed to the stage terms."""
+    layout = pipeline_layout(rs.scenario.parallel, rs.scenario.model.layers)
+    stages = tuple(_stage_breakdown(rs, r, stage_layers(rs, r, layout)) for r in range(rs.pp))
     worst = max(range(rs.pp), key=lambda r: stages[r].total_gb)
     w = stages[worst]
     return MemoryBreakdown(w.weights_gb, w.grads_gb, w.optimizer_gb, w.activations_gb, w.workspace_gb,
                            w.total_gb, w.capacity_gb, w.fits, stages, worst, w.host_gb)
+
+
+def _stage_breakdown(rs: ResolvedScenario, stage: int, layers: list[int]) -> MemoryBreakdown:
+    terms = layers_memory(rs, layers) if kinded(rs) else None
+    dense, expert = stage_param_split(rs, stage, layers, terms)
+    return _breakdown(rs, dense, stage_activation_bytes(rs, stage, layers, terms), expert, layers,
+                      stage == rs.pp - 1)
 
 
 def memory_per_gpu(rs: ResolvedScenario) -> MemoryBreakdown:

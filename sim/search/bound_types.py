@@ -87,6 +87,9 @@ class PriceCache:
         self.groups: dict[tuple, tuple[int, ...]] = {}
         self.blocks: dict[tuple, object] = {}  # cheap_bound.py step 7: (Pricer.key, rank, ...) -> BlockCost
         self.passes: dict[tuple, dict[str, float]] = {}  # cheap_bound.py step 7: a pass's forced gaps
+        self.templates: dict[tuple, int] = {}  # overlap_windows.py step 6: a template's value -> its number
+        self.windows: dict[tuple, object] = {}  # overlap_windows.py step 6: window_key -> WindowPaths
+        self.window_lengths: dict[tuple, dict] = {}  # (Pricer.key, rank, window_key) -> stream -> (L_x, busy_x)
 
     def pricer(self, rs: ResolvedScenario) -> Pricer:
         hw, mesh = _hardware_key(rs), mesh_key(rs)

@@ -45,9 +45,8 @@ from __future__ import annotations
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.compute import resolve_tuning
-from meshsim.sim.schedule.builder import fp8_amax_templates, step_templates
+from meshsim.sim.schedule.builder import fp8_amax_templates
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
-from meshsim.sim.schedule.shapes import layer_dims
 from meshsim.sim.schedule.template import Template
 from meshsim.sim.search.block_cost import BlockCost, block_cost, op_streams, pass_gaps
 from meshsim.sim.search.bound_types import (
@@ -58,7 +57,7 @@ from meshsim.sim.search.bound_types import (
     Pricer,
     StageBound,
 )
-from meshsim.sim.search.overlap_windows import window_excess
+from meshsim.sim.search.overlap_windows import bound_templates, window_excess
 
 Block = tuple[Template, bool, bool]  # (template, is a decoder layer, backward)
 
@@ -77,18 +76,18 @@ def _chunk_passes(t, ch: ChunkLayout, amax) -> tuple[list[Block], list[Block]]:
     return fwd, bwd
 
 
-def stage_passes(rs: ResolvedScenario) -> list[list[list[Block]]]:
+def stage_passes(rs: ResolvedScenario, t=None) -> list[list[list[Block]]]:
     """Per stage, the passes one micro-batch stamps on it (step 2): runs of blocks stamped one after another,
     each block fed by the one before. Without pipelining one micro-batch's blocks are one run
     (builder._micro_batch); under FSDP (gathers, casts and reduce-scatters between blocks) each block is its
-    own; with pp > 1 each chunk's forward and its backward (pipeline_builder.py _Stage.compute)."""
-    d, m = layer_dims(rs), rs.scenario.model
+    own; with pp > 1 each chunk's forward and its backward (pipeline_builder.py _Stage.compute). `t`: the
+    layout's templates (overlap_windows.bound_templates) when the caller has them."""
+    m = rs.scenario.model
+    t = t or bound_templates(rs)
     if rs.pp == 1:
-        t = step_templates(rs, d, m.tied_embeddings)
         fwd, bwd = _chunk_passes(t, ChunkLayout(0, 0, range(m.layers), True, True), t.amax)
         run = fwd + bwd
         return [[[b] for b in run] if rs.scenario.parallel.fsdp else [run]]
-    t = step_templates(rs, d, tied=False)
     layout = pipeline_layout(rs.scenario.parallel, m.layers)
     return [[run for ch in chunks for run in _chunk_passes(t, ch, fp8_amax_templates(rs, ch.layers) if ch.layers
                                                            else None) if run] for chunks in layout]
@@ -114,7 +113,8 @@ class BlockCosts:
         blocks = shared.blocks if shared is not None and price.key is not None else {}
         passes = shared.passes if shared is not None and price.key is not None else {}
         self.busy, self.gap, self.host, self.ops = [], [], [], []
-        for stage, passes_of_stage in enumerate(stage_passes(rs)):
+        t = bound_templates(rs)
+        for stage, passes_of_stage in enumerate(stage_passes(rs, t)):
             rank = stage * rs.stage_size
             busy: dict[str, float] = {}
             gap: dict[str, float] = {}
@@ -149,7 +149,7 @@ class BlockCosts:
             self.gap.append(gap)
             self.host.append(host)
             self.ops.append(ops)
-        self.excess = window_excess(rs, price)  # step 6: stream -> (E_x, its edge windows' part)
+        self.excess = window_excess(rs, price, shared, t)  # step 6: stream -> (E_x, its edge windows' part)
 
 
 def cheap_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: PriceCache | None = None) -> Bound:

@@ -42,6 +42,18 @@ Windows repeat: a window is determined by its (forward chunk or None, backward c
 computed once per kind and multiplied by its count in the full step's stage_order (no short schedule:
 no premise P). A path from the first x-op needs nothing before it, so ops it cannot reach (e.g. a pair's
 backward combine, issued before the forward's pre-dispatch node) do not count.
+6. Computed once (window_excess; window_excess_long_way is the long way, kept as the reference). The scratch
+   ops' streams, deps and works are a function of delay_wgrad and the templates chunk_step stamps, by
+   value, in order (window_key: f's embedding, layers and head, b's head, layers from the last, embedding):
+   chunk_step and the Emitter read nothing else that reaches an op's stream, deps or work (names, layer
+   and micro-batch numbers do not), the chains start fresh and the placeholder is op 0. Which ops
+   longest_paths reaches from the first x-op, and through which predecessors, depends on the deps and
+   streams only (an op is reached iff a predecessor is; durations are >= 0), so it is walked once per
+   window_key (WindowPaths), and the lengths are the same maxima and sums of the same durations in the
+   same order: equal to the bit. A duration is price(op, rank), a function of the op's work and the rank
+   for a PriceCache's Pricer, whose prices are equal for equal Pricer.key (cheap_bound.py step 7): the
+   lengths are kept under (Pricer.key, rank, window_key). tests/test_search_windows.py compares
+   window_excess, with one PriceCache over generated layouts, with the long way.
 """
 
 from __future__ import annotations
@@ -58,9 +70,14 @@ from meshsim.sim.schedule.pipeline import Combined, Compute, PipelineShape, stag
 from meshsim.sim.schedule.pipeline_builder import pipeline_shape
 from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.shapes import layer_dims
-
-WINDOW_STREAMS = ("compute", "ep_comm")  # step 1
-WindowKey = tuple[int | None, int | None]  # (forward chunk, backward chunk)
+from meshsim.sim.search.window_paths import (
+    WINDOW_STREAMS,
+    Canonical,
+    WindowKey,
+    path_lengths,
+    window_key,
+    window_paths,
+)
 
 
 def window_counts(rs: ResolvedScenario, stage: int) -> tuple[Counter, Counter]:
@@ -133,19 +150,65 @@ def longest_paths(ops: list[Op], dur: Callable[[Op], float]) -> dict[str, tuple[
     return out
 
 
-def window_excess(rs: ResolvedScenario, price: Callable[[Op, int], float]) -> list[dict[str, tuple[float, float]]]:
+def bound_templates(rs: ResolvedScenario):
+    """The layout's step_templates as the builders make them: tied embeddings only without pipelining."""
+    d, model = layer_dims(rs), rs.scenario.model
+    return step_templates(rs, d, model.tied_embeddings if rs.pp == 1 else False)
+
+
+def _stage_layout(rs: ResolvedScenario) -> list[list[ChunkLayout]]:
+    """layout[stage][chunk] of the combined steps (without pipelining one chunk holds the whole model)."""
+    model = rs.scenario.model
+    if rs.pp == 1:
+        return [[ChunkLayout(0, 0, range(model.layers), True, True)]]
+    return pipeline_layout(rs.scenario.parallel, model.layers)
+
+
+def window_excess(rs: ResolvedScenario, price: Callable[[Op, int], float], shared=None, t=None
+                  ) -> list[dict[str, tuple[float, float]]]:
     """Per stage, stream -> (E_x of step 4, the part of it in the edge windows of step 5); empty without
-    moe_ep_overlap."""
+    moe_ep_overlap. Each window kind's paths are walked once per value (step 6), and its lengths priced once
+    per (Pricer.key, rank) when `price` is a PriceCache's; `shared` (a PriceCache) keeps both for a search;
+    `t` the layout's step_templates when the caller has them."""
     p = rs.scenario.parallel
     if not p.moe_ep_overlap:
         return [{} for _ in range(rs.pp)]
-    d, model = layer_dims(rs), rs.scenario.model
-    if rs.pp == 1:
-        t = step_templates(rs, d, model.tied_embeddings)
-        layout = [[ChunkLayout(0, 0, range(model.layers), True, True)]]
-    else:
-        t = step_templates(rs, d, tied=False)
-        layout = pipeline_layout(p, model.layers)
+    t, layout = t or bound_templates(rs), _stage_layout(rs)
+    key_of_price = getattr(price, "key", None)
+    paths_memo = shared.windows if shared is not None else {}
+    lengths_memo = shared.window_lengths if shared is not None and key_of_price is not None else {}
+    canon = Canonical(shared.templates if shared is not None else {})
+    out = []
+    for stage, chunks in enumerate(layout):
+        rank = stage * rs.stage_size
+        excess: dict[str, tuple[float, float]] = {}
+        counts, edges = window_counts(rs, stage)
+        for key, n in counts.items():
+            value = window_key(t, chunks, key, p.delay_wgrad_compute, canon)
+            lengths = lengths_memo.get((key_of_price, rank, value))
+            if lengths is None:
+                paths = paths_memo.get(value)
+                if paths is None:
+                    paths = paths_memo[value] = window_paths(_scratch(t, chunks, key, p.delay_wgrad_compute))
+                lengths = path_lengths(paths, lambda op, r=rank: price(op, r))
+                if key_of_price is not None:
+                    lengths_memo[(key_of_price, rank, value)] = lengths
+            for x, (length, busy) in lengths.items():
+                e = max(0.0, length - busy)
+                total, edge = excess.get(x, (0.0, 0.0))
+                excess[x] = (total + n * e, edge + edges.get(key, 0) * e)
+        out.append(excess)
+    return out
+
+
+def window_excess_long_way(rs: ResolvedScenario, price: Callable[[Op, int], float]
+                           ) -> list[dict[str, tuple[float, float]]]:
+    """window_excess with a scratch window and longest_paths per window and stage, nothing kept (the reference
+    tests/test_search_windows.py compares it with)."""
+    p = rs.scenario.parallel
+    if not p.moe_ep_overlap:
+        return [{} for _ in range(rs.pp)]
+    t, layout = bound_templates(rs), _stage_layout(rs)
     out = []
     for stage, chunks in enumerate(layout):
         rank = stage * rs.stage_size
