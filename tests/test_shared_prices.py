@@ -28,9 +28,15 @@ class _Fresh(CollectiveCoster):
         return self._compute(work, group)
 
 
+# the library less its three largest steps (each pair simulates twice; their variants can pass resolve and
+# still exceed the op limit): the memo's key is checked on every model family, pipeline, CP, FP8 and MoE
+SAMPLED = [n for n in LIBRARY if n not in ("deepseek-v3-h100-ep64", "deepseek-v3-gb300-ep32-mxfp8",
+                                           "llama31-405b-h100-tp8-pp8-cp2")]
+
+
 @st.composite
 def layouts(draw):
-    name = draw(st.sampled_from(LIBRARY))
+    name = draw(st.sampled_from(SAMPLED))
     base = load_scenario(name)[0].parallel
 
     def layout():
@@ -78,7 +84,10 @@ def test_shared_prices_equal_fresh_prices(case):
         assert got[0][:2] == want[0][:2] and dict(got[0][2]) == dict(want[0][2]) and got[1] == want[1]
     assert filled or not _collectives(a)
     # the whole step: priced through a memo the first configuration filled, and afresh
-    with_memo = simulate(b, lean=True)
+    try:
+        with_memo = simulate(b, lean=True)
+    except UserError:  # beyond a limit the run checks (sim/core/limits.py)
+        assume(False)
     costers.clear_shared_prices()
     original = CollectiveCoster._shared
     CollectiveCoster._shared = _Fresh._shared
