@@ -88,6 +88,7 @@ class CollectiveCoster:
         self.blocks = FabricBlocks.of(rs) if translate else None
         self.memo: dict[tuple[str, str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
         self.tuning_key = (type(self.tuning).__qualname__, self.tuning.model_dump_json())
+        self.concurrent: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
 
     def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
         work = op.work  # the memo read inline (the engine calls this per collective op and rank)
@@ -134,7 +135,12 @@ class CollectiveCoster:
         return (latency_s, bandwidth_s, {blocks.link(li, shift): v for li, v in load.items()}), row
 
     def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        return tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)
+        """The groups of `kind` that run beside `group` (rs.all_groups less itself), made once per coster:
+        the shared-price key, _translated and _compute all read them (thousands of groups at 16,384 GPUs)."""
+        hit = self.concurrent.get((kind, group))
+        if hit is None:
+            hit = self.concurrent[(kind, group)] = tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)
+        return hit
 
     def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
         row = CollectiveRow(work.op, work.group, len(group), work.nbytes, work.kernel)
