@@ -11,7 +11,7 @@ from meshsim.scenarios.cp_checks import a2a_size
 from meshsim.scenarios.profile import HardwareProfile
 from meshsim.scenarios.releases import ReleaseProfile
 from meshsim.scenarios.schema import Scenario
-from meshsim.sim.core.mesh import CP_KINDS, EXPERT_KINDS, INSTANCE_KINDS, mesh_group
+from meshsim.sim.core.mesh import CP_KINDS, EXPERT_KINDS, INSTANCE_KINDS, mesh_group, stage_groups
 from meshsim.topologies.gpus import GPUS, GpuSpec
 from meshsim.topologies.model import Topology
 
@@ -130,10 +130,16 @@ class ResolvedScenario:
         if kind == "kv":
             return tuple(self.kv_group(base + r) for r in range(0, self.stage_size, self.kv_replicas))
         if kind in EXPERT_KINDS or kind == "stage" or kind in CP_KINDS or kind in INSTANCE_KINDS:
-            return tuple(dict.fromkeys(self.group(kind, base + r) for r in range(self.stage_size)))
+            fast = stage_groups(kind, base, self.stage_size, self.tp, self.cp, self.cp_a2a, self.ep, self.etp)
+            return fast if fast is not None else self.stage_groups_long_way(kind, base)
         step = self.tp if kind == "tp" else 1
         count = self.dp * self.cp if kind == "tp" else self.tp
         return tuple(self.group(kind, base + i * step) for i in range(count))
+
+    def stage_groups_long_way(self, kind: str, base: int) -> tuple[tuple[int, ...], ...]:
+        """The distinct groups of `kind` met by the stage's ranks from `base` on, in that order (what
+        mesh.stage_groups gives by arithmetic; tests/test_stage_groups.py compares the two)."""
+        return tuple(dict.fromkeys(self.group(kind, base + r) for r in range(self.stage_size)))
 
     def all_tp_groups(self) -> tuple[tuple[int, ...], ...]:
         return self.all_groups("tp")

@@ -48,20 +48,48 @@ class FabricRouter:
         g = self.node.gpus_per_node
         na, i = divmod(src, g)
         nb, j = divmod(dst, g)
-        if na == nb:
-            off = na * self.node_links
-            return tuple(off + k for k in self.node.route(i, j))
+        if na == nb:  # the template's route moved to node na's block of links (map: no generator frame per route)
+            return tuple(map((na * self.node_links).__add__, self.node.route(i, j)))
         ra, rb = self.rail_of[i], self.rail_of[j]
         leaf_a = ra * self.leaves_per_rail + na // self.nodes_per_leaf
         leaf_b = rb * self.leaves_per_rail + nb // self.nodes_per_leaf
         nic_up = self.ib_base + 2 * (na * self.rails + ra)
         nic_down = self.ib_base + 2 * (nb * self.rails + rb) + 1
+        up, down = map((na * self.node_links).__add__, self.up[i]), map((nb * self.node_links).__add__, self.down[j])
         if leaf_a == leaf_b:
-            mid: tuple[int, ...] = (nic_up, nic_down)
-        else:
-            mid = (nic_up, self.uplink_base + 2 * leaf_a, self.uplink_base + 2 * leaf_b + 1, nic_down)
-        off_a, off_b = na * self.node_links, nb * self.node_links
-        return tuple(off_a + k for k in self.up[i]) + mid + tuple(off_b + k for k in self.down[j])
+            return (*up, nic_up, nic_down, *down)
+        return (*up, nic_up, self.uplink_base + 2 * leaf_a, self.uplink_base + 2 * leaf_b + 1, nic_down, *down)
+
+
+    def many(self, pairs: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+        """[self(a, b) for a, b in pairs], each rank's part of the formula (node, local GPU, leaf, NIC links,
+        GPU..NIC and NIC..GPU paths moved to its node) worked out once, not once per pair it is in."""
+        g, step = self.node.gpus_per_node, self.node_links
+        ends: dict[int, tuple] = {}
+        out = []
+        for a, b in pairs:
+            ea = ends.get(a)
+            if ea is None:
+                ea = ends[a] = self._end(a, g, step)
+            eb = ends.get(b)
+            if eb is None:
+                eb = ends[b] = self._end(b, g, step)
+            if ea[0] == eb[0]:
+                out.append(tuple(map((ea[0] * step).__add__, self.node.route(ea[1], eb[1]))))
+            elif ea[2] == eb[2]:
+                out.append(ea[5] + (ea[3], eb[4]) + eb[6])
+            else:
+                out.append(ea[5] + (ea[3], self.uplink_base + 2 * ea[2], self.uplink_base + 2 * eb[2] + 1, eb[4])
+                           + eb[6])
+        return out
+
+    def _end(self, rank: int, g: int, step: int) -> tuple:
+        """(node, local GPU, leaf, NIC up link, NIC down link, GPU..NIC path, NIC..GPU path) of `rank`."""
+        n, i = divmod(rank, g)
+        rail = self.rail_of[i]
+        nic = self.ib_base + 2 * (n * self.rails + rail)
+        return (n, i, rail * self.leaves_per_rail + n // self.nodes_per_leaf, nic, nic + 1,
+                tuple(map((n * step).__add__, self.up[i])), tuple(map((n * step).__add__, self.down[i])))
 
 
 def _nearest_nic(node: Topology, gpu: str, rail_of_nic: dict[str, int], memo: dict) -> tuple[int, tuple[int, ...]]:

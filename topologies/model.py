@@ -18,7 +18,7 @@ MAX_TRANSIT_GPUS GPUs, sim/core/limits.py; docs/topologies.md, "Routing").
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Literal
@@ -126,6 +126,22 @@ class Topology:
             cached = self._first_hop_route(src_rank, dst_rank)
         self._route_cache[key] = cached
         return cached
+
+    def routes(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, ...]]:
+        """[self.route(a, b) for a, b in pairs]: the same cache, read and (with a `router`) filled inline (a
+        plan reads thousands); a pair out of range goes to route(), which names it."""
+        cache, route, n = self._route_cache, self.route, self.num_gpus
+        out = [cache.get(pair) for pair in pairs]
+        missing = [i for i, hit in enumerate(out) if hit is None]
+        many = getattr(self.router, "many", None)
+        if many is not None:  # the router's bulk form (fabric.FabricRouter.many) for the pairs in range
+            fill = [i for i in missing if 0 <= pairs[i][0] < n and 0 <= pairs[i][1] < n]
+            for i, path in zip(fill, many([pairs[i] for i in fill]), strict=True):
+                out[i] = cache.setdefault(pairs[i], path)
+        for i in missing:
+            if out[i] is None:
+                out[i] = route(*pairs[i])
+        return out
 
     def device_search(self, src: str) -> tuple[dict[str, int], dict[str, tuple[int, float, float]]]:
         """(parent link, label) of every device reachable from device `src`; memoized per device."""

@@ -81,6 +81,37 @@ def expert_group(kind: str, rank: int, stage_size: int, ep: int, etp: int) -> tu
     raise ValueError(f"unknown expert group kind {kind!r}")
 
 
+def stage_groups(kind: str, base: int, stage_size: int, tp: int, cp: int, cp_a2a: int, ep: int, etp: int
+                 ) -> tuple[tuple[int, ...], ...] | None:
+    """The distinct groups of an expert kind, "stage" or a context-parallel kind among the ranks base ...
+    base + stage_size - 1 of one stage, in the order the ranks first reach them (dict.fromkeys(group of r
+    for r in the stage), the long way), by arithmetic on the mesh: blocks of etp ep (expert kinds) or tp cp
+    (context-parallel kinds) ranks, each block's groups in the order of the first rank that reaches them.
+    None where the stage is not whole blocks, or the all-to-all level does not divide cp (then the long way)."""
+    block = etp * ep if kind in EXPERT_KINDS else tp * cp if kind in CP_KINDS else stage_size
+    if kind not in EXPERT_KINDS and kind not in CP_KINDS and kind != "stage" or min(block, stage_size, cp_a2a) < 1 \
+            or stage_size % block or base % stage_size or kind in CP_KINDS and cp % cp_a2a:
+        return None
+    starts = range(base, base + stage_size, block)
+    if kind == "stage":
+        return (tuple(range(base, base + stage_size)),)
+    if kind == "etp":
+        return tuple(tuple(range(f, f + etp)) for f in range(base, base + stage_size, etp))
+    if kind == "ep":
+        return tuple(tuple(range(f + o, f + block, etp)) for f in starts for o in range(etp))
+    if kind == "etp_ep":
+        return tuple(tuple(range(f, f + block)) for f in starts)
+    if kind == "edp":
+        return tuple(tuple(range(base + o, base + stage_size, block)) for o in range(block))
+    if kind == "cp":
+        return tuple(tuple(range(f + o, f + block, tp)) for f in starts for o in range(tp))
+    if kind == "cp_a2a":
+        return tuple(tuple(f + o + (first + i) * tp for i in range(cp_a2a))
+                     for f in starts for first in range(0, cp, cp_a2a) for o in range(tp))
+    return tuple(tuple(f + o + (p + j * cp_a2a) * tp for j in range(cp // cp_a2a))  # cp_p2p
+                 for f in starts for p in range(cp_a2a) for o in range(tp))
+
+
 def instance_group(kind: str, rank: int, domain: tuple[int, ...], stage_size: int, instances: int
                    ) -> tuple[int, ...]:
     """`rank`'s "dp_in" / "edp_in" piece of its `domain` group (dp or edp), or its "dp_out" group across the

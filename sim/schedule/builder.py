@@ -57,6 +57,7 @@ class Templates:
                  run: RunConfig | None = None):
         self.plan, self.model, self.run = plan or LayerPlan(d), model, run
         self._kinds: dict[LayerKind, tuple[Template, Template]] = {}
+        self._layers: dict[int, tuple[Template, Template]] = {}  # layer -> self.of(its kind) (layer())
         self.fwd, self.bwd = self.of(PLAIN) if plan is not None else (forward_template(d), backward_template(d))
         self.embed_fwd, self.embed_bwd = embedding_forward(d), embedding_backward(d)
         self.head_fwd, self.head_bwd = head_forward(d), head_backward(d, tied)
@@ -68,11 +69,20 @@ class Templates:
             hit = self._kinds[kind] = kind_templates(self.plan, kind)
         return hit
 
+    def layer(self, layer: int) -> tuple[Template, Template]:
+        """(forward, backward) templates of `layer`: self.of(its layer_kind), looked up once per layer (a
+        pipeline's builder asks per layer, micro-batch and direction); (fwd, bwd) without a model."""
+        hit = self._layers.get(layer)
+        if hit is None:
+            hit = self._layers[layer] = self.of(layer_kind(self.model, layer, self.run)) \
+                if self.model is not None else (self.fwd, self.bwd)
+        return hit
+
     def layer_fwd(self, layer: int) -> Template:
-        return self.of(layer_kind(self.model, layer, self.run))[0] if self.model is not None else self.fwd
+        return self.layer(layer)[0]
 
     def layer_bwd(self, layer: int) -> Template:
-        return self.of(layer_kind(self.model, layer, self.run))[1] if self.model is not None else self.bwd
+        return self.layer(layer)[1]
 
 
 def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int, grads: list[tuple[int, int]] | None,

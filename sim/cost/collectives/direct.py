@@ -23,7 +23,7 @@ from meshsim.topologies.model import Topology
 def direct_plan(topo: Topology, ranks: Sequence[int]) -> Plan:
     group = sorted(set(ranks))
     n = len(group)
-    routes = [topo.route(a, b) for a in group for b in group if a != b]
+    routes = topo.routes([(a, b) for a in group for b in group if a != b])
     frac = 1.0 / n
     flows = tuple(Flow(route, frac) for route in routes)
     worst = worst_hop(topo, routes)  # the slowest pair's hop: network before PCIe before NVLink, then latency
@@ -36,7 +36,7 @@ def shift_plan(topo: Topology, ranks: Sequence[int]) -> Plan:
     group = list(ranks)
     n = len(group)
     pairs = [(group[i], group[(i + 1) % n]) for i in range(n)]
-    routes = [topo.route(a, b) for a, b in pairs]
+    routes = topo.routes(pairs)
     flows = tuple(Flow(route, 1.0) for route in routes)
     worst = worst_hop(topo, routes)
     multi = len({topo.node_of(r) for r in group}) > 1

@@ -47,7 +47,7 @@ def p2p_cost(topo: Topology, src: int, dst: int, nbytes: int, *, concurrent: Seq
     consts = (constants or DEFAULT_CONSTANTS).with_tuning(tuning)
     eff = consts.efficiencies(topo.gpu)
     pairs = [(src, dst)] + [pair for pair in concurrent if pair != (src, dst) and pair[0] != pair[1]]
-    routes = [topo.route(a, b) for a, b in pairs]
+    routes = topo.routes(pairs)
     capacity = {li: topo.links[li].bw_gbps * GB * eff[topo.links[li].kind] for route in routes for li in route}
     rates = maxmin_rates([dict.fromkeys(route, 1.0) for route in routes], capacity)
     rate = rates[0]

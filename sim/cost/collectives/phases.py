@@ -102,23 +102,28 @@ def path_hop(topo: Topology, links: Sequence[int]) -> Hop:
 
 
 _CLASS_ORDER = {"nvlink": 0, "pcie": 1, "network": 2}  # the slowest hop: network, then PCIe, then NVLink
+_INTERNAL = frozenset({"internal"})
 
 
 def worst_hop(topo: Topology, routes: Sequence[Sequence[int]]) -> Hop:
     """max(path_hop(topo, r) for r in routes) by (class order, path_s), the first of equal ones: the same
     Hop (equal keys are equal hops), with each route's latency summed as path_hop sums it (left to right
-    from 0) and its class found as link_class finds it, from per-link lists instead of Link objects."""
+    from 0) and its class found as link_class finds it (class_of_kinds, inline), from per-link lists
+    instead of Link objects; a route of a lower class than the best so far cannot win, so its latency is
+    not summed."""
     lat, kind = _link_columns(topo)
-    best_key: tuple[int, float] | None = None
-    best_cls = ""
+    best_order, best_s = -1, 0.0
     for links in routes:
-        cls = class_of_kinds({kind[i] for i in links})
-        key = (_CLASS_ORDER[cls], sum([lat[i] for i in links]) * US)
-        if best_key is None or key > best_key:
-            best_key, best_cls = key, cls
-    if best_key is None:
+        kinds = {kind[i] for i in links}
+        order = 2 if "ib" in kinds else 0 if "nvlink" in kinds or kinds <= _INTERNAL else 1
+        if order < best_order:
+            continue
+        path_s = sum(map(lat.__getitem__, links)) * US
+        if order > best_order or path_s > best_s:  # (order, path_s) > the best key, as tuples compare
+            best_order, best_s = order, path_s
+    if best_order < 0:
         raise ValueError("worst_hop of no routes")
-    return Hop(best_key[1], best_cls)
+    return Hop(best_s, ("nvlink", "pcie", "network")[best_order])
 
 
 def _link_columns(topo: Topology) -> tuple[list[float], list[str]]:
