@@ -51,7 +51,7 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     per-op list is built by C-level map/zip passes, not a Python loop per op."""
     ops = schedule.ops
     tiled = schedule.tiled_arrays  # kind and deps tiled from the builder's stamps (ids are positions)
-    ids = list(range(len(ops))) if tiled is not None else list(map(_ID, ops))
+    ids = range(len(ops)) if tiled is not None else list(map(_ID, ops))
     dense = tiled is not None or ids == list(range(len(ops)))  # ids are positions (every built schedule)
     position = None if dense else {op_id: i for i, op_id in enumerate(ids)}
     if tiled is not None:
@@ -160,6 +160,11 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
     return rows, latest_s, core.transfers, JobRows(*core.job_rows()), lambda r: core.finished_ids(position[r])
 
 
+def _positions(ids: Sequence[int]) -> bool:
+    """Whether a stage's op ids are its positions 0, 1, ...: a range (a built schedule's), or a list equal to one."""
+    return ids == range(len(ids)) if isinstance(ids, range) else ids == list(range(len(ids)))
+
+
 def _rows_of(core: _core.Core, stages: list, ranks: Sequence[int], stage_of: Callable[[int], int], event_type: type
              ) -> tuple[_rows.EventRows, float]:
     """The core's records as an EventRows (sim/engine/event_rows.py): rank and op id columns from its rank
@@ -168,7 +173,7 @@ def _rows_of(core: _core.Core, stages: list, ranks: Sequence[int], stage_of: Cal
     rank = np.asarray(ranks, dtype=np.int64)[ri]
     stage = np.asarray([stage_of(r) for r in ranks], dtype=np.intc)[ri]
     ids = [st.op_ids for st in stages]
-    if all(i == list(range(len(i))) for i in ids):
+    if all(_positions(i) for i in ids):
         op_id = op.astype(np.int64)  # ids are positions (every built schedule)
     else:
         base = np.cumsum([0] + [len(i) for i in ids[:-1]]).astype(np.int64)
