@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import cache
 
 from meshsim.scenarios.limits import check_run_ops
 from meshsim.scenarios.resolved import ResolvedScenario
@@ -110,6 +111,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, 
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
+    release_freed_memory()  # the engine's tables
     collectives = [row for s in schedules for row in coster.chosen(s, s.stage * rs.stage_size)]
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=collectives, explicit_ranks=explicit_ranks,
@@ -170,6 +172,7 @@ def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, c
     schedules = build_stage_schedules(short)
     issue = issue_columns(short, schedules)
     log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name, issue)
+    release_freed_memory()  # the engine's tables
     rep = log.of_rank(log.ranks[0])
     path = critical_path_columns(schedules, log)
     split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1, schedules=schedules)
@@ -202,6 +205,7 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
         again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives)
         ex = again if not isinstance(again, str) else f"{ex}; with the cuts {retry.lead - plan.lead} " \
                                                       f"micro-batches later: {again}"
+    release_freed_memory()  # the proof's temporaries
     if isinstance(ex, str):
         return None, ex
     collectives = [row for stage in range(rs.pp) for row in coster.rows(
@@ -234,6 +238,27 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
                   why=f" by the whole step (not extrapolated: {reason})")
     return simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name,
                                 state=steady_state.SteadyState("full", reason), lean=lean)[0]
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim(0); elsewhere nothing): between
+    the phases of a step (the engine's per-run tables, a proof's temporaries are freed by then) glibc
+    keeps freed blocks of the heap as resident memory, and the next phase's arrays, placed in the heap
+    once its mmap threshold has grown, do not reuse all of them. Changes no value."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None (another C library, or none loadable)."""
+    import ctypes  # already loaded by numpy
+
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 @contextmanager
