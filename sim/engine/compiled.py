@@ -68,7 +68,11 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         durations = np.zeros(0)
     st = _core.Stage()
-    st.ops, st.op_ids = ops, ids  # (records are read off the hot path only: a schedule may build them on demand)
+    st.ops = ops  # (records are read off the hot path only: a schedule may build them on demand)
+    try:
+        st.op_ids = ids
+    except TypeError:  # an extension built before Stage.op_ids took a range (a stale build): a list
+        st.op_ids = list(ids)
     st.works = list(map(table.works.__getitem__, table.index.tolist()))
     st.sizes = list(map(size_of.__getitem__, table.index.tolist()))
     index = _ID if dense else (lambda op: position[op.id])
