@@ -123,7 +123,7 @@ cdef class Stage:
     cdef bint priced
     cdef public object dur_arr
     cdef public int stage            # its index (the arbiter key of a collective's copies: (stage, op id))
-    cdef public list op_ids
+    cdef public object op_ids       # per op index: its id (a range where ids are positions)
     cdef public list sizes          # per op: (bytes, flops) of its work (events.work_bytes, Op.flops)
 
     def set_arrays(self, kind, dep_ptr, dep_idx, issue, point_of, awaited, base_s, durations):

@@ -51,7 +51,7 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     per-op list is built by C-level map/zip passes, not a Python loop per op."""
     ops = schedule.ops
     tiled = schedule.tiled_arrays  # kind and deps tiled from the builder's stamps (ids are positions)
-    ids = list(range(len(ops))) if tiled is not None else list(map(_ID, ops))
+    ids = range(len(ops)) if tiled is not None else list(map(_ID, ops))
     dense = tiled is not None or ids == list(range(len(ops)))  # ids are positions (every built schedule)
     position = None if dense else {op_id: i for i, op_id in enumerate(ids)}
     if tiled is not None:
@@ -68,7 +68,11 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         durations = np.zeros(0)
     st = _core.Stage()
-    st.ops, st.op_ids = ops, ids  # (records are read off the hot path only: a schedule may build them on demand)
+    st.ops = ops  # (records are read off the hot path only: a schedule may build them on demand)
+    try:
+        st.op_ids = ids
+    except TypeError:  # an extension built before Stage.op_ids took a range (a stale build): a list
+        st.op_ids = list(ids)
     st.works = list(map(table.works.__getitem__, table.index.tolist()))
     st.sizes = list(map(size_of.__getitem__, table.index.tolist()))
     index = _ID if dense else (lambda op: position[op.id])
@@ -160,6 +164,11 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
     return rows, latest_s, core.transfers, JobRows(*core.job_rows()), lambda r: core.finished_ids(position[r])
 
 
+def _positions(ids: Sequence[int]) -> bool:
+    """Whether a stage's op ids are its positions 0, 1, ...: a range (a built schedule's), or a list equal to one."""
+    return ids == range(len(ids)) if isinstance(ids, range) else ids == list(range(len(ids)))
+
+
 def _rows_of(core: _core.Core, stages: list, ranks: Sequence[int], stage_of: Callable[[int], int], event_type: type
              ) -> tuple[_rows.EventRows, float]:
     """The core's records as an EventRows (sim/engine/event_rows.py): rank and op id columns from its rank
@@ -168,7 +177,7 @@ def _rows_of(core: _core.Core, stages: list, ranks: Sequence[int], stage_of: Cal
     rank = np.asarray(ranks, dtype=np.int64)[ri]
     stage = np.asarray([stage_of(r) for r in ranks], dtype=np.intc)[ri]
     ids = [st.op_ids for st in stages]
-    if all(i == list(range(len(i))) for i in ids):
+    if all(_positions(i) for i in ids):
         op_id = op.astype(np.int64)  # ids are positions (every built schedule)
     else:
         base = np.cumsum([0] + [len(i) for i in ids[:-1]]).astype(np.int64)

@@ -79,8 +79,19 @@ def retimed(events: Sequence, rows: np.ndarray, start_s: np.ndarray, end_s: np.n
     """events[rows[k]] with start_s[k] and end_s[k] for each k, in that order: an EventRows over an
     EventRows, a tuple of Event over a tuple (each the same event type, the other 13 fields unchanged)."""
     if is_rows(events):
+        if _every_row(rows, len(events)):  # the log itself retimed: its other columns shared, not copied
+            c = events.columns
+            cols = EventColumns(c.rank, c.op_id, np.ascontiguousarray(start_s, dtype=np.float64),
+                                np.ascontiguousarray(end_s, dtype=np.float64), c.wait_s, c.peer, c.peer_op)
+            return EventRows(cols, events.stage_arr, events.op_index_arr, events.ops, events.sizes,
+                             events.event_type)
         return events.retimed(rows, start_s, end_s)
     new = tuple.__new__
     return tuple(new(type(e), (*e[:8], s, t, *e[10:]))
                  for e, s, t in zip(map(events.__getitem__, rows.tolist()), start_s.tolist(), end_s.tolist(),
                                     strict=True))
+
+
+def _every_row(rows: np.ndarray, n: int) -> bool:
+    """Whether `rows` is 0, 1, ..., n - 1: every row of an n-row log, in order (take(rows) equals the log)."""
+    return len(rows) == n and (n == 0 or (rows[0] == 0 and bool(np.all(np.diff(rows) == 1))))

@@ -28,10 +28,12 @@ links), else the analytic model (sim/collectives) with hardware.network's algo /
 from __future__ import annotations
 
 import gc
+from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import cache
 
 from meshsim.scenarios.limits import check_run_ops
 from meshsim.scenarios.resolved import ResolvedScenario
@@ -83,13 +85,20 @@ def run_stages(rs: ResolvedScenario, schedules: tuple[Schedule, ...], ranks: tup
     unless `engine_name` says otherwise. `issue_s`: each stage's host_issue_times(rs, schedule), when the
     caller has them (the same values: a pure function of the two)."""
     loop = engine_name or rs.scenario.run.engine
-    issue = issue_s if issue_s is not None else [host_issue_times(rs, s) for s in schedules]
+    issue = issue_s if issue_s is not None else issue_columns(rs, schedules)
     if rs.pp == 1:
         return engine.run(schedules[0], ranks, compute_fn(rs), coster, rs.group, engine=loop,
                           comm_interference=comm_interference(rs), issue_s=issue[0])
     # each stage's host issues its own ops (it does not wait at blocking P2P here: a lower bound)
     return engine.run(schedules, ranks, compute_fn(rs), coster, rs.group, comm_interference=comm_interference(rs),
                       issue_s=list(issue), stage_of=rs.stage_of, p2p=P2PCoster(rs), engine=loop)
+
+
+def issue_columns(rs: ResolvedScenario, schedules: Sequence[Schedule]) -> tuple[array, ...]:
+    """Each stage's host_issue_times(rs, schedule) as a packed array of doubles: the same values (an item
+    reads back as the same float), 8 bytes an op instead of a float object and a list slot (~40 bytes),
+    built one stage at a time (a step at today's scale issues ~10^6 ops)."""
+    return tuple(array("d", host_issue_times(rs, s)) for s in schedules)
 
 
 def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, engine_name: EngineName | None = None,
@@ -102,6 +111,7 @@ def simulate_with_events(rs: ResolvedScenario, *, explicit_ranks: bool = False, 
     schedules = build_stage_schedules(rs)
     coster = CollectiveCoster(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name)
+    release_freed_memory()  # the engine's tables
     collectives = [row for s in schedules for row in coster.chosen(s, s.stage * rs.stage_size)]
     result = build_result(rs, schedules, log, memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs),
                           collectives=collectives, explicit_ranks=explicit_ranks,
@@ -160,8 +170,9 @@ def _short_run(rs: ResolvedScenario, micro_batches: int, explicit_ranks: bool, c
                   why=" by the steady state's run")
     short = replace(rs, micro_batches=micro_batches)
     schedules = build_stage_schedules(short)
-    issue = tuple(host_issue_times(short, s) for s in schedules)
+    issue = issue_columns(short, schedules)
     log = run_stages(short, schedules, simulated_ranks(rs, explicit_ranks), coster, engine_name, issue)
+    release_freed_memory()  # the engine's tables
     rep = log.of_rank(log.ranks[0])
     path = critical_path_columns(schedules, log)
     split = breakdown(rep, log.step_time_s, pipeline=rs.pp > 1, schedules=schedules)
@@ -194,6 +205,7 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
         again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives)
         ex = again if not isinstance(again, str) else f"{ex}; with the cuts {retry.lead - plan.lead} " \
                                                       f"micro-batches later: {again}"
+    release_freed_memory()  # the proof's temporaries
     if isinstance(ex, str):
         return None, ex
     collectives = [row for stage in range(rs.pp) for row in coster.rows(
@@ -226,6 +238,27 @@ def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool =
                   why=f" by the whole step (not extrapolated: {reason})")
     return simulate_with_events(rs, explicit_ranks=explicit_ranks, engine_name=engine_name,
                                 state=steady_state.SteadyState("full", reason), lean=lean)[0]
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim(0); elsewhere nothing): between
+    the phases of a step (the engine's per-run tables, a proof's temporaries are freed by then) glibc
+    keeps freed blocks of the heap as resident memory, and the next phase's arrays, placed in the heap
+    once its mmap threshold has grown, do not reuse all of them. Changes no value."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None (another C library, or none loadable)."""
+    import ctypes  # already loaded by numpy
+
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 @contextmanager

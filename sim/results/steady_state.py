@@ -197,7 +197,7 @@ def stepped_events(log: EventLog, proof: Proof, n: int, rank: int | None = None)
     cut, cols = proof.cut, log.columns()
     c1, c2, t = cut.c1, cut.c2, cut.period_s
     rows = np.arange(len(cols), dtype=np.int64) if rank is None else log.rows_of()[rank].order
-    start, end = cols.start_s[rows], cols.end_s[rows]
+    start, end = (cols.start_s, cols.end_s) if rank is None else (cols.start_s[rows], cols.end_s[rows])  # read only
     after = start >= c2
     new_start, new_end = start.copy(), end.copy()
     new_start[after] = start[after] + n * t
