@@ -206,6 +206,18 @@ def collective_counts(schedule: Schedule) -> Counter:
     return out
 
 
+def count_collectives_between(schedule: Schedule, lo: int, hi: int) -> Counter:
+    """count_collectives(schedule.ops[lo:hi]) over the schedule's WorkTable (no op record read): the same
+    counts, keys in the order of the works' first use in the schedule (a Counter compares without order)."""
+    table = schedule.work_table
+    per_work = np.bincount(table.index[lo:hi], minlength=len(table.works)).tolist()
+    out: Counter = Counter()
+    for work, n in zip(table.works, per_work, strict=True):
+        if n and isinstance(work, Collective):
+            out[collective_key(work)] += n
+    return out
+
+
 def count_collectives(ops: Iterable[Op]) -> Counter:
     """collective_key -> how many of `ops` are that collective. Counted per work object (ops stamped from one
     template share it), then per key in the order the works first occur: the order, and the counts, of

@@ -50,7 +50,7 @@ from meshsim.sim.results.costers import (
     collective_counts,
     comm_interference,
     compute_fn,
-    count_collectives,
+    count_collectives_between,
     host_issue_times,
 )
 from meshsim.sim.results.path_columns import critical_path_columns
@@ -197,12 +197,12 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
     plan, n_b = chosen
     coster = CollectiveCoster(rs)
     run = _short_run(rs, n_b, explicit_ranks, coster, engine_name)
-    ex = steady_state.extrapolate(run, plan, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives)
+    ex = steady_state.extrapolate(run, plan, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives_between)
     retry = later_plan(plan)
     n_retry = retry.run_length(rs.micro_batches, force=True)
     if isinstance(ex, str) and n_retry is not None and 2 * n_retry <= rs.micro_batches:
         run = _short_run(rs, n_retry, explicit_ranks, coster, engine_name)
-        again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives)
+        again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives_between)
         ex = again if not isinstance(again, str) else f"{ex}; with the cuts {retry.lead - plan.lead} " \
                                                       f"micro-batches later: {again}"
     release_freed_memory()  # the proof's temporaries

@@ -81,7 +81,7 @@ from meshsim.sim.results.breakdown import breakdown
 from meshsim.sim.results.critical_path import Segment
 from meshsim.sim.results.period_path import extend_path, inside_an_op
 from meshsim.sim.results.period_proof import REL_TOL, Proof, prove
-from meshsim.sim.schedule.ops import Op, Schedule
+from meshsim.sim.schedule.ops import Schedule
 
 __all__ = ["REL_TOL", "Extrapolated", "Plan", "Run", "SteadyState", "expanded", "extrapolate", "linear"]
 
@@ -156,10 +156,10 @@ class Extrapolated:
 
 
 def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[int], int] = lambda rank: 0,
-                pipeline: bool = False, count: Callable[[Iterable[Op]], Counter] = lambda ops: Counter()
+                pipeline: bool = False, count: Callable[[Schedule, int, int], Counter] = lambda s, lo, hi: Counter()
                 ) -> Extrapolated | str:
     """The step of `micro_batches` from the run (module docstring), or the first check that fails;
-    `count(ops)`: their collectives by key, as the run's `counts` were taken."""
+    `count(schedule, lo, hi)`: the collectives of its ops lo..hi-1 by key, as the run's `counts` were taken."""
     proof = prove(run.schedules, run.log, plan.lead, plan.unit, micro_batches, stage_of, run.issue_s, run.kappa,
                   inside_an_op(run.path))
     if isinstance(proof, str):
@@ -175,8 +175,8 @@ def extrapolate(run: Run, plan: Plan, micro_batches: int, stage_of: Callable[[in
         return plus
     cut, n, log = proof.cut, proof.periods, run.log
     plus_split = breakdown(plus, log.step_time_s + cut.period_s, pipeline=pipeline, schedules=run.schedules)
-    per_period = Counter({(s, *key): c for s, m in enumerate(proof.maps)
-                          for key, c in count(m.ops[m.end_regular - m.period_ops:m.end_regular]).items()})
+    per_period = Counter({(s, *key): c for s, (m, schedule) in enumerate(zip(proof.maps, run.schedules, strict=True))
+                          for key, c in count(schedule, m.end_regular - m.period_ops, m.end_regular).items()})
     state = SteadyState("extrapolated", micro_batches=micro_batches,
                         simulated_micro_batches=run.schedules[0].micro_batches, unit=plan.unit,
                         period_s=cut.period_s, periods=n, gap_start_s=cut.c2)
