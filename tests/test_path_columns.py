@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_period_path_settled import _cuts
@@ -78,21 +79,31 @@ def test_columns_equal_segments(case, engine, data):
                 assert good_cols(c_s) == good_segs(c_s)
 
 
-def settled_with_images(path, spans, schedules, log, proof) -> list[bool]:
-    """The loop's own test, per step: no P2P batch; starting at or after c2, or else its image check passes
-    (mu(op) regular, with mu(prev(op)) as its stream predecessor); each candidate ending at or after c1."""
-    by, c1, c2, out = log.by_rank(), proof.cut.c1, proof.cut.c2, []
+def image_facts(path, spans, schedules, log, proof) -> tuple[np.ndarray, ...]:
+    """Per step, read the long way (each step's op record, its deps, stream predecessor and image, their
+    events): whether its op is a P2P batch, when it starts, whether its image check passes (mu(op) regular,
+    with mu(prev(op)) as its stream predecessor), and the earliest end among its candidates (inf where
+    none). None depends on the cut, so a run reads them once."""
+    by, p2p, start, image, first_end = log.by_rank(), [], [], [], []
     for _, last in spans:
         seg = path[last]
         events, stage = by[seg.rank], proof.stage_of(seg.rank)
         op, prev, m = schedules[stage].ops[seg.op_id], proof.prevs[stage], proof.maps[stage]
         cands = [events[d] for d in op.deps] + ([events[prev[op.id]]] if prev[op.id] is not None else [])
         later = m.mu(op.id)
-        image = later is not None and m.first_regular <= later < m.end_regular and \
-            (None if prev[op.id] is None else m.mu(prev[op.id])) == prev[later]
-        out.append(not isinstance(op.work, P2P) and (events[seg.op_id].start_s >= c2 or image)
-                   and all(e.end_s >= c1 for e in cands))
-    return out
+        image.append(later is not None and m.first_regular <= later < m.end_regular and
+                     (None if prev[op.id] is None else m.mu(prev[op.id])) == prev[later])
+        p2p.append(isinstance(op.work, P2P))
+        start.append(events[seg.op_id].start_s)
+        first_end.append(min((e.end_s for e in cands), default=np.inf))
+    return (np.array(p2p, dtype=bool), np.array(start), np.array(image, dtype=bool), np.array(first_end))
+
+
+def settled_with_images(facts, cut) -> list[bool]:
+    """The loop's own test, per step: no P2P batch; starting at or after c2, or else its image check passes;
+    each candidate ending at or after c1 (all of them: the earliest does)."""
+    p2p, start, image, first_end = facts
+    return (~p2p & ((start >= cut.c2) | image) & (first_end >= cut.c1)).tolist()
 
 
 def test_column_paths_through_the_period_checks():
@@ -111,6 +122,7 @@ def test_column_paths_through_the_period_checks():
         assume(not isinstance(proof, str))
         spans = pp.steps(run.path)
         assert spans == pp.steps(segs)
+        facts = image_facts(segs, spans, run.schedules, run.log, proof)
         for cut in _cuts(proof, run.log):
             moved = replace(proof, cut=cut)
             by_cols = pp.extend_path(run.path, run.schedules, run.log, moved)
@@ -125,7 +137,7 @@ def test_column_paths_through_the_period_checks():
                 slow = pp.decisions_repeat(segs, spans[z:], run.schedules, run.log, moved, skip_settled=False)
                 assert fast == slow
                 settled = pp.settled_steps(run.path, spans[z:], run.schedules, run.log, moved, images=True)
-                assert settled.tolist() == settled_with_images(segs, spans[z:], run.schedules, run.log, moved)
+                assert settled.tolist() == settled_with_images(tuple(f[z:] for f in facts), cut)
                 early = [run.log.columns().start_s[run.log.rows_of()[segs[b].rank].row_of[segs[b].op_id]] < moved.cut.c2
                          for _, b in spans[z:]]
                 seen["image-settled"] += sum(s and e for s, e in zip(settled.tolist(), early, strict=True))

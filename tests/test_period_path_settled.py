@@ -23,18 +23,27 @@ from meshsim.sim.results.simulate import _short_run, plan_and_run
 from meshsim.sim.schedule.ops import P2P
 
 
-def settled_long(path, spans, schedules, log, proof) -> list[bool]:
-    """The loop's own test, per step: an op that is no P2P batch, starting at or after c2, each candidate
-    (deps, stream predecessor) ending at or after c1."""
-    by, c1, c2, out = log.by_rank(), proof.cut.c1, proof.cut.c2, []
+def step_facts(path, spans, schedules, log, proof) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step, read the long way (each step's op record, its deps and stream predecessor, their events):
+    whether its op is a P2P batch, when it starts, and the earliest end among its candidates (deps, stream
+    predecessor; inf where none). They do not depend on the cut, so a run reads them once."""
+    by, p2p, start, first_end = log.by_rank(), [], [], []
     for _, last in spans:
         seg = path[last]
         events, stage = by[seg.rank], proof.stage_of(seg.rank)
         op, prev = schedules[stage].ops[seg.op_id], proof.prevs[stage]
         cands = [events[d] for d in op.deps] + ([events[prev[op.id]]] if prev[op.id] is not None else [])
-        out.append(not isinstance(op.work, P2P) and events[seg.op_id].start_s >= c2
-                   and all(e.end_s >= c1 for e in cands))
-    return out
+        p2p.append(isinstance(op.work, P2P))
+        start.append(events[seg.op_id].start_s)
+        first_end.append(min((e.end_s for e in cands), default=np.inf))
+    return np.array(p2p, dtype=bool), np.array(start), np.array(first_end)
+
+
+def settled_long(facts, cut) -> list[bool]:
+    """The loop's own test, per step: an op that is no P2P batch, starting at or after c2, each candidate
+    ending at or after c1 (all of them: the earliest does)."""
+    p2p, start, first_end = facts
+    return (~p2p & (start >= cut.c2) & (first_end >= cut.c1)).tolist()
 
 
 def _cuts(proof, log) -> list:
@@ -72,6 +81,7 @@ def test_settled_steps_change_no_decision():
                       run.kappa, inside_an_op(run.path))
         assume(not isinstance(proof, str))
         spans = steps(run.path)
+        facts = step_facts(run.path, spans, run.schedules, run.log, proof)
         for cut in _cuts(proof, run.log):
             moved = replace(proof, cut=cut)
             for z in sorted({0, len(spans) // 3, len(spans) // 2, max(len(spans) - 2, 0)}):
@@ -80,7 +90,7 @@ def test_settled_steps_change_no_decision():
                 assert fast == slow
                 settled = settled_steps(run.path, spans[z:], run.schedules, run.log, moved)
                 assert settled is not None  # built schedules are tiled: the shortcut is taken
-                assert settled.tolist() == settled_long(run.path, spans[z:], run.schedules, run.log, moved)
+                assert settled.tolist() == settled_long(tuple(f[z:] for f in facts), cut)
                 seen["settled"] += int(settled.sum())
                 seen["looked"] += int((~settled).sum())
                 seen["refused"] += slow is not None
