@@ -27,6 +27,7 @@ links), else the analytic model (sim/collectives) with hardware.network's algo /
 
 from __future__ import annotations
 
+import ctypes  # malloc_trim (release_freed_memory); numpy has already loaded it
 import gc
 from array import array
 from collections import Counter
@@ -253,8 +254,6 @@ def release_freed_memory() -> None:
 @cache
 def _malloc_trim():
     """glibc's malloc_trim, or None (another C library, or none loadable)."""
-    import ctypes  # already loaded by numpy
-
     try:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
