@@ -5,12 +5,11 @@ slices that start and end on the edges: empty, one op, the whole schedule, and a
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_schedule_arrays import scenarios
+from test_schedule_arrays import resolved_case, scenarios
 from test_steady_state import resolved
 
-from meshsim.sim.core.errors import UserError
 from meshsim.sim.results.costers import count_collectives_between, count_collectives_per_op
 from meshsim.sim.results.simulate import build_stage_schedules
 
@@ -18,11 +17,7 @@ from meshsim.sim.results.simulate import build_stage_schedules
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=scenarios(), cuts=st.lists(st.floats(0, 1), min_size=2, max_size=2))
 def test_counts_between_equal_counting_op_by_op(case, cuts):
-    name, over, micro_batches = case
-    try:
-        rs = resolved(name, over, micro_batches)
-    except UserError:
-        assume(False)
+    rs = resolved_case(case)
     for s in build_stage_schedules(rs):
         n = len(s.ops)
         lo, hi = sorted(int(c * n) for c in cuts)

@@ -11,11 +11,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from test_schedule_arrays import scenarios
+from hypothesis import HealthCheck, given, settings
+from test_schedule_arrays import resolved_case, scenarios
 from test_steady_state import resolved
 
-from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import events
 from meshsim.sim.engine.host import host_syncs, schedule_syncs
@@ -29,11 +28,7 @@ pytestmark = pytest.mark.usefixtures("stamped_always")  # small schedules held a
 
 
 def _pairs(case):
-    name, over, micro_batches = case
-    try:
-        rs = resolved(name, over, micro_batches)
-    except UserError:
-        assume(False)
+    rs = resolved_case(case)
     return [(s, replace(s, tiling=None)) for s in build_stage_schedules(rs)]
 
 

@@ -16,30 +16,14 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_period_path_settled import _cuts
+from test_period_path_settled import _cuts, short_run_of
 from test_schedule_arrays import scenarios
-from test_steady_state import resolved
 
-from meshsim.sim.core.errors import UserError
 from meshsim.sim.results import critical_path as cp
 from meshsim.sim.results import path_columns as pc
 from meshsim.sim.results import period_path as pp
-from meshsim.sim.results.costers import CollectiveCoster
 from meshsim.sim.results.period_proof import prove
-from meshsim.sim.results.simulate import _short_run, plan_and_run
 from meshsim.sim.schedule.ops import P2P
-
-
-def _short(case, engine):
-    name, over, _ = case
-    try:
-        rs = resolved(name, over)
-    except UserError:
-        assume(False)
-    chosen = plan_and_run(rs, force=True)
-    assume(chosen is not None)
-    plan, n_b = chosen
-    return rs, plan, _short_run(rs, n_b, False, CollectiveCoster(rs), engine)
 
 
 def _same_summaries(cols: pc.PathColumns, segs: list[cp.Segment]) -> None:
@@ -55,7 +39,7 @@ def _same_summaries(cols: pc.PathColumns, segs: list[cp.Segment]) -> None:
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=scenarios(), engine=st.sampled_from(("compiled", "python")), data=st.data())
 def test_columns_equal_segments(case, engine, data):
-    rs, plan, run = _short(case, engine)
+    rs, plan, run = short_run_of(case, engine)
     cols = run.path
     assert isinstance(cols, pc.PathColumns)
     segs = cp.critical_path(run.schedules, run.log)
@@ -115,7 +99,7 @@ def test_column_paths_through_the_period_checks():
     @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(case=scenarios(), engine=st.sampled_from(("compiled", "python")))
     def check(case, engine):
-        rs, plan, run = _short(case, engine)
+        rs, plan, run = short_run_of(case, engine)
         segs = run.path.segments()
         proof = prove(run.schedules, run.log, plan.lead, plan.unit, rs.micro_batches, rs.stage_of, run.issue_s,
                       run.kappa, pp.inside_an_op(run.path))

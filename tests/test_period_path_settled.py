@@ -23,6 +23,19 @@ from meshsim.sim.results.simulate import _short_run, plan_and_run
 from meshsim.sim.schedule.ops import P2P
 
 
+def short_run_of(case, engine):
+    """A generated case's short run as the steady state plans it: (rs, plan, run), or the example dropped."""
+    name, over, _ = case
+    try:
+        rs = resolved(name, over)
+    except UserError:
+        assume(False)
+    chosen = plan_and_run(rs, force=True)
+    assume(chosen is not None)
+    plan, n_b = chosen
+    return rs, plan, _short_run(rs, n_b, False, CollectiveCoster(rs), engine)
+
+
 def step_facts(path, spans, schedules, log, proof) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per step, read the long way (each step's op record, its deps and stream predecessor, their events):
     whether its op is a P2P batch, when it starts, and the earliest end among its candidates (deps, stream
@@ -68,15 +81,7 @@ def test_settled_steps_change_no_decision():
     @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(case=scenarios(), engine=st.sampled_from(("compiled", "python")))
     def check(case, engine):
-        name, over, _ = case
-        try:
-            rs = resolved(name, over)
-        except UserError:
-            assume(False)
-        chosen = plan_and_run(rs, force=True)
-        assume(chosen is not None)
-        plan, n_b = chosen
-        run = _short_run(rs, n_b, False, CollectiveCoster(rs), engine)
+        rs, plan, run = short_run_of(case, engine)
         proof = prove(run.schedules, run.log, plan.lead, plan.unit, rs.micro_batches, rs.stage_of, run.issue_s,
                       run.kappa, inside_an_op(run.path))
         assume(not isinstance(proof, str))

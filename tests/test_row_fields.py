@@ -7,11 +7,10 @@ the same EventRows and over its Event tuples (the reference pass)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from test_schedule_arrays import scenarios
+from hypothesis import HealthCheck, given, settings
+from test_schedule_arrays import resolved_case, scenarios
 from test_steady_state import resolved
 
-from meshsim.sim.core.errors import UserError
 from meshsim.sim.engine.event_rows import is_rows
 from meshsim.sim.results import breakdown as bd
 from meshsim.sim.results import row_fields as rf
@@ -23,11 +22,7 @@ PHASE_SETS = (("fwd",), ("bwd", "recompute"), ("recompute",), ("optimizer", "fwd
 
 
 def _run(case):
-    name, over, micro_batches = case
-    try:
-        rs = resolved(name, over, micro_batches)
-    except UserError:
-        assume(False)
+    rs = resolved_case(case)
     schedules = build_stage_schedules(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, False), CollectiveCoster(rs), "compiled")
     return schedules, log

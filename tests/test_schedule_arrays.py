@@ -144,14 +144,19 @@ def scenarios(draw):
     return name, over, (pp if vp > 1 else 1) * draw(st.integers(1, 3))
 
 
+def resolved_case(case):
+    """A generated case (scenarios()) resolved, or the example dropped: a layout the checks refuse."""
+    name, over, micro_batches = case
+    try:
+        return resolved(name, over, micro_batches)
+    except UserError:
+        assume(False)
+
+
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=scenarios())
 def test_tiled_arrays_equal_arrays_read_off_the_ops(case):
-    name, over, micro_batches = case
-    try:
-        rs = resolved(name, over, micro_batches)
-    except UserError:
-        assume(False)
+    rs = resolved_case(case)
     for s in build_stage_schedules(rs):
         assert s.tiling is not None and not s.tiling.broken  # (the combined EP-overlap plans stamp op by op)
         assert s.arrays == arrays_from_ops(s.ops)

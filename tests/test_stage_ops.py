@@ -19,12 +19,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_schedule_arrays import scenarios
+from test_schedule_arrays import resolved_case, scenarios
 from test_steady_state import resolved
 
-from meshsim.sim.core.errors import UserError
 from meshsim.sim.schedule import stage_ops, tiling
 from meshsim.sim.schedule.ops import Collective, Elementwise, Gemm, Op
 from meshsim.sim.schedule.param_gather import _first_forward_use, _owner
@@ -75,11 +74,7 @@ def _same_build(lazy, ref) -> None:
 @settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=scenarios(), data=st.data())
 def test_the_lazy_build_equals_the_record_build(case, data, monkeypatch):
-    name, over, micro_batches = case
-    try:
-        rs = resolved(name, over, micro_batches)
-    except UserError:
-        assume(False)
+    rs = resolved_case(case)
     sizes = [len(s.ops) for s in _build(rs, False, NEVER, monkeypatch)]
     n = data.draw(st.sampled_from(sizes))
     min_ops = data.draw(st.sampled_from([0, n, n + 1, NEVER]))  # the edge: a stage of exactly n ops either side

@@ -12,13 +12,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from results_reference import period_state as ref_state
-from test_schedule_arrays import scenarios
+from test_schedule_arrays import resolved_case, scenarios
 from test_steady_state import resolved
 
-from meshsim.sim.core.errors import UserError
 from meshsim.sim.cost.host_dispatch import issue_times_s
 from meshsim.sim.engine import compiled, events
 from meshsim.sim.engine.event_rows import is_rows
@@ -44,11 +43,7 @@ from meshsim.sim.schedule.tiling import OpList
 
 
 def _pairs(case) -> list[tuple[Schedule, Schedule]]:
-    name, over, micro_batches = case
-    try:
-        rs = resolved(name, over, micro_batches)
-    except UserError:
-        assume(False)
+    rs = resolved_case(case)
     out = []
     for s in build_stage_schedules(rs):
         assert s.tiled_arrays is not None  # the fast path is taken ...
@@ -186,11 +181,7 @@ def test_events_by_end_equal_sorted_events(case):
     """period_path.by_end over the compiled core's rows (a stable argsort of the end column) equals sorting
     each rank's events by end (ties in completion order), events and ends alike; breakdown's middle layer
     and layer spans over rows equal those over the Event tuples."""
-    name, over, micro_batches = case
-    try:
-        rs = resolved(name, over, micro_batches)
-    except UserError:
-        assume(False)
+    rs = resolved_case(case)
     schedules = build_stage_schedules(rs)
     log = run_stages(rs, schedules, simulated_ranks(rs, False), CollectiveCoster(rs), "compiled")
     assert is_rows(log.events)  # the compiled core's rows: by_end takes the argsort
