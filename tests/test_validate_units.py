@@ -139,6 +139,10 @@ def test_reductions_follow_their_documented_statistics():
     assert sampling.reduce_samples(per_rank, collective=False) == [pytest.approx((2 + 1.5 + 4) / 3)]
     a, b = calibrate.fit_line([1.0, 2.0, 3.0], [5.0, 7.0, 9.0])
     assert (a, b) == (pytest.approx(3.0), pytest.approx(2.0))
+    assert calibrate.memory_line((1, 2, 3), [5.0, 7.0, 9.0]) == (pytest.approx(3.0), pytest.approx(2.0))
+    # noise gave the larger sizes no slower times (a negative slope): the largest size's own rate, t0 = 0
+    assert calibrate.memory_line((100, 200, 400), [9.0, 7.0, 8.0]) == (0.0, 8.0 / 400)
+    assert calibrate.memory_line((100, 200), [3.0, 3.0]) == (0.0, 3.0 / 200)  # flat: no slope either
     assert calibrate.busbw_factor("all_reduce", 4) == pytest.approx(1.5)
     assert calibrate.busbw_factor("all_gather", 4) == pytest.approx(0.75)
 

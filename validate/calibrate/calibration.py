@@ -7,7 +7,8 @@ Measured (workers on nproc processes at once, so compute sees the same contentio
   sim/cost/compute.py looks each of these up by nearest shape / size, so a calibrated schedule is costed from
   its own measured shapes;
 - memory bandwidth: the elementwise kernel over MEM_SIZES; a least-squares line t = t0 + bytes / bw gives
-  elementwise_bw_gbps (also gpu.mem_bw_gbps) and compute.launch_overhead_us = t0 (per-op fixed cost);
+  elementwise_bw_gbps (also gpu.mem_bw_gbps) and compute.launch_overhead_us = t0 (per-op fixed cost); a line
+  noise left without a positive slope gives way to the largest size's own rate (memory_line);
 - collectives: all-reduce, all-gather, reduce-scatter (and any other op the schedule uses) on groups of
   every size g >= 2 dividing nproc (consecutive blocks of g ranks, all groups at once), at the schedule's
   sizes plus a sweep, each after a barrier on its group.
@@ -127,6 +128,17 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def memory_line(sizes: tuple[int, ...], times_s: list[float]) -> tuple[float, float]:
+    """(fixed cost s, s per byte) of the memory kernel: the least-squares line t = t0 + bytes / bw over the
+    sizes, or, when noise leaves it no positive slope (a larger size measured no slower: seen on a loaded
+    CPU), the largest size's own rate with no fixed cost, t = bytes x t_max / bytes_max (the size least
+    dominated by the fixed cost)."""
+    launch_s, s_per_byte = fit_line([float(n) for n in sizes], times_s)
+    if s_per_byte > 0:
+        return launch_s, s_per_byte
+    return 0.0, times_s[-1] / sizes[-1]
+
+
 def measured_on(backend: str, nproc: int, device: str, scenario: str) -> dict[str, str]:
     return {"device": device, "backend": backend, "nproc": str(nproc), "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -162,7 +174,7 @@ def build_profile(schedule: Schedule, per_rank: list[dict], name: str, backend: 
     points = [p for p in (_kernel_point(w, t) for w, t in zip(works, compute_s, strict=True)) if p is not None]
     gemms = [p for p in points if isinstance(p, GemmPoint)]
     memory_s = reduce_samples([r["memory"] for r in per_rank], collective=False)
-    launch_s, s_per_byte = fit_line([float(n) for n in MEM_SIZES], memory_s)
+    launch_s, s_per_byte = memory_line(MEM_SIZES, memory_s)
     bw_gbps = 1.0 / s_per_byte / 1e9
     colls = []
     coll_s = reduce_samples([r["collectives"] for r in per_rank], collective=True)
