@@ -26,6 +26,9 @@ Activations (Korthikanti et al. 2022, 16-bit activations, 1-byte dropout masks),
   Flash attention never stores the scores (its per-row softmax statistics, 4 a_t bytes per token, are
   neglected). Full recompute keeps each layer's input (2sbh, /t under SP) plus, while one layer is being
   recomputed, that layer's full activations (Korthikanti's 2sbhL omits this one-layer working set).
+  Where Transformer Engine runs FlashAttention 2 (sm_8x; sm_100+ in a deterministic run with attention
+  dropout) and a micro-batch holds > 1 sequence, each layer keeps its attention output twice (FA2's bshd
+  output and the sbhd copy TE returns): + 2 a_t d per token (sim/cost/fa2_memory.py).
 Selective recompute (parallel.recompute_modules, sim/schedule/shapes.RECOMPUTE_MODULES): core_attn drops
 the scores (the default above), mlp a dense MLP's fc1 and activation outputs, mla_up_proj and moe_act as
 sim/cost/layer_memory.py says. The one layer being recomputed holds its dropped tensors again for a
@@ -62,6 +65,7 @@ from itertools import accumulate
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.core.units import GB
+from meshsim.sim.cost.fa2_memory import fa2_output_copy_bytes
 from meshsim.sim.cost.fp8_memory import fp8_activation_savings, moe_fp8_savings
 from meshsim.sim.cost.layer_memory import layer_params, mla_activation_bytes, moe_activation_bytes
 from meshsim.sim.cost.mtp_memory import mtp_extra_params, mtp_head_activation_bytes
@@ -171,14 +175,16 @@ def activation_bytes(rs: ResolvedScenario) -> int:
     d = layer_dims(rs)
     layers = len(model_layers(rs))
     per_input = d.tokens_out * d.hidden * d.dtype_bytes
+    combined = combined_1f1b_activations(rs)
     if kinded(rs):
         _, _, acts, biggest = layers_memory(rs, model_layers(rs))
         body = layers * per_input + biggest if d.recompute == "full" else acts
-        body = combined_1f1b_activations(rs) or body
+        body = combined or body
     elif d.recompute == "full":
         body = layers * per_input + layer_activation_bytes(d, "none")
     else:
         body = layers * layer_activation_bytes(d)
+    body += (layers + (1 if combined else 0)) * fa2_output_copy_bytes(rs, d)  # TE's FA2 output copy (fa2_memory.py)
     sharded = d.tokens_out * d.hidden
     head = sharded * (1 if d.dropout else 0) + 2 * sharded * d.dtype_bytes + 4 * d.tokens * d.vocab
     return body + head + mtp_head_activation_bytes(d, rs.scenario.model.mtp_layers)
@@ -258,6 +264,7 @@ def stage_activation_bytes(rs: ResolvedScenario, stage: int, layer_ids: list[int
         body = layers * d.tokens_out * d.hidden * d.dtype_bytes * flight + layer_activation_bytes(d, "none")
     else:
         body = layers * layer_activation_bytes(d) * flight
+    body += layers * fa2_output_copy_bytes(rs, d) * flight  # TE's FlashAttention 2 output copy (fa2_memory.py)
     sharded = d.tokens_out * d.hidden
     embed = sharded * (1 if d.dropout else 0) * flight if stage == 0 else 0
     head = 2 * sharded * d.dtype_bytes + 4 * d.tokens * d.vocab if stage == rs.pp - 1 else 0
