@@ -45,6 +45,7 @@ from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, Ncc
 from meshsim.sim.cost.collectives.ring import ring_plan
 from meshsim.sim.cost.collectives.sharing import sharing_groups
 from meshsim.sim.cost.collectives.tree import tree_plan
+from meshsim.topologies.fabric_items import link_column
 from meshsim.topologies.model import Topology
 
 SLICED_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # ring ops whose chunks go in Simple slices
@@ -97,11 +98,14 @@ def build_plan(topo: Topology, algo: str, op: str, ranks: Sequence[int]) -> Plan
 
 
 def _capacity_bps(topo: Topology, eff: tuple[tuple[str, float], ...]) -> list[float]:
+    """bw_gbps x GB x efficiency(kind) of every link, from the links' columns (a fabric's without building
+    its Link records: topologies/fabric_items.py); memoized per efficiencies."""
     tab = cache.table(topo, "capacity")
     hit = tab.get(eff)
     if hit is None:
         by_kind = dict(eff)
-        hit = cache.remember(tab, eff, [lk.bw_gbps * GB * by_kind[lk.kind] for lk in topo.links])
+        hit = cache.remember(tab, eff, [bw * GB * by_kind[kind] for bw, kind in
+                                        zip(link_column(topo, "bw_gbps"), link_column(topo, "kind"), strict=True)])
     return hit
 
 
