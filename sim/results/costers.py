@@ -26,6 +26,7 @@ import numpy as np
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
+from meshsim.sim.cost.collectives.cost import Groups
 from meshsim.sim.cost.collectives.flex import flex_arguments
 from meshsim.sim.cost.collectives.p2p import p2p_cost
 from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
@@ -89,6 +90,7 @@ class CollectiveCoster:
         self.memo: dict[tuple[str, str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
         self.tuning_key = (type(self.tuning).__qualname__, self.tuning.model_dump_json())
         self.concurrent: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        self.shifts: dict[tuple[str, tuple[int, ...]], int] = {}  # _shift's memo
 
     def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
         work = op.work  # the memo read inline (the engine calls this per collective op and rank)
@@ -122,24 +124,40 @@ class CollectiveCoster:
         """The cost of the group's copy in the fabric's first block, its link loads moved back to the group's
         own links; None when the group is in the first block, or its block is not an exact repeat of it, or
         its concurrent groups are not the copy's translated (then it is priced directly)."""
-        blocks = self.blocks
-        shift = blocks.shift(group) if blocks is not None and work.group != "embed" else 0
+        shift = self._shift(work.group, group)
         if not shift:
             return None
+        (latency_s, bandwidth_s, load), row = self.cost(work, tuple(r - shift for r in group))
+        return (latency_s, bandwidth_s, moved_loads(self.blocks, load, shift)), row
+
+    def _shift(self, kind: str, group: tuple[int, ...]) -> int:
+        """The shift that takes the group to its exact copy in the first block (_translated), else 0; memoized
+        per (kind, group): it reads only them and what the coster fixes (its blocks and concurrent groups)."""
+        key = (kind, group)
+        hit = self.shifts.get(key)
+        if hit is None:
+            hit = self.shifts[key] = self._shift_of(kind, group)
+        return hit
+
+    def _shift_of(self, kind: str, group: tuple[int, ...]) -> int:
+        blocks = self.blocks
+        shift = blocks.shift(group) if blocks is not None and kind != "embed" else 0
+        if not shift:
+            return 0
         base = tuple(r - shift for r in group)
-        moved = tuple(tuple(r - shift for r in g) for g in self._concurrent(work.group, group))
-        if self._concurrent(work.group, base) != moved or not all(blocks.shift(g) == shift
-                                                                  for g in self._concurrent(work.group, group)):
-            return None
-        (latency_s, bandwidth_s, load), row = self.cost(work, base)
-        return (latency_s, bandwidth_s, {blocks.link(li, shift): v for li, v in load.items()}), row
+        moved = tuple(tuple(r - shift for r in g) for g in self._concurrent(kind, group))
+        if self._concurrent(kind, base) != moved or not all(blocks.shift(g) == shift
+                                                            for g in self._concurrent(kind, group)):
+            return 0
+        return shift
 
     def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         """The groups of `kind` that run beside `group` (rs.all_groups less itself), made once per coster:
-        the shared-price key, _translated and _compute all read them (thousands of groups at 16,384 GPUs)."""
+        the shared-price key, _translated and _compute all read them (thousands of groups at 16,384 GPUs),
+        as a cost.Groups (a tuple that hashes once: every shared-price key holds it)."""
         hit = self.concurrent.get((kind, group))
         if hit is None:
-            hit = self.concurrent[(kind, group)] = tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)
+            hit = self.concurrent[(kind, group)] = Groups(g for g in self.rs.all_groups(kind, group[0]) if g != group)
         return hit
 
     def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
@@ -165,7 +183,7 @@ class CollectiveCoster:
         busbw = c.busbw_gbps * (c.time_s / parts / total_s) if total_s > 0 else 0.0
         row = replace(row, algo=c.algo, protocol=c.protocol, time_us=total_s * 1e6, algbw_gbps=algbw,
                       busbw_gbps=busbw, source=source)
-        return (latency_s, max(0.0, bandwidth_s), dict(c.link_load)), row
+        return (latency_s, max(0.0, bandwidth_s), c.link_load), row  # collective_cost's own fresh dict
 
     def _measured_s(self, work: Collective, ranks: int) -> float | None:
         if self.rs.profile is None or not self.rs.profile.collective_table:
@@ -187,6 +205,15 @@ class CollectiveCoster:
             _, row = self.cost(Collective(kind, gname, nbytes, kernel=kernel), group_of(gname, rank))
             rows.append(replace(row, count=n))
         return rows
+
+
+def moved_loads(blocks: FabricBlocks, load: Mapping[int, float], shift: int) -> dict[int, float]:
+    """{blocks.link(li, shift): v for li, v in load.items()}, blocks.link read once per range of links it
+    shifts by one constant (node links, NIC links, uplinks: fabric_blocks.py), not once per link."""
+    router = blocks.router
+    ib, up = router.ib_base, router.uplink_base
+    node_off, ib_off, up_off = (blocks.link(start, shift) - start for start in (0, ib, up))
+    return {li + (node_off if li < ib else ib_off if li < up else up_off): v for li, v in load.items()}
 
 
 def collective_key(work: Collective) -> tuple:
