@@ -15,7 +15,7 @@ from meshsim.sim.core.units import GB
 from meshsim.sim.cost.collectives import cost
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS
 from meshsim.topologies import fabric
-from meshsim.topologies.fabric_items import FabricDevices, FabricLinks, link_column
+from meshsim.topologies.fabric_items import FabricDevices, FabricLinks, link_column, link_values
 from meshsim.topologies.registry import PRESETS
 
 JOINABLE = [p for p in PRESETS if PRESETS[p].rack or template(p).nic_gbitps > 0]
@@ -55,6 +55,13 @@ def test_columns_names_and_pickles_equal_the_long_way(preset):
     topo, (devices, links) = _built(preset, 7)
     for field in FIELDS:
         assert link_column(topo, field) == [getattr(lk, field) for lk in links]
+    fn = lambda bw, lat, kind: (bw * 3.0 + lat / 7.0, kind)  # noqa: E731
+    want = [fn(lk.bw_gbps, lk.latency_us, lk.kind) for lk in links]
+    assert link_values(topo, fn, ("bw_gbps", "latency_us", "kind")) == want
+    assert link_values(template(preset), fn, ("bw_gbps", "latency_us", "kind")) == [
+        fn(lk.bw_gbps, lk.latency_us, lk.kind) for lk in template(preset).links]  # a plain tuple: link by link
+    with pytest.raises(ValueError):
+        link_values(topo, str, ("src",))
     assert topo.gpu_names == tuple(d.name for d in devices if d.kind == "gpu")
     again = pickle.loads(pickle.dumps(topo.links))
     assert again == topo.links and tuple(again) == links and hash(again) == hash(links)

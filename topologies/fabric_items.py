@@ -17,7 +17,7 @@ equal to, and hash as, the tuple of their items: the tuple fabric.multiply built
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from meshsim.topologies.model import Device, Link, Topology
@@ -40,11 +40,11 @@ class _Lazy(Sequence):
         return self._size
 
     def __getitem__(self, index):
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(*index.indices(self._size)))
         item = self._items[index]  # IndexError / TypeError as a tuple raises them
         if item is None:
             item = self._items[index] = self._make(index if index >= 0 else index + self._size)
+        elif item.__class__ is list:  # a slice (an item is never a list)
+            return tuple(self[i] for i in range(*index.indices(self._size)))
         return item
 
     def _make(self, index: int) -> Any:
@@ -149,19 +149,35 @@ class FabricLinks(_Lazy):
         yield self.uplink_base, self._size, lambda: [self._make(i) for i in range(self.uplink_base, self._size)]
 
     def column(self, field: str) -> list:
-        """[getattr(link, field) for link in self] from the template's columns (no Link built); the same
-        values (the same float objects' values: each is the one expression _make evaluates) in link order."""
+        """[getattr(link, field) for link in self]: names link by link, the other fields from the template's
+        columns without building a Link (values)."""
         if field in ("src", "dst"):
-            return [getattr(lk, field) for lk in self]  # names are per node: built as the links are
-        at = {"bw_gbps": 2, "latency_us": 3, "kind": 4}[field]
-        nic = {"bw_gbps": (self.nic_gbps, self.nic_gbps), "latency_us": (self.to_switch_us, IB_WIRE_US),
-               "kind": ("ib", "ib")}[field]
-        out = [p[at] for p in self.parts] * self.nodes + list(nic) * (self.rails * self.nodes)
+            return [getattr(lk, field) for lk in self]
+        return self.values(_same, (field,))
+
+    def values(self, fn: Callable[..., Any], fields: tuple[str, ...]) -> list:
+        """[fn(*(getattr(link, f) for f in fields)) for link in self] for fields other than the names, `fn`
+        pure: evaluated once per template link, once per NIC link direction and once per leaf, and repeated
+        where the links repeat those fields (every node's copy of a template link, every NIC's link pair,
+        both directions of a leaf's uplink)."""
+        if {"src", "dst"} & set(fields):
+            raise ValueError(f"values() reads the fields the links repeat, not names: {fields}")
+        at = {"bw_gbps": 2, "latency_us": 3, "kind": 4}
+        node = [fn(*(p[at[f]] for f in fields)) for p in self.parts]
+        nic_up = dict(bw_gbps=self.nic_gbps, latency_us=self.to_switch_us, kind="ib")
+        nic_down = dict(nic_up, latency_us=IB_WIRE_US)
+        nic = [fn(*(nic_up[f] for f in fields)), fn(*(nic_down[f] for f in fields))]
+        out = node * self.nodes + nic * (self.rails * self.nodes)
         for _ in range(self.rails):
             for k in range(self.leaves_per_rail):
-                value = self.uplink_gbps(k) if field == "bw_gbps" else self.to_switch_us if field == "latency_us" else "ib"
+                leaf = dict(bw_gbps=self.uplink_gbps(k), latency_us=self.to_switch_us, kind="ib")
+                value = fn(*(leaf[f] for f in fields))
                 out += (value, value)
         return out
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 class FabricDevices(_Lazy):
@@ -209,3 +225,12 @@ def link_column(topo: Topology, field: str) -> list:
     if isinstance(links, FabricLinks):
         return links.column(field)
     return [getattr(lk, field) for lk in links]
+
+
+def link_values(topo: Topology, fn: Callable[..., Any], fields: tuple[str, ...]) -> list:
+    """[fn(*(getattr(link, f) for f in fields)) for link in topo.links], `fn` pure: on a fabric once per
+    distinct template position (FabricLinks.values), else link by link."""
+    links = topo.links
+    if isinstance(links, FabricLinks):
+        return links.values(fn, fields)
+    return [fn(*(getattr(lk, f) for f in fields)) for lk in links]

@@ -45,7 +45,7 @@ from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, Ncc
 from meshsim.sim.cost.collectives.ring import ring_plan
 from meshsim.sim.cost.collectives.sharing import sharing_groups
 from meshsim.sim.cost.collectives.tree import tree_plan
-from meshsim.topologies.fabric_items import link_column
+from meshsim.topologies.fabric_items import link_values
 from meshsim.topologies.model import Topology
 
 SLICED_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # ring ops whose chunks go in Simple slices
@@ -98,14 +98,13 @@ def build_plan(topo: Topology, algo: str, op: str, ranks: Sequence[int]) -> Plan
 
 
 def _capacity_bps(topo: Topology, eff: tuple[tuple[str, float], ...]) -> list[float]:
-    """bw_gbps x GB x efficiency(kind) of every link, from the links' columns (a fabric's without building
-    its Link records: topologies/fabric_items.py); memoized per efficiencies."""
+    """bw_gbps x GB x efficiency(kind) of every link, a fabric's once per template link, NIC link and leaf
+    (topologies/fabric_items.link_values: no Link record built); memoized per efficiencies."""
     tab = cache.table(topo, "capacity")
     hit = tab.get(eff)
     if hit is None:
         by_kind = dict(eff)
-        hit = cache.remember(tab, eff, [bw * GB * by_kind[kind] for bw, kind in
-                                        zip(link_column(topo, "bw_gbps"), link_column(topo, "kind"), strict=True)])
+        hit = cache.remember(tab, eff, link_values(topo, lambda bw, kind: bw * GB * by_kind[kind], ("bw_gbps", "kind")))
     return hit
 
 

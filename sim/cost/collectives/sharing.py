@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from meshsim.sim.cost.collectives import cache
 from meshsim.sim.cost.collectives.phases import Plan
 from meshsim.topologies.fabric import FabricRouter
@@ -94,12 +96,39 @@ def footprint(topo: Topology, router: FabricRouter, ranks: tuple[int, ...]) -> f
 
 
 def _footprint(topo: Topology, router: FabricRouter, ranks: tuple[int, ...]) -> frozenset[int]:
+    """footprint's links: per set of local ranks, the nodes holding exactly those; each such node's copy of
+    the template links among them (n x node_links + k), and across nodes each node's NIC links and its
+    rail leaf's up- and downlink, as index arrays (a DP group over 2,048 nodes: one array, not 2,048 loops)."""
     per_node = router.node.gpus_per_node
     by_node: dict[int, list[int]] = {}
     for r in ranks:
         by_node.setdefault(r // per_node, []).append(r % per_node)
     multi = len(by_node) > 1
     nodes_of: dict[tuple[int, ...], list[int]] = {}  # local ranks -> the nodes holding exactly those
+    for n, local in by_node.items():
+        nodes_of.setdefault(tuple(sorted(local)), []).append(n)
+    parts = []
+    step, rails, per_leaf = router.node_links, router.rails, router.nodes_per_leaf
+    for local, nodes in nodes_of.items():
+        at = np.array(nodes, dtype=np.int64)
+        template = np.array(_local_links(topo, router, local, multi), dtype=np.int64)
+        parts.append((at[:, None] * step + template[None, :]).ravel())
+        if multi:
+            for rail in {router.rail_of[i] for i in local}:
+                nics = router.ib_base + 2 * (at * rails + rail)
+                ups = router.uplink_base + 2 * (rail * router.leaves_per_rail + at // per_leaf)
+                parts += [nics, nics + 1, ups, ups + 1]
+    return frozenset(np.concatenate(parts).tolist()) if parts else frozenset()
+
+
+def footprint_long_way(topo: Topology, router: FabricRouter, ranks: tuple[int, ...]) -> frozenset[int]:
+    """_footprint as first written, one link at a time (the reference tests compare it with)."""
+    per_node = router.node.gpus_per_node
+    by_node: dict[int, list[int]] = {}
+    for r in ranks:
+        by_node.setdefault(r // per_node, []).append(r % per_node)
+    multi = len(by_node) > 1
+    nodes_of: dict[tuple[int, ...], list[int]] = {}
     for n, local in by_node.items():
         nodes_of.setdefault(tuple(sorted(local)), []).append(n)
     links: set[int] = set()
