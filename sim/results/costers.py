@@ -268,23 +268,45 @@ _WORK = attrgetter("work")
 
 class P2PCoster:
     """p2p(src, dst, nbytes) -> (latency_s, bandwidth_s, link_load), memoized; concurrent copies: the same
-    transfer between every other (tp, dp) position of the two stages."""
+    transfer between every other (tp, dp) position of the two stages. A transfer whose two stages lie under
+    full leaves in blocks k, k + 1 >= 1 (or one block k >= 1) of the fabric (sim/results/fabric_blocks.py) is
+    priced as its copy k blocks back, its link loads moved back: translating by whole blocks maps the two
+    stages, every copy's route and each link's bandwidth, latency and kind onto the copy's, in order
+    (fabric_blocks.py's automorphism; tests/test_price_p2p.py checks memo == direct)."""
 
-    def __init__(self, rs: ResolvedScenario):
+    def __init__(self, rs: ResolvedScenario, translate: bool = True):
         self.rs = rs
         self.tuning = network_tuning(rs)
+        self.blocks = FabricBlocks.of(rs) if translate else None
         self.memo: dict[tuple[int, int, int], engine.CommTiming] = {}
 
     def __call__(self, src: int, dst: int, nbytes: int) -> engine.CommTiming:
         key = (src, dst, nbytes)
         hit = self.memo.get(key)
         if hit is None:
-            size = self.rs.stage_size
-            src0, dst0 = src - src % size, dst - dst % size
-            copies = [(src0 + i, dst0 + i) for i in range(size)]
-            c = p2p_cost(self.rs.topology, src, dst, nbytes, concurrent=copies, tuning=self.tuning)
-            hit = self.memo[key] = (c.latency_s, c.bandwidth_s, dict(c.link_load))
+            shift = self.shift(src, dst)
+            if shift:
+                latency_s, bandwidth_s, load = self(src - shift, dst - shift, nbytes)
+                hit = self.memo[key] = (latency_s, bandwidth_s, moved_loads(self.blocks, load, shift))
+            else:
+                size = self.rs.stage_size
+                src0, dst0 = src - src % size, dst - dst % size
+                copies = [(src0 + i, dst0 + i) for i in range(size)]
+                c = p2p_cost(self.rs.topology, src, dst, nbytes, concurrent=copies, tuning=self.tuning)
+                hit = self.memo[key] = (c.latency_s, c.bandwidth_s, dict(c.link_load))
         return hit
+
+    def shift(self, src: int, dst: int) -> int:
+        """The whole blocks (in ranks) the transfer's two stages are moved back by to price it (class doc):
+        the lower stage's block start, when both stages end under full leaves; else 0 (priced directly)."""
+        blocks = self.blocks
+        if blocks is None:
+            return 0
+        size = self.rs.stage_size
+        lo, hi = sorted((src - src % size, dst - dst % size))
+        if hi + size > blocks.full:
+            return 0
+        return lo - lo % blocks.block
 
 
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
