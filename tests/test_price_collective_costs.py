@@ -37,7 +37,7 @@ from meshsim.sim.cost.collectives.cost import (
     structure,
 )
 from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, family
-from meshsim.sim.results.costers import CollectiveCoster, moved_loads
+from meshsim.sim.results.costers import CollectiveCoster, block_offsets, moved_loads
 from meshsim.topologies.registry import build_topology
 
 TOPOLOGIES = {  # (preset, nodes, gpus_per_node)
@@ -161,9 +161,9 @@ def test_coster_translation_shortcuts_equal_their_long_way(layout):
         shift = k * blocks.block
         load = {li: li * 0.5 for li in links if blocks.link(li, shift) < len(links)}
         want = {blocks.link(li, shift): v for li, v in load.items()}  # the coster's dict as it was made
-        assert list(moved_loads(blocks, load, shift).items()) == list(want.items())
+        assert list(moved_loads(blocks.router, load, block_offsets(blocks, shift)).items()) == list(want.items())
     for kind in kinds(rs):
         for rank in range(0, rs.gpus, 3):
             group = rs.group(kind, rank)
             if len(group) > 1:
-                assert coster._shift(kind, group) == coster._shift_of(kind, group) == coster._shift(kind, group)
+                assert coster._move(kind, group) == coster._move_of(kind, group) == coster._move(kind, group)
