@@ -13,7 +13,7 @@ import random
 import pytest
 from test_fabric_blocks import OPS, kinds, mesh, same
 
-from meshsim.sim.results.costers import CollectiveCoster, leaf_move, leaf_offsets, moved_loads
+from meshsim.sim.results.costers import CollectiveCoster, P2PCoster, leaf_move, leaf_offsets, moved_loads
 from meshsim.sim.schedule.ops import Collective
 
 LAYOUTS = [(64, 8, 8, 1, 1), (48, 4, 4, 1, 1), (40, 8, 5, 1, 1), (64, 4, 8, 2, 1), (64, 8, 8, 1, 4),
@@ -40,6 +40,25 @@ def test_leaf_moved_pricing_equals_direct_pricing(layout):
             same(memo.cost(work, group), direct.cost(work, group))
     if rs.stage_size % 8 == 0 and 32 * 8 // rs.stage_size >= 2 and pp >= 2:
         assert moved  # later stages of a leaf were priced as copies
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[:4], ids=lambda t: "nodes{}-tp{}-pp{}-cp{}-ep{}".format(*t))
+def test_leaf_moved_transfers_equal_direct_ones(layout):
+    nodes, tp, pp, cp, ep = layout
+    rs = mesh(nodes, tp, pp, cp, ep)
+    rng = random.Random(sum(layout))
+    memo, direct = P2PCoster(rs), P2PCoster(rs, translate=False)
+    size, moved = rs.stage_size, 0
+    for a in range(pp):
+        for b in {(a + 1) % pp, (a - 1) % pp} - {a}:
+            pos = rng.randrange(size)
+            src, dst = a * size + pos, b * size + pos
+            moved += memo.move(src, dst) is not None
+            nbytes = rng.choice((4096, 1 << 20, 3 * (1 << 24) + 8))
+            (lat_m, bw_m, load_m), (lat_d, bw_d, load_d) = memo(src, dst, nbytes), direct(src, dst, nbytes)
+            assert (lat_m, bw_m) == (lat_d, bw_d) and list(load_m.items()) == list(load_d.items())
+    if 32 * 8 // size >= 3:
+        assert moved  # three stages or more per leaf: later neighbours priced as copies
 
 
 def test_the_leaf_link_map_follows_the_fabric_layout():

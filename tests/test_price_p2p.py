@@ -37,7 +37,7 @@ def test_translated_transfers_equal_direct_ones(layout):
             for pos in {0, rng.randrange(size), size - 1}:
                 nbytes = rng.choice((4096, 1 << 20, 3 * (1 << 24) + 8))
                 src, dst = a * size + pos, b * size + pos
-                moved += bool(memo.shift(src, dst))
+                moved += memo.move(src, dst) is not None
                 same(memo(src, dst, nbytes), direct(src, dst, nbytes))
     blocks = FabricBlocks.of(rs)
     if blocks is not None and pp * size >= 3 * blocks.block:
@@ -51,10 +51,10 @@ def test_transfers_under_the_partial_leaf_would_price_differently():
     memo = P2PCoster(rs)
     blocks = memo.blocks
     src, dst = 3 * rs.stage_size + 5, 4 * rs.stage_size + 5
-    assert blocks is not None and memo.shift(src, dst) == 0
+    assert blocks is not None and memo.move(src, dst) is None
     forced = P2PCoster(rs)
     forced.blocks = FabricBlocks(blocks.block, 3 * blocks.block, blocks.gpus_per_node, blocks.router)
-    assert forced.shift(src, dst) == blocks.block
+    assert forced.move(src, dst)[0] == blocks.block
     (_, _, got), (_, _, want) = forced(src, dst, 1 << 26), P2PCoster(rs, translate=False)(src, dst, 1 << 26)
     assert list(got) == list(want)  # the same links: the map is right, the capacities are not
     assert any(got[li] != want[li] for li in want if li >= blocks.router.uplink_base)  # the half leaf's uplinks

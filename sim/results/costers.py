@@ -318,25 +318,27 @@ class P2PCoster:
     """p2p(src, dst, nbytes) -> (latency_s, bandwidth_s, link_load), memoized; concurrent copies: the same
     transfer between every other (tp, dp) position of the two stages. A transfer whose two stages lie under
     full leaves in blocks k, k + 1 >= 1 (or one block k >= 1) of the fabric (sim/results/fabric_blocks.py) is
-    priced as its copy k blocks back, its link loads moved back: translating by whole blocks maps the two
-    stages, every copy's route and each link's bandwidth, latency and kind onto the copy's, in order
-    (fabric_blocks.py's automorphism; tests/test_price_p2p.py checks memo == direct)."""
+    priced as its copy k blocks back, and one whose two stages lie in one leaf as its copy in the leaf's first
+    stages (leaf_move), its link loads moved back: both moves map the two stages, every copy's route and each
+    link's bandwidth, latency and kind onto the copy's, in order (tests/test_price_p2p.py and
+    tests/test_price_leaf_moves.py check memo == direct)."""
 
     def __init__(self, rs: ResolvedScenario, translate: bool = True):
         self.rs = rs
         self.tuning = network_tuning(rs)
         self.blocks = FabricBlocks.of(rs) if translate else None
+        self.translate_leaves = translate and isinstance(rs.topology.router, FabricRouter)
         self.memo: dict[tuple[int, int, int], engine.CommTiming] = {}
 
     def __call__(self, src: int, dst: int, nbytes: int) -> engine.CommTiming:
         key = (src, dst, nbytes)
         hit = self.memo.get(key)
         if hit is None:
-            shift = self.shift(src, dst)
-            if shift:
+            move = self.move(src, dst)
+            if move is not None:
+                shift, offsets = move
                 latency_s, bandwidth_s, load = self(src - shift, dst - shift, nbytes)
-                offsets = block_offsets(self.blocks, shift)
-                hit = self.memo[key] = (latency_s, bandwidth_s, moved_loads(self.blocks.router, load, offsets))
+                hit = self.memo[key] = (latency_s, bandwidth_s, moved_loads(self.rs.topology.router, load, offsets))
             else:
                 size = self.rs.stage_size
                 src0, dst0 = src - src % size, dst - dst % size
@@ -345,17 +347,20 @@ class P2PCoster:
                 hit = self.memo[key] = (c.latency_s, c.bandwidth_s, dict(c.link_load))
         return hit
 
-    def shift(self, src: int, dst: int) -> int:
-        """The whole blocks (in ranks) the transfer's two stages are moved back by to price it (class doc):
-        the lower stage's block start, when both stages end under full leaves; else 0 (priced directly)."""
-        blocks = self.blocks
-        if blocks is None:
-            return 0
+    def move(self, src: int, dst: int) -> tuple[int, tuple[int, int, int]] | None:
+        """(ranks, index offsets) to the transfer's copy (class doc): whole blocks back to the lower stage's
+        first block when both stages end under full leaves, else whole stages back inside their leaf
+        (leaf_move); None when neither applies (priced directly)."""
+        if self.blocks is None and not self.translate_leaves:
+            return None
         size = self.rs.stage_size
         lo, hi = sorted((src - src % size, dst - dst % size))
-        if hi + size > blocks.full:
-            return 0
-        return lo - lo % blocks.block
+        blocks = self.blocks
+        if blocks is not None and hi + size <= blocks.full and lo >= blocks.block:
+            shift = lo - lo % blocks.block
+            return shift, block_offsets(blocks, shift)
+        shift = leaf_move(self.rs.topology, [(lo, lo + size - 1), (hi, hi + size - 1)], size)
+        return (shift, leaf_offsets(self.rs.topology.router, shift)) if shift else None
 
 
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:
