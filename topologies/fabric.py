@@ -62,34 +62,31 @@ class FabricRouter:
 
 
     def many(self, pairs: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-        """[self(a, b) for a, b in pairs], each rank's part of the formula (node, local GPU, leaf, NIC links,
-        GPU..NIC and NIC..GPU paths moved to its node) worked out once, not once per pair it is in."""
-        g, step = self.node.gpus_per_node, self.node_links
-        ends: dict[int, tuple] = {}
+        """[self(a, b) for a, b in pairs], each rank's part of the formula (node, local GPU, leaf, its
+        GPU..NIC path with the NIC's uplink, the NIC's downlink with its NIC..GPU path, moved to its node)
+        worked out once, not once per pair it is in."""
+        g, step, ub = self.node.gpus_per_node, self.node_links, self.uplink_base
+        ends = {r: self._end(r, g, step) for r in {r for pair in pairs for r in pair}}
+        node_route = self.node.route
         out = []
+        append = out.append
         for a, b in pairs:
-            ea = ends.get(a)
-            if ea is None:
-                ea = ends[a] = self._end(a, g, step)
-            eb = ends.get(b)
-            if eb is None:
-                eb = ends[b] = self._end(b, g, step)
+            ea, eb = ends[a], ends[b]
             if ea[0] == eb[0]:
-                out.append(tuple(map((ea[0] * step).__add__, self.node.route(ea[1], eb[1]))))
+                append(tuple(map((ea[0] * step).__add__, node_route(ea[1], eb[1]))))
             elif ea[2] == eb[2]:
-                out.append(ea[5] + (ea[3], eb[4]) + eb[6])
+                append(ea[3] + eb[4])
             else:
-                out.append(ea[5] + (ea[3], self.uplink_base + 2 * ea[2], self.uplink_base + 2 * eb[2] + 1, eb[4])
-                           + eb[6])
+                append(ea[3] + (ub + 2 * ea[2], ub + 2 * eb[2] + 1) + eb[4])
         return out
 
     def _end(self, rank: int, g: int, step: int) -> tuple:
-        """(node, local GPU, leaf, NIC up link, NIC down link, GPU..NIC path, NIC..GPU path) of `rank`."""
+        """(node, local GPU, leaf, GPU..NIC path + the NIC's uplink, the NIC's downlink + NIC..GPU path) of `rank`."""
         n, i = divmod(rank, g)
         rail = self.rail_of[i]
         nic = self.ib_base + 2 * (n * self.rails + rail)
-        return (n, i, rail * self.leaves_per_rail + n // self.nodes_per_leaf, nic, nic + 1,
-                tuple(map((n * step).__add__, self.up[i])), tuple(map((n * step).__add__, self.down[i])))
+        return (n, i, rail * self.leaves_per_rail + n // self.nodes_per_leaf,
+                (*map((n * step).__add__, self.up[i]), nic), (nic + 1, *map((n * step).__add__, self.down[i])))
 
 
 def _nearest_nic(node: Topology, gpu: str, rail_of_nic: dict[str, int], memo: dict) -> tuple[int, tuple[int, ...]]:
