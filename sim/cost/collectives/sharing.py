@@ -118,8 +118,8 @@ def _nodes_by_local_set(ranks: tuple[int, ...], per_node: int) -> dict[tuple[int
     """Sorted local ranks -> the nodes (an array) holding exactly those of the group. One rank per node (a DP
     group): grouped by local rank with arrays; else node by node."""
     node, local = np.divmod(np.array(ranks, dtype=np.int64), per_node)
-    if len(np.unique(node)) == len(ranks):
-        return {(int(lo),): node[local == lo] for lo in np.unique(local)}
+    if len(set(node.tolist())) == len(ranks):  # (np.unique would import numpy.ma: ~10 ms of start-up)
+        return {(lo,): node[local == lo] for lo in sorted(set(local.tolist()))}
     by_node: dict[int, list[int]] = {}
     for r in ranks:
         by_node.setdefault(r // per_node, []).append(r % per_node)
