@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from meshsim.sim.core.errors import UserError
 from meshsim.sim.core.limits import MAX_GPUS, MAX_NICS_PER_NODE, check_at_most
 from meshsim.sim.core.units import gbit_to_gbps
-from meshsim.topologies.model import Device, Link, Topology
+from meshsim.topologies.fabric_items import IB_WIRE_US, FabricDevices, FabricLinks
+from meshsim.topologies.model import Topology
 
 NODES_PER_LEAF = 32  # 64-port leaf at 1:1: 32 ports down, 32 up
-IB_WIRE_US = 0.025  # ~5 m of cable at ~5 ns/m (signal speed ~0.7 c)
 
 
 @dataclass(frozen=True)
@@ -62,34 +62,31 @@ class FabricRouter:
 
 
     def many(self, pairs: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-        """[self(a, b) for a, b in pairs], each rank's part of the formula (node, local GPU, leaf, NIC links,
-        GPU..NIC and NIC..GPU paths moved to its node) worked out once, not once per pair it is in."""
-        g, step = self.node.gpus_per_node, self.node_links
-        ends: dict[int, tuple] = {}
+        """[self(a, b) for a, b in pairs], each rank's part of the formula (node, local GPU, leaf, its
+        GPU..NIC path with the NIC's uplink, the NIC's downlink with its NIC..GPU path, moved to its node)
+        worked out once, not once per pair it is in."""
+        g, step, ub = self.node.gpus_per_node, self.node_links, self.uplink_base
+        ends = {r: self._end(r, g, step) for r in {r for pair in pairs for r in pair}}
+        node_route = self.node.route
         out = []
+        append = out.append
         for a, b in pairs:
-            ea = ends.get(a)
-            if ea is None:
-                ea = ends[a] = self._end(a, g, step)
-            eb = ends.get(b)
-            if eb is None:
-                eb = ends[b] = self._end(b, g, step)
+            ea, eb = ends[a], ends[b]
             if ea[0] == eb[0]:
-                out.append(tuple(map((ea[0] * step).__add__, self.node.route(ea[1], eb[1]))))
+                append(tuple(map((ea[0] * step).__add__, node_route(ea[1], eb[1]))))
             elif ea[2] == eb[2]:
-                out.append(ea[5] + (ea[3], eb[4]) + eb[6])
+                append(ea[3] + eb[4])
             else:
-                out.append(ea[5] + (ea[3], self.uplink_base + 2 * ea[2], self.uplink_base + 2 * eb[2] + 1, eb[4])
-                           + eb[6])
+                append(ea[3] + (ub + 2 * ea[2], ub + 2 * eb[2] + 1) + eb[4])
         return out
 
     def _end(self, rank: int, g: int, step: int) -> tuple:
-        """(node, local GPU, leaf, NIC up link, NIC down link, GPU..NIC path, NIC..GPU path) of `rank`."""
+        """(node, local GPU, leaf, GPU..NIC path + the NIC's uplink, the NIC's downlink + NIC..GPU path) of `rank`."""
         n, i = divmod(rank, g)
         rail = self.rail_of[i]
         nic = self.ib_base + 2 * (n * self.rails + rail)
-        return (n, i, rail * self.leaves_per_rail + n // self.nodes_per_leaf, nic, nic + 1,
-                tuple(map((n * step).__add__, self.up[i])), tuple(map((n * step).__add__, self.down[i])))
+        return (n, i, rail * self.leaves_per_rail + n // self.nodes_per_leaf,
+                (*map((n * step).__add__, self.up[i]), nic), (nic + 1, *map((n * step).__add__, self.down[i])))
 
 
 def _nearest_nic(node: Topology, gpu: str, rail_of_nic: dict[str, int], memo: dict) -> tuple[int, tuple[int, ...]]:
@@ -136,57 +133,22 @@ def _rails(node: Topology) -> tuple[list[str], list[int], list[tuple[int, ...]],
     return nics, rail_of, up, down
 
 
-def _node_name(name: str, n: int) -> str:
-    return f"n{n}.{name[3:] if name.startswith('n0.') else name}"
-
-
-def _copy_nodes(node: Topology, nodes: int) -> tuple[list[Device], list[Link]]:
-    """`nodes` copies of the template's devices and links, node-major, named as `_node_name` names them.
-    Built from the template's structure: each name's node-independent tail is split off once, so a copy
-    costs one string join per name and one record per device or link (no per-name parsing)."""
-    def tail(name: str) -> str:  # _node_name(name, n) == f"n{n}" + tail(name)
-        return name[2:] if name.startswith("n0.") else "." + name
-
-    dev_parts = [(tail(d.name), d.kind, d.in_network_reduction) for d in node.devices]
-    link_parts = [(tail(lk.src), tail(lk.dst), lk.bw_gbps, lk.latency_us, lk.kind) for lk in node.links]
-    devices: list[Device] = []
-    links: list[Link] = []
-    for n in range(nodes):
-        prefix = f"n{n}"
-        devices += [Device(prefix + name, kind, n, nvls) for name, kind, nvls in dev_parts]
-        links += [Link(prefix + src, prefix + dst, bw, lat, kind) for src, dst, bw, lat, kind in link_parts]
-    return devices, links
-
-
 def multiply(node: Topology, nodes: int, *, nic_gbitps: float, switch_latency_us: float = 0.5,
              oversubscription: float = 1.0, nodes_per_leaf: int = NODES_PER_LEAF) -> Topology:
-    """`nodes` copies of the one-node topology `node` on a rail-optimized fat tree (see module doc)."""
+    """`nodes` copies of the one-node topology `node` on a rail-optimized fat tree (see module doc). Its
+    devices and links are built from the template's structure when first read (fabric_items.py): a
+    16,384-GPU fabric costs its routing tables, not ~165,000 records."""
     nics, rail_of, up, down = _rails(node)
     rails, nic_gbps = len(nics), gbit_to_gbps(nic_gbitps)
     leaves_per_rail = math.ceil(nodes / nodes_per_leaf)
-    devices, links = _copy_nodes(node, nodes)
-    ib_base = len(links)
-    to_switch_us = switch_latency_us + IB_WIRE_US
-    nic_tails = [_node_name(nic, 0)[2:] for nic in nics]  # _node_name(nic, n) == f"n{n}" + tail
-    for n in range(nodes):
-        prefix, leaf_no = f"n{n}", f".{n // nodes_per_leaf}"
-        for r, tail in enumerate(nic_tails):
-            leaf, nic_name = f"leaf.r{r}{leaf_no}", prefix + tail
-            links += [Link(nic_name, leaf, nic_gbps, to_switch_us, "ib"), Link(leaf, nic_name, nic_gbps, IB_WIRE_US, "ib")]
-    uplink_base = len(links)
-    for r in range(rails):
-        for k in range(leaves_per_rail):
-            leaf = f"leaf.r{r}.{k}"
-            served = min(nodes_per_leaf, nodes - k * nodes_per_leaf)
-            devices.append(Device(leaf, "ib_switch"))
-            bw = served * nic_gbps / oversubscription
-            links += [Link(leaf, "spine", bw, to_switch_us, "ib"), Link("spine", leaf, bw, to_switch_us, "ib")]
-    devices.append(Device("spine", "ib_switch"))
+    links = FabricLinks(node, nodes, tuple(nics), nic_gbps, switch_latency_us + IB_WIRE_US, oversubscription,
+                        nodes_per_leaf, leaves_per_rail)
+    devices = FabricDevices(node, nodes, rails, leaves_per_rail)
     router = FabricRouter(node, len(node.links), tuple(rail_of), tuple(up), tuple(down), rails,
-                          nodes_per_leaf, leaves_per_rail, ib_base, uplink_base)
+                          nodes_per_leaf, leaves_per_rail, links.ib_base, links.uplink_base)
     return Topology(
         name=f"{node.name}x{nodes}", gpu=node.gpu, nodes=nodes, gpus_per_node=node.gpus_per_node,
-        devices=tuple(devices), links=tuple(links), router=router, nic_gbitps=nic_gbitps,
+        devices=devices, links=links, router=router, nic_gbitps=nic_gbitps,
         description=f"{nodes} x [{node.description}], rail-optimized IB fat tree 1:{oversubscription:g}",
         nvlink_gbps_per_gpu=node.nvlink_gbps_per_gpu, nic_gbps_per_gpu=rails * nic_gbps / node.gpus_per_node,
         nvlink_gpu_transit=node.nvlink_gpu_transit,

@@ -52,8 +52,8 @@ class Topology:
     gpu: str  # GPU preset name implied by the topology (e.g. "h100-sxm")
     nodes: int
     gpus_per_node: int
-    devices: tuple[Device, ...]
-    links: tuple[Link, ...]
+    devices: Sequence[Device]  # a tuple, or a fabric's sequence built from its structure (fabric_items.py)
+    links: Sequence[Link]
     description: str = ""
     # the per-GPU figures a user reads in `meshsim topologies`; informational only
     nvlink_gbps_per_gpu: float = 0.0
@@ -82,8 +82,9 @@ class Topology:
 
     @cached_property
     def gpu_names(self) -> tuple[str, ...]:
-        """Device names of the GPUs in global-rank order."""
-        gpus = [d.name for d in self.devices if d.kind == "gpu"]
+        """Device names of the GPUs in global-rank order (a fabric's from its node template: fabric_items.py)."""
+        from_structure = getattr(self.devices, "gpu_names", None)
+        gpus = list(from_structure()) if from_structure is not None else [d.name for d in self.devices if d.kind == "gpu"]
         if len(gpus) != self.num_gpus:
             raise ValueError(f"topology {self.name}: {len(gpus)} GPUs, expected {self.num_gpus}")
         return tuple(gpus)

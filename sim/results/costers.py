@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from operator import attrgetter
 
@@ -26,6 +26,7 @@ import numpy as np
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.cost.calibrated import table_collective_time_s
 from meshsim.sim.cost.collectives import collective_cost
+from meshsim.sim.cost.collectives.cost import Groups
 from meshsim.sim.cost.collectives.flex import flex_arguments
 from meshsim.sim.cost.collectives.p2p import p2p_cost
 from meshsim.sim.cost.compute import ComputeModel, resolve_tuning
@@ -35,6 +36,8 @@ from meshsim.sim.results.fabric_blocks import FabricBlocks
 from meshsim.sim.results.records import CollectiveRow
 from meshsim.sim.schedule.ops import Collective, Op, Schedule
 from meshsim.sim.schedule.shapes import UB_PIPELINE_SPLITS, USERBUFFERS
+from meshsim.topologies.fabric import FabricRouter
+from meshsim.topologies.model import Topology
 
 
 def network_tuning(rs: ResolvedScenario):
@@ -89,6 +92,8 @@ class CollectiveCoster:
         self.memo: dict[tuple[str, str, tuple[int, ...], int, str], tuple[engine.CommTiming, CollectiveRow]] = {}
         self.tuning_key = (type(self.tuning).__qualname__, self.tuning.model_dump_json())
         self.concurrent: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        self.moves: dict[tuple[str, tuple[int, ...]], tuple | None] = {}  # _move's memo
+        self.translate_blocks = self.translate_leaves = translate
 
     def __call__(self, op: Op, group: tuple[int, ...]) -> engine.CommTiming:
         work = op.work  # the memo read inline (the engine calls this per collective op and rank)
@@ -119,27 +124,51 @@ class CollectiveCoster:
         return priced
 
     def _translated(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow] | None:
-        """The cost of the group's copy in the fabric's first block, its link loads moved back to the group's
-        own links; None when the group is in the first block, or its block is not an exact repeat of it, or
-        its concurrent groups are not the copy's translated (then it is priced directly)."""
+        """The cost of the group's copy earlier on the fabric (_move), its link loads moved back to the group's
+        own links; None when no copy qualifies (then it is priced directly)."""
+        move = self._move(work.group, group)
+        if move is None:
+            return None
+        shift, offsets = move
+        (latency_s, bandwidth_s, load), row = self.cost(work, tuple(r - shift for r in group))
+        return (latency_s, bandwidth_s, moved_loads(self.rs.topology.router, load, offsets)), row
+
+    def _move(self, kind: str, group: tuple[int, ...]) -> tuple[int, tuple[int, int, int]] | None:
+        """(ranks to move the group back by, what that adds to node, NIC and uplink indices) to its exact copy:
+        in the fabric's first block (fabric_blocks.py), else in its own leaf (leaf_move); None when neither
+        qualifies. Memoized per (kind, group): it reads only them and what the coster fixes (its topology,
+        blocks and concurrent groups)."""
+        key = (kind, group)
+        if key not in self.moves:
+            self.moves[key] = self._move_of(kind, group)
+        return self.moves[key]
+
+    def _move_of(self, kind: str, group: tuple[int, ...]) -> tuple[int, tuple[int, int, int]] | None:
+        if kind == "embed" or not isinstance(self.rs.topology.router, FabricRouter):
+            return None
         blocks = self.blocks
-        shift = blocks.shift(group) if blocks is not None and work.group != "embed" else 0
-        if not shift:
-            return None
-        base = tuple(r - shift for r in group)
-        moved = tuple(tuple(r - shift for r in g) for g in self._concurrent(work.group, group))
-        if self._concurrent(work.group, base) != moved or not all(blocks.shift(g) == shift
-                                                                  for g in self._concurrent(work.group, group)):
-            return None
-        (latency_s, bandwidth_s, load), row = self.cost(work, base)
-        return (latency_s, bandwidth_s, {blocks.link(li, shift): v for li, v in load.items()}), row
+        shift = blocks.shift(group) if blocks is not None and self.translate_blocks else 0
+        if shift and self._copies_move(kind, group, shift) and all(blocks.shift(g) == shift
+                                                                   for g in self._concurrent(kind, group)):
+            return shift, block_offsets(blocks, shift)
+        shift = leaf_move(self.rs.topology, [group, *self._concurrent(kind, group)], self.rs.stage_size) \
+            if self.translate_leaves else 0
+        if shift and self._copies_move(kind, group, shift):
+            return shift, leaf_offsets(self.rs.topology.router, shift)
+        return None
+
+    def _copies_move(self, kind: str, group: tuple[int, ...], shift: int) -> bool:
+        """The concurrent groups of the group's copy `shift` ranks back are its own, moved."""
+        moved = tuple(tuple(r - shift for r in g) for g in self._concurrent(kind, group))
+        return self._concurrent(kind, tuple(r - shift for r in group)) == moved
 
     def _concurrent(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         """The groups of `kind` that run beside `group` (rs.all_groups less itself), made once per coster:
-        the shared-price key, _translated and _compute all read them (thousands of groups at 16,384 GPUs)."""
+        the shared-price key, _translated and _compute all read them (thousands of groups at 16,384 GPUs),
+        as a cost.Groups (a tuple that hashes once: every shared-price key holds it)."""
         hit = self.concurrent.get((kind, group))
         if hit is None:
-            hit = self.concurrent[(kind, group)] = tuple(g for g in self.rs.all_groups(kind, group[0]) if g != group)
+            hit = self.concurrent[(kind, group)] = Groups(g for g in self.rs.all_groups(kind, group[0]) if g != group)
         return hit
 
     def _compute(self, work: Collective, group: tuple[int, ...]) -> tuple[engine.CommTiming, CollectiveRow]:
@@ -165,7 +194,7 @@ class CollectiveCoster:
         busbw = c.busbw_gbps * (c.time_s / parts / total_s) if total_s > 0 else 0.0
         row = replace(row, algo=c.algo, protocol=c.protocol, time_us=total_s * 1e6, algbw_gbps=algbw,
                       busbw_gbps=busbw, source=source)
-        return (latency_s, max(0.0, bandwidth_s), dict(c.link_load)), row
+        return (latency_s, max(0.0, bandwidth_s), c.link_load), row  # collective_cost's own fresh dict
 
     def _measured_s(self, work: Collective, ranks: int) -> float | None:
         if self.rs.profile is None or not self.rs.profile.collective_table:
@@ -187,6 +216,52 @@ class CollectiveCoster:
             _, row = self.cost(Collective(kind, gname, nbytes, kernel=kernel), group_of(gname, rank))
             rows.append(replace(row, count=n))
         return rows
+
+
+def block_offsets(blocks: FabricBlocks, shift: int) -> tuple[int, int, int]:
+    """What blocks.link(li, shift) adds to node links, NIC links and uplinks (one constant each: fabric_blocks.py)."""
+    router = blocks.router
+    return tuple(blocks.link(start, shift) - start for start in (0, router.ib_base, router.uplink_base))
+
+
+def leaf_move(topo: Topology, groups: Sequence[tuple[int, ...]], stage_size: int) -> int:
+    """Ranks by which `groups` (a group and its concurrent groups) move back to their copy in the first stage
+    of their leaf, or 0. Inside one leaf every node is alike: node n's links, its NICs' links and their rail
+    leaves' uplinks play the same part for node n - d (fabric.py); moving whole nodes d back, all in the same
+    leaf before and after, keeps every rank's local index and rail, every route's links' bandwidths, latencies
+    and kinds in order, the ranks' order and each node's rank counts: what the pure cost reads. So the move
+    qualifies when it is a whole number of nodes and stages, every rank of `groups` and its image lie in one
+    leaf, and the image is not the groups themselves (the coster checks the copy's concurrent groups)."""
+    router = topo.router
+    per_node = topo.gpus_per_node
+    leaf_ranks = router.nodes_per_leaf * per_node
+    ranks = [r for g in groups for r in g]
+    lo, hi = min(ranks), max(ranks)
+    first = lo - lo % leaf_ranks  # the leaf's first rank
+    if hi >= first + leaf_ranks:
+        return 0
+    stage = lo - lo % stage_size
+    base = first + -first % stage_size  # the leaf's first whole stage
+    shift = stage - base
+    if shift <= 0 or shift % per_node or lo - shift < first:
+        return 0
+    return shift
+
+
+def leaf_offsets(router: FabricRouter, shift: int) -> tuple[int, int, int]:
+    """What moving whole nodes `shift` ranks back inside one leaf adds to node, NIC and uplink indices
+    (fabric.multiply's layout: node n's links n x node_links + k, NIC links 2 (n x rails + r) on from
+    ib_base; a leaf's own uplinks do not move)."""
+    nodes = shift // router.node.gpus_per_node
+    return nodes * router.node_links, 2 * router.rails * nodes, 0
+
+
+def moved_loads(router: FabricRouter, load: Mapping[int, float], offsets: tuple[int, int, int]) -> dict[int, float]:
+    """The link loads of a copy moved onto the original's links: each index plus its range's offset (node
+    links, NIC links, uplinks)."""
+    ib, up = router.ib_base, router.uplink_base
+    node_off, ib_off, up_off = offsets
+    return {li + (node_off if li < ib else ib_off if li < up else up_off): v for li, v in load.items()}
 
 
 def collective_key(work: Collective) -> tuple:
@@ -241,23 +316,51 @@ _WORK = attrgetter("work")
 
 class P2PCoster:
     """p2p(src, dst, nbytes) -> (latency_s, bandwidth_s, link_load), memoized; concurrent copies: the same
-    transfer between every other (tp, dp) position of the two stages."""
+    transfer between every other (tp, dp) position of the two stages. A transfer whose two stages lie under
+    full leaves in blocks k, k + 1 >= 1 (or one block k >= 1) of the fabric (sim/results/fabric_blocks.py) is
+    priced as its copy k blocks back, and one whose two stages lie in one leaf as its copy in the leaf's first
+    stages (leaf_move), its link loads moved back: both moves map the two stages, every copy's route and each
+    link's bandwidth, latency and kind onto the copy's, in order (tests/test_price_p2p.py and
+    tests/test_price_leaf_moves.py check memo == direct)."""
 
-    def __init__(self, rs: ResolvedScenario):
+    def __init__(self, rs: ResolvedScenario, translate: bool = True):
         self.rs = rs
         self.tuning = network_tuning(rs)
+        self.blocks = FabricBlocks.of(rs) if translate else None
+        self.translate_leaves = translate and isinstance(rs.topology.router, FabricRouter)
         self.memo: dict[tuple[int, int, int], engine.CommTiming] = {}
 
     def __call__(self, src: int, dst: int, nbytes: int) -> engine.CommTiming:
         key = (src, dst, nbytes)
         hit = self.memo.get(key)
         if hit is None:
-            size = self.rs.stage_size
-            src0, dst0 = src - src % size, dst - dst % size
-            copies = [(src0 + i, dst0 + i) for i in range(size)]
-            c = p2p_cost(self.rs.topology, src, dst, nbytes, concurrent=copies, tuning=self.tuning)
-            hit = self.memo[key] = (c.latency_s, c.bandwidth_s, dict(c.link_load))
+            move = self.move(src, dst)
+            if move is not None:
+                shift, offsets = move
+                latency_s, bandwidth_s, load = self(src - shift, dst - shift, nbytes)
+                hit = self.memo[key] = (latency_s, bandwidth_s, moved_loads(self.rs.topology.router, load, offsets))
+            else:
+                size = self.rs.stage_size
+                src0, dst0 = src - src % size, dst - dst % size
+                copies = [(src0 + i, dst0 + i) for i in range(size)]
+                c = p2p_cost(self.rs.topology, src, dst, nbytes, concurrent=copies, tuning=self.tuning)
+                hit = self.memo[key] = (c.latency_s, c.bandwidth_s, dict(c.link_load))
         return hit
+
+    def move(self, src: int, dst: int) -> tuple[int, tuple[int, int, int]] | None:
+        """(ranks, index offsets) to the transfer's copy (class doc): whole blocks back to the lower stage's
+        first block when both stages end under full leaves, else whole stages back inside their leaf
+        (leaf_move); None when neither applies (priced directly)."""
+        if self.blocks is None and not self.translate_leaves:
+            return None
+        size = self.rs.stage_size
+        lo, hi = sorted((src - src % size, dst - dst % size))
+        blocks = self.blocks
+        if blocks is not None and hi + size <= blocks.full and lo >= blocks.block:
+            shift = lo - lo % blocks.block
+            return shift, block_offsets(blocks, shift)
+        shift = leaf_move(self.rs.topology, [(lo, lo + size - 1), (hi, hi + size - 1)], size)
+        return (shift, leaf_offsets(self.rs.topology.router, shift)) if shift else None
 
 
 def compute_fn(rs: ResolvedScenario) -> engine.ComputeFn:

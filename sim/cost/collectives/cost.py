@@ -45,6 +45,7 @@ from meshsim.sim.cost.collectives.protocols import DEFAULT_CONSTANTS, IDEAL, Ncc
 from meshsim.sim.cost.collectives.ring import ring_plan
 from meshsim.sim.cost.collectives.sharing import sharing_groups
 from meshsim.sim.cost.collectives.tree import tree_plan
+from meshsim.topologies.fabric_items import link_values
 from meshsim.topologies.model import Topology
 
 SLICED_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # ring ops whose chunks go in Simple slices
@@ -97,11 +98,13 @@ def build_plan(topo: Topology, algo: str, op: str, ranks: Sequence[int]) -> Plan
 
 
 def _capacity_bps(topo: Topology, eff: tuple[tuple[str, float], ...]) -> list[float]:
+    """bw_gbps x GB x efficiency(kind) of every link, a fabric's once per template link, NIC link and leaf
+    (topologies/fabric_items.link_values: no Link record built); memoized per efficiencies."""
     tab = cache.table(topo, "capacity")
     hit = tab.get(eff)
     if hit is None:
         by_kind = dict(eff)
-        hit = cache.remember(tab, eff, [lk.bw_gbps * GB * by_kind[lk.kind] for lk in topo.links])
+        hit = cache.remember(tab, eff, link_values(topo, lambda bw, kind: bw * GB * by_kind[kind], ("bw_gbps", "kind")))
     return hit
 
 
@@ -109,11 +112,20 @@ def structure(topo: Topology, algo: str, op: str, ranks: Sequence[int],
               concurrent: Sequence[Sequence[int]] = (), constants: NcclConstants = DEFAULT_CONSTANTS) -> PlanCost:
     """The evaluated plan, memoized per (algo, op, group, concurrent groups that can share its links,
     link efficiencies); copies on links of their own are dropped first (sharing.py)."""
-    eff = tuple(sorted(constants.efficiencies(topo.gpu).items()))
-    own = _own_plan(topo, algo, op, tuple(ranks))
     groups = concurrent if type(concurrent) is Groups else tuple(tuple(g) for g in concurrent)
+    return _structure(topo, algo, op, tuple(ranks), groups, _efficiencies(topo, constants))
+
+
+def _efficiencies(topo: Topology, constants: NcclConstants) -> tuple[tuple[str, float], ...]:
+    """The link efficiencies as a memo key: (kind, fraction of peak) sorted by kind."""
+    return tuple(sorted(constants.efficiencies(topo.gpu).items()))
+
+
+def _structure(topo: Topology, algo: str, op: str, ranks: tuple[int, ...], groups: tuple[tuple[int, ...], ...],
+               eff: tuple[tuple[str, float], ...]) -> PlanCost:
+    own = _own_plan(topo, algo, op, ranks)
     concurrent = sharing_groups(topo, own, ranks, groups)
-    key = (algo, op, tuple(ranks), concurrent, eff)
+    key = (algo, op, ranks, concurrent, eff)
     tab = cache.table(topo, "structure")
     hit = tab.get(key)
     if hit is None:
@@ -199,8 +211,10 @@ class Groups(tuple):
 
 
 def _normalise_groups(ranks: Sequence[int], groups: Sequence[Sequence[int]]) -> Groups:
+    """The concurrent groups of two ranks or more, less those of the group's own ranks (as a set). A group
+    whose first rank is not the group's cannot be its set, so only the others are made sets."""
     mine = set(ranks)
-    return Groups(tuple(g) for g in groups if len(g) >= 2 and set(g) != mine)
+    return Groups(tuple(g) for g in groups if len(g) >= 2 and (g[0] not in mine or set(g) != mine))
 
 
 def _check_group(topo: Topology, op: str, ranks: Sequence[int]) -> None:
@@ -208,17 +222,32 @@ def _check_group(topo: Topology, op: str, ranks: Sequence[int]) -> None:
         raise unknown_name_error("op", op, OPS)
     if not ranks:
         raise UserError("ranks", list(ranks), "give at least one rank")
-    bad = [r for r in ranks if not 0 <= r < topo.num_gpus]
+    n = topo.num_gpus
+    bad = [r for r in ranks if not 0 <= r < n]
     if bad:
         raise UserError("ranks", bad[0], f"use ranks 0..{topo.num_gpus - 1} of {topo.name}")
     if len(set(ranks)) != len(ranks):
         raise UserError("ranks", list(ranks), "list each rank once")
 
 
+@dataclass(frozen=True)
+class GroupShape:
+    """What the price of every (algorithm, protocol, size) reads of the group itself, worked out once per
+    collective_costs call: NCCL's ring channels (channels.group_channels) and the nodes it spans."""
+
+    channels: int
+    nodes: int
+
+    @classmethod
+    def of(cls, topo: Topology, ranks: Sequence[int], constants: NcclConstants) -> GroupShape:
+        return cls(group_channels(topo, ranks, constants), len(by_node(topo, ranks)))
+
+
 def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes: int, ranks: Sequence[int],
-                    constants: NcclConstants) -> float:
+                    constants: NcclConstants, shape: GroupShape | None = None) -> float:
     """Achieved / max-min bus bandwidth for this (algorithm, protocol, size): NCCL's refinements
-    (nccl_limits.protocol_busbw_gbps), or the flat factors when constants.protocol_limits is off."""
+    (nccl_limits.protocol_busbw_gbps), or the flat factors when constants.protocol_limits is off. `shape`:
+    GroupShape.of(topo, ranks, constants) when the caller has it."""
     if protocol == IDEAL or pc.s_per_byte <= 0:
         return 1.0
     if pc.algo == "nvls":  # link time / max(link time, the NVLS kernel's own loop time)
@@ -231,12 +260,11 @@ def bandwidth_scale(topo: Topology, pc: PlanCost, op: str, protocol: str, nbytes
     if not constants.protocol_limits:
         return constants.bw_scale(pc.algo, op, protocol)
     raw_gbps = busbw_factor(op, len(ranks)) / pc.s_per_byte / GB
-    channels = group_channels(topo, ranks, constants)
+    shape = shape or GroupShape.of(topo, ranks, constants)
     algo = "tree" if pc.algo == "tree" else family(pc.algo)
-    used = channels_used(nbytes, algo, protocol, len(ranks), channels)
-    nodes = len(by_node(topo, ranks))
+    used = channels_used(nbytes, algo, protocol, len(ranks), shape.channels)
     eff = protocol_busbw_gbps(raw_gbps, algo=algo, op=op, protocol=protocol, gen=generation(topo.gpu),
-                              nodes=nodes, channels=channels, used=used)
+                              nodes=shape.nodes, channels=shape.channels, used=used)
     return eff / raw_gbps
 
 
@@ -245,15 +273,23 @@ def priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str
     """The cost of one (algorithm, protocol) pair; with_load=False leaves link_load empty and does not
     compute it (NVLS's load factor is per size, so a size sweep would build and memoize one map per size)."""
     pc = structure(topo, algo, op, ranks, concurrent, constants)
-    scale = bandwidth_scale(topo, pc, op, protocol, nbytes, ranks, constants)
-    lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes, group_channels(topo, ranks, constants))
+    cost, load = _priced(topo, op, ranks, nbytes, algo, protocol, pc, constants, GroupShape.of(topo, ranks, constants))
+    return replace(cost, link_load=link_load(topo, pc, load)) if with_load else cost
+
+
+def _priced(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, algo: str, protocol: str, pc: PlanCost,
+            constants: NcclConstants, shape: GroupShape) -> tuple[CollectiveCost, float]:
+    """priced() on the evaluated plan `pc` and the group's shape: (the cost with link_load left empty, the
+    load factor link_load(topo, pc, factor) takes)."""
+    scale = bandwidth_scale(topo, pc, op, protocol, nbytes, ranks, constants, shape)
+    lat = latency_s(pc, op, protocol, constants, len(ranks), nbytes, shape.channels)
     bw = nbytes * pc.s_per_byte / scale
     time = lat + bw
     algbw = nbytes / time / GB if time > 0 else 0.0
     # NVLS's channel bound leaves its links partly idle; the other algorithms load theirs at the flat factor
     load = scale if family(algo) == "nvls" else constants.bw_scale(algo, op, protocol) / constants.bw_factor[protocol]
     return CollectiveCost(op, algo, protocol, nbytes, len(ranks), time, lat, bw, algbw,
-                          algbw * busbw_factor(op, len(ranks)), link_load(topo, pc, load) if with_load else {})
+                          algbw * busbw_factor(op, len(ranks)), {}), load
 
 
 def collective_cost(topo: Topology, op: str, ranks: Sequence[int], nbytes: int, *, algo: str = "auto",
@@ -283,8 +319,33 @@ def collective_costs(topo: Topology, op: str, ranks: Sequence[int], sizes: Seque
         return [CollectiveCost(op, "none", "none", n, len(ranks), 0.0, 0.0, 0.0, 0.0, 0.0, {}) for n in sizes]
     pairs = candidates(topo, op, ranks, algo, protocol, tuning) if any(sizes) else ()  # 0 bytes: no choice
     consts = (constants or DEFAULT_CONSTANTS).with_tuning(tuning)
-    concurrent = _normalise_groups(ranks, concurrent_groups)
-    return [_best(topo, op, ranks, nbytes, pairs, concurrent, consts, link_loads) for nbytes in sizes]
+    group = _Group(topo, op, ranks, _normalise_groups(ranks, concurrent_groups), consts)
+    return [_best(group, nbytes, pairs, link_loads) for nbytes in sizes]
+
+
+class _Group:
+    """One collective_costs call's group: what every (algorithm, protocol, size) of it reads, made once -
+    its shape (GroupShape) and, per algorithm, its evaluated plan (_structure) - each on first use, so a
+    call raises where, and only if, the per-pair path did."""
+
+    def __init__(self, topo: Topology, op: str, ranks: tuple[int, ...], concurrent: Groups, consts: NcclConstants):
+        self.topo, self.op, self.ranks, self.concurrent, self.consts = topo, op, ranks, concurrent, consts
+        self._shape: GroupShape | None = None
+        self._eff: tuple | None = None
+        self._plans: dict[str, PlanCost] = {}
+
+    def shape(self) -> GroupShape:
+        if self._shape is None:
+            self._shape = GroupShape.of(self.topo, self.ranks, self.consts)
+        return self._shape
+
+    def plan(self, algo: str) -> PlanCost:
+        pc = self._plans.get(algo)
+        if pc is None:
+            if self._eff is None:
+                self._eff = _efficiencies(self.topo, self.consts)
+            pc = self._plans[algo] = _structure(self.topo, algo, self.op, self.ranks, self.concurrent, self._eff)
+        return pc
 
 
 def _check_bytes(nbytes: int) -> None:
@@ -292,15 +353,18 @@ def _check_bytes(nbytes: int) -> None:
         raise UserError("nbytes", nbytes, "use a size >= 0 bytes")
 
 
-def _best(topo: Topology, op: str, ranks: tuple[int, ...], nbytes: int, pairs: Sequence[tuple[str, str]],
-          concurrent: tuple[tuple[int, ...], ...], consts: NcclConstants, link_loads: bool) -> CollectiveCost:
-    """The fastest predicted of `pairs` at `nbytes` (0 bytes: costs 0)."""
+def _best(group: _Group, nbytes: int, pairs: Sequence[tuple[str, str]], link_loads: bool) -> CollectiveCost:
+    """The fastest predicted of `pairs` at `nbytes` (0 bytes: costs 0), its link loads (a plain dict the
+    caller may change) made for it alone: priced() of each pair, the losers' loads never read."""
+    topo, op, ranks = group.topo, group.op, group.ranks
     if nbytes == 0:
         return CollectiveCost(op, "none", "none", nbytes, len(ranks), 0.0, 0.0, 0.0, 0.0, 0.0, {})
-    best: CollectiveCost | None = None
+    best: tuple[CollectiveCost, PlanCost, float] | None = None
     for a, p in pairs:
-        cost = priced(topo, op, ranks, nbytes, a, p, concurrent, consts, link_loads)
-        if best is None or cost.time_s < best.time_s:
-            best = cost
+        pc = group.plan(a)
+        cost, load = _priced(topo, op, ranks, nbytes, a, p, pc, group.consts, group.shape())
+        if best is None or cost.time_s < best[0].time_s:
+            best = (cost, pc, load)
     assert best is not None
-    return replace(best, link_load=dict(best.link_load) if link_loads else {})  # a plain dict the caller may change
+    cost, pc, load = best
+    return replace(cost, link_load=dict(link_load(topo, pc, load)) if link_loads else {})
