@@ -205,8 +205,14 @@ cdef class _Posted:
     cdef long long last_op
 
 
+cdef class _KeyCount:
+    cdef int n                        # the jobs draining under one key (Core.jobs_of_key)
+
+
 cdef class _Job:
     cdef object key
+    cdef _KeyCount kc                 # its key's count in Core.jobs_of_key
+    cdef long long tag0, tag1         # its tag (tag0, tag1) when `tag` is None
     cdef double remaining_s
     cdef object load
     cdef int done
@@ -744,7 +750,7 @@ cdef class Core:
                     if dur_s > 0:
                         if self.kappa > 0:
                             s = self.drain(("compute", rank), dur_s, self.cpu_load[p.ri], None,
-                                           (rank, st.oid(p.op)))
+                                           None if st.dense_ids else (rank, st.oid(p.op)), rank, p.op)
                         else:
                             s = self.timeout(dur_s)
                         if self.wait(s, p):
@@ -759,7 +765,7 @@ cdef class Core:
                 p.phase = S_XFER_DONE
                 if p.bw_s > 0:
                     s = self.drain(self.copy_key(st, p), p.bw_s, p.load, self.comm_load(p.group, p.gid),
-                                   (rank, st.oid(p.op)))
+                                   None if st.dense_ids else (rank, st.oid(p.op)), rank, p.op)
                     if self.wait(s, p):
                         return 0
             if p.phase == S_XFER_DONE:
@@ -872,14 +878,25 @@ cdef class Core:
         return 0
 
     # ----- the arbiter (arbiter.py) --------------------------------------------------------------------
-    cdef int drain(self, object key, double work_s, object load, object own, object tag) except -1:
+    cdef int drain(self, object key, double work_s, object load, object own, object tag, long long tag0=0,
+                   long long tag1=0) except -1:
+        """A job under `key`; its tag is `tag`, or the int pair (tag0, tag1) when `tag` is None."""
         self.advance()
         cdef _Job job = _Job.__new__(_Job)
+        cdef _KeyCount kc
         job.key, job.remaining_s, job.load, job.done, job.own = key, work_s, load, self.new_sig(), own
         job.rate, job.tag, job.start_s = 1.0, tag, self.now
+        job.tag0, job.tag1 = tag0, tag1
         job.li = self.fair.intern(load) if self.fair is not None else -1
         self.jobs.append(job)
-        self.jobs_of_key[key] = self.jobs_of_key.get(key, 0) + 1
+        hit = self.jobs_of_key.get(key)
+        if hit is None:
+            kc = _KeyCount.__new__(_KeyCount)
+            self.jobs_of_key[key] = kc
+        else:
+            kc = <_KeyCount>hit
+        kc.n += 1
+        job.kc = kc
         if own:
             self.owning += 1
         self.reschedule()
@@ -985,14 +1002,26 @@ cdef class Core:
         cdef JobRow* row = &self.job_rows_[k]
         tag, key = job.tag, job.key
         row.tag0 = row.tag1 = row.key0 = row.key1 = 0
-        plain = _int_pair(tag) and _int_pair(key)
-        if plain:
-            try:
-                row.tag0, row.tag1, row.key0, row.key1 = tag[0], tag[1], key[0], key[1]
-            except OverflowError:  # past 64 bits: kept as objects
-                plain = False
-        if not plain:
-            self.job_odd[k] = (tag, key)
+        if tag is None:  # the int pair (tag0, tag1)
+            plain = _int_pair(key)
+            if plain:
+                try:
+                    row.key0, row.key1 = key[0], key[1]
+                except OverflowError:  # past 64 bits: kept as objects
+                    plain = False
+            if plain:
+                row.tag0, row.tag1 = job.tag0, job.tag1
+            else:
+                self.job_odd[k] = ((job.tag0, job.tag1), key)
+        else:
+            plain = _int_pair(tag) and _int_pair(key)
+            if plain:
+                try:
+                    row.tag0, row.tag1, row.key0, row.key1 = tag[0], tag[1], key[0], key[1]
+                except OverflowError:  # past 64 bits: kept as objects
+                    plain = False
+            if not plain:
+                self.job_odd[k] = (tag, key)
         row.start_s, row.end_s = job.start_s, self.now
         self.job_loads.append(job.load)
         self.job_owns.append(job.own)
@@ -1014,10 +1043,8 @@ cdef class Core:
         return (*ints, *times, self.job_loads, self.job_owns, self.job_odd)
 
     cdef int forget(self, _Job job) except -1:
-        cdef int left = self.jobs_of_key[job.key] - 1
-        if left:
-            self.jobs_of_key[job.key] = left
-        else:
+        job.kc.n -= 1
+        if job.kc.n == 0:
             del self.jobs_of_key[job.key]
         if job.own:
             self.owning -= 1
