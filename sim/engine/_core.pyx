@@ -16,7 +16,11 @@ The same engine as the Python reference, step for step (sim/engine/events.py sta
   another rates function calls it, as the Python engine does;
 - the collective coster is asked at the same points, except that one marked `by_value` (a pure, memoized
   coster that returns the same timing object for the same work and group) is asked once per (work object,
-  group object) pair and its answer reused: the same object it would have returned.
+  group object) pair and its answer reused: the same object it would have returned; the answer is kept per
+  stage under (the work's index in the stage's work table, the group's number: equal groups, one number);
+- a rank's group of each kind is asked of group_of once and numbered by value (Core.coded_group): a
+  rendezvous is keyed by (op id, or name for "embed", group number), which meets exactly where the
+  reference's (op id or name, group) key meets.
 
 Every float is an IEEE double computed by the same operation as in Python (`a + b`, `a - b`, `a * b`,
 `a / b`, and max/min written as Python's builtins pick: the first argument unless a later one is strictly
