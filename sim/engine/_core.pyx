@@ -16,7 +16,11 @@ The same engine as the Python reference, step for step (sim/engine/events.py sta
   another rates function calls it, as the Python engine does;
 - the collective coster is asked at the same points, except that one marked `by_value` (a pure, memoized
   coster that returns the same timing object for the same work and group) is asked once per (work object,
-  group object) pair and its answer reused: the same object it would have returned.
+  group object) pair and its answer reused: the same object it would have returned; the answer is kept per
+  stage under (the work's index in the stage's work table, the group's number: equal groups, one number);
+- a rank's group of each kind is asked of group_of once and numbered by value (Core.coded_group): a
+  rendezvous is keyed by (op id, or name for "embed", group number), which meets exactly where the
+  reference's (op id or name, group) key meets.
 
 Every float is an IEEE double computed by the same operation as in Python (`a + b`, `a - b`, `a * b`,
 `a / b`, and max/min written as Python's builtins pick: the first argument unless a later one is strictly
@@ -29,6 +33,7 @@ form, host issue times per op; the costers (compute_s, collective, p2p) and the 
 callables, called at the same points, with the same arguments, as the Python engine calls them.
 """
 
+from cpython.long cimport PyLong_FromVoidPtr
 from libc.stdlib cimport free, malloc, realloc
 
 import numpy as np
@@ -108,7 +113,7 @@ cdef void* _grow(void* ptr, Py_ssize_t* cap, Py_ssize_t need, size_t size) excep
 cdef class Stage:
     """One pipeline stage's schedule as arrays (sim/engine/compiled.py)."""
     cdef public object ops          # the Op records, by index (a sequence: read only off the hot path)
-    cdef public list works          # per op index: its work object (what the hot path reads)
+    cdef public tuple works         # the stage's distinct work objects (op k's: works[work_ix[k]])
     cdef public list streams        # per FIFO stream with ops: its op indices in order (int arrays)
     cdef public list batches        # op indices of the pp_comm stream, in order
     cdef public object kind_arr, dep_ptr_arr, dep_idx_arr, issue_arr, point_arr, awaited_arr, base_arr
@@ -124,6 +129,12 @@ cdef class Stage:
     cdef public object dur_arr
     cdef public int stage            # its index (the arbiter key of a collective's copies: (stage, op id))
     cdef public object op_ids       # per op index: its id (a range where ids are positions)
+    cdef bint dense_ids             # op ids are the positions 0, 1, ... (every built schedule)
+    cdef public object gcode_arr, work_ix_arr
+    cdef int[::1] gcode             # per op: its collective's group kind, as a code into Core.kinds (-1: none)
+    cdef int[::1] work_ix           # per op: its work's index in the stage's work table (one per work object)
+    cdef Py_ssize_t n_works
+    cdef dict timing                # gid * n_works + work index -> the by_value coster's timing (Core.collective_timing)
     cdef public list sizes          # per op: (bytes, flops) of its work (events.work_bytes, Op.flops)
 
     def set_arrays(self, kind, dep_ptr, dep_idx, issue, point_of, awaited, base_s, durations):
@@ -133,6 +144,24 @@ cdef class Stage:
         self.issue, self.point_of, self.awaited, self.base_s = issue, point_of, awaited, base_s
         self.dur_arr, self.dur = durations, durations
         self.priced = durations.shape[0] > 0
+
+    def set_groups(self, gcode, work_ix, Py_ssize_t n_works):
+        """Per op its group-kind code (-1: not a collective) and its work's index among the n_works distinct
+        work objects of the stage (compiled.py)."""
+        self.gcode_arr, self.work_ix_arr = gcode, work_ix
+        self.gcode, self.work_ix, self.n_works = gcode, work_ix, n_works
+        self.timing = {}
+
+    cdef inline object oid(self, int k):
+        """Op k's id."""
+        if self.dense_ids:
+            return k
+        return self.op_ids[k]
+
+    cdef inline long long oid_c(self, int k) except? -1:
+        if self.dense_ids:
+            return k
+        return self.op_ids[k]
 
 
 cdef class Proc:
@@ -148,7 +177,7 @@ cdef class Proc:
     cdef double at_s
     cdef double start_s
     cdef object group
-    cdef object work_group
+    cdef long long gid
     cdef int members
     cdef _Rendezvous rv
     cdef object rv_key
@@ -180,8 +209,14 @@ cdef class _Posted:
     cdef long long last_op
 
 
+cdef class _KeyCount:
+    cdef int n                        # the jobs draining under one key (Core.jobs_of_key)
+
+
 cdef class _Job:
     cdef object key
+    cdef _KeyCount kc                 # its key's count in Core.jobs_of_key
+    cdef long long tag0, tag1         # its tag (tag0, tag1) when `tag` is None
     cdef double remaining_s
     cdef object load
     cdef int done
@@ -228,6 +263,12 @@ cdef class Core:
     cdef object compute_s, collective, p2p, group_of
     cdef bint coll_by_value           # collective.by_value: one timing per (work, group) (module docstring)
     cdef dict coll_memo               # (id(work), id(group)) -> (work, group, timing) when coll_by_value
+    cdef list kinds                   # the collectives' group kinds, by code (Stage.gcode)
+    cdef int embed_code               # the code of "embed" (-1: no collective spans stages)
+    cdef Py_ssize_t n_kinds
+    cdef list rank_groups             # [ri * n_kinds + code]: (group, members in the run, gid), None until asked
+    cdef dict gid_of                  # a group's value -> its number (equal groups, one number)
+    cdef list comm_loads              # per gid: comm_load(group) (None until asked)
     cdef double kappa
     cdef int* offset            # per rank index: where its ops start in the per-(rank, op) arrays
     cdef char* done
@@ -276,7 +317,7 @@ cdef class Core:
         free(self.job_rows_)
 
     def __init__(self, stages, rank_stage_index, ranks, issue_ranks, sync_ranks, compute_s, collective, p2p,
-                 group_of, double kappa, rates, transfer_type):
+                 group_of, double kappa, rates, transfer_type, kinds):
         cdef Py_ssize_t n_ranks = len(ranks), ri, total = 0
         cdef Stage st
         self.stages = list(stages)
@@ -286,6 +327,16 @@ cdef class Core:
         self.compute_s, self.collective, self.p2p, self.group_of = compute_s, collective, p2p, group_of
         self.coll_by_value = getattr(collective, "by_value", False) is True
         self.coll_memo = {}
+        self.kinds = list(kinds)
+        self.n_kinds = len(self.kinds)
+        self.embed_code = self.kinds.index("embed") if "embed" in self.kinds else -1
+        self.rank_groups = [None] * (n_ranks * self.n_kinds)
+        self.gid_of, self.comm_loads = {}, []
+        for st in self.stages:
+            ids = st.op_ids
+            st.dense_ids = ids == range(len(st.ops)) if type(ids) is range else False
+            if st.gcode_arr is None:
+                raise ValueError("a Stage without set_groups")
         self.kappa = kappa
         self.offset = <int*>malloc((n_ranks + 1) * sizeof(int))
         self.has_issue = <char*>malloc((n_ranks + 1) * sizeof(char))
@@ -338,7 +389,8 @@ cdef class Core:
 
     # ----- the loop ------------------------------------------------------------------------------------
     cdef int new_sig(self) except -1:
-        self.sigs = <Sig*>_grow(self.sigs, &self.sig_cap, self.sig_n + 1, sizeof(Sig))
+        if self.sig_n >= self.sig_cap:
+            self.sigs = <Sig*>_grow(self.sigs, &self.sig_cap, self.sig_n + 1, sizeof(Sig))
         cdef int s = <int>self.sig_n
         self.sigs[s].done = 0
         self.sigs[s].head = -1
@@ -347,7 +399,8 @@ cdef class Core:
         return s
 
     cdef int add_cb(self, int sig, int kind, int arg) except -1:
-        self.nodes = <Node*>_grow(self.nodes, &self.node_cap, self.node_n + 1, sizeof(Node))
+        if self.node_n >= self.node_cap:
+            self.nodes = <Node*>_grow(self.nodes, &self.node_cap, self.node_n + 1, sizeof(Node))
         cdef int n = <int>self.node_n
         self.node_n += 1
         self.nodes[n].kind = kind
@@ -361,7 +414,8 @@ cdef class Core:
         return 0
 
     cdef int push(self, double t, int prio, int sig) except -1:
-        self.heap = <Entry*>_grow(self.heap, &self.heap_cap, self.heap_n + 1, sizeof(Entry))
+        if self.heap_n >= self.heap_cap:
+            self.heap = <Entry*>_grow(self.heap, &self.heap_cap, self.heap_n + 1, sizeof(Entry))
         cdef Py_ssize_t i = self.heap_n, parent
         cdef Entry e
         e.t, e.prio, e.seq, e.sig = t, prio, self.seq, sig
@@ -452,6 +506,8 @@ cdef class Core:
 
     def run(self):
         """Start the processes in (rank, stream) order and process events until none is left."""
+        if self.waiters == NULL:
+            raise RuntimeError("a Core runs once")
         cdef Py_ssize_t ri
         cdef Stage st
         cdef Proc p
@@ -482,6 +538,33 @@ cdef class Core:
                 else:
                     self.tick(e.sig)
                 node = self.nodes[node].next
+        self.release()
+
+    cdef int release(self) except -1:
+        """Free what only the loop reads (the heap, signals, callbacks, all-of counters, waiters, the
+        processes and memos) once it has run: the log, the jobs and `done` stay."""
+        free(self.heap)
+        free(self.sigs)
+        free(self.nodes)
+        free(self.allof_left)
+        free(self.allof_sig)
+        free(self.waiters)
+        self.heap = NULL
+        self.sigs = NULL
+        self.nodes = NULL
+        self.allof_left = NULL
+        self.allof_sig = NULL
+        self.waiters = NULL
+        self.heap_cap = self.sig_cap = self.node_cap = self.allof_cap = 0
+        self.sig_n = self.node_n = self.allof_n = 0
+        self.procs = []
+        self.coll_memo, self.open, self.posted, self.merged, self.jobs_of_key = {}, {}, {}, {}, {}
+        self.rank_groups = [None] * len(self.rank_groups)
+        self.comm_loads = [None] * len(self.comm_loads)
+        cdef Stage st
+        for st in self.stages:
+            st.timing = {}
+        return 0
 
     cdef int resume(self, Proc p) except -1:
         if p.kind == 0:
@@ -537,32 +620,56 @@ cdef class Core:
             hit = self.groups[key] = (group, sum(1 for r in group if r in self.rank_set))
         return <tuple>hit
 
-    cdef object collective_timing(self, Stage st, int k, object group):
+    cdef object collective_timing(self, Stage st, int k, object group, long long gid):
         """collective(op k of `st`, group); a coster that says `by_value` (its timing depends only on the op's
         work and the group, and is the same object each time: sim/results/costers.py CollectiveCoster) is asked
         once per (work, group) object pair, both kept alive by the memo so their ids stay theirs: the op's
         record is read only on a miss."""
+        cdef long long slot
         if not self.coll_by_value:
             return self.collective(st.ops[k], group)
-        work = st.works[k]
-        key = (id(work), id(group))
+        slot = gid * st.n_works + st.work_ix[k]  # (this work object, a group of this value)
+        hit = st.timing.get(slot)
+        if hit is not None:
+            return hit
+        work = st.works[st.work_ix[k]]
+        key = (PyLong_FromVoidPtr(<void*>work), PyLong_FromVoidPtr(<void*>group))
         hit = self.coll_memo.get(key)
         if hit is None:
             hit = self.coll_memo[key] = (work, group, self.collective(st.ops[k], group))
-        return (<tuple>hit)[2]
+        timing = st.timing[slot] = (<tuple>hit)[2]
+        return timing
+
+    cdef tuple coded_group(self, int ri, int code):
+        """group(kind, rank) for the kind of that code, with the group's number (gid: equal groups, equal
+        numbers), kept per (rank, kind)."""
+        cdef Py_ssize_t at = ri * self.n_kinds + code
+        hit = self.rank_groups[at]
+        if hit is None:
+            group, members = self.group(self.kinds[code], self.ranks[ri])
+            gid = self.gid_of.get(group)
+            if gid is None:
+                gid = self.gid_of[group] = len(self.gid_of)
+                self.comm_loads.append(None)
+            hit = self.rank_groups[at] = (group, members, gid)
+        return <tuple>hit
 
     cdef object copy_key(self, Stage st, Proc p):
         """processes.copy_key: (stage, op id), or ("embed", name) for a collective spanning stages."""
-        if p.work_group == "embed":
+        if st.gcode[p.op] == self.embed_code:
             return ("embed", st.ops[p.op].name)
-        return (st.stage, st.op_ids[p.op])
+        return (st.stage, st.oid(p.op))
 
-    cdef object comm_load(self, object group):
+    cdef object comm_load(self, object group, long long gid):
         if self.kappa <= 0:
             return None
+        load = self.comm_loads[gid]
+        if load is not None:
+            return load
         load = self.comm_cpu.get(group)
         if load is None:
             load = self.comm_cpu[group] = {("cpu", r): self.kappa for r in group if r in self.rank_set}
+        self.comm_loads[gid] = load
         return load
 
     cdef int step_stream(self, Proc p) except -1:
@@ -616,14 +723,13 @@ cdef class Core:
             if p.phase == S_START:
                 p.start_s = self.now
                 if st.kind[p.op] == K_COLLECTIVE:
-                    p.work_group = st.works[p.op].group
-                    p.group, p.members = self.group(p.work_group, rank)
+                    p.group, p.members, p.gid = self.coded_group(p.ri, st.gcode[p.op])
                     if p.members == 1:
                         p.rv = None
                         p.phase = S_XFER
                     else:  # processes.rendezvous
                         # stages number ops apart: a collective spanning stages is known by its name
-                        key = (st.ops[p.op].name if p.work_group == "embed" else st.op_ids[p.op], p.group)
+                        key = (st.ops[p.op].name if st.gcode[p.op] == self.embed_code else st.oid(p.op), p.gid)
                         rv = self.open.get(key)
                         if rv is None:
                             rv = _Rendezvous()
@@ -633,7 +739,7 @@ cdef class Core:
                             self.open[key] = rv
                         rv.arrived += 1
                         if self.now > rv.last_s or rank > rv.last:  # the member that issued last; ties: higher rank
-                            rv.last, rv.last_op, rv.last_s = rank, st.op_ids[p.op], self.now
+                            rv.last, rv.last_op, rv.last_s = rank, st.oid_c(p.op), self.now
                         p.rv, p.rv_key = rv, key
                         if rv.arrived < rv.expected:
                             p.phase = S_RV_WAITED
@@ -648,13 +754,13 @@ cdef class Core:
                     if dur_s > 0:
                         if self.kappa > 0:
                             s = self.drain(("compute", rank), dur_s, self.cpu_load[p.ri], None,
-                                           (rank, st.op_ids[p.op]))
+                                           None if st.dense_ids else (rank, st.oid(p.op)), rank, p.op)
                         else:
                             s = self.timeout(dur_s)
                         if self.wait(s, p):
                             return 0
             if p.phase == S_XFER:  # processes.transfer
-                lat_s, p.bw_s, p.load = self.collective_timing(st, p.op, p.group)
+                lat_s, p.bw_s, p.load = self.collective_timing(st, p.op, p.group, p.gid)
                 p.phase = S_XFER_BW
                 if lat_s > 0:
                     if self.wait(self.timeout(lat_s), p):
@@ -662,8 +768,8 @@ cdef class Core:
             if p.phase == S_XFER_BW:
                 p.phase = S_XFER_DONE
                 if p.bw_s > 0:
-                    s = self.drain(self.copy_key(st, p), p.bw_s, p.load, self.comm_load(p.group),
-                                   (rank, st.op_ids[p.op]))
+                    s = self.drain(self.copy_key(st, p), p.bw_s, p.load, self.comm_load(p.group, p.gid),
+                                   None if st.dense_ids else (rank, st.oid(p.op)), rank, p.op)
                     if self.wait(s, p):
                         return 0
             if p.phase == S_XFER_DONE:
@@ -704,7 +810,7 @@ cdef class Core:
             if self.wait_deps(p):
                 return 0
             p.start_s = self.now
-            p.posts = [self.post(p, t) for t in st.works[p.op].transfers]
+            p.posts = [self.post(p, t) for t in st.works[st.work_ix[p.op]].transfers]
             p.phase = 2
             if self.wait(self.all_of([(<_Posted>q).done for q in p.posts]), p):
                 return 0
@@ -736,13 +842,13 @@ cdef class Core:
         mine = self.posted.pop(key, None)
         if mine is None:
             mine = _Posted()
-            mine.done, mine.rank, mine.op_id, mine.posted_s = self.new_sig(), rank, st.op_ids[p.op], self.now
+            mine.done, mine.rank, mine.op_id, mine.posted_s = self.new_sig(), rank, st.oid_c(p.op), self.now
             mine.start_s, mine.last, mine.last_op = 0.0, -1, -1
             self.posted[key] = mine
             return mine
         mine.start_s = self.now
         if self.now > mine.posted_s or rank > mine.rank:  # the end that posted last; ties: the higher rank
-            mine.last, mine.last_op = rank, st.op_ids[p.op]
+            mine.last, mine.last_op = rank, st.oid_c(p.op)
         else:
             mine.last, mine.last_op = mine.rank, mine.op_id
         x = Proc()
@@ -776,14 +882,25 @@ cdef class Core:
         return 0
 
     # ----- the arbiter (arbiter.py) --------------------------------------------------------------------
-    cdef int drain(self, object key, double work_s, object load, object own, object tag) except -1:
+    cdef int drain(self, object key, double work_s, object load, object own, object tag, long long tag0=0,
+                   long long tag1=0) except -1:
+        """A job under `key`; its tag is `tag`, or the int pair (tag0, tag1) when `tag` is None."""
         self.advance()
-        cdef _Job job = _Job()
+        cdef _Job job = _Job.__new__(_Job)
+        cdef _KeyCount kc
         job.key, job.remaining_s, job.load, job.done, job.own = key, work_s, load, self.new_sig(), own
         job.rate, job.tag, job.start_s = 1.0, tag, self.now
+        job.tag0, job.tag1 = tag0, tag1
         job.li = self.fair.intern(load) if self.fair is not None else -1
         self.jobs.append(job)
-        self.jobs_of_key[key] = self.jobs_of_key.get(key, 0) + 1
+        hit = self.jobs_of_key.get(key)
+        if hit is None:
+            kc = _KeyCount.__new__(_KeyCount)
+            self.jobs_of_key[key] = kc
+        else:
+            kc = <_KeyCount>hit
+        kc.n += 1
+        job.kc = kc
         if own:
             self.owning += 1
         self.reschedule()
@@ -855,7 +972,7 @@ cdef class Core:
         """self.rates(loads), answered from arbiter.MemoRates' own first table when it holds them (the lookup
         its __call__ makes, without the call), else by the call (which fills that table)."""
         if self.rate_memo is not None:
-            hit = self.rate_memo.get(tuple([id(load) for load in loads]))
+            hit = self.rate_memo.get(tuple([PyLong_FromVoidPtr(<void*>load) for load in loads]))
             if hit is not None:
                 return (<tuple>hit)[1]
         return self.rates(loads)
@@ -884,18 +1001,31 @@ cdef class Core:
     cdef int record_job(self, _Job job) except -1:
         """One finished job as a row: (tag, key, start, end) in C, loads by reference (job_rows)."""
         cdef Py_ssize_t k = self.job_n
-        self.job_rows_ = <JobRow*>_grow(self.job_rows_, &self.job_cap, k + 1, sizeof(JobRow))
+        if k >= self.job_cap:
+            self.job_rows_ = <JobRow*>_grow(self.job_rows_, &self.job_cap, k + 1, sizeof(JobRow))
         cdef JobRow* row = &self.job_rows_[k]
         tag, key = job.tag, job.key
         row.tag0 = row.tag1 = row.key0 = row.key1 = 0
-        plain = _int_pair(tag) and _int_pair(key)
-        if plain:
-            try:
-                row.tag0, row.tag1, row.key0, row.key1 = tag[0], tag[1], key[0], key[1]
-            except OverflowError:  # past 64 bits: kept as objects
-                plain = False
-        if not plain:
-            self.job_odd[k] = (tag, key)
+        if tag is None:  # the int pair (tag0, tag1)
+            plain = _int_pair(key)
+            if plain:
+                try:
+                    row.key0, row.key1 = key[0], key[1]
+                except OverflowError:  # past 64 bits: kept as objects
+                    plain = False
+            if plain:
+                row.tag0, row.tag1 = job.tag0, job.tag1
+            else:
+                self.job_odd[k] = ((job.tag0, job.tag1), key)
+        else:
+            plain = _int_pair(tag) and _int_pair(key)
+            if plain:
+                try:
+                    row.tag0, row.tag1, row.key0, row.key1 = tag[0], tag[1], key[0], key[1]
+                except OverflowError:  # past 64 bits: kept as objects
+                    plain = False
+            if not plain:
+                self.job_odd[k] = (tag, key)
         row.start_s, row.end_s = job.start_s, self.now
         self.job_loads.append(job.load)
         self.job_owns.append(job.own)
@@ -917,10 +1047,8 @@ cdef class Core:
         return (*ints, *times, self.job_loads, self.job_owns, self.job_odd)
 
     cdef int forget(self, _Job job) except -1:
-        cdef int left = self.jobs_of_key[job.key] - 1
-        if left:
-            self.jobs_of_key[job.key] = left
-        else:
+        job.kc.n -= 1
+        if job.kc.n == 0:
             del self.jobs_of_key[job.key]
         if job.own:
             self.owning -= 1

@@ -171,7 +171,7 @@ cdef class FairRates:
     cdef Py_ssize_t intern(self, object load) except -1:
         """The load's index here, interning it on first sight (module docstring)."""
         global _FR_NEXT
-        hit = self.index_of.get(id(load))
+        hit = self.index_of.get(PyLong_FromVoidPtr(<void*>load))
         if hit is not None:
             return <Py_ssize_t>hit
         cdef Py_ssize_t i = self.n_loads, r, e
@@ -217,7 +217,7 @@ cdef class FairRates:
         self.ptr[i + 1] = e
         self.n_loads = i + 1
         self.kept.append(load)
-        self.index_of[id(load)] = i
+        self.index_of[PyLong_FromVoidPtr(<void*>load)] = i
         return i
 
     cdef object rates_of(self, Py_ssize_t* ix, Py_ssize_t n):

@@ -46,9 +46,11 @@ _ID, _WORK, _DEPS = attrgetter("id"), attrgetter("work"), attrgetter("deps")
 
 
 def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float], syncs,
-           work_bytes: Callable[[Op], int], price: Callable[[Op], float] | None = None) -> _core.Stage:
+           work_bytes: Callable[[Op], int], price: Callable[[Op], float] | None = None,
+           kinds: dict[str, int] | None = None) -> _core.Stage:
     """One stage's arrays (module docstring). Ops are numbered by their position in the schedule; every
-    per-op list is built by C-level map/zip passes, not a Python loop per op."""
+    per-op list is built by C-level map/zip passes, not a Python loop per op. `kinds`: the run's collective
+    group kinds -> their codes, shared by its stages (new kinds are added)."""
     ops = schedule.ops
     tiled = schedule.tiled_arrays  # kind and deps tiled from the builder's stamps (ids are positions)
     ids = range(len(ops)) if tiled is not None else list(map(_ID, ops))
@@ -73,7 +75,7 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
         st.op_ids = ids
     except TypeError:  # an extension built before Stage.op_ids took a range (a stale build): a list
         st.op_ids = list(ids)
-    st.works = list(map(table.works.__getitem__, table.index.tolist()))
+    st.works = tuple(table.works)
     st.sizes = list(map(size_of.__getitem__, table.index.tolist()))
     index = _ID if dense else (lambda op: position[op.id])
     if tiled is not None:  # `streams` holds the schedule's ops of each stream in order (events._by_stream)
@@ -94,6 +96,11 @@ def _stage(stage: int, schedule: Schedule, streams: dict, issue: Sequence[float]
     else:
         point, awaited, base = np.zeros(0, dtype=np.intc), np.zeros(0, dtype=np.intc), np.zeros(0)
     st.set_arrays(kind, dep_ptr, dep_idx, issue_arr, point, awaited, base, durations)
+    kinds = {} if kinds is None else kinds
+    code_of = np.array([kinds.setdefault(w.group, len(kinds)) if isinstance(w, Collective) else -1
+                        for w in table.works] + [-1], dtype=np.intc)  # (+ one: a stage without ops indexes none)
+    work_ix = np.asarray(table.index, dtype=np.intc)
+    st.set_groups(code_of[work_ix], work_ix, len(table.works))
     return st
 
 
@@ -147,17 +154,18 @@ def _run(inputs: Inputs, schedules: Sequence[Schedule], compute_s: ComputeFn, co
     for r in ranks:
         stage_ranks.setdefault(stage_of(r), r)
     stages = []
+    kinds: dict[str, int] = {}  # collective group kind -> its code (Stage.set_groups)
     by_work = getattr(compute_s, "by_work", False)
     for stage, streams in enumerate(inputs.per_stream):
         first = stage_ranks.get(stage)
         issue = inputs.issue_of.get(first, ()) if first is not None else ()
         syncs = inputs.syncs_of.get(first) if first is not None else None
         price = (lambda op, rank=first: compute_s(op, rank)) if by_work and first is not None else None
-        stages.append(_stage(stage, schedules[stage], streams, issue, syncs, work_bytes, price))
+        stages.append(_stage(stage, schedules[stage], streams, issue, syncs, work_bytes, price, kinds))
     issue_ranks = frozenset(r for r in ranks if inputs.issue_of.get(r))
     sync_ranks = frozenset(r for r in ranks if r in inputs.syncs_of)
     core = _core.Core(stages, [stage_of(r) for r in ranks], ranks, issue_ranks, sync_ranks, compute_s, collective,
-                      p2p, inputs.group_of, inputs.kappa, fair_rates(), Transfer)
+                      p2p, inputs.group_of, inputs.kappa, fair_rates(), Transfer, list(kinds))
     core.run()
     position = {r: i for i, r in enumerate(ranks)}
     rows, latest_s = _rows_of(core, stages, ranks, stage_of, event_type)
