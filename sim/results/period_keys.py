@@ -33,8 +33,20 @@ _ORDINAL = itemgetter(1)
 _INTC = np.iinfo(np.intc)
 
 
-def _p2p_key(op: Op) -> Key:
-    return (op.micro_batch, tuple((t.send, t.direction, t.micro_batch, t.sender_vstage) for t in op.work.transfers))
+def _relative(mb, transfers) -> tuple:
+    """A P2P batch's key (mb, ((send, direction, micro-batch, sender's virtual stage), ...)) as (mb, each
+    transfer's micro-batch less mb): one to one for a given mb (ints), and later(key, unit) is (mb + unit,
+    the same second part), so the key one period later is looked up without building it. No micro-batch:
+    (None, the transfers' identities) as they are (later() leaves such a key alone)."""
+    if mb is None:
+        return (None, tuple((t.send, t.direction, t.micro_batch, t.sender_vstage) for t in transfers))
+    return (mb, tuple((t.send, t.direction, t.micro_batch - mb, t.sender_vstage) for t in transfers))
+
+
+def _absolute(rel: tuple) -> Key:
+    """The key of _relative's (mb, part)."""
+    mb, part = rel
+    return rel if mb is None else (mb, tuple((send, d, t_mb + mb, q) for send, d, t_mb, q in part))
 
 
 def op_keys(schedule: Schedule) -> list[Key]:
@@ -67,8 +79,13 @@ class KeyIndex:
     group_first: np.ndarray  # per group: where it starts in `order`
     group_size: np.ndarray
     none_code: int
-    p2p_key: dict[int, Key]  # P2P batch id -> its key
-    p2p_id: dict[Key, int]
+    p2p_rel: dict[int, tuple]  # P2P batch id -> its key as _relative gives it
+    rel_id: dict[tuple, int]  # _relative key -> the last P2P batch id holding it
+
+    @cached_property
+    def p2p_key(self) -> dict[int, Key]:
+        """P2P batch id -> its key, built on first use."""
+        return {i: _absolute(rel) for i, rel in self.p2p_rel.items()}
 
     @cached_property
     def mbs(self) -> list:
@@ -86,9 +103,9 @@ class KeyIndex:
 
     def key(self, op_id: int) -> Key:
         """op_keys(schedule)[op_id], without building the list."""
-        hit = self.p2p_key.get(op_id)
+        hit = self.p2p_rel.get(op_id)
         if hit is not None:
-            return hit
+            return _absolute(hit)
         return (None if self.no_mb[op_id] else int(self.code[op_id]), int(self.ordinal[op_id]))
 
     @cached_property
@@ -116,8 +133,9 @@ class KeyIndex:
     def kid(self) -> np.ndarray:
         """Per op: the id its key has (the last op holding that key): itself but for repeated P2P keys."""
         kid = np.arange(len(self.code), dtype=self.order.dtype)
-        for i, key in self.p2p_key.items():
-            kid[i] = self.p2p_id[key]
+        rel_id = self.rel_id
+        for i, rel in self.p2p_rel.items():
+            kid[i] = rel_id[rel]
         return kid
 
     def later_ids(self, unit: int) -> np.ndarray:
@@ -128,16 +146,17 @@ class KeyIndex:
         out[plain] = self.find(self.code[plain].astype(np.int64) + unit, self.ordinal[plain])
         own = np.flatnonzero(self.none)
         out[own] = self.kid[own]
-        for i, key in self.p2p_key.items():
-            if key[0] is not None:
-                out[i] = self.p2p_id.get(later(key, unit), -1)
+        rel_id = self.rel_id
+        for i, (mb, part) in self.p2p_rel.items():  # later(key, unit) <=> (mb + unit, part): _relative
+            if mb is not None:
+                out[i] = rel_id.get((mb + unit, part), -1)
         return out
 
     def id_of(self, key: Key) -> int | None:
         """The id of `key` (the key -> id map's get)."""
         mb, tag = key
         if isinstance(tag, tuple):
-            return self.p2p_id.get(key)
+            return self.rel_id.get(key if mb is None else (mb, tuple((s, d, t_mb - mb, q) for s, d, t_mb, q in tag)))
         if mb is None:
             at = np.flatnonzero(self.group_code == self.none_code) if self.none.any() else []
             if not len(at) or not 0 <= tag < self.group_size[at[0]]:
@@ -190,10 +209,15 @@ def key_index(schedule: Schedule) -> KeyIndex:
     sizes = np.diff(np.r_[first, len(order)])
     ordinal = np.zeros(n, ids)
     ordinal[order] = np.arange(len(order)) - np.repeat(first, sizes)
-    p2p_key = {i: _p2p_key(ops[i]) for i in p2p}
+    if fields is not None:  # works[index[i]] is op i's work, fields its micro-batch: no op record built
+        works, at, mb_of = schedule.work_table.works, schedule.work_table.index, fields.micro_batch
+        p2p_rel = {i: _relative(None if mb == NONE else mb, works[w].transfers)
+                   for i, w, mb in zip(p2p, at[p2p].tolist(), mb_of[p2p].tolist(), strict=True)}
+    else:
+        p2p_rel = {i: _relative(ops[i].micro_batch, ops[i].work.transfers) for i in p2p}
     none_code = int(code[none][0]) if none.any() else int(code.min()) - 1 if n else -1
-    return KeyIndex(p2p, none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code, p2p_key,
-                    {key: i for i, key in p2p_key.items()})
+    return KeyIndex(p2p, none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code, p2p_rel,
+                    {rel: i for i, rel in p2p_rel.items()})
 
 
 def index_array(values: np.ndarray) -> np.ndarray:

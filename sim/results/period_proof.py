@@ -237,11 +237,10 @@ def _synced_host(syncs: HostSyncs, m: StageMap, t: RankTimes, after: np.ndarray,
     waiting = np.flatnonzero(after)
     if not len(waiting):
         return None
-    oldest = min(np.asarray(syncs.point_of)[waiting].tolist())
+    oldest = syncs.point_of[int(waiting[0])]  # the min over `waiting`: point_of never decreases along ids
     if oldest < 0:
         return "an op its host issues before any sync starts after the first cut"
-    ends = t.end.tolist()
-    end_of = ends.__getitem__
+    end_of = memoryview(t.end).__getitem__  # the end of an op id as a float, no list of them all
     delays, index = delays_s(syncs, end_of), {op: i for i, op in enumerate(syncs.ops)}
     for i in range(oldest, max(oldest, last_known(syncs, end_of, cut.c1)) + 1):
         image = index.get(m.mu(syncs.ops[i]))

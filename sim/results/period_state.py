@@ -285,8 +285,8 @@ def jobs_repeat(jobs: Sequence[Job], cut: Cut, tag_later: Callable[[tuple], tupl
                                                    np.fromiter(map(_END, jobs), np.float64, len(jobs)))
     draining = start[(start < c1) & (c1 < end)]  # the comparisons and the min are exact: the loops' values
     w = float(draining.min()) if len(draining) else c1
-    first = list(map(jobs.__getitem__, np.flatnonzero((start < c1) & (end > w)).tolist()))
-    second = {j.tag: j for j in map(jobs.__getitem__, np.flatnonzero((start < c2) & (end > w + t)).tolist())}
+    first = _jobs_at(jobs, np.flatnonzero((start < c1) & (end > w)))
+    second = {j.tag: j for j in _jobs_at(jobs, np.flatnonzero((start < c2) & (end > w + t)))}
     if len(first) != len(second):
         return f"{len(first)} arbiter jobs overlap the first cut's window, {len(second)} the second's"
     for a in first:
@@ -298,3 +298,17 @@ def jobs_repeat(jobs: Sequence[Job], cut: Cut, tag_later: Callable[[tuple], tupl
                 abs(min(b.end_s, c2) - min(a.end_s, c1) - t) > tol:
             return f"arbiter job {a.tag} drains at other times one period later"
     return None
+
+
+def _jobs_at(jobs: Sequence[Job], at: np.ndarray) -> list[Job]:
+    """[jobs[i] for i in at] (`at` ascending): over the compiled core's JobRows, which builds records on
+    reading, the span from the first to the last is built at once when `at` fills most of it (the same
+    records: JobRows.build of any span gives each job's values, its load and own objects shared)."""
+    if not len(at):
+        return []
+    lo, hi = int(at[0]), int(at[-1]) + 1
+    build = getattr(jobs, "build", None)
+    if build is None or hi - lo > 2 * len(at) + 64:
+        return list(map(jobs.__getitem__, at.tolist()))
+    span = build(lo, hi)
+    return list(map(span.__getitem__, (at - lo).tolist()))
