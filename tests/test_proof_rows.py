@@ -20,8 +20,9 @@ from test_schedule_arrays import scenarios
 from meshsim.sim.results.path_columns import PathColumns
 from meshsim.sim.results.period_keys import _absolute, _relative, key_index, later
 from meshsim.sim.results.period_path import extend_path, inside_an_op
-from meshsim.sim.results.period_proof import prove
+from meshsim.sim.results.period_proof import prove, ready_from
 from meshsim.sim.results.period_state import _jobs_at
+from meshsim.sim.results.run_arrays import StageOps, times_of_rank
 
 _EXAMPLES = settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
@@ -75,3 +76,19 @@ def test_extending_the_path_builds_no_names(case, engine):
     assume(not isinstance(proof, str))
     extend_path(run.path, run.schedules, run.log, proof)
     assert "names" not in run.path.__dict__
+
+
+@_EXAMPLES
+@given(case=scenarios(), engine=st.sampled_from(("compiled", "python")))
+def test_ready_times_off_one_pass_equal_both_defaults(case, engine):
+    """The host check's ready times (latest_wait_end with 0.0 for an op without deps), read off the causality
+    check's (-inf) by period_proof.ready_from, are bit for bit the direct ones, on every rank, also
+    with ends moved below zero (the 0.0 floor then decides)."""
+    rs, _, run = short_run_of(case, engine)
+    for rank in run.log.ranks:
+        s = run.schedules[rs.stage_of(rank)]
+        ops, t = StageOps.of(s), times_of_rank(run.log, rank, len(s.ops))
+        for end in (t.end, t.end - float(np.median(t.end))):
+            got = ready_from(ops, ops.latest_wait_end(end, -np.inf))
+            want = ops.latest_wait_end(end, 0.0)
+            assert got.tobytes() == want.tobytes()

@@ -75,6 +75,12 @@ class _Rank:
     issue: Sequence[float]
     transfers: list
 
+    @cached_property
+    def waits_end(self) -> np.ndarray:
+        """Per op: when its deps and stream predecessor had all finished (StageOps.latest_wait_end with
+        -inf for an op without deps), read by the causality and the host checks."""
+        return self.ops.latest_wait_end(self.t.end, -np.inf)
+
 
 def prove(schedules: Sequence[Schedule], log: EventLog, lead: int, unit: int, micro_batches: int,
           stage_of: Callable[[int], int], issue: Sequence[Sequence[float]], kappa: float,
@@ -152,7 +158,7 @@ def _drain_after_cut(proof: Proof, log: EventLog, r: _Rank) -> str | None:
     if late is not None:
         return f"{m.ops[m.end_regular + late].name} (rank {rank}) of the drain starts before the second cut"
     lo, hi = m.end_regular - m.period_ops, m.end_regular
-    waited = r.ops.latest_wait_end(t.end, -np.inf)[lo:hi] > c1  # some dep or predecessor unfinished
+    waited = r.waits_end[lo:hi] > c1  # some dep or predecessor unfinished
     blocked = phases(t.start[lo:hi], t.end[lo:hi], c1) == TODO
     bad = _first(~(blocked & waited))
     if bad is not None:
@@ -216,7 +222,7 @@ def _host(proof: Proof, log: EventLog, r: _Rank) -> str | None:
     if syncs is not None:
         reason = _synced_host(syncs, m, t, after, cut, host_s)
         return None if reason is None else f"rank {rank}: {reason}"
-    slack_s = _least_slack(t, r.ops, after, times)
+    slack_s = _least_slack(r, after, times)
     if slack_s < -cut.tol_s and abs(host_s - cut.period_s) > cut.tol_s:
         return (f"rank {rank} waits for its host after the first cut while the host issues a period in "
                 f"{host_s * 1e6:.4g} us and the GPU runs one in {cut.period_s * 1e6:.4g} us")
@@ -253,13 +259,22 @@ def _synced_host(syncs: HostSyncs, m: StageMap, t: RankTimes, after: np.ndarray,
     return None
 
 
-def _least_slack(t: RankTimes, stage: StageOps, after: np.ndarray, times: Sequence[float]) -> float:
+def _least_slack(r: _Rank, after: np.ndarray, times: Sequence[float]) -> float:
     """min over the FIFO ops starting after c1 (`after`) of (when deps and stream predecessor had finished,
-    which the engine waits for before it asks the host) - (when the host issued the op)."""
+    which the engine waits for before it asks the host) - (when the host issued the op). `ready` is
+    latest_wait_end(end, 0.0) read off r.waits_end (its -inf default): the two differ only at an op
+    without deps, where the one is its predecessor's end (-inf: none) and the other that end if above
+    0.0, else 0.0."""
     if not after.any():
         return 0.0
-    ready = stage.latest_wait_end(t.end, 0.0)
+    ready = ready_from(r.ops, r.waits_end)
     return float(np.min(ready[after] - np.asarray(times, np.float64)[after]))
+
+
+def ready_from(ops: StageOps, waits_end: np.ndarray) -> np.ndarray:
+    """ops.latest_wait_end(end, 0.0) from waits_end = ops.latest_wait_end(end, -inf), bit for bit."""
+    ptr = ops.dep_ptr
+    return np.where((ptr[1:] == ptr[:-1]) & ~(waits_end > 0.0), 0.0, waits_end)
 
 
 __all__ = ["DONE", "REL_TOL", "Proof", "prove", "stream_prev"]
