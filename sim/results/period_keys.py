@@ -7,7 +7,8 @@ batch (its micro-batch, ((send, direction, micro-batch, sender's virtual stage) 
 key i is mu of key i - P, and op i has the inputs of op i - P one period later. Keys are compared through
 their ids (the last op holding each key, as the key -> id map keeps it), so two keys are equal exactly when
 their ids are, and looked up through a KeyIndex (arrays, not a dict over every key); deps and host waits in
-CSR arrays; the work objects are compared in Python only where they are not one shared object.
+CSR arrays; the work objects are compared in Python only where they are not one shared object. Ids, codes
+and ordinals are np.intc where they fit (run_arrays.index_array: checked), arithmetic on them in int64.
 """
 
 from __future__ import annotations
@@ -29,10 +30,23 @@ _MB, _WORK, _DEPS = attrgetter("micro_batch"), attrgetter("work"), attrgetter("d
 _STATIC = tuple(attrgetter(a) for a in ("stream", "phase", "layer", "host_calls"))
 _WAIT = attrgetter("host_wait")
 _ORDINAL = itemgetter(1)
+_INTC = np.iinfo(np.intc)
 
 
-def _p2p_key(op: Op) -> Key:
-    return (op.micro_batch, tuple((t.send, t.direction, t.micro_batch, t.sender_vstage) for t in op.work.transfers))
+def _relative(mb, transfers) -> tuple:
+    """A P2P batch's key (mb, ((send, direction, micro-batch, sender's virtual stage), ...)) as (mb, each
+    transfer's micro-batch less mb): one to one for a given mb (ints), and later(key, unit) is (mb + unit,
+    the same second part), so the key one period later is looked up without building it. No micro-batch:
+    (None, the transfers' identities) as they are (later() leaves such a key alone)."""
+    if mb is None:
+        return (None, tuple((t.send, t.direction, t.micro_batch, t.sender_vstage) for t in transfers))
+    return (mb, tuple((t.send, t.direction, t.micro_batch - mb, t.sender_vstage) for t in transfers))
+
+
+def _absolute(rel: tuple) -> Key:
+    """The key of _relative's (mb, part)."""
+    mb, part = rel
+    return rel if mb is None else (mb, tuple((send, d, t_mb + mb, q) for send, d, t_mb, q in part))
 
 
 def op_keys(schedule: Schedule) -> list[Key]:
@@ -55,7 +69,6 @@ class KeyIndex:
     m's group in `order` (ops grouped by micro-batch code, ascending, in id order). P2P batches' keys are
     looked up in `p2p_id` (the last id holding each, as a dict keeps it)."""
 
-    mbs: list  # per op: its micro-batch (None: none)
     p2p: list[int]  # the ids of the P2P batches
     none: np.ndarray  # per op: it has no micro-batch
     code: np.ndarray  # per op: mb_codes
@@ -66,13 +79,34 @@ class KeyIndex:
     group_first: np.ndarray  # per group: where it starts in `order`
     group_size: np.ndarray
     none_code: int
-    p2p_key: dict[int, Key]  # P2P batch id -> its key
-    p2p_id: dict[Key, int]
+    p2p_rel: dict[int, tuple]  # P2P batch id -> its key as _relative gives it
+    rel_id: dict[tuple, int]  # _relative key -> the last P2P batch id holding it
+
+    @cached_property
+    def p2p_key(self) -> dict[int, Key]:
+        """P2P batch id -> its key, built on first use."""
+        return {i: _absolute(rel) for i, rel in self.p2p_rel.items()}
+
+    @cached_property
+    def mbs(self) -> list:
+        """Per op: its micro-batch (None: none), built on first use: `code` is the micro-batch itself
+        wherever the op has one (key_index)."""
+        mbs = self.code.tolist()
+        for i in np.flatnonzero(self.none).tolist():
+            mbs[i] = None
+        return mbs
+
+    @cached_property
+    def no_mb(self) -> memoryview:
+        """`none` as bytes (1: the op has no micro-batch), read one op at a time as a Python int."""
+        return memoryview(self.none.view(np.uint8))
 
     def key(self, op_id: int) -> Key:
         """op_keys(schedule)[op_id], without building the list."""
-        hit = self.p2p_key.get(op_id)
-        return hit if hit is not None else (self.mbs[op_id], int(self.ordinal[op_id]))
+        hit = self.p2p_rel.get(op_id)
+        if hit is not None:
+            return _absolute(hit)
+        return (None if self.no_mb[op_id] else int(self.code[op_id]), int(self.ordinal[op_id]))
 
     @cached_property
     def parts(self) -> tuple[list[Key], list, list[int]]:
@@ -84,7 +118,7 @@ class KeyIndex:
 
     def find(self, mbs: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
         """The id of key (mbs[k], ordinals[k]) for micro-batches (not None), -1 where no op has it."""
-        out = np.full(len(mbs), -1, np.int64)
+        out = np.full(len(mbs), -1, self.order.dtype)
         groups = len(self.group_code)
         if not groups or not len(mbs):
             return out
@@ -98,29 +132,31 @@ class KeyIndex:
     @cached_property
     def kid(self) -> np.ndarray:
         """Per op: the id its key has (the last op holding that key): itself but for repeated P2P keys."""
-        kid = np.arange(len(self.code))
-        for i, key in self.p2p_key.items():
-            kid[i] = self.p2p_id[key]
+        kid = np.arange(len(self.code), dtype=self.order.dtype)
+        rel_id = self.rel_id
+        for i, rel in self.p2p_rel.items():
+            kid[i] = rel_id[rel]
         return kid
 
     def later_ids(self, unit: int) -> np.ndarray:
         """Per op: the id of later(its key, unit), -1 where no op has it (an op of no micro-batch: its own
         key's id); what looking each later key up in the key -> id map gives."""
-        out = np.full(len(self.code), -1, np.int64)
+        out = np.full(len(self.code), -1, self.order.dtype)
         plain = np.flatnonzero(~self.none & ~self.p2p_mask)
-        out[plain] = self.find(self.code[plain] + unit, self.ordinal[plain])
+        out[plain] = self.find(self.code[plain].astype(np.int64) + unit, self.ordinal[plain])
         own = np.flatnonzero(self.none)
         out[own] = self.kid[own]
-        for i, key in self.p2p_key.items():
-            if key[0] is not None:
-                out[i] = self.p2p_id.get(later(key, unit), -1)
+        rel_id = self.rel_id
+        for i, (mb, part) in self.p2p_rel.items():  # later(key, unit) <=> (mb + unit, part): _relative
+            if mb is not None:
+                out[i] = rel_id.get((mb + unit, part), -1)
         return out
 
     def id_of(self, key: Key) -> int | None:
         """The id of `key` (the key -> id map's get)."""
         mb, tag = key
         if isinstance(tag, tuple):
-            return self.p2p_id.get(key)
+            return self.rel_id.get(key if mb is None else (mb, tuple((s, d, t_mb - mb, q) for s, d, t_mb, q in tag)))
         if mb is None:
             at = np.flatnonzero(self.group_code == self.none_code) if self.none.any() else []
             if not len(at) or not 0 <= tag < self.group_size[at[0]]:
@@ -151,15 +187,14 @@ def key_index(schedule: Schedule) -> KeyIndex:
     if fields is not None:  # the micro-batch column (NONE: None), not a pass over the ops
         mb = fields.micro_batch
         none = mb == NONE
-        mbs = mb.tolist()
-        for i in np.flatnonzero(none).tolist():
-            mbs[i] = None
         # mb_codes(mbs) off the int64 column: the same min - 1 code for none (-1 when none has one)
         code = np.where(none, int(mb[~none].min()) - 1 if not none.all() else -1, mb)
     else:
         mbs = list(map(_MB, ops))
         code = mb_codes(mbs)
         none = np.isnan(np.array(mbs, np.float64)) if n else np.zeros(0, bool)
+    code = index_array(code)  # np.intc when every micro-batch fits (checked)
+    ids = np.intc if n <= np.iinfo(np.intc).max else np.int64  # op ids and ordinals are below n
     if tiled is not None:
         p2p = np.flatnonzero(tiled.kind == 2).tolist()  # ScheduleArrays.kind: 2 for a P2P batch
     else:
@@ -167,16 +202,34 @@ def key_index(schedule: Schedule) -> KeyIndex:
     counted = np.ones(n, bool)
     counted[p2p] = False
     rows = np.flatnonzero(counted)
-    order = rows[np.argsort(code[rows], kind="stable")]  # each micro-batch's ops together, in id order
+    order = rows[np.argsort(code[rows], kind="stable")].astype(ids)  # each micro-batch's ops together, in id order
+    del rows
     grouped = code[order]
     first = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if len(order) else np.zeros(0, np.int64)
     sizes = np.diff(np.r_[first, len(order)])
-    ordinal = np.zeros(n, np.int64)
+    ordinal = np.zeros(n, ids)
     ordinal[order] = np.arange(len(order)) - np.repeat(first, sizes)
-    p2p_key = {i: _p2p_key(ops[i]) for i in p2p}
+    if fields is not None:  # works[index[i]] is op i's work, fields its micro-batch: no op record built
+        works, at, mb_of = schedule.work_table.works, schedule.work_table.index, fields.micro_batch
+        p2p_rel = {i: _relative(None if mb == NONE else mb, works[w].transfers)
+                   for i, w, mb in zip(p2p, at[p2p].tolist(), mb_of[p2p].tolist(), strict=True)}
+    else:
+        p2p_rel = {i: _relative(ops[i].micro_batch, ops[i].work.transfers) for i in p2p}
     none_code = int(code[none][0]) if none.any() else int(code.min()) - 1 if n else -1
-    return KeyIndex(mbs, p2p, none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code, p2p_key,
-                    {key: i for i, key in p2p_key.items()})
+    return KeyIndex(p2p, none, code, ordinal, ~counted, order, grouped[first], first, sizes, none_code, p2p_rel,
+                    {rel: i for i, rel in p2p_rel.items()})
+
+
+def index_array(values: np.ndarray) -> np.ndarray:
+    """`values` (integers) as np.intc when every one fits in it (checked: min and max), else as int64; an
+    np.intc array is returned as it is (no copy). Comparisons and indexing with either give the same
+    answers; arithmetic on them that could leave the range (an id plus a count) is done in int64."""
+    values = np.asarray(values)
+    if values.dtype == np.intc:
+        return values
+    if not len(values) or (int(values.min()) >= _INTC.min and int(values.max()) <= _INTC.max):
+        return values.astype(np.intc)
+    return values.astype(np.int64)
 
 
 def mb_codes(mbs: list) -> np.ndarray:
@@ -257,8 +310,8 @@ def regular_mask(ops: Sequence[Op], index: KeyIndex, p: int, unit: int,
             good &= values[p:] == values[:-p]
         else:
             good &= _pairs_equal(list(map(field, ops)), p)
-    if tiled is not None:  # ids are positions: the tiled host waits are the ops' (-1: none)
-        hw = tiled.host_wait.astype(np.int64)
+    if tiled is not None:  # ids are positions: the tiled host waits are the ops' (-1: none; np.intc, read only)
+        hw = tiled.host_wait
     else:
         waits = list(map(_WAIT, ops))
         hw = np.array([-1 if w is None else w for w in waits], np.int64)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -102,14 +103,33 @@ def extend_path(path: Sequence[Segment] | PathColumns, schedules: Sequence[Sched
               for s in path[s2:])]
 
 
-def _segs(path: Sequence[Segment] | PathColumns, first: int, last: int) -> list[Segment]:
-    """Segments first..last of the path."""
+def _segs(path: Sequence[Segment] | PathColumns, first: int, last: int) -> list[_Seg]:
+    """What _segments_repeat reads of segments first..last of the path: over PathColumns read off the
+    columns as PathColumns.segment reads them, without the names (PathColumns.names would build every
+    segment's name, which the extended path, a new PathColumns, builds again for the result)."""
     if isinstance(path, PathColumns):
-        return [path.segment(k) for k in range(first, last + 1)]
-    return list(path[first:last + 1])
+        return [_Seg(path.categories[int(path.category[k])], int(path.rank[k]), float(path.start_us[k]),
+                     float(path.dur_us[k]), _op_at(path, k)) for k in range(first, last + 1)]
+    return [_Seg(s.category, s.rank, s.start_us, s.dur_us, s.op_id) for s in path[first:last + 1]]
 
 
-def _segments_repeat(a: Sequence[Segment], b: Sequence[Segment], proof: Proof) -> bool:
+class _Seg(NamedTuple):
+    """The fields of a Segment _segments_repeat compares."""
+
+    category: str
+    rank: int
+    start_us: float
+    dur_us: float
+    op_id: int | None
+
+
+def _op_at(path: PathColumns, k: int) -> int | None:
+    """Segment k's op id (None: a wait), as PathColumns.segment reads it."""
+    op = int(path.op_id[k])
+    return None if op < 0 else op
+
+
+def _segments_repeat(a: Sequence[_Seg], b: Sequence[_Seg], proof: Proof) -> bool:
     tol_us, shift_us = proof.cut.tol_s * 1e6, proof.cut.period_s * 1e6
     if len(a) != len(b):
         return False
@@ -141,20 +161,21 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
     settled = settled_steps(path, spans, schedules, log, proof, images=True) if skip_settled else None
     if settled is not None:
         spans = [spans[i] for i in np.flatnonzero(~settled).tolist()]
-    for _, last in spans:
-        seg = path.segment(last) if isinstance(path, PathColumns) else path[last]
-        events = by[seg.rank]
-        ev = events[seg.op_id]
-        stage = proof.stage_of(seg.rank)
+    columns = isinstance(path, PathColumns)
+    for _, last in spans:  # over PathColumns the step's rank and op id off the columns (no names built)
+        rank, op_id = (int(path.rank[last]), _op_at(path, last)) if columns else (path[last].rank, path[last].op_id)
+        events = by[rank]
+        ev = events[op_id]
+        stage = proof.stage_of(rank)
         if stage not in prev_of:
             prev_of[stage] = _PrevOf(stream_prev_ids(proof, stage))
-        op, prev, m = schedules[stage].ops[seg.op_id], prev_of[stage], proof.maps[stage]
+        op, prev, m = schedules[stage].ops[op_id], prev_of[stage], proof.maps[stage]
         if isinstance(op.work, P2P):
-            if seg.rank not in order:
-                order[seg.rank] = by_end(log, seg.rank, events)
-            cands = _before(*order[seg.rank], ev, ev.start_s + ev.wait_s)
+            if rank not in order:
+                order[rank] = by_end(log, rank, events)
+            cands = _before(*order[rank], ev, ev.start_s + ev.wait_s)
             if cands and cands[-1].end_s <= c1:
-                return f"critical path at {ev.name} (rank {seg.rank}): the rank idles across the first cut"
+                return f"critical path at {ev.name} (rank {rank}): the rank idles across the first cut"
         else:
             cands = [events[d] for d in op.deps]
             if prev[op.id] is not None:
@@ -162,12 +183,12 @@ def decisions_repeat(path: Sequence[Segment], spans: Sequence[tuple[int, int]], 
             if ev.start_s < c2:
                 later = m.mu(op.id)
                 if later is None or not m.first_regular <= later < m.end_regular or _mu(m, prev[op.id]) != prev[later]:
-                    return f"critical path at {ev.name} (rank {seg.rank}): its image has another stream predecessor"
+                    return f"critical path at {ev.name} (rank {rank}): its image has another stream predecessor"
         if all(e.end_s >= c1 for e in cands):
             continue  # all periodic, ids from first_regular - P on (older ops are done by c1): same choice
-        reason = _choice_repeats(cands, proof, seg.rank, events)
+        reason = _choice_repeats(cands, proof, rank, events)
         if reason is not None:
-            return f"critical path at {ev.name} (rank {seg.rank}): {reason}"
+            return f"critical path at {ev.name} (rank {rank}): {reason}"
     return None
 
 

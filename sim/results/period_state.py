@@ -8,7 +8,7 @@ stage's ops per period, so that mu(op i) = op i + P throughout the regular part 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from operator import attrgetter
@@ -35,7 +35,7 @@ class StageMap:
     period_ops: int  # P
     first_regular: int
     end_regular: int
-    mu_ids: memoryview  # per op: the id of later(its key, unit), -1: none (KeyIndex.later_ids; read as ints)
+    mu_ids: memoryview  # per op: the id of later(its key, unit), -1: none (KeyIndex.later_ids, np.intc; read as ints)
 
     @property
     def keys(self) -> list[Key]:
@@ -46,7 +46,7 @@ class StageMap:
         return dict(zip(self.keys, range(len(self.keys)), strict=True))
 
     def mu(self, op_id: int) -> int | None:
-        if self.index.mbs[op_id] is None:
+        if self.index.no_mb[op_id]:
             return op_id
         later_id = self.mu_ids[op_id]
         return None if later_id < 0 else later_id
@@ -76,7 +76,7 @@ def stage_map(schedule: Schedule, lead: int, unit: int, deps: tuple[np.ndarray, 
     start = p + int(breaks[-1]) + 1 if len(breaks) else min(p, second)
     if end - start < p:
         return f"stage {schedule.stage}: fewer than one period of ops repeats one period later"
-    return StageMap(ops, index, unit, p, start, end, memoryview(np.ascontiguousarray(mu, np.int64)))
+    return StageMap(ops, index, unit, p, start, end, memoryview(np.ascontiguousarray(mu)))
 
 
 def mu_tag(tag: tuple, maps: Callable[[int], StageMap], unit: int) -> tuple | None:
@@ -116,31 +116,98 @@ def time_values(log: EventLog, lo: float, hi: float) -> np.ndarray:
     return np.sort(vals[(vals >= lo) & (vals <= hi)])
 
 
+def change_times(log: EventLog, lo: float, hi: float) -> np.ndarray:
+    """The values of time_values(log, lo, hi) (each at least once), unsorted: a rendezvous end start +
+    wait with wait == 0 is the start itself (x + 0.0 == x), so it is not repeated."""
+    cols = log.columns()
+    near = (cols.end_s >= lo) & (cols.start_s <= hi)
+    start, wait = cols.start_s[near], cols.wait_s[near]
+    waited = wait != 0
+    parts = [start, start[waited] + wait[waited], cols.end_s[near]]
+    del near, wait, waited
+    for which in ("transfers", "jobs"):
+        if getattr(log, which):
+            s_, e_ = log.span_times(which)
+            keep = (e_ >= lo) & (s_ <= hi)
+            parts += [s_[keep], e_[keep]]
+    vals = np.concatenate(parts)
+    del parts, start
+    return vals[(vals >= lo) & (vals <= hi)]
+
+
+_SCANNED = 16  # candidates whose neighbours one period later are found by a scan; the rest after one sort
+
+
 def choose_cut(log: EventLog, lo: float, period_s: float, tol_s: float,
                good: Callable[[float], bool] = lambda c: True) -> float | None:
     """A time c in [lo, lo + T) at least 4 tol from every state change, with c + T too: the middle of the
     widest gap between changes that `good` accepts, else of the widest gap (None if none is wide enough).
-    Gaps are taken widest first, ties by the later middle (as sorting (width, middle) pairs in reverse)."""
-    vals = time_values(log, lo, lo + 2 * period_s + tol_s)
-    inside = np.append(vals[vals < lo + period_s], lo + period_s)
+    Gaps are taken widest first, ties by the later middle (as sorting (width, middle) pairs in reverse).
+
+    Only the changes before lo + T are sorted (the gaps); `near` (the distance from c + T to the change
+    just before it and the one at or after it, as bisect_left on all of them sorted finds them) is found
+    for the first _SCANNED candidates by a max and a min over the unsorted changes, and for any later
+    ones after sorting them all; the candidates come widest first (_widest_first), not all sorted."""
+    vals = change_times(log, lo, lo + 2 * period_s + tol_s)
+    inside = np.append(np.sort(vals[vals < lo + period_s]), lo + period_s)
     before = np.concatenate(([lo], inside[:-1]))
     widths, mids = inside - before, (before + inside) / 2
-    order = np.lexsort((mids, widths))[::-1]
-    order = order[widths[order] >= 8 * tol_s]  # the loop stopped at the first narrower gap
-    cands = mids[order]
-    shifted = cands + period_s
-    i = np.searchsorted(vals, shifted, side="left")  # bisect_left
-    near = np.full(len(cands), period_s)  # min(..., default=period_s) when vals is empty
-    if len(vals):
-        left = np.abs(vals[np.maximum(i - 1, 0)] - cands - period_s)
-        right = np.abs(vals[np.minimum(i, len(vals) - 1)] - cands - period_s)
-        near = np.minimum(np.where(i > 0, left, np.inf), np.where(i < len(vals), right, np.inf))
-    fallback = None
-    for c in cands[near > 4 * tol_s].tolist():
+    del inside, before
+    wide = np.flatnonzero(widths >= 8 * tol_s)  # the loop stopped at the first narrower gap
+    widths, mids = widths[wide], mids[wide]
+    del wide
+    fallback, everything = None, None
+    for k, c in enumerate(_widest_first(widths, mids)):
+        if k < _SCANNED:
+            near = _near_scan(vals, c, period_s)
+        else:
+            everything = np.sort(vals) if everything is None else everything
+            near = _near_sorted(everything, c, period_s)
+        if not near > 4 * tol_s:
+            continue
         if good(c):
             return c
         fallback = c if fallback is None else fallback
     return fallback
+
+
+def _widest_first(widths: np.ndarray, mids: np.ndarray) -> Iterator[float]:
+    """mids[np.lexsort((mids, widths))[::-1]], one at a time, without sorting them all: a block of the
+    widest (every gap at least as wide as the block's narrowest, so the block is a prefix of that order,
+    its own lexsort its order) is sorted when reached, then the next, each twice as long."""
+    left, size = np.arange(len(widths)), _SCANNED
+    while len(left):
+        if len(left) > size:
+            floor = np.partition(widths[left], len(left) - size)[len(left) - size]
+            block = left[widths[left] >= floor]
+            left = left[widths[left] < floor]
+        else:
+            block, left = left, left[:0]
+        yield from mids[block[np.lexsort((mids[block], widths[block]))[::-1]]].tolist()
+        size *= 2
+
+
+def _near_scan(vals: np.ndarray, c: float, period_s: float) -> float:
+    """min(|v - c - T|) over v the last change before c + T and the first at or after it (period_s where
+    there is none): the neighbours bisect_left finds in the sorted changes, found by a max and a min."""
+    shifted = c + period_s
+    below = vals < shifted
+    out = period_s if not len(vals) else np.inf
+    if below.any():
+        out = min(out, abs(float(vals[below].max()) - c - period_s))
+    if not below.all():
+        out = min(out, abs(float(vals[~below].min()) - c - period_s))
+    return out
+
+
+def _near_sorted(vals: np.ndarray, c: float, period_s: float) -> float:
+    """_near_scan on the changes sorted (bisect_left)."""
+    if not len(vals):
+        return period_s
+    i = int(np.searchsorted(vals, c + period_s, side="left"))
+    left = abs(float(vals[i - 1]) - c - period_s) if i > 0 else np.inf
+    right = abs(float(vals[i]) - c - period_s) if i < len(vals) else np.inf
+    return min(left, right)
 
 
 DONE, RUNNING, TODO = 0, 1, 2
@@ -218,8 +285,8 @@ def jobs_repeat(jobs: Sequence[Job], cut: Cut, tag_later: Callable[[tuple], tupl
                                                    np.fromiter(map(_END, jobs), np.float64, len(jobs)))
     draining = start[(start < c1) & (c1 < end)]  # the comparisons and the min are exact: the loops' values
     w = float(draining.min()) if len(draining) else c1
-    first = list(map(jobs.__getitem__, np.flatnonzero((start < c1) & (end > w)).tolist()))
-    second = {j.tag: j for j in map(jobs.__getitem__, np.flatnonzero((start < c2) & (end > w + t)).tolist())}
+    first = _jobs_at(jobs, np.flatnonzero((start < c1) & (end > w)))
+    second = {j.tag: j for j in _jobs_at(jobs, np.flatnonzero((start < c2) & (end > w + t)))}
     if len(first) != len(second):
         return f"{len(first)} arbiter jobs overlap the first cut's window, {len(second)} the second's"
     for a in first:
@@ -231,3 +298,17 @@ def jobs_repeat(jobs: Sequence[Job], cut: Cut, tag_later: Callable[[tuple], tupl
                 abs(min(b.end_s, c2) - min(a.end_s, c1) - t) > tol:
             return f"arbiter job {a.tag} drains at other times one period later"
     return None
+
+
+def _jobs_at(jobs: Sequence[Job], at: np.ndarray) -> list[Job]:
+    """[jobs[i] for i in at] (`at` ascending): over the compiled core's JobRows, which builds records on
+    reading, the span from the first to the last is built at once when `at` fills most of it (the same
+    records: JobRows.build of any span gives each job's values, its load and own objects shared)."""
+    if not len(at):
+        return []
+    lo, hi = int(at[0]), int(at[-1]) + 1
+    build = getattr(jobs, "build", None)
+    if build is None or hi - lo > 2 * len(at) + 64:
+        return list(map(jobs.__getitem__, at.tolist()))
+    span = build(lo, hi)
+    return list(map(span.__getitem__, (at - lo).tolist()))

@@ -206,20 +206,21 @@ def simulate_steady(rs: ResolvedScenario, *, explicit_ranks: bool = False, force
         again = steady_state.extrapolate(run, retry, rs.micro_batches, rs.stage_of, rs.pp > 1, count_collectives_between)
         ex = again if not isinstance(again, str) else f"{ex}; with the cuts {retry.lead - plan.lead} " \
                                                       f"micro-batches later: {again}"
-    release_freed_memory()  # the proof's temporaries
+    schedules, ranks = run.schedules, run.log.ranks
+    del run  # the run's log, path and issue times: the result reads the extrapolated events and path
+    release_freed_memory()  # the proof's temporaries, the run's arrays the events do not share
     if isinstance(ex, str):
         return None, ex
     collectives = [row for stage in range(rs.pp) for row in coster.rows(
         Counter({key[1:]: c for key, c in ex.collective_counts.items() if key[0] == stage}),
         stage * rs.stage_size)]
-    ranks = run.log.ranks
-    by_op = {} if lean else rows_by_event(run.schedules, collectives, ranks, rs.stage_size)
+    by_op = {} if lean else rows_by_event(schedules, collectives, ranks, rs.stage_size)
     return assemble(rs, ex.step_s, events_of_rank(ex.events, ranks[0]), ex.breakdown_s, ex.path,
                     memory=memory_per_gpu(rs), model_flops=model_flops_per_step(rs), collectives=collectives,
                     explicit_ranks=explicit_ranks, simulated_ranks=len(ranks),
                     ops_per_rank=ex.ops_per_rank, events=() if lean else ex.events, steady_state=ex.state,
                     hardware_flops=hardware_flops_per_step(rs), op_collectives=by_op,
-                    rank_groups=rank_groups(rs, run.schedules, ranks), schedules=run.schedules, lean=lean), ""
+                    rank_groups=rank_groups(rs, schedules, ranks), schedules=schedules, lean=lean), ""
 
 
 def simulate(rs: ResolvedScenario, *, explicit_ranks: bool = False, full: bool = False,
