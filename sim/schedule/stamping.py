@@ -10,7 +10,7 @@ backward. Each block's `ext` input is the output of the block before it.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
@@ -43,6 +43,26 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
     if record is not None:
         record.add(s, base, ext_vals, gate, layer, mb, prefix)
     return base
+
+
+Link = tuple  # (template, block name, layer, ext key or None): one block of a chain (stamp_chain)
+
+
+def stamp_chain(ops: list[Op], links: Sequence[Link], mb: int, x: int | None) -> list[int]:
+    """Stamp `links` in turn for micro-batch `mb`, each block named "{block}.mb{mb}." and fed (under its ext
+    key; none: no input) by the output mark of the block before it, the first by `x`: the bases. The same
+    as stamp(tpl, ops, f"{block}.mb{mb}.", {key: x} if key else {}, layer, mb) per link, x = base +
+    tpl.marks["out"] after each, which it is for any list but a StageOps (StageOps.add_chain: one call per
+    chain, not per block; tests/test_build_chain.py compares the two)."""
+    add_chain = getattr(ops, "add_chain", None)
+    if add_chain is not None:
+        return add_chain(links, mb, x)
+    bases = []
+    for tpl, block, layer, key in links:
+        base = stamp(tpl, ops, f"{block}.mb{mb}.", {key: x} if key else {}, layer, mb)
+        bases.append(base)
+        x = base + tpl.marks["out"]
+    return bases
 
 
 def stamp_records(s: Stencil, base: int, prefix: str, ext_vals: tuple, layer: int | None, mb: int | None,
