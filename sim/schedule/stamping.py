@@ -119,16 +119,21 @@ class Block:
 
 def micro_batch_blocks(t: Any, layers: int, mb: int) -> list[Block]:
     """The blocks of micro-batch `mb` in run order, from the step's templates `t` (builder.Templates)."""
-    embed, head, amax = f"{K.EMBED_BLOCK}.mb{mb}.", f"{K.HEAD_BLOCK}.mb{mb}.", f"{K.FP8_BLOCK}.mb{mb}."
-    blocks = [Block(t.embed_fwd, embed, None, None, False)]
-    blocks += [Block(t.layer_fwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer, "in", False)
-               for layer in range(layers)]
+    return [Block(tpl, f"{block}.mb{mb}.", layer, key, backward)
+            for (tpl, block, layer, key), backward in zip(*micro_batch_links(t, layers), strict=True)]
+
+
+def micro_batch_links(t: Any, layers: int) -> tuple[tuple[Link, ...], tuple[bool, ...]]:
+    """One micro-batch's blocks in run order as stamp_chain's links (block name, no micro-batch), and which
+    of them are backward blocks: micro_batch_blocks' order, for any micro-batch."""
+    fwd = [(t.embed_fwd, K.EMBED_BLOCK, None, None)]
+    fwd += [(t.layer_fwd(layer), K.layer_block(layer), layer, "in") for layer in range(layers)]
     if t.amax is not None:
-        blocks.append(Block(t.amax[0], amax, None, "in", False))
-    blocks += [Block(t.head_fwd, head, None, "in", False), Block(t.head_bwd, head, None, "loss", True)]
-    blocks += [Block(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer, "gin", True)
-               for layer in reversed(range(layers))]
+        fwd.append((t.amax[0], K.FP8_BLOCK, None, "in"))
+    fwd.append((t.head_fwd, K.HEAD_BLOCK, None, "in"))
+    bwd = [(t.head_bwd, K.HEAD_BLOCK, None, "loss")]
+    bwd += [(t.layer_bwd(layer), K.layer_block(layer), layer, "gin") for layer in reversed(range(layers))]
     if t.amax is not None:
-        blocks.append(Block(t.amax[1], amax, None, "gin", True))
-    blocks.append(Block(t.embed_bwd, embed, None, "gin", True))
-    return blocks
+        bwd.append((t.amax[1], K.FP8_BLOCK, None, "gin"))
+    bwd.append((t.embed_bwd, K.EMBED_BLOCK, None, "gin"))
+    return tuple(fwd + bwd), (False,) * len(fwd) + (True,) * len(bwd)
