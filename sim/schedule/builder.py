@@ -46,7 +46,7 @@ from meshsim.sim.schedule.param_gather import fill_param_gathers, reserved_gathe
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 from meshsim.sim.schedule.stage_ops import op_list
-from meshsim.sim.schedule.stamping import gc_paused, micro_batch_blocks, stamp
+from meshsim.sim.schedule.stamping import gc_paused, micro_batch_links, stamp_chain
 from meshsim.sim.schedule.template import Template
 
 
@@ -86,17 +86,17 @@ class Templates:
 
 
 def _micro_batch(ops: list[Op], t: Templates, layers: int, mb: int, grads: list[tuple[int, int]] | None,
-                 expert_grads: list[tuple[int, int]] | None = None) -> None:
-    """Stamp one micro-batch's forward and backward; record gradient producers into `grads` (and the routed
-    experts' into `expert_grads`) if given."""
-    x = 0
-    for b in micro_batch_blocks(t, layers, mb):
-        base = stamp(b.tpl, ops, b.prefix, {b.ext_key: x} if b.ext_key else {}, b.layer, mb)
-        x = base + b.tpl.marks["out"]
-        if b.backward and grads is not None:
-            grads += [(base + i, n) for i, n in b.tpl.grads]
-        if b.backward and expert_grads is not None:
-            expert_grads += [(base + i, n) for i, n in b.tpl.expert_grads]
+                 expert_grads: list[tuple[int, int]] | None = None, links: tuple | None = None) -> None:
+    """Stamp one micro-batch's forward and backward as one chain (stamping.stamp_chain); record gradient
+    producers into `grads` (and the routed experts' into `expert_grads`) if given. `links`:
+    stamping.micro_batch_links(t, layers), when the caller has them (the same for every micro-batch)."""
+    chain, backward = links if links is not None else micro_batch_links(t, layers)
+    bases = stamp_chain(ops, chain, mb, 0)
+    for (tpl, *_), base, bwd in zip(chain, bases, backward, strict=True):
+        if bwd and grads is not None:
+            grads += [(base + i, n) for i, n in tpl.grads]
+        if bwd and expert_grads is not None:
+            expert_grads += [(base + i, n) for i, n in tpl.expert_grads]
 
 
 def _grad_params(t: Templates, layers: int, expert: bool = False) -> list[int]:
@@ -246,9 +246,10 @@ def _build_schedule(rs: ResolvedScenario) -> Schedule:
     elif p.moe_ep_overlap:  # Megatron's combined 1F1B (sim/schedule/ep_overlap.py)
         combined_micro_batches(ops, t, model.layers, rs.micro_batches, p.delay_wgrad_compute, grads, expert_grads)
     else:
+        links = micro_batch_links(t, model.layers)
         for mb in range(rs.micro_batches):
             last = mb == rs.micro_batches - 1
-            _micro_batch(ops, t, model.layers, mb, grads if last else None, expert_grads if last else None)
+            _micro_batch(ops, t, model.layers, mb, grads if last else None, expert_grads if last else None, links)
     params, expert_params = sum(n for _, n in grads), sum(n for _, n in expert_grads)
     cfg = dp_config(rs, t, params, expert_params)
     ops += step_end_ops(len(ops), grads, len(ops) - 1, cfg, [] if p.fsdp else None, expert_grads)

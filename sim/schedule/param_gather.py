@@ -19,7 +19,6 @@ when the network keeps up. Without dp_overlap the gathers trail the optimizer (s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import compress, islice
 from operator import attrgetter
 
@@ -80,13 +79,20 @@ def fill_param_gathers(ops: list[Op | None] | StageOps, buckets: list[Bucket], p
     gated ops are rebuilt: ids stay list positions."""
     n = len(buckets)
     assert list(ops[:n]) == [None] * n and _ids_are_positions(ops, n)
-    first = _first_forward_use(ops, n, {_owner(ops[p]) for b in buckets for p in b.producers})
+    owner = {p: _owner_at(ops, p) for b in buckets for p in b.producers}  # (a producer is never a reserved slot)
+    first = _first_forward_use(ops, n, set(owner.values()))
     gates: dict[int, list[int]] = {}
     for new_id, (i, bucket) in enumerate(reversed(list(enumerate(buckets)))):
         gather = param_gather(bucket, param_bytes)
         ops[new_id] = Op(new_id, f"dp.bucket{i}.all_gather", "dp_comm", "dp_comm", "opt", gather)
-        for consumer in sorted({first[_owner(ops[p])] for p in bucket.producers}):
+        for consumer in sorted({first[owner[p]] for p in bucket.producers}):
             gates.setdefault(consumer, []).append(new_id)
     for consumer, gathers in gates.items():
-        ops[consumer] = replace(ops[consumer], deps=ops[consumer].deps + tuple(gathers))
+        op = ops[consumer]
+        ops[consumer] = op._replace(deps=op.deps + tuple(gathers))  # (dataclasses.replace's record)
     return ops
+
+
+def _owner_at(ops: Sequence[Op] | StageOps, p: int) -> tuple:
+    """_owner(ops[p]); of a StageOps without building the record."""
+    return owner_of(*ops.layer_name(p)) if isinstance(ops, StageOps) else _owner(ops[p])

@@ -25,8 +25,6 @@ optimizer's parameter all-gathers (sim/schedule/param_gather.py).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.schedule import op_keys as K
 from meshsim.sim.schedule.builder import (
@@ -37,7 +35,6 @@ from meshsim.sim.schedule.builder import (
     gather_param_bytes,
     gathers_overlap,
     layers_dp_params,
-    stamp,
     step_templates,
     weight_cast_op,
 )
@@ -54,7 +51,7 @@ from meshsim.sim.schedule.pipeline_layout import ChunkLayout, pipeline_layout
 from meshsim.sim.schedule.run_settings import grad_reduce_bytes
 from meshsim.sim.schedule.shapes import LayerDims, layer_dims
 from meshsim.sim.schedule.stage_ops import StageOps, op_list
-from meshsim.sim.schedule.stamping import gc_paused
+from meshsim.sim.schedule.stamping import gc_paused, stamp_chain
 from meshsim.sim.schedule.tiling import OpList
 
 
@@ -79,7 +76,7 @@ def _gate(ops: StageOps | OpList, op_id: int, gate: tuple[int, ...]) -> None:
     deps = ops.deps_of(op_id)
     extra = tuple(g for g in gate if g not in deps)
     if extra:
-        ops[op_id] = replace(ops[op_id], deps=deps + extra)
+        ops[op_id] = ops[op_id]._replace(deps=deps + extra)  # (dataclasses.replace's record, without its frame)
 
 
 class _Stage:
@@ -103,6 +100,7 @@ class _Stage:
         # parallel.moe_ep_overlap: Megatron's schedule plans (sim/schedule/pipeline_combined.py)
         self.emitter = Emitter(self.ops, rs.scenario.parallel.delay_wgrad_compute)
         self.chains: dict[tuple[int, int], Chain] = {}  # (micro-batch, chunk) -> its plan
+        self.links: dict[tuple[int, str], tuple] = {}  # (chunk, "F" / "B") -> its blocks (stamp_chain's links)
 
     def comm(self, step: Comm, before: tuple[int, ...] | None = None) -> None:
         """Post one P2P batch; it waits for `before` (default: the blocking item or the compute before it)."""
@@ -149,36 +147,48 @@ class _Stage:
         self.last_item = self.last_compute = (out,)
 
     def forward(self, ch: ChunkLayout, mb: int, x: int | None) -> int:
-        t, ops = self.t, self.ops
-        if ch.embedding:
-            x = stamp(t.embed_fwd, ops, f"{K.EMBED_BLOCK}.mb{mb}.", {}, None, mb) + t.embed_fwd.marks["out"]
-        for layer in ch.layers:
-            fwd = t.layer_fwd(layer)
-            x = stamp(fwd, ops, f"{K.layer_block(layer)}.mb{mb}.", {"in": x}, layer, mb) + fwd.marks["out"]
-        amax = self.amax.get(tuple(ch.layers))
-        if amax is not None:
-            x = stamp(amax[0], ops, f"{K.FP8_BLOCK}.c{ch.chunk}.mb{mb}.", {"in": x}, None, mb) + amax[0].marks["out"]
+        links = self.links.get((ch.chunk, "F"))
+        if links is None:
+            links = self.links[(ch.chunk, "F")] = self.forward_links(ch)
+        if not links:  # a chunk of no block: its input passes through
+            return x
+        bases = stamp_chain(self.ops, links, mb, x)
         if ch.head:
-            x = stamp(t.head_fwd, ops, f"{K.HEAD_BLOCK}.mb{mb}.", {"in": x}, None, mb) + t.head_fwd.marks["out"]
-            self.loss[(mb, ch.chunk)] = x
-        return x
+            self.loss[(mb, ch.chunk)] = bases[-1] + links[-1][0].marks["out"]
+        return bases[-1] + links[-1][0].marks["out"]
+
+    def forward_links(self, ch: ChunkLayout) -> tuple:
+        """A chunk's forward blocks (stamping.stamp_chain's links): embedding, layers, amax, head."""
+        t = self.t
+        links = [(t.embed_fwd, K.EMBED_BLOCK, None, None)] if ch.embedding else []
+        links += [(t.layer_fwd(layer), K.layer_block(layer), layer, "in") for layer in ch.layers]
+        amax = self.amax.get(tuple(ch.layers))
+        links += [(amax[0], f"{K.FP8_BLOCK}.c{ch.chunk}", None, "in")] if amax is not None else []
+        links += [(t.head_fwd, K.HEAD_BLOCK, None, "in")] if ch.head else []
+        return tuple(links)
 
     def backward(self, ch: ChunkLayout, mb: int, g: int | None) -> int:
-        t = self.t
-        blocks = [(t.head_bwd, f"{K.HEAD_BLOCK}.mb{mb}.", None)] if ch.head else []
-        blocks += [(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer) for layer in reversed(ch.layers)]
-        amax = self.amax.get(tuple(ch.layers))
-        blocks += [(amax[1], f"{K.FP8_BLOCK}.c{ch.chunk}.mb{mb}.", None)] if amax is not None else []
-        blocks += [(t.embed_bwd, f"{K.EMBED_BLOCK}.mb{mb}.", None)] if ch.embedding else []
-        ext, g = ("loss", self.loss[(mb, ch.chunk)]) if ch.head else ("gin", g)
-        record = mb == self.rs.micro_batches - 1  # DP reduces the last micro-batch's gradients
-        for tpl, prefix, layer in blocks:
-            base = stamp(tpl, self.ops, prefix, {ext: g}, layer, mb)
-            g, ext = base + tpl.marks["out"], "gin"
-            if record:
+        links = self.links.get((ch.chunk, "B"))
+        if links is None:
+            links = self.links[(ch.chunk, "B")] = self.backward_links(ch)
+        if not links:
+            return g
+        bases = stamp_chain(self.ops, links, mb, self.loss[(mb, ch.chunk)] if ch.head else g)
+        if mb == self.rs.micro_batches - 1:  # DP reduces the last micro-batch's gradients
+            for (tpl, *_), base in zip(links, bases, strict=True):
                 self.grads[ch.chunk] += [(base + i, n) for i, n in tpl.grads]
                 self.expert_grads[ch.chunk] += [(base + i, n) for i, n in tpl.expert_grads]
-        return g
+        return bases[-1] + links[-1][0].marks["out"]
+
+    def backward_links(self, ch: ChunkLayout) -> tuple:
+        """A chunk's backward blocks: head (on the loss), layers last to first, amax, embedding (on "gin")."""
+        t = self.t
+        links = [(t.head_bwd, K.HEAD_BLOCK, None)] if ch.head else []
+        links += [(t.layer_bwd(layer), K.layer_block(layer), layer) for layer in reversed(ch.layers)]
+        amax = self.amax.get(tuple(ch.layers))
+        links += [(amax[1], f"{K.FP8_BLOCK}.c{ch.chunk}", None)] if amax is not None else []
+        links += [(t.embed_bwd, K.EMBED_BLOCK, None)] if ch.embedding else []
+        return tuple((*link, "loss" if ch.head and k == 0 else "gin") for k, link in enumerate(links))
 
 
 def _chunk_grad_params(t: Templates, ch: ChunkLayout, expert: bool = False) -> list[int]:

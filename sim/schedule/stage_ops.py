@@ -6,9 +6,11 @@ afterwards (a gate added to a block's first op, the parameter gathers' consumers
 without making an Op record per stamped op: a stamp is one entry (base, stencil, ext inputs, layer,
 micro-batch, prefix), appended and replaced ops are kept as records ("loose", as StampedOps keeps them), and
 the entry ops of a gated stamp are kept as their records (deps + gate, as stamping.stamp_records builds them).
-What the builder reads of its own ops it reads without the records: `deps_of` (a gate), `where` (the
-parameter gathers' first forward users, sim/schedule/param_gather.py), a single record built on demand
-(`ops[i]`), iteration in either direction one stamp at a time.
+A chunk's blocks are stamped as one chain (`add_chain`, stamping.stamp_chain: each block fed by the output of
+the one before it), one call per (micro-batch, chunk) instead of one per block. What the builder reads of its
+own ops it reads without the records: `deps_of` (a gate), `where` (the parameter gathers' first forward
+users, sim/schedule/param_gather.py), `layer_name` (the owner of a gradient producer), a single record built
+on demand (`ops[i]`), iteration in either direction one stamp at a time.
 
 `frozen` gives what the schedule holds: the same StampedOps (or, under tiling.STAMPED_MIN_OPS ops, the same
 tuple of records) that tiling.OpList.frozen gives for the same builder calls, and `tiling` is the same
@@ -19,14 +21,14 @@ the two builds equal (records, stamps, loose ops, arrays, work tables, fields) o
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 
 from meshsim.sim.schedule import tiling
 from meshsim.sim.schedule.ops import Op, new_op
 from meshsim.sim.schedule.stamped_ops import StampedOps
 from meshsim.sim.schedule.stamping import stamp_records
-from meshsim.sim.schedule.stencil import Stencil
+from meshsim.sim.schedule.stencil import Stencil, stencil_of
 from meshsim.sim.schedule.tiling import OpList, Tiling
 
 LAZY = True  # the builders' op list: StageOps; False: tiling.OpList, every record built as stamped (the reference)
@@ -52,13 +54,21 @@ class StageOps(StampedOps):
     # building
     def add_stamp(self, s: Stencil, prefix: str, ext_vals: tuple, layer: int | None, mb: int | None,
                   gate: tuple[int, ...] = ()) -> int:
-        """stamping.stamp's entry (the stamp recorded, no record built but the gated entry ops'); its base."""
+        """stamping.stamp's entry (the stamp recorded, no record built but the gated entry ops'); its base.
+        The tiling record takes it as Tiling.add does (the same entry; none for an input never made)."""
         base = self._n
-        self._order.append((base, s, ext_vals, layer, mb, prefix))
+        entry = (base, s, ext_vals, layer, mb, prefix)
+        self._order.append(entry)
         self._grouped = None
         self._bases.append(base)
-        self._n += s.n
-        self.tiling.add(s, base, ext_vals, gate, layer, mb, prefix)
+        self._n = base + s.n
+        t = self.tiling
+        if None in ext_vals:
+            t.broken = True
+        else:
+            t.order.append(entry)
+            if gate:
+                t.gated.append((base, s))
         if gate:
             j = len(self._order) - 1
             for i in s.entries:
@@ -66,6 +76,30 @@ class StageOps(StampedOps):
                 self._loose[base + i] = op._replace(deps=op.deps + gate)
                 self._inside.setdefault(j, []).append(base + i)
         return base
+
+    def add_chain(self, links: Sequence[tuple], mb: int, x: int | None) -> list[int]:
+        """stamping.stamp_chain's entry: add_stamp per link (no gate) with its ext input, in one call (a
+        link whose input key is not given raises stamp's KeyError, the links before it stamped)."""
+        order, bases, t = self._order, self._bases, self.tiling
+        mbs = f".mb{mb}."
+        out = []
+        self._grouped = None
+        for tpl, block, layer, key in links:
+            s = stencil_of(tpl)
+            keys = s.ext_keys
+            ext_vals = () if not keys else (x,) if keys == (key,) else tuple({key: x}[e] for e in keys)
+            base = self._n
+            entry = (base, s, ext_vals, layer, mb, block + mbs)
+            order.append(entry)
+            bases.append(base)
+            if x is None and ext_vals:
+                t.broken = True
+            else:
+                t.order.append(entry)
+            out.append(base)
+            self._n = base + s.n
+            x = base + tpl.marks["out"]
+        return out
 
     def append(self, op: Op | None) -> None:
         self._loose[self._n] = op
@@ -120,9 +154,12 @@ class StageOps(StampedOps):
     def _stamped_deps(s: Stencil, base: int, ext: tuple, i: int) -> tuple:
         sl = s.slices[i]
         deps = [base + r for r in s.flat_rel[sl]]
-        for pos, k in s.ext_slots:
-            if sl.start <= pos < sl.stop:
-                deps[pos - sl.start] = ext[k]
+        slots = s.ext_slots  # (in flat position order: the op's are those from the first at or past sl.start)
+        for j in range(bisect_left(slots, (sl.start,)), len(slots)):
+            pos, k = slots[j]
+            if pos >= sl.stop:
+                break
+            deps[pos - sl.start] = ext[k]
         return tuple(deps)
 
     def deps_of(self, i: int) -> tuple:
@@ -133,6 +170,15 @@ class StageOps(StampedOps):
         j = bisect_right(self._bases, i) - 1
         base, s, ext = self._order[j][:3]
         return self._stamped_deps(s, base, ext, i - base)
+
+    def layer_name(self, i: int) -> tuple[int | None, str]:
+        """(ops[i].layer, ops[i].name), without building the record."""
+        loose = self._loose
+        if i in loose:
+            op = loose[i]
+            return op.layer, op.name
+        base, s, _, layer, _, prefix = self._order[bisect_right(self._bases, i) - 1]
+        return layer, prefix + s.suffixes[i - base]
 
     def __reversed__(self) -> Iterator[Op | None]:
         loose, at = self._loose, self._n

@@ -10,7 +10,7 @@ backward. Each block's `ext` input is the output of the block before it.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
@@ -43,6 +43,26 @@ def stamp(tpl: Template, ops: list[Op], prefix: str, ext: dict[str, int], layer:
     if record is not None:
         record.add(s, base, ext_vals, gate, layer, mb, prefix)
     return base
+
+
+Link = tuple  # (template, block name, layer, ext key or None): one block of a chain (stamp_chain)
+
+
+def stamp_chain(ops: list[Op], links: Sequence[Link], mb: int, x: int | None) -> list[int]:
+    """Stamp `links` in turn for micro-batch `mb`, each block named "{block}.mb{mb}." and fed (under its ext
+    key; none: no input) by the output mark of the block before it, the first by `x`: the bases. The same
+    as stamp(tpl, ops, f"{block}.mb{mb}.", {key: x} if key else {}, layer, mb) per link, x = base +
+    tpl.marks["out"] after each, which it is for any list but a StageOps (StageOps.add_chain: one call per
+    chain, not per block; tests/test_build_chain.py compares the two)."""
+    add_chain = getattr(ops, "add_chain", None)
+    if add_chain is not None:
+        return add_chain(links, mb, x)
+    bases = []
+    for tpl, block, layer, key in links:
+        base = stamp(tpl, ops, f"{block}.mb{mb}.", {key: x} if key else {}, layer, mb)
+        bases.append(base)
+        x = base + tpl.marks["out"]
+    return bases
 
 
 def stamp_records(s: Stencil, base: int, prefix: str, ext_vals: tuple, layer: int | None, mb: int | None,
@@ -99,16 +119,21 @@ class Block:
 
 def micro_batch_blocks(t: Any, layers: int, mb: int) -> list[Block]:
     """The blocks of micro-batch `mb` in run order, from the step's templates `t` (builder.Templates)."""
-    embed, head, amax = f"{K.EMBED_BLOCK}.mb{mb}.", f"{K.HEAD_BLOCK}.mb{mb}.", f"{K.FP8_BLOCK}.mb{mb}."
-    blocks = [Block(t.embed_fwd, embed, None, None, False)]
-    blocks += [Block(t.layer_fwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer, "in", False)
-               for layer in range(layers)]
+    return [Block(tpl, f"{block}.mb{mb}.", layer, key, backward)
+            for (tpl, block, layer, key), backward in zip(*micro_batch_links(t, layers), strict=True)]
+
+
+def micro_batch_links(t: Any, layers: int) -> tuple[tuple[Link, ...], tuple[bool, ...]]:
+    """One micro-batch's blocks in run order as stamp_chain's links (block name, no micro-batch), and which
+    of them are backward blocks: micro_batch_blocks' order, for any micro-batch."""
+    fwd = [(t.embed_fwd, K.EMBED_BLOCK, None, None)]
+    fwd += [(t.layer_fwd(layer), K.layer_block(layer), layer, "in") for layer in range(layers)]
     if t.amax is not None:
-        blocks.append(Block(t.amax[0], amax, None, "in", False))
-    blocks += [Block(t.head_fwd, head, None, "in", False), Block(t.head_bwd, head, None, "loss", True)]
-    blocks += [Block(t.layer_bwd(layer), f"{K.layer_block(layer)}.mb{mb}.", layer, "gin", True)
-               for layer in reversed(range(layers))]
+        fwd.append((t.amax[0], K.FP8_BLOCK, None, "in"))
+    fwd.append((t.head_fwd, K.HEAD_BLOCK, None, "in"))
+    bwd = [(t.head_bwd, K.HEAD_BLOCK, None, "loss")]
+    bwd += [(t.layer_bwd(layer), K.layer_block(layer), layer, "gin") for layer in reversed(range(layers))]
     if t.amax is not None:
-        blocks.append(Block(t.amax[1], amax, None, "gin", True))
-    blocks.append(Block(t.embed_bwd, embed, None, "gin", True))
-    return blocks
+        bwd.append((t.amax[1], K.FP8_BLOCK, None, "gin"))
+    bwd.append((t.embed_bwd, K.EMBED_BLOCK, None, "gin"))
+    return tuple(fwd + bwd), (False,) * len(fwd) + (True,) * len(bwd)

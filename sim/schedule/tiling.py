@@ -2,10 +2,14 @@
 
 A builder collects its ops in a StageOps (sim/schedule/stage_ops.py), or in the reference `OpList` here, which
 builds every record as it stamps; either records each stamp (sim/schedule/stamping.stamp) in a Tiling: the
-template's Stencil, the base and the external inputs. Grouped per stencil, m stamps at bases B are the
-ops B[j] + i (i < n): their kind, stream, host calls and dep counts are the stencil's columns, their host
-waits B[j] + w_i, and their deps B[j] + rel_f (ext slots: the stamp's input) written at
-dep_ptr[B[j] + owner_f] + within_f: a few numpy passes per template (`Tiling.arrays`).
+template's Stencil, the base and the external inputs, in order (`order`; grouped per stencil when read:
+`stamps`, `places`). Stamp j of a stencil of n ops at base B_j holds the ops B_j + i (i < n): their kind,
+stream, host calls and dep counts are the stencil's columns, their host waits B_j + w_i, and their deps
+B_j + rel_f (ext slots: the stamp's input) written at dep_ptr[B_j + owner_f] + within_f: a few numpy passes
+per stencil (`Tiling.arrays`); the loose ops' values are checked and written column by column (_all_plain,
+_int64_column: the per-op rules _plain and _int_or_none, tests/test_build_shortcuts.py). (Laying every stamp
+over the positions in one pass, a 1-D gather per column, was measured slower on the default sweep's stages:
+its per-op temporaries cost more than the per-stencil 2-D writes.)
 
 Ops the builder appended itself (P2P batches, step end, gathers), ops it replaced afterwards (`ops[i] = ...`,
 recorded as dirty: a gate added to a block's first op, the parameter gathers' consumers) and the entry ops
@@ -20,6 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import chain
+from operator import attrgetter, is_not
 
 import numpy as np
 
@@ -30,36 +37,70 @@ from meshsim.sim.schedule.work_table import WorkTable
 
 
 class Tiling:
-    """The stamps of one op list, per stencil: (bases, ext inputs); the gated stamps; positions replaced."""
+    """The stamps of one op list, in order (`order`: (base, stencil, ext inputs, layer, micro-batch, prefix));
+    the gated stamps; the positions replaced. `stamps` and `places` group them per stencil, once read."""
 
     def __init__(self) -> None:
-        self.stamps: dict[Stencil, tuple[list[int], list[tuple]]] = {}
-        self.places: dict[Stencil, tuple[list, list, list]] = {}  # per stencil, per stamp: layer, micro-batch, prefix
         self.order: list[tuple] = []  # every stamp's (base, stencil, ext inputs, layer, mb, prefix), in order
         self.gated: list[tuple[int, Stencil]] = []
         self.dirty: list[int] = []
         self.broken = False
         self.ops: tuple[Op, ...] | None = None  # the schedule's ops it describes (OpList.sealed)
+        self._grouping: tuple | None = None  # (len(order) grouped, stamps, places)
 
     def add(self, s: Stencil, base: int, ext_vals: tuple, gate: tuple[int, ...], layer: object = None,
             mb: object = None, prefix: str = "") -> None:
         if None in ext_vals:  # an input the builder never made (a short schedule Megatron's rules refuse, as
             self.broken = True  # the search's bound builds): its dep is None, read off the ops the long way
             return
-        entry = self.stamps.get(s)
-        if entry is None:
-            entry = self.stamps[s] = ([], [])
-        entry[0].append(base)
-        entry[1].append(ext_vals)
-        place = self.places.get(s)
-        if place is None:
-            place = self.places[s] = ([], [], [])
-        place[0].append(layer)
-        place[1].append(mb)
-        place[2].append(prefix)
         self.order.append((base, s, ext_vals, layer, mb, prefix))
         if gate:
             self.gated.append((base, s))
+
+    @property
+    def stamps(self) -> dict[Stencil, tuple[list[int], list[tuple]]]:
+        """Per stencil (in first-use order): its stamps' (bases, ext inputs), in order."""
+        return self._grouped()[1]
+
+    @property
+    def places(self) -> dict[Stencil, tuple[list, list, list]]:
+        """Per stencil: its stamps' (layers, micro-batches, prefixes), in order."""
+        return self._grouped()[2]
+
+    def _grouped(self) -> tuple:
+        """`order` grouped per stencil, one pass, kept until a stamp is added."""
+        g = self._grouping
+        if g is None or g[0] != len(self.order):
+            stamps: dict = {}
+            places: dict = {}
+            for base, s, ext_vals, layer, mb, prefix in self.order:
+                entry = stamps.get(s)
+                if entry is None:
+                    entry = stamps[s] = ([], [])
+                    places[s] = ([], [], [])
+                entry[0].append(base)
+                entry[1].append(ext_vals)
+                place = places[s]
+                place[0].append(layer)
+                place[1].append(mb)
+                place[2].append(prefix)
+            g = self._grouping = (len(self.order), stamps, places)
+        return g
+
+    def _layout(self, n: int) -> tuple[list[tuple], np.ndarray, list[int]]:
+        """([(stencil, its stamps' bases, their op positions (one row per stamp), ext inputs)], the loose mask,
+        the loose positions): what tiled, work_table and fields start from (a few numpy passes per stencil)."""
+        groups = []
+        loose = np.ones(n, dtype=bool)
+        for s, (bases, exts) in self.stamps.items():
+            b = np.array(bases, dtype=np.intp)
+            pos = b[:, None] + np.arange(s.n)
+            loose[pos] = False
+            groups.append((s, b, pos, exts))
+        for base, s in self.gated:
+            loose[[base + i for i in s.entries]] = True
+        loose[self.dirty] = True
+        return groups, loose, np.flatnonzero(loose).tolist()
 
     def arrays(self, ops: tuple[Op, ...]) -> ScheduleArrays:
         """ScheduleArrays of `ops` (module docstring); read off the ops when the record does not cover them."""
@@ -72,38 +113,34 @@ class Tiling:
         n = len(ops)
         if self.broken or ops is not self.ops:  # (a Schedule copied with other ops keeps the record)
             return None
+        groups, loose, loose_at = self._layout(n)
+        los = list(map(ops.__getitem__, loose_at))
+        if list(map(_ID, los)) != loose_at or not _all_plain(los):  # ids not positions (the long way maps
+            return None  # them), or odd values
         cols = [np.empty(n, dtype=np.intc) for _ in range(4)]  # kind, stream, host_calls, host_wait
         counts = np.empty(n, dtype=np.intc)
-        loose = np.ones(n, dtype=bool)
-        groups = [(s, np.array(bases, dtype=np.intp), exts) for s, (bases, exts) in self.stamps.items()]
-        for s, b, _ in groups:
-            pos = b[:, None] + np.arange(s.n)
-            loose[pos] = False
+        for s, b, pos, _ in groups:
             for col, src in zip(cols[:3], (s.kind, s.stream_idx, s.calls_arr), strict=True):
                 col[pos] = src
             cols[3][pos] = np.where(s.wait_arr >= 0, b[:, None] + s.wait_arr, -1)
             counts[pos] = s.counts
-        for base, s in self.gated:
-            loose[[base + i for i in s.entries]] = True
-        loose[self.dirty] = True
-        loose_at = np.flatnonzero(loose).tolist()
-        for p in loose_at:
-            op = ops[p]
-            if op.id != p or not _plain(op):  # ids not positions (the long way maps them), or odd values
-                return None
-            cols[0][p], cols[1][p], cols[2][p] = kind_of(op.work), STREAM_INDEX[op.stream], op.host_calls
-            cols[3][p] = -1 if op.host_wait is None else op.host_wait
-            counts[p] = len(op.deps)
+        deps = list(map(_DEPS, los))
+        cols[0][loose_at] = list(map(kind_of, map(_WORK, los)))
+        cols[1][loose_at] = list(map(STREAM_INDEX.__getitem__, map(_STREAM, los)))
+        cols[2][loose_at] = list(map(_CALLS, los))
+        cols[3][loose_at] = [-1 if w is None else w for w in map(_WAIT, los)]
+        counts[loose_at] = list(map(len, deps))
         ptr = np.zeros(n + 1, dtype=np.intc)
         np.cumsum(counts, out=ptr[1:])
         idx = np.empty(int(ptr[-1]), dtype=np.intc)
-        for s, b, exts in groups:
+        for s, b, _, exts in groups:
             if s.rel_arr.size:
                 _tile_deps(s, b, exts, ptr, idx, loose)
-        for p in loose_at:
-            idx[ptr[p]:ptr[p + 1]] = ops[p].deps
+        if loose_at:  # the loose ops' deps, in order, at ptr[p] + 0, 1, ... for each loose p
+            lens = counts[loose_at].astype(np.intp)
+            starts = ptr[loose_at].astype(np.intp) - (np.cumsum(lens) - lens)
+            idx[np.repeat(starts, lens) + np.arange(int(lens.sum()))] = list(chain.from_iterable(deps))
         return ScheduleArrays(cols[0], cols[1], ptr, idx, cols[2], cols[3])
-
 
     def work_table(self, ops: tuple[Op, ...]) -> WorkTable | None:
         """WorkTable.of(ops) from the stamps (each stamp's ops share its stencil's works, by position), the
@@ -115,30 +152,37 @@ class Tiling:
         first_seen: dict[int, int] = {}  # id(work) -> its provisional number
         objs: list = []
 
-        def number(work) -> int:
-            k = first_seen.get(id(work))
-            if k is None:
-                k = first_seen[id(work)] = len(objs)
-                objs.append(work)
-            return k
+        def numbers(works) -> list[int]:
+            out = []
+            for work in works:
+                k = first_seen.get(id(work))
+                if k is None:
+                    k = first_seen[id(work)] = len(objs)
+                    objs.append(work)
+                out.append(k)
+            return out
 
+        groups, loose, loose_at = self._layout(n)
         prov = np.empty(n, dtype=np.intp)
-        loose = np.ones(n, dtype=bool)
-        for s, (bases, _) in self.stamps.items():
-            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
-            prov[pos] = np.array([number(w) for w in s.works], dtype=np.intp)
-            loose[pos] = False
-        for base, s in self.gated:
-            loose[[base + i for i in s.entries]] = True
-        loose[self.dirty] = True
-        at = np.flatnonzero(loose)
-        prov[at] = np.array([number(ops[p].work) for p in at.tolist()], dtype=np.intp)
-        present, first = np.unique(prov, return_index=True)
-        order = np.argsort(first, kind="stable")
+        first_at: dict[int, int] = {}  # provisional number -> its first position
+        for s, _, pos, _ in groups:
+            nums = numbers(s.works)
+            prov[pos] = nums
+            at = np.where(loose[pos], n, pos).min(axis=0).tolist()  # per stencil op: its first stamped position
+            for i, k in enumerate(nums):  # (not loose: a loose op there is read off its record below)
+                if first_at.get(k, n) > at[i]:
+                    first_at[k] = at[i]
+        nums = numbers(map(_WORK, map(ops.__getitem__, loose_at)))
+        prov[loose_at] = nums
+        for p, k in zip(loose_at, nums, strict=True):
+            if first_at.get(k, n) > p:
+                first_at[k] = p
+        first = np.array([first_at.get(k, n) for k in range(len(objs))], dtype=np.intp)  # np.unique's return_index
+        present = np.flatnonzero(first < n)  # (n: a stencil's work at loose positions only, held by no op)
+        order = present[np.argsort(first[present], kind="stable")]
         renumber = np.empty(len(objs), dtype=np.intp)
-        renumber[present[order]] = np.arange(len(order), dtype=np.intp)
-        return WorkTable(tuple(objs[k] for k in present[order].tolist()), renumber[prov], first[order])
-
+        renumber[order] = np.arange(len(order), dtype=np.intp)
+        return WorkTable(tuple(objs[k] for k in order.tolist()), renumber[prov], first[order])
 
     def fields(self, ops: tuple[Op, ...]) -> OpFields | None:
         """The ops' phase, layer and micro-batch as columns (OpFields), from the stamps (phase: the stencil's;
@@ -150,39 +194,55 @@ class Tiling:
         n = len(ops)
         phases: dict[str, int] = {}
         phase, layer, mb = np.empty(n, dtype=np.intc), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        loose = np.ones(n, dtype=bool)
-        for s, (bases, _) in self.stamps.items():
-            layers, mbs = self.places[s][:2]
-            if not all(map(_int_or_none, layers)) or not all(map(_int_or_none, mbs)):
+        groups, _, loose_at = self._layout(n)
+        places = self.places
+        for s, _, pos, _ in groups:
+            layers, mbs = places[s][:2]
+            layer_col, mb_col = _int64_column(layers), _int64_column(mbs)
+            if layer_col is None or mb_col is None:
                 return None
-            pos = np.array(bases, dtype=np.intp)[:, None] + np.arange(s.n)
-            phase[pos] = np.array([phases.setdefault(ph, len(phases)) for ph in s.phases], dtype=np.intc)
-            layer[pos] = np.array([NONE if v is None else v for v in layers], dtype=np.int64)[:, None]
-            mb[pos] = np.array([NONE if v is None else v for v in mbs], dtype=np.int64)[:, None]
-            loose[pos] = False
-        for base, s in self.gated:
-            loose[[base + i for i in s.entries]] = True
-        loose[self.dirty] = True
-        for p in np.flatnonzero(loose).tolist():  # gated entries and replaced ops too: their own values
-            op = ops[p]
-            if type(op.phase) is not str or not _int_or_none(op.layer) or not _int_or_none(op.micro_batch):
-                return None
-            phase[p] = phases.setdefault(op.phase, len(phases))
-            layer[p] = NONE if op.layer is None else op.layer
-            mb[p] = NONE if op.micro_batch is None else op.micro_batch
+            phase[pos] = [phases.setdefault(ph, len(phases)) for ph in s.phases]
+            layer[pos] = layer_col[:, None]
+            mb[pos] = mb_col[:, None]
+        los = list(map(ops.__getitem__, loose_at))  # gated entries and replaced ops too: their own values
+        loose_phases = list(map(_PHASE, los))
+        if not all(type(ph) is str for ph in loose_phases):
+            return None
+        layer_col, mb_col = _int64_column(list(map(_LAYER, los))), _int64_column(list(map(_MB, los)))
+        if layer_col is None or mb_col is None:
+            return None
+        phase[loose_at] = [phases.setdefault(ph, len(phases)) for ph in loose_phases]
+        layer[loose_at] = layer_col
+        mb[loose_at] = mb_col
         return OpFields(phase, tuple(phases), layer, mb)
 
 
 NONE = -2**63  # OpFields' None: below every int the columns take
-# a built stage of at least this many ops holds them as stamps (StampedOps), a smaller one as records: the default
-# scenario's short run (one stage, ~12k ops) keeps its records (6% faster on them when measured at ~23k ops), the
-# 405B's (~0.5M) hold 300 MB less as stamps, and DeepSeek-V3's H100 run (8 stages of 35-41k ops) as stamps skips
-# 320k records it mostly never reads (benchmarks/run.py --outputs none, CPU min: 1.58 -> 1.46 s, RSS 324 -> 241 MB)
-STAMPED_MIN_OPS = 20_000
+# a built stage of at least this many ops holds them as stamps (StampedOps), a smaller one as records. 0: every
+# stage holds stamps. Issue 40 measured the 20,000 it was: the default scenario's run is no slower as stamps
+# (benchmarks/run.py --cases default, CPU min 1.006x with all outputs, 0.987x with --outputs none), and a sweep,
+# whose schedules are read through their columns, no longer builds and frees ~24k records per configuration it
+# never reads (benchmarks/sweep.py --case default-96 --jobs 1: ~15 ms less CPU per configuration). The 405B's
+# stages (~0.5M ops) hold 300 MB less as stamps, DeepSeek-V3's skip 320k records it mostly never reads.
+STAMPED_MIN_OPS = 0
 
 
 def _int_or_none(v: object) -> bool:
     return v is None or type(v) is int and NONE < v < 2**63
+
+
+def _int64_column(values: list) -> np.ndarray | None:
+    """`values` as int64 (None as NONE), or None unless every value passes _int_or_none: checked by type
+    (C-level), then the ints' least and greatest against the range."""
+    if not set(map(type, values)) <= _INT_OR_NONE:
+        return None
+    ints = list(filter(partial(is_not, None), values))
+    if ints and not (min(ints) > NONE and max(ints) < 2**63):
+        return None
+    return np.array([NONE if v is None else v for v in values] if len(ints) < len(values) else values, dtype=np.int64)
+
+
+_INT_OR_NONE = {int, type(None)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,6 +254,26 @@ class OpFields:
     phases: tuple[str, ...]
     layer: np.ndarray
     micro_batch: np.ndarray
+
+
+_ID, _DEPS, _WORK, _STREAM, _CALLS, _WAIT = (attrgetter(f) for f in ("id", "deps", "work", "stream", "host_calls",
+                                                                     "host_wait"))
+_PHASE, _LAYER, _MB = attrgetter("phase"), attrgetter("layer"), attrgetter("micro_batch")
+
+
+def _all_plain(ops: list[Op]) -> bool:
+    """Every op _plain (the same verdict, checked column by column: types C-level, then ranges)."""
+    if not all(map(STREAM_INDEX.__contains__, map(_STREAM, ops))):
+        return False
+    calls = list(map(_CALLS, ops))
+    waits = list(filter(partial(is_not, None), map(_WAIT, ops)))
+    deps = list(chain.from_iterable(map(_DEPS, ops)))
+    return (_all_fit(calls) and _all_fit(waits) and (not waits or min(waits) >= 0) and _all_fit(deps))
+
+
+def _all_fit(values: list) -> bool:
+    """Every value _fits."""
+    return set(map(type, values)) <= {int} and (not values or min(values) >= -2**31 and max(values) < 2**31)
 
 
 def _plain(op: Op) -> bool:
