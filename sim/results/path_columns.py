@@ -87,6 +87,12 @@ class PathColumns:
         return list(map(Segment, self.names, cats, self.rank.tolist(), self.start_us.tolist(), self.dur_us.tolist(),
                         ops, self.count.tolist()))
 
+    def segment_tuple(self) -> SegmentTuple:
+        """The Segment records as a tuple that keeps these columns (a StepResult's critical_path)."""
+        out = SegmentTuple(self.segments())
+        out.columns = self
+        return out
+
     def with_period(self, s1: int, s2: int, n: int, shift_us: float) -> PathColumns:
         """period_path.extend_path's result: segments [s1, s2) count n + 1, those from s2 on start shift_us
         later (start_us + shift_us, elementwise)."""
@@ -94,6 +100,18 @@ class PathColumns:
         count[s1:s2] = n + 1
         start[s2:] = start[s2:] + shift_us
         return replace(self, start_us=start, count=count)
+
+
+class SegmentTuple(tuple):
+    """A tuple of Segments that also holds the PathColumns they were built from (`columns`, None on a copy
+    made any other way): what reads the path's ranks and op ids whole (the trace's and timeline's critical
+    keys, sim/outputs/row_fields.path_keys) reads the arrays instead of the records. A tuple for everything
+    else: equal to, hashed as and compared with the plain tuple of the same Segments."""
+
+    columns: PathColumns | None = None
+
+    def __reduce__(self):
+        return tuple, (tuple(self),)
 
 
 class _Names:

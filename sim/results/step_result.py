@@ -24,9 +24,9 @@ run (`build_result` reads the pieces off its event log) or an extrapolated one (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter, is_not
 
 import numpy as np
@@ -258,16 +258,76 @@ _ID = attrgetter("id")
 
 
 def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
-                  stage_size: int) -> dict[tuple[int, int], CollectiveRow]:
+                  stage_size: int) -> RankOpRows:
     """(simulated rank, op id) -> its collective row; rank r runs the schedule of stage r // stage_size
-    (pipeline stages outermost; one schedule: every rank runs it)."""
+    (pipeline stages outermost; one schedule: every rank runs it). A RankOpRows: rows_by_event_dict's
+    mapping without one (rank, op id) tuple per entry."""
+    per_stage = [op_collectives(s, collectives) for s in schedules]
+    return RankOpRows(per_stage, ranks, stage_size)
+
+
+def rows_by_event_dict(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
+                       stage_size: int) -> dict[tuple[int, int], CollectiveRow]:
+    """rows_by_event as a dict, rank by rank (the reference tests compare it with)."""
     per_stage = [op_collectives(s, collectives) for s in schedules]
     out: dict[tuple[int, int], CollectiveRow] = {}
     for rank in ranks:
-        stage = min(rank // stage_size, len(per_stage) - 1) if len(per_stage) > 1 else 0
-        rows = per_stage[stage]
+        rows = per_stage[_stage_of(rank, stage_size, len(per_stage))]
         out.update(zip(zip(repeat(rank), rows), rows.values(), strict=True))
     return out
+
+
+def _stage_of(rank: int, stage_size: int, stages: int) -> int:
+    return min(rank // stage_size, stages - 1) if stages > 1 else 0
+
+
+class RankOpRows(Mapping):
+    """(rank, op id) -> collective row, held as each stage's op id -> row dict (op_collectives) and the stage
+    each rank runs: the dict rows_by_event_dict builds, item for item and in its order (ranks in first-seen
+    order, each its stage's ops in op order), without its tuples. `key_arrays` gives the keys as columns."""
+
+    def __init__(self, per_stage: Sequence[Mapping[int, CollectiveRow]], ranks: Sequence[int], stage_size: int):
+        self._per_stage = list(per_stage)
+        self._stage = {rank: _stage_of(rank, stage_size, len(self._per_stage)) for rank in ranks}
+
+    def __getitem__(self, key: tuple[int, int]) -> CollectiveRow:
+        if type(key) is not tuple or len(key) != 2:
+            hash(key)  # an unhashable key raises TypeError, as a dict's lookup does
+            raise KeyError(key)
+        stage = self._stage.get(key[0])
+        if stage is None:
+            raise KeyError(key)
+        return self._per_stage[stage][key[1]]
+
+    def __iter__(self):
+        for rank, stage in self._stage.items():
+            yield from zip(repeat(rank), self._per_stage[stage])
+
+    def __len__(self) -> int:
+        return sum(len(self._per_stage[stage]) for stage in self._stage.values())
+
+    def key_arrays(self) -> tuple[np.ndarray, np.ndarray, list[CollectiveRow]] | None:
+        """(ranks, op ids, rows) of every entry in iteration order, ranks and op ids as int64; None where an
+        op id or a rank is not an int of 64 bits."""
+        ids = list(map(_int64s, self._per_stage))
+        ranks = _int64s(self._stage)
+        if ranks is None or any(i is None for i in ids):
+            return None
+        per_rank = [ids[stage] for stage in self._stage.values()]
+        counts = np.fromiter(map(len, per_rank), np.int64, len(per_rank))
+        rows = [list(d.values()) for d in self._per_stage]
+        return (np.repeat(ranks, counts), np.concatenate(per_rank) if per_rank else np.zeros(0, np.int64),
+                list(chain.from_iterable(rows[stage] for stage in self._stage.values())))
+
+
+def _int64s(values: Collection) -> np.ndarray | None:
+    """The values as int64, None unless each is an int (exactly) of 64 bits."""
+    if not all(type(v) is int for v in values):
+        return None
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except OverflowError:
+        return None
 
 
 def build_result(rs: ResolvedScenario, schedule: Schedule | Sequence[Schedule], log: EventLog, *,
@@ -328,11 +388,12 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
         tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops, hfu=hw_tflops / rs.datasheet_peak_tflops,
         memory_gb=MemoryGB.of(memory), breakdown_s=dict(breakdown_s),
-        critical_path=() if lean else tuple(path.segments() if columns else path), critical_path_share=path_shares,
+        critical_path=() if lean else path.segment_tuple() if columns else tuple(path), critical_path_share=path_shares,
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
-        op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
+        op_collectives=op_collectives if isinstance(op_collectives, RankOpRows) else dict(op_collectives or {}),
+        rank_groups=dict(rank_groups or {}),
         ep_comm=ep_comm_summary(rep, op_types, fields_),
     )
     object.__setattr__(result, "path_op_types", op_types)  # frozen: set once, as top_op_types does
