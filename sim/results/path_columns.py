@@ -84,8 +84,8 @@ class PathColumns:
         """The Segment records, in order."""
         ops = [None if op < 0 else op for op in self.op_id.tolist()]
         cats = list(map(self.categories.__getitem__, self.category.tolist()))
-        return list(map(Segment, self.names, cats, self.rank.tolist(), self.start_us.tolist(), self.dur_us.tolist(),
-                        ops, self.count.tolist()))
+        return cp.segment_records(list(self.names), cats, self.rank.tolist(), self.start_us.tolist(),
+                                  self.dur_us.tolist(), ops, self.count.tolist())
 
     def segment_tuple(self) -> SegmentTuple:
         """The Segment records as a tuple that keeps these columns (a StepResult's critical_path)."""
