@@ -30,20 +30,25 @@ def _reference(per_stage, ranks, stage_size) -> dict:
     return out
 
 
+def _columns(d: dict):
+    return lambda: (list(d), list(d.values()))
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(per_stage=st.lists(st.dictionaries(_op_id, st.sampled_from(ROWS), max_size=6), min_size=1, max_size=3),
        ranks=st.lists(st.integers(0, 12), max_size=10), stage_size=st.integers(1, 4),
        probes=st.lists(st.one_of(st.tuples(st.integers(-1, 14), _op_id), st.just((1.0, 2)), st.just((True, 1)),
                                  st.just((1, 2, 3)), st.just(7), st.just("ab")), max_size=8))
 def test_rank_rows_are_the_dict(per_stage, ranks, stage_size, probes):
-    fast, want = sr.RankOpRows(per_stage, ranks, stage_size), _reference(per_stage, ranks, stage_size)
+    fast = sr.RankOpRows([_columns(d) for d in per_stage], ranks, stage_size)
+    want = _reference(per_stage, ranks, stage_size)
     assert list(fast.items()) == list(want.items()) and len(fast) == len(want) and fast == want
     for key in [*want, *probes]:
         assert fast.get(key, "none") is want.get(key, "none")
         assert (key in fast) == (key in want)
     arrays = fast.key_arrays()
-    ints = all(type(k[1]) is int and k[1] < 2**63 for k in want) and all(
-        type(i) is int and i < 2**63 for d in per_stage for i in d)
+    used = {sr._stage_of(r, stage_size, len(per_stage)) for r in ranks}
+    ints = all(type(i) is int and i < 2**63 for s in used for i in per_stage[s])
     if not ints:
         assert arrays is None
         return
@@ -52,8 +57,23 @@ def test_rank_rows_are_the_dict(per_stage, ranks, stage_size, probes):
     assert list(zip(rank.tolist(), op.tolist(), strict=True)) == list(want) and rows == list(want.values())
 
 
+def test_a_repeated_op_id_is_one_item_with_its_last_row():
+    fast = sr.RankOpRows([lambda: ([4, 2, 4], [ROWS[0], ROWS[1], ROWS[1]])], [5, 3, 5], 1)
+    assert list(fast.items()) == [((5, 4), ROWS[1]), ((5, 2), ROWS[1]), ((3, 4), ROWS[1]), ((3, 2), ROWS[1])]
+    assert fast.key_arrays() is None  # its columns would repeat the key
+
+
+def test_stages_are_read_when_first_needed():
+    calls = []
+    fast = sr.RankOpRows([lambda: calls.append(0) or ([1], [ROWS[0]]), lambda: calls.append(1) or ([2], [ROWS[1]])],
+                         [0, 1, 2, 3], 2)
+    assert calls == []
+    assert fast[(2, 2)] is ROWS[1] and calls == [1]
+    assert fast.key_arrays() is not None and list(fast) == [(0, 1), (1, 1), (2, 2), (3, 2)] and calls == [1, 0]
+
+
 def test_unhashable_keys_fail_as_in_a_dict():
-    fast = sr.RankOpRows([{0: ROWS[0]}], [0], 1)
+    fast = sr.RankOpRows([_columns({0: ROWS[0]})], [0], 1)
     with pytest.raises(TypeError):
         fast.get([0, 0])
     with pytest.raises(TypeError):
