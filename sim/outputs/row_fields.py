@@ -18,6 +18,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from meshsim.sim.results.critical_path import critical_ops
 from meshsim.sim.schedule.ops import OP_FIELDS
 from meshsim.sim.schedule.stamped_ops import CODED_FIELDS, StampedOps, op_column
 
@@ -106,6 +107,27 @@ def pair_keys(pairs: Collection[tuple]) -> np.ndarray:
         if both is not None and keys_fit(both[:, 0], both[:, 1]):
             return row_keys(both[:, 0], both[:, 1])
     return np.fromiter(map(pair_key, pairs), np.int64, len(pairs))
+
+
+def path_op_arrays(critical_path: Sequence) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rank, op id) of the path's op segments (op id not None), in path order, read off the columns a
+    StepResult's critical_path keeps (path_columns.SegmentTuple: its segments' ranks and op ids are those
+    arrays' ints, op id None where the column holds -1); None for any other path."""
+    cols = getattr(critical_path, "columns", None)
+    if cols is None or len(cols) != len(critical_path):
+        return None
+    on = cols.op_id >= 0
+    return cols.rank[on], cols.op_id[on]
+
+
+def path_keys(critical_path: Sequence) -> np.ndarray:
+    """row_keys of the path's (rank, op id) pairs: as a set, pair_keys(list(critical_ops(critical_path)))
+    (what membership tests read: order and repeats aside), from the path's columns where it keeps them
+    (path_op_arrays) and they fit, else from the records."""
+    arrays = path_op_arrays(critical_path)
+    if arrays is not None and keys_fit(*arrays):
+        return row_keys(*arrays)
+    return pair_keys(list(critical_ops(critical_path)))
 
 
 def member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:

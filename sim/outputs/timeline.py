@@ -221,7 +221,7 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
             picked = grouped.get(category)
             if picked is not None and len(picked):
                 data += _category_traces(category, cols, picked, _hover_texts_rows(events, picked, shown, crit, by_op))
-        on_path = rows.on_path(view, crit)
+        on_path = rows.on_path(view, critical_path)
     if len(on_path):
         x, y = _segment_arrays(*cols.runs(on_path))
         data.append({"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": "#222222", "width": 3},

@@ -11,13 +11,13 @@ log order, the same sets, the same floats); tests/test_timeline_rows.py checks t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from functools import cached_property
 
 import numpy as np
 
 from meshsim.sim.engine.events import STREAMS
-from meshsim.sim.outputs.row_fields import dense_unique, member, op_codes, pair_keys, row_keys, used_codes
+from meshsim.sim.outputs.row_fields import dense_unique, member, op_codes, path_keys, row_keys, used_codes
 
 
 class RowView:
@@ -90,10 +90,10 @@ def by_category(view: RowView) -> dict:
     return {values[c]: np.flatnonzero(codes == c) for c in used_codes(codes, len(values)).tolist()}
 
 
-def on_path(view: RowView, crit: Iterable[tuple]) -> np.ndarray:
+def on_path(view: RowView, critical_path: Sequence) -> np.ndarray:
     """Rows whose (rank, op id) is on the critical path (int64, log order)."""
     keys = row_keys(view.rank, view.op_id)
-    return np.flatnonzero(member(keys, np.sort(pair_keys(list(crit)))) >= 0)  # repeats: found all the same
+    return np.flatnonzero(member(keys, np.sort(path_keys(critical_path))) >= 0)  # repeats: found all the same
 
 
 def pipeline_stages(view: RowView) -> list[int]:

@@ -30,11 +30,13 @@ from meshsim.sim.outputs.row_fields import (
     member,
     op_codes,
     pair_keys,
+    path_keys,
+    path_op_arrays,
     row_keys,
     rows_where,
 )
 from meshsim.sim.outputs.trace_slices import TID, collective_args, encode_json, js
-from meshsim.sim.results.critical_path import Segment, critical_ops
+from meshsim.sim.results.critical_path import Segment
 from meshsim.sim.results.step_result import StepResult
 
 try:
@@ -86,7 +88,6 @@ class RowsContext:
 
     def __init__(self, events, critical_path: Sequence[Segment], result: StepResult | None) -> None:
         c = events.columns
-        self.crit = critical_ops(critical_path)
         self.by_op: Mapping = result.op_collectives if result is not None else {}
         self.groups: Mapping = result.rank_groups if result is not None else {}
         self.config = result.config if result is not None else None
@@ -99,7 +100,7 @@ class RowsContext:
         for rank, code in zip((pairs // max(len(names), 1)).tolist(), (pairs % max(len(names), 1)).tolist(),
                               strict=True):
             self.streams.setdefault(rank, set()).add(names[code])
-        self.critical = np.isin(self.keys, pair_keys(list(self.crit))).view(np.uint8) if len(self.keys) else \
+        self.critical = np.isin(self.keys, path_keys(critical_path)).view(np.uint8) if len(self.keys) else \
             np.zeros(0, np.uint8)
 
     def infos(self, events) -> tuple[np.ndarray, list[bytes], list[bytes]]:
@@ -107,8 +108,7 @@ class RowsContext:
         entry an op without a collective row. Only the rows the writer reads an entry for are looked up:
         those whose category is not "compute" (a compute op's slice has no collective prefix nor args; a
         category equal to "compute" but not a str makes the writer fall back)."""
-        ops, rows = list(self.by_op), list(self.by_op.values())
-        keys = pair_keys(ops)
+        keys, rows = self._collective_keys()
         order = None if len(keys) < 2 or bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
         categories, values = op_codes(events, "category")
         compute = [k for k, v in enumerate(values) if v == "compute"]
@@ -133,6 +133,15 @@ class RowsContext:
         entry[hit] = np.asarray(inverse).reshape(-1)
         return entry, prefixes, members
 
+    def _collective_keys(self) -> tuple[np.ndarray, list]:
+        """(pair_keys of by_op's keys, its rows), in its order: off a RankOpRows' key columns where they fit
+        (row_keys of int pairs that fit is pair_keys of them), else key by key."""
+        arrays = getattr(self.by_op, "key_arrays", None)
+        arrays = arrays() if arrays is not None else None
+        if arrays is not None and keys_fit(arrays[0], arrays[1]):
+            return row_keys(arrays[0], arrays[1]), arrays[2]
+        return pair_keys(list(self.by_op)), list(self.by_op.values())
+
     @staticmethod
     def _prefix(info: Mapping[str, Any] | None) -> bytes:
         return _ascii(f"nccl:{(info or {}).get('Collective name') or 'collective'} ")[1:-1].encode("ascii")
@@ -148,9 +157,12 @@ class RowsContext:
         off the rank and stream-code columns (equal codes <=> equal streams)."""
         c = events.columns
         rows = np.flatnonzero(self.critical)
-        row_of = dict(zip(zip(c.rank[rows].tolist(), c.op_id[rows].tolist(), strict=True), rows.tolist(), strict=True))
-        chain = np.fromiter((row_of[key] for s in path if s.op_id is not None and (key := (s.rank, s.op_id)) in row_of),
-                            np.intp)
+        chain = self._chain(rows, path) if path_op_arrays(path) is not None else None
+        if chain is None:
+            row_of = dict(zip(zip(c.rank[rows].tolist(), c.op_id[rows].tolist(), strict=True), rows.tolist(),
+                              strict=True))
+            chain = np.fromiter((row_of[key] for s in path if s.op_id is not None
+                                 and (key := (s.rank, s.op_id)) in row_of), np.intp)
         if len(chain) < 2:
             return []
         rank, stream = c.rank[chain], self.stream_codes[chain]
@@ -159,6 +171,22 @@ class RowsContext:
         lanes = list(map(Lane, c.rank[ends].tolist(), map(self.stream_names.__getitem__, self.stream_codes[ends].tolist()),
                          c.start_s[ends].tolist()))
         return list(zip(lanes[:len(at)], lanes[len(at):], strict=True))
+
+    def _chain(self, rows: np.ndarray, path: Sequence[Segment]) -> np.ndarray | None:
+        """hops' chain from the path's columns (row_fields.path_op_arrays): per op segment in path order,
+        the last critical row of its (rank, op id) key, the segments with none dropped. Keys are sorted
+        stably, so among a key's rows the last in sorted order is its last row, as the dict keeps; None
+        where the pairs do not pack into keys."""
+        arrays = path_op_arrays(path)
+        if not keys_fit(*arrays):
+            return None
+        want, have = row_keys(*arrays), self.keys[rows]
+        order = np.argsort(have, kind="stable")
+        have = have[order]
+        at = np.searchsorted(have, want, side="right") - 1
+        found = at >= 0
+        found[found] = have[at[found]] == want[found]
+        return rows[order[at[found]]].astype(np.intp)
 
 
 def write_slices(fh: BinaryIO, events, ctx: RowsContext, pid_offset: int, lead: bool) -> int:

@@ -17,6 +17,12 @@ WAIT = 1       # waiting: (WAIT, rank, -1, from, to)
 TRANSFER = 2   # a P2P batch's transfer: (TRANSFER, rank, op id, transfer start, end)
 BUBBLE = 3     # a pipeline bubble: (BUBBLE, rank, -1, from, to)
 
+from cpython.list cimport PyList_GET_ITEM
+from cpython.tuple cimport PyTuple_GET_ITEM
+
+cdef extern from "Python.h":
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
+
 cdef enum:
     K_COLLECTIVE = 1
     K_P2P = 2
@@ -162,3 +168,23 @@ cdef long long _before(_Rank rk, long long op_id, double t_s, double tie_s) exce
         if rk.ends[k] >= top and (best < 0 or oid > best):
             best = oid
     return rk.row(best)
+
+
+def records(cls, tuple fields, list columns):
+    """[cls(*row) for row in zip(*columns)] for a frozen slots dataclass `cls` whose __init__ only stores its
+    arguments (no __post_init__, no default factory: the caller checks, critical_path.records): each record
+    made by cls.__new__ and its fields set by object.__setattr__, what that __init__ does, without running
+    its Python frame. Every column has the same length; `fields` are cls's fields in order."""
+    cdef Py_ssize_t i, j, n = len(columns[0]) if columns else 0, k = len(fields)
+    cdef list out = [None] * n
+    cdef object obj
+    new = cls.__new__
+    if len(columns) != k or any(type(c) is not list or len(c) != n for c in columns):
+        raise ValueError("one list per field, all of one length")
+    for i in range(n):
+        obj = new(cls)
+        for j in range(k):
+            PyObject_GenericSetAttr(obj, <object>PyTuple_GET_ITEM(fields, j),
+                                    <object>PyList_GET_ITEM(<list>columns[j], i))
+        out[i] = obj
+    return out

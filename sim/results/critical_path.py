@@ -17,6 +17,7 @@ that finished last and its bubble is named as such.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from bisect import bisect_right
@@ -75,6 +76,20 @@ class Segment:
     def from_json(cls, data: Mapping) -> Segment:
         return cls(data["name"], data["category"], data["rank"], data["start_us"], data["dur_us"],
                    data.get("op_id"), data.get("count", 1))
+
+
+_SEGMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Segment))
+# Segment's __init__ only stores its arguments: what _walk.records does for it without the Python frame
+_PLAIN_INIT = not hasattr(Segment, "__post_init__") and all(
+    f.init and f.default_factory is dataclasses.MISSING for f in dataclasses.fields(Segment))
+
+
+def segment_records(*columns: list) -> list[Segment]:
+    """list(map(Segment, *columns)) (one list per field, in field order, all of one length): built by the
+    compiled walk's `records` where it is built (the same records: tests/test_asm_segments.py)."""
+    if _walk is not None and _PLAIN_INIT and hasattr(_walk, "records"):
+        return _walk.records(Segment, _SEGMENT_FIELDS, list(columns))
+    return list(map(Segment, *columns))
 
 
 def _stream_prev(schedule: Schedule) -> list[int]:

@@ -30,7 +30,7 @@ from meshsim.sim.results import critical_path as cp
 from meshsim.sim.results.critical_path import Segment
 from meshsim.sim.results.run_arrays import distinct_ints
 from meshsim.sim.schedule.ops import Schedule
-from meshsim.sim.schedule.stamped_ops import op_column
+from meshsim.sim.schedule.stamped_ops import StampedOps, op_column
 
 _WAIT_NAMES = {"waiting": "wait", "pipeline_bubble": "pipeline bubble"}  # critical_path._waiting's names
 
@@ -49,10 +49,19 @@ class PathColumns:
     category: np.ndarray
     categories: tuple[str, ...]
     name_list: Callable[[], list[str]]
+    # (per segment: the code of its op type, the op types): what op_types_of(names) gives, by a cheaper
+    # route where the maker has one (critical_path_columns: the names' parts); None: from the names
+    type_list: Callable[[], tuple[np.ndarray, list[str]]] | None = None
 
     @cached_property
     def names(self) -> list[str]:
         return self.name_list()
+
+    @cached_property
+    def types(self) -> tuple[np.ndarray, list[str]]:
+        """(code, types): types[code[k]] == critical_path.op_type(names[k]) for every segment k, the types
+        numbered in order of first appearance."""
+        return self.type_list() if self.type_list is not None else op_types_of(self.names)
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -75,8 +84,14 @@ class PathColumns:
         """The Segment records, in order."""
         ops = [None if op < 0 else op for op in self.op_id.tolist()]
         cats = list(map(self.categories.__getitem__, self.category.tolist()))
-        return list(map(Segment, self.names, cats, self.rank.tolist(), self.start_us.tolist(), self.dur_us.tolist(),
-                        ops, self.count.tolist()))
+        return cp.segment_records(list(self.names), cats, self.rank.tolist(), self.start_us.tolist(),
+                                  self.dur_us.tolist(), ops, self.count.tolist())
+
+    def segment_tuple(self) -> SegmentTuple:
+        """The Segment records as a tuple that keeps these columns (a StepResult's critical_path)."""
+        out = SegmentTuple(self.segments())
+        out.columns = self
+        return out
 
     def with_period(self, s1: int, s2: int, n: int, shift_us: float) -> PathColumns:
         """period_path.extend_path's result: segments [s1, s2) count n + 1, those from s2 on start shift_us
@@ -85,6 +100,18 @@ class PathColumns:
         count[s1:s2] = n + 1
         start[s2:] = start[s2:] + shift_us
         return replace(self, start_us=start, count=count)
+
+
+class SegmentTuple(tuple):
+    """A tuple of Segments that also holds the PathColumns they were built from (`columns`, None on a copy
+    made any other way): what reads the path's ranks and op ids whole (the trace's and timeline's critical
+    keys, sim/outputs/row_fields.path_keys) reads the arrays instead of the records. A tuple for everything
+    else: equal to, hashed as and compared with the plain tuple of the same Segments."""
+
+    columns: PathColumns | None = None
+
+    def __reduce__(self):
+        return tuple, (tuple(self),)
 
 
 class _Names:
@@ -141,26 +168,120 @@ def critical_path_columns(schedule: Schedule | Sequence[Schedule], log: EventLog
     for s in distinct_ints(stage[is_op]):
         ops = st.schedules[s].ops
         at = np.flatnonzero(is_op & (stage == s))
-        stage_cats = op_column(ops, "category")
-        for c in dict.fromkeys(stage_cats):
-            codes.setdefault(c, len(codes))
-        table = np.fromiter(map(codes.__getitem__, stage_cats), np.int64, len(stage_cats))
+        table = _category_codes(ops, codes)
         on_op = at[code[at] == cp._walk.OP]
         category[on_op] = table[op_id[on_op]]
     bubble = code == cp._walk.BUBBLE
-
-    def name_list() -> list[str]:
-        """Each segment's name: its op's (the stage's name column), "wait" or "pipeline bubble"."""
-        names = np.full(n, _WAIT_NAMES["waiting"], object)
-        names[bubble] = _WAIT_NAMES["pipeline_bubble"]
-        for s in distinct_ints(stage[is_op]):
-            at = np.flatnonzero(is_op & (stage == s))
-            stage_names = op_column(st.schedules[s].ops, "name")
-            names[at] = list(map(stage_names.__getitem__, op_id[at].tolist()))
-        return names.tolist()
-
+    parts = _PathParts(st.schedules, stage, is_op, bubble, op_id)
     return PathColumns(rank, np.where(is_op, op_id, -1), a_s * 1e6, (b_s - a_s) * 1e6,
-                       np.ones(n, np.int64), category, tuple(codes), name_list)
+                       np.ones(n, np.int64), category, tuple(codes), parts.names, parts.types)
+
+
+def _category_codes(ops: Sequence, codes: dict) -> np.ndarray:
+    """Each op's category code in `codes`, extended in order of first appearance: a StampedOps' codes
+    (tiled per stencil, no column built), else coded off the column."""
+    if isinstance(ops, StampedOps):
+        return ops.codes("category", codes).astype(np.int64)
+    stage_cats = op_column(ops, "category")
+    for c in dict.fromkeys(stage_cats):
+        codes.setdefault(c, len(codes))
+    return np.fromiter(map(codes.__getitem__, stage_cats), np.int64, len(stage_cats))
+
+
+def _name_parts(ops: Sequence) -> tuple[list[str], list[str]]:
+    """(prefixes, suffixes) of a stage's ops, prefix + suffix == the op's name: a StampedOps' name_parts
+    (no name built), else ("", name)."""
+    parts = getattr(ops, "name_parts", None)
+    if parts is not None:
+        return parts()
+    names = op_column(ops, "name")
+    return [""] * len(names), names
+
+
+class _PathParts:
+    """Each segment's name as two parts (prefix, suffix), read once for names and op types: an op's from its
+    stage's name_parts, a wait's ("", "wait") or ("", "pipeline bubble")."""
+
+    def __init__(self, schedules: Sequence[Schedule], stage: np.ndarray, is_op: np.ndarray, bubble: np.ndarray,
+                 op_id: np.ndarray) -> None:
+        self._args = (schedules, stage, is_op, bubble, op_id)
+        self._parts: tuple[list[str], list[str]] | None = None
+        self._names: list[str] | None = None
+
+    def parts(self) -> tuple[list[str], list[str]]:
+        if self._parts is None:
+            schedules, stage, is_op, bubble, op_id = self._args
+            n = len(stage)
+            prefixes, suffixes = np.full(n, "", object), np.full(n, _WAIT_NAMES["waiting"], object)
+            suffixes[bubble] = _WAIT_NAMES["pipeline_bubble"]
+            for s in distinct_ints(stage[is_op]):
+                at = np.flatnonzero(is_op & (stage == s))
+                pre, suf = _name_parts(schedules[s].ops)
+                ids = op_id[at].tolist()
+                prefixes[at] = list(map(pre.__getitem__, ids))
+                suffixes[at] = list(map(suf.__getitem__, ids))
+            self._parts = (prefixes.tolist(), suffixes.tolist())
+        return self._parts
+
+    def names(self) -> list[str]:
+        """Each segment's name: its op's, "wait" or "pipeline bubble" (kept: with_period's copies share it)."""
+        if self._names is None:
+            self._names = list(map(str.__add__, *self.parts()))
+        return self._names
+
+    def types(self) -> tuple[np.ndarray, list[str]]:
+        return op_types_of_parts(*self.parts())
+
+
+def op_types_of(names: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """(code, types): types[code[k]] == critical_path.op_type(names[k]), the types in order of first
+    appearance; each distinct name typed once."""
+    type_of = {name: cp.op_type(name) for name in dict.fromkeys(names)}
+    codes: dict[str, int] = {}
+    for t in type_of.values():
+        codes.setdefault(t, len(codes))
+    code_of = {name: codes[t] for name, t in type_of.items()}
+    return np.fromiter(map(code_of.__getitem__, names), np.intp, len(names)), list(codes)
+
+
+def _first_seen(values: Sequence) -> tuple[np.ndarray, list]:
+    """(code, distinct): distinct[code[k]] == values[k], distinct in order of first appearance."""
+    index = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    return np.fromiter(map(index.__getitem__, values), np.intp, len(values)), list(index)
+
+
+def join_types(head: str, tail: str) -> str:
+    """The op type of a name split at a dot into a head whose type is `head` and a tail whose type is `tail`:
+    op_type joins the typed dotted parts that are not empty with ".", and a type is "" exactly when it has
+    no such part, so the whole's is head + "." + tail, or the one that is not empty."""
+    return f"{head}.{tail}" if head and tail else head or tail
+
+
+def op_types_of_parts(prefixes: Sequence[str], suffixes: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """op_types_of(prefix + suffix per segment), without the names. A prefix that is "" or ends in "." splits
+    its names at a dot: (p + s).split(".") is p[:-1].split(".") followed by s.split("."), so op_type(p + s) is
+    join_types(op_type(p[:-1]), op_type(s)) ("" for the prefix ""). Each distinct prefix and suffix is typed
+    once and each distinct pair of their types joined once; a segment whose prefix ends otherwise is typed
+    by its whole name (its suffix becomes the name, its prefix "")."""
+    odd = {p for p in dict.fromkeys(prefixes) if p and p[-1] != "."}
+    if odd:
+        pairs = [("", p + s) if p in odd else (p, s) for p, s in zip(prefixes, suffixes, strict=True)]
+        prefixes, suffixes = [p for p, _ in pairs], [s for _, s in pairs]
+    n = len(prefixes)
+    if not n:
+        return np.zeros(0, np.intp), []
+    p_code, p_distinct = _first_seen(prefixes)
+    s_code, s_distinct = _first_seen(suffixes)
+    p_type, p_types = _first_seen([cp.op_type(p[:-1]) if p else "" for p in p_distinct])
+    s_type, s_types = _first_seen(list(map(cp.op_type, s_distinct)))
+    pair = p_type[p_code] * len(s_types) + s_type[s_code]
+    uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    codes: dict[str, int] = {}
+    table = np.empty(len(uniq), np.intp)
+    for k in np.argsort(first, kind="stable").tolist():  # pairs by first appearance: types numbered so
+        head, tail = divmod(int(uniq[k]), len(s_types))
+        table[k] = codes.setdefault(join_types(p_types[head], s_types[tail]), len(codes))
+    return table[np.asarray(inverse).reshape(-1)], list(codes)
 
 
 def category_us(path: PathColumns, pipeline: bool = False, moe: bool = False, cp_: bool = False) -> dict[str, float]:
@@ -191,17 +312,23 @@ def shares(path: PathColumns, step_time_s: float, pipeline: bool = False, moe: b
 
 def top_op_types(path: PathColumns, n: int = 8) -> list[cp.OpTypeRow]:
     """critical_path.top_op_types over the columns: per (op type, category) in order of first appearance,
-    the sum of dur_us x count in path order from 0.0 (np.bincount) and the sum of the counts."""
+    the sum of dur_us x count in path order from 0.0 (np.bincount adds each bin's weights in index order)
+    and the sum of the counts; the keys are the op type codes (PathColumns.types) and category codes,
+    equal codes <=> equal strs, numbered with np.unique."""
     if not len(path):
         return []
-    type_of = {name: cp.op_type(name) for name in dict.fromkeys(path.names)}
-    keys = list(zip(map(type_of.__getitem__, path.names), map(path.categories.__getitem__, path.category.tolist()),
-                    strict=True))
-    code_of = dict(zip(dict.fromkeys(keys), range(len(keys)), strict=False))
-    codes = np.fromiter(map(code_of.__getitem__, keys), np.intp, len(keys))
-    totals = np.bincount(codes, weights=path.dur_us * path.count, minlength=len(code_of)).tolist()
-    sums = np.bincount(codes, weights=path.count, minlength=len(code_of))
-    rows = [(k, c, t, int(cnt)) for (k, c), t, cnt in zip(code_of, totals, sums.tolist(), strict=True)]
+    type_code, types = path.types
+    same = {c: i for i, c in reversed(list(enumerate(path.categories)))}  # equal categories: one code
+    category = np.fromiter(map(same.__getitem__, path.categories), np.intp, len(path.categories))[path.category]
+    key = type_code.astype(np.int64) * len(path.categories) + category
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    totals = np.bincount(inverse, weights=path.dur_us * path.count, minlength=len(uniq)).tolist()
+    sums = np.bincount(inverse, weights=path.count, minlength=len(uniq)).tolist()
+    kinds, cats = np.divmod(uniq, len(path.categories))
+    kinds, cats = kinds.tolist(), cats.tolist()
+    rows = [(types[kinds[k]], path.categories[cats[k]], totals[k], int(sums[k]))
+            for k in np.argsort(first, kind="stable").tolist()]
     return sorted(rows, key=lambda r: (-r[2], r[0]))[:n]
 
 

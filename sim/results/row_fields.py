@@ -28,7 +28,6 @@ from meshsim.sim.schedule.stencil import STREAM_INDEX
 from meshsim.sim.schedule.tiling import NONE
 
 _DP = STREAM_INDEX.get("dp_comm", -1)
-_EP_ENDS = tuple(dict.fromkeys(op.rsplit(".", 1)[-1] for op in bd.EP_OPS))  # "dispatch", "combine"
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,16 +93,30 @@ def layer_span_ms(f: RowFields, layer: int | None, phases: tuple[str, ...]) -> f
     return (float(cols.end_s[sel].max()) - float(cols.start_s[sel].min())) * 1e3
 
 
+def ep_op_mask(ops: Sequence) -> np.ndarray:
+    """Per op: op.name.split(".", 2)[-1] in EP_OPS, from the names' parts (a StampedOps' name_parts: prefix +
+    suffix == name; else "" + name). That text ends the name, so only a name ending in one of EP_OPS passes;
+    a suffix at least as long as every one of them ends the name in one exactly when it ends in one itself.
+    So only the ops whose suffix ends in one, or is shorter than the longest, are tested, on the whole name;
+    each distinct suffix is looked at once."""
+    parts = getattr(ops, "name_parts", None)
+    prefixes, suffixes = parts() if parts is not None else ([""] * len(ops), op_column(ops, "name"))
+    longest = max(map(len, bd.EP_OPS))
+    maybe = {x: x.endswith(bd.EP_OPS) or len(x) < longest for x in dict.fromkeys(suffixes)}
+    at = np.flatnonzero(np.fromiter(map(maybe.__getitem__, suffixes), bool, len(suffixes)))
+    mask = np.zeros(len(suffixes), bool)
+    mask[at] = [(prefixes[i] + suffixes[i]).split(".", 2)[-1] in bd.EP_OPS for i in at.tolist()]
+    return mask
+
+
 def ep_layer_ms(f: RowFields) -> dict[str, float]:
-    """breakdown.ep_layer_ms: the rows whose op has a layer and a name ending in one of EP_OPS (a stage
-    whose names hold neither "dispatch" nor "combine" anywhere has none), then the same computation."""
+    """breakdown.ep_layer_ms: the rows whose op has a layer and whose name's text after its second dot is
+    one of EP_OPS (ep_op_mask), then the same computation."""
     keep = np.zeros(len(f.stage), bool)
     for s, sched in f.schedules.items():
-        names = op_column(sched.ops, "name")
-        joined = "\n".join(names)
-        if not any(end in joined for end in _EP_ENDS):
+        ep_op = ep_op_mask(sched.ops)
+        if not ep_op.any():
             continue
-        ep_op = np.fromiter((n.split(".", 2)[-1] in bd.EP_OPS for n in names), bool, len(names))
         mask = f.stage == s
         keep[mask] = ep_op[f.index[mask]]
     keep &= f.layer != NONE

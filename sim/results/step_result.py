@@ -24,9 +24,10 @@ run (`build_result` reads the pieces off its event log) or an extrapolated one (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from itertools import repeat
+from functools import partial
+from itertools import chain, repeat
 from operator import attrgetter, is_not
 
 import numpy as np
@@ -238,13 +239,19 @@ def pipeline_summary(rs: ResolvedScenario, path_shares: Mapping[str, float],
 def op_collectives(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
     """op id -> the row of `collectives` it runs, in op order: looked up once per work object (ops stamped
     from one template share theirs), then spread over the ops by C-level passes."""
+    return dict(zip(*op_collective_columns(schedule, collectives), strict=True))
+
+
+def op_collective_columns(schedule: Schedule, collectives: Sequence[CollectiveRow]
+                          ) -> tuple[list[int], list[CollectiveRow]]:
+    """(op ids, their rows) of the ops that run a row of `collectives`, in op order (op_collectives' items)."""
     rows = {c.key: c for c in collectives}
     table = schedule.work_table
     row_of = [rows.get((w.op, w.group, w.nbytes, w.kernel)) if isinstance(w, Collective) else None
               for w in table.works]
     at = np.flatnonzero(np.fromiter(map(is_not, row_of, repeat(None)), bool, len(row_of))[table.index])
     ids = at.tolist() if schedule.tiled_arrays is not None else list(map(_ID, map(schedule.ops.__getitem__, at.tolist())))
-    return dict(zip(ids, map(row_of.__getitem__, table.index[at].tolist()), strict=True))
+    return ids, list(map(row_of.__getitem__, table.index[at].tolist()))
 
 
 def op_collectives_per_op(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> dict[int, CollectiveRow]:
@@ -258,16 +265,99 @@ _ID = attrgetter("id")
 
 
 def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
-                  stage_size: int) -> dict[tuple[int, int], CollectiveRow]:
+                  stage_size: int) -> RankOpRows:
     """(simulated rank, op id) -> its collective row; rank r runs the schedule of stage r // stage_size
-    (pipeline stages outermost; one schedule: every rank runs it)."""
+    (pipeline stages outermost; one schedule: every rank runs it). A RankOpRows: rows_by_event_dict's
+    mapping, each stage's rows found when first read (a run that writes no trace nor timeline never reads
+    them), without one (rank, op id) tuple per entry."""
+    collectives = tuple(collectives)
+    return RankOpRows([partial(op_collective_columns, s, collectives) for s in schedules], ranks, stage_size)
+
+
+def rows_by_event_dict(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
+                       stage_size: int) -> dict[tuple[int, int], CollectiveRow]:
+    """rows_by_event as a dict, rank by rank (the reference tests compare it with)."""
     per_stage = [op_collectives(s, collectives) for s in schedules]
     out: dict[tuple[int, int], CollectiveRow] = {}
     for rank in ranks:
-        stage = min(rank // stage_size, len(per_stage) - 1) if len(per_stage) > 1 else 0
-        rows = per_stage[stage]
+        rows = per_stage[_stage_of(rank, stage_size, len(per_stage))]
         out.update(zip(zip(repeat(rank), rows), rows.values(), strict=True))
     return out
+
+
+def _stage_of(rank: int, stage_size: int, stages: int) -> int:
+    return min(rank // stage_size, stages - 1) if stages > 1 else 0
+
+
+class RankOpRows(Mapping):
+    """(rank, op id) -> collective row, held as each stage's (op ids, rows) in op order (`stages[s]()` gives
+    them, called once, when first needed) and the stage each rank runs: the dict rows_by_event_dict builds,
+    item for item and in its order (ranks in first-seen order, each its stage's ops in op order; a stage's
+    repeated op id: one item, at its first place, with its last row, as dict() keeps), without its tuples.
+    `key_arrays` gives the keys as columns."""
+
+    def __init__(self, stages: Sequence[Callable[[], tuple[Sequence, Sequence]]], ranks: Sequence[int],
+                 stage_size: int):
+        self._sources = list(stages)
+        self._columns: dict[int, tuple[Sequence, Sequence]] = {}
+        self._dicts: dict[int, dict] = {}
+        self._stage = {rank: _stage_of(rank, stage_size, len(self._sources)) for rank in ranks}
+
+    def _cols(self, stage: int) -> tuple[Sequence, Sequence]:
+        hit = self._columns.get(stage)
+        if hit is None:
+            hit = self._columns[stage] = self._sources[stage]()
+        return hit
+
+    def _dict(self, stage: int) -> dict:
+        hit = self._dicts.get(stage)
+        if hit is None:
+            hit = self._dicts[stage] = dict(zip(*self._cols(stage), strict=True))
+        return hit
+
+    def __getitem__(self, key: tuple[int, int]) -> CollectiveRow:
+        if type(key) is not tuple or len(key) != 2:
+            hash(key)  # an unhashable key raises TypeError, as a dict's lookup does
+            raise KeyError(key)
+        stage = self._stage.get(key[0])
+        if stage is None:
+            raise KeyError(key)
+        return self._dict(stage)[key[1]]
+
+    def __iter__(self):
+        for rank, stage in self._stage.items():
+            yield from zip(repeat(rank), self._dict(stage))
+
+    def __len__(self) -> int:
+        return sum(len(self._dict(stage)) for stage in self._stage.values())
+
+    def key_arrays(self) -> tuple[np.ndarray, np.ndarray, list[CollectiveRow]] | None:
+        """(ranks, op ids, rows) of every entry in iteration order, ranks and op ids as int64; None where an
+        op id or a rank is not an int of 64 bits, or a stage repeats an op id."""
+        ranks = _int64s(self._stage)
+        if ranks is None:
+            return None
+        ids, rows = {}, {}
+        for stage in dict.fromkeys(self._stage.values()):
+            stage_ids, stage_rows = self._cols(stage)
+            ids[stage] = _int64s(stage_ids)
+            if ids[stage] is None or len(np.unique(ids[stage])) != len(ids[stage]):
+                return None
+            rows[stage] = stage_rows
+        per_rank = [ids[stage] for stage in self._stage.values()]
+        counts = np.fromiter(map(len, per_rank), np.int64, len(per_rank))
+        return (np.repeat(ranks, counts), np.concatenate(per_rank) if per_rank else np.zeros(0, np.int64),
+                list(chain.from_iterable(rows[stage] for stage in self._stage.values())))
+
+
+def _int64s(values: Collection) -> np.ndarray | None:
+    """The values as int64, None unless each is an int (exactly) of 64 bits."""
+    if not all(type(v) is int for v in values):
+        return None
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except OverflowError:
+        return None
 
 
 def build_result(rs: ResolvedScenario, schedule: Schedule | Sequence[Schedule], log: EventLog, *,
@@ -328,11 +418,12 @@ def assemble(rs: ResolvedScenario, step_s: float, rep: Sequence[Event], breakdow
         tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
         tflops_per_gpu=tflops, mfu=tflops / rs.datasheet_peak_tflops, hfu=hw_tflops / rs.datasheet_peak_tflops,
         memory_gb=MemoryGB.of(memory), breakdown_s=dict(breakdown_s),
-        critical_path=() if lean else tuple(path.segments() if columns else path), critical_path_share=path_shares,
+        critical_path=() if lean else path.segment_tuple() if columns else tuple(path), critical_path_share=path_shares,
         config=config_echo(rs), collectives=tuple(collectives), source=rs.source,
         explicit_ranks=explicit_ranks, simulated_ranks=simulated_ranks, ops_per_rank=ops_per_rank,
         steady_state=steady_state, pipeline=pipeline_summary(rs, path_shares, breakdown_s), events=events,
-        op_collectives=dict(op_collectives or {}), rank_groups=dict(rank_groups or {}),
+        op_collectives=op_collectives if isinstance(op_collectives, RankOpRows) else dict(op_collectives or {}),
+        rank_groups=dict(rank_groups or {}),
         ep_comm=ep_comm_summary(rep, op_types, fields_),
     )
     object.__setattr__(result, "path_op_types", op_types)  # frozen: set once, as top_op_types does
