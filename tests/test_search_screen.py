@@ -16,7 +16,7 @@ from meshsim.sim.search.branch import search
 from meshsim.sim.search.memory_memo import MemoryMemo, memory_key
 from meshsim.sim.search.report import verdict
 from meshsim.sim.search.screen import Candidate, Variants, screen
-from meshsim.sim.search.screen_pool import by_memory_class
+from meshsim.sim.search.screen_pool import by_memory_class, shape_group, tasks
 from meshsim.sim.search.space import build_space, layouts, parse_assignment
 from meshsim.sim.sweep.record import run_point
 
@@ -61,6 +61,36 @@ def test_memory_memo_equals_memory_per_gpu(space, moe):
         elif not hasattr(outcome, "rule"):  # out of memory: the breakdown that does not fit
             assert outcome == plain
     assert memo.hits > 0  # negative control: classes of several legal layouts were generated
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(space=SPACES, jobs=st.integers(2, 4), chunk=st.sampled_from([1, 4, 256]))
+def test_pool_tasks_cover_every_layout_once_a_group_in_one_task_where_it_fits(space, jobs, chunk):
+    """screen_pool.tasks: the memory-class order cut into tasks, in order, every layout once; a pipeline group
+    (shape_group) is one task unless it is larger than the cap, then near-equal pieces of it; a memory class
+    never spans two groups (so the memo still hits in one process)."""
+    scenario, source = _scenario(moe=True)
+    opened = dict(parse_assignment("--space", f"{k}={v}", False) for k, v in space.items())
+    todo = layouts(scenario, build_space(scenario, {"dist_opt_instances": (1,)}, opened))
+    order = by_memory_class(todo)
+    old, screen_pool.CHUNK = screen_pool.CHUNK, chunk
+    try:
+        cut = tasks(order, todo, jobs)
+        cap = max(chunk, -(-len(order) // (4 * jobs)))
+    finally:
+        screen_pool.CHUNK = old
+    assert [i for task in cut for i in task] == order
+    groups: dict[tuple, list[int]] = {}
+    for i in order:
+        groups.setdefault(shape_group(todo[i]), []).append(i)
+    assert all(len({shape_group(todo[i]) for i in task}) == 1 for task in cut)
+    for members in groups.values():
+        pieces = [task for task in cut if shape_group(todo[task[0]]) == shape_group(todo[members[0]])]
+        assert len(pieces) == -(-len(members) // cap)  # whole where it fits (negative control: chunk 1, jobs 4)
+        assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
+    group_of_class: dict = {}
+    for i in order:
+        assert group_of_class.setdefault(memory_key(todo[i]), shape_group(todo[i])) == shape_group(todo[i])
 
 
 def test_memory_classes_hold_layouts_that_differ_in_the_unread_axes_only():

@@ -4,9 +4,15 @@ Each layout is screened (sim/search/screen.py) and, when legal and fitting, give
 (sim/search/cheap_bound.py) and its accuracy group's error band, exactly as one process would: the same
 functions of the same inputs, so the outcome does not depend on `jobs` (tests/test_search.py compares
 them). Workers are forked (they inherit the scenario, the variants and the file snapshot) and take the
-layouts in chunks, a memory class (sim/search/memory_memo.py memory_key) in one chunk where it fits, so its
-memory is priced once; they send back refusals, out-of-memory marks and (bound, band) pairs, not resolved
-scenarios: the parent resolves again only the layouts it refines (bound.py) and those are few.
+layouts in tasks, a memory class (sim/search/memory_memo.py memory_key) in one task, so its memory is priced
+once; they send back refusals, out-of-memory marks and (bound, band) pairs, not resolved scenarios: the
+parent resolves again only the layouts it refines (bound.py) and those are few.
+
+A task holds the layouts of one pipeline group (tp, cp, pp, vp, micro-batch: `shape_group`), split only
+when a group is larger than a share of the space (`tasks`): what each worker process keeps for itself
+(the combined-1F1B window counts per pipeline shape, whose stage order is O(micro-batches) to build, the
+costers of a mesh, the block costs) is then made by one process, not by every one. Which process screens
+a layout changes no outcome, only what it costs.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from meshsim.sim.search.memory_memo import MemoryMemo, memory_key
 from meshsim.sim.search.screen import Candidate, Refusal, Variants, screen
 from meshsim.sim.search.space import Layout
 
-CHUNK = 256  # layouts per task: large enough to share a mesh's prices in one process, small enough to balance
+CHUNK = 256  # the least a pipeline group is cut into (tasks): a mesh's prices shared in one process
 UNSCREENED = "unscreened"  # the outcome of a layout the --budget left unscreened
 Outcome = Refusal | tuple[Bound | None, ErrorBand] | str | None  # None: out of memory; bound None: stored already
 
@@ -49,11 +55,36 @@ def _chunk(indices: Sequence[int]) -> list[tuple[int, Outcome]]:
             for i in indices]
 
 
+def shape_group(layout: Layout) -> tuple:
+    """What decides a layout's micro-batch count and pipeline shape besides the scenario (dp from tp, cp and
+    pp; the micro-batch size): layouts of one group share their window counts (overlap_windows.py)."""
+    p = layout.point
+    return p.tp, p.cp, p.pp, p.vp, p.micro_batch
+
+
 def _mesh_first(members: list[int], todo: Sequence[Layout]) -> tuple:
-    """A class's place: its mesh and micro-batch first (the layouts that share costers and block costs, which
-    each worker process keeps for itself, come in the same or nearby chunks), then first appearance."""
+    """A class's place: its pipeline group, then its mesh (the layouts that share window counts, costers and
+    block costs, which each worker process keeps for itself, come in the same task), then first appearance."""
     p = todo[members[0]].point
-    return p.tp, p.cp, p.ep, p.etp, p.pp, p.vp, p.micro_batch, members[0]
+    return (*shape_group(todo[members[0]]), p.ep, p.etp, members[0])
+
+
+def tasks(order: Sequence[int], todo: Sequence[Layout], jobs: int) -> list[list[int]]:
+    """`order` cut into tasks: each pipeline group (shape_group) one task, a group larger than
+    max(CHUNK, len / (4 jobs)) cut into near-equal pieces (so the workers still finish together)."""
+    largest = max(CHUNK, -(-len(order) // (4 * jobs)))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and shape_group(todo[groups[-1][-1]]) == shape_group(todo[i]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    out = []
+    for g in groups:
+        pieces = -(-len(g) // largest)
+        size = -(-len(g) // pieces)
+        out += [g[k:k + size] for k in range(0, len(g), size)]
+    return out
 
 
 def by_memory_class(todo: Sequence[Layout]) -> list[int]:
@@ -84,8 +115,7 @@ def screen_all(todo: Sequence[Layout], variants: Variants, files: FileSnapshot |
             advance(1)
         return outcomes, candidates
     _WORK.update(todo=todo, variants=variants, files=files, stored=stored, cache=PriceCache(), memo=MemoryMemo())
-    order = by_memory_class(todo)
-    chunks = [order[k:k + CHUNK] for k in range(0, len(order), CHUNK)]
+    chunks = tasks(by_memory_class(todo), todo, jobs)
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             futures, fits = [pool.submit(_chunk, chunk) for chunk in chunks], False
