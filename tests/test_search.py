@@ -5,6 +5,7 @@ what it prunes is provably slower, its counts add up, it resumes from the sweep 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,7 @@ from meshsim.sim.search.space import build_space, layouts, parse_assignment
 from meshsim.sim.sweep.explain_terms import sweet_spot
 from meshsim.sim.sweep.record import run_point
 
+FIXED = {"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}
 MOE = {"model.moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}, "model.bias": False, "model.mlp": "swiglu"}
 
 
@@ -86,9 +88,31 @@ def test_search_finds_the_exhaustive_sweeps_winner(space, moe, host_us):
             assert e.bound.step_s <= e.step_s
 
 
-def test_counts_add_up_and_the_winner_is_proven():
+@pytest.fixture(scope="module")
+def plain():
+    """The search of small() over FIXED, in one process and without a store: several tests read the same
+    search (each asserts its own facts about it), so it runs once per file."""
     scenario, source = small()
-    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)})
+    return search(scenario, source, fixed=FIXED)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """The same search with a store (out_dir): the result and the folder it wrote, which each test copies
+    before writing to it (copy_store)."""
+    scenario, source = small()
+    out = tmp_path_factory.mktemp("search-store")
+    return search(scenario, source, fixed=FIXED, out_dir=out), out
+
+
+def copy_store(stored, tmp_path):
+    """The stored search's folder, copied into this test's tmp_path (a test's writes stay its own)."""
+    shutil.copytree(stored[1], tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
+def test_counts_add_up_and_the_winner_is_proven(plain):
+    result = plain
     assert result.searched == result.refused_total + result.out_of_memory + len(result.entries)
     assert len(result.simulated) + result.pruned == len(result.entries)
     assert result.proven and result.stop_reason.startswith("the next bound")
@@ -97,25 +121,25 @@ def test_counts_add_up_and_the_winner_is_proven():
     assert bounds == sorted(bounds)
 
 
-def test_within_error_lists_every_simulated_layout_inside_the_band():
-    scenario, source = small()
-    result = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)})
+def test_within_error_lists_every_simulated_layout_inside_the_band(plain):
+    result = plain
     limit = result.winner.step_s * (1 + result.band.mape)
     inside = {e.key for e in result.simulated if e.step_s is not None and e.step_s <= limit} - {result.winner.key}
     assert {e.key for e in result.within_error} == inside
     assert all(e.bound.step_s >= limit or e.record is not None for e in result.entries)
 
 
-def test_resumes_from_the_sweep_store(tmp_path, monkeypatch):
+def test_resumes_from_the_sweep_store(stored, tmp_path, monkeypatch):
     scenario, source = small()
-    first = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}, out_dir=tmp_path)
+    first = stored[0]
+    copy_store(stored, tmp_path)
     calls = []
 
     def counting(*args, **kwargs):
         calls.append(args[2])
         return run_point(*args, **kwargs)
 
-    again = search(scenario, source, fixed={"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}, out_dir=tmp_path, runner=counting)
+    again = search(scenario, source, fixed=FIXED, out_dir=tmp_path, runner=counting)
     assert calls == [] and again.winner.key == first.winner.key and again.winner.step_s == first.winner.step_s
 
 
@@ -164,12 +188,10 @@ def test_bad_fix_and_space_are_one_line_errors(case, capsys):
     assert needle in lines[0], lines[0]
 
 
-FIXED = {"fsdp": (False,), "cp": (1,), "embedding_in_split": (False,), "loss_in_split": (False,)}
-
-
-def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(tmp_path, monkeypatch):
+def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(stored, tmp_path, monkeypatch):
     scenario, source = small()
-    first = search(scenario, source, fixed=FIXED, out_dir=tmp_path)
+    first = stored[0]
+    copy_store(stored, tmp_path)
     assert first.bounds_reused == 0 and (tmp_path / "bounds.jsonl").exists()
     with (tmp_path / "bounds.jsonl").open("a") as fh:  # a killed writer's half line: skipped, not fatal
         fh.write('{"version": 2, "digest": "')
@@ -186,11 +208,10 @@ def test_a_rerun_reads_the_bounds_back_and_does_not_bound_again(tmp_path, monkey
     assert again.winner.key == first.winner.key and again.proven
 
 
-def test_only_the_layouts_that_reach_the_front_are_refined():
+def test_only_the_layouts_that_reach_the_front_are_refined(plain):
     """The lazy queue: layouts whose cheap bound is already past the best step and its band are never
     refined (negative control: a search that refined everything would have refined == legal)."""
-    scenario, source = small()
-    result = search(scenario, source, fixed=FIXED)
+    result = plain
     limit = result.winner.step_s * (1 + result.band.mape)
     assert 0 < result.refined < len(result.entries)
     assert all(e.cheap.step_s >= limit for e in result.entries if e.refined is None)
@@ -209,18 +230,23 @@ def test_shared_prices_equal_fresh_ones(moe):
     variants = Variants(scenario, source)
     cache = PriceCache()
     seen = shared = 0
+    # every 2nd layout (56 legal: each pair of axis values), or with MoE every 5th of 3,456 (a stride prime to
+    # the axes' sizes, 2 and 3: every pair of axis values among the 1,040 legal ones, 210 of them; every 2nd
+    # priced 960 and never a legal EP-overlap one, the fastest axis but one)
+    ep_overlap = False
     for layout in layouts(scenario, build_space(scenario, FIXED | {"micro_batch": (1,)} | {
-            k: v for k, v in opened.items() if k in ("fsdp", "cp")}, opened))[::2]:
+            k: v for k, v in opened.items() if k in ("fsdp", "cp")}, opened))[::5 if moe else 2]:
         outcome = screen(layout, variants)
         if not isinstance(outcome, Candidate):
             continue
+        ep_overlap = ep_overlap or ("parallel.moe_ep_overlap", True) in layout.variant
         before = len(cache.blocks)
         assert cheap_bound(outcome.rs, cache=cache) == cheap_bound(outcome.rs)
         assert lower_bound(outcome.rs, cache=cache) == lower_bound(outcome.rs)
         needed = sum(len({(id(b[0]), b[1], b[2]) for run in stage for b in run}) for stage in stage_passes(outcome.rs))
         shared += needed - (len(cache.blocks) - before)  # blocks this layout found in the cache
         seen += 1
-    assert seen >= 8
+    assert seen >= 8 and ep_overlap == moe
     assert shared > 0  # layouts found their blocks' costs in the cache
 
 
@@ -248,12 +274,12 @@ def test_moe_axes_are_searched_with_the_scenario_rules():
                                                                                                "flex"}
 
 
-def test_screening_in_worker_processes_gives_the_same_search(monkeypatch):
+def test_screening_in_worker_processes_gives_the_same_search(plain, monkeypatch):
     """screen_pool with 2 forked workers: every count, every cheap bound and the winner as in one process
-    (which layouts get refined may differ: 2 jobs take 2 layouts from the front at a time)."""
+    (`plain`, jobs=1; which layouts get refined may differ: 2 jobs take 2 layouts from the front at a time)."""
     monkeypatch.setattr(screen_pool, "CHUNK", 8)
     scenario, source = small()
-    one = search(scenario, source, fixed=FIXED, jobs=1)
+    one = plain
     two = search(scenario, source, fixed=FIXED, jobs=2)
     assert len(one.entries) > 2 * screen_pool.CHUNK  # the pool path ran
     assert (one.searched, one.out_of_memory, one.refused) == (two.searched, two.out_of_memory, two.refused)
