@@ -198,6 +198,7 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
         steady_state = result.steady_state
     events = events if isinstance(events, Sequence) else list(events)  # an EventRows: read, never listed
     view = rows.RowView(events) if is_rows(events) else None
+    zoom = zoom_range_ms(events, view)  # first: its temporaries are freed before the traces' data is built
     lanes = _lane_names(events) if view is None else rows.lane_names(view)
     crit = critical_ops(critical_path)
     by_op = result.op_collectives if result is not None else {}
@@ -227,7 +228,6 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
         data.append({"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": "#222222", "width": 3},
                      "name": "critical path", "hoverinfo": "skip", "connectgaps": False})
     config = result.config if result is not None else None
-    zoom = zoom_range_ms(events, view)
     layout: dict[str, Any] = {
         "template": template("plotly_white"), "title": {"text": title}, "hovermode": "closest",
         "height": max(420, 200 + 40 * len(lanes)), "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom"},

@@ -125,9 +125,12 @@ def padded(lo: float, hi: float) -> tuple[float, float]:
 
 
 def event_times(events: Sequence[Event], field: str) -> np.ndarray:
-    """The events' `field` (start_s, end_s) as float64: the column itself when they are an EventRows."""
+    """The events' `field` (start_s, end_s) as float64: the column itself, read-only, when they are an
+    EventRows (no copy: 8 bytes an event, ~7 MB each at 10^6 events)."""
     if is_rows(events):
-        return getattr(events.columns, field).copy()
+        column = getattr(events.columns, field).view()
+        column.flags.writeable = False
+        return column
     return np.fromiter(map(attrgetter(field), events), np.float64, len(events))
 
 
