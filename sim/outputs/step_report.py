@@ -38,8 +38,8 @@ from meshsim.sim.outputs.timeline import write_timeline
 from meshsim.sim.outputs.trace import write_trace
 from meshsim.sim.results.critical_path import CATEGORY_NAMES
 from meshsim.sim.results.error_band import ErrorBand
-from meshsim.sim.results.simulate import release_freed_memory
 from meshsim.sim.results.records import CollectiveRow, ConfigEcho
+from meshsim.sim.results.simulate import release_freed_memory
 from meshsim.sim.results.step_result import MEMORY_KEYS, StepResult
 
 OUTPUT_FILES = {"results": "results.json", "trace": "trace.json", "timeline": "timeline.html"}
