@@ -198,7 +198,9 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
         steady_state = result.steady_state
     events = events if isinstance(events, Sequence) else list(events)  # an EventRows: read, never listed
     view = rows.RowView(events) if is_rows(events) else None
-    zoom = zoom_range_ms(events, view)  # first: its temporaries are freed before the traces' data is built
+    # first, on a view of its own: its temporaries and the op codes only it reads (layer, phase) are freed
+    # before the traces' data is built
+    zoom = zoom_range_ms(events, rows.RowView(events) if view is not None else None)
     lanes = _lane_names(events) if view is None else rows.lane_names(view)
     crit = critical_ops(critical_path)
     by_op = result.op_collectives if result is not None else {}
