@@ -41,3 +41,17 @@ def test_lanes_are_int32_and_the_event_paths_lanes(events):
     cols, slow = timeline._Columns(events, lanes, view), timeline._Columns(list(events), lanes)
     for got, ref in zip(cols.runs(), slow.runs(), strict=True):
         assert np.array_equal(got, ref)
+
+
+def test_runs_of_picked_intervals_are_the_runs_of_their_copies():
+    from meshsim.sim.outputs.timeline_zoom import lane_runs
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 5, 200):
+        lane = rng.integers(0, 3, n).astype(np.int32)
+        start = np.round(rng.random(n) * 10, 1)
+        end = start + np.round(rng.random(n), 1) * (rng.random(n) < 0.8)
+        for picked in (np.arange(n), np.flatnonzero(rng.random(n) < 0.5), np.zeros(0, np.intp)):
+            got = lane_runs(lane, start, end, 0.05, picked)
+            want = lane_runs(lane[picked], start[picked], end[picked], 0.05)
+            assert all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want, strict=True))

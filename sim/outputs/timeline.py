@@ -132,7 +132,7 @@ class _Columns:
         """lane_runs of the picked events (all by default), MERGE_GAP_S apart."""
         if picked is None:
             return lane_runs(self.lane, self.start, self.end, MERGE_GAP_S)
-        return lane_runs(self.lane[picked], self.start[picked], self.end[picked], MERGE_GAP_S)
+        return lane_runs(self.lane, self.start, self.end, MERGE_GAP_S, picked)
 
 
 def merged_runs(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> list[tuple[int, float, float]]:
