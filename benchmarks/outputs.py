@@ -48,7 +48,7 @@ def python_trace(path: Path, events, critical_path, **kw) -> Path:
 
 
 def measure(name: str, repeats: int, out: Path) -> None:
-    with gc_frozen(keep=True):
+    with gc_frozen(program=True):
         r = simulate(load_and_resolve(name))
         events = r.events
         figures = {

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None, *, program: bool = False) -> int:
     freeze what it imported (_app_without_gc)."""
     try:
         app = _app_without_gc(argv) if program else build_app(argv)
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False, obj=program)  # ctx.obj: the process ends after (run.py)
     except UserError as err:
         typer.echo(f"error: {plain(err)}", err=True)
         return EXIT_USER_ERROR

@@ -50,6 +50,7 @@ def _tokens(text: str | None) -> float | None:
 
 
 def run_command(
+    ctx: typer.Context,
     scenario: str = typer.Argument(None, help="scenario YAML path or built-in name (default: the built-in "
                                    "default scenario; see meshsim scenarios)"),
     out: Path = typer.Option(None, "--out", help="output directory (default meshsim-out/<scenario name, made "
@@ -97,7 +98,10 @@ def run_command(
     if (engine or rs.scenario.run.engine) == "compiled" and not compiled.AVAILABLE:
         typer.echo("meshsim: the compiled engine core is not built (no C compiler at install); running the "
                    "Python core: the same figures, slower", err=True)
-    with gc_frozen(keep=True):  # the command ends after the block: no collection rescans its objects
+    # ctx.obj is True only in the `meshsim` program (main(program=True)), which ends after the command: its
+    # objects stay frozen then, so no collection rescans them; a caller in a longer-lived process gets
+    # the collector back as it was
+    with gc_frozen(program=ctx.obj is True):
         result = simulate(rs, explicit_ranks=explicit_ranks, full=full, engine_name=engine)
         paths = write_outputs(result, result.events, out_dir, html=not no_html, level=outputs,
                               full_critical_path=full_critical_path)

@@ -26,6 +26,7 @@ timeline's and the trace's selections), and `micros_text`, the ts / dur rule alo
 cimport cython
 from cpython.buffer cimport PyBUF_READ
 from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.list cimport PyList_GET_ITEM
 from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.math cimport signbit
@@ -247,6 +248,23 @@ cdef class _Columns:
     cdef Py_ssize_t n
 
 
+cdef object _POSITION = object()  # write_slices' op key of a stage whose ids are its positions
+
+
+cdef bint _positions(object ids) except -1:
+    """Whether `ids` is a list whose item k is the int k (exactly an int, as write_slices checks op ids):
+    the stage's _Columns then holds no id column (at 10^5 ops a stage, ~4 MB of int objects each)."""
+    if type(ids) is not list:
+        return False
+    cdef Py_ssize_t k
+    cdef int overflow = 0
+    for k in range(len(ids)):
+        v = <object>PyList_GET_ITEM(ids, k)
+        if not PyLong_CheckExact(v) or PyLong_AsLongLongAndOverflow(v, &overflow) != k or overflow:
+            return False
+    return True
+
+
 cdef object _op_table(object ops):
     """A stage's ops for write_slices: a tuple of its records, or its _Columns where it has columns."""
     column = getattr(ops, "column", None)
@@ -259,13 +277,16 @@ cdef object _op_table(object ops):
         c.names, c.suffixes = tuple(prefixes), tuple(suffixes)
     else:
         c.names, c.suffixes = tuple(column("name")), None
-    c.ids, c.streams = tuple(column("id")), tuple(column("stream"))
+    ids = column("id")
+    n_ids = len(ids)
+    c.ids, c.streams = (None if _positions(ids) else tuple(ids)), tuple(column("stream"))
+    del ids
     c.categories, c.phases = tuple(column("category")), tuple(column("phase"))
     c.layers, c.mbs = tuple(column("layer")), tuple(column("micro_batch"))
     c.n = len(ops)
     if c.suffixes is not None and len(c.suffixes) != c.n:
         raise Fallback("op name parts of another length than the ops")
-    if not all(len(t) == c.n for t in (c.ids, c.names, c.streams, c.categories, c.phases, c.layers, c.mbs)):
+    if n_ids != c.n or not all(len(t) == c.n for t in (c.names, c.streams, c.categories, c.phases, c.layers, c.mbs)):
         raise Fallback("op columns of another length than the ops")
     return c
 
@@ -312,7 +333,8 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
         if not 0 <= k < stage_n or PyTuple_GET_SIZE(stage_sizes) != stage_n:
             raise Fallback("a row whose op is not in its stage")
         if cols is not None:  # the op's fields from its stage's columns
-            op_key, name = <object>PyTuple_GET_ITEM(cols.ids, k), <object>PyTuple_GET_ITEM(cols.names, k)
+            op_key = <object>PyTuple_GET_ITEM(cols.ids, k) if cols.ids is not None else _POSITION
+            name = <object>PyTuple_GET_ITEM(cols.names, k)
             suffix = <object>PyTuple_GET_ITEM(cols.suffixes, k) if cols.suffixes is not None else None
             stream, category = <object>PyTuple_GET_ITEM(cols.streams, k), <object>PyTuple_GET_ITEM(cols.categories, k)
             phase, layer, mb = <object>PyTuple_GET_ITEM(cols.phases, k), <object>PyTuple_GET_ITEM(cols.layers, k), \
@@ -330,7 +352,10 @@ def write_slices(write, rows, const unsigned char[::1] critical, const int[::1] 
             op_key, name, stream, category, phase = op.id, op.name, op.stream, op.category, op.phase
             layer, mb = op.layer, op.micro_batch
         oid = op_id[i]
-        if not PyLong_CheckExact(op_key) or PyLong_AsLongLongAndOverflow(op_key, &overflow) != oid or overflow:
+        if op_key is _POSITION:  # the stage's ids are its positions (_positions): op k's id is the int k
+            if k != oid:
+                raise Fallback("an op id that is not the row's")
+        elif not PyLong_CheckExact(op_key) or PyLong_AsLongLongAndOverflow(op_key, &overflow) != oid or overflow:
             raise Fallback("an op id that is not the row's")
         if not PyUnicode_CheckExact(name) or suffix is not None and not PyUnicode_CheckExact(suffix):
             raise Fallback("an op name that is not a str")

@@ -132,7 +132,7 @@ class _Columns:
         """lane_runs of the picked events (all by default), MERGE_GAP_S apart."""
         if picked is None:
             return lane_runs(self.lane, self.start, self.end, MERGE_GAP_S)
-        return lane_runs(self.lane[picked], self.start[picked], self.end[picked], MERGE_GAP_S)
+        return lane_runs(self.lane, self.start, self.end, MERGE_GAP_S, picked)
 
 
 def merged_runs(events: Sequence[Event], lanes: dict[tuple[int, str], int]) -> list[tuple[int, float, float]]:
@@ -198,6 +198,9 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
         steady_state = result.steady_state
     events = events if isinstance(events, Sequence) else list(events)  # an EventRows: read, never listed
     view = rows.RowView(events) if is_rows(events) else None
+    # first, on a view of its own: its temporaries and the op codes only it reads (layer, phase) are freed
+    # before the traces' data is built
+    zoom = zoom_range_ms(events, rows.RowView(events) if view is not None else None)
     lanes = _lane_names(events) if view is None else rows.lane_names(view)
     crit = critical_ops(critical_path)
     by_op = result.op_collectives if result is not None else {}
@@ -227,7 +230,6 @@ def timeline_spec(events: Iterable[Event], critical_path: Sequence[Segment] = ()
         data.append({"type": "scattergl", "x": x, "y": y, "mode": "lines", "line": {"color": "#222222", "width": 3},
                      "name": "critical path", "hoverinfo": "skip", "connectgaps": False})
     config = result.config if result is not None else None
-    zoom = zoom_range_ms(events, view)
     layout: dict[str, Any] = {
         "template": template("plotly_white"), "title": {"text": title}, "hovermode": "closest",
         "height": max(420, 200 + 40 * len(lanes)), "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom"},

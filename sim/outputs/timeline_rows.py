@@ -64,12 +64,14 @@ def lane_names(view: RowView) -> dict[tuple[int, str], int]:
 
 
 def lanes_of(view: RowView, lanes: dict[tuple[int, str], int]) -> np.ndarray:
-    """Per row: its lane (timeline._Columns.lane)."""
+    """Per row: its lane (timeline._Columns.lane), int32 where every lane id fits (they are read as exact
+    numbers: sorted, compared, made floats), else int64."""
     pairs, inverse = view.lane_pairs
     _, values = view.codes("stream")
     width = max(len(values), 1)
-    lane = np.array([lanes[(r, values[s])] for r, s in zip((pairs // width).tolist(), (pairs % width).tolist(),
-                                                          strict=True)], dtype=np.int64)
+    ids = [lanes[(r, values[s])] for r, s in zip((pairs // width).tolist(), (pairs % width).tolist(), strict=True)]
+    fits = all(-2**31 <= i < 2**31 for i in ids)
+    lane = np.array(ids, dtype=np.int32 if fits else np.int64)
     return lane[inverse] if len(pairs) else np.zeros(0, np.int64)
 
 

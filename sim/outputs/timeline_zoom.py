@@ -125,14 +125,17 @@ def padded(lo: float, hi: float) -> tuple[float, float]:
 
 
 def event_times(events: Sequence[Event], field: str) -> np.ndarray:
-    """The events' `field` (start_s, end_s) as float64: the column itself when they are an EventRows."""
+    """The events' `field` (start_s, end_s) as float64: the column itself, read-only, when they are an
+    EventRows (no copy: 8 bytes an event, ~7 MB each at 10^6 events)."""
     if is_rows(events):
-        return getattr(events.columns, field).copy()
+        column = getattr(events.columns, field).view()
+        column.flags.writeable = False
+        return column
     return np.fromiter(map(attrgetter(field), events), np.float64, len(events))
 
 
-def lane_runs(lane: np.ndarray, start: np.ndarray, end: np.ndarray, gap_s: float
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def lane_runs(lane: np.ndarray, start: np.ndarray, end: np.ndarray, gap_s: float, picked: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(lane, start, end) of the maximal runs of intervals on one lane that touch or overlap (the next
     starts at most gap_s after the run's end so far), in (lane, start) order: the loop
 
@@ -142,9 +145,14 @@ def lane_runs(lane: np.ndarray, start: np.ndarray, end: np.ndarray, gap_s: float
     vectorised. With every end >= its start, the run's end so far is the running maximum of the lane's ends
     (an earlier run ended before the current one's first start, which is <= every later end), so a run
     starts where the lane changes or start > (running max before it) + gap_s, and ends at the running max of
-    its last interval: the same floats, no arithmetic but the comparison's one addition."""
-    order = np.lexsort((end, start, lane))
+    its last interval: the same floats, no arithmetic but the comparison's one addition. `picked`: the
+    runs of the intervals at those indexes only (lane_runs(lane[picked], start[picked], end[picked]))."""
+    if picked is not None:  # the picked intervals only: sorted by index, no picked copy held beside the sorted one
+        order = picked[np.lexsort((end[picked], start[picked], lane[picked]))]
+    else:
+        order = np.lexsort((end, start, lane))
     lane, start, end = lane[order], start[order], end[order]
+    del order
     n = len(lane)
     if n == 0:
         return lane, start, end

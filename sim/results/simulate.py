@@ -262,21 +262,21 @@ def _malloc_trim():
 
 
 @contextmanager
-def gc_frozen(keep: bool = False) -> Iterator[None]:
+def gc_frozen(program: bool = False) -> Iterator[None]:
     """Run the block with the cyclic garbage collector off: a step allocates ~10^5 long-lived objects
-    (ops, events, segments) and no cycles, so each collection would rescan them all for nothing. Objects
-    from before are frozen (never rescanned); collection resumes after the block. `keep`: the objects
-    made in the block are frozen too (a command that ends after it: the first collection after the
-    block would otherwise rescan every one of them, ~0.3 s for a DeepSeek-V3 step, for nothing)."""
+    (ops, events, segments) and no cycles, so each collection would rescan them all for nothing; the
+    collector is back as it was after the block. Nothing is ever unfrozen here (gc.unfreeze thaws every
+    frozen object, also those frozen by someone else: the CLI's import-time freeze, a caller's own).
+    `program`: the process ends right after the block (the `meshsim` program itself, not a caller in a
+    test, notebook or API server), so every object is frozen on the way out: the first collection after
+    the block would otherwise rescan each of the block's objects, ~0.3 s for a DeepSeek-V3 step, for
+    nothing. Otherwise the block's objects go back to the collector as any others."""
     was_enabled = gc.isenabled()
-    gc.freeze()
     gc.disable()
     try:
         yield
     finally:
-        if keep:
+        if program:
             gc.freeze()
         if was_enabled:
             gc.enable()
-        if not keep:
-            gc.unfreeze()

@@ -242,15 +242,20 @@ def op_collectives(schedule: Schedule, collectives: Sequence[CollectiveRow]) -> 
     return dict(zip(*op_collective_columns(schedule, collectives), strict=True))
 
 
-def op_collective_columns(schedule: Schedule, collectives: Sequence[CollectiveRow]
-                          ) -> tuple[list[int], list[CollectiveRow]]:
-    """(op ids, their rows) of the ops that run a row of `collectives`, in op order (op_collectives' items)."""
+def op_collective_columns(schedule: Schedule, collectives: Sequence[CollectiveRow], as_array: bool = False
+                          ) -> tuple[Sequence[int], list[CollectiveRow]]:
+    """(op ids, their rows) of the ops that run a row of `collectives`, in op order (op_collectives' items).
+    `as_array`: the ids of a tiled schedule (its ops' positions, strictly increasing) as an int64 array,
+    8 bytes an entry instead of an int object and a list slot (~40 bytes)."""
     rows = {c.key: c for c in collectives}
     table = schedule.work_table
     row_of = [rows.get((w.op, w.group, w.nbytes, w.kernel)) if isinstance(w, Collective) else None
               for w in table.works]
     at = np.flatnonzero(np.fromiter(map(is_not, row_of, repeat(None)), bool, len(row_of))[table.index])
-    ids = at.tolist() if schedule.tiled_arrays is not None else list(map(_ID, map(schedule.ops.__getitem__, at.tolist())))
+    if schedule.tiled_arrays is not None:
+        ids = at.astype(np.int64) if as_array else at.tolist()
+    else:
+        ids = list(map(_ID, map(schedule.ops.__getitem__, at.tolist())))
     return ids, list(map(row_of.__getitem__, table.index[at].tolist()))
 
 
@@ -271,7 +276,8 @@ def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[Collectiv
     mapping, each stage's rows found when first read (a run that writes no trace nor timeline never reads
     them), without one (rank, op id) tuple per entry."""
     collectives = tuple(collectives)
-    return RankOpRows([partial(op_collective_columns, s, collectives) for s in schedules], ranks, stage_size)
+    return RankOpRows([partial(op_collective_columns, s, collectives, as_array=True) for s in schedules], ranks,
+                      stage_size)
 
 
 def rows_by_event_dict(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
@@ -294,13 +300,16 @@ class RankOpRows(Mapping):
     them, called once, when first needed) and the stage each rank runs: the dict rows_by_event_dict builds,
     item for item and in its order (ranks in first-seen order, each its stage's ops in op order; a stage's
     repeated op id: one item, at its first place, with its last row, as dict() keeps), without its tuples.
-    `key_arrays` gives the keys as columns."""
+    `key_arrays` gives the keys as columns. A stage's op ids may be an int64 array: an int key is then
+    found by bisection where they are strictly increasing (no dict built for it: a timeline's hover looks
+    up a few thousand keys of 10^5), and iterated as ints."""
 
     def __init__(self, stages: Sequence[Callable[[], tuple[Sequence, Sequence]]], ranks: Sequence[int],
                  stage_size: int):
         self._sources = list(stages)
         self._columns: dict[int, tuple[Sequence, Sequence]] = {}
         self._dicts: dict[int, dict] = {}
+        self._increasing: dict[int, bool] = {}
         self._stage = {rank: _stage_of(rank, stage_size, len(self._sources)) for rank in ranks}
 
     def _cols(self, stage: int) -> tuple[Sequence, Sequence]:
@@ -312,8 +321,20 @@ class RankOpRows(Mapping):
     def _dict(self, stage: int) -> dict:
         hit = self._dicts.get(stage)
         if hit is None:
-            hit = self._dicts[stage] = dict(zip(*self._cols(stage), strict=True))
+            ids, rows = self._cols(stage)
+            hit = self._dicts[stage] = dict(zip(ids.tolist() if isinstance(ids, np.ndarray) else ids, rows,
+                                                strict=True))
         return hit
+
+    def _sorted_ids(self, stage: int) -> np.ndarray | None:
+        """The stage's op ids where they are an int64 array, strictly increasing; else None."""
+        ids = self._cols(stage)[0]
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int64:
+            return None
+        hit = self._increasing.get(stage)
+        if hit is None:
+            hit = self._increasing[stage] = bool(len(ids) < 2 or (ids[1:] > ids[:-1]).all())
+        return ids if hit else None
 
     def __getitem__(self, key: tuple[int, int]) -> CollectiveRow:
         if type(key) is not tuple or len(key) != 2:
@@ -322,7 +343,14 @@ class RankOpRows(Mapping):
         stage = self._stage.get(key[0])
         if stage is None:
             raise KeyError(key)
-        return self._dict(stage)[key[1]]
+        op = key[1]
+        ids = self._sorted_ids(stage) if type(op) is int and -2**63 <= op < 2**63 else None
+        if ids is None:
+            return self._dict(stage)[op]
+        at = int(np.searchsorted(ids, op))
+        if at < len(ids) and int(ids[at]) == op:
+            return self._cols(stage)[1][at]
+        raise KeyError(op)
 
     def __iter__(self):
         for rank, stage in self._stage.items():
@@ -340,7 +368,8 @@ class RankOpRows(Mapping):
         ids, rows = {}, {}
         for stage in dict.fromkeys(self._stage.values()):
             stage_ids, stage_rows = self._cols(stage)
-            ids[stage] = _int64s(stage_ids)
+            ids[stage] = stage_ids if isinstance(stage_ids, np.ndarray) and stage_ids.dtype == np.int64 \
+                else _int64s(stage_ids)
             if ids[stage] is None or len(np.unique(ids[stage])) != len(ids[stage]):
                 return None
             rows[stage] = stage_rows
