@@ -139,12 +139,13 @@ def _host_clock(rs: ResolvedScenario, schedule: Schedule, m: int, m_short: int) 
     issue = host_issue_times(rs, schedule)
     if not issue:
         return 0.0
-    last = max((i for i, op in enumerate(schedule.ops) if op.stream in FIFO_STREAMS), default=-1)
-    if last < 0 or any(op.micro_batch is not None for op in schedule.ops[last + 1:]):
+    ops = list(schedule.ops)  # read once: a stamped stage makes a stamp's records again on each pass
+    last = max((i for i, op in enumerate(ops) if op.stream in FIFO_STREAMS), default=-1)
+    if last < 0 or any(op.micro_batch is not None for op in ops[last + 1:]):
         return 0.0
     per_mb: dict[int, float] = defaultdict(float)
     other = 0.0
-    for i, op in enumerate(schedule.ops[: last + 1]):
+    for i, op in enumerate(ops[: last + 1]):
         if op.stream not in FIFO_STREAMS:  # P2P batches: how a step pairs them varies with m; left out (>= 0)
             continue
         dispatch_s = issue[i] - (issue[i - 1] if i else 0.0)
