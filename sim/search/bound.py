@@ -73,7 +73,7 @@ from dataclasses import replace
 
 from meshsim.scenarios.resolved import ResolvedScenario
 from meshsim.sim.results.costers import host_issue_times
-from meshsim.sim.schedule.ops import FIFO_STREAMS, Schedule
+from meshsim.sim.schedule.ops import FIFO_STREAMS, Op, Schedule
 from meshsim.sim.schedule.pipeline_builder import build_stage_schedules
 from meshsim.sim.search.bound_types import (
     PER_OP_MARGIN_S,
@@ -113,33 +113,33 @@ def _full_step_sum(per_mb: dict[int, float], other: float, m: int, m_short: int)
     return other + m * min(per_mb.get(k, 0.0) for k in range(m_short))
 
 
-def _stream_busy(schedule: Schedule, rank: int, price: Pricer, m: int, m_short: int) -> tuple[dict, int]:
-    """stream -> its full-step busy time (steps 2, 3, 5); and how many ops the sums stand for."""
+def _stream_busy(ops: list[Op], rank: int, price: Pricer, m: int, m_short: int) -> tuple[dict, int]:
+    """stream -> its full-step busy time (steps 2, 3, 5) over a stage's `ops`; and how many ops the sums
+    stand for."""
     per_mb: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     other: dict[str, float] = defaultdict(float)
-    ops = 0
-    for op in schedule.ops:
+    n = 0
+    for op in ops:
         if op.stream not in FIFO_STREAMS:
             continue
         d = price(op, rank)
         if op.micro_batch is None:
             other[op.stream] += d
-            ops += 1
+            n += 1
         else:
             per_mb[op.stream][op.micro_batch] += d
-            ops += m / m_short
+            n += m / m_short
     busy = {x: _full_step_sum(per_mb.get(x, {}), other.get(x, 0.0), m, m_short)
             for x in FIFO_STREAMS if x in other or x in per_mb}
-    return busy, int(ops) + 1
+    return busy, int(n) + 1
 
 
-def _host_clock(rs: ResolvedScenario, schedule: Schedule, m: int, m_short: int) -> float:
+def _host_clock(rs: ResolvedScenario, schedule: Schedule, ops: list[Op], m: int, m_short: int) -> float:
     """The static host clock of the last FIFO op, full step (steps 4, 5); 0 without a host model or when
     an op of a micro-batch comes after the last FIFO op (the split of step 5 does not hold)."""
     issue = host_issue_times(rs, schedule)
     if not issue:
         return 0.0
-    ops = list(schedule.ops)  # read once: a stamped stage makes a stamp's records again on each pass
     last = max((i for i, op in enumerate(ops) if op.stream in FIFO_STREAMS), default=-1)
     if last < 0 or any(op.micro_batch is not None for op in ops[last + 1:]):
         return 0.0
@@ -182,13 +182,14 @@ def lower_bound(rs: ResolvedScenario, costs: BlockCosts | None = None, cache: Pr
     pipe = Pipeline(schedules, lambda op, stage: price(op, stage * rs.stage_size))
     for schedule in schedules:
         rank = schedule.stage * rs.stage_size
-        busy, n_ops = _stream_busy(schedule, rank, price, m, m_short)
+        records = list(schedule.ops)  # read once: each pass over a stamped stage makes its records again
+        busy, n_ops = _stream_busy(records, rank, price, m, m_short)
         gap = costs.gap[schedule.stage]
         excess = costs.excess[schedule.stage]
         busy = {x: _stream_term(t, gap.get(x, 0.0), m, pipe.fill_drain(schedule.stage, x) if pipe.ok else (0.0, 0.0),
                                 excess.get(x, (0.0, 0.0)))
                 for x, t in busy.items()}
-        host_s = max(_host_clock(short, schedule, m, m_short), m * costs.host[schedule.stage])
+        host_s = max(_host_clock(short, schedule, records, m, m_short), m * costs.host[schedule.stage])
         stage = StageBound(schedule.stage, tuple(busy.items()), host_s)
         stages.append(stage)
         if stage.worst[1] > worst_s:
