@@ -7,27 +7,15 @@ off its key columns are the Python writer's (tests/test_trace_rows.py writes bot
 
 from __future__ import annotations
 
-from itertools import repeat
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from results_reference.rank_rows import ROWS, rows_by_event_dict
 
 from meshsim.sim.results import step_result as sr
-from meshsim.sim.results.records import CollectiveRow
 
-ROWS = [CollectiveRow("all_gather", "dp", 8, 4096), CollectiveRow("all_reduce", "tp", 4, 1 << 20)]
 _op_id = st.one_of(st.integers(0, 40), st.just(2**64), st.just(3.0))
-
-
-def _reference(per_stage, ranks, stage_size) -> dict:
-    """rows_by_event_dict's loop over given per-stage maps."""
-    out = {}
-    for rank in ranks:
-        rows = per_stage[sr._stage_of(rank, stage_size, len(per_stage))]
-        out.update(zip(zip(repeat(rank), rows), rows.values(), strict=True))
-    return out
 
 
 def _columns(d: dict):
@@ -41,7 +29,7 @@ def _columns(d: dict):
                                  st.just((1, 2, 3)), st.just(7), st.just("ab")), max_size=8))
 def test_rank_rows_are_the_dict(per_stage, ranks, stage_size, probes):
     fast = sr.RankOpRows([_columns(d) for d in per_stage], ranks, stage_size)
-    want = _reference(per_stage, ranks, stage_size)
+    want = rows_by_event_dict(per_stage, ranks, stage_size)
     assert list(fast.items()) == list(want.items()) and len(fast) == len(want) and fast == want
     for key in [*want, *probes]:
         assert fast.get(key, "none") is want.get(key, "none")

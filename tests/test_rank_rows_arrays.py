@@ -5,25 +5,12 @@ as ints; a stage whose array is not increasing is read through its dict, as befo
 
 from __future__ import annotations
 
-from itertools import repeat
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from results_reference.rank_rows import ROWS, rows_by_event_dict
 
 from meshsim.sim.results import step_result as sr
-from meshsim.sim.results.records import CollectiveRow
-
-ROWS = [CollectiveRow("all_gather", "dp", 8, 4096), CollectiveRow("all_reduce", "tp", 4, 1 << 20)]
-
-
-def _reference(per_stage, ranks, stage_size) -> dict:
-    out = {}
-    for rank in ranks:
-        rows = per_stage[sr._stage_of(rank, stage_size, len(per_stage))]
-        out.update(zip(zip(repeat(rank), rows), rows.values(), strict=True))
-    return out
-
 
 _stage = st.lists(st.tuples(st.integers(-5, 60), st.sampled_from(ROWS)), max_size=8)
 _probe = st.one_of(st.tuples(st.integers(-1, 9), st.integers(-8, 70)), st.just((0, 2**64)), st.just((0, -2**70)),
@@ -39,7 +26,7 @@ def test_array_ids_are_the_dict(stages, ranks, stage_size, increasing, probes):
     per_stage = [dict(s) for s in stages]
     sources = [lambda s=s: (np.array([i for i, _ in s], dtype=np.int64), [r for _, r in s]) for s in stages]
     fast = sr.RankOpRows(sources, ranks, stage_size)
-    want = _reference(per_stage, ranks, stage_size)
+    want = rows_by_event_dict(per_stage, ranks, stage_size)
     for key in [*want, *probes]:
         assert fast.get(key, "none") is want.get(key, "none")
         assert (key in fast) == (key in want)
