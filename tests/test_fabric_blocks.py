@@ -19,6 +19,15 @@ from meshsim.sim.schedule.ops import Collective
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
+def random_collective(rng: random.Random, kind: str) -> Collective:
+    """A collective of group kind `kind`: an op it can run, a size across the protocol and chunk edges, and
+    userbuffers where TP may use it."""
+    op = rng.choice(OPS if kind != "stage" else ("all_reduce",))
+    nbytes = rng.choice((64, 4096, 1 << 20, 3 * (1 << 24) + 8, 1 << 30))
+    kernel = rng.choice(("nccl", "userbuffers")) if kind == "tp" and op != "all_to_all" else "nccl"
+    return Collective(op, kind, nbytes, kernel=kernel)
+
+
 def mesh(nodes: int, tp: int, pp: int, cp: int = 1, ep: int = 1, scenario: str = "llama2-70b-h100-tp8"):
     sc, source = load_scenario(scenario)
     dp = nodes * 8 // (tp * pp * cp)
@@ -65,10 +74,7 @@ def test_translated_pricing_equals_direct_pricing(layout):
             group = rs.group(kind, rank)
             if len(group) < 2:
                 continue
-            op = rng.choice(OPS if kind != "stage" else ("all_reduce",))
-            nbytes = rng.choice((64, 4096, 1 << 20, 3 * (1 << 24) + 8, 1 << 30))
-            kernel = rng.choice(("nccl", "userbuffers")) if kind == "tp" and op != "all_to_all" else "nccl"
-            work = Collective(op, kind, nbytes, kernel=kernel)
+            work = random_collective(rng, kind)
             translated += bool(blocks is not None and blocks.shift(group))
             same(memo.cost(work, group), direct.cost(work, group))
     if blocks is not None and later[0] < blocks.full:

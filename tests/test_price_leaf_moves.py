@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_fabric_blocks import OPS, kinds, mesh, same
+from test_fabric_blocks import kinds, mesh, random_collective, same
 
 from meshsim.sim.results.costers import CollectiveCoster, P2PCoster, leaf_move, leaf_offsets, moved_loads
 from meshsim.sim.schedule.ops import Collective
@@ -32,10 +32,7 @@ def test_leaf_moved_pricing_equals_direct_pricing(layout):
             group = rs.group(kind, stage * rs.stage_size + rng.randrange(rs.stage_size))
             if len(group) < 2:
                 continue
-            op = rng.choice(OPS if kind != "stage" else ("all_reduce",))
-            nbytes = rng.choice((64, 4096, 1 << 20, 3 * (1 << 24) + 8, 1 << 30))
-            kernel = rng.choice(("nccl", "userbuffers")) if kind == "tp" and op != "all_to_all" else "nccl"
-            work = Collective(op, kind, nbytes, kernel=kernel)
+            work = random_collective(rng, kind)
             moved += memo._move(kind, group) is not None
             same(memo.cost(work, group), direct.cost(work, group))
     if rs.stage_size % 8 == 0 and 32 * 8 // rs.stage_size >= 2 and pp >= 2:
