@@ -99,26 +99,12 @@ def mu_key(key: tuple, stage_maps: Sequence[StageMap], unit: int) -> tuple | Non
     return key
 
 
-def time_values(log: EventLog, lo: float, hi: float) -> np.ndarray:
-    """Every time the run's state changes at, within [lo, hi], sorted: each event's start, rendezvous end
-    (start + wait) and end, each P2P transfer's and arbiter job's start and end, of those that overlap
-    [lo, hi] (from the log's columns)."""
-    cols = log.columns()
-    near = (cols.end_s >= lo) & (cols.start_s <= hi)
-    start = cols.start_s[near]
-    parts = [start, start + cols.wait_s[near], cols.end_s[near]]
-    for which in ("transfers", "jobs"):
-        if getattr(log, which):
-            s_, e_ = log.span_times(which)
-            keep = (e_ >= lo) & (s_ <= hi)
-            parts += [s_[keep], e_[keep]]
-    vals = np.concatenate(parts)
-    return np.sort(vals[(vals >= lo) & (vals <= hi)])
-
-
 def change_times(log: EventLog, lo: float, hi: float) -> np.ndarray:
-    """The values of time_values(log, lo, hi) (each at least once), unsorted: a rendezvous end start +
-    wait with wait == 0 is the start itself (x + 0.0 == x), so it is not repeated."""
+    """Every time the run's state changes at within [lo, hi], each at least once, unsorted: each event's
+    start, rendezvous end (start + wait) and end, each P2P transfer's and arbiter job's start and end, of
+    those that overlap [lo, hi] (from the log's columns). A rendezvous end start + wait with wait == 0 is the
+    start itself (x + 0.0 == x), so it is not repeated (tests/results_reference/period_state.py's
+    time_values is the sorted list with repeats; tests/test_proof_cut.py compares the two)."""
     cols = log.columns()
     near = (cols.end_s >= lo) & (cols.start_s <= hi)
     start, wait = cols.start_s[near], cols.wait_s[near]
