@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from results_reference.rank_rows import ROWS, rows_by_event_dict
+from results_reference.rank_rows import ROWS, rows_by_event_dict, rows_from_stage_maps
 
 from meshsim.sim.results import step_result as sr
 
@@ -29,7 +29,7 @@ def _columns(d: dict):
                                  st.just((1, 2, 3)), st.just(7), st.just("ab")), max_size=8))
 def test_rank_rows_are_the_dict(per_stage, ranks, stage_size, probes):
     fast = sr.RankOpRows([_columns(d) for d in per_stage], ranks, stage_size)
-    want = rows_by_event_dict(per_stage, ranks, stage_size)
+    want = rows_from_stage_maps(per_stage, ranks, stage_size)
     assert list(fast.items()) == list(want.items()) and len(fast) == len(want) and fast == want
     for key in [*want, *probes]:
         assert fast.get(key, "none") is want.get(key, "none")
@@ -79,7 +79,7 @@ def test_library_results_hold_the_long_ways_map(name):
     real = sim.rows_by_event
 
     def spy(schedules, collectives, ranks, stage_size):
-        seen["want"] = sr.rows_by_event_dict(schedules, collectives, ranks, stage_size)
+        seen["want"] = rows_by_event_dict(schedules, collectives, ranks, stage_size)
         return real(schedules, collectives, ranks, stage_size)
 
     sim.rows_by_event = spy

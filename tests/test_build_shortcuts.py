@@ -3,8 +3,8 @@
 - stamping.stamp_chain on a StageOps (StageOps.add_chain: one call per chain) against stamp() per link on the
   reference OpList: the same records, stamps, tiling record, and the same error for a block whose input key
   is not the chain's; an input never made (None) drops the record in both.
-- tiling's column checks (_all_plain, _int64_column) against the per-value rules they replace (_plain,
-  _int_or_none), at the int32 / int64 bounds, with bools, floats and None.
+- tiling's column checks (_all_plain, _int64_column) against the per-value rules they replace (plain,
+  int_or_none), at the int32 / int64 bounds, with bools, floats and None.
 - Tiling.tiled / work_table / fields (one spread of the stamps over the positions) against the values read
   off the records, after generated builder calls (gated stamps, replaced ops, appended ops).
 - StageOps.layer_name (what the parameter gathers read, no record built) against the records.
@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from results_reference.build_rules import int_or_none, plain
 from test_stage_ops import _apply, _templates, calls
 
 from meshsim.sim.schedule.ops import Elementwise, Op, Schedule, arrays_from_ops
 from meshsim.sim.schedule.stage_ops import StageOps
 from meshsim.sim.schedule.stamping import stamp_chain
-from meshsim.sim.schedule.tiling import NONE, OpList, _all_plain, _int64_column, _int_or_none, _plain
+from meshsim.sim.schedule.tiling import NONE, OpList, _all_plain, _int64_column
 from meshsim.sim.schedule.work_table import WorkTable
 
 EDGES = [0, 1, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63 - 1, 2**63, NONE, NONE + 1, True, False, 1.0, None]
@@ -88,7 +89,7 @@ def test_a_chain_breaks_as_the_stamps_do():
 @given(values=st.lists(st.sampled_from(EDGES), max_size=6))
 def test_int64_column_is_the_per_value_rule(values):
     col = _int64_column(values)
-    if all(map(_int_or_none, values)):
+    if all(map(int_or_none, values)):
         assert col is not None and col.dtype == np.int64
         assert col.tolist() == [NONE if v is None else v for v in values]
     else:
@@ -102,7 +103,7 @@ def test_int64_column_is_the_per_value_rule(values):
 def test_all_plain_is_the_per_op_rule(rows):
     ops = [Op(i, f"x{i}", stream, stream, "fwd", Elementwise("k", 1, 1), tuple(deps), None, 0, calls, wait)
            for i, (stream, calls, wait, deps) in enumerate(rows)]
-    assert _all_plain(ops) == all(map(_plain, ops))
+    assert _all_plain(ops) == all(map(plain, ops))
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)

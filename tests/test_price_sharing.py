@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from results_reference.sharing import footprint_long_way
 
-from meshsim.sim.cost.collectives.sharing import _footprint, footprint_long_way
+from meshsim.sim.cost.collectives.sharing import _footprint
 from meshsim.topologies import fabric
 from meshsim.topologies.registry import PRESETS
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from results_reference.rank_rows import ROWS, rows_by_event_dict
+from results_reference.rank_rows import ROWS, rows_from_stage_maps
 
 from meshsim.sim.results import step_result as sr
 
@@ -26,7 +26,7 @@ def test_array_ids_are_the_dict(stages, ranks, stage_size, increasing, probes):
     per_stage = [dict(s) for s in stages]
     sources = [lambda s=s: (np.array([i for i, _ in s], dtype=np.int64), [r for _, r in s]) for s in stages]
     fast = sr.RankOpRows(sources, ranks, stage_size)
-    want = rows_by_event_dict(per_stage, ranks, stage_size)
+    want = rows_from_stage_maps(per_stage, ranks, stage_size)
     for key in [*want, *probes]:
         assert fast.get(key, "none") is want.get(key, "none")
         assert (key in fast) == (key in want)

@@ -272,23 +272,12 @@ _ID = attrgetter("id")
 def rows_by_event(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
                   stage_size: int) -> RankOpRows:
     """(simulated rank, op id) -> its collective row; rank r runs the schedule of stage r // stage_size
-    (pipeline stages outermost; one schedule: every rank runs it). A RankOpRows: rows_by_event_dict's
-    mapping, each stage's rows found when first read (a run that writes no trace nor timeline never reads
-    them), without one (rank, op id) tuple per entry."""
+    (pipeline stages outermost; one schedule: every rank runs it). A RankOpRows: the long way's mapping
+    (tests/results_reference/rank_rows.py), each stage's rows found when first read (a run that writes no
+    trace nor timeline never reads them), without one (rank, op id) tuple per entry."""
     collectives = tuple(collectives)
     return RankOpRows([partial(op_collective_columns, s, collectives, as_array=True) for s in schedules], ranks,
                       stage_size)
-
-
-def rows_by_event_dict(schedules: Sequence[Schedule], collectives: Sequence[CollectiveRow], ranks: Sequence[int],
-                       stage_size: int) -> dict[tuple[int, int], CollectiveRow]:
-    """rows_by_event as a dict, rank by rank (the reference tests compare it with)."""
-    per_stage = [op_collectives(s, collectives) for s in schedules]
-    out: dict[tuple[int, int], CollectiveRow] = {}
-    for rank in ranks:
-        rows = per_stage[_stage_of(rank, stage_size, len(per_stage))]
-        out.update(zip(zip(repeat(rank), rows), rows.values(), strict=True))
-    return out
 
 
 def _stage_of(rank: int, stage_size: int, stages: int) -> int:
@@ -297,12 +286,12 @@ def _stage_of(rank: int, stage_size: int, stages: int) -> int:
 
 class RankOpRows(Mapping):
     """(rank, op id) -> collective row, held as each stage's (op ids, rows) in op order (`stages[s]()` gives
-    them, called once, when first needed) and the stage each rank runs: the dict rows_by_event_dict builds,
-    item for item and in its order (ranks in first-seen order, each its stage's ops in op order; a stage's
-    repeated op id: one item, at its first place, with its last row, as dict() keeps), without its tuples.
-    `key_arrays` gives the keys as columns. A stage's op ids may be an int64 array: an int key is then
-    found by bisection where they are strictly increasing (no dict built for it: a timeline's hover looks
-    up a few thousand keys of 10^5), and iterated as ints."""
+    them, called once, when first needed) and the stage each rank runs: the dict the long way
+    (tests/results_reference/rank_rows.py) builds, item for item and in its order (ranks in first-seen order,
+    each its stage's ops in op order; a stage's repeated op id: one item, at its first place, with its last row,
+    as dict() keeps), without its tuples. `key_arrays` gives the keys as columns. A stage's op ids may be an
+    int64 array: an int key is then found by bisection where they are strictly increasing (no dict built for it:
+    a timeline's hover looks up a few thousand keys of 10^5), and iterated as ints."""
 
     def __init__(self, stages: Sequence[Callable[[], tuple[Sequence, Sequence]]], ranks: Sequence[int],
                  stage_size: int):

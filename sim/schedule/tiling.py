@@ -2,14 +2,14 @@
 
 A builder collects its ops in a StageOps (sim/schedule/stage_ops.py), or in the reference `OpList` here, which
 builds every record as it stamps; either records each stamp (sim/schedule/stamping.stamp) in a Tiling: the
-template's Stencil, the base and the external inputs, in order (`order`; grouped per stencil when read:
-`stamps`, `places`). Stamp j of a stencil of n ops at base B_j holds the ops B_j + i (i < n): their kind,
-stream, host calls and dep counts are the stencil's columns, their host waits B_j + w_i, and their deps
-B_j + rel_f (ext slots: the stamp's input) written at dep_ptr[B_j + owner_f] + within_f: a few numpy passes
-per stencil (`Tiling.arrays`); the loose ops' values are checked and written column by column (_all_plain,
-_int64_column: the per-op rules _plain and _int_or_none, tests/test_build_shortcuts.py). (Laying every stamp
-over the positions in one pass, a 1-D gather per column, was measured slower on the default sweep's stages:
-its per-op temporaries cost more than the per-stencil 2-D writes.)
+template's Stencil, the base and the external inputs, in order (`order`; grouped per stencil when read: `stamps`,
+`places`). Stamp j of a stencil of n ops at base B_j holds the ops B_j + i (i < n): their kind, stream, host
+calls and dep counts are the stencil's columns, their host waits B_j + w_i, and their deps B_j + rel_f (ext
+slots: the stamp's input) written at dep_ptr[B_j + owner_f] + within_f: a few numpy passes per stencil
+(`Tiling.arrays`); the loose ops' values are checked and written column by column (_all_plain, _int64_column: the
+per-op rules of tests/results_reference/build_rules.py, tests/test_build_shortcuts.py). (Laying every stamp over
+the positions in one pass, a 1-D gather per column, was measured slower on the default sweep's stages: its per-op
+temporaries cost more than the per-stencil 2-D writes.)
 
 Ops the builder appended itself (P2P batches, step end, gathers), ops it replaced afterwards (`ops[i] = ...`,
 recorded as dirty: a gate added to a block's first op, the parameter gathers' consumers) and the entry ops
@@ -227,13 +227,9 @@ NONE = -2**63  # OpFields' None: below every int the columns take
 STAMPED_MIN_OPS = 0
 
 
-def _int_or_none(v: object) -> bool:
-    return v is None or type(v) is int and NONE < v < 2**63
-
-
 def _int64_column(values: list) -> np.ndarray | None:
-    """`values` as int64 (None as NONE), or None unless every value passes _int_or_none: checked by type
-    (C-level), then the ints' least and greatest against the range."""
+    """`values` as int64 (None as NONE), or None unless every value is None or an int in (NONE, 2**63):
+    checked by type (C-level), then the ints' least and greatest against the range."""
     if not set(map(type, values)) <= _INT_OR_NONE:
         return None
     ints = list(filter(partial(is_not, None), values))
@@ -262,7 +258,8 @@ _PHASE, _LAYER, _MB = attrgetter("phase"), attrgetter("layer"), attrgetter("micr
 
 
 def _all_plain(ops: list[Op]) -> bool:
-    """Every op _plain (the same verdict, checked column by column: types C-level, then ranges)."""
+    """Every op plain (tests/results_reference/build_rules.py: the same verdict as its per-op rule, checked
+    column by column: types C-level, then ranges)."""
     if not all(map(STREAM_INDEX.__contains__, map(_STREAM, ops))):
         return False
     calls = list(map(_CALLS, ops))
@@ -272,22 +269,8 @@ def _all_plain(ops: list[Op]) -> bool:
 
 
 def _all_fit(values: list) -> bool:
-    """Every value _fits."""
+    """Every value an int the np.intc columns take (tests/results_reference/build_rules.py fits, per value)."""
     return set(map(type, values)) <= {int} and (not values or min(values) >= -2**31 and max(values) < 2**31)
-
-
-def _plain(op: Op) -> bool:
-    """A loose op the arrays can hold as it is: a known stream, and host calls, deps and host wait (or None)
-    as ints the np.intc columns take, the wait not negative (-1 stands for None). Any other op is left to
-    the long way, whose check (sim/engine/events.py) names it; the rest of the check (calls not negative,
-    deps among the positions, a wait on an earlier op) reads the columns."""
-    wait = op.host_wait
-    return (op.stream in STREAM_INDEX and _fits(op.host_calls) and (wait is None or _fits(wait) and wait >= 0)
-            and all(map(_fits, op.deps)))
-
-
-def _fits(v: object) -> bool:
-    return type(v) is int and -2**31 <= v < 2**31
 
 
 def _tile_deps(s: Stencil, b: np.ndarray, exts: list[tuple], ptr: np.ndarray, idx: np.ndarray,

@@ -129,29 +129,6 @@ def _nodes_by_local_set(ranks: tuple[int, ...], per_node: int) -> dict[tuple[int
     return {lo: np.array(nodes, dtype=np.int64) for lo, nodes in nodes_of.items()}
 
 
-def footprint_long_way(topo: Topology, router: FabricRouter, ranks: tuple[int, ...]) -> frozenset[int]:
-    """_footprint as first written, one link at a time (the reference tests compare it with)."""
-    per_node = router.node.gpus_per_node
-    by_node: dict[int, list[int]] = {}
-    for r in ranks:
-        by_node.setdefault(r // per_node, []).append(r % per_node)
-    multi = len(by_node) > 1
-    nodes_of: dict[tuple[int, ...], list[int]] = {}
-    for n, local in by_node.items():
-        nodes_of.setdefault(tuple(sorted(local)), []).append(n)
-    links: set[int] = set()
-    step, rails, per_leaf = router.node_links, router.rails, router.nodes_per_leaf
-    for local, nodes in nodes_of.items():
-        template = _local_links(topo, router, local, multi)
-        links.update(n * step + k for n in nodes for k in template)
-        if multi:
-            for rail in {router.rail_of[i] for i in local}:
-                nics = [router.ib_base + 2 * (n * rails + rail) for n in nodes]
-                ups = [router.uplink_base + 2 * (rail * router.leaves_per_rail + n // per_leaf) for n in nodes]
-                links.update(nics, [li + 1 for li in nics], ups, [li + 1 for li in ups])
-    return frozenset(links)
-
-
 def _fabric_sharing(topo: Topology, own: Plan, concurrent: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The copies connected to the own plan's links through footprints (a fixed point; order kept)."""
     kept_links = plan_links(own)  # a new set, grown below
